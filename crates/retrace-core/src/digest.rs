@@ -1,0 +1,132 @@
+//! Content digests: `sha256:<64 lowercase hex>`, the one hash Retrace uses for keys, blobs and the chain.
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest as _, Sha256};
+
+/// The prefix every digest carries in text form.
+pub const DIGEST_PREFIX: &str = "sha256:";
+
+/// A SHA-256 digest, written `sha256:<64 lowercase hex>`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest([u8; 32]);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest(Sha256::digest(bytes).into())
+    }
+
+    /// Wraps raw digest bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Digest {
+        Digest(bytes)
+    }
+
+    /// Wraps a 32-byte slice, or `None` when it has another length.
+    pub fn from_slice(bytes: &[u8]) -> Option<Digest> {
+        Some(Digest(bytes.try_into().ok()?))
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The 64 hex digits without the `sha256:` prefix.
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// A short form for terminals: `sha256:` and the first 12 hex digits.
+    pub fn short(&self) -> String {
+        format!("{DIGEST_PREFIX}{}", &self.hex()[..12])
+    }
+}
+
+/// An incremental SHA-256 whose result is a [`Digest`].
+#[derive(Default, Clone, Debug)]
+pub struct DigestWriter(Sha256);
+
+impl DigestWriter {
+    /// A fresh hasher.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Feeds bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    /// The digest of everything fed.
+    pub fn finish(self) -> Digest {
+        Digest(self.0.finalize().into())
+    }
+}
+
+/// A string that is not `sha256:` followed by 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a digest (want sha256:<64 lowercase hex>): {0:?}")]
+pub struct BadDigest(pub String);
+
+impl FromStr for Digest {
+    type Err = BadDigest;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadDigest(s.chars().take(80).collect());
+        let hex_part = s.strip_prefix(DIGEST_PREFIX).ok_or_else(bad)?;
+        if hex_part.len() != 64
+            || !hex_part
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(hex_part, &mut out).map_err(|_| bad())?;
+        Ok(Digest(out))
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(DIGEST_PREFIX)?;
+        let mut buf = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut buf).map_err(|_| fmt::Error)?;
+        f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_text_form_round_trips() {
+        let d = Digest::of(b"abc");
+        assert_eq!(
+            d.to_string(),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
+        assert!("sha256:BA78".parse::<Digest>().is_err());
+        assert!("md5:00".parse::<Digest>().is_err());
+    }
+}

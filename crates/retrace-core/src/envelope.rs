@@ -1,0 +1,376 @@
+//! The replay envelope: one event per agent step, every field of SPEC §2.
+//!
+//! Every field the contract names is always serialized (as `null` when absent), so an event line
+//! has one shape forever. Fields added after format 1 must be optional and skipped when absent,
+//! so that old events keep their hashes.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::canonical::{canonical_value, CanonError};
+use crate::chain;
+use crate::digest::Digest;
+
+/// What kind of step an event records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventType {
+    /// A call to a language model.
+    ModelCall,
+    /// A call to a tool.
+    ToolCall,
+    /// A side effect about to run (appended, acknowledged, before the live call).
+    Intent,
+    /// A message sent to another agent.
+    Send,
+    /// The moment an agent took a message (or its `recv` timed out).
+    Deliver,
+    /// A read of the wall clock.
+    Clock,
+    /// A random value.
+    Random,
+    /// A read of an environment variable.
+    Env,
+    /// A decision the agent made.
+    Decision,
+    /// A person's answer for an intent whose completion was never recorded.
+    Resolution,
+    /// The outcome of an approval held by the autonomy policy.
+    Approval,
+}
+
+impl EventType {
+    /// Every type, in a fixed order.
+    pub const ALL: [EventType; 11] = [
+        EventType::ModelCall,
+        EventType::ToolCall,
+        EventType::Intent,
+        EventType::Send,
+        EventType::Deliver,
+        EventType::Clock,
+        EventType::Random,
+        EventType::Env,
+        EventType::Decision,
+        EventType::Resolution,
+        EventType::Approval,
+    ];
+
+    /// The wire name, e.g. `model_call`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::ModelCall => "model_call",
+            EventType::ToolCall => "tool_call",
+            EventType::Intent => "intent",
+            EventType::Send => "send",
+            EventType::Deliver => "deliver",
+            EventType::Clock => "clock",
+            EventType::Random => "random",
+            EventType::Env => "env",
+            EventType::Decision => "decision",
+            EventType::Resolution => "resolution",
+            EventType::Approval => "approval",
+        }
+    }
+
+    /// A small stable number for compact storage (never reuse or renumber).
+    pub fn code(self) -> u8 {
+        self as u8 + 1
+    }
+
+    /// The inverse of [`EventType::code`].
+    pub fn from_code(code: u8) -> Option<EventType> {
+        EventType::ALL
+            .get(usize::from(code).checked_sub(1)?)
+            .copied()
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for EventType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown event type {s:?}"))
+    }
+}
+
+/// Where a step's output came from in this run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Produced by a live call.
+    #[default]
+    Live,
+    /// Served from the recorded log.
+    Recorded,
+    /// Served from the LLM or tool cache.
+    CacheHit,
+    /// A side effect that was not executed; the output says what would have been done.
+    DryRun,
+}
+
+/// A tool's determinism class (SPEC §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolClass {
+    /// Same input, same output: cached forever per tool version.
+    Deterministic,
+    /// Cached for `ttl_s` seconds.
+    TimeBound,
+    /// Never executed by replay or fork.
+    SideEffect,
+}
+
+impl ToolClass {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolClass::Deterministic => "deterministic",
+            ToolClass::TimeBound => "time_bound",
+            ToolClass::SideEffect => "side_effect",
+        }
+    }
+}
+
+impl FromStr for ToolClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "deterministic" => Ok(ToolClass::Deterministic),
+            "time_bound" => Ok(ToolClass::TimeBound),
+            "side_effect" => Ok(ToolClass::SideEffect),
+            _ => Err(format!(
+                "unknown tool class {s:?} (want deterministic, time_bound or side_effect)"
+            )),
+        }
+    }
+}
+
+/// The model a `model_call` asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRef {
+    /// `openai`, `anthropic`, ...
+    pub provider: String,
+    /// The name the program asked for (often an alias).
+    pub name: String,
+    /// The pinned snapshot the provider reported, or null when only an alias is known.
+    pub snapshot: Option<String>,
+}
+
+/// A prompt template version and the digest of its text, e.g. `reviewer@v14`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptRef {
+    /// `name@version`.
+    pub id: String,
+    /// Digest of the template text.
+    pub digest: Digest,
+}
+
+/// The tool a `tool_call` or `intent` used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolRef {
+    /// Tool name.
+    pub name: String,
+    /// Tool version; part of the key.
+    pub version: String,
+    /// Determinism class.
+    pub class: ToolClass,
+    /// Cache lifetime for `time_bound` tools.
+    pub ttl_s: Option<u64>,
+}
+
+/// A message's envelope for `send` and `deliver`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageRef {
+    /// Sending agent.
+    pub from: Option<String>,
+    /// Receiving agent.
+    pub to: Option<String>,
+    /// Application-level kind of the message.
+    pub kind: Option<String>,
+    /// A `deliver` whose `recv` timed out: no message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+/// A decision an agent took.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// What was decided (`approve`, `reject`, ...).
+    pub action: String,
+    /// What it applies to.
+    pub target: Option<String>,
+}
+
+/// The outcome of an approval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalOutcome {
+    /// Released by a person.
+    Approved,
+    /// Refused by the policy or a person.
+    Refused,
+    /// Nobody answered in time.
+    TimedOut,
+}
+
+/// An `approval` event's payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// approved, refused or timed_out.
+    pub outcome: ApprovalOutcome,
+}
+
+/// Tokens and cost of a model call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Estimated cost in US dollars, from the price table.
+    pub cost_usd: Option<f64>,
+}
+
+/// One step of one agent: the replay envelope (SPEC §2).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The run this event belongs to (for inherited fork events: the source run).
+    pub run_id: String,
+    /// Dense, 1-based, in the order steps completed.
+    pub seq: u64,
+    /// The agent's Lamport clock at this event.
+    pub lamport: u64,
+    /// The agent that took the step.
+    pub agent_id: String,
+    /// The agent's role.
+    pub role: Option<String>,
+    /// What kind of step this is.
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// The step's name: tool name, model endpoint, recipient, variable name...; pairs steps in forks.
+    pub name: Option<String>,
+    /// The event that triggered this one; a `deliver` names its `send`.
+    pub causal_parent: Option<u64>,
+    /// The `deliver` events this agent consumed since its previous step.
+    pub inbound: Vec<u64>,
+    /// Digest of the canonical (masked, volatile-stripped) request.
+    pub key: Digest,
+    /// Blob of the masked request, byte for byte.
+    pub request_ref: Option<Digest>,
+    /// Blob of the recorded output, byte for byte.
+    pub output_ref: Option<Digest>,
+    /// Digest of the canonical output, for diffing.
+    pub output_hash: Option<Digest>,
+    /// The model asked for.
+    pub model: Option<ModelRef>,
+    /// Sampling parameters.
+    pub params: Option<BTreeMap<String, serde_json::Value>>,
+    /// The prompt template version in force.
+    pub prompt_template: Option<PromptRef>,
+    /// The tool used.
+    pub tool: Option<ToolRef>,
+    /// The message envelope of a send or deliver.
+    pub message: Option<MessageRef>,
+    /// A decision taken.
+    pub decision: Option<Decision>,
+    /// An approval outcome.
+    pub approval: Option<Approval>,
+    /// Tokens and cost.
+    pub usage: Option<Usage>,
+    /// Wall time the live call took.
+    pub latency_ms: Option<u64>,
+    /// Where the output came from in this run.
+    pub source: Source,
+    /// In a fork: the source step this one was matched or paired with.
+    pub origin_seq: Option<u64>,
+    /// The step failed: its recorded error, which replay raises again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Hash of the previous event of the chain, or null for the first.
+    pub prev: Option<Digest>,
+    /// digest(prev + canonical event without `hash`).
+    pub hash: Digest,
+}
+
+impl Event {
+    /// A blank event of `kind` with the zero digest in `key` and `hash`; fill it, then [`Event::seal`].
+    pub fn new(run_id: impl Into<String>, agent_id: impl Into<String>, kind: EventType) -> Event {
+        let zero = Digest::from_bytes([0; 32]);
+        Event {
+            run_id: run_id.into(),
+            seq: 0,
+            lamport: 0,
+            agent_id: agent_id.into(),
+            role: None,
+            kind,
+            name: None,
+            causal_parent: None,
+            inbound: Vec::new(),
+            key: zero,
+            request_ref: None,
+            output_ref: None,
+            output_hash: None,
+            model: None,
+            params: None,
+            prompt_template: None,
+            tool: None,
+            message: None,
+            decision: None,
+            approval: None,
+            usage: None,
+            latency_ms: None,
+            source: Source::Live,
+            origin_seq: None,
+            error: None,
+            prev: None,
+            hash: zero,
+        }
+    }
+
+    /// The canonical JSON of this event without its `hash` field: what the chain hashes.
+    pub fn canonical_without_hash(&self) -> Result<Vec<u8>, CanonError> {
+        let mut value = serde_json::to_value(self).expect("an event always serializes");
+        if let serde_json::Value::Object(map) = &mut value {
+            map.remove("hash");
+        }
+        canonical_value(&value)
+    }
+
+    /// The canonical JSON of the whole event, as written in exports.
+    pub fn canonical(&self) -> Result<Vec<u8>, CanonError> {
+        canonical_value(&serde_json::to_value(self).expect("an event always serializes"))
+    }
+
+    /// The hash this event should carry given its `prev`.
+    pub fn compute_hash(&self) -> Result<Digest, CanonError> {
+        Ok(chain::link(
+            self.prev.as_ref(),
+            &self.canonical_without_hash()?,
+        ))
+    }
+
+    /// Sets `prev` and computes `hash`.
+    pub fn seal(&mut self, prev: Option<Digest>) -> Result<(), CanonError> {
+        self.prev = prev;
+        self.hash = self.compute_hash()?;
+        Ok(())
+    }
+
+    /// A one-line label: `tool_call sql.query`.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{} {name}", self.kind),
+            None => self.kind.to_string(),
+        }
+    }
+}

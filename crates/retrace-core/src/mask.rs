@@ -1,0 +1,443 @@
+//! The masking stage: every request, output, message body and env value passes through here
+//! before a byte is persisted, and keys are computed on what comes out.
+//!
+//! A masked secret becomes a token `rtk_<kind>_<26 base32 chars>`: a keyed HMAC-SHA256 of the
+//! secret under the mask key, so equal secrets give equal tokens and keys still match on any
+//! machine holding the same key. Matchers run on decoded JSON string values (escapes resolved);
+//! a match is replaced by splicing the JSON-escaped token into the raw bytes at that string's span,
+//! so every byte outside masked strings stays as received. Masking never matches inside a token,
+//! so masking twice equals masking once.
+//!
+//! The rule set is recorded with each run. Today's matcher kind is `literal` (known secret
+//! values); header, pattern and JSON-path rules extend [`RuleMatch`].
+use std::borrow::Cow;
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+use crate::digest::Digest;
+
+/// The token prefix.
+pub const TOKEN_PREFIX: &str = "rtk_";
+/// Number of base32 characters in a token's tail.
+pub const TOKEN_TAIL_LEN: usize = 26;
+
+/// The HMAC key tokens are made with (32 bytes).
+#[derive(Clone)]
+pub struct MaskKey([u8; 32]);
+
+impl std::fmt::Debug for MaskKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MaskKey({})", self.fingerprint())
+    }
+}
+
+/// A mask key that is not 32 bytes of base64.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the mask key must be 32 bytes, base64-encoded: {0}")]
+pub struct BadMaskKey(String);
+
+impl MaskKey {
+    /// A key from its 32 raw bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> MaskKey {
+        MaskKey(bytes)
+    }
+
+    /// A key from its base64 text (the form of `RETRACE_MASK_KEY` and `mask.key`).
+    pub fn from_base64(text: &str) -> Result<MaskKey, BadMaskKey> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|e| BadMaskKey(e.to_string()))?;
+        let arr: [u8; 32] = bytes
+            .try_into()
+            .map_err(|b: Vec<u8>| BadMaskKey(format!("got {} bytes", b.len())))?;
+        Ok(MaskKey(arr))
+    }
+
+    /// The base64 text form.
+    pub fn to_base64(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(self.0)
+    }
+
+    /// A public fingerprint that names the key without revealing it: `mk_<16 hex>`.
+    pub fn fingerprint(&self) -> String {
+        let mac = self.mac(b"retrace/mask-key-fingerprint");
+        format!("mk_{}", &hex::encode(mac)[..16])
+    }
+
+    fn mac(&self, message: &[u8]) -> [u8; 32] {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("hmac takes any key length");
+        mac.update(message);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// The token for `secret` of `kind` (`[a-z0-9]+`).
+    pub fn token(&self, kind: &str, secret: &str) -> String {
+        let mut message = Vec::with_capacity(kind.len() + 1 + secret.len());
+        message.extend_from_slice(kind.as_bytes());
+        message.push(0);
+        message.extend_from_slice(secret.as_bytes());
+        let mac = self.mac(&message);
+        let tail = data_encoding::BASE32_NOPAD
+            .encode(&mac[..17])
+            .to_ascii_lowercase();
+        format!("{TOKEN_PREFIX}{kind}_{}", &tail[..TOKEN_TAIL_LEN])
+    }
+}
+
+/// What a rule matches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "match", rename_all = "snake_case")]
+pub enum RuleMatch {
+    /// An exact secret value, wherever it occurs inside a string.
+    Literal {
+        /// The value to mask.
+        value: String,
+    },
+}
+
+/// What replay hands the program where a secret was (SPEC §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayAs {
+    /// The token.
+    #[default]
+    Token,
+    /// The original, from the vault.
+    Original,
+}
+
+/// One masking rule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskRule {
+    /// The rule's name, for reports.
+    pub name: String,
+    /// The token kind it produces (`[a-z0-9]+`).
+    pub kind: String,
+    /// What it matches.
+    #[serde(flatten)]
+    pub matcher: RuleMatch,
+    /// What replay hands the program.
+    #[serde(default)]
+    pub replay: ReplayAs,
+}
+
+/// A run's masking rule set, recorded with the run and in its export header.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskRules {
+    /// The rules, applied in order.
+    pub rules: Vec<MaskRule>,
+}
+
+impl MaskRules {
+    /// True when no rule is set.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Digest of the canonical rule set.
+    pub fn digest(&self) -> Digest {
+        let value = serde_json::to_value(self).expect("rules serialize");
+        Digest::of(&crate::canonical::canonical_value(&value).expect("rules are canonical JSON"))
+    }
+}
+
+/// The masking stage could not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MaskError {
+    /// Rules are set but there is no key to make tokens with.
+    #[error("masking rules are set but no mask key is available (set RETRACE_MASK_KEY)")]
+    NoKey,
+    /// A rule's kind is not `[a-z0-9]+`.
+    #[error("masking rule {0:?}: kind must be lower-case letters and digits")]
+    BadKind(String),
+}
+
+/// The output of the masking stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Masked<'a> {
+    /// The bytes to persist and hash.
+    pub bytes: Cow<'a, [u8]>,
+    /// How many secrets were replaced by tokens.
+    pub tokens: usize,
+}
+
+/// The masking stage: a rule set and the key tokens are made with.
+#[derive(Clone, Debug, Default)]
+pub struct Masker {
+    rules: MaskRules,
+    key: Option<MaskKey>,
+}
+
+impl Masker {
+    /// A stage that masks nothing.
+    pub fn empty() -> Masker {
+        Masker::default()
+    }
+
+    /// A stage with `rules`, making tokens under `key`.
+    pub fn new(rules: MaskRules, key: Option<MaskKey>) -> Result<Masker, MaskError> {
+        for rule in &rules.rules {
+            if rule.kind.is_empty()
+                || !rule
+                    .kind
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            {
+                return Err(MaskError::BadKind(rule.name.clone()));
+            }
+        }
+        if !rules.is_empty() && key.is_none() {
+            return Err(MaskError::NoKey);
+        }
+        Ok(Masker { rules, key })
+    }
+
+    /// The rule set.
+    pub fn rules(&self) -> &MaskRules {
+        &self.rules
+    }
+
+    /// The key's fingerprint, if a key is set.
+    pub fn key_fingerprint(&self) -> Option<String> {
+        self.key.as_ref().map(MaskKey::fingerprint)
+    }
+
+    /// Masks every string (keys and values) of a JSON document, splicing tokens into the raw bytes.
+    /// Bytes that are not a JSON document are masked as text.
+    pub fn mask_json<'a>(&self, raw: &'a [u8]) -> Masked<'a> {
+        if self.rules.is_empty() {
+            return Masked {
+                bytes: Cow::Borrowed(raw),
+                tokens: 0,
+            };
+        }
+        let mut out: Option<Vec<u8>> = None;
+        let mut copied = 0;
+        let mut tokens = 0;
+        for span in string_spans(raw) {
+            let inner = &raw[span.start + 1..span.end - 1];
+            let decoded: Cow<'_, str> = if inner.contains(&b'\\') {
+                match serde_json::from_slice::<String>(&raw[span.clone()]) {
+                    Ok(s) => Cow::Owned(s),
+                    Err(_) => continue,
+                }
+            } else {
+                match std::str::from_utf8(inner) {
+                    Ok(s) => Cow::Borrowed(s),
+                    Err(_) => continue,
+                }
+            };
+            let (masked, n) = self.mask_str(&decoded);
+            if n == 0 {
+                continue;
+            }
+            tokens += n;
+            let buf = out.get_or_insert_with(|| Vec::with_capacity(raw.len()));
+            buf.extend_from_slice(&raw[copied..span.start]);
+            serde_json::to_writer(&mut *buf, masked.as_ref()).expect("writing to a vec");
+            copied = span.end;
+        }
+        match out {
+            None => Masked {
+                bytes: Cow::Borrowed(raw),
+                tokens: 0,
+            },
+            Some(mut buf) => {
+                buf.extend_from_slice(&raw[copied..]);
+                Masked {
+                    bytes: Cow::Owned(buf),
+                    tokens,
+                }
+            }
+        }
+    }
+
+    /// Masks free text (log lines, error messages, env values).
+    pub fn mask_text<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
+        if self.rules.is_empty() {
+            return (Cow::Borrowed(text), 0);
+        }
+        self.mask_str(text)
+    }
+
+    fn mask_str<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
+        let Some(key) = &self.key else {
+            return (Cow::Borrowed(text), 0);
+        };
+        let mut current: Cow<'a, str> = Cow::Borrowed(text);
+        let mut count = 0;
+        for rule in &self.rules.rules {
+            let RuleMatch::Literal { value } = &rule.matcher;
+            if value.is_empty() || !current.contains(value.as_str()) {
+                continue;
+            }
+            let protected = token_spans(&current);
+            let token = key.token(&rule.kind, value);
+            let mut next = String::with_capacity(current.len());
+            let mut copied = 0;
+            for (pos, _) in current.match_indices(value.as_str()) {
+                let end = pos + value.len();
+                if pos < copied || protected.iter().any(|t| t.start < end && pos < t.end) {
+                    continue;
+                }
+                next.push_str(&current[copied..pos]);
+                next.push_str(&token);
+                copied = end;
+                count += 1;
+            }
+            if copied > 0 {
+                next.push_str(&current[copied..]);
+                current = Cow::Owned(next);
+            }
+        }
+        (current, count)
+    }
+}
+
+/// The byte ranges of every token inside `text`.
+fn token_spans(text: &str) -> Vec<std::ops::Range<usize>> {
+    text.match_indices(TOKEN_PREFIX)
+        .filter_map(|(pos, _)| token_len_at(&text[pos..]).map(|len| pos..pos + len))
+        .collect()
+}
+
+/// If `s` starts with a token, its length.
+pub fn token_len_at(s: &str) -> Option<usize> {
+    let rest = s.strip_prefix(TOKEN_PREFIX)?;
+    let kind_len = rest
+        .bytes()
+        .take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        .count();
+    if kind_len == 0 || rest.as_bytes().get(kind_len) != Some(&b'_') {
+        return None;
+    }
+    let tail = &rest.as_bytes()[kind_len + 1..];
+    let tail_len = tail
+        .iter()
+        .take_while(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(b))
+        .count();
+    (tail_len == TOKEN_TAIL_LEN).then_some(TOKEN_PREFIX.len() + kind_len + 1 + TOKEN_TAIL_LEN)
+}
+
+/// True when `bytes` hold at least one token.
+pub fn contains_token(bytes: &[u8]) -> bool {
+    let prefix = TOKEN_PREFIX.as_bytes();
+    bytes.windows(prefix.len()).enumerate().any(|(at, w)| {
+        w == prefix && {
+            let end = (at + 80).min(bytes.len());
+            let window = &bytes[at..end];
+            let valid = match std::str::from_utf8(window) {
+                Ok(s) => s,
+                Err(e) => std::str::from_utf8(&window[..e.valid_up_to()]).unwrap_or(""),
+            };
+            token_len_at(valid).is_some()
+        }
+    })
+}
+
+/// The byte spans (quotes included) of every JSON string token in `raw`, keys and values alike.
+/// The scan is lexical: it needs no valid document, only balanced quotes.
+fn string_spans(raw: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'"' {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        i += 1;
+        while i < raw.len() && raw[i] != b'"' {
+            i += if raw[i] == b'\\' { 2 } else { 1 };
+        }
+        if i >= raw.len() {
+            break;
+        }
+        i += 1;
+        spans.push(start..i);
+    }
+    spans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> MaskKey {
+        MaskKey::from_bytes([7; 32])
+    }
+
+    fn masker(value: &str) -> Masker {
+        let rules = MaskRules {
+            rules: vec![MaskRule {
+                name: "canary".into(),
+                kind: "secret".into(),
+                matcher: RuleMatch::Literal {
+                    value: value.into(),
+                },
+                replay: ReplayAs::Token,
+            }],
+        };
+        Masker::new(rules, Some(key())).unwrap()
+    }
+
+    #[test]
+    fn empty_rules_borrow_the_input() {
+        let raw = br#"{"a": "sk-123"}"#;
+        let m = Masker::empty().mask_json(raw);
+        assert!(matches!(m.bytes, Cow::Borrowed(_)));
+        assert_eq!(m.tokens, 0);
+    }
+
+    #[test]
+    fn tokens_have_the_contract_shape_and_are_stable() {
+        let t = key().token("email", "a@b.c");
+        assert_eq!(token_len_at(&t), Some(t.len()));
+        assert!(t.starts_with("rtk_email_"));
+        assert_eq!(t.len(), "rtk_email_".len() + 26);
+        assert_eq!(t, key().token("email", "a@b.c"));
+        assert_ne!(t, MaskKey::from_bytes([8; 32]).token("email", "a@b.c"));
+    }
+
+    #[test]
+    fn a_match_is_spliced_and_other_bytes_stay() {
+        let raw = br#"{ "k" : "x sk-123 y",  "n": 1 }"#;
+        let m = masker("sk-123").mask_json(raw);
+        let text = String::from_utf8(m.bytes.to_vec()).unwrap();
+        let token = key().token("secret", "sk-123");
+        assert_eq!(text, format!(r#"{{ "k" : "x {token} y",  "n": 1 }}"#));
+        assert_eq!(m.tokens, 1);
+    }
+
+    #[test]
+    fn escaped_secrets_are_found_and_masking_is_idempotent() {
+        let raw = br#"{"k":"sk\u002d123"}"#;
+        let once = masker("sk-123").mask_json(raw).bytes.into_owned();
+        assert!(!String::from_utf8_lossy(&once).contains("sk"));
+        let twice = masker("sk-123").mask_json(&once).bytes.into_owned();
+        assert_eq!(once, twice);
+        assert!(contains_token(&once));
+    }
+
+    #[test]
+    fn never_matches_inside_a_token() {
+        let token = key().token("secret", "whatever");
+        let tail = &token[token.len() - 5..];
+        let raw = format!(r#"{{"k":"{token}"}}"#);
+        let m = masker(tail).mask_json(raw.as_bytes());
+        assert_eq!(m.tokens, 0);
+    }
+
+    #[test]
+    fn key_text_form_round_trips() {
+        let k = key();
+        assert_eq!(
+            MaskKey::from_base64(&k.to_base64()).unwrap().fingerprint(),
+            k.fingerprint()
+        );
+        assert!(MaskKey::from_base64("c2hvcnQ=").is_err());
+    }
+}

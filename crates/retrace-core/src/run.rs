@@ -1,0 +1,217 @@
+//! Runs: one execution of a multi-agent system, with its mode, status, command and lineage.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::mask::MaskRules;
+
+/// How a run was executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    /// Live calls, recorded.
+    Record,
+    /// Exact replay of a source run.
+    Replay,
+    /// Counterfactual replay of a source run with edits.
+    Fork,
+}
+
+/// Where a run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A recorder holds its lease.
+    Running,
+    /// Finished and matched (for replays) or recorded (for recordings).
+    Ok,
+    /// The program or the store failed.
+    Failed,
+    /// Replay found a divergence.
+    Diverged,
+    /// The recorder died before finishing.
+    Interrupted,
+}
+
+/// How long a run is kept.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Retention {
+    /// Expires after the configured age.
+    #[default]
+    Routine,
+    /// Kept: it explains an incident.
+    Incident,
+    /// Kept forever.
+    Pinned,
+}
+
+macro_rules! wire_names {
+    ($ty:ty { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            /// The wire name.
+            pub fn as_str(self) -> &'static str {
+                match self { $(<$ty>::$variant => $name),* }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($name => Ok(<$ty>::$variant),)*
+                    _ => Err(format!(
+                        concat!("unknown ", stringify!($ty), " {:?} (want one of: ", $($name, " "),*, ")"),
+                        s
+                    )),
+                }
+            }
+        }
+    };
+}
+
+wire_names!(RunMode { Record => "record", Replay => "replay", Fork => "fork" });
+wire_names!(RunStatus {
+    Running => "running",
+    Ok => "ok",
+    Failed => "failed",
+    Diverged => "diverged",
+    Interrupted => "interrupted",
+});
+wire_names!(Retention { Routine => "routine", Incident => "incident", Pinned => "pinned" });
+
+/// The command a run executed, as typed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    /// argv as typed.
+    pub argv: Vec<String>,
+    /// Working directory relative to the git top level, or absolute outside a git repository.
+    pub cwd: String,
+}
+
+/// Everything stored about a run apart from its events.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// Unique, time-sortable id.
+    pub id: String,
+    /// Human name.
+    pub name: Option<String>,
+    /// Free labels.
+    pub labels: BTreeMap<String, String>,
+    /// record, replay or fork.
+    pub mode: RunMode,
+    /// running, ok, failed, diverged, interrupted.
+    pub status: RunStatus,
+    /// routine, incident, pinned.
+    pub retention: Retention,
+    /// The command run, if launched through the CLI.
+    pub command: Option<Command>,
+    /// The command's exit status.
+    pub exit_status: Option<i32>,
+    /// Replays and forks: the run they re-execute.
+    pub source_run: Option<String>,
+    /// Forks: the first seq the fork numbers itself.
+    pub fork_at: Option<u64>,
+    /// Forks: the edits, as typed (`swap:3,5`, ...).
+    pub edits: Vec<String>,
+    /// Upstream endpoints used for live calls, by provider.
+    pub upstreams: BTreeMap<String, String>,
+    /// The chaos seed that shuffled deliveries, if any.
+    pub chaos_seed: Option<u64>,
+    /// Fingerprint of the mask key the run was recorded under.
+    pub mask_key_fingerprint: Option<String>,
+    /// Whether any stored byte of the run holds a mask token.
+    pub holds_tokens: bool,
+    /// The masking rule set the run was recorded with.
+    pub masking_rules: MaskRules,
+    /// Final decisions, in seq order (filled when the run finishes).
+    pub decisions: Vec<FinalDecision>,
+    /// Divergence report, when the run diverged.
+    pub divergence: Option<serde_json::Value>,
+    /// Unix milliseconds when the run started.
+    pub started_at_ms: u64,
+    /// Unix milliseconds when the run finished.
+    pub finished_at_ms: Option<u64>,
+    /// Hash of the run's last event when it finished.
+    pub head: Option<Digest>,
+}
+
+/// A decision as it stands at the end of a run, for comparing outcomes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalDecision {
+    /// Agent that decided.
+    pub agent: String,
+    /// What it decided.
+    pub action: String,
+    /// What it applies to.
+    pub target: Option<String>,
+}
+
+impl RunMeta {
+    /// A new recording started now.
+    pub fn new(id: impl Into<String>, mode: RunMode, started_at_ms: u64) -> RunMeta {
+        RunMeta {
+            id: id.into(),
+            name: None,
+            labels: BTreeMap::new(),
+            mode,
+            status: RunStatus::Running,
+            retention: Retention::Routine,
+            command: None,
+            exit_status: None,
+            source_run: None,
+            fork_at: None,
+            edits: Vec::new(),
+            upstreams: BTreeMap::new(),
+            chaos_seed: None,
+            mask_key_fingerprint: None,
+            holds_tokens: false,
+            masking_rules: MaskRules::default(),
+            decisions: Vec::new(),
+            divergence: None,
+            started_at_ms,
+            finished_at_ms: None,
+            head: None,
+        }
+    }
+}
+
+/// Crockford base32 alphabet, lower case, for run ids.
+const ID_ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+
+/// A 26-character, time-sortable id (ULID layout): 48 bits of Unix milliseconds, 80 random bits.
+pub fn make_run_id(unix_ms: u64, random: u128) -> String {
+    let value: u128 =
+        (u128::from(unix_ms & 0xFFFF_FFFF_FFFF) << 80) | (random & ((1u128 << 80) - 1));
+    (0..26)
+        .rev()
+        .map(|i| ID_ALPHABET[((value >> (i * 5)) & 31) as usize] as char)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_sort_by_time() {
+        let a = make_run_id(1_700_000_000_000, u128::MAX);
+        let b = make_run_id(1_700_000_000_001, 0);
+        assert_eq!(a.len(), 26);
+        assert!(a < b);
+        assert_eq!("fork".parse::<RunMode>().unwrap(), RunMode::Fork);
+        assert!("nope"
+            .parse::<RunStatus>()
+            .unwrap_err()
+            .contains("interrupted"));
+    }
+}
