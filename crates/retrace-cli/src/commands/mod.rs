@@ -1,0 +1,17 @@
+//! One module per subcommand.
+pub mod demo;
+pub mod export;
+pub mod import;
+pub mod runs;
+pub mod show;
+pub mod verify;
+
+use std::sync::Arc;
+
+use retrace_store::{open_store, Store, StoreConfig};
+
+/// Opens the store named by the environment (RETRACE_STORE / RETRACE_HOME).
+pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {
+    let config = StoreConfig::from_env()?;
+    Ok(open_store(&config)?)
+}

@@ -1,0 +1,53 @@
+//! `retrace`: the command line. Thin commands over the library crates; errors become exit codes
+//! here and nowhere else (0 ok, 1 divergence or failed check, 2 usage or input error).
+mod commands;
+mod exit;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Record, replay and fork multi-agent LLM runs, step by step.
+#[derive(Debug, Parser)]
+#[command(name = "retrace", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the built-in demo: record a small agent program, then replay it exactly.
+    Demo(commands::demo::Args),
+    /// List runs.
+    Runs(commands::runs::Args),
+    /// Show a run's timeline as per-agent lanes, or one event with its request and output.
+    Show(commands::show::Args),
+    /// Check hash chains, blob digests and seq/lamport invariants.
+    Verify(commands::verify::Args),
+    /// Write a run as one self-contained trace file (JSON Lines).
+    Export(commands::export::Args),
+    /// Read a trace file into the store.
+    Import(commands::import::Args),
+}
+
+fn main() -> ExitCode {
+    exit::reset_sigpipe();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(args),
+        Command::Runs(args) => commands::runs::run(args),
+        Command::Show(args) => commands::show::run(args),
+        Command::Verify(args) => commands::verify::run(args),
+        Command::Export(args) => commands::export::run(args),
+        Command::Import(args) => commands::import::run(args),
+    };
+    exit::finish(result)
+}

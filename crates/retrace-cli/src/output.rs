@@ -1,0 +1,138 @@
+//! Shared output helpers: JSON printing and progress on a terminal.
+use std::io::{IsTerminal, Write};
+
+/// Prints `value` as pretty JSON on standard output.
+pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Progress on standard error, shown only when it is a terminal.
+#[derive(Debug)]
+pub struct Progress {
+    label: &'static str,
+    total: u64,
+    done: u64,
+    shown: bool,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    /// Progress of `total` items labelled `label`.
+    pub fn new(label: &'static str, total: u64) -> Progress {
+        Progress {
+            label,
+            total,
+            done: 0,
+            shown: std::io::stderr().is_terminal(),
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Counts `n` more items done.
+    pub fn add(&mut self, n: u64) {
+        self.done += n;
+        if self.shown && self.last.elapsed().as_millis() >= 100 {
+            self.last = std::time::Instant::now();
+            eprint!("\r{}: {}/{}", self.label, self.done, self.total);
+        }
+    }
+
+    /// Clears the progress line.
+    pub fn finish(&mut self) {
+        if self.shown {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+/// A [`crate::exit::Failure`] with exit `code` whose message is `err` and its causes, joined by `: `.
+pub fn failure(code: u8, err: &dyn std::error::Error) -> anyhow::Error {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    crate::exit::Failure {
+        code,
+        message,
+        hint: None,
+    }
+    .into()
+}
+
+/// `2024-05-01 12:30:05` in UTC, from Unix milliseconds.
+pub fn utc_time(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// `text` cut to `width` characters, ending in `…` when cut.
+pub fn fit(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// Rows as left-aligned columns two spaces apart; the last column is not padded.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let last = row.len().saturating_sub(1);
+        for (i, cell) in row.iter().enumerate() {
+            out.push_str(cell);
+            if i < last {
+                let pad = widths[i] - cell.chars().count() + 2;
+                out.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_time(1_709_210_096_000), "2024-02-29 12:34:56");
+        assert_eq!(fit("planner", 4), "pla…");
+        assert_eq!(
+            table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]),
+            "a    bb\nxyz  1\n"
+        );
+    }
+}

@@ -1,0 +1,320 @@
+//! An agent's handle: the steps of SPEC §6 (`tool`, `model`, `now`, `random`, `env`, `decide`).
+//! Every step goes through [`crate::step`], the one pipeline record and replay share.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use retrace_core::envelope::{Decision, ModelRef, ToolClass, ToolRef, Usage};
+use retrace_core::run::FinalDecision;
+use retrace_core::{Event, EventType};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::session::{AgentState, Mode, Session};
+use crate::step::{LiveOutput, StepInput};
+
+/// How a tool behaves under replay and fork.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolSpec {
+    /// Determinism class.
+    pub class: ToolClass,
+    /// Tool version; part of the key.
+    pub version: String,
+    /// Cache lifetime for `time_bound` tools.
+    pub ttl_s: Option<u64>,
+}
+
+impl ToolSpec {
+    /// A deterministic tool of `version`.
+    pub fn deterministic(version: &str) -> ToolSpec {
+        ToolSpec {
+            class: ToolClass::Deterministic,
+            version: version.into(),
+            ttl_s: None,
+        }
+    }
+    /// A time-bound tool of `version`, cached for `ttl_s` seconds.
+    pub fn time_bound(version: &str, ttl_s: u64) -> ToolSpec {
+        ToolSpec {
+            class: ToolClass::TimeBound,
+            version: version.into(),
+            ttl_s: Some(ttl_s),
+        }
+    }
+    /// A side-effecting tool of `version`: never executed by replay or fork.
+    pub fn side_effect(version: &str) -> ToolSpec {
+        ToolSpec {
+            class: ToolClass::SideEffect,
+            version: version.into(),
+            ttl_s: None,
+        }
+    }
+}
+
+/// A model request: provider, endpoint and the request body.
+#[derive(Clone, Debug)]
+pub struct ModelCall {
+    /// `openai`, `anthropic`, or any name.
+    pub provider: String,
+    /// `chat.completions`, `messages`, ...
+    pub endpoint: String,
+    /// The request body; its `model` field names the model.
+    pub body: Value,
+}
+
+/// What a live model call returns.
+#[derive(Clone, Debug)]
+pub struct ModelReply {
+    /// The response body.
+    pub body: Value,
+    /// The pinned snapshot the provider reported (its response's `model`), if any.
+    pub snapshot: Option<String>,
+    /// Tokens and cost.
+    pub usage: Option<Usage>,
+}
+
+/// Request fields copied into an event's `params`.
+const PARAM_FIELDS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "seed",
+    "top_k",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+    "n",
+];
+
+/// One agent of a session. Cheap to clone; steps from several threads are fine.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub(crate) session: Session,
+    pub(crate) id: String,
+    pub(crate) state: Arc<Mutex<AgentState>>,
+}
+
+impl Agent {
+    pub(crate) fn new(session: Session, id: String, state: Arc<Mutex<AgentState>>) -> Agent {
+        Agent { session, id, state }
+    }
+
+    /// The agent's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Sets the agent's role (recorded on each of its events).
+    pub fn with_role(self, role: &str) -> Agent {
+        self.state.lock().role = Some(role.to_owned());
+        self
+    }
+
+    fn event(&self, kind: EventType, name: Option<&str>) -> Event {
+        let mut e = Event::new(self.session.run_id(), self.id.clone(), kind);
+        e.name = name.map(str::to_owned);
+        e.role = self.state.lock().role.clone();
+        e
+    }
+
+    /// Calls a tool. Record: runs `live`, records its output (or error) and returns the decoded
+    /// canonical form of what it returned. Replay: returns the recorded output; `live` never runs.
+    pub fn tool<A, T, E, F>(
+        &self,
+        name: &str,
+        args: &A,
+        spec: ToolSpec,
+        live: F,
+    ) -> RuntimeResult<T>
+    where
+        A: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Result<T, E>,
+    {
+        let mut template = self.event(EventType::ToolCall, Some(name));
+        template.tool = Some(ToolRef {
+            name: name.to_owned(),
+            version: spec.version.clone(),
+            class: spec.class,
+            ttl_s: spec.ttl_s,
+        });
+        let label = format!("tool_call {name}");
+        let input =
+            StepInput::new(template, to_json(args, &self.id, &label)?).versioned(&spec.version);
+        let input = if spec.class == ToolClass::SideEffect {
+            input.with_intent()
+        } else {
+            input
+        };
+        let out = self.run_step(input, || {
+            let started = Instant::now();
+            let result = live();
+            let latency = started.elapsed().as_millis() as u64;
+            match result {
+                Ok(value) => {
+                    Ok(LiveOutput::value(to_json(&value, &self.id, &label)?).latency(latency))
+                }
+                Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
+            }
+        })?;
+        self.decode(name, out)
+    }
+
+    /// Calls a model. Record: runs `live`; replay: returns the recorded response body.
+    pub fn model<E, F>(&self, call: &ModelCall, live: F) -> RuntimeResult<Value>
+    where
+        E: std::fmt::Display,
+        F: FnOnce() -> Result<ModelReply, E>,
+    {
+        let name = format!("{}/{}", call.provider, call.endpoint);
+        let mut template = self.event(EventType::ModelCall, Some(&name));
+        let model_name = call
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        template.model = Some(ModelRef {
+            provider: call.provider.clone(),
+            name: model_name.into(),
+            snapshot: None,
+        });
+        let params: BTreeMap<String, Value> = PARAM_FIELDS
+            .iter()
+            .filter_map(|f| call.body.get(*f).map(|v| ((*f).to_owned(), v.clone())))
+            .collect();
+        template.params = (!params.is_empty()).then_some(params);
+        let input = StepInput::new(template, call.body.clone()).model_request();
+        let out = self.run_step(input, || {
+            let started = Instant::now();
+            let result = live();
+            let latency = started.elapsed().as_millis() as u64;
+            match result {
+                Ok(reply) => Ok(LiveOutput::value(reply.body)
+                    .latency(latency)
+                    .snapshot(reply.snapshot)
+                    .usage(reply.usage)),
+                Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
+            }
+        })?;
+        self.decode(&name, out)
+    }
+
+    /// The wall clock, in Unix milliseconds: live in record, recorded in replay.
+    pub fn now_ms(&self) -> RuntimeResult<u64> {
+        let clock = self.session.inner.clock.clone();
+        let input = StepInput::new(self.event(EventType::Clock, Some("wall")), json!({}));
+        let out = self.run_step(input, || {
+            Ok(LiveOutput::value(json!({ "unix_ms": clock.now_ms() })))
+        })?;
+        field(&out, "unix_ms", "clock").and_then(|v| {
+            v.as_u64()
+                .ok_or_else(|| self.bad_output("clock", "unix_ms is not an integer"))
+        })
+    }
+
+    /// A random 64-bit number: live in record, recorded in replay.
+    pub fn random_u64(&self) -> RuntimeResult<u64> {
+        let input = StepInput::new(self.event(EventType::Random, Some("u64")), json!({}));
+        let out = self.run_step(input, || {
+            Ok(LiveOutput::value(json!({ "u64": rand::random::<u64>() })))
+        })?;
+        field(&out, "u64", "random").and_then(|v| {
+            v.as_u64()
+                .ok_or_else(|| self.bad_output("random", "not a u64"))
+        })
+    }
+
+    /// A random id (32 hex digits): live in record, recorded in replay.
+    pub fn random_id(&self) -> RuntimeResult<String> {
+        let input = StepInput::new(self.event(EventType::Random, Some("id")), json!({}));
+        let out = self.run_step(input, || {
+            Ok(LiveOutput::value(
+                json!({ "id": format!("{:032x}", rand::random::<u128>()) }),
+            ))
+        })?;
+        field(&out, "id", "random").and_then(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| self.bad_output("random", "not a string"))
+        })
+    }
+
+    /// An environment variable: live in record (masked before it is stored), recorded in replay.
+    pub fn env(&self, name: &str) -> RuntimeResult<Option<String>> {
+        let input = StepInput::new(
+            self.event(EventType::Env, Some(name)),
+            json!({ "name": name }),
+        );
+        let out = self.run_step(input, || {
+            Ok(LiveOutput::value(
+                json!({ "value": std::env::var(name).ok() }),
+            ))
+        })?;
+        let v = field(&out, "value", "env")?;
+        Ok(v.as_str().map(str::to_owned))
+    }
+
+    /// Records a decision; in replay a different decision is a divergence.
+    pub fn decide(&self, action: &str, target: Option<&str>) -> RuntimeResult<()> {
+        let mut template = self.event(EventType::Decision, None);
+        template.decision = Some(Decision {
+            action: action.into(),
+            target: target.map(str::to_owned),
+        });
+        let input =
+            StepInput::new(template, json!({ "action": action, "target": target })).no_output();
+        self.run_step(input, || Ok(LiveOutput::none()))?;
+        self.session.inner.decisions.lock().push(FinalDecision {
+            agent: self.id.clone(),
+            action: action.into(),
+            target: target.map(str::to_owned),
+        });
+        Ok(())
+    }
+
+    fn decode<T: DeserializeOwned>(&self, step: &str, value: Value) -> RuntimeResult<T> {
+        serde_json::from_value(value).map_err(|e| RuntimeError::Decode {
+            agent: self.id.clone(),
+            step: step.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    fn bad_output(&self, step: &str, message: &str) -> RuntimeError {
+        RuntimeError::Decode {
+            agent: self.id.clone(),
+            step: step.into(),
+            message: message.into(),
+        }
+    }
+
+    /// True when steps run live (record or off).
+    pub fn is_live(&self) -> bool {
+        self.session.mode() != Mode::Replay
+    }
+}
+
+fn field(out: &Value, name: &str, step: &str) -> RuntimeResult<Value> {
+    out.get(name).cloned().ok_or_else(|| RuntimeError::Decode {
+        agent: String::new(),
+        step: step.into(),
+        message: format!("recorded output has no {name:?} field"),
+    })
+}
+
+/// Serializes a program value, refusing NaN and infinities (serde_json would turn them into null).
+fn to_json<T: Serialize + ?Sized>(value: &T, agent: &str, step: &str) -> RuntimeResult<Value> {
+    if let Err(path) = crate::finite::check_finite(value) {
+        return Err(RuntimeError::Usage(format!(
+            "step {step} of agent {agent:?}: the value at {path} is NaN or infinite, which JSON can't hold; refusing to record it"
+        )));
+    }
+    serde_json::to_value(value)
+        .map_err(|e| RuntimeError::Usage(format!("value does not serialize to JSON: {e}")))
+}

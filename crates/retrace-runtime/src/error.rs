@@ -1,0 +1,67 @@
+//! The runtime's error type: divergences, store failures, bad steps and recorded step failures.
+use retrace_core::canonical::CanonError;
+use retrace_core::Divergence;
+use retrace_store::StoreError;
+
+/// What can go wrong in a step or a session.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Replay found the program asking for something other than what the log holds.
+    #[error("{0}")]
+    Divergence(Box<Divergence>),
+    /// The store failed; in record this fails the step (recording fails closed).
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A request or output can't be canonical JSON (NaN, infinities, ...).
+    #[error("step {step} of agent {agent:?}: {source}")]
+    NotCanonical {
+        /// The agent.
+        agent: String,
+        /// The step label.
+        step: String,
+        /// What was wrong.
+        source: CanonError,
+    },
+    /// The step's own function failed (live), or failed when it was recorded (replay).
+    #[error("step {step} of agent {agent:?} failed: {message}")]
+    StepFailed {
+        /// The agent.
+        agent: String,
+        /// The step label.
+        step: String,
+        /// The error message, as recorded.
+        message: String,
+    },
+    /// A recorded output could not be decoded into the type the program asked for.
+    #[error("step {step} of agent {agent:?}: recorded output does not decode: {message}")]
+    Decode {
+        /// The agent.
+        agent: String,
+        /// The step label.
+        step: String,
+        /// The decoder's message.
+        message: String,
+    },
+    /// The session was used wrongly (finished twice, unknown run, bad environment...).
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl From<Divergence> for RuntimeError {
+    fn from(d: Divergence) -> Self {
+        RuntimeError::Divergence(Box::new(d))
+    }
+}
+
+impl RuntimeError {
+    /// The divergence, if this is one.
+    pub fn divergence(&self) -> Option<&Divergence> {
+        match self {
+            RuntimeError::Divergence(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Result alias for the runtime.
+pub type RuntimeResult<T> = Result<T, RuntimeError>;

@@ -1,0 +1,508 @@
+//! The session: one run in record, replay or off mode. Record and replay run this same code; only
+//! the edge differs (a live call and an append, or a lookup in the recorded log).
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use retrace_core::key::KeyConfig;
+use retrace_core::lamport::LamportClock;
+use retrace_core::mask::Masker;
+use retrace_core::run::{Command, FinalDecision, RunMeta, RunMode, RunStatus};
+use retrace_core::{Divergence, DivergenceCode};
+use retrace_store::{LeaseHolder, RunWriter, Store, StoreConfig};
+
+use crate::agent::Agent;
+use crate::env_sources::{new_run_id, Clock, SystemClock};
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::matcher::RecordedLog;
+
+/// What a session does with each step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Run live and record.
+    Record,
+    /// Serve every output from the recorded log; run nothing live.
+    Replay,
+    /// Run live, record nothing.
+    Off,
+}
+
+/// How to open a session.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Run name.
+    pub name: Option<String>,
+    /// Run labels.
+    pub labels: BTreeMap<String, String>,
+    /// The command being recorded, if known.
+    pub command: Option<Command>,
+    /// Which request fields keys ignore.
+    pub keys: KeyConfig,
+    /// The masking stage.
+    pub masker: Masker,
+    /// Wait for each event's acknowledgment before the step returns (default). When false, steps
+    /// are pipelined and a store failure surfaces at the next step or at `finish`.
+    pub wait_for_ack: bool,
+    /// The wall clock read by `now()` in record.
+    pub clock: Arc<dyn Clock>,
+    /// Use this run id instead of a fresh one (record), or as the replay run's id (replay).
+    pub run_id: Option<String>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            name: None,
+            labels: BTreeMap::new(),
+            command: None,
+            keys: KeyConfig::default(),
+            masker: Masker::empty(),
+            wait_for_ack: true,
+            clock: Arc::new(SystemClock),
+            run_id: None,
+        }
+    }
+}
+
+/// Per-agent state kept by the session.
+#[derive(Debug, Default)]
+pub(crate) struct AgentState {
+    pub(crate) clock: LamportClock,
+    pub(crate) role: Option<String>,
+}
+
+/// How the program ended, compared in replay.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The exit status, when the session knows it.
+    pub exit_status: Option<i32>,
+}
+
+/// What `finish` reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunReport {
+    /// The run that was recorded or the replay run.
+    pub run_id: String,
+    /// For a replay: the recorded run.
+    pub source_run: Option<String>,
+    /// Final status.
+    pub status: RunStatus,
+    /// Steps taken.
+    pub steps: usize,
+    /// Live calls made (0 in replay).
+    pub live_calls: usize,
+}
+
+pub(crate) struct Inner {
+    pub(crate) mode: Mode,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) writer: Option<RunWriter>,
+    pub(crate) replay: Option<RecordedLog>,
+    pub(crate) keys: KeyConfig,
+    pub(crate) masker: Masker,
+    pub(crate) wait_for_ack: bool,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) run: Mutex<RunMeta>,
+    pub(crate) agents: Mutex<HashMap<String, Arc<Mutex<AgentState>>>>,
+    pub(crate) divergence: Mutex<Option<Divergence>>,
+    pub(crate) decisions: Mutex<Vec<FinalDecision>>,
+    pub(crate) holds_tokens: AtomicBool,
+    pub(crate) steps: AtomicUsize,
+    pub(crate) live_calls: AtomicUsize,
+    finished: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("mode", &self.mode)
+            .field("run", &self.run.lock().id)
+            .finish()
+    }
+}
+
+/// One run being recorded, replayed, or executed with recording off. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Session {
+    /// Starts recording a new run.
+    pub fn record(store: Arc<dyn Store>, options: SessionOptions) -> RuntimeResult<Session> {
+        let id = options.run_id.clone().unwrap_or_else(new_run_id);
+        let mut meta = RunMeta::new(id.clone(), RunMode::Record, options.clock.now_ms());
+        meta.name = options.name.clone();
+        meta.labels = options.labels.clone();
+        meta.command = options.command.clone();
+        meta.masking_rules = options.masker.rules().clone();
+        meta.mask_key_fingerprint = options.masker.key_fingerprint();
+        store.create_run(&meta)?;
+        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
+        Ok(Session::build(
+            Mode::Record,
+            store,
+            Some(writer),
+            None,
+            meta,
+            options,
+        ))
+    }
+
+    /// Replays `source` (a run id or unique prefix) exactly, as a new replay run.
+    pub fn replay(
+        store: Arc<dyn Store>,
+        source: &str,
+        options: SessionOptions,
+    ) -> RuntimeResult<Session> {
+        let mut source_meta = store.find_run(source)?;
+        if source_meta.mode == RunMode::Replay {
+            let of = source_meta.source_run.clone().ok_or_else(|| {
+                RuntimeError::Usage(format!("replay run {} names no source run", source_meta.id))
+            })?;
+            source_meta = store.run(&of)?;
+        }
+        if source_meta.status == RunStatus::Running {
+            if let Some(holder) = store.lease_holder(&source_meta.id)? {
+                return Err(RuntimeError::Usage(format!(
+                    "run {} is still being recorded by {}; replay it once it has finished",
+                    source_meta.id, holder.0
+                )));
+            }
+        }
+        let log = RecordedLog::load(store.as_ref(), &source_meta.id)?;
+        let id = options.run_id.clone().unwrap_or_else(new_run_id);
+        let mut meta = match store.run(&id) {
+            Ok(existing) if existing.mode == RunMode::Replay => existing,
+            _ => {
+                let mut m = RunMeta::new(id.clone(), RunMode::Replay, options.clock.now_ms());
+                m.source_run = Some(source_meta.id.clone());
+                m.command = options
+                    .command
+                    .clone()
+                    .or_else(|| source_meta.command.clone());
+                m.name = options.name.clone().or_else(|| source_meta.name.clone());
+                store.create_run(&m)?;
+                m
+            }
+        };
+        meta.source_run = Some(source_meta.id.clone());
+        meta.masking_rules = source_meta.masking_rules.clone();
+        meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
+        let session = Session::build(Mode::Replay, store, None, Some(log), meta, options);
+        session
+            .inner
+            .run
+            .lock()
+            .labels
+            .insert("source_status".into(), source_meta.status.to_string());
+        Ok(session)
+    }
+
+    /// A session that runs everything live and records nothing (`RETRACE_MODE=off`).
+    pub fn off(store: Arc<dyn Store>, options: SessionOptions) -> Session {
+        let meta = RunMeta::new(new_run_id(), RunMode::Record, options.clock.now_ms());
+        Session::build(Mode::Off, store, None, None, meta, options)
+    }
+
+    /// Joins the run a launcher (`retrace record|replay -- CMD`) set up, from `RETRACE_MODE`
+    /// (`record` default, `replay`, `off`), `RETRACE_RUN`, and `RETRACE_STORE` / `RETRACE_HOME`.
+    ///
+    /// In record, `RETRACE_RUN` names the run to record into (created when absent). In replay it
+    /// names the replay run that the launcher created, which names its source; naming a recorded
+    /// run directly starts a new replay of it.
+    pub fn from_env() -> RuntimeResult<Session> {
+        let config = StoreConfig::from_env()?;
+        let store = retrace_store::open_store(&config)?;
+        let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
+        let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
+        let mut options = SessionOptions::default();
+        match mode.as_str() {
+            "record" => match run {
+                Some(id) => match store.run(&id) {
+                    Ok(meta) if meta.status == RunStatus::Running && meta.mode == RunMode::Record => {
+                        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
+                        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
+                    }
+                    Ok(meta) => Err(RuntimeError::Usage(format!(
+                        "RETRACE_RUN={id} is a {} run with status {}; record into a new run id",
+                        meta.mode, meta.status
+                    ))),
+                    Err(_) => {
+                        options.run_id = Some(id);
+                        Session::record(store, options)
+                    }
+                },
+                None => Session::record(store, options),
+            },
+            "replay" => {
+                let id = run.ok_or_else(|| {
+                    RuntimeError::Usage("RETRACE_MODE=replay needs RETRACE_RUN (the run to replay)".into())
+                })?;
+                let meta = store.find_run(&id)?;
+                if meta.mode == RunMode::Replay {
+                    let source = meta.source_run.clone().ok_or_else(|| {
+                        RuntimeError::Usage(format!("replay run {id} names no source run"))
+                    })?;
+                    options.run_id = Some(meta.id.clone());
+                    Session::replay(store, &source, options)
+                } else {
+                    Session::replay(store, &meta.id, options)
+                }
+            }
+            "off" => Ok(Session::off(store, options)),
+            "fork" => Err(RuntimeError::Usage(
+                "RETRACE_MODE=fork is not supported by this build yet (forks arrive with `retrace fork`)".into(),
+            )),
+            other => Err(RuntimeError::Usage(format!(
+                "RETRACE_MODE={other:?}: want record, replay or off"
+            ))),
+        }
+    }
+
+    fn build(
+        mode: Mode,
+        store: Arc<dyn Store>,
+        writer: Option<RunWriter>,
+        replay: Option<RecordedLog>,
+        run: RunMeta,
+        options: SessionOptions,
+    ) -> Session {
+        Session {
+            inner: Arc::new(Inner {
+                mode,
+                store,
+                writer,
+                replay,
+                keys: options.keys,
+                masker: options.masker,
+                wait_for_ack: options.wait_for_ack,
+                clock: options.clock,
+                run: Mutex::new(run),
+                agents: Mutex::new(HashMap::new()),
+                divergence: Mutex::new(None),
+                decisions: Mutex::new(Vec::new()),
+                holds_tokens: AtomicBool::new(false),
+                steps: AtomicUsize::new(0),
+                live_calls: AtomicUsize::new(0),
+                finished: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// The id of this session's run (the replay run, in replay).
+    pub fn run_id(&self) -> String {
+        self.inner.run.lock().id.clone()
+    }
+
+    /// In replay: the recorded run.
+    pub fn source_run(&self) -> Option<String> {
+        self.inner.run.lock().source_run.clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// A handle for agent `id`; steps taken through it are that agent's.
+    pub fn agent(&self, id: &str) -> Agent {
+        let state = self
+            .inner
+            .agents
+            .lock()
+            .entry(id.to_owned())
+            .or_default()
+            .clone();
+        Agent::new(self.clone(), id.to_owned(), state)
+    }
+
+    /// Live calls made so far (always 0 in replay).
+    pub fn live_calls(&self) -> usize {
+        self.inner.live_calls.load(Ordering::Relaxed)
+    }
+
+    /// The divergence found so far, if any.
+    pub fn divergence(&self) -> Option<Divergence> {
+        self.inner.divergence.lock().clone()
+    }
+
+    /// Waits until every recorded event is acknowledged (record); a no-op otherwise.
+    pub fn flush(&self) -> RuntimeResult<()> {
+        if let Some(w) = &self.inner.writer {
+            w.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the run. Record: flushes, stores status, final decisions and exit status. Replay:
+    /// checks that every recorded step was consumed, that the final decisions and the exit status
+    /// match, stores the outcome, and returns the first divergence as an error.
+    pub fn finish(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
+        if self.inner.finished.swap(true, Ordering::SeqCst) {
+            return Err(RuntimeError::Usage(
+                "the session was already finished".into(),
+            ));
+        }
+        match self.inner.mode {
+            Mode::Record => self.finish_record(outcome),
+            Mode::Replay => self.finish_replay(outcome),
+            Mode::Off => Ok(self.report(RunStatus::Ok)),
+        }
+    }
+
+    fn report(&self, status: RunStatus) -> RunReport {
+        let run = self.inner.run.lock();
+        RunReport {
+            run_id: run.id.clone(),
+            source_run: run.source_run.clone(),
+            status,
+            steps: self.inner.steps.load(Ordering::Relaxed),
+            live_calls: self.live_calls(),
+        }
+    }
+
+    fn finish_record(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
+        let writer = self
+            .inner
+            .writer
+            .as_ref()
+            .expect("record sessions have a writer");
+        let flushed = writer.flush();
+        let status = match (&flushed, outcome.exit_status) {
+            (Err(_), _) => RunStatus::Failed,
+            (Ok(()), Some(code)) if code != 0 => RunStatus::Failed,
+            _ => RunStatus::Ok,
+        };
+        let (_, head) = writer.head();
+        let meta = {
+            let mut run = self.inner.run.lock();
+            run.status = status;
+            run.exit_status = outcome.exit_status;
+            run.decisions = self.inner.decisions.lock().clone();
+            run.holds_tokens |= self.inner.holds_tokens.load(Ordering::Relaxed);
+            run.finished_at_ms = Some(self.inner.clock.now_ms());
+            run.head = head;
+            run.clone()
+        };
+        self.inner.store.update_run(&meta)?;
+        writer.release()?;
+        flushed?;
+        Ok(self.report(status))
+    }
+
+    fn finish_replay(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
+        let log = self
+            .inner
+            .replay
+            .as_ref()
+            .expect("replay sessions have a log");
+        if self.inner.divergence.lock().is_none() {
+            if let Some(d) = self.ending_divergence(log, &outcome) {
+                *self.inner.divergence.lock() = Some(d);
+            }
+        }
+        let divergence = self.inner.divergence.lock().clone();
+        let status = if divergence.is_some() {
+            RunStatus::Diverged
+        } else {
+            RunStatus::Ok
+        };
+        let meta = {
+            let mut run = self.inner.run.lock();
+            run.status = status;
+            run.exit_status = outcome.exit_status;
+            run.decisions = self.inner.decisions.lock().clone();
+            run.divergence = divergence.as_ref().map(Divergence::to_json);
+            run.finished_at_ms = Some(self.inner.clock.now_ms());
+            run.clone()
+        };
+        self.inner.store.update_run(&meta)?;
+        match divergence {
+            Some(d) => Err(d.into()),
+            None => Ok(self.report(status)),
+        }
+    }
+
+    fn ending_divergence(&self, log: &RecordedLog, outcome: &Outcome) -> Option<Divergence> {
+        let leftovers = log.leftovers();
+        if let Some((agent, first)) = leftovers.first() {
+            let mut d = Divergence::new(DivergenceCode::StepsLeft, agent.clone())
+                .at(first.seq)
+                .step(first.label())
+                .keys(Some(first.key), None);
+            for (agent, step) in &leftovers {
+                d = d.detail(format!(
+                    "agent {agent:?}: first unconsumed step is seq {} ({})",
+                    step.seq,
+                    step.label()
+                ));
+            }
+            return Some(d);
+        }
+        let run = self.inner.run.lock();
+        let source = self
+            .inner
+            .store
+            .run(run.source_run.as_deref().unwrap_or_default())
+            .ok()?;
+        drop(run);
+        let now = self.inner.decisions.lock().clone();
+        if now != source.decisions && !source.decisions.is_empty() {
+            let render = |ds: &[FinalDecision]| {
+                ds.iter()
+                    .map(|d| {
+                        format!(
+                            "{}:{}{}",
+                            d.agent,
+                            d.action,
+                            d.target
+                                .as_ref()
+                                .map(|t| format!("@{t}"))
+                                .unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Some(
+                Divergence::new(DivergenceCode::Decisions, "*")
+                    .detail(format!("recorded: [{}]", render(&source.decisions)))
+                    .detail(format!("replayed: [{}]", render(&now))),
+            );
+        }
+        if let (Some(recorded), Some(now)) = (source.exit_status, outcome.exit_status) {
+            if recorded != now {
+                return Some(
+                    Divergence::new(DivergenceCode::ExitStatus, "*").detail(format!(
+                        "recorded exit status {recorded}, replay exited {now}"
+                    )),
+                );
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.mode != Mode::Record || self.finished.load(Ordering::SeqCst) {
+            return;
+        }
+        // Never finished (panic or early return): keep what was acknowledged and mark the run.
+        if let Some(writer) = &self.writer {
+            let _ = writer.flush();
+            let mut run = self.run.lock().clone();
+            run.status = RunStatus::Interrupted;
+            run.head = writer.head().1;
+            let _ = self.store.update_run(&run);
+            let _ = writer.release();
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Integration tests of the runtime: one binary, one module per feature.
+mod replay;

@@ -1,0 +1,286 @@
+//! Record then replay through the Session API: outputs come back byte for byte, nothing live runs,
+//! and every kind of divergence is reported with its code, seq, agent, keys and path.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use retrace_core::DivergenceCode;
+use retrace_runtime::{
+    ModelCall, ModelReply, Outcome, RuntimeError, Session, SessionOptions, ToolSpec,
+};
+use retrace_store::memory::MemoryStore;
+use retrace_store::Store;
+use serde_json::{json, Value};
+
+fn store() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new())
+}
+
+/// A little program: two agents, every kind of step. `q` changes the planner's query.
+fn program(s: &Session, q: &str, calls: &AtomicUsize) -> Result<Vec<Value>, RuntimeError> {
+    let planner = s.agent("planner").with_role("planner");
+    let reviewer = s.agent("reviewer");
+    let mut seen = vec![];
+    seen.push(json!(planner.now_ms()?));
+    seen.push(json!(planner.random_id()?));
+    seen.push(json!(reviewer.env("HOME")?));
+    let rows: Value = planner.tool(
+        "sql.query",
+        &json!({"q": q}),
+        ToolSpec::deterministic("2"),
+        || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(json!({"rows": [[1, "a"]], "n": rand::random::<u32>()}))
+        },
+    )?;
+    seen.push(rows);
+    let call = ModelCall {
+        provider: "openai".into(),
+        endpoint: "chat.completions".into(),
+        body: json!({"model": "gpt-x", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}),
+    };
+    let reply = reviewer.model(&call, || {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(ModelReply {
+            body: json!({"choices": [{"message": {"content": format!("hello {}", rand::random::<u16>())}}]}),
+            snapshot: Some("gpt-x-2026-01-01".into()),
+            usage: None,
+        })
+    })?;
+    seen.push(reply);
+    let sent: Value = reviewer.tool(
+        "email.send",
+        &json!({"to": "ops"}),
+        ToolSpec::side_effect("1"),
+        || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(json!({"queued": true}))
+        },
+    )?;
+    seen.push(sent);
+    reviewer.decide("approve", Some("step:backfill"))?;
+    Ok(seen)
+}
+
+fn record(store: &Arc<dyn Store>, q: &str) -> (String, Vec<Value>) {
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let calls = AtomicUsize::new(0);
+    let seen = program(&s, q, &calls).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let report = s
+        .finish(Outcome {
+            exit_status: Some(0),
+        })
+        .unwrap();
+    (report.run_id, seen)
+}
+
+#[test]
+fn replay_returns_what_record_saw_and_runs_nothing() {
+    let store = store();
+    let (run, seen) = record(&store, "select 1");
+    for _ in 0..3 {
+        let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+        let calls = AtomicUsize::new(0);
+        let again = program(&r, "select 1", &calls).unwrap();
+        assert_eq!(again, seen);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "replay must not call live functions"
+        );
+        let report = r
+            .finish(Outcome {
+                exit_status: Some(0),
+            })
+            .unwrap();
+        assert_eq!(report.live_calls, 0);
+        assert_eq!(report.source_run.as_deref(), Some(run.as_str()));
+    }
+}
+
+#[test]
+fn a_changed_request_is_a_step_mismatch_with_the_path() {
+    let store = store();
+    let (run, _) = record(&store, "select 1");
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    let err = program(&r, "select 2", &AtomicUsize::new(0)).unwrap_err();
+    let d = err.divergence().expect("a divergence").clone();
+    assert_eq!(d.code, DivergenceCode::StepMismatch);
+    assert_eq!(d.agent, "planner");
+    assert_eq!(d.seq, Some(4));
+    assert_eq!(d.path.as_deref(), Some("$.q"));
+    assert!(d.expected.is_some() && d.got.is_some() && d.expected != d.got);
+    let text = d.to_string();
+    assert!(text.contains("recorded $.q = \"select 1\""), "{text}");
+    assert!(text.contains("replayed $.q = \"select 2\""), "{text}");
+    // The run is stored as diverged, with the report.
+    let finished = r
+        .finish(Outcome {
+            exit_status: Some(0),
+        })
+        .unwrap_err();
+    assert!(finished.divergence().is_some());
+    let meta = store.run(&r.run_id()).unwrap();
+    assert_eq!(meta.status.as_str(), "diverged");
+    assert_eq!(meta.divergence.unwrap()["code"], "step_mismatch");
+}
+
+#[test]
+fn missing_steps_are_reported_at_the_end() {
+    let store = store();
+    let (run, _) = record(&store, "select 1");
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    let planner = r.agent("planner");
+    planner.now_ms().unwrap();
+    let err = r
+        .finish(Outcome {
+            exit_status: Some(0),
+        })
+        .unwrap_err();
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::StepsLeft);
+    assert_eq!(d.seq, Some(2));
+    assert!(d.detail.iter().any(|l| l.contains("reviewer")), "{d}");
+}
+
+#[test]
+fn an_extra_step_is_unexpected() {
+    let store = store();
+    let (run, _) = record(&store, "select 1");
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
+    let err = r.agent("planner").random_u64().unwrap_err();
+    assert_eq!(
+        err.divergence().unwrap().code,
+        DivergenceCode::UnexpectedStep
+    );
+}
+
+#[test]
+fn reordering_independent_steps_is_not_a_divergence() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("a");
+    let x: u32 = a
+        .tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || {
+            Ok::<_, String>(10)
+        })
+        .unwrap();
+    let y: u32 = a
+        .tool("t", &json!({"x": 2}), ToolSpec::deterministic("1"), || {
+            Ok::<_, String>(20)
+        })
+        .unwrap();
+    s.finish(Outcome::default()).unwrap();
+    let r = Session::replay(store.clone(), &s.run_id(), SessionOptions::default()).unwrap();
+    let a = r.agent("a");
+    let y2: u32 = a
+        .tool("t", &json!({"x": 2}), ToolSpec::deterministic("1"), || {
+            Err::<u32, _>("not live")
+        })
+        .unwrap();
+    let x2: u32 = a
+        .tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || {
+            Err::<u32, _>("not live")
+        })
+        .unwrap();
+    assert_eq!((x, y), (x2, y2));
+    r.finish(Outcome::default()).unwrap();
+}
+
+#[test]
+fn identical_keys_replay_in_recorded_order() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("a");
+    let first = a.random_u64().unwrap();
+    let second = a.random_u64().unwrap();
+    s.finish(Outcome::default()).unwrap();
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let a = r.agent("a");
+    assert_eq!(
+        (a.random_u64().unwrap(), a.random_u64().unwrap()),
+        (first, second)
+    );
+    r.finish(Outcome::default()).unwrap();
+}
+
+#[test]
+fn a_different_decision_or_exit_status_diverges() {
+    let store = store();
+    let (run, _) = record(&store, "select 1");
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
+    let err = r
+        .finish(Outcome {
+            exit_status: Some(3),
+        })
+        .unwrap_err();
+    assert_eq!(err.divergence().unwrap().code, DivergenceCode::ExitStatus);
+
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    s.agent("a").decide("approve", None).unwrap();
+    s.finish(Outcome::default()).unwrap();
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let err = r.agent("a").decide("reject", None).unwrap_err();
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::StepMismatch);
+    assert_eq!(d.path.as_deref(), Some("$.action"));
+}
+
+#[test]
+fn a_failed_step_replays_its_error() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let err = s
+        .agent("a")
+        .tool("t", &json!({}), ToolSpec::deterministic("1"), || {
+            Err::<u32, _>("boom")
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("boom"));
+    s.finish(Outcome::default()).unwrap();
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let err = r
+        .agent("a")
+        .tool("t", &json!({}), ToolSpec::deterministic("1"), || {
+            Ok::<u32, String>(1)
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::StepFailed { ref message, .. } if message == "boom"),
+        "{err}"
+    );
+}
+
+#[test]
+fn nan_is_refused_at_record_time_naming_the_step() {
+    let store = store();
+    let s = Session::record(store, SessionOptions::default()).unwrap();
+    let err = s
+        .agent("a")
+        .tool("score", &json!({}), ToolSpec::deterministic("1"), || {
+            Ok::<_, String>(vec![1.0, f64::NAN])
+        })
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("tool_call score") && text.contains("$[1]"),
+        "{text}"
+    );
+}
+
+#[test]
+fn record_hands_back_the_canonical_round_trip() {
+    let store = store();
+    let s = Session::record(store, SessionOptions::default()).unwrap();
+    // The program gets the decoded canonical bytes: a float that is an integer comes back as the
+    // integer JSON holds, exactly as replay will hand it back.
+    let v: Value = s
+        .agent("a")
+        .tool("t", &json!({}), ToolSpec::deterministic("1"), || {
+            Ok::<_, String>(json!({"b": 2.0, "a": [1, "x"]}))
+        })
+        .unwrap();
+    assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"a":[1,"x"],"b":2}"#);
+}
