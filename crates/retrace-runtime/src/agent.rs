@@ -30,27 +30,15 @@ pub struct ToolSpec {
 impl ToolSpec {
     /// A deterministic tool of `version`.
     pub fn deterministic(version: &str) -> ToolSpec {
-        ToolSpec {
-            class: ToolClass::Deterministic,
-            version: version.into(),
-            ttl_s: None,
-        }
+        ToolSpec { class: ToolClass::Deterministic, version: version.into(), ttl_s: None }
     }
     /// A time-bound tool of `version`, cached for `ttl_s` seconds.
     pub fn time_bound(version: &str, ttl_s: u64) -> ToolSpec {
-        ToolSpec {
-            class: ToolClass::TimeBound,
-            version: version.into(),
-            ttl_s: Some(ttl_s),
-        }
+        ToolSpec { class: ToolClass::TimeBound, version: version.into(), ttl_s: Some(ttl_s) }
     }
     /// A side-effecting tool of `version`: never executed by replay or fork.
     pub fn side_effect(version: &str) -> ToolSpec {
-        ToolSpec {
-            class: ToolClass::SideEffect,
-            version: version.into(),
-            ttl_s: None,
-        }
+        ToolSpec { class: ToolClass::SideEffect, version: version.into(), ttl_s: None }
     }
 }
 
@@ -124,13 +112,7 @@ impl Agent {
 
     /// Calls a tool. Record: runs `live`, records its output (or error) and returns the decoded
     /// canonical form of what it returned. Replay: returns the recorded output; `live` never runs.
-    pub fn tool<A, T, E, F>(
-        &self,
-        name: &str,
-        args: &A,
-        spec: ToolSpec,
-        live: F,
-    ) -> RuntimeResult<T>
+    pub fn tool<A, T, E, F>(&self, name: &str, args: &A, spec: ToolSpec, live: F) -> RuntimeResult<T>
     where
         A: Serialize + ?Sized,
         T: Serialize + DeserializeOwned,
@@ -145,21 +127,14 @@ impl Agent {
             ttl_s: spec.ttl_s,
         });
         let label = format!("tool_call {name}");
-        let input =
-            StepInput::new(template, to_json(args, &self.id, &label)?).versioned(&spec.version);
-        let input = if spec.class == ToolClass::SideEffect {
-            input.with_intent()
-        } else {
-            input
-        };
+        let input = StepInput::new(template, to_json(args, &self.id, &label)?).versioned(&spec.version);
+        let input = if spec.class == ToolClass::SideEffect { input.with_intent() } else { input };
         let out = self.run_step(input, || {
             let started = Instant::now();
             let result = live();
             let latency = started.elapsed().as_millis() as u64;
             match result {
-                Ok(value) => {
-                    Ok(LiveOutput::value(to_json(&value, &self.id, &label)?).latency(latency))
-                }
+                Ok(value) => Ok(LiveOutput::value(to_json(&value, &self.id, &label)?).latency(latency)),
                 Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
             }
         })?;
@@ -174,16 +149,9 @@ impl Agent {
     {
         let name = format!("{}/{}", call.provider, call.endpoint);
         let mut template = self.event(EventType::ModelCall, Some(&name));
-        let model_name = call
-            .body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        template.model = Some(ModelRef {
-            provider: call.provider.clone(),
-            name: model_name.into(),
-            snapshot: None,
-        });
+        let model_name = call.body.get("model").and_then(Value::as_str).unwrap_or_default();
+        template.model =
+            Some(ModelRef { provider: call.provider.clone(), name: model_name.into(), snapshot: None });
         let params: BTreeMap<String, Value> = PARAM_FIELDS
             .iter()
             .filter_map(|f| call.body.get(*f).map(|v| ((*f).to_owned(), v.clone())))
@@ -209,53 +177,35 @@ impl Agent {
     pub fn now_ms(&self) -> RuntimeResult<u64> {
         let clock = self.session.inner.clock.clone();
         let input = StepInput::new(self.event(EventType::Clock, Some("wall")), json!({}));
-        let out = self.run_step(input, || {
-            Ok(LiveOutput::value(json!({ "unix_ms": clock.now_ms() })))
-        })?;
-        field(&out, "unix_ms", "clock").and_then(|v| {
-            v.as_u64()
-                .ok_or_else(|| self.bad_output("clock", "unix_ms is not an integer"))
-        })
+        let out = self.run_step(input, || Ok(LiveOutput::value(json!({ "unix_ms": clock.now_ms() }))))?;
+        field(&out, "unix_ms", "clock")
+            .and_then(|v| v.as_u64().ok_or_else(|| self.bad_output("clock", "unix_ms is not an integer")))
     }
 
     /// A random 64-bit number: live in record, recorded in replay.
     pub fn random_u64(&self) -> RuntimeResult<u64> {
         let input = StepInput::new(self.event(EventType::Random, Some("u64")), json!({}));
-        let out = self.run_step(input, || {
-            Ok(LiveOutput::value(json!({ "u64": rand::random::<u64>() })))
-        })?;
-        field(&out, "u64", "random").and_then(|v| {
-            v.as_u64()
-                .ok_or_else(|| self.bad_output("random", "not a u64"))
-        })
+        let out = self.run_step(input, || Ok(LiveOutput::value(json!({ "u64": rand::random::<u64>() }))))?;
+        field(&out, "u64", "random")
+            .and_then(|v| v.as_u64().ok_or_else(|| self.bad_output("random", "not a u64")))
     }
 
     /// A random id (32 hex digits): live in record, recorded in replay.
     pub fn random_id(&self) -> RuntimeResult<String> {
         let input = StepInput::new(self.event(EventType::Random, Some("id")), json!({}));
         let out = self.run_step(input, || {
-            Ok(LiveOutput::value(
-                json!({ "id": format!("{:032x}", rand::random::<u128>()) }),
-            ))
+            Ok(LiveOutput::value(json!({ "id": format!("{:032x}", rand::random::<u128>()) })))
         })?;
         field(&out, "id", "random").and_then(|v| {
-            v.as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| self.bad_output("random", "not a string"))
+            v.as_str().map(str::to_owned).ok_or_else(|| self.bad_output("random", "not a string"))
         })
     }
 
     /// An environment variable: live in record (masked before it is stored), recorded in replay.
     pub fn env(&self, name: &str) -> RuntimeResult<Option<String>> {
-        let input = StepInput::new(
-            self.event(EventType::Env, Some(name)),
-            json!({ "name": name }),
-        );
-        let out = self.run_step(input, || {
-            Ok(LiveOutput::value(
-                json!({ "value": std::env::var(name).ok() }),
-            ))
-        })?;
+        let input = StepInput::new(self.event(EventType::Env, Some(name)), json!({ "name": name }));
+        let out =
+            self.run_step(input, || Ok(LiveOutput::value(json!({ "value": std::env::var(name).ok() }))))?;
         let v = field(&out, "value", "env")?;
         Ok(v.as_str().map(str::to_owned))
     }
@@ -263,12 +213,8 @@ impl Agent {
     /// Records a decision; in replay a different decision is a divergence.
     pub fn decide(&self, action: &str, target: Option<&str>) -> RuntimeResult<()> {
         let mut template = self.event(EventType::Decision, None);
-        template.decision = Some(Decision {
-            action: action.into(),
-            target: target.map(str::to_owned),
-        });
-        let input =
-            StepInput::new(template, json!({ "action": action, "target": target })).no_output();
+        template.decision = Some(Decision { action: action.into(), target: target.map(str::to_owned) });
+        let input = StepInput::new(template, json!({ "action": action, "target": target })).no_output();
         self.run_step(input, || Ok(LiveOutput::none()))?;
         self.session.inner.decisions.lock().push(FinalDecision {
             agent: self.id.clone(),
@@ -287,10 +233,13 @@ impl Agent {
     }
 
     fn bad_output(&self, step: &str, message: &str) -> RuntimeError {
-        RuntimeError::Decode {
-            agent: self.id.clone(),
-            step: step.into(),
-            message: message.into(),
+        RuntimeError::Decode { agent: self.id.clone(), step: step.into(), message: message.into() }
+    }
+
+    /// Declares that this agent takes no more steps (replay can then tell a stall at once).
+    pub fn exit(&self) {
+        if let Some(s) = &self.session.inner.scheduler {
+            s.agent_exited(&self.id);
         }
     }
 

@@ -4,9 +4,7 @@ use serde::ser::{self, Impossible, Serialize};
 
 /// `Err(path)` when `value` holds a NaN or infinite float, with the JSON path of the first one.
 pub(crate) fn check_finite<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
-    let mut probe = Probe {
-        path: vec!["$".to_owned()],
-    };
+    let mut probe = Probe { path: vec!["$".to_owned()] };
     match value.serialize(&mut probe) {
         Ok(()) => Ok(()),
         Err(NonFinite(path)) => Err(path),
@@ -94,12 +92,7 @@ impl ser::Serializer for KeyName {
     fn serialize_unit_struct(self, _: &'static str) -> Result<String, NonFinite> {
         Ok("?".into())
     }
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        v: &'static str,
-    ) -> Result<String, NonFinite> {
+    fn serialize_unit_variant(self, _: &'static str, _: u32, v: &'static str) -> Result<String, NonFinite> {
         Ok(v.into())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -143,11 +136,7 @@ impl ser::Serializer for KeyName {
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NonFinite> {
         Err(NonFinite(String::new()))
     }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStruct, NonFinite> {
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, NonFinite> {
         Err(NonFinite(String::new()))
     }
     fn serialize_struct_variant(
@@ -232,12 +221,7 @@ impl<'a> ser::Serializer for &'a mut Probe {
     fn serialize_unit_struct(self, _: &'static str) -> Result<(), NonFinite> {
         Ok(())
     }
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-    ) -> Result<(), NonFinite> {
+    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), NonFinite> {
         Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -257,25 +241,13 @@ impl<'a> ser::Serializer for &'a mut Probe {
         self.nested(key_part(variant), v)
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
     fn serialize_tuple(self, _: usize) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
     fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
     fn serialize_tuple_variant(
         self,
@@ -284,25 +256,13 @@ impl<'a> ser::Serializer for &'a mut Probe {
         _: &'static str,
         _: usize,
     ) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
     fn serialize_struct_variant(
         self,
@@ -311,11 +271,7 @@ impl<'a> ser::Serializer for &'a mut Probe {
         _: &'static str,
         _: usize,
     ) -> Result<Compound<'a>, NonFinite> {
-        Ok(Compound {
-            probe: self,
-            index: 0,
-            key: String::new(),
-        })
+        Ok(Compound { probe: self, index: 0, key: String::new() })
     }
 }
 
@@ -387,13 +343,7 @@ mod tests {
             scores: Vec<f64>,
         }
         let mut m = BTreeMap::new();
-        m.insert(
-            "rows",
-            vec![Row {
-                name: "a".into(),
-                scores: vec![1.0, f64::NAN],
-            }],
-        );
+        m.insert("rows", vec![Row { name: "a".into(), scores: vec![1.0, f64::NAN] }]);
         assert_eq!(check_finite(&m), Err("$.rows[0].scores[1]".to_owned()));
         assert_eq!(check_finite(&serde_json::json!({"x": [1.5]})), Ok(()));
         assert_eq!(check_finite(&f64::INFINITY), Err("$".to_owned()));

@@ -26,13 +26,18 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+mod bus;
 pub mod env_sources;
 pub mod error;
 mod finite;
 pub mod matcher;
+mod messaging;
+pub mod scheduler;
 pub mod session;
 mod step;
 
 pub use agent::{Agent, ModelCall, ModelReply, ToolSpec};
 pub use error::{RuntimeError, RuntimeResult};
+pub use messaging::Message;
+pub use scheduler::{Scheduler, SchedulerConfig};
 pub use session::{Mode, Outcome, RunReport, Session, SessionOptions};

@@ -31,6 +31,8 @@ pub struct RecordedStep {
     pub decision: Option<Decision>,
     /// For an intent: whether its completion (or a resolution) was recorded.
     pub completed: bool,
+    /// The recorded causal parent.
+    pub causal_parent: Option<u64>,
 }
 
 impl RecordedStep {
@@ -45,6 +47,7 @@ impl RecordedStep {
             error: e.error.clone(),
             decision: e.decision.clone(),
             completed: true,
+            causal_parent: e.causal_parent,
         }
     }
 
@@ -57,12 +60,28 @@ impl RecordedStep {
     }
 }
 
+/// A recorded delivery: what an agent heard, in the order it heard it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedDelivery {
+    /// The `deliver` event's seq.
+    pub seq: u64,
+    /// The `send` it delivered (None for a timed-out `recv`).
+    pub send_seq: Option<u64>,
+    /// The sender.
+    pub from: Option<String>,
+    /// The message kind.
+    pub kind: Option<String>,
+    /// The `recv` timed out: no message.
+    pub timed_out: bool,
+}
+
 #[derive(Debug, Default)]
 struct AgentLog {
     steps: Vec<RecordedStep>,
     consumed: Vec<bool>,
     by_key: HashMap<Digest, VecDeque<usize>>,
     first_unconsumed: usize,
+    deliveries: VecDeque<RecordedDelivery>,
 }
 
 impl AgentLog {
@@ -83,6 +102,11 @@ impl AgentLog {
         Some(self.steps[idx].clone())
     }
 
+    fn peek(&self, key: &Digest) -> Option<&RecordedStep> {
+        let idx = *self.by_key.get(key)?.front()?;
+        Some(&self.steps[idx])
+    }
+
     fn first_unconsumed(&self, pred: impl Fn(&RecordedStep) -> bool) -> Option<&RecordedStep> {
         (self.first_unconsumed..self.steps.len())
             .filter(|&i| !self.consumed[i])
@@ -91,12 +115,24 @@ impl AgentLog {
     }
 }
 
+/// The first step an agent left unconsumed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leftover {
+    /// Its recorded seq.
+    pub seq: u64,
+    /// `tool_call sql.query`, `deliver from planner`...
+    pub label: String,
+    /// Its key (deliveries have none that matters).
+    pub key: Option<Digest>,
+}
+
 /// The recorded steps of a run, per agent, with what has been consumed so far.
 #[derive(Debug, Default)]
 pub struct RecordedLog {
     agents: HashMap<String, Mutex<AgentLog>>,
     last_seq: u64,
     decisions: Vec<(String, Decision)>,
+    unconsumable: Vec<u64>,
 }
 
 /// Events read from the store per page while loading.
@@ -109,6 +145,7 @@ impl RecordedLog {
         let mut completed_intents = HashSet::new();
         let mut intents: Vec<(String, usize)> = Vec::new();
         let mut decisions = Vec::new();
+        let mut unconsumable = Vec::new();
         let mut from = 1;
         let mut last_seq = 0;
         loop {
@@ -125,7 +162,23 @@ impl RecordedLog {
                 if let (EventType::Decision, Some(d)) = (e.kind, &e.decision) {
                     decisions.push((e.agent_id.clone(), d.clone()));
                 }
+                if e.kind == EventType::Resolution {
+                    // A person's answer, not a program step: replay never asks for it.
+                    unconsumable.push(e.seq);
+                    continue;
+                }
                 let log = agents.entry(e.agent_id.clone()).or_default();
+                if e.kind == EventType::Deliver {
+                    let message = e.message.as_ref();
+                    log.deliveries.push_back(RecordedDelivery {
+                        seq: e.seq,
+                        send_seq: e.causal_parent,
+                        from: message.and_then(|m| m.from.clone()),
+                        kind: message.and_then(|m| m.kind.clone()),
+                        timed_out: message.is_some_and(|m| m.timed_out),
+                    });
+                    continue;
+                }
                 if e.kind == EventType::Intent {
                     intents.push((e.agent_id.clone(), log.steps.len()));
                 }
@@ -141,12 +194,10 @@ impl RecordedLog {
             step.completed = completed_intents.contains(&step.seq);
         }
         Ok(RecordedLog {
-            agents: agents
-                .into_iter()
-                .map(|(k, v)| (k, Mutex::new(v)))
-                .collect(),
+            agents: agents.into_iter().map(|(k, v)| (k, Mutex::new(v))).collect(),
             last_seq,
             decisions,
+            unconsumable,
         })
     }
 
@@ -155,25 +206,30 @@ impl RecordedLog {
         self.agents.get(agent)?.lock().take(key)
     }
 
+    /// The seq of `agent`'s earliest unconsumed step with `key`, without consuming it.
+    pub fn peek(&self, agent: &str, key: &Digest) -> Option<u64> {
+        self.agents.get(agent)?.lock().peek(key).map(|s| s.seq)
+    }
+
+    /// `agent`'s next recorded delivery, without consuming it.
+    pub fn next_delivery(&self, agent: &str) -> Option<RecordedDelivery> {
+        self.agents.get(agent)?.lock().deliveries.front().cloned()
+    }
+
+    /// Consumes `agent`'s next recorded delivery.
+    pub fn take_delivery(&self, agent: &str) -> Option<RecordedDelivery> {
+        self.agents.get(agent)?.lock().deliveries.pop_front()
+    }
+
     /// `agent`'s earliest unconsumed step of `kind` named `name` (what a divergence "expected").
-    pub fn expected(
-        &self,
-        agent: &str,
-        kind: EventType,
-        name: Option<&str>,
-    ) -> Option<RecordedStep> {
+    pub fn expected(&self, agent: &str, kind: EventType, name: Option<&str>) -> Option<RecordedStep> {
         let log = self.agents.get(agent)?.lock();
-        log.first_unconsumed(|s| s.kind == kind && s.name.as_deref() == name)
-            .cloned()
+        log.first_unconsumed(|s| s.kind == kind && s.name.as_deref() == name).cloned()
     }
 
     /// `agent`'s earliest unconsumed step of any kind.
     pub fn next_of(&self, agent: &str) -> Option<RecordedStep> {
-        self.agents
-            .get(agent)?
-            .lock()
-            .first_unconsumed(|_| true)
-            .cloned()
+        self.agents.get(agent)?.lock().first_unconsumed(|_| true).cloned()
     }
 
     /// The earliest unconsumed step of every agent that has one, in seq order.
@@ -181,11 +237,7 @@ impl RecordedLog {
         let mut out: Vec<_> = self
             .agents
             .iter()
-            .filter_map(|(a, log)| {
-                log.lock()
-                    .first_unconsumed(|_| true)
-                    .map(|s| (a.clone(), s.clone()))
-            })
+            .filter_map(|(a, log)| log.lock().first_unconsumed(|_| true).map(|s| (a.clone(), s.clone())))
             .collect();
         out.sort_by_key(|(_, s)| s.seq);
         out
@@ -204,5 +256,15 @@ impl RecordedLog {
     /// Number of agents with recorded steps.
     pub fn agent_count(&self) -> usize {
         self.agents.len()
+    }
+
+    /// The agents with recorded steps.
+    pub fn agents(&self) -> impl Iterator<Item = &str> {
+        self.agents.keys().map(String::as_str)
+    }
+
+    /// Recorded seqs no program step consumes (resolutions), released from the start.
+    pub fn unconsumable_seqs(&self) -> &[u64] {
+        &self.unconsumable
     }
 }

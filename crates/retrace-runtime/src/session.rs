@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use retrace_core::key::KeyConfig;
@@ -13,9 +14,11 @@ use retrace_core::{Divergence, DivergenceCode};
 use retrace_store::{LeaseHolder, RunWriter, Store, StoreConfig};
 
 use crate::agent::Agent;
+use crate::bus::Bus;
 use crate::env_sources::{new_run_id, Clock, SystemClock};
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::matcher::RecordedLog;
+use crate::scheduler::{Scheduler, SchedulerConfig};
 
 /// What a session does with each step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +51,13 @@ pub struct SessionOptions {
     pub clock: Arc<dyn Clock>,
     /// Use this run id instead of a fresh one (record), or as the replay run's id (replay).
     pub run_id: Option<String>,
+    /// Replay: every step waits for all earlier seqs (programs whose agents interact only through
+    /// Retrace).
+    pub strict: bool,
+    /// Replay: how long waiting steps may go without progress before the run is a stall.
+    pub stall_timeout: Duration,
+    /// Record: shuffle deliveries and inject small delays, seeded (recorded with the run).
+    pub chaos_seed: Option<u64>,
 }
 
 impl Default for SessionOptions {
@@ -61,6 +71,9 @@ impl Default for SessionOptions {
             wait_for_ack: true,
             clock: Arc::new(SystemClock),
             run_id: None,
+            strict: false,
+            stall_timeout: Duration::from_secs(30),
+            chaos_seed: None,
         }
     }
 }
@@ -70,6 +83,8 @@ impl Default for SessionOptions {
 pub(crate) struct AgentState {
     pub(crate) clock: LamportClock,
     pub(crate) role: Option<String>,
+    /// Deliveries taken since the agent's previous step.
+    pub(crate) pending_inbound: Vec<u64>,
 }
 
 /// How the program ended, compared in replay.
@@ -98,14 +113,14 @@ pub(crate) struct Inner {
     pub(crate) mode: Mode,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) writer: Option<RunWriter>,
-    pub(crate) replay: Option<RecordedLog>,
+    pub(crate) scheduler: Option<Arc<Scheduler>>,
+    pub(crate) bus: Option<Bus>,
     pub(crate) keys: KeyConfig,
     pub(crate) masker: Masker,
     pub(crate) wait_for_ack: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) run: Mutex<RunMeta>,
     pub(crate) agents: Mutex<HashMap<String, Arc<Mutex<AgentState>>>>,
-    pub(crate) divergence: Mutex<Option<Divergence>>,
     pub(crate) decisions: Mutex<Vec<FinalDecision>>,
     pub(crate) holds_tokens: AtomicBool,
     pub(crate) steps: AtomicUsize,
@@ -115,10 +130,7 @@ pub(crate) struct Inner {
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("mode", &self.mode)
-            .field("run", &self.run.lock().id)
-            .finish()
+        f.debug_struct("Session").field("mode", &self.mode).field("run", &self.run.lock().id).finish()
     }
 }
 
@@ -138,24 +150,14 @@ impl Session {
         meta.command = options.command.clone();
         meta.masking_rules = options.masker.rules().clone();
         meta.mask_key_fingerprint = options.masker.key_fingerprint();
+        meta.chaos_seed = options.chaos_seed;
         store.create_run(&meta)?;
         let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
-        Ok(Session::build(
-            Mode::Record,
-            store,
-            Some(writer),
-            None,
-            meta,
-            options,
-        ))
+        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
     }
 
     /// Replays `source` (a run id or unique prefix) exactly, as a new replay run.
-    pub fn replay(
-        store: Arc<dyn Store>,
-        source: &str,
-        options: SessionOptions,
-    ) -> RuntimeResult<Session> {
+    pub fn replay(store: Arc<dyn Store>, source: &str, options: SessionOptions) -> RuntimeResult<Session> {
         let mut source_meta = store.find_run(source)?;
         if source_meta.mode == RunMode::Replay {
             let of = source_meta.source_run.clone().ok_or_else(|| {
@@ -178,10 +180,7 @@ impl Session {
             _ => {
                 let mut m = RunMeta::new(id.clone(), RunMode::Replay, options.clock.now_ms());
                 m.source_run = Some(source_meta.id.clone());
-                m.command = options
-                    .command
-                    .clone()
-                    .or_else(|| source_meta.command.clone());
+                m.command = options.command.clone().or_else(|| source_meta.command.clone());
                 m.name = options.name.clone().or_else(|| source_meta.name.clone());
                 store.create_run(&m)?;
                 m
@@ -190,13 +189,10 @@ impl Session {
         meta.source_run = Some(source_meta.id.clone());
         meta.masking_rules = source_meta.masking_rules.clone();
         meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
-        let session = Session::build(Mode::Replay, store, None, Some(log), meta, options);
-        session
-            .inner
-            .run
-            .lock()
-            .labels
-            .insert("source_status".into(), source_meta.status.to_string());
+        let config = SchedulerConfig { strict: options.strict, stall_timeout: options.stall_timeout };
+        let scheduler = Scheduler::new(log, config);
+        let session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, options);
+        session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
         Ok(session)
     }
 
@@ -242,9 +238,10 @@ impl Session {
                 })?;
                 let meta = store.find_run(&id)?;
                 if meta.mode == RunMode::Replay {
-                    let source = meta.source_run.clone().ok_or_else(|| {
-                        RuntimeError::Usage(format!("replay run {id} names no source run"))
-                    })?;
+                    let source = meta
+                        .source_run
+                        .clone()
+                        .ok_or_else(|| RuntimeError::Usage(format!("replay run {id} names no source run")))?;
                     options.run_id = Some(meta.id.clone());
                     Session::replay(store, &source, options)
                 } else {
@@ -253,11 +250,10 @@ impl Session {
             }
             "off" => Ok(Session::off(store, options)),
             "fork" => Err(RuntimeError::Usage(
-                "RETRACE_MODE=fork is not supported by this build yet (forks arrive with `retrace fork`)".into(),
+                "RETRACE_MODE=fork is not supported by this build yet (forks arrive with `retrace fork`)"
+                    .into(),
             )),
-            other => Err(RuntimeError::Usage(format!(
-                "RETRACE_MODE={other:?}: want record, replay or off"
-            ))),
+            other => Err(RuntimeError::Usage(format!("RETRACE_MODE={other:?}: want record, replay or off"))),
         }
     }
 
@@ -265,23 +261,24 @@ impl Session {
         mode: Mode,
         store: Arc<dyn Store>,
         writer: Option<RunWriter>,
-        replay: Option<RecordedLog>,
+        scheduler: Option<Arc<Scheduler>>,
         run: RunMeta,
         options: SessionOptions,
     ) -> Session {
+        let bus = (mode != Mode::Replay).then(|| Bus::new(options.chaos_seed));
         Session {
             inner: Arc::new(Inner {
                 mode,
                 store,
                 writer,
-                replay,
+                scheduler,
+                bus,
                 keys: options.keys,
                 masker: options.masker,
                 wait_for_ack: options.wait_for_ack,
                 clock: options.clock,
                 run: Mutex::new(run),
                 agents: Mutex::new(HashMap::new()),
-                divergence: Mutex::new(None),
                 decisions: Mutex::new(Vec::new()),
                 holds_tokens: AtomicBool::new(false),
                 steps: AtomicUsize::new(0),
@@ -311,16 +308,37 @@ impl Session {
         &self.inner.store
     }
 
-    /// A handle for agent `id`; steps taken through it are that agent's.
+    /// A handle for agent `id`; steps taken through it are that agent's. The agent counts as
+    /// running until [`Agent::exit`] (replay uses this to detect stalls at once).
     pub fn agent(&self, id: &str) -> Agent {
-        let state = self
-            .inner
-            .agents
-            .lock()
-            .entry(id.to_owned())
-            .or_default()
-            .clone();
+        let state = self.inner.agents.lock().entry(id.to_owned()).or_default().clone();
+        if let Some(s) = &self.inner.scheduler {
+            s.agent_started(id);
+        }
         Agent::new(self.clone(), id.to_owned(), state)
+    }
+
+    /// Runs agent `id` as a tokio task: `body` gets the agent's handle, and the agent exits when
+    /// the task ends (successfully or not).
+    pub fn spawn<F, Fut, T>(&self, id: &str, body: F) -> tokio::task::JoinHandle<RuntimeResult<T>>
+    where
+        F: FnOnce(Agent) -> Fut,
+        Fut: std::future::Future<Output = RuntimeResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let agent = self.agent(id);
+        let exit = agent.clone();
+        let fut = body(agent);
+        tokio::spawn(async move {
+            let result = fut.await;
+            exit.exit();
+            result
+        })
+    }
+
+    /// In replay: recorded seqs in the order replay released them.
+    pub fn replay_trace(&self) -> Vec<u64> {
+        self.inner.scheduler.as_ref().map(|s| s.trace()).unwrap_or_default()
     }
 
     /// Live calls made so far (always 0 in replay).
@@ -330,7 +348,7 @@ impl Session {
 
     /// The divergence found so far, if any.
     pub fn divergence(&self) -> Option<Divergence> {
-        self.inner.divergence.lock().clone()
+        self.inner.scheduler.as_ref().and_then(|s| s.divergence())
     }
 
     /// Waits until every recorded event is acknowledged (record); a no-op otherwise.
@@ -346,9 +364,7 @@ impl Session {
     /// match, stores the outcome, and returns the first divergence as an error.
     pub fn finish(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
         if self.inner.finished.swap(true, Ordering::SeqCst) {
-            return Err(RuntimeError::Usage(
-                "the session was already finished".into(),
-            ));
+            return Err(RuntimeError::Usage("the session was already finished".into()));
         }
         match self.inner.mode {
             Mode::Record => self.finish_record(outcome),
@@ -369,11 +385,7 @@ impl Session {
     }
 
     fn finish_record(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
-        let writer = self
-            .inner
-            .writer
-            .as_ref()
-            .expect("record sessions have a writer");
+        let writer = self.inner.writer.as_ref().expect("record sessions have a writer");
         let flushed = writer.flush();
         let status = match (&flushed, outcome.exit_status) {
             (Err(_), _) => RunStatus::Failed,
@@ -398,22 +410,14 @@ impl Session {
     }
 
     fn finish_replay(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
-        let log = self
-            .inner
-            .replay
-            .as_ref()
-            .expect("replay sessions have a log");
-        if self.inner.divergence.lock().is_none() {
-            if let Some(d) = self.ending_divergence(log, &outcome) {
-                *self.inner.divergence.lock() = Some(d);
+        let scheduler = self.inner.scheduler.as_ref().expect("replay sessions have a scheduler");
+        if scheduler.divergence().is_none() {
+            if let Some(d) = self.ending_divergence(scheduler.log(), &outcome) {
+                scheduler.diverge(d);
             }
         }
-        let divergence = self.inner.divergence.lock().clone();
-        let status = if divergence.is_some() {
-            RunStatus::Diverged
-        } else {
-            RunStatus::Ok
-        };
+        let divergence = scheduler.divergence();
+        let status = if divergence.is_some() { RunStatus::Diverged } else { RunStatus::Ok };
         let meta = {
             let mut run = self.inner.run.lock();
             run.status = status;
@@ -447,11 +451,7 @@ impl Session {
             return Some(d);
         }
         let run = self.inner.run.lock();
-        let source = self
-            .inner
-            .store
-            .run(run.source_run.as_deref().unwrap_or_default())
-            .ok()?;
+        let source = self.inner.store.run(run.source_run.as_deref().unwrap_or_default()).ok()?;
         drop(run);
         let now = self.inner.decisions.lock().clone();
         if now != source.decisions && !source.decisions.is_empty() {
@@ -462,10 +462,7 @@ impl Session {
                             "{}:{}{}",
                             d.agent,
                             d.action,
-                            d.target
-                                .as_ref()
-                                .map(|t| format!("@{t}"))
-                                .unwrap_or_default()
+                            d.target.as_ref().map(|t| format!("@{t}")).unwrap_or_default()
                         )
                     })
                     .collect::<Vec<_>>()
@@ -480,9 +477,8 @@ impl Session {
         if let (Some(recorded), Some(now)) = (source.exit_status, outcome.exit_status) {
             if recorded != now {
                 return Some(
-                    Divergence::new(DivergenceCode::ExitStatus, "*").detail(format!(
-                        "recorded exit status {recorded}, replay exited {now}"
-                    )),
+                    Divergence::new(DivergenceCode::ExitStatus, "*")
+                        .detail(format!("recorded exit status {recorded}, replay exited {now}")),
                 );
             }
         }

@@ -1,7 +1,8 @@
 //! The step pipeline shared by record and replay: canonicalise → mask → key → (live call and
-//! append | match against the recorded log). Nothing is persisted before masking, and keys are
-//! computed on the masked request.
+//! append | match through the replay scheduler). Nothing is persisted before masking, and keys
+//! are computed on the masked request.
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 
 use retrace_core::canonical::canonical_value;
@@ -15,16 +16,18 @@ use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
+use crate::matcher::RecordedStep;
 use crate::session::Mode;
 
 /// A step about to run: its event template and its request.
 pub(crate) struct StepInput {
-    template: Event,
+    pub(crate) template: Event,
     request: Value,
     version: Option<String>,
     intent: bool,
     hint: BlobHint,
     has_output: bool,
+    must_ack: bool,
 }
 
 impl StepInput {
@@ -36,6 +39,7 @@ impl StepInput {
             intent: false,
             hint: BlobHint::Raw,
             has_output: true,
+            must_ack: false,
         }
     }
     pub(crate) fn versioned(mut self, version: &str) -> Self {
@@ -54,6 +58,12 @@ impl StepInput {
         self.has_output = false;
         self
     }
+    /// The event must be acknowledged before the step returns (sends: nothing reaches another
+    /// agent before its event is in the store).
+    pub(crate) fn acknowledged(mut self) -> Self {
+        self.must_ack = true;
+        self
+    }
 }
 
 /// What a live call produced.
@@ -68,16 +78,10 @@ pub(crate) struct LiveOutput {
 
 impl LiveOutput {
     pub(crate) fn value(v: Value) -> Self {
-        LiveOutput {
-            value: Some(v),
-            ..Default::default()
-        }
+        LiveOutput { value: Some(v), ..Default::default() }
     }
     pub(crate) fn error(message: String) -> Self {
-        LiveOutput {
-            error: Some(message),
-            ..Default::default()
-        }
+        LiveOutput { error: Some(message), ..Default::default() }
     }
     pub(crate) fn none() -> Self {
         LiveOutput::default()
@@ -96,45 +100,60 @@ impl LiveOutput {
     }
 }
 
+/// What recording a step produced.
+pub(crate) struct Recorded {
+    pub(crate) value: Value,
+    pub(crate) seq: u64,
+    pub(crate) lamport: u64,
+    pub(crate) causal_parent: Option<u64>,
+}
+
 /// A request after canonicalisation and masking, with its key.
-struct Prepared {
-    masked: Vec<u8>,
-    key: Digest,
+pub(crate) struct Prepared {
+    pub(crate) masked: Vec<u8>,
+    pub(crate) key: Digest,
 }
 
 impl Agent {
-    /// Runs one step through the pipeline; returns the value the program sees.
+    /// Runs one step with a synchronous live function (see [`Agent::run_step_async`]).
     pub(crate) fn run_step(
         &self,
         input: StepInput,
         live: impl FnOnce() -> RuntimeResult<LiveOutput>,
     ) -> RuntimeResult<Value> {
+        pollster::block_on(self.run_step_async(input, move || std::future::ready(live())))
+    }
+
+    /// Runs one step through the pipeline; returns the value the program sees.
+    pub(crate) async fn run_step_async<F, Fut>(&self, input: StepInput, live: F) -> RuntimeResult<Value>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RuntimeResult<LiveOutput>>,
+    {
         let inner = &self.session.inner;
-        if let Some(d) = inner.divergence.lock().clone() {
+        if let Some(d) = self.session.divergence() {
             return Err(d.into());
         }
         inner.steps.fetch_add(1, Ordering::Relaxed);
         let label = input.template.label();
-        let prepared = self.prepare(&input, input.template.kind, &label)?;
+        let prepared = self.prepare(&input, &label)?;
         match inner.mode {
             Mode::Off => {
                 inner.live_calls.fetch_add(1, Ordering::Relaxed);
-                let out = live()?;
+                let out = live().await?;
                 self.program_value(&label, out).map(|(v, _)| v)
             }
-            Mode::Record => self.record(input, prepared, &label, live),
-            Mode::Replay => self.replay(input, prepared, &label),
+            Mode::Record => self.record(input, prepared, &label, live).await.map(|r| r.value),
+            Mode::Replay => self.replay(input, prepared, &label, None).await.map(|(v, _)| v),
         }
     }
 
-    fn prepare(&self, input: &StepInput, kind: EventType, label: &str) -> RuntimeResult<Prepared> {
+    /// Canonicalises and masks the request, and computes its key.
+    pub(crate) fn prepare(&self, input: &StepInput, label: &str) -> RuntimeResult<Prepared> {
         let inner = &self.session.inner;
-        let canonical =
-            canonical_value(&input.request).map_err(|e| RuntimeError::NotCanonical {
-                agent: self.id.clone(),
-                step: label.to_owned(),
-                source: e,
-            })?;
+        let not_canonical =
+            |e| RuntimeError::NotCanonical { agent: self.id.clone(), step: label.to_owned(), source: e };
+        let canonical = canonical_value(&input.request).map_err(not_canonical)?;
         let masked = inner.masker.mask_json(&canonical);
         let parsed: Cow<'_, Json> = if masked.tokens == 0 {
             Cow::Owned(Json::from_value(&input.request))
@@ -144,39 +163,17 @@ impl Agent {
         };
         let key = inner
             .keys
-            .key(
-                kind,
-                input.template.name.as_deref(),
-                input.version.as_deref(),
-                &parsed,
-            )
-            .map_err(|e| RuntimeError::NotCanonical {
-                agent: self.id.clone(),
-                step: label.to_owned(),
-                source: e,
-            })?;
-        Ok(Prepared {
-            masked: masked.bytes.into_owned(),
-            key,
-        })
+            .key(input.template.kind, input.template.name.as_deref(), input.version.as_deref(), &parsed)
+            .map_err(not_canonical)?;
+        Ok(Prepared { masked: masked.bytes.into_owned(), key })
     }
 
     /// Canonicalises a live output: the value the program gets back, and the bytes to persist.
-    fn program_value(
-        &self,
-        label: &str,
-        out: LiveOutput,
-    ) -> RuntimeResult<(Value, Option<Vec<u8>>)> {
+    fn program_value(&self, label: &str, out: LiveOutput) -> RuntimeResult<(Value, Option<Vec<u8>>)> {
         if let Some(message) = out.error {
-            return Err(RuntimeError::StepFailed {
-                agent: self.id.clone(),
-                step: label.into(),
-                message,
-            });
+            return Err(RuntimeError::StepFailed { agent: self.id.clone(), step: label.into(), message });
         }
-        let Some(value) = out.value else {
-            return Ok((Value::Null, None));
-        };
+        let Some(value) = out.value else { return Ok((Value::Null, None)) };
         let canonical = canonical_value(&value).map_err(|e| RuntimeError::NotCanonical {
             agent: self.id.clone(),
             step: label.into(),
@@ -186,22 +183,26 @@ impl Agent {
         Ok((decoded, Some(canonical)))
     }
 
-    fn record(
+    /// Record: runs `live` and appends the event; returns the program's value and the event's
+    /// seq, lamport and causal parent.
+    pub(crate) async fn record<F, Fut>(
         &self,
         input: StepInput,
         prepared: Prepared,
         label: &str,
-        live: impl FnOnce() -> RuntimeResult<LiveOutput>,
-    ) -> RuntimeResult<Value> {
+        live: F,
+    ) -> RuntimeResult<Recorded>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RuntimeResult<LiveOutput>>,
+    {
         let inner = &self.session.inner;
-        let writer = inner
-            .writer
-            .as_ref()
-            .expect("record sessions have a writer");
+        let writer = inner.writer.as_ref().expect("record sessions have a writer");
         let request = BlobPut::new(prepared.masked, input.hint);
         let mut event = input.template;
         event.key = prepared.key;
         event.request_ref = Some(request.digest);
+        self.take_inbound(&mut event);
         let mut blobs = vec![request];
         if input.intent {
             let mut intent = event.clone();
@@ -212,7 +213,7 @@ impl Agent {
             event.causal_parent = Some(acked.seq);
         }
         inner.live_calls.fetch_add(1, Ordering::Relaxed);
-        let out = live()?;
+        let out = live().await?;
         event.latency_ms = out.latency_ms;
         event.usage = out.usage.clone();
         if let (Some(model), Some(snapshot)) = (event.model.as_mut(), out.snapshot.clone()) {
@@ -236,81 +237,100 @@ impl Agent {
             blobs.push(output);
         }
         event.lamport = self.state.lock().clock.tick();
+        let (lamport, causal_parent) = (event.lamport, event.causal_parent);
         let ticket = writer.append(event, blobs)?;
-        if inner.wait_for_ack {
+        let seq = ticket.seq;
+        if inner.wait_for_ack || input.must_ack {
             ticket.wait()?;
         }
         match error {
-            Some(message) => Err(RuntimeError::StepFailed {
-                agent: self.id.clone(),
-                step: label.into(),
-                message,
-            }),
-            None => Ok(value),
+            Some(message) => {
+                Err(RuntimeError::StepFailed { agent: self.id.clone(), step: label.into(), message })
+            }
+            None => Ok(Recorded { value, seq, lamport, causal_parent }),
+        }
+    }
+
+    /// Moves the deliveries consumed since the agent's previous step into `event.inbound`; the
+    /// latest is the step's causal parent unless one was given.
+    pub(crate) fn take_inbound(&self, event: &mut Event) {
+        let mut state = self.state.lock();
+        event.inbound = std::mem::take(&mut state.pending_inbound);
+        if event.causal_parent.is_none() {
+            event.causal_parent = event.inbound.last().copied();
         }
     }
 
     fn intent_key(&self, event: &Event) -> RuntimeResult<Digest> {
         let tool = event.tool.as_ref().map(|t| t.version.as_str());
         let request = Json::String(event.key.to_string());
-        self.session
-            .inner
-            .keys
-            .key(EventType::Intent, event.name.as_deref(), tool, &request)
-            .map_err(|e| RuntimeError::NotCanonical {
-                agent: self.id.clone(),
-                step: event.label(),
-                source: e,
-            })
+        self.session.inner.keys.key(EventType::Intent, event.name.as_deref(), tool, &request).map_err(|e| {
+            RuntimeError::NotCanonical { agent: self.id.clone(), step: event.label(), source: e }
+        })
     }
 
-    fn replay(&self, input: StepInput, prepared: Prepared, label: &str) -> RuntimeResult<Value> {
+    /// Replay: consumes the matching recorded step through the scheduler and returns its
+    /// recorded output (nothing live runs). `send_body` makes a send's message deliverable.
+    pub(crate) async fn replay(
+        &self,
+        input: StepInput,
+        prepared: Prepared,
+        label: &str,
+        send_body: Option<Value>,
+    ) -> RuntimeResult<(Value, RecordedStep)> {
         let inner = &self.session.inner;
-        let log = inner.replay.as_ref().expect("replay sessions have a log");
+        let scheduler = inner.scheduler.as_ref().expect("replay sessions have a scheduler");
         let mut event = input.template;
         event.key = prepared.key;
         if input.intent {
             let intent_key = self.intent_key(&event)?;
-            match log.take(&self.id, &intent_key) {
+            match scheduler.take_step(&self.id, &intent_key, label).await? {
                 Some(step) if !step.completed => {
-                    return Err(self.diverge(
-                        Divergence::new(DivergenceCode::PendingIntent, self.id.clone())
-                            .at(step.seq)
-                            .step(label)
-                            .detail("the recording logged this side effect's intent but not its completion")
-                            .detail(format!("run `retrace resolve <run> {} --outcome @FILE | --not-executed`", step.seq)),
-                    ));
+                    let d = Divergence::new(DivergenceCode::PendingIntent, self.id.clone())
+                        .at(step.seq)
+                        .step(label)
+                        .detail("the recording logged this side effect's intent but not its completion")
+                        .detail(format!(
+                            "run `retrace resolve <run> {} --outcome @FILE | --not-executed`",
+                            step.seq
+                        ));
+                    return Err(scheduler.diverge(d).into());
                 }
                 Some(_) => {}
                 None => return Err(self.mismatch(EventType::Intent, &event, &prepared, label)),
             }
         }
-        let Some(step) = log.take(&self.id, &prepared.key) else {
+        let taken = if event.kind == EventType::Send {
+            scheduler.take_send(&self.id, &prepared.key, label, send_body).await?
+        } else {
+            scheduler.take_step(&self.id, &prepared.key, label).await?
+        };
+        let Some(step) = taken else {
             return Err(self.mismatch(event.kind, &event, &prepared, label));
         };
-        self.state.lock().clock.tick();
-        if let Some(message) = step.error {
-            return Err(RuntimeError::StepFailed {
-                agent: self.id.clone(),
-                step: label.into(),
-                message,
-            });
+        {
+            let mut state = self.state.lock();
+            state.clock.tick();
+            state.pending_inbound.clear();
+        }
+        if let Some(message) = step.error.clone() {
+            return Err(RuntimeError::StepFailed { agent: self.id.clone(), step: label.into(), message });
         }
         if !input.has_output {
-            return Ok(Value::Null);
+            return Ok((Value::Null, step));
         }
-        let Some(output_ref) = step.output_ref else {
-            return Ok(Value::Null);
-        };
+        let Some(output_ref) = step.output_ref else { return Ok((Value::Null, step)) };
         let bytes = inner.store.get_blob(&output_ref)?;
-        serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
+        let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
             step: label.into(),
             message: e.to_string(),
-        })
+        })?;
+        Ok((value, step))
     }
 
-    fn mismatch(
+    /// Builds the divergence for a step the log doesn't hold, and records it.
+    pub(crate) fn mismatch(
         &self,
         kind: EventType,
         event: &Event,
@@ -318,35 +338,24 @@ impl Agent {
         label: &str,
     ) -> RuntimeError {
         let inner = &self.session.inner;
-        let log = inner.replay.as_ref().expect("replay sessions have a log");
+        let scheduler = inner.scheduler.as_ref().expect("replay sessions have a scheduler");
+        let log = scheduler.log();
         let expected = log.expected(&self.id, kind, event.name.as_deref());
-        let interrupted = inner
-            .run
-            .lock()
-            .labels
-            .get("source_status")
-            .map(String::as_str)
+        let interrupted = inner.run.lock().labels.get("source_status").map(String::as_str)
             == Some(RunStatus::Interrupted.as_str());
         let d = match expected {
             Some(step) => {
-                let path = step
-                    .request_ref
-                    .and_then(|r| inner.store.get_blob(&r).ok())
-                    .and_then(|recorded| first_difference_bytes(&recorded, &prepared.masked));
+                let recorded = step.request_ref.and_then(|r| inner.store.get_blob(&r).ok());
+                let path = recorded.as_ref().and_then(|r| first_difference_bytes(r, &prepared.masked));
                 let mut d = Divergence::new(DivergenceCode::StepMismatch, self.id.clone())
                     .at(step.seq)
                     .step(label)
                     .keys(Some(step.key), Some(prepared.key))
                     .path(path.clone());
-                if let (Some(path), Some(r)) = (path, step.request_ref) {
-                    if let Ok(recorded) = inner.store.get_blob(&r) {
-                        d = d
-                            .detail(format!("recorded {path} = {}", value_at(&recorded, &path)))
-                            .detail(format!(
-                                "replayed {path} = {}",
-                                value_at(&prepared.masked, &path)
-                            ));
-                    }
+                if let (Some(path), Some(recorded)) = (path, recorded) {
+                    d = d
+                        .detail(format!("recorded {path} = {}", value_at(&recorded, &path)))
+                        .detail(format!("replayed {path} = {}", value_at(&prepared.masked, &path)));
                 }
                 d
             }
@@ -358,41 +367,36 @@ impl Agent {
                     .detail(format!("the recording ends at seq {}", log.last_seq()))
             }
             None => {
-                let mut d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone())
+                let d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone())
                     .step(label)
                     .keys(None, Some(prepared.key));
-                d = match log.next_of(&self.id) {
+                match log.next_of(&self.id) {
                     Some(next) => d.detail(format!(
                         "the agent's next recorded step is seq {} ({})",
                         next.seq,
                         next.label()
                     )),
                     None => d.detail("the agent has no recorded steps left"),
-                };
-                d
+                }
             }
         };
         self.diverge(d)
     }
 
-    fn diverge(&self, d: Divergence) -> RuntimeError {
-        let mut slot = self.session.inner.divergence.lock();
-        let first = slot.get_or_insert(d).clone();
-        first.into()
+    /// Records `d` as the replay's divergence (the first one wins) and returns it as an error.
+    pub(crate) fn diverge(&self, d: Divergence) -> RuntimeError {
+        let scheduler = self.session.inner.scheduler.as_ref().expect("only replay diverges");
+        scheduler.diverge(d).into()
     }
 }
 
 /// The value at a `$.a[1].b` path of a JSON document, shortened for a terminal.
 fn value_at(bytes: &[u8], path: &str) -> String {
-    let Ok(doc) = json::parse(bytes) else {
-        return "(not JSON)".into();
-    };
+    let Ok(doc) = json::parse(bytes) else { return "(not JSON)".into() };
     let mut node = &doc;
     for part in split_path(path) {
         let next = match (&part, node) {
-            (PathPart::Key(k), Json::Object(fields)) => {
-                fields.iter().find(|(n, _)| n == k).map(|(_, v)| v)
-            }
+            (PathPart::Key(k), Json::Object(fields)) => fields.iter().find(|(n, _)| n == k).map(|(_, v)| v),
             (PathPart::Index(i), Json::Array(items)) => items.get(*i),
             _ => None,
         };
@@ -419,22 +423,17 @@ fn split_path(path: &str) -> Vec<PathPart> {
     let mut parts = Vec::new();
     let mut rest = path.strip_prefix('$').unwrap_or(path);
     while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix('.') {
+        if let Some(r) = rest.strip_prefix("[\"") {
+            let mut de = serde_json::Deserializer::from_str(&rest[1..]).into_iter::<String>();
+            let Some(Ok(key)) = de.next() else { break };
+            // The string began at the quote before `r`; one more byte closes the bracket.
+            let off = de.byte_offset();
+            parts.push(PathPart::Key(key));
+            rest = r.get(off..).unwrap_or("");
+        } else if let Some(r) = rest.strip_prefix('.') {
             let end = r.find(['.', '[']).unwrap_or(r.len());
             parts.push(PathPart::Key(r[..end].to_owned()));
             rest = &r[end..];
-        } else if let Some(r) = rest.strip_prefix("[\"") {
-            let Ok(key) = serde_json::Deserializer::from_str(&format!("\"{r}"))
-                .into_iter::<String>()
-                .next()
-                .transpose()
-            else {
-                break;
-            };
-            let Some(key) = key else { break };
-            let consumed = serde_json::to_string(&key).map(|s| s.len()).unwrap_or(0) + 1;
-            parts.push(PathPart::Key(key));
-            rest = r.get(consumed..).unwrap_or("");
         } else if let Some(r) = rest.strip_prefix('[') {
             let end = r.find(']').unwrap_or(r.len());
             match r[..end].parse() {
@@ -447,4 +446,18 @@ fn split_path(path: &str) -> Vec<PathPart> {
         }
     }
     parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_at_paths() {
+        let doc = br#"{"a":[{"b":1},{"c d":"x"}],"q":"select 1"}"#;
+        assert_eq!(value_at(doc, "$.q"), "\"select 1\"");
+        assert_eq!(value_at(doc, "$.a[1][\"c d\"]"), "\"x\"");
+        assert_eq!(value_at(doc, "$.a[0]"), "{\"b\":1}");
+        assert_eq!(value_at(doc, "$.zz"), "(absent)");
+    }
 }

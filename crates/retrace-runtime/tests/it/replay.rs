@@ -4,9 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use retrace_core::DivergenceCode;
-use retrace_runtime::{
-    ModelCall, ModelReply, Outcome, RuntimeError, Session, SessionOptions, ToolSpec,
-};
+use retrace_runtime::{ModelCall, ModelReply, Outcome, RuntimeError, Session, SessionOptions, ToolSpec};
 use retrace_store::memory::MemoryStore;
 use retrace_store::Store;
 use serde_json::{json, Value};
@@ -23,15 +21,10 @@ fn program(s: &Session, q: &str, calls: &AtomicUsize) -> Result<Vec<Value>, Runt
     seen.push(json!(planner.now_ms()?));
     seen.push(json!(planner.random_id()?));
     seen.push(json!(reviewer.env("HOME")?));
-    let rows: Value = planner.tool(
-        "sql.query",
-        &json!({"q": q}),
-        ToolSpec::deterministic("2"),
-        || {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, String>(json!({"rows": [[1, "a"]], "n": rand::random::<u32>()}))
-        },
-    )?;
+    let rows: Value = planner.tool("sql.query", &json!({"q": q}), ToolSpec::deterministic("2"), || {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(json!({"rows": [[1, "a"]], "n": rand::random::<u32>()}))
+    })?;
     seen.push(rows);
     let call = ModelCall {
         provider: "openai".into(),
@@ -47,15 +40,11 @@ fn program(s: &Session, q: &str, calls: &AtomicUsize) -> Result<Vec<Value>, Runt
         })
     })?;
     seen.push(reply);
-    let sent: Value = reviewer.tool(
-        "email.send",
-        &json!({"to": "ops"}),
-        ToolSpec::side_effect("1"),
-        || {
+    let sent: Value =
+        reviewer.tool("email.send", &json!({"to": "ops"}), ToolSpec::side_effect("1"), || {
             calls.fetch_add(1, Ordering::SeqCst);
             Ok::<_, String>(json!({"queued": true}))
-        },
-    )?;
+        })?;
     seen.push(sent);
     reviewer.decide("approve", Some("step:backfill"))?;
     Ok(seen)
@@ -66,11 +55,7 @@ fn record(store: &Arc<dyn Store>, q: &str) -> (String, Vec<Value>) {
     let calls = AtomicUsize::new(0);
     let seen = program(&s, q, &calls).unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
-    let report = s
-        .finish(Outcome {
-            exit_status: Some(0),
-        })
-        .unwrap();
+    let report = s.finish(Outcome { exit_status: Some(0) }).unwrap();
     (report.run_id, seen)
 }
 
@@ -83,16 +68,8 @@ fn replay_returns_what_record_saw_and_runs_nothing() {
         let calls = AtomicUsize::new(0);
         let again = program(&r, "select 1", &calls).unwrap();
         assert_eq!(again, seen);
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            0,
-            "replay must not call live functions"
-        );
-        let report = r
-            .finish(Outcome {
-                exit_status: Some(0),
-            })
-            .unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "replay must not call live functions");
+        let report = r.finish(Outcome { exit_status: Some(0) }).unwrap();
         assert_eq!(report.live_calls, 0);
         assert_eq!(report.source_run.as_deref(), Some(run.as_str()));
     }
@@ -114,11 +91,7 @@ fn a_changed_request_is_a_step_mismatch_with_the_path() {
     assert!(text.contains("recorded $.q = \"select 1\""), "{text}");
     assert!(text.contains("replayed $.q = \"select 2\""), "{text}");
     // The run is stored as diverged, with the report.
-    let finished = r
-        .finish(Outcome {
-            exit_status: Some(0),
-        })
-        .unwrap_err();
+    let finished = r.finish(Outcome { exit_status: Some(0) }).unwrap_err();
     assert!(finished.divergence().is_some());
     let meta = store.run(&r.run_id()).unwrap();
     assert_eq!(meta.status.as_str(), "diverged");
@@ -132,11 +105,7 @@ fn missing_steps_are_reported_at_the_end() {
     let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
     let planner = r.agent("planner");
     planner.now_ms().unwrap();
-    let err = r
-        .finish(Outcome {
-            exit_status: Some(0),
-        })
-        .unwrap_err();
+    let err = r.finish(Outcome { exit_status: Some(0) }).unwrap_err();
     let d = err.divergence().unwrap();
     assert_eq!(d.code, DivergenceCode::StepsLeft);
     assert_eq!(d.seq, Some(2));
@@ -150,10 +119,7 @@ fn an_extra_step_is_unexpected() {
     let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
     program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
     let err = r.agent("planner").random_u64().unwrap_err();
-    assert_eq!(
-        err.divergence().unwrap().code,
-        DivergenceCode::UnexpectedStep
-    );
+    assert_eq!(err.divergence().unwrap().code, DivergenceCode::UnexpectedStep);
 }
 
 #[test]
@@ -161,29 +127,15 @@ fn reordering_independent_steps_is_not_a_divergence() {
     let store = store();
     let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
     let a = s.agent("a");
-    let x: u32 = a
-        .tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || {
-            Ok::<_, String>(10)
-        })
-        .unwrap();
-    let y: u32 = a
-        .tool("t", &json!({"x": 2}), ToolSpec::deterministic("1"), || {
-            Ok::<_, String>(20)
-        })
-        .unwrap();
+    let x: u32 = a.tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || Ok::<_, String>(10)).unwrap();
+    let y: u32 = a.tool("t", &json!({"x": 2}), ToolSpec::deterministic("1"), || Ok::<_, String>(20)).unwrap();
     s.finish(Outcome::default()).unwrap();
     let r = Session::replay(store.clone(), &s.run_id(), SessionOptions::default()).unwrap();
     let a = r.agent("a");
-    let y2: u32 = a
-        .tool("t", &json!({"x": 2}), ToolSpec::deterministic("1"), || {
-            Err::<u32, _>("not live")
-        })
-        .unwrap();
-    let x2: u32 = a
-        .tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || {
-            Err::<u32, _>("not live")
-        })
-        .unwrap();
+    let y2: u32 =
+        a.tool("t", &json!({"x": 2}), ToolSpec::deterministic("1"), || Err::<u32, _>("not live")).unwrap();
+    let x2: u32 =
+        a.tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || Err::<u32, _>("not live")).unwrap();
     assert_eq!((x, y), (x2, y2));
     r.finish(Outcome::default()).unwrap();
 }
@@ -198,10 +150,7 @@ fn identical_keys_replay_in_recorded_order() {
     s.finish(Outcome::default()).unwrap();
     let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
     let a = r.agent("a");
-    assert_eq!(
-        (a.random_u64().unwrap(), a.random_u64().unwrap()),
-        (first, second)
-    );
+    assert_eq!((a.random_u64().unwrap(), a.random_u64().unwrap()), (first, second));
     r.finish(Outcome::default()).unwrap();
 }
 
@@ -211,11 +160,7 @@ fn a_different_decision_or_exit_status_diverges() {
     let (run, _) = record(&store, "select 1");
     let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
     program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
-    let err = r
-        .finish(Outcome {
-            exit_status: Some(3),
-        })
-        .unwrap_err();
+    let err = r.finish(Outcome { exit_status: Some(3) }).unwrap_err();
     assert_eq!(err.divergence().unwrap().code, DivergenceCode::ExitStatus);
 
     let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
@@ -234,23 +179,16 @@ fn a_failed_step_replays_its_error() {
     let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
     let err = s
         .agent("a")
-        .tool("t", &json!({}), ToolSpec::deterministic("1"), || {
-            Err::<u32, _>("boom")
-        })
+        .tool("t", &json!({}), ToolSpec::deterministic("1"), || Err::<u32, _>("boom"))
         .unwrap_err();
     assert!(err.to_string().contains("boom"));
     s.finish(Outcome::default()).unwrap();
     let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
     let err = r
         .agent("a")
-        .tool("t", &json!({}), ToolSpec::deterministic("1"), || {
-            Ok::<u32, String>(1)
-        })
+        .tool("t", &json!({}), ToolSpec::deterministic("1"), || Ok::<u32, String>(1))
         .unwrap_err();
-    assert!(
-        matches!(err, RuntimeError::StepFailed { ref message, .. } if message == "boom"),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::StepFailed { ref message, .. } if message == "boom"), "{err}");
 }
 
 #[test]
@@ -259,15 +197,10 @@ fn nan_is_refused_at_record_time_naming_the_step() {
     let s = Session::record(store, SessionOptions::default()).unwrap();
     let err = s
         .agent("a")
-        .tool("score", &json!({}), ToolSpec::deterministic("1"), || {
-            Ok::<_, String>(vec![1.0, f64::NAN])
-        })
+        .tool("score", &json!({}), ToolSpec::deterministic("1"), || Ok::<_, String>(vec![1.0, f64::NAN]))
         .unwrap_err();
     let text = err.to_string();
-    assert!(
-        text.contains("tool_call score") && text.contains("$[1]"),
-        "{text}"
-    );
+    assert!(text.contains("tool_call score") && text.contains("$[1]"), "{text}");
 }
 
 #[test]

@@ -1,0 +1,252 @@
+//! Messages between agents: `send` is a step (its event acknowledged before the message can be
+//! delivered); the moment a receiver takes a message is a separate `deliver` event, so each
+//! agent's delivery order is a recorded fact that replay reproduces.
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use retrace_core::envelope::MessageRef;
+use retrace_core::json::Json;
+use retrace_core::{Divergence, DivergenceCode, Event, EventType};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::agent::Agent;
+use crate::bus::Taken;
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::scheduler::Delivery;
+use crate::session::Mode;
+use crate::step::{LiveOutput, StepInput};
+
+/// A message as its receiver gets it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    /// The seq of the message's `send` event (the recorded one, in replay).
+    pub seq: u64,
+    /// The sending agent.
+    pub sender: String,
+    /// The message kind.
+    pub kind: Option<String>,
+    /// The body.
+    pub body: Value,
+    /// The send's causal parent.
+    pub parent: Option<u64>,
+}
+
+impl Agent {
+    /// Sends `body` to agent `to`; returns the seq of the `send` event. `parent` names the event
+    /// that caused this message (default: the agent's latest delivery).
+    pub async fn send<B: Serialize + ?Sized>(
+        &self,
+        to: &str,
+        kind: &str,
+        body: &B,
+        parent: Option<u64>,
+    ) -> RuntimeResult<u64> {
+        let body =
+            serde_json::to_value(body).map_err(|e| RuntimeError::Usage(format!("message body: {e}")))?;
+        let mut template = Event::new(self.session.run_id(), self.id.clone(), EventType::Send);
+        template.name = Some(to.to_owned());
+        template.role = self.state.lock().role.clone();
+        template.causal_parent = parent;
+        template.message = Some(MessageRef {
+            from: Some(self.id.clone()),
+            to: Some(to.to_owned()),
+            kind: Some(kind.to_owned()),
+            timed_out: false,
+        });
+        let input = StepInput::new(template, json!({ "to": to, "kind": kind, "body": body }))
+            .no_output()
+            .acknowledged();
+        let inner = &self.session.inner;
+        if let Some(d) = self.session.divergence() {
+            return Err(d.into());
+        }
+        inner.steps.fetch_add(1, Ordering::Relaxed);
+        let label = input.template.label();
+        let prepared = self.prepare(&input, &label)?;
+        match inner.mode {
+            Mode::Replay => {
+                let (_, step) = self.replay(input, prepared, &label, Some(body)).await?;
+                Ok(step.seq)
+            }
+            Mode::Record => {
+                let recorded =
+                    self.record(input, prepared, &label, || async { Ok(LiveOutput::none()) }).await?;
+                let bus = inner.bus.as_ref().expect("record sessions have a bus");
+                bus.post(
+                    to,
+                    recorded.seq,
+                    &self.id,
+                    Some(kind.to_owned()),
+                    recorded.lamport,
+                    recorded.causal_parent,
+                    body,
+                );
+                Ok(recorded.seq)
+            }
+            Mode::Off => {
+                let seq = inner.steps.load(Ordering::Relaxed) as u64;
+                let lamport = self.state.lock().clock.tick();
+                let bus = inner.bus.as_ref().expect("off sessions have a bus");
+                bus.post(to, seq, &self.id, Some(kind.to_owned()), lamport, parent, body);
+                Ok(seq)
+            }
+        }
+    }
+
+    /// Takes the next message sent to this agent, waiting up to `timeout` (forever when None).
+    /// `Ok(None)` is a timeout, which is recorded, and which replay reproduces at once.
+    pub async fn recv(&self, timeout: Option<Duration>) -> RuntimeResult<Option<Message>> {
+        let inner = &self.session.inner;
+        if let Some(d) = self.session.divergence() {
+            return Err(d.into());
+        }
+        inner.steps.fetch_add(1, Ordering::Relaxed);
+        match inner.mode {
+            Mode::Replay => self.replay_recv().await,
+            Mode::Record | Mode::Off => {
+                let bus = inner.bus.as_ref().expect("live sessions have a bus");
+                let taken = bus.take(&self.id, timeout).await;
+                if inner.mode == Mode::Off {
+                    return Ok(match taken {
+                        Taken::Message(p) => Some(Message {
+                            seq: p.send_seq,
+                            sender: p.from,
+                            kind: p.kind,
+                            body: p.body,
+                            parent: p.parent,
+                        }),
+                        Taken::TimedOut => None,
+                    });
+                }
+                self.record_delivery(taken)
+            }
+        }
+    }
+
+    fn record_delivery(&self, taken: Taken) -> RuntimeResult<Option<Message>> {
+        let inner = &self.session.inner;
+        let writer = inner.writer.as_ref().expect("record sessions have a writer");
+        let mut event = Event::new(self.session.run_id(), self.id.clone(), EventType::Deliver);
+        event.role = self.state.lock().role.clone();
+        let (request, message) = match &taken {
+            Taken::Message(p) => {
+                event.name = Some(p.from.clone());
+                event.causal_parent = Some(p.send_seq);
+                event.message = Some(MessageRef {
+                    from: Some(p.from.clone()),
+                    to: Some(self.id.clone()),
+                    kind: p.kind.clone(),
+                    timed_out: false,
+                });
+                event.lamport = self.state.lock().clock.observe(p.lamport);
+                let request = Json::from_value(&json!({ "from": p.from, "kind": p.kind }));
+                let message = Message {
+                    seq: p.send_seq,
+                    sender: p.from.clone(),
+                    kind: p.kind.clone(),
+                    body: p.body.clone(),
+                    parent: p.parent,
+                };
+                (request, Some(message))
+            }
+            Taken::TimedOut => {
+                event.message =
+                    Some(MessageRef { from: None, to: Some(self.id.clone()), kind: None, timed_out: true });
+                event.lamport = self.state.lock().clock.tick();
+                (Json::from_value(&json!({ "timed_out": true })), None)
+            }
+        };
+        event.key =
+            inner.keys.key(EventType::Deliver, event.name.as_deref(), None, &request).map_err(|e| {
+                RuntimeError::NotCanonical { agent: self.id.clone(), step: event.label(), source: e }
+            })?;
+        let ticket = writer.append(event, Vec::new())?;
+        let seq = ticket.seq;
+        if inner.wait_for_ack {
+            ticket.wait()?;
+        }
+        self.state.lock().pending_inbound.push(seq);
+        Ok(message)
+    }
+
+    async fn replay_recv(&self) -> RuntimeResult<Option<Message>> {
+        let inner = &self.session.inner;
+        let scheduler = inner.scheduler.as_ref().expect("replay sessions have a scheduler");
+        match scheduler.take_delivery(&self.id).await? {
+            None => {
+                let log = scheduler.log();
+                let mut d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone()).step("recv");
+                d = match log.next_of(&self.id) {
+                    Some(next) => d.detail(format!(
+                        "the recording holds no further delivery for this agent; its next recorded step is seq {} ({})",
+                        next.seq,
+                        next.label()
+                    )),
+                    None => d.detail("the recording holds no further delivery for this agent"),
+                };
+                Err(self.diverge(d))
+            }
+            Some(Delivery::TimedOut { delivery }) => {
+                self.state.lock().pending_inbound.push(delivery.seq);
+                Ok(None)
+            }
+            Some(Delivery::Message { delivery, body, parent }) => {
+                self.state.lock().pending_inbound.push(delivery.seq);
+                let send_seq = delivery.send_seq.unwrap_or_default();
+                let body = match body {
+                    Some(b) => b,
+                    None => self.recorded_body(send_seq)?,
+                };
+                Ok(Some(Message {
+                    seq: send_seq,
+                    sender: delivery.from.unwrap_or_default(),
+                    kind: delivery.kind,
+                    body,
+                    parent,
+                }))
+            }
+        }
+    }
+
+    /// The body of a recorded send, from its request blob.
+    fn recorded_body(&self, send_seq: u64) -> RuntimeResult<Value> {
+        let inner = &self.session.inner;
+        let source = self.session.source_run().unwrap_or_default();
+        let event = inner.store.event(&source, send_seq)?;
+        let Some(request) = event.request_ref else { return Ok(Value::Null) };
+        let bytes = inner.store.get_blob(&request)?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
+            agent: self.id.clone(),
+            step: "recv".into(),
+            message: e.to_string(),
+        })?;
+        Ok(value.get("body").cloned().unwrap_or(Value::Null))
+    }
+
+    /// Blocking [`Agent::send`], for agents on plain threads.
+    pub fn send_blocking<B: Serialize + ?Sized>(
+        &self,
+        to: &str,
+        kind: &str,
+        body: &B,
+        parent: Option<u64>,
+    ) -> RuntimeResult<u64> {
+        pollster::block_on(self.send(to, kind, body, parent))
+    }
+
+    /// Blocking [`Agent::recv`], for agents on plain threads. Record-mode timeouts need a tokio
+    /// runtime; this one enters a private one when none is running.
+    pub fn recv_blocking(&self, timeout: Option<Duration>) -> RuntimeResult<Option<Message>> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => pollster::block_on(self.recv(timeout)),
+            Err(_) => {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .map_err(|e| RuntimeError::Usage(e.to_string()))?;
+                rt.block_on(self.recv(timeout))
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Messages between agents: deliveries are recorded facts, replay reproduces each agent's
+//! delivery order, timeouts replay at once, and stalls and divergences release every waiter.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use retrace_core::{DivergenceCode, EventType};
+use retrace_runtime::{Outcome, Session, SessionOptions, ToolSpec};
+use retrace_store::memory::MemoryStore;
+use retrace_store::Store;
+use serde_json::json;
+
+fn store() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new())
+}
+
+/// planner sends `n` notes to reviewer; reviewer reads them all and decides on the first kind.
+async fn pipeline(s: &Session, n: usize) -> Vec<String> {
+    let planner = s.spawn("planner", move |a| async move {
+        for i in 0..n {
+            a.send("reviewer", if i % 2 == 0 { "even" } else { "odd" }, &json!({ "i": i }), None).await?;
+        }
+        Ok(())
+    });
+    let reviewer = s.spawn("reviewer", move |a| async move {
+        let mut heard = Vec::new();
+        for _ in 0..n {
+            let m = a.recv(Some(Duration::from_secs(5))).await?.expect("a message");
+            heard.push(format!("{}:{}", m.kind.unwrap(), m.body["i"]));
+        }
+        a.decide(if heard[0].starts_with("even") { "approve" } else { "reject" }, None)?;
+        Ok(heard)
+    });
+    planner.await.unwrap().unwrap();
+    reviewer.await.unwrap().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_are_events_with_causal_parents_and_lamport_order() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let heard = pipeline(&s, 4).await;
+    assert_eq!(heard, ["even:0", "odd:1", "even:2", "odd:3"]);
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    for d in events.iter().filter(|e| e.kind == EventType::Deliver) {
+        let send = &events[d.causal_parent.unwrap() as usize - 1];
+        assert_eq!(send.kind, EventType::Send);
+        assert!(send.seq < d.seq, "a delivery comes after its send");
+        assert!(d.lamport > send.lamport, "lamport: delivery after send");
+        assert_eq!(d.message.as_ref().unwrap().from.as_deref(), Some("planner"));
+    }
+    let decision = events.iter().find(|e| e.kind == EventType::Decision).unwrap();
+    let delivered: Vec<u64> = events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
+    assert_eq!(decision.inbound, delivered, "the decision consumed every delivery since its previous step");
+    assert_eq!(decision.causal_parent, decision.inbound.last().copied());
+
+    for strict in [false, true] {
+        let r = Session::replay(store.clone(), &s.run_id(), SessionOptions { strict, ..Default::default() })
+            .unwrap();
+        assert_eq!(pipeline(&r, 4).await, heard);
+        if strict {
+            let n = events.len() as u64;
+            assert_eq!(r.replay_trace(), (1..=n).collect::<Vec<_>>(), "strict replay keeps the global order");
+        }
+        r.finish(Outcome::default()).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_timeout_replays_at_once() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("lonely");
+    let started = Instant::now();
+    assert!(a.recv(Some(Duration::from_millis(300))).await.unwrap().is_none());
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    s.finish(Outcome::default()).unwrap();
+    let deliver = store.event(&s.run_id(), 1).unwrap();
+    assert!(deliver.message.unwrap().timed_out);
+
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let started = Instant::now();
+    assert!(r.agent("lonely").recv(Some(Duration::from_secs(30))).await.unwrap().is_none());
+    assert!(started.elapsed() < Duration::from_millis(200), "the recorded outcome decides, not the clock");
+    r.finish(Outcome::default()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_send_is_a_stall_declared_at_once_naming_every_waiter() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 2).await;
+    s.finish(Outcome::default()).unwrap();
+
+    // The replayed planner forgets to send: the reviewer waits for a send that never comes.
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let started = Instant::now();
+    let planner = r.spawn("planner", |_a| async move { Ok(()) });
+    let reviewer = r.spawn("reviewer", |a| async move { a.recv(None).await });
+    planner.await.unwrap().unwrap();
+    let err = reviewer.await.unwrap().unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2), "declared at once, not after the stall timeout");
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::Stall);
+    assert_eq!(d.agent, "reviewer");
+    assert!(d.to_string().contains("its send is seq 1"), "{d}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_outside_retrace_is_declared_after_the_timeout() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 1).await;
+    s.finish(Outcome::default()).unwrap();
+    let options = SessionOptions { stall_timeout: Duration::from_millis(300), ..Default::default() };
+    let r = Session::replay(store, &s.run_id(), options).unwrap();
+    // The planner is alive but blocked elsewhere, forever as far as Retrace can tell.
+    let _planner = r.agent("planner");
+    let reviewer = r.spawn("reviewer", |a| async move { a.recv(None).await });
+    let err = tokio::time::timeout(Duration::from_secs(5), reviewer).await.unwrap().unwrap().unwrap_err();
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::Stall);
+    assert!(d.to_string().contains("stall-timeout"), "{d}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_divergence_releases_every_waiting_agent() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let planner = s.spawn("planner", |a| async move {
+        let n: u32 =
+            a.tool("count", &json!({"table": "users"}), ToolSpec::deterministic("1"), || Ok::<_, String>(3))?;
+        a.send("reviewer", "count", &n, None).await
+    });
+    let reviewer = s.spawn("reviewer", |a| async move { a.recv(None).await });
+    planner.await.unwrap().unwrap();
+    reviewer.await.unwrap().unwrap();
+    s.finish(Outcome::default()).unwrap();
+
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let reviewer = r.spawn("reviewer", |a| async move { a.recv(None).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let planner = r.spawn("planner", |a| async move {
+        a.tool("count", &json!({"table": "orders"}), ToolSpec::deterministic("1"), || Ok::<u32, String>(3))
+    });
+    let planner_err = planner.await.unwrap().unwrap_err();
+    assert_eq!(planner_err.divergence().unwrap().code, DivergenceCode::StepMismatch);
+    let reviewer_err =
+        tokio::time::timeout(Duration::from_secs(2), reviewer).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(
+        reviewer_err.divergence().unwrap(),
+        planner_err.divergence().unwrap(),
+        "the first divergence, for everyone"
+    );
+}
