@@ -18,10 +18,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the built-in demo: record a small agent program, then replay it exactly.
+    /// Run the built-in demo: record a multi-agent program under chaos, replay the bad run exactly.
     Demo(commands::demo::Args),
     /// List runs.
     Runs(commands::runs::Args),
+    /// Show what an agent knew when it acted: the messages it had heard, with their causes.
+    Knew(commands::knew::Args),
     /// Show a run's timeline as per-agent lanes, or one event with its request and output.
     Show(commands::show::Args),
     /// Check hash chains, blob digests and seq/lamport invariants.
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(args),
         Command::Runs(args) => commands::runs::run(args),
         Command::Show(args) => commands::show::run(args),
+        Command::Knew(args) => commands::knew::run(args),
         Command::Verify(args) => commands::verify::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Import(args) => commands::import::run(args),

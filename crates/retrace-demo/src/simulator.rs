@@ -35,23 +35,16 @@ fn chat(request: &Value, rng: &mut StdRng) -> ModelReply {
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default()
         .to_owned();
-    let openings = [
-        "Looking at this ticket,",
-        "Based on the policy excerpt,",
-        "In short,",
-        "Having read the thread,",
-    ];
+    let openings =
+        ["Looking at this ticket,", "Based on the policy excerpt,", "In short,", "Having read the thread,"];
     let verdicts = [
         "the customer qualifies for a refund under the 30-day policy.",
         "this is a billing question that needs a human: escalate it.",
         "the refund window has passed; offer store credit instead.",
         "a refund applies, but the amount needs a supervisor: escalate it.",
     ];
-    let text = format!(
-        "{} {}",
-        openings.choose(rng).expect("non-empty"),
-        verdicts.choose(rng).expect("non-empty")
-    );
+    let text =
+        format!("{} {}", openings.choose(rng).expect("non-empty"), verdicts.choose(rng).expect("non-empty"));
     let input_tokens = (prompt.len() / 4) as u64 + 12;
     let output_tokens = (text.len() / 4) as u64;
     let body = json!({
@@ -65,10 +58,6 @@ fn chat(request: &Value, rng: &mut StdRng) -> ModelReply {
     ModelReply {
         body,
         snapshot: Some(SNAPSHOT.into()),
-        usage: Some(Usage {
-            input_tokens,
-            output_tokens,
-            cost_usd: None,
-        }),
+        usage: Some(Usage { input_tokens, output_tokens, cost_usd: None }),
     }
 }

@@ -26,11 +26,7 @@ impl LiveCounter {
 pub type Transcript = Vec<String>;
 
 /// Runs the triage agent on `session`. `live` counts the live functions that ran.
-pub fn triage(
-    session: &Session,
-    live: &LiveCounter,
-    model: &Simulator,
-) -> RuntimeResult<Transcript> {
+pub fn triage(session: &Session, live: &LiveCounter, model: &Simulator) -> RuntimeResult<Transcript> {
     let agent = session.agent("triage").with_role("support-triage");
     let mut seen = Vec::new();
 
@@ -38,9 +34,7 @@ pub fn triage(
     seen.push(format!("ticket id: {ticket}"));
     let opened = agent.now_ms()?;
     seen.push(format!("clock: {opened}"));
-    let region = agent
-        .env("RETRACE_DEMO_REGION")?
-        .unwrap_or_else(|| "eu".into());
+    let region = agent.env("RETRACE_DEMO_REGION")?.unwrap_or_else(|| "eu".into());
     seen.push(format!("region: {region}"));
 
     let kb: Value = agent.tool(
@@ -55,10 +49,7 @@ pub fn triage(
             ]}))
         },
     )?;
-    seen.push(format!(
-        "kb: {}",
-        kb["hits"][0]["doc"].as_str().unwrap_or("?")
-    ));
+    seen.push(format!("kb: {}", kb["hits"][0]["doc"].as_str().unwrap_or("?")));
 
     let request = json!({
         "model": "sim-1",
@@ -71,26 +62,16 @@ pub fn triage(
             )}
         ]
     });
-    let call = ModelCall {
-        provider: "openai".into(),
-        endpoint: "chat.completions".into(),
-        body: request.clone(),
-    };
+    let call =
+        ModelCall { provider: "openai".into(), endpoint: "chat.completions".into(), body: request.clone() };
     let reply = agent.model(&call, || {
         live.hit();
         Ok::<_, String>(model.chat(&request))
     })?;
-    let answer = reply["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let answer = reply["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
     seen.push(format!("model: {answer}"));
 
-    let action = if answer.contains("escalate") {
-        "escalate"
-    } else {
-        "auto_reply"
-    };
+    let action = if answer.contains("escalate") { "escalate" } else { "auto_reply" };
     agent.decide(action, Some(&format!("ticket:{ticket}")))?;
     seen.push(format!("decision: {action}"));
 

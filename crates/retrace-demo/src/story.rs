@@ -29,16 +29,7 @@ pub struct DemoRun {
 /// The argv a demo run records: a hidden subcommand that runs exactly that program.
 pub fn single_command(seed: u64) -> Command {
     Command {
-        argv: [
-            "retrace",
-            "demo",
-            "run",
-            "single",
-            "--seed",
-            &seed.to_string(),
-        ]
-        .map(String::from)
-        .to_vec(),
+        argv: ["retrace", "demo", "run", "single", "--seed", &seed.to_string()].map(String::from).to_vec(),
         cwd: ".".into(),
     }
 }
@@ -62,13 +53,9 @@ pub fn run_single(
         };
         let record = Session::record(store.clone(), options).context("starting the recording")?;
         let live = LiveCounter::default();
-        let transcript = triage(&record, &live, &Simulator::new(run_seed))
-            .context("running the program live")?;
-        let report = record
-            .finish(Outcome {
-                exit_status: Some(0),
-            })
-            .context("finishing the recording")?;
+        let transcript =
+            triage(&record, &live, &Simulator::new(run_seed)).context("running the program live")?;
+        let report = record.finish(Outcome { exit_status: Some(0) }).context("finishing the recording")?;
 
         let mut replay_ids = Vec::new();
         let replay_live = LiveCounter::default();
@@ -77,14 +64,9 @@ pub fn run_single(
                 .context("starting a replay")?;
             // A different seed: if anything were served live, the answers would differ.
             let again = triage(&replay, &replay_live, &Simulator::new(run_seed ^ 0x5eed))?;
-            replay.finish(Outcome {
-                exit_status: Some(0),
-            })?;
+            replay.finish(Outcome { exit_status: Some(0) })?;
             if again != transcript {
-                bail!(
-                    "replay {} saw something else than the recording:\n{again:#?}",
-                    replay.run_id()
-                );
+                bail!("replay {} saw something else than the recording:\n{again:#?}", replay.run_id());
             }
             replay_ids.push(replay.run_id());
         }

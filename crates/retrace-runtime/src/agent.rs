@@ -1,6 +1,7 @@
 //! An agent's handle: the steps of SPEC §6 (`tool`, `model`, `now`, `random`, `env`, `decide`).
 //! Every step goes through [`crate::step`], the one pipeline record and replay share.
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -112,12 +113,31 @@ impl Agent {
 
     /// Calls a tool. Record: runs `live`, records its output (or error) and returns the decoded
     /// canonical form of what it returned. Replay: returns the recorded output; `live` never runs.
+    /// A `side_effect` tool's intent is acknowledged before `live` runs.
     pub fn tool<A, T, E, F>(&self, name: &str, args: &A, spec: ToolSpec, live: F) -> RuntimeResult<T>
     where
         A: Serialize + ?Sized,
         T: Serialize + DeserializeOwned,
         E: std::fmt::Display,
         F: FnOnce() -> Result<T, E>,
+    {
+        pollster::block_on(self.tool_async(name, args, spec, move || std::future::ready(live())))
+    }
+
+    /// [`Agent::tool`] with an async live function.
+    pub async fn tool_async<A, T, E, F, Fut>(
+        &self,
+        name: &str,
+        args: &A,
+        spec: ToolSpec,
+        live: F,
+    ) -> RuntimeResult<T>
+    where
+        A: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
     {
         let mut template = self.event(EventType::ToolCall, Some(name));
         template.tool = Some(ToolRef {
@@ -129,15 +149,17 @@ impl Agent {
         let label = format!("tool_call {name}");
         let input = StepInput::new(template, to_json(args, &self.id, &label)?).versioned(&spec.version);
         let input = if spec.class == ToolClass::SideEffect { input.with_intent() } else { input };
-        let out = self.run_step(input, || {
-            let started = Instant::now();
-            let result = live();
-            let latency = started.elapsed().as_millis() as u64;
-            match result {
-                Ok(value) => Ok(LiveOutput::value(to_json(&value, &self.id, &label)?).latency(latency)),
-                Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
-            }
-        })?;
+        let out = self
+            .run_step_async(input, || async {
+                let started = Instant::now();
+                let result = live().await;
+                let latency = started.elapsed().as_millis() as u64;
+                match result {
+                    Ok(value) => Ok(LiveOutput::value(to_json(&value, &self.id, &label)?).latency(latency)),
+                    Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
+                }
+            })
+            .await?;
         self.decode(name, out)
     }
 
@@ -146,6 +168,16 @@ impl Agent {
     where
         E: std::fmt::Display,
         F: FnOnce() -> Result<ModelReply, E>,
+    {
+        pollster::block_on(self.model_async(call, move || std::future::ready(live())))
+    }
+
+    /// [`Agent::model`] with an async live function (an HTTP call, say).
+    pub async fn model_async<E, F, Fut>(&self, call: &ModelCall, live: F) -> RuntimeResult<Value>
+    where
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<ModelReply, E>>,
     {
         let name = format!("{}/{}", call.provider, call.endpoint);
         let mut template = self.event(EventType::ModelCall, Some(&name));
@@ -157,19 +189,22 @@ impl Agent {
             .filter_map(|f| call.body.get(*f).map(|v| ((*f).to_owned(), v.clone())))
             .collect();
         template.params = (!params.is_empty()).then_some(params);
+        template.prompt_template = self.state.lock().prompt.clone();
         let input = StepInput::new(template, call.body.clone()).model_request();
-        let out = self.run_step(input, || {
-            let started = Instant::now();
-            let result = live();
-            let latency = started.elapsed().as_millis() as u64;
-            match result {
-                Ok(reply) => Ok(LiveOutput::value(reply.body)
-                    .latency(latency)
-                    .snapshot(reply.snapshot)
-                    .usage(reply.usage)),
-                Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
-            }
-        })?;
+        let out = self
+            .run_step_async(input, || async {
+                let started = Instant::now();
+                let result = live().await;
+                let latency = started.elapsed().as_millis() as u64;
+                match result {
+                    Ok(reply) => Ok(LiveOutput::value(reply.body)
+                        .latency(latency)
+                        .snapshot(reply.snapshot)
+                        .usage(reply.usage)),
+                    Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
+                }
+            })
+            .await?;
         self.decode(&name, out)
     }
 

@@ -53,14 +53,12 @@ pub(crate) enum Taken {
 }
 
 impl Bus {
-    /// A bus; with `chaos_seed`, delivery order is shuffled within what causality allows.
-    pub(crate) fn new(chaos_seed: Option<u64>) -> Bus {
+    /// A bus; with `chaos_seed`, delivery order is shuffled within what causality allows and
+    /// each message waits a random delay of at most `max_delay` before it can be delivered.
+    pub(crate) fn new(chaos_seed: Option<u64>, max_delay: Duration) -> Bus {
         Bus {
             boxes: Mutex::new(HashMap::new()),
-            chaos: chaos_seed.map(|seed| Chaos {
-                rng: Mutex::new(StdRng::seed_from_u64(seed)),
-                max_delay: Duration::from_millis(3),
-            }),
+            chaos: chaos_seed.map(|seed| Chaos { rng: Mutex::new(StdRng::seed_from_u64(seed)), max_delay }),
         }
     }
 

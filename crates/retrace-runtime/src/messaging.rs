@@ -166,7 +166,9 @@ impl Agent {
         if inner.wait_for_ack {
             ticket.wait()?;
         }
-        self.state.lock().pending_inbound.push(seq);
+        let mut state = self.state.lock();
+        state.pending_inbound.push(seq);
+        state.last_delivery = Some(seq);
         Ok(message)
     }
 
@@ -188,11 +190,17 @@ impl Agent {
                 Err(self.diverge(d))
             }
             Some(Delivery::TimedOut { delivery }) => {
-                self.state.lock().pending_inbound.push(delivery.seq);
+                let mut state = self.state.lock();
+                state.pending_inbound.push(delivery.seq);
+                state.last_delivery = Some(delivery.seq);
                 Ok(None)
             }
             Some(Delivery::Message { delivery, body, parent }) => {
-                self.state.lock().pending_inbound.push(delivery.seq);
+                {
+                    let mut state = self.state.lock();
+                    state.pending_inbound.push(delivery.seq);
+                    state.last_delivery = Some(delivery.seq);
+                }
                 let send_seq = delivery.send_seq.unwrap_or_default();
                 let body = match body {
                     Some(b) => b,

@@ -58,6 +58,8 @@ pub struct SessionOptions {
     pub stall_timeout: Duration,
     /// Record: shuffle deliveries and inject small delays, seeded (recorded with the run).
     pub chaos_seed: Option<u64>,
+    /// Record under chaos: the largest delay injected before a message becomes deliverable.
+    pub chaos_max_delay: Duration,
 }
 
 impl Default for SessionOptions {
@@ -74,6 +76,7 @@ impl Default for SessionOptions {
             strict: false,
             stall_timeout: Duration::from_secs(30),
             chaos_seed: None,
+            chaos_max_delay: Duration::from_millis(20),
         }
     }
 }
@@ -85,6 +88,10 @@ pub(crate) struct AgentState {
     pub(crate) role: Option<String>,
     /// Deliveries taken since the agent's previous step.
     pub(crate) pending_inbound: Vec<u64>,
+    /// The agent's latest delivery: the default causal parent of its steps.
+    pub(crate) last_delivery: Option<u64>,
+    /// The prompt template in force, stamped on model calls.
+    pub(crate) prompt: Option<retrace_core::envelope::PromptRef>,
 }
 
 /// How the program ended, compared in replay.
@@ -209,11 +216,19 @@ impl Session {
     /// names the replay run that the launcher created, which names its source; naming a recorded
     /// run directly starts a new replay of it.
     pub fn from_env() -> RuntimeResult<Session> {
+        Session::from_env_with(SessionOptions::default())
+    }
+
+    /// [`Session::from_env`] with options for what the environment doesn't say (name, command,
+    /// chaos...). `RETRACE_CHAOS_SEED` overrides `options.chaos_seed`.
+    pub fn from_env_with(mut options: SessionOptions) -> RuntimeResult<Session> {
+        if let Some(seed) = std::env::var("RETRACE_CHAOS_SEED").ok().and_then(|s| s.parse().ok()) {
+            options.chaos_seed = Some(seed);
+        }
         let config = StoreConfig::from_env()?;
         let store = retrace_store::open_store(&config)?;
         let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
         let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
-        let mut options = SessionOptions::default();
         match mode.as_str() {
             "record" => match run {
                 Some(id) => match store.run(&id) {
@@ -265,7 +280,7 @@ impl Session {
         run: RunMeta,
         options: SessionOptions,
     ) -> Session {
-        let bus = (mode != Mode::Replay).then(|| Bus::new(options.chaos_seed));
+        let bus = (mode != Mode::Replay).then(|| Bus::new(options.chaos_seed, options.chaos_max_delay));
         Session {
             inner: Arc::new(Inner {
                 mode,
@@ -454,7 +469,14 @@ impl Session {
         let source = self.inner.store.run(run.source_run.as_deref().unwrap_or_default()).ok()?;
         drop(run);
         let now = self.inner.decisions.lock().clone();
-        if now != source.decisions && !source.decisions.is_empty() {
+        // Agents run concurrently, so decisions of different agents interleave however they
+        // raced: only each agent's own order is part of the outcome.
+        let per_agent = |ds: &[FinalDecision]| {
+            let mut ds = ds.to_vec();
+            ds.sort_by(|a, b| a.agent.cmp(&b.agent));
+            ds
+        };
+        if per_agent(&now) != per_agent(&source.decisions) && !source.decisions.is_empty() {
             let render = |ds: &[FinalDecision]| {
                 ds.iter()
                     .map(|d| {

@@ -252,12 +252,13 @@ impl Agent {
     }
 
     /// Moves the deliveries consumed since the agent's previous step into `event.inbound`; the
-    /// latest is the step's causal parent unless one was given.
+    /// agent's latest delivery is the step's causal parent unless one was given (what it heard
+    /// last is what it is acting on).
     pub(crate) fn take_inbound(&self, event: &mut Event) {
         let mut state = self.state.lock();
         event.inbound = std::mem::take(&mut state.pending_inbound);
         if event.causal_parent.is_none() {
-            event.causal_parent = event.inbound.last().copied();
+            event.causal_parent = state.last_delivery;
         }
     }
 

@@ -1,35 +1,52 @@
-//! `retrace demo`: the built-in demo, end to end, on the embedded store.
+//! `retrace demo`: the built-in demos, end to end, on the embedded store.
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
+use retrace_demo::client::ChatClient;
+use retrace_demo::server::SimServer;
 use retrace_demo::simulator::Simulator;
 use retrace_demo::single::{triage, LiveCounter};
 use retrace_demo::story::run_single;
-use retrace_runtime::{Outcome, Session};
+use retrace_demo::trio::trio;
+use retrace_demo::trio_story::{run_trio, trio_options, TrioReport, TrioRun};
+use retrace_runtime::{Mode, Outcome, Session};
+use retrace_store::causal;
 
 use super::store_from_env;
 use crate::output::print_json;
 
-/// Record a small agent program, replay it exactly with nothing live, and show what was stored.
+/// Record a multi-agent program under chaos, find the run that went wrong, replay it exactly.
 ///
-/// The program is a support-triage agent: it reads a random ticket id, the clock and an
-/// environment variable, searches a knowledge base (a deterministic tool), asks a model (the
-/// demo's built-in simulator, whose answers vary from run to run), decides, and updates the
-/// ticket (a side effect, which replay never executes). Each recording is replayed with a
-/// differently seeded simulator: the replay must see exactly what the recording saw, with zero
-/// live calls. The runs stay in the store (RETRACE_HOME, default ./.retrace) for `retrace runs`,
-/// `show`, `verify` and `export`.
+/// The migration trio: a planner asks a schema agent to rename users.name to users.full_name,
+/// then writes a backfill that still reads users.name and tells the reviewer it is ready. The
+/// reviewer approves the backfill if "backfill ready" arrives before "column renamed": an
+/// ordering bug that shows only under some interleavings. Each agent calls a model over HTTP
+/// (by default the demo's built-in simulator, whose answers and latencies vary; use
+/// --upstream-openai to point the same demo at any OpenAI-compatible server).
 ///
-/// Example: retrace demo --runs 3 --seed 7
+/// The demo records --runs runs with chaos scheduling (deliveries shuffled and delayed, seeded
+/// by --seed), checks an invariant over each log, replays a bad run several times with the model
+/// server stopped (the same wrong approval every time, zero live calls), and shows what the
+/// reviewer knew when it approved. The runs stay in the store (RETRACE_HOME, default ./.retrace).
+///
+/// Examples:
+///   retrace demo
+///   retrace demo --runs 20 --seed 42
+///   retrace demo single
 #[derive(Debug, Parser)]
 pub struct Args {
-    /// How many runs to record.
-    #[arg(long, default_value_t = 3)]
+    /// How many runs to record under chaos.
+    #[arg(long, default_value_t = 12)]
     runs: usize,
-    /// Seed of the model simulator (the whole demo is reproducible for a seed).
+    /// Seed of the chaos scheduler and the model simulator.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// How many times to replay each recorded run.
-    #[arg(long, default_value_t = 2)]
+    /// How many times to replay the bad run.
+    #[arg(long, default_value_t = 3)]
     replays: usize,
+    /// Call this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of the simulator.
+    #[arg(long, value_name = "URL")]
+    upstream_openai: Option<String>,
     /// Print the outcome as JSON.
     #[arg(long)]
     json: bool,
@@ -39,53 +56,90 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Program {
+    /// The single-agent demo: every kind of step, recorded and replayed exactly.
+    Single {
+        /// How many runs to record.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Seed of the model simulator.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// How many times to replay each run.
+        #[arg(long, default_value_t = 2)]
+        replays: usize,
+    },
     /// Run one demo program under the session named by the environment (RETRACE_MODE,
     /// RETRACE_RUN, RETRACE_HOME): what `retrace replay RUN` re-runs.
     #[command(hide = true)]
     Run {
         /// Which program.
-        #[arg(value_parser = ["single"])]
+        #[arg(value_parser = ["single", "trio"])]
         name: String,
-        /// Simulator seed.
+        /// Chaos and simulator seed.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Record with the plain scheduler (no chaos).
+        #[arg(long)]
+        no_chaos: bool,
+        /// Model server for the trio (default: OPENAI_BASE_URL, else a built-in simulator).
+        #[arg(long, value_name = "URL")]
+        upstream_openai: Option<String>,
     },
 }
 
 /// Runs the demo.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(Program::Run { seed, .. }) = args.program {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    match args.program {
+        Some(Program::Run { name, seed, no_chaos, upstream_openai }) => {
+            rt.block_on(run_program(&name, seed, (!no_chaos).then_some(seed), upstream_openai))
+        }
+        Some(Program::Single { runs, seed, replays }) => single(runs, seed, replays, args.json),
+        None => rt.block_on(trio_demo(args)),
+    }
+}
+
+async fn run_program(
+    name: &str,
+    seed: u64,
+    chaos: Option<u64>,
+    upstream: Option<String>,
+) -> anyhow::Result<()> {
+    if name == "single" {
         let session = Session::from_env()?;
-        let live = LiveCounter::default();
-        triage(&session, &live, &Simulator::new(seed))?;
-        let report = session.finish(Outcome {
-            exit_status: Some(0),
-        })?;
-        eprintln!(
-            "retrace: run {} {} ({} steps)",
-            report.run_id, report.status, report.steps
-        );
+        triage(&session, &LiveCounter::default(), &Simulator::new(seed))?;
+        let report = session.finish(Outcome { exit_status: Some(0) })?;
+        eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
         return Ok(());
     }
+    let session = Session::from_env_with(trio_options(chaos))?;
+    let upstream = upstream.or_else(|| std::env::var("OPENAI_BASE_URL").ok());
+    let server = match (&upstream, session.mode()) {
+        (None, Mode::Record | Mode::Off) => Some(SimServer::start(seed).await?),
+        _ => None,
+    };
+    let base = upstream.unwrap_or_else(|| server.as_ref().map(SimServer::base_url).unwrap_or_default());
+    let decision = trio(&session, Arc::new(ChatClient::new(&base))).await?;
+    let report = session.finish(Outcome { exit_status: Some(0) })?;
+    println!("reviewer: {decision}");
+    eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
+    Ok(())
+}
+
+fn single(runs: usize, seed: u64, replays: usize, json: bool) -> anyhow::Result<()> {
     let store = store_from_env()?;
-    let runs = run_single(store, args.runs, args.seed, args.replays)?;
-    if args.json {
+    let runs = run_single(store, runs, seed, replays)?;
+    if json {
         let value = serde_json::json!({
             "runs": runs.iter().map(|r| serde_json::json!({
-                "recorded": r.recorded,
-                "replays": r.replays,
-                "steps": r.steps,
-                "live_calls_recorded": r.live_calls_recorded,
-                "live_calls_replayed": r.live_calls_replayed,
+                "recorded": r.recorded, "replays": r.replays, "steps": r.steps,
+                "live_calls_recorded": r.live_calls_recorded, "live_calls_replayed": r.live_calls_replayed,
                 "transcript": r.transcript,
             })).collect::<Vec<_>>()
         });
         return print_json(&value);
     }
-    println!(
-        "Retrace demo: a support-triage agent, recorded {} times and replayed exactly.\n",
-        runs.len()
-    );
+    println!("Retrace demo: a support-triage agent, recorded {} times and replayed exactly.\n", runs.len());
     for (i, r) in runs.iter().enumerate() {
         println!(
             "run {} recorded as {} ({} steps, {} live calls):",
@@ -103,22 +157,94 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r.live_calls_replayed
         );
     }
-    let models: std::collections::BTreeSet<_> = runs
-        .iter()
-        .filter_map(|r| r.transcript.iter().find(|l| l.starts_with("model:")))
-        .collect();
-    println!(
-        "The model answered {} different way(s) across {} recordings; each replay reproduced its own recording.",
-        models.len(),
-        runs.len()
-    );
     if let Some(last) = runs.last() {
-        println!("\nDig deeper:");
-        println!("  retrace runs");
-        println!("  retrace show {}", last.recorded);
-        println!("  retrace show {} --seq 5", last.recorded);
-        println!("  retrace verify {}", last.recorded);
-        println!("  retrace export {} -o triage.jsonl", last.recorded);
+        println!("Dig deeper:\n  retrace show {}\n  retrace verify {}", last.recorded, last.recorded);
     }
     Ok(())
+}
+
+async fn trio_demo(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let report =
+        run_trio(store.clone(), args.runs, args.seed, args.replays, args.upstream_openai.clone()).await?;
+    let knew = match &report.replayed {
+        Some(r) => {
+            let bad = report.runs.iter().find(|x| x.id == r.run).and_then(|x| x.violation.clone());
+            match bad {
+                Some(v) => Some(causal::knew(store.as_ref(), &r.run, v.approval_seq)?),
+                None => None,
+            }
+        }
+        None => None,
+    };
+    if args.json {
+        return print_json(&trio_json(&report, knew.as_ref()));
+    }
+    let model = args.upstream_openai.as_deref().unwrap_or("the built-in model simulator (not a real model)");
+    println!("Retrace demo: the migration trio (planner, schema agent, reviewer); model: {model}\n");
+    let (plain, chaos): (Vec<_>, Vec<_>) = report.runs.iter().partition(|r| r.chaos_seed.is_none());
+    let bad = |runs: &[&TrioRun]| runs.iter().filter(|r| r.violation.is_some()).count();
+    println!(
+        "Recorded {} runs with the plain scheduler: {} approved the stale backfill.",
+        plain.len(),
+        bad(&plain)
+    );
+    println!(
+        "Recorded {} runs under chaos scheduling (deliveries shuffled and delayed, seeds {}..):",
+        chaos.len(),
+        args.seed
+    );
+    for r in &chaos {
+        let seed = r.chaos_seed.unwrap_or_default();
+        match &r.violation {
+            Some(v) => println!(
+                "  {}  seed {seed:<4} APPROVE  <- approved the backfill of users.name (seq {}) although the column was renamed (seq {})",
+                r.id, v.approval_seq, v.rename_seq
+            ),
+            None => println!("  {}  seed {seed:<4} {}", r.id, r.decision),
+        }
+    }
+    println!(
+        "{} of {} chaos runs broke the invariant (a backfill approved against a renamed column).\n",
+        bad(&chaos),
+        chaos.len()
+    );
+    let Some(replayed) = &report.replayed else {
+        println!("No run showed the bug this time; try more runs: retrace demo --runs 40");
+        return Ok(());
+    };
+    let same = replayed.decisions.iter().all(|d| d == "approve");
+    println!("Replayed {} {} times with the model server stopped:", replayed.run, replayed.replays.len());
+    println!(
+        "  decisions: {}{}, {} live calls",
+        replayed.decisions.join(", "),
+        if same { ": the same wrong approval every time" } else { "" },
+        replayed.live_calls
+    );
+    if let Some(k) = &knew {
+        println!("\nWhat the reviewer knew when it approved (retrace knew {} {}):", replayed.run, k.seq);
+        for line in causal::render(k).lines() {
+            println!("  {line}");
+        }
+        println!("\nDig deeper:");
+        println!("  retrace show {}", replayed.run);
+        println!("  retrace knew {} {}", replayed.run, k.seq);
+        println!("  retrace verify {}", replayed.run);
+        println!("  retrace export {} -o bad-migration.jsonl", replayed.run);
+    }
+    Ok(())
+}
+
+fn trio_json(report: &TrioReport, knew: Option<&causal::Knew>) -> serde_json::Value {
+    serde_json::json!({
+        "runs": report.runs.iter().map(|r| serde_json::json!({
+            "id": r.id, "chaos_seed": r.chaos_seed, "decision": r.decision,
+            "violation": r.violation.as_ref().map(|v| serde_json::json!({"approval_seq": v.approval_seq, "rename_seq": v.rename_seq})),
+        })).collect::<Vec<_>>(),
+        "live_calls_recorded": report.live_calls_recorded,
+        "replayed": report.replayed.as_ref().map(|r| serde_json::json!({
+            "run": r.run, "replays": r.replays, "decisions": r.decisions, "live_calls": r.live_calls,
+        })),
+        "knew": knew,
+    })
 }

@@ -2,6 +2,7 @@
 pub mod demo;
 pub mod export;
 pub mod import;
+pub mod knew;
 pub mod runs;
 pub mod show;
 pub mod verify;

@@ -52,7 +52,7 @@ async fn deliveries_are_events_with_causal_parents_and_lamport_order() {
     let decision = events.iter().find(|e| e.kind == EventType::Decision).unwrap();
     let delivered: Vec<u64> = events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
     assert_eq!(decision.inbound, delivered, "the decision consumed every delivery since its previous step");
-    assert_eq!(decision.causal_parent, decision.inbound.last().copied());
+    assert_eq!(decision.causal_parent, decision.inbound.last().copied(), "it acts on what it heard last");
 
     for strict in [false, true] {
         let r = Session::replay(store.clone(), &s.run_id(), SessionOptions { strict, ..Default::default() })

@@ -1,0 +1,146 @@
+//! Retrace's storage: the event log, runs, blobs and leases behind narrow traits.
+//!
+//! - [`EventStore`]: runs and their events (append-only; an appended event is never mutated),
+//!   leases (one sequencer per run), and [`EventStore::commit`], the one atomic write path.
+//! - [`BlobStore`]: content-addressed bytes, verified on every read.
+//! - [`writer::RunWriter`]: the sequencer of one run. It assigns `seq`, chains hashes and hands
+//!   events to a group-commit thread; an event is acknowledged once its transaction commits.
+//! - Backends: [`sqlite::SqliteStore`] (the embedded default: one SQLite database in WAL mode
+//!   plus a blob folder for blobs over 64 KB) and [`memory::MemoryStore`] (tests). Every backend
+//!   passes the same [`conformance`] suite.
+//!
+//! Errors are backend-neutral ([`StoreErrorKind`]): callers never match on a SQLite error code.
+#![warn(missing_docs)]
+
+pub mod causal;
+pub mod conformance;
+pub mod error;
+pub mod export;
+pub mod import;
+pub mod manifest;
+pub mod memory;
+pub mod open;
+pub mod sqlite;
+pub mod verify;
+pub mod writer;
+
+use std::sync::Arc;
+
+use retrace_core::run::RunMeta;
+use retrace_core::{Digest, Event, EventType};
+
+pub use error::{StoreError, StoreErrorKind, StoreResult};
+pub use open::{open_store, Durability, StoreConfig};
+pub use writer::{RunWriter, Ticket};
+
+/// Blobs of at most this many bytes are stored inside the event's transaction; larger ones are
+/// files, written atomically and fsynced before the transaction commits.
+pub const INLINE_BLOB_MAX: usize = 64 * 1024;
+
+/// How a blob should be stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlobHint {
+    /// Plain bytes.
+    Raw,
+    /// A model request: stored as a chained manifest when its message list extends an earlier
+    /// request of the same run (DESIGN.md "Storage"), else flat.
+    ModelRequest,
+}
+
+/// A blob to store with a batch.
+#[derive(Clone, Debug)]
+pub struct BlobPut {
+    /// Digest of `bytes` (the caller computed it; the store checks it).
+    pub digest: Digest,
+    /// The bytes.
+    pub bytes: Arc<[u8]>,
+    /// How to store it.
+    pub hint: BlobHint,
+}
+
+impl BlobPut {
+    /// A blob of `bytes`, digest computed here.
+    pub fn new(bytes: impl Into<Arc<[u8]>>, hint: BlobHint) -> BlobPut {
+        let bytes = bytes.into();
+        BlobPut { digest: Digest::of(&bytes), bytes, hint }
+    }
+}
+
+/// Events and blobs written in one transaction.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// The run the events belong to (inherited fork events carry their source's `run_id`).
+    pub run_id: String,
+    /// Events in seq order, sealed (seq, prev and hash set).
+    pub events: Vec<Event>,
+    /// Blobs the events reference (already-stored blobs may be repeated; they are skipped).
+    pub blobs: Vec<BlobPut>,
+}
+
+/// Who holds a run's lease: `host:pid:start-time`, so a dead holder on this host is seen at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseHolder(pub String);
+
+/// Content-addressed bytes.
+pub trait BlobStore: Send + Sync {
+    /// Stores `bytes` on their own (outside any batch) and returns their digest.
+    fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest>;
+    /// The bytes of `digest`, verified; `NotFound` when absent, `Corrupt` when they don't match.
+    fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>>;
+    /// Whether `digest` is stored.
+    fn has_blob(&self, digest: &Digest) -> StoreResult<bool>;
+    /// If `digest` is stored as a chained manifest, the manifest's own bytes (for exports).
+    fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>>;
+}
+
+/// Runs, their events and leases.
+pub trait EventStore: Send + Sync {
+    /// Creates a run; `Conflict` when the id exists.
+    fn create_run(&self, meta: &RunMeta) -> StoreResult<()>;
+    /// Replaces a run's metadata; `NotFound` when absent.
+    fn update_run(&self, meta: &RunMeta) -> StoreResult<()>;
+    /// A run by exact id.
+    fn run(&self, id: &str) -> StoreResult<RunMeta>;
+    /// A run by id or unique id prefix (at least 4 characters); `NotFound` or `Invalid` (ambiguous).
+    fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta>;
+    /// Every run, oldest first.
+    fn runs(&self) -> StoreResult<Vec<RunMeta>>;
+    /// Atomically appends a batch of events and their blobs. Seqs must continue the run densely
+    /// (`Conflict` otherwise); blobs larger than [`INLINE_BLOB_MAX`] are durable files first.
+    fn commit(&self, batch: &Batch) -> StoreResult<()>;
+    /// Events of `run` with `seq >= from`, in seq order, at most `limit`.
+    fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>>;
+    /// One event.
+    fn event(&self, run: &str, seq: u64) -> StoreResult<Event>;
+    /// The last seq stored for `run` (0 when none).
+    fn last_seq(&self, run: &str) -> StoreResult<u64>;
+    /// Seqs of `agent`'s events in `run`, in order (served from an index).
+    fn agent_seqs(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>>;
+    /// The `deliver` events to `agent` in `run` with seq < `before`, in seq order. Backends
+    /// serve this from an index of deliveries; the default walks the agent's events.
+    fn deliveries_to(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
+        let seqs: Vec<u64> = self.agent_seqs(run, agent)?.into_iter().filter(|s| *s < before).collect();
+        Ok(self.events_at(run, &seqs)?.into_iter().filter(|e| e.kind == EventType::Deliver).collect())
+    }
+    /// The events of `run` at `seqs`, in the order given (`NotFound` for a seq that isn't there).
+    /// Backends answer this in one query; the default asks for each event.
+    fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
+        seqs.iter().map(|s| self.event(run, *s)).collect()
+    }
+    /// Takes the lease of `run` for `holder`; `Busy` naming the live holder when held.
+    fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()>;
+    /// Extends the lease (no-op when `holder` no longer holds it: returns `Conflict`).
+    fn renew_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()>;
+    /// Releases the lease.
+    fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()>;
+    /// The current holder of `run`'s lease, if any and alive.
+    fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>>;
+    /// Marks every `running` run whose lease is dead as `interrupted`; returns their ids.
+    fn recover_interrupted(&self) -> StoreResult<Vec<String>>;
+}
+
+/// A whole store: events and blobs.
+pub trait Store: EventStore + BlobStore {
+    /// The backend's name (`sqlite`, `memory`, ...).
+    fn backend(&self) -> &'static str;
+}
