@@ -2,6 +2,7 @@
 //! here and nowhere else (0 ok, 1 divergence or failed check, 2 usage or input error).
 mod commands;
 mod exit;
+mod launcher;
 mod output;
 
 use std::process::ExitCode;
@@ -20,6 +21,10 @@ struct Cli {
 enum Command {
     /// Run the built-in demo: record a multi-agent program under chaos, replay the bad run exactly.
     Demo(commands::demo::Args),
+    /// Run a program with recording on.
+    Record(commands::record::Args),
+    /// Replay a recorded run exactly, with zero live calls.
+    Replay(commands::replay::Args),
     /// List runs.
     Runs(commands::runs::Args),
     /// Show what an agent knew when it acted: the messages it had heard, with their causes.
@@ -45,6 +50,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args),
+        Command::Record(args) => commands::record::run(args),
+        Command::Replay(args) => commands::replay::run(args),
         Command::Runs(args) => commands::runs::run(args),
         Command::Show(args) => commands::show::run(args),
         Command::Knew(args) => commands::knew::run(args),

@@ -87,7 +87,7 @@ pub fn plain_runs(runs: usize) -> usize {
 }
 
 /// Records a few runs with the plain scheduler, then `runs` trio runs under chaos seeds
-/// `seed..`, and keeps going (up to 4× as many) until one breaks the invariant, then replays the first bad run `replays` times with the model
+/// `seed..`, and keeps going (up to 8× as many) until one breaks the invariant, then replays the first bad run `replays` times with the model
 /// server stopped. `upstream` replaces the built-in simulator with any OpenAI-compatible server.
 pub async fn run_trio(
     store: Arc<dyn Store>,
@@ -104,7 +104,7 @@ pub async fn run_trio(
     let client = Arc::new(ChatClient::new(&base));
     let mut recorded: Vec<TrioRun> = Vec::new();
     let plain = plain_runs(runs);
-    for i in 0..plain + runs.max(1) * 4 {
+    for i in 0..plain + runs.max(1) * 8 {
         if i >= plain + runs && recorded.iter().any(|r| r.violation.is_some()) {
             break;
         }

@@ -109,12 +109,21 @@ impl State {
     }
 }
 
+/// Called once, with the first divergence, as soon as it is found.
+pub type DivergenceHook = Box<dyn Fn(&Divergence) + Send + Sync>;
+
 /// The replay scheduler of one replayed run.
-#[derive(Debug)]
 pub struct Scheduler {
     log: RecordedLog,
     config: SchedulerConfig,
     state: Mutex<State>,
+    hook: Mutex<Option<DivergenceHook>>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler").field("config", &self.config).finish_non_exhaustive()
+    }
 }
 
 impl Scheduler {
@@ -137,9 +146,15 @@ impl Scheduler {
             trace: Vec::new(),
         };
         advance(&mut state);
-        let scheduler = Arc::new(Scheduler { log, config, state: Mutex::new(state) });
+        let scheduler = Arc::new(Scheduler { log, config, state: Mutex::new(state), hook: Mutex::new(None) });
         spawn_watchdog(Arc::downgrade(&scheduler));
         scheduler
+    }
+
+    /// Sets the function told about the first divergence (the session stores it at once, so a
+    /// program that dies of it still leaves a diverged run behind).
+    pub fn on_divergence(&self, hook: DivergenceHook) {
+        *self.hook.lock() = Some(hook);
     }
 
     /// The recorded log.
@@ -160,10 +175,15 @@ impl Scheduler {
 
     /// An agent will take no more steps (its task or process ended).
     pub fn agent_exited(&self, agent: &str) {
-        let mut st = self.state.lock();
-        st.phases.insert(agent.to_owned(), Phase::Exited);
-        st.last_progress = Instant::now();
-        self.check_stall(&mut st);
+        let stalled = {
+            let mut st = self.state.lock();
+            st.phases.insert(agent.to_owned(), Phase::Exited);
+            st.last_progress = Instant::now();
+            self.check_stall(&mut st)
+        };
+        if let Some(d) = stalled {
+            self.announce(&d);
+        }
     }
 
     /// The divergence that ended the replay, if any.
@@ -174,8 +194,21 @@ impl Scheduler {
     /// Records `d` as the run's divergence (the first one wins), releases every waiter with it,
     /// and returns the run's divergence.
     pub fn diverge(&self, d: Divergence) -> Divergence {
-        let mut st = self.state.lock();
-        set_divergence(&mut st, d)
+        let (first, new) = {
+            let mut st = self.state.lock();
+            let new = st.divergence.is_none();
+            (set_divergence(&mut st, d), new)
+        };
+        if new {
+            self.announce(&first);
+        }
+        first
+    }
+
+    fn announce(&self, d: &Divergence) {
+        if let Some(hook) = self.hook.lock().as_ref() {
+            hook(d);
+        }
     }
 
     /// Recorded seqs in the order replay released them.
@@ -270,7 +303,7 @@ impl Scheduler {
     async fn wait(&self, agent: &str, need: Need, what: &str) -> Result<(), Divergence> {
         let notify = Arc::new(Notify::new());
         loop {
-            {
+            let stalled = {
                 let mut st = self.state.lock();
                 if let Some(d) = &st.divergence {
                     let d = d.clone();
@@ -285,7 +318,10 @@ impl Scheduler {
                 st.waiters
                     .insert(agent.to_owned(), Waiter { need, what: what.to_owned(), notify: notify.clone() });
                 st.phases.insert(agent.to_owned(), Phase::Waiting);
-                self.check_stall(&mut st);
+                self.check_stall(&mut st)
+            };
+            if let Some(d) = stalled {
+                self.announce(&d);
             }
             notify.notified().await;
         }
@@ -306,17 +342,18 @@ impl Scheduler {
 
     /// Declares a stall when steps wait and no agent that could still act is left: every known
     /// agent waits or has exited, and agents the recording knows have all started.
-    fn check_stall(&self, st: &mut State) {
+    /// Returns the stall divergence when this check declared one.
+    fn check_stall(&self, st: &mut State) -> Option<Divergence> {
         if st.waiters.is_empty() || st.divergence.is_some() {
-            return;
+            return None;
         }
         let someone_runs = st.phases.values().any(|p| *p == Phase::Running);
         let someone_unstarted = self.log.agents().any(|a| !st.phases.contains_key(a));
         if someone_runs || someone_unstarted {
-            return;
+            return None;
         }
         let d = stall(st, "every agent is waiting or has exited");
-        set_divergence(st, d);
+        Some(set_divergence(st, d))
     }
 }
 
@@ -373,7 +410,9 @@ fn spawn_watchdog(scheduler: Weak<Scheduler>) {
         if !st.waiters.is_empty() && st.last_progress.elapsed() >= s.config.stall_timeout {
             let why = format!("no step made progress for {:?} (--stall-timeout)", s.config.stall_timeout);
             let d = stall(&st, &why);
-            set_divergence(&mut st, d);
+            let d = set_divergence(&mut st, d);
+            drop(st);
+            s.announce(&d);
             return;
         }
     });

@@ -198,6 +198,16 @@ impl Session {
         meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
         let config = SchedulerConfig { strict: options.strict, stall_timeout: options.stall_timeout };
         let scheduler = Scheduler::new(log, config);
+        let hook_store = store.clone();
+        let hook_run = meta.id.clone();
+        scheduler.on_divergence(Box::new(move |d| {
+            // Store the divergence at once: a program that dies of it still leaves its report.
+            if let Ok(mut run) = hook_store.run(&hook_run) {
+                run.status = RunStatus::Diverged;
+                run.divergence = Some(d.to_json());
+                let _ = hook_store.update_run(&run);
+            }
+        }));
         let session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, options);
         session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
         Ok(session)
@@ -224,6 +234,12 @@ impl Session {
     pub fn from_env_with(mut options: SessionOptions) -> RuntimeResult<Session> {
         if let Some(seed) = std::env::var("RETRACE_CHAOS_SEED").ok().and_then(|s| s.parse().ok()) {
             options.chaos_seed = Some(seed);
+        }
+        if let Some(secs) = std::env::var("RETRACE_STALL_TIMEOUT").ok().and_then(|s| s.parse::<f64>().ok()) {
+            options.stall_timeout = Duration::from_secs_f64(secs.max(0.0));
+        }
+        if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
+            options.strict = true;
         }
         let config = StoreConfig::from_env()?;
         let store = retrace_store::open_store(&config)?;

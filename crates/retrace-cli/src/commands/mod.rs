@@ -3,6 +3,8 @@ pub mod demo;
 pub mod export;
 pub mod import;
 pub mod knew;
+pub mod record;
+pub mod replay;
 pub mod runs;
 pub mod show;
 pub mod verify;

@@ -1,0 +1,79 @@
+//! `retrace record -- CMD`: run a program with recording on; prints the run id.
+use std::collections::BTreeMap;
+
+use clap::Parser;
+use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
+use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
+
+use super::store_from_env;
+use crate::exit::usage;
+use crate::launcher::{self, Child};
+
+/// Run a program with recording on: every step it takes through Retrace (the Rust runtime's
+/// `Session::from_env()`) is recorded into a new run. Prints the run id on standard error and
+/// exits with the program's status. SIGINT and SIGTERM are forwarded to the program.
+///
+/// Example: retrace record --name nightly --label team=data -- cargo run --example agents
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// A name for the run.
+    #[arg(long)]
+    name: Option<String>,
+    /// A label `key=value` (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// Shuffle message deliveries (seeded) to flush out order-dependent bugs.
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let mut labels = BTreeMap::new();
+    for label in &args.labels {
+        let (k, v) =
+            label.split_once('=').ok_or_else(|| usage(format!("--label {label:?}: want KEY=VALUE")))?;
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    let id = new_run_id();
+    let mut meta = RunMeta::new(id.clone(), RunMode::Record, SystemClock.now_ms());
+    meta.name = args.name;
+    meta.labels = labels;
+    meta.chaos_seed = args.chaos;
+    meta.command = Some(Command { argv: args.command.clone(), cwd: launcher::recorded_cwd()? });
+    store.create_run(&meta)?;
+    eprintln!("retrace: recording run {id}: {}", args.command.join(" "));
+    let mut env = launcher::store_env()?;
+    env.push(("RETRACE_MODE".into(), "record".into()));
+    env.push(("RETRACE_RUN".into(), id.clone()));
+    if let Some(seed) = args.chaos {
+        env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
+    }
+    let child = Child { argv: args.command, cwd: std::env::current_dir()?, env };
+    let status = match launcher::run(&child) {
+        Ok(status) => status,
+        Err(e) => {
+            let mut failed = store.run(&id)?;
+            failed.status = RunStatus::Failed;
+            store.update_run(&failed)?;
+            return Err(e);
+        }
+    };
+    let mut meta = store.run(&id)?;
+    meta.exit_status = Some(status);
+    if meta.status == RunStatus::Running && store.lease_holder(&id)?.is_none() {
+        meta.status = if status == 0 { RunStatus::Ok } else { RunStatus::Failed };
+    } else if meta.status == RunStatus::Ok && status != 0 {
+        meta.status = RunStatus::Failed;
+    }
+    meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
+    store.update_run(&meta)?;
+    let events = store.last_seq(&id)?;
+    eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
+    println!("{id}");
+    std::process::exit(status);
+}

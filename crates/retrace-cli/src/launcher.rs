@@ -1,0 +1,115 @@
+//! The one `-- CMD` launcher used by `record`, `replay` (and later `fork` and `gate`): runs a
+//! child with Retrace's environment, passes its standard input, output and error through,
+//! forwards SIGINT and SIGTERM, and returns its exit status. Runs remember their working
+//! directory relative to the git top level, so a replay runs from the same place in any clone.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::exit::usage_hint;
+
+/// A child process to run.
+#[derive(Debug, Clone)]
+pub struct Child {
+    /// argv as typed.
+    pub argv: Vec<String>,
+    /// Where to run it.
+    pub cwd: PathBuf,
+    /// Variables to set on top of the inherited environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// Runs `child` to completion; returns its exit status (128 + signal when killed by one).
+pub fn run(child: &Child) -> anyhow::Result<i32> {
+    let Some((program, args)) = child.argv.split_first() else {
+        return Err(usage_hint("no command to run", "put the program after `--`, e.g. `-- python app.py`"));
+    };
+    let mut command = Command::new(program);
+    command.args(args).current_dir(&child.cwd).envs(child.env.iter().map(|(k, v)| (k, v)));
+    let mut process = match command.spawn() {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(usage_hint(
+                format!("program not found: `{}` (in {})", child.argv.join(" "), child.cwd.display()),
+                "check the command, or pass another one after `--`",
+            ));
+        }
+        Err(e) => return Err(e).with_context(|| format!("starting `{}`", child.argv.join(" "))),
+    };
+    let pid = Pid::from_raw(process.id() as i32);
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal forwarding")?;
+    let handle = signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if let Ok(sig) = Signal::try_from(sig) {
+                let _ = kill(pid, sig);
+            }
+        }
+    });
+    let status = process.wait().context("waiting for the program")?;
+    handle.close();
+    let _ = forwarder.join();
+    Ok(exit_code(status))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// The git top level above `dir`, if any.
+pub fn git_toplevel(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors().find(|d| d.join(".git").exists()).map(Path::to_path_buf)
+}
+
+/// The current directory as a run records it: relative to the git top level ("." at the top),
+/// or absolute outside a git repository.
+pub fn recorded_cwd() -> anyhow::Result<String> {
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    Ok(match git_toplevel(&cwd) {
+        Some(top) => {
+            let rel = cwd.strip_prefix(&top).unwrap_or(Path::new("")).to_string_lossy().into_owned();
+            if rel.is_empty() {
+                ".".into()
+            } else {
+                rel
+            }
+        }
+        None => cwd.to_string_lossy().into_owned(),
+    })
+}
+
+/// Where to run a recorded command: its relative directory under this checkout's git top
+/// level (or the current directory outside git), or its absolute directory.
+pub fn resolve_cwd(recorded: &str) -> anyhow::Result<PathBuf> {
+    let path = Path::new(recorded);
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    let base = git_toplevel(&cwd).unwrap_or(cwd);
+    Ok(if recorded == "." { base } else { base.join(path) })
+}
+
+/// The store variables for a child, made absolute so the child finds the same store wherever
+/// it runs.
+pub fn store_env() -> anyhow::Result<Vec<(String, String)>> {
+    let mut env = Vec::new();
+    if let Ok(url) = std::env::var("RETRACE_STORE") {
+        env.push(("RETRACE_STORE".into(), url));
+    }
+    let home = std::env::var("RETRACE_HOME").unwrap_or_else(|_| "./.retrace".into());
+    let home = std::path::absolute(&home).with_context(|| format!("resolving RETRACE_HOME={home}"))?;
+    env.push(("RETRACE_HOME".into(), home.to_string_lossy().into_owned()));
+    for passthrough in ["RETRACE_BLOBS", "RETRACE_DURABILITY", "RETRACE_MASK_KEY"] {
+        if let Ok(v) = std::env::var(passthrough) {
+            env.push((passthrough.into(), v));
+        }
+    }
+    Ok(env)
+}
