@@ -37,9 +37,7 @@ pub enum RunStatus {
 }
 
 /// How long a run is kept.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Retention {
     /// Expires after the configured age.
@@ -133,7 +131,7 @@ pub struct RunMeta {
     pub holds_tokens: bool,
     /// The masking rule set the run was recorded with.
     pub masking_rules: MaskRules,
-    /// Final decisions, in seq order (filled when the run finishes).
+    /// Final decisions, in the order they were taken (filled when the run finishes).
     pub decisions: Vec<FinalDecision>,
     /// Divergence report, when the run diverged.
     pub divergence: Option<serde_json::Value>,
@@ -190,12 +188,8 @@ const ID_ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
 
 /// A 26-character, time-sortable id (ULID layout): 48 bits of Unix milliseconds, 80 random bits.
 pub fn make_run_id(unix_ms: u64, random: u128) -> String {
-    let value: u128 =
-        (u128::from(unix_ms & 0xFFFF_FFFF_FFFF) << 80) | (random & ((1u128 << 80) - 1));
-    (0..26)
-        .rev()
-        .map(|i| ID_ALPHABET[((value >> (i * 5)) & 31) as usize] as char)
-        .collect()
+    let value: u128 = (u128::from(unix_ms & 0xFFFF_FFFF_FFFF) << 80) | (random & ((1u128 << 80) - 1));
+    (0..26).rev().map(|i| ID_ALPHABET[((value >> (i * 5)) & 31) as usize] as char).collect()
 }
 
 #[cfg(test)]
@@ -209,9 +203,6 @@ mod tests {
         assert_eq!(a.len(), 26);
         assert!(a < b);
         assert_eq!("fork".parse::<RunMode>().unwrap(), RunMode::Fork);
-        assert!("nope"
-            .parse::<RunStatus>()
-            .unwrap_err()
-            .contains("interrupted"));
+        assert!("nope".parse::<RunStatus>().unwrap_err().contains("interrupted"));
     }
 }

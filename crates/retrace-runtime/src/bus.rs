@@ -67,6 +67,7 @@ impl Bus {
     }
 
     /// Posts an acknowledged message to `to`'s mailbox.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn post(
         &self,
         to: &str,

@@ -293,6 +293,7 @@ impl Scheduler {
         }))
     }
 
+    #[allow(clippy::result_large_err)]
     fn fail_if_diverged(&self) -> Result<(), Divergence> {
         match &self.state.lock().divergence {
             Some(d) => Err(d.clone()),

@@ -165,7 +165,7 @@ fn record_and_kill(home: &Path, level: &str, run: &str, via: &str) -> Said {
         .env_remove("RETRACE_STORE")
         .env_remove("RETRACE_BLOBS")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
     let (lines, heard) = mpsc::channel();

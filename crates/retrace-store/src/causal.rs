@@ -93,7 +93,7 @@ fn chains(
     store: &dyn Store,
     run: &str,
     starts: &[u64],
-) -> StoreResult<HashMap<u64, (Link, Option<Value>, Option<u64>)>> {
+) -> StoreResult<HashMap<u64, Node>> {
     let mut nodes: HashMap<u64, Node> = HashMap::new();
     let mut frontier: Vec<u64> = starts.to_vec();
     for _ in 0..MAX_CHAIN {

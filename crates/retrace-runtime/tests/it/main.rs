@@ -1,3 +1,4 @@
 //! Integration tests of the runtime: one binary, one module per feature.
+mod messages;
 mod replay;
 mod roundtrip;
