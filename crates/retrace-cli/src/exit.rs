@@ -24,32 +24,17 @@ impl std::error::Error for Failure {}
 
 /// A failed check or a divergence: exit 1.
 pub fn check_failed(message: impl Into<String>) -> anyhow::Error {
-    Failure {
-        code: 1,
-        message: message.into(),
-        hint: None,
-    }
-    .into()
+    Failure { code: 1, message: message.into(), hint: None }.into()
 }
 
 /// Bad usage or bad input: exit 2.
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
-    Failure {
-        code: 2,
-        message: message.into(),
-        hint: None,
-    }
-    .into()
+    Failure { code: 2, message: message.into(), hint: None }.into()
 }
 
 /// Bad usage or bad input with a hint: exit 2.
 pub fn usage_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
-    Failure {
-        code: 2,
-        message: message.into(),
-        hint: Some(hint.into()),
-    }
-    .into()
+    Failure { code: 2, message: message.into(), hint: Some(hint.into()) }.into()
 }
 
 /// Ends the process: prints the error chain and picks the exit code.
@@ -58,8 +43,7 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
         return ExitCode::SUCCESS;
     };
     if err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     }) {
         return ExitCode::SUCCESS;
     }
@@ -78,17 +62,10 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
 }
 
 fn code_of(err: &anyhow::Error) -> u8 {
-    if err
-        .chain()
-        .any(|e| e.downcast_ref::<retrace_core::Divergence>().is_some())
-    {
+    if err.chain().any(|e| e.downcast_ref::<retrace_core::Divergence>().is_some()) {
         return 1;
     }
-    match err
-        .chain()
-        .find_map(|e| e.downcast_ref::<StoreError>())
-        .map(|e| e.kind)
-    {
+    match err.chain().find_map(|e| e.downcast_ref::<StoreError>()).map(|e| e.kind) {
         Some(StoreErrorKind::Corrupt) => 1,
         _ => 2,
     }

@@ -57,12 +57,7 @@ pub fn failure(code: u8, err: &dyn std::error::Error) -> anyhow::Error {
         message.push_str(&cause.to_string());
         source = cause.source();
     }
-    crate::exit::Failure {
-        code,
-        message,
-        hint: None,
-    }
-    .into()
+    crate::exit::Failure { code, message, hint: None }.into()
 }
 
 /// `2024-05-01 12:30:05` in UTC, from Unix milliseconds.
@@ -79,12 +74,7 @@ pub fn utc_time(unix_ms: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 /// `text` cut to `width` characters, ending in `…` when cut.
@@ -130,9 +120,6 @@ mod tests {
         assert_eq!(utc_time(0), "1970-01-01 00:00:00");
         assert_eq!(utc_time(1_709_210_096_000), "2024-02-29 12:34:56");
         assert_eq!(fit("planner", 4), "pla…");
-        assert_eq!(
-            table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]),
-            "a    bb\nxyz  1\n"
-        );
+        assert_eq!(table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]), "a    bb\nxyz  1\n");
     }
 }

@@ -159,17 +159,11 @@ struct Bad {
 
 impl Bad {
     fn non_finite() -> Bad {
-        Bad {
-            duplicate: false,
-            path: Vec::new(),
-        }
+        Bad { duplicate: false, path: Vec::new() }
     }
 
     fn duplicate(key: &str) -> Bad {
-        Bad {
-            duplicate: true,
-            path: vec![PathSeg::Key(key.to_owned())],
-        }
+        Bad { duplicate: true, path: vec![PathSeg::Key(key.to_owned())] }
     }
 
     fn within(mut self, seg: PathSeg) -> Bad {
@@ -204,10 +198,10 @@ impl Sink for String {
 }
 
 const CONTROL_ESCAPES: [&str; 32] = [
-    "\\u0000", "\\u0001", "\\u0002", "\\u0003", "\\u0004", "\\u0005", "\\u0006", "\\u0007", "\\b",
-    "\\t", "\\n", "\\u000b", "\\f", "\\r", "\\u000e", "\\u000f", "\\u0010", "\\u0011", "\\u0012",
-    "\\u0013", "\\u0014", "\\u0015", "\\u0016", "\\u0017", "\\u0018", "\\u0019", "\\u001a",
-    "\\u001b", "\\u001c", "\\u001d", "\\u001e", "\\u001f",
+    "\\u0000", "\\u0001", "\\u0002", "\\u0003", "\\u0004", "\\u0005", "\\u0006", "\\u0007", "\\b", "\\t",
+    "\\n", "\\u000b", "\\f", "\\r", "\\u000e", "\\u000f", "\\u0010", "\\u0011", "\\u0012", "\\u0013",
+    "\\u0014", "\\u0015", "\\u0016", "\\u0017", "\\u0018", "\\u0019", "\\u001a", "\\u001b", "\\u001c",
+    "\\u001d", "\\u001e", "\\u001f",
 ];
 
 /// Writes `s` as a quoted JSON string, escaping only `"`, `\` and U+0000..U+001F.
@@ -247,14 +241,11 @@ fn write_json(j: &Json, out: &mut Vec<u8>) -> Result<(), Bad> {
             out.push(b']');
         }
         Json::Object(members) => {
-            let in_order = members
-                .windows(2)
-                .all(|w| key_order(&w[0].0, &w[1].0).is_lt());
+            let in_order = members.windows(2).all(|w| key_order(&w[0].0, &w[1].0).is_lt());
             if in_order {
                 write_members(members.iter().map(|(k, v)| (k, v)), out, write_json)?;
             } else {
-                let mut sorted: Vec<(&String, &Json)> =
-                    members.iter().map(|(k, v)| (k, v)).collect();
+                let mut sorted: Vec<(&String, &Json)> = members.iter().map(|(k, v)| (k, v)).collect();
                 sorted.sort_unstable_by(|a, b| key_order(a.0, b.0));
                 write_members(sorted, out, write_json)?;
             }
@@ -274,9 +265,7 @@ fn write_value(v: &Value, out: &mut Vec<u8>) -> Result<(), Bad> {
                 out.push(b'-');
                 write_u64(i.unsigned_abs(), out);
             }
-            (None, None) => {
-                write_f64(n.as_f64().unwrap_or(f64::NAN), out).map_err(|()| Bad::non_finite())?
-            }
+            (None, None) => write_f64(n.as_f64().unwrap_or(f64::NAN), out).map_err(|()| Bad::non_finite())?,
         },
         Value::String(s) => write_escaped(out, s),
         Value::Array(items) => {

@@ -73,11 +73,7 @@ impl FromStr for Digest {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadDigest(s.chars().take(80).collect());
         let hex_part = s.strip_prefix(DIGEST_PREFIX).ok_or_else(bad)?;
-        if hex_part.len() != 64
-            || !hex_part
-                .bytes()
-                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        {
+        if hex_part.len() != 64 || !hex_part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return Err(bad());
         }
         let mut out = [0u8; 32];
@@ -121,10 +117,7 @@ mod tests {
     #[test]
     fn digest_text_form_round_trips() {
         let d = Digest::of(b"abc");
-        assert_eq!(
-            d.to_string(),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(d.to_string(), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
         assert!("sha256:BA78".parse::<Digest>().is_err());
         assert!("md5:00".parse::<Digest>().is_err());

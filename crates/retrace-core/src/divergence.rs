@@ -48,12 +48,8 @@ impl DivergenceCode {
     /// What the code means, in one line.
     pub fn meaning(self) -> &'static str {
         match self {
-            DivergenceCode::StepMismatch => {
-                "the step asked for something the recording does not hold"
-            }
-            DivergenceCode::UnexpectedStep => {
-                "the agent took a step after its recorded steps ran out"
-            }
+            DivergenceCode::StepMismatch => "the step asked for something the recording does not hold",
+            DivergenceCode::UnexpectedStep => "the agent took a step after its recorded steps ran out",
             DivergenceCode::StepsLeft => "the program ended before taking every recorded step",
             DivergenceCode::LogEnded => "the recording ends here (it was interrupted)",
             DivergenceCode::ExitStatus => "the program exited with another status",

@@ -81,9 +81,7 @@ impl EventType {
 
     /// The inverse of [`EventType::code`].
     pub fn from_code(code: u8) -> Option<EventType> {
-        EventType::ALL
-            .get(usize::from(code).checked_sub(1)?)
-            .copied()
+        EventType::ALL.get(usize::from(code).checked_sub(1)?).copied()
     }
 }
 
@@ -148,9 +146,7 @@ impl FromStr for ToolClass {
             "deterministic" => Ok(ToolClass::Deterministic),
             "time_bound" => Ok(ToolClass::TimeBound),
             "side_effect" => Ok(ToolClass::SideEffect),
-            _ => Err(format!(
-                "unknown tool class {s:?} (want deterministic, time_bound or side_effect)"
-            )),
+            _ => Err(format!("unknown tool class {s:?} (want deterministic, time_bound or side_effect)")),
         }
     }
 }
@@ -353,10 +349,7 @@ impl Event {
 
     /// The hash this event should carry given its `prev`.
     pub fn compute_hash(&self) -> Result<Digest, CanonError> {
-        Ok(chain::link(
-            self.prev.as_ref(),
-            &self.canonical_without_hash()?,
-        ))
+        Ok(chain::link(self.prev.as_ref(), &self.canonical_without_hash()?))
     }
 
     /// Sets `prev` and computes `hash`.

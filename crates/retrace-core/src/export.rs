@@ -55,15 +55,11 @@ pub enum FormatError {
 
 /// Checks a header's format tag: `retrace-trace/1` and `retrace-trace/1.x` are read.
 pub fn check_format(tag: &str) -> Result<(), FormatError> {
-    let version = tag
-        .strip_prefix("retrace-trace/")
-        .ok_or_else(|| FormatError::NotATrace(tag.to_owned()))?;
+    let version = tag.strip_prefix("retrace-trace/").ok_or_else(|| FormatError::NotATrace(tag.to_owned()))?;
     let major = version.split('.').next().unwrap_or("");
     match major.parse::<u32>() {
         Ok(FORMAT_MAJOR) => Ok(()),
-        Ok(_) => Err(FormatError::UnknownMajor {
-            found: tag.to_owned(),
-        }),
+        Ok(_) => Err(FormatError::UnknownMajor { found: tag.to_owned() }),
         Err(_) => Err(FormatError::NotATrace(tag.to_owned())),
     }
 }
@@ -76,13 +72,7 @@ mod tests {
     fn format_tags() {
         assert!(check_format("retrace-trace/1").is_ok());
         assert!(check_format("retrace-trace/1.3").is_ok());
-        assert!(matches!(
-            check_format("retrace-trace/2"),
-            Err(FormatError::UnknownMajor { .. })
-        ));
-        assert!(matches!(
-            check_format("vcr/1"),
-            Err(FormatError::NotATrace(_))
-        ));
+        assert!(matches!(check_format("retrace-trace/2"), Err(FormatError::UnknownMajor { .. })));
+        assert!(matches!(check_format("vcr/1"), Err(FormatError::NotATrace(_))));
     }
 }

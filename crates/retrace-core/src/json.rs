@@ -89,11 +89,9 @@ impl Json {
             Value::Number(n) => Json::Number(Number(n.to_string().into())),
             Value::String(s) => Json::String(s.clone()),
             Value::Array(items) => Json::Array(items.iter().map(Json::from_value).collect()),
-            Value::Object(map) => Json::Object(
-                map.iter()
-                    .map(|(k, v)| (k.clone(), Json::from_value(v)))
-                    .collect(),
-            ),
+            Value::Object(map) => {
+                Json::Object(map.iter().map(|(k, v)| (k.clone(), Json::from_value(v))).collect())
+            }
         }
     }
 
@@ -111,18 +109,13 @@ impl Json {
             Json::Number(n) => match (n.as_u64(), n.as_i64()) {
                 (Some(u), _) => Value::from(u),
                 (None, Some(i)) => Value::from(i),
-                (None, None) => {
-                    serde_json::Number::from_f64(n.as_f64()).map_or(Value::Null, Value::Number)
-                }
+                (None, None) => serde_json::Number::from_f64(n.as_f64()).map_or(Value::Null, Value::Number),
             },
             Json::String(s) => Value::String(s.clone()),
             Json::Array(items) => Value::Array(items.iter().map(Json::to_value).collect()),
-            Json::Object(members) => Value::Object(
-                members
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.to_value()))
-                    .collect(),
-            ),
+            Json::Object(members) => {
+                Value::Object(members.iter().map(|(k, v)| (k.clone(), v.to_value())).collect())
+            }
         }
     }
 
@@ -193,15 +186,9 @@ pub(crate) fn render_path(reversed: &[PathSeg]) -> String {
 
 /// Parses one JSON text; see the module docs for what is rejected.
 pub fn parse(bytes: &[u8]) -> Result<Json, JsonError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| JsonError {
-        offset: e.valid_up_to(),
-        message: "invalid utf-8".into(),
-    })?;
-    let mut parser = Parser {
-        text,
-        bytes,
-        pos: 0,
-    };
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| JsonError { offset: e.valid_up_to(), message: "invalid utf-8".into() })?;
+    let mut parser = Parser { text, bytes, pos: 0 };
     parser.skip_ws();
     let value = parser.value(0).map_err(Fail::finish)?;
     parser.skip_ws();
@@ -220,19 +207,12 @@ struct Fail {
 
 impl Fail {
     fn at(offset: usize, message: &'static str) -> Fail {
-        Fail {
-            offset,
-            message,
-            duplicate: None,
-        }
+        Fail { offset, message, duplicate: None }
     }
 
     fn duplicate(offset: usize, key: String) -> Fail {
         let duplicate = Some(Box::new((key.clone(), vec![PathSeg::Key(key)])));
-        Fail {
-            duplicate,
-            ..Fail::at(offset, "duplicate key")
-        }
+        Fail { duplicate, ..Fail::at(offset, "duplicate key") }
     }
 
     fn within(mut self, seg: impl FnOnce() -> PathSeg) -> Fail {
@@ -251,10 +231,7 @@ impl Fail {
                 format!("duplicate key {quoted} at {}", render_path(&duplicate.1))
             }
         };
-        JsonError {
-            offset: self.offset,
-            message,
-        }
+        JsonError { offset: self.offset, message }
     }
 }
 
@@ -278,20 +255,14 @@ impl Parser<'_> {
     }
 
     fn fail(&self, message: &'static str) -> Fail {
-        let message = if self.pos >= self.bytes.len() {
-            "unexpected end of input"
-        } else {
-            message
-        };
+        let message = if self.pos >= self.bytes.len() { "unexpected end of input" } else { message };
         Fail::at(self.pos, message)
     }
 
     fn value(&mut self, depth: usize) -> Result<Json, Fail> {
         let rest = &self.bytes[self.pos..];
         let (json, len) = match rest.first() {
-            Some(b'{' | b'[') if depth == MAX_DEPTH => {
-                return Err(self.fail("nesting deeper than 512"))
-            }
+            Some(b'{' | b'[') if depth == MAX_DEPTH => return Err(self.fail("nesting deeper than 512")),
             Some(b'{') => return self.object(depth + 1),
             Some(b'[') => return self.array(depth + 1),
             Some(b'"') => return self.string().map(Json::String),
@@ -339,9 +310,7 @@ impl Parser<'_> {
     fn array(&mut self, depth: usize) -> Result<Json, Fail> {
         let mut items = Vec::new();
         self.items(b']', "expected ',' or ']'", |p, index| {
-            let item = p
-                .value(depth)
-                .map_err(|f| f.within(|| PathSeg::Index(index)))?;
+            let item = p.value(depth).map_err(|f| f.within(|| PathSeg::Index(index)))?;
             items.push(item);
             Ok(())
         })?;
@@ -365,9 +334,7 @@ impl Parser<'_> {
                 return Err(p.fail("expected ':'"));
             }
             p.skip_ws();
-            let value = p
-                .value(depth)
-                .map_err(|f| f.within(|| PathSeg::Key(key.clone())))?;
+            let value = p.value(depth).map_err(|f| f.within(|| PathSeg::Key(key.clone())))?;
             members.push((key, value));
             Ok(())
         })?;
@@ -417,16 +384,12 @@ impl Parser<'_> {
 
     fn unicode_escape(&mut self, at: usize) -> Result<char, Fail> {
         let lone = || Fail::at(at, "lone surrogate in \\u escape");
-        let high = self
-            .hex4()
-            .ok_or_else(|| Fail::at(at, "invalid \\u escape"))?;
+        let high = self.hex4().ok_or_else(|| Fail::at(at, "invalid \\u escape"))?;
         let code = match high {
             0xD800..=0xDBFF if self.bytes[self.pos..].starts_with(b"\\u") => {
                 self.pos += 2;
                 match self.hex4() {
-                    Some(low @ 0xDC00..=0xDFFF) => {
-                        0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
-                    }
+                    Some(low @ 0xDC00..=0xDFFF) => 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00),
                     _ => return Err(lone()),
                 }
             }

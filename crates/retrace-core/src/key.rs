@@ -14,14 +14,8 @@ use crate::envelope::EventType;
 use crate::json::Json;
 
 /// Fields stripped from every request before its key is computed, unless configured otherwise.
-pub const DEFAULT_VOLATILE: &[&str] = &[
-    "**.request_id",
-    "**.idempotency_key",
-    "**.retry_count",
-    "**.run_id",
-    "timestamp",
-    "created_at",
-];
+pub const DEFAULT_VOLATILE: &[&str] =
+    &["**.request_id", "**.idempotency_key", "**.retry_count", "**.run_id", "timestamp", "created_at"];
 
 /// Which fields keys ignore.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,9 +42,7 @@ impl KeyConfig {
 
     /// Keys that strip nothing.
     pub fn strip_nothing() -> KeyConfig {
-        KeyConfig {
-            patterns: Vec::new(),
-        }
+        KeyConfig { patterns: Vec::new() }
     }
 
     /// A copy of `request` without its volatile fields, or `None` when it has none.
@@ -91,9 +83,7 @@ impl KeyConfig {
 
 fn write_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
     match s {
-        Some(s) => {
-            write_canonical(&Json::String(s.to_owned()), out).expect("strings are canonical")
-        }
+        Some(s) => write_canonical(&Json::String(s.to_owned()), out).expect("strings are canonical"),
         None => out.extend_from_slice(b"null"),
     }
 }
@@ -105,9 +95,9 @@ fn matches_any(j: &Json, pattern: &[String]) -> bool {
             matches_any(j, &pattern[1..]) || fields.iter().any(|(_, v)| matches_any(v, pattern))
         }
         (Some("**"), Json::Array(items)) => items.iter().any(|v| matches_any(v, pattern)),
-        (Some(head), Json::Object(fields)) => fields
-            .iter()
-            .any(|(k, v)| k == head && (pattern.len() == 1 || matches_any(v, &pattern[1..]))),
+        (Some(head), Json::Object(fields)) => {
+            fields.iter().any(|(k, v)| k == head && (pattern.len() == 1 || matches_any(v, &pattern[1..])))
+        }
         _ => false,
     }
 }
@@ -149,13 +139,7 @@ mod tests {
     use crate::json::parse;
 
     fn key(cfg: &KeyConfig, text: &str) -> Digest {
-        cfg.key(
-            EventType::ToolCall,
-            Some("sql.query"),
-            Some("2"),
-            &parse(text.as_bytes()).unwrap(),
-        )
-        .unwrap()
+        cfg.key(EventType::ToolCall, Some("sql.query"), Some("2"), &parse(text.as_bytes()).unwrap()).unwrap()
     }
 
     #[test]
@@ -173,40 +157,17 @@ mod tests {
             key(&cfg, r#"{"q":"select 1","meta":[{"retry_count":7}]}"#)
         );
         // `timestamp` is stripped only at the top level.
-        assert_ne!(
-            key(&cfg, r#"{"a":{"timestamp":1}}"#),
-            key(&cfg, r#"{"a":{"timestamp":2}}"#)
-        );
-        assert_ne!(
-            base,
-            key(
-                &KeyConfig::strip_nothing(),
-                r#"{"q":"select 1","timestamp":12}"#
-            )
-        );
+        assert_ne!(key(&cfg, r#"{"a":{"timestamp":1}}"#), key(&cfg, r#"{"a":{"timestamp":2}}"#));
+        assert_ne!(base, key(&KeyConfig::strip_nothing(), r#"{"q":"select 1","timestamp":12}"#));
     }
 
     #[test]
     fn name_type_and_version_are_part_of_the_key() {
         let cfg = KeyConfig::default();
         let req = parse(b"{}").unwrap();
-        let a = cfg
-            .key(EventType::ToolCall, Some("t"), Some("1"), &req)
-            .unwrap();
-        assert_ne!(
-            a,
-            cfg.key(EventType::ToolCall, Some("t"), Some("2"), &req)
-                .unwrap()
-        );
-        assert_ne!(
-            a,
-            cfg.key(EventType::ToolCall, Some("u"), Some("1"), &req)
-                .unwrap()
-        );
-        assert_ne!(
-            a,
-            cfg.key(EventType::ModelCall, Some("t"), Some("1"), &req)
-                .unwrap()
-        );
+        let a = cfg.key(EventType::ToolCall, Some("t"), Some("1"), &req).unwrap();
+        assert_ne!(a, cfg.key(EventType::ToolCall, Some("t"), Some("2"), &req).unwrap());
+        assert_ne!(a, cfg.key(EventType::ToolCall, Some("u"), Some("1"), &req).unwrap());
+        assert_ne!(a, cfg.key(EventType::ModelCall, Some("t"), Some("1"), &req).unwrap());
     }
 }

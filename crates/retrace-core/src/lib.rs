@@ -24,6 +24,7 @@ pub mod canonical;
 pub mod chain;
 pub mod digest;
 pub mod divergence;
+pub mod edit;
 pub mod envelope;
 pub mod export;
 pub mod json;

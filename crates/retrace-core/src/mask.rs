@@ -50,9 +50,8 @@ impl MaskKey {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text.trim())
             .map_err(|e| BadMaskKey(e.to_string()))?;
-        let arr: [u8; 32] = bytes
-            .try_into()
-            .map_err(|b: Vec<u8>| BadMaskKey(format!("got {} bytes", b.len())))?;
+        let arr: [u8; 32] =
+            bytes.try_into().map_err(|b: Vec<u8>| BadMaskKey(format!("got {} bytes", b.len())))?;
         Ok(MaskKey(arr))
     }
 
@@ -80,9 +79,7 @@ impl MaskKey {
         message.push(0);
         message.extend_from_slice(secret.as_bytes());
         let mac = self.mac(&message);
-        let tail = data_encoding::BASE32_NOPAD
-            .encode(&mac[..17])
-            .to_ascii_lowercase();
+        let tail = data_encoding::BASE32_NOPAD.encode(&mac[..17]).to_ascii_lowercase();
         format!("{TOKEN_PREFIX}{kind}_{}", &tail[..TOKEN_TAIL_LEN])
     }
 }
@@ -181,10 +178,7 @@ impl Masker {
     pub fn new(rules: MaskRules, key: Option<MaskKey>) -> Result<Masker, MaskError> {
         for rule in &rules.rules {
             if rule.kind.is_empty()
-                || !rule
-                    .kind
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                || !rule.kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
             {
                 return Err(MaskError::BadKind(rule.name.clone()));
             }
@@ -209,10 +203,7 @@ impl Masker {
     /// Bytes that are not a JSON document are masked as text.
     pub fn mask_json<'a>(&self, raw: &'a [u8]) -> Masked<'a> {
         if self.rules.is_empty() {
-            return Masked {
-                bytes: Cow::Borrowed(raw),
-                tokens: 0,
-            };
+            return Masked { bytes: Cow::Borrowed(raw), tokens: 0 };
         }
         let mut out: Option<Vec<u8>> = None;
         let mut copied = 0;
@@ -241,16 +232,10 @@ impl Masker {
             copied = span.end;
         }
         match out {
-            None => Masked {
-                bytes: Cow::Borrowed(raw),
-                tokens: 0,
-            },
+            None => Masked { bytes: Cow::Borrowed(raw), tokens: 0 },
             Some(mut buf) => {
                 buf.extend_from_slice(&raw[copied..]);
-                Masked {
-                    bytes: Cow::Owned(buf),
-                    tokens,
-                }
+                Masked { bytes: Cow::Owned(buf), tokens }
             }
         }
     }
@@ -307,18 +292,12 @@ fn token_spans(text: &str) -> Vec<std::ops::Range<usize>> {
 /// If `s` starts with a token, its length.
 pub fn token_len_at(s: &str) -> Option<usize> {
     let rest = s.strip_prefix(TOKEN_PREFIX)?;
-    let kind_len = rest
-        .bytes()
-        .take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        .count();
+    let kind_len = rest.bytes().take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit()).count();
     if kind_len == 0 || rest.as_bytes().get(kind_len) != Some(&b'_') {
         return None;
     }
     let tail = &rest.as_bytes()[kind_len + 1..];
-    let tail_len = tail
-        .iter()
-        .take_while(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(b))
-        .count();
+    let tail_len = tail.iter().take_while(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(b)).count();
     (tail_len == TOKEN_TAIL_LEN).then_some(TOKEN_PREFIX.len() + kind_len + 1 + TOKEN_TAIL_LEN)
 }
 
@@ -375,9 +354,7 @@ mod tests {
             rules: vec![MaskRule {
                 name: "canary".into(),
                 kind: "secret".into(),
-                matcher: RuleMatch::Literal {
-                    value: value.into(),
-                },
+                matcher: RuleMatch::Literal { value: value.into() },
                 replay: ReplayAs::Token,
             }],
         };
@@ -434,10 +411,7 @@ mod tests {
     #[test]
     fn key_text_form_round_trips() {
         let k = key();
-        assert_eq!(
-            MaskKey::from_base64(&k.to_base64()).unwrap().fingerprint(),
-            k.fingerprint()
-        );
+        assert_eq!(MaskKey::from_base64(&k.to_base64()).unwrap().fingerprint(), k.fingerprint());
         assert!(MaskKey::from_base64("c2hvcnQ=").is_err());
     }
 }

@@ -54,8 +54,7 @@ fn key_order_is_utf16() {
 
 #[test]
 fn numbers() {
-    let inputs =
-        "1.0 1.50 -0 -0.0 0e0 1e21 1e20 1e-6 1e-7 5e-324 1e-400 -1.5E+3 0.1 123456789.123456789
+    let inputs = "1.0 1.50 -0 -0.0 0e0 1e21 1e20 1e-6 1e-7 5e-324 1e-400 -1.5E+3 0.1 123456789.123456789
         18446744073709551617 -18446744073709551617 9007199254740993 9007199254740992
         100000000000000000000000 1e23";
     check(
@@ -147,23 +146,16 @@ fn limits() {
     assert!(canonicalize(objects(512).as_bytes()).is_ok());
     let error = |text: String| canonicalize(text.as_bytes()).unwrap_err().to_string();
     expect!["invalid json at byte 512: nesting deeper than 512"].assert_eq(&error(arrays(513)));
-    let wide: Vec<String> = (0..40)
-        .chain([7])
-        .map(|i| format!(r#""k{i}":{i}"#))
-        .collect();
+    let wide: Vec<String> = (0..40).chain([7]).map(|i| format!(r#""k{i}":{i}"#)).collect();
     let wide = format!(r#"{{"x":[{{{}}}]}}"#, wide.join(","));
-    expect![[r#"invalid json at byte 347: duplicate key "k7" at $.x[0].k7"#]]
-        .assert_eq(&error(wide));
+    expect![[r#"invalid json at byte 347: duplicate key "k7" at $.x[0].k7"#]].assert_eq(&error(wide));
 }
 
 #[test]
 fn hand_built_duplicate_key_is_refused() {
     let one = || Json::Number(Number::new("1").unwrap());
-    let j = Json::Array(vec![Json::Object(vec![
-        ("b".into(), one()),
-        ("a".into(), one()),
-        ("b".into(), one()),
-    ])]);
+    let j =
+        Json::Array(vec![Json::Object(vec![("b".into(), one()), ("a".into(), one()), ("b".into(), one())])]);
     expect!["duplicate key at $[0].b"].assert_eq(&to_canonical(&j).unwrap_err().to_string());
 }
 
@@ -172,17 +164,11 @@ fn json_accessors() {
     let mut j = parse(br#"{"model":"m","n":-7,"big":18446744073709551617,"f":2.5}"#).unwrap();
     assert_eq!(j.get("model").and_then(Json::as_str), Some("m"));
     let value = j.to_value();
-    expect![[r#"{"big":1.8446744073709552e+19,"f":2.5,"model":"m","n":-7}"#]]
-        .assert_eq(&value.to_string());
+    expect![[r#"{"big":1.8446744073709552e+19,"f":2.5,"model":"m","n":-7}"#]].assert_eq(&value.to_string());
     assert_eq!(j.remove_key("model"), Some(Json::String("m".into())));
     assert_eq!(j.get("model"), None);
-    let Some(Json::Number(n)) = j.get("n") else {
-        panic!("not a number")
-    };
-    assert_eq!(
-        (n.as_i64(), n.as_u64(), n.as_f64(), n.is_integer()),
-        (Some(-7), None, -7.0, true)
-    );
+    let Some(Json::Number(n)) = j.get("n") else { panic!("not a number") };
+    assert_eq!((n.as_i64(), n.as_u64(), n.as_f64(), n.is_integer()), (Some(-7), None, -7.0, true));
     let mut path = String::from("$");
     path_push_key(&mut path, "messages");
     path_push_index(&mut path, 3);
@@ -204,12 +190,7 @@ fn first_differences() {
     let mut actual = String::new();
     for (a, b) in cases.lines().map(|line| line.split_once(" | ").unwrap()) {
         let path = first_difference_bytes(a.as_bytes(), b.as_bytes());
-        writeln!(
-            actual,
-            "{a} | {b} -> {}",
-            path.as_deref().unwrap_or("equal")
-        )
-        .unwrap();
+        writeln!(actual, "{a} | {b} -> {}", path.as_deref().unwrap_or("equal")).unwrap();
     }
     expect![[r#"
         {"a":1,"b":[1,2]} | {"b":[1,2],"a":1.0} -> equal
@@ -240,9 +221,8 @@ fn micro_check_typical_request() {
     let value: Value = serde_json::from_str(&request).unwrap();
     assert_eq!(canonical_value(&value).unwrap(), canonical);
     assert_eq!(first_difference_bytes(request.as_bytes(), &canonical), None);
-    assert!(canonical.starts_with(
-        br#"{"max_tokens":1024,"messages":[{"content":"You are a planner.\nBe brief.""#
-    ));
+    assert!(canonical
+        .starts_with(br#"{"max_tokens":1024,"messages":[{"content":"You are a planner.\nBe brief.""#));
 }
 
 // ---- properties ----
@@ -259,9 +239,7 @@ fn arb_number() -> impl Strategy<Value = String> {
     prop_oneof![
         arb_integer(),
         "-?(0|[1-9][0-9]{0,5})(\\.[0-9]{1,6})?([eE][+-]?[0-9]{1,2})?",
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(|f| format!("{f:e}")),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| format!("{f:e}")),
     ]
 }
 
@@ -283,8 +261,7 @@ fn arb_json() -> impl Strategy<Value = Json> {
     leaf.prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             vec(inner.clone(), 0..6).prop_map(Json::Array),
-            btree_map(arb_string(), inner, 0..6)
-                .prop_map(|m| Json::Object(m.into_iter().collect())),
+            btree_map(arb_string(), inner, 0..6).prop_map(|m| Json::Object(m.into_iter().collect())),
         ]
     })
 }
@@ -295,16 +272,13 @@ fn arb_value() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::from),
         any::<u64>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
-        any::<f64>()
-            .prop_filter_map("finite", serde_json::Number::from_f64)
-            .prop_map(Value::Number),
+        any::<f64>().prop_filter_map("finite", serde_json::Number::from_f64).prop_map(Value::Number),
         arb_string().prop_map(Value::from),
     ];
     leaf.prop_recursive(3, 32, 5, |inner| {
         prop_oneof![
             vec(inner.clone(), 0..5).prop_map(Value::Array),
-            btree_map(arb_string(), inner, 0..5)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            btree_map(arb_string(), inner, 0..5).prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }

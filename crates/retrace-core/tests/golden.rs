@@ -12,11 +12,7 @@ use retrace_core::key::KeyConfig;
 use retrace_core::{Digest, Event, EventType, Source};
 
 fn model_call() -> Event {
-    let mut e = Event::new(
-        "01jd0000000000000000000000",
-        "reviewer",
-        EventType::ModelCall,
-    );
+    let mut e = Event::new("01jd0000000000000000000000", "reviewer", EventType::ModelCall);
     e.seq = 7;
     e.lamport = 12;
     e.role = Some("reviewer".into());
@@ -34,20 +30,10 @@ fn model_call() -> Event {
     });
     let mut params = BTreeMap::new();
     params.insert("temperature".to_owned(), serde_json::json!(0));
-    params.insert(
-        "seed".to_owned(),
-        serde_json::json!(18446744073709551615u64),
-    );
+    params.insert("seed".to_owned(), serde_json::json!(18446744073709551615u64));
     e.params = Some(params);
-    e.prompt_template = Some(PromptRef {
-        id: "reviewer@v14".into(),
-        digest: Digest::of(b"template text"),
-    });
-    e.usage = Some(Usage {
-        input_tokens: 1200,
-        output_tokens: 80,
-        cost_usd: Some(0.0042),
-    });
+    e.prompt_template = Some(PromptRef { id: "reviewer@v14".into(), digest: Digest::of(b"template text") });
+    e.usage = Some(Usage { input_tokens: 1200, output_tokens: 80, cost_usd: Some(0.0042) });
     e.latency_ms = Some(830);
     e.source = Source::Live;
     e.seal(Some(Digest::of(b"previous"))).unwrap();
@@ -83,20 +69,12 @@ fn others() -> Vec<Event> {
     tool.origin_seq = Some(8);
     tool.seal(Some(Digest::of(b"eight"))).unwrap();
 
-    let mut decision = Event::new(
-        "01jd0000000000000000000000",
-        "reviewer",
-        EventType::Decision,
-    );
+    let mut decision = Event::new("01jd0000000000000000000000", "reviewer", EventType::Decision);
     decision.seq = 10;
     decision.lamport = 13;
-    decision.decision = Some(Decision {
-        action: "approve".into(),
-        target: Some("step:backfill_users".into()),
-    });
-    decision.approval = Some(Approval {
-        outcome: ApprovalOutcome::Approved,
-    });
+    decision.decision =
+        Some(Decision { action: "approve".into(), target: Some("step:backfill_users".into()) });
+    decision.approval = Some(Approval { outcome: ApprovalOutcome::Approved });
     decision.key = Digest::of(b"decision");
     decision.seal(Some(Digest::of(b"nine"))).unwrap();
     vec![deliver, tool, decision]
@@ -137,16 +115,8 @@ fn events_round_trip_through_their_json_form() {
 fn golden_keys() {
     let cfg = KeyConfig::default();
     let request =
-        parse(br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"temperature":0}"#)
-            .unwrap();
-    let key = cfg
-        .key(
-            EventType::ModelCall,
-            Some("openai/chat.completions"),
-            None,
-            &request,
-        )
-        .unwrap();
+        parse(br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"temperature":0}"#).unwrap();
+    let key = cfg.key(EventType::ModelCall, Some("openai/chat.completions"), None, &request).unwrap();
     expect!["sha256:9e134e744e745e03c96341dcd658bf20059dd0455f84158102937dc2990da4fe"]
         .assert_eq(&key.to_string());
 }
@@ -169,13 +139,7 @@ fn arb_json() -> impl Strategy<Value = serde_json::Value> {
 }
 
 fn key_of(cfg: &KeyConfig, text: &str) -> Digest {
-    cfg.key(
-        EventType::ToolCall,
-        Some("t"),
-        Some("1"),
-        &parse(text.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    cfg.key(EventType::ToolCall, Some("t"), Some("1"), &parse(text.as_bytes()).unwrap()).unwrap()
 }
 
 proptest! {

@@ -121,7 +121,7 @@ impl Agent {
         E: std::fmt::Display,
         F: FnOnce() -> Result<T, E>,
     {
-        pollster::block_on(self.tool_async(name, args, spec, move || std::future::ready(live())))
+        self.block_on(self.tool_async(name, args, spec, move || std::future::ready(live())))
     }
 
     /// [`Agent::tool`] with an async live function.
@@ -169,7 +169,7 @@ impl Agent {
         E: std::fmt::Display,
         F: FnOnce() -> Result<ModelReply, E>,
     {
-        pollster::block_on(self.model_async(call, move || std::future::ready(live())))
+        self.block_on(self.model_async(call, move || std::future::ready(live())))
     }
 
     /// [`Agent::model`] with an async live function (an HTTP call, say).

@@ -240,14 +240,15 @@ impl Agent {
         body: &B,
         parent: Option<u64>,
     ) -> RuntimeResult<u64> {
-        pollster::block_on(self.send(to, kind, body, parent))
+        self.block_on(self.send(to, kind, body, parent))
     }
 
     /// Blocking [`Agent::recv`], for agents on plain threads. Record-mode timeouts need a tokio
     /// runtime; this one enters a private one when none is running.
     pub fn recv_blocking(&self, timeout: Option<Duration>) -> RuntimeResult<Option<Message>> {
         match tokio::runtime::Handle::try_current() {
-            Ok(_) => pollster::block_on(self.recv(timeout)),
+            // A recv waits for another agent in any mode.
+            Ok(_) => crate::step::block_on(true, self.recv(timeout)),
             Err(_) => {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_time()

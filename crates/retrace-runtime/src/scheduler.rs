@@ -234,6 +234,8 @@ impl Scheduler {
                 if self.log.peek(agent, key) == Some(seq) {
                     let step = self.log.take(agent, key).expect("peeked under the lock");
                     release(&mut st, step.seq);
+                    // The next seq's waiter, if any, may go now.
+                    self.wake_ready(&mut st);
                     return Ok(Some(step));
                 }
             }

@@ -1,0 +1,103 @@
+//! `retrace export`: write a run as one self-contained trace file (`retrace-trace/1`, JSON Lines).
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use retrace_store::export::{export_run, ExportError, ExportStats, RunEvents};
+
+use crate::commands::store_from_env;
+use crate::output::{failure, Progress};
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace export 01j5c3 -o tests/traces/backfill.jsonl\n  \
+         retrace export 01j5c3 | gzip > backfill.jsonl.gz"
+    };
+}
+
+/// Export a run to a trace file.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Write a run as one self-contained trace file (format retrace-trace/1, JSON Lines): \
+a header with the run, whether it holds mask tokens, its mask-key fingerprint and masking rules; \
+then one event per line in seq order; then every blob the events reference. A fork's export \
+includes the events it inherits.\n\n\
+The output is deterministic: exporting the same run twice, or exporting it again after `retrace \
+import` into another store, gives identical bytes, so trace files can be committed to git and \
+checked in CI. Writes to standard output unless -o is given.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// The run: its id or a unique prefix of it (at least 4 characters).
+    pub run: String,
+    /// Write to FILE (atomically: a temporary file renamed into place) instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let meta = crate::commands::runs::find(&*store, &args.run)?;
+    let total = RunEvents::new(&*store, &meta.id).map_or(0, |pages| pages.count());
+    let mut progress = Progress::new("exporting events", total);
+    let mut last = 0;
+    let mut report = |done: u64| {
+        progress.add(done - last);
+        last = done;
+    };
+    let stats = match &args.output {
+        None => {
+            let mut out = std::io::stdout().lock();
+            export_run(&*store, &meta.id, &mut out, &mut report)
+        }
+        Some(path) => write_atomically(path, |file| export_run(&*store, &meta.id, file, &mut report))?,
+    };
+    progress.finish();
+    let ExportStats { events, blobs, bytes } = match stats {
+        Ok(stats) => stats,
+        // A closed pipe (`retrace export RUN | head`) ends quietly: exit.rs maps it to 0.
+        Err(ExportError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        Err(e) => return Err(failure(e.exit_code(), &e)),
+    };
+    if let Some(path) = &args.output {
+        eprintln!(
+            "exported run {} to {}: {events} events, {blobs} blobs, {bytes} bytes",
+            meta.id,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Runs `write` on a temporary file beside `path`, renamed to `path` when it succeeds.
+fn write_atomically<T, E>(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<T, E>,
+) -> anyhow::Result<Result<T, E>> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let mut file =
+        File::create(&temp).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", temp.display()))?;
+    let result = write(&mut file);
+    let finished = result.is_ok().then(|| file.flush().and_then(|()| file.sync_all()));
+    drop(file);
+    match finished {
+        Some(Ok(())) => std::fs::rename(&temp, path)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
+        Some(Err(e)) => {
+            let _ = std::fs::remove_file(&temp);
+            return Err(anyhow::anyhow!("cannot write {}: {e}", path.display()));
+        }
+        None => {
+            let _ = std::fs::remove_file(&temp);
+        }
+    }
+    Ok(result)
+}

@@ -1,0 +1,91 @@
+//! `retrace runs`: list the runs in the store, oldest first.
+use std::io::Write;
+
+use crate::commands::store_from_env;
+use crate::output::{fit, print_json, table, utc_time};
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace runs\n  \
+         retrace runs --json | jq -r '.[] | select(.status == \"diverged\") | .id'"
+    };
+}
+
+/// List runs.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "List the runs in the store (RETRACE_STORE, or RETRACE_HOME, default ./.retrace), \
+oldest first: id, name, mode (record, replay, fork), status (running, ok, failed, diverged, \
+interrupted), number of events, start time (UTC) and, for replays and forks, the source run.\n\n\
+Any command that takes RUN accepts a unique prefix of the id (at least 4 characters).",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// Print a JSON array: every stored field of each run, plus `events`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let runs = store.runs()?;
+    let mut counted = Vec::with_capacity(runs.len());
+    for meta in runs {
+        let events = store.last_seq(&meta.id)?;
+        counted.push((meta, events));
+    }
+    if args.json {
+        let list = counted
+            .iter()
+            .map(|(meta, events)| {
+                let mut value = serde_json::to_value(meta)?;
+                value["events"] = (*events).into();
+                Ok(value)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return print_json(&serde_json::Value::Array(list));
+    }
+    if counted.is_empty() {
+        eprintln!("no runs yet: record one with `retrace demo` or `retrace record -- CMD`");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = counted
+        .iter()
+        .map(|(meta, events)| {
+            vec![
+                meta.id.clone(),
+                fit(meta.name.as_deref().unwrap_or("-"), 24),
+                meta.mode.to_string(),
+                meta.status.to_string(),
+                events.to_string(),
+                utc_time(meta.started_at_ms),
+                meta.source_run.as_deref().map_or("-".into(), |s| fit(s, 13)),
+            ]
+        })
+        .collect();
+    let text = table(&["ID", "NAME", "MODE", "STATUS", "EVENTS", "STARTED (UTC)", "SOURCE"], &rows);
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// The run `id_or_prefix` names; not found or ambiguous is a usage error with a hint.
+pub fn find(
+    store: &dyn retrace_store::Store,
+    id_or_prefix: &str,
+) -> anyhow::Result<retrace_core::run::RunMeta> {
+    use retrace_store::StoreErrorKind;
+    match store.find_run(id_or_prefix) {
+        Ok(meta) => Ok(meta),
+        Err(e) if matches!(e.kind, StoreErrorKind::NotFound | StoreErrorKind::Invalid) => {
+            Err(crate::exit::usage_hint(e.to_string(), "list the runs in this store with `retrace runs`"))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,208 @@
+//! `retrace show`: a run's timeline as one lane per agent, or one event with its request and output.
+mod event;
+
+use std::io::{BufWriter, Write};
+
+use retrace_core::envelope::{EventType, Source};
+use retrace_core::run::RunMeta;
+use retrace_core::Event;
+use retrace_store::export::RunEvents;
+use retrace_store::Store;
+
+use crate::commands::store_from_env;
+use crate::exit;
+use crate::output::{fit, print_json, utc_time};
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace show 01j5c3\n  \
+         retrace show 01j5c3 --agent reviewer\n  \
+         retrace show 01j5c3 --seq 7\n  \
+         retrace show 01j5c3 --seq 7 --json | jq .output"
+    };
+}
+
+/// The widest a lane gets; longer labels are cut with `…`.
+const MAX_LANE: usize = 32;
+
+/// Show a run's timeline, or one event.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Show a run's timeline: one row per event in seq order (the order steps completed), \
+one column (lane) per agent. Each row gives the seq, the agent's Lamport clock, the first hex digits \
+of the step's key, and the event's label (`model_call gpt-4o`, `tool_call sql.query`, \
+`deliver <- #4` for a delivery of the message sent at seq 4) in its agent's lane.\n\n\
+With --seq, show one event: every field, then its request and output blobs, pretty-printed when \
+they are JSON and as text otherwise.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// The run: its id or a unique prefix of it (at least 4 characters).
+    pub run: String,
+    /// Only this agent's events.
+    #[arg(long, value_name = "AGENT")]
+    pub agent: Option<String>,
+    /// One event, with its request and output.
+    #[arg(long, value_name = "N", conflicts_with = "agent")]
+    pub seq: Option<u64>,
+    /// Print JSON: the run and its events, or the event with its blobs.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let meta = crate::commands::runs::find(&*store, &args.run)?;
+    if let Some(seq) = args.seq {
+        return event::show(&*store, &meta, seq, args.json);
+    }
+    let agents = agents(&*store, &meta.id)?;
+    let lanes: Vec<&Lane> = match &args.agent {
+        None => agents.iter().collect(),
+        Some(name) => match agents.iter().find(|lane| &lane.agent == name) {
+            Some(lane) => vec![lane],
+            None => {
+                let known: Vec<&str> = agents.iter().map(|l| l.agent.as_str()).collect();
+                let message = format!("run {} has no agent {name:?} (agents: {})", meta.id, known.join(", "));
+                return Err(exit::usage(message));
+            }
+        },
+    };
+    if args.json {
+        let mut events = Vec::new();
+        for_each_event(&*store, &meta.id, |e| {
+            if args.agent.as_ref().is_none_or(|a| a == &e.agent_id) {
+                events.push(serde_json::to_value(e)?);
+            }
+            Ok(())
+        })?;
+        let value = serde_json::json!({ "run": meta, "events": events });
+        return print_json(&value);
+    }
+    timeline(&*store, &meta, &lanes)
+}
+
+/// One agent's column.
+struct Lane {
+    agent: String,
+    width: usize,
+}
+
+/// The agents in order of their first event, each with the width its lane needs.
+fn agents(store: &dyn Store, run: &str) -> anyhow::Result<Vec<Lane>> {
+    let mut lanes: Vec<Lane> = Vec::new();
+    for_each_event(store, run, |e| {
+        let width = cell(e).chars().count().min(MAX_LANE);
+        match lanes.iter_mut().find(|lane| lane.agent == e.agent_id) {
+            Some(lane) => lane.width = lane.width.max(width),
+            None => {
+                let width = width.max(e.agent_id.chars().count().min(MAX_LANE));
+                lanes.push(Lane { agent: e.agent_id.clone(), width });
+            }
+        }
+        Ok(())
+    })?;
+    Ok(lanes)
+}
+
+/// Calls `f` on every event of `run` in seq order (a fork's inherited ones included), a page at a time.
+fn for_each_event(
+    store: &dyn Store,
+    run: &str,
+    mut f: impl FnMut(&Event) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut pages = RunEvents::new(store, run)?;
+    while let Some(page) = pages.next_page()? {
+        for event in &page {
+            f(event)?;
+        }
+    }
+    Ok(())
+}
+
+fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[&Lane]) -> anyhow::Result<()> {
+    let count = RunEvents::new(store, &meta.id)?.count();
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let name = meta.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
+    writeln!(
+        out,
+        "run {}{name}  {} {}  {count} events  started {} UTC",
+        meta.id,
+        meta.mode,
+        meta.status,
+        utc_time(meta.started_at_ms)
+    )?;
+    if let Some(source) = &meta.source_run {
+        let at = meta.fork_at.map(|at| format!(" at seq {at}")).unwrap_or_default();
+        writeln!(out, "source {source}{at}")?;
+    }
+    let seq_width = count.to_string().len().max(3);
+    let mut line = format!("{:>seq_width$}  {:>7}  {:<8}", "SEQ", "LAMPORT", "KEY");
+    for lane in lanes {
+        line.push_str("  ");
+        line.push_str(&format!("{:<width$}", fit(&lane.agent, lane.width), width = lane.width));
+    }
+    writeln!(out, "{}", line.trim_end())?;
+    for_each_event(store, &meta.id, |e| {
+        let Some(column) = lanes.iter().position(|lane| lane.agent == e.agent_id) else {
+            return Ok(());
+        };
+        line.clear();
+        let key = &e.key.hex()[..8];
+        line.push_str(&format!("{:>seq_width$}  {:>7}  {key}", e.seq, e.lamport));
+        for lane in &lanes[..column] {
+            line.extend(std::iter::repeat_n(' ', lane.width + 2));
+        }
+        line.push_str("  ");
+        line.push_str(&fit(&cell(e), lanes[column].width));
+        writeln!(out, "{line}")?;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(())
+}
+
+/// What an event's lane shows: its label (the model's name for a model call, the other agent for
+/// a message), plus what a reader needs at a glance.
+fn cell(e: &Event) -> String {
+    let peer = |pick: fn(&retrace_core::envelope::MessageRef) -> Option<&String>| {
+        e.message.as_ref().and_then(pick).or(e.name.as_ref()).cloned().unwrap_or_default()
+    };
+    let mut text = match e.kind {
+        EventType::ModelCall => match &e.model {
+            Some(model) => format!("model_call {}", model.name),
+            None => e.label(),
+        },
+        EventType::Send => format!("send -> {}", peer(|m| m.to.as_ref())),
+        EventType::Deliver => match (&e.message, e.causal_parent) {
+            (Some(m), _) if m.timed_out => "deliver (timed out)".to_owned(),
+            (_, Some(send)) => format!("deliver <- {} #{send}", peer(|m| m.from.as_ref())),
+            _ => format!("deliver <- {}", peer(|m| m.from.as_ref())),
+        },
+        EventType::Decision => match (&e.decision, &e.name) {
+            (Some(d), None) => format!("decision {}", d.action),
+            _ => e.label(),
+        },
+        EventType::Approval => match e.approval.as_ref().map(|a| serde_json::to_value(a.outcome)) {
+            Some(Ok(serde_json::Value::String(outcome))) => format!("approval {outcome}"),
+            _ => e.label(),
+        },
+        _ => e.label(),
+    };
+    match e.source {
+        Source::CacheHit => text.push_str(" [cache]"),
+        Source::DryRun => text.push_str(" [dry run]"),
+        Source::Live | Source::Recorded => {}
+    }
+    if e.error.is_some() {
+        text.push_str(" [error]");
+    }
+    text
+}

@@ -1,0 +1,121 @@
+//! `retrace show RUN --seq N`: one event's fields, then its request and output.
+use std::io::{BufWriter, Write};
+
+use base64::Engine as _;
+use retrace_core::run::RunMeta;
+use retrace_core::Digest;
+use retrace_store::{Store, StoreErrorKind};
+use serde_json::{json, Value};
+
+use crate::exit;
+use crate::output::print_json;
+
+/// Event fields in the order they are shown (the envelope's order).
+const FIELDS: [&str; 27] = [
+    "run_id",
+    "seq",
+    "lamport",
+    "agent_id",
+    "role",
+    "type",
+    "name",
+    "causal_parent",
+    "inbound",
+    "key",
+    "request_ref",
+    "output_ref",
+    "output_hash",
+    "model",
+    "params",
+    "prompt_template",
+    "tool",
+    "message",
+    "decision",
+    "approval",
+    "usage",
+    "latency_ms",
+    "source",
+    "origin_seq",
+    "error",
+    "prev",
+    "hash",
+];
+
+/// Prints event `seq` of `meta`'s run with its blobs.
+pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool) -> anyhow::Result<()> {
+    let event = match store.event(&meta.id, seq) {
+        Ok(event) => event,
+        Err(e) if e.kind == StoreErrorKind::NotFound => {
+            let count = store.last_seq(&meta.id)?;
+            return Err(exit::usage(format!("run {} has {count} events; there is no seq {seq}", meta.id)));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let request = event.request_ref.map(|d| blob(store, &d));
+    let output = event.output_ref.map(|d| blob(store, &d));
+    if json {
+        let value = json!({ "run": meta.id, "event": event, "request": request, "output": output });
+        return print_json(&value);
+    }
+    let fields = serde_json::to_value(&event)?;
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    writeln!(out, "run {} seq {seq}: {} (agent {})", meta.id, event.label(), event.agent_id)?;
+    for name in FIELDS {
+        let value = &fields[name];
+        let empty = value.is_null() || value.as_array().is_some_and(Vec::is_empty);
+        if !empty {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            writeln!(out, "  {name:<16}{text}")?;
+        }
+    }
+    for (title, blob) in [("request", request), ("output", output)] {
+        let Some(blob) = blob else { continue };
+        writeln!(out)?;
+        write_blob(&mut out, title, &blob)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// A blob as JSON: `{digest, bytes, json | text | base64 | error}`.
+fn blob(store: &dyn Store, digest: &Digest) -> Value {
+    match store.get_blob(digest) {
+        Err(e) => json!({ "digest": digest, "error": e.to_string() }),
+        Ok(bytes) => {
+            let size = bytes.len();
+            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+                return json!({ "digest": digest, "bytes": size, "json": value });
+            }
+            match String::from_utf8(bytes) {
+                Ok(text) => json!({ "digest": digest, "bytes": size, "text": text }),
+                Err(e) => {
+                    let encoded = base64::engine::general_purpose::STANDARD.encode(e.as_bytes());
+                    json!({ "digest": digest, "bytes": size, "base64": encoded })
+                }
+            }
+        }
+    }
+}
+
+fn write_blob(out: &mut impl Write, title: &str, blob: &Value) -> anyhow::Result<()> {
+    let digest = blob["digest"].as_str().unwrap_or("?");
+    if let Some(error) = blob["error"].as_str() {
+        writeln!(out, "{title} ({digest}): cannot read: {error}")?;
+        return Ok(());
+    }
+    let size = &blob["bytes"];
+    if let Some(value) = blob.get("json") {
+        writeln!(out, "{title} ({digest}, {size} bytes, JSON):")?;
+        writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
+    } else if let Some(text) = blob["text"].as_str() {
+        writeln!(out, "{title} ({digest}, {size} bytes, text):")?;
+        writeln!(out, "{}", text.trim_end_matches('\n'))?;
+    } else {
+        writeln!(out, "{title} ({digest}, {size} bytes, binary, base64):")?;
+        writeln!(out, "{}", blob["base64"].as_str().unwrap_or(""))?;
+    }
+    Ok(())
+}

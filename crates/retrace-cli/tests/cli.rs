@@ -1,0 +1,250 @@
+//! The real `retrace` binary against a temporary RETRACE_HOME: runs, show, verify, export, import.
+#[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
+mod trace_fixture;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use retrace_store::{open_store, StoreConfig};
+use trace_fixture::{conversation, Fixture};
+
+/// A store folder and the binary pointed at it.
+struct Home {
+    dir: tempfile::TempDir,
+}
+
+impl Home {
+    fn new() -> Home {
+        Home { dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// A home holding `fixture`, committed through the store API.
+    fn with(fixture: &Fixture) -> Home {
+        let home = Home::new();
+        let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+        fixture.commit(&*store);
+        home
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrace"));
+        command.args(args).env("RETRACE_HOME", self.dir.path());
+        for var in ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_RUN"] {
+            command.env_remove(var);
+        }
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Result {
+        Result(self.command(args).stdin(Stdio::null()).output().unwrap())
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+struct Result(Output);
+
+impl Result {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.0.stderr).into_owned()
+    }
+    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
+    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
+        let context = format!(
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.0.status.code(),
+            self.stdout(),
+            self.stderr()
+        );
+        assert_eq!(self.0.status.code(), Some(code), "{context}");
+        for needle in out {
+            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
+        }
+        for needle in err {
+            assert!(self.stderr().contains(needle), "stderr lacks {needle:?}\n{context}");
+        }
+        assert!(!self.stderr().contains("panicked"), "{context}");
+        self
+    }
+}
+
+const RUN: &str = "01clirun00000000000000000a";
+
+#[test]
+fn every_command_teaches_with_help() {
+    let home = Home::new();
+    for command in ["runs", "show", "verify", "export", "import"] {
+        home.run(&[command, "--help"]).expect(0, &["Usage: retrace", "Examples:\n  retrace"], &[]);
+    }
+    home.run(&["show"]).expect(2, &[], &["RUN"]);
+    home.run(&["verify"]).expect(2, &[], &["--all"]);
+}
+
+#[test]
+fn runs_lists_a_table_or_json() {
+    Home::new().run(&["runs"]).expect(0, &[], &["no runs yet"]);
+    let home = Home::with(&conversation(RUN, 2));
+    home.run(&["runs"]).expect(
+        0,
+        &["ID", "STATUS", RUN, "fixture", "record", "ok", "2023-11-14 22:13:20"],
+        &[],
+    );
+    let json: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
+    assert_eq!((json[0]["id"].as_str(), json[0]["events"].as_u64()), (Some(RUN), Some(9)));
+}
+
+#[test]
+fn show_draws_lanes_and_one_event() {
+    let home = Home::with(&conversation(RUN, 2));
+    let timeline =
+        home.run(&["show", "01clirun"]).expect(0, &["SEQ", "LAMPORT", "planner", "reviewer"], &[]).stdout();
+    let rows: Vec<&str> = timeline.lines().skip(2).collect();
+    assert_eq!(rows.len(), 9, "{timeline}");
+    assert!(rows[0].contains("model_call gpt-4o") && rows[2].contains("deliver <- planner #2"), "{timeline}");
+    // The reviewer's lane is to the right of the planner's.
+    assert!(rows[2].find("deliver").unwrap() > rows[0].find("model_call").unwrap(), "{timeline}");
+    let lane = home.run(&["show", RUN, "--agent", "reviewer"]).expect(0, &["decision approve"], &[]).stdout();
+    assert!(!lane.contains("model_call"), "{lane}");
+    home.run(&["show", RUN, "--seq", "1"]).expect(
+        0,
+        &["seq 1: model_call gpt-4o", "request (sha256:", "JSON):", "\"messages\": [", "output ("],
+        &[],
+    );
+    home.run(&["show", RUN, "--seq", "4"]).expect(0, &["binary, base64", "/wD+AA=="], &[]);
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", RUN, "--seq", "1", "--json"]).stdout()).unwrap();
+    assert_eq!(json["request"]["json"]["model"], "gpt-4o");
+    let all: serde_json::Value = serde_json::from_str(&home.run(&["show", RUN, "--json"]).stdout()).unwrap();
+    assert_eq!(all["events"].as_array().unwrap().len(), 9);
+    home.run(&["show", RUN, "--seq", "99"]).expect(2, &[], &["has 9 events; there is no seq 99"]);
+    home.run(&["show", RUN, "--agent", "nobody"]).expect(
+        2,
+        &[],
+        &["no agent \"nobody\" (agents: planner, reviewer)"],
+    );
+    home.run(&["show", "zzzz"]).expect(2, &[], &["error: no run", "hint: list the runs"]);
+}
+
+#[test]
+fn verify_passes_a_sound_run_and_names_a_tampered_event() {
+    let home = Home::with(&conversation(RUN, 2));
+    home.run(&["verify", RUN]).expect(0, &["ok: run 01clirun", "9 events"], &[]);
+    home.run(&["verify", "--all"]).expect(0, &["ok: 1 runs"], &[]);
+    let mut tampered = conversation("01tampered", 2);
+    tampered.events[6].latency_ms = Some(1);
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    tampered.commit(&*store);
+    drop(store);
+    home.run(&["verify", "01tampered"]).expect(
+        1,
+        &["run 01tampered seq 7: hash mismatch"],
+        &["verification found 1 problem"],
+    );
+    home.run(&["verify", "--all"]).expect(1, &["run 01tampered seq 7"], &[]);
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["verify", "--all", "--json"]).stdout()).unwrap();
+    assert_eq!((json["ok"].as_bool(), json["problems"][0]["kind"].as_str()), (Some(false), Some("hash")));
+}
+
+#[test]
+fn export_then_import_elsewhere_round_trips_byte_for_byte() {
+    let home = Home::with(&conversation(RUN, 3));
+    let file = home.file("t.jsonl");
+    let path = file.to_str().unwrap();
+    home.run(&["export", "01clir", "-o", path]).expect(0, &[], &["exported run 01clirun", "13 events"]);
+    let exported = std::fs::read(&file).unwrap();
+    assert_eq!(home.run(&["export", RUN]).0.stdout, exported, "stdout and -o give the same bytes");
+
+    let other = Home::new();
+    other.run(&["import", path]).expect(0, &[RUN], &["imported run 01clirun", "13 events"]);
+    other.run(&["import", path]).expect(0, &[RUN], &["already present"]);
+    assert_eq!(other.run(&["export", RUN]).0.stdout, exported);
+    other.run(&["verify", RUN]).expect(0, &["ok:"], &[]);
+
+    // The same id with different events is refused, naming the first differing seq.
+    let mut changed = conversation(RUN, 3);
+    changed.events[4].latency_ms = Some(5);
+    changed.reseal_from(4);
+    let third = Home::with(&changed);
+    third.run(&["import", path]).expect(1, &[], &["already in the store with different events", "seq 5"]);
+}
+
+fn corrupt(lines: &mut [String], at: usize, from: &str, to: &str) {
+    assert!(lines[at].contains(from), "{}", lines[at]);
+    lines[at] = lines[at].replacen(from, to, 1);
+}
+
+fn write(dir: &Path, name: &str, lines: &[String]) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, trace_fixture::join(lines)).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn import_refuses_bad_files_with_the_right_code_and_line() {
+    let source = Home::with(&conversation(RUN, 3));
+    let lines = trace_fixture::lines(&source.run(&["export", RUN]).0.stdout);
+    let home = Home::new();
+    let dir = home.dir.path();
+
+    let mut flipped = lines.clone();
+    corrupt(&mut flipped, 4, "\"reviewer\"", "\"reviewes\"");
+    let path = write(dir, "flipped.jsonl", &flipped);
+    home.run(&["import", &path]).expect(1, &[], &["flipped.jsonl:5", "hash mismatch at seq 4"]);
+
+    let mut newer = lines.clone();
+    corrupt(&mut newer, 0, "retrace-trace/1", "retrace-trace/2");
+    home.run(&["import", &write(dir, "newer.jsonl", &newer)]).expect(
+        2,
+        &[],
+        &["newer.jsonl:1", "unsupported trace format"],
+    );
+
+    let path = write(dir, "text.jsonl", &["not json".to_owned()]);
+    home.run(&["import", &path]).expect(2, &[], &["text.jsonl:1", "not JSON"]);
+
+    let path = write(dir, "short.jsonl", &lines[..lines.len() - 2]);
+    home.run(&["import", &path]).expect(2, &[], &["short.jsonl", "truncated"]);
+
+    home.run(&["import", "/nonexistent/trace.jsonl"]).expect(
+        2,
+        &[],
+        &["cannot open /nonexistent/trace.jsonl"],
+    );
+    home.run(&["runs"]).expect(0, &[], &["no runs yet"]);
+}
+
+#[test]
+fn import_reads_standard_input() {
+    let source = Home::with(&conversation(RUN, 1));
+    let bytes = source.run(&["export", RUN]).0.stdout;
+    let home = Home::new();
+    let mut child = home
+        .command(&["import", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &bytes).unwrap();
+    let out = Result(child.wait_with_output().unwrap());
+    out.expect(0, &[RUN], &["from <stdin>"]);
+}
+
+#[test]
+fn a_closed_pipe_ends_export_quietly() {
+    let home = Home::with(&conversation(RUN, 3)); // holds a 100 KB blob: more than a pipe buffers
+    let mut child =
+        home.command(&["export", RUN]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut head = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    let out = Result(child.wait_with_output().unwrap());
+    out.expect(0, &[], &[]);
+    assert_eq!(out.stderr(), "");
+}

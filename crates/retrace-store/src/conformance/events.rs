@@ -1,0 +1,165 @@
+//! Events: dense commits, atomicity, paging and exact round trips.
+use retrace_core::run::RunMode;
+
+use super::{batch, err_kind, full_event, raw, sample_events, sample_run, MakeStore};
+use crate::{Batch, StoreErrorKind};
+
+/// A batch must continue the run densely: a gap or a repeat is a `Conflict` naming the run.
+pub fn commit_requires_dense_seqs(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("dense", 1)).unwrap();
+    let events = sample_events("dense", 1, 6, None);
+    store.commit(&batch("dense", events[..3].to_vec())).unwrap();
+    let gap = store.commit(&batch("dense", events[4..].to_vec())).unwrap_err();
+    assert_eq!(gap.kind, StoreErrorKind::Conflict);
+    assert!(gap.message.contains("dense") && gap.message.contains('5'), "{gap}");
+    let repeat = store.commit(&batch("dense", events[2..4].to_vec())).unwrap_err();
+    assert_eq!(repeat.kind, StoreErrorKind::Conflict);
+    assert!(repeat.message.contains('3'), "{repeat}");
+    let holes = vec![events[3].clone(), events[5].clone()];
+    assert_eq!(err_kind(store.commit(&batch("dense", holes))), StoreErrorKind::Conflict);
+    assert_eq!(store.last_seq("dense").unwrap(), 3);
+    store.commit(&batch("dense", events[3..].to_vec())).unwrap();
+    assert_eq!(store.last_seq("dense").unwrap(), 6);
+    store.commit(&batch("dense", Vec::new())).unwrap();
+    let from_zero = sample_events("fresh", 0, 1, None);
+    store.create_run(&sample_run("fresh", 1)).unwrap();
+    assert_eq!(err_kind(store.commit(&batch("fresh", from_zero))), StoreErrorKind::Conflict);
+}
+
+/// A refused batch stores none of its events or blobs.
+pub fn failed_commit_stores_nothing(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("atomic", 1)).unwrap();
+    let mut events = sample_events("atomic", 1, 4, None);
+    events.remove(2);
+    let blob = raw(b"only in the failed batch");
+    let big = raw(&vec![b'x'; crate::INLINE_BLOB_MAX + 10]);
+    let failed = Batch { run_id: "atomic".into(), events, blobs: vec![blob.clone(), big.clone()] };
+    assert_eq!(err_kind(store.commit(&failed)), StoreErrorKind::Conflict);
+    assert_eq!(store.last_seq("atomic").unwrap(), 0);
+    assert!(store.events("atomic", 1, 10).unwrap().is_empty());
+    assert!(!store.has_blob(&blob.digest).unwrap());
+    assert!(!store.has_blob(&big.digest).unwrap());
+    assert!(store.agent_seqs("atomic", "a1").unwrap().is_empty());
+}
+
+/// Committing events to a run that doesn't exist is `NotFound`.
+pub fn commit_to_unknown_run_is_not_found(make: MakeStore<'_>) {
+    let store = make();
+    let events = sample_events("ghost", 1, 1, None);
+    assert_eq!(err_kind(store.commit(&batch("ghost", events))), StoreErrorKind::NotFound);
+    assert_eq!(err_kind(store.last_seq("ghost")), StoreErrorKind::NotFound);
+    assert_eq!(err_kind(store.events("ghost", 1, 1)), StoreErrorKind::NotFound);
+}
+
+/// `events` pages in seq order; `event`, `last_seq` and `agent_seqs` agree with it.
+pub fn events_paging_and_lookup(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("paging", 1)).unwrap();
+    store.create_run(&sample_run("other", 2)).unwrap();
+    assert_eq!(store.last_seq("paging").unwrap(), 0);
+    let events = sample_events("paging", 1, 25, None);
+    for chunk in events.chunks(7) {
+        store.commit(&batch("paging", chunk.to_vec())).unwrap();
+    }
+    store.commit(&batch("other", sample_events("other", 1, 3, None))).unwrap();
+    assert_eq!(store.last_seq("paging").unwrap(), 25);
+    let mut read = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = store.events("paging", from, 10).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        from = page[page.len() - 1].seq + 1;
+        read.extend(page);
+    }
+    assert_eq!(read, events);
+    assert_eq!(store.events("paging", 24, 100).unwrap(), events[23..].to_vec());
+    assert!(store.events("paging", 26, 100).unwrap().is_empty());
+    assert_eq!(store.event("paging", 13).unwrap(), events[12]);
+    let missing = store.event("paging", 26).unwrap_err();
+    assert_eq!(missing.kind, StoreErrorKind::NotFound);
+    assert!(missing.message.contains("paging") && missing.message.contains("26"), "{missing}");
+    let a1: Vec<u64> = (1..=25).filter(|s| s % 3 == 1).collect();
+    assert_eq!(store.agent_seqs("paging", "a1").unwrap(), a1);
+    assert!(store.agent_seqs("paging", "nobody").unwrap().is_empty());
+    assert_eq!(store.agent_seqs("other", "a1").unwrap(), vec![1]);
+}
+
+/// An event reads back equal to what was written, every optional field included, so its hash
+/// still verifies; so does a minimal one and an inherited one (another run's id).
+pub fn event_round_trips_exactly(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("exact", 1)).unwrap();
+    let first = sample_events("exact", 1, 1, None).remove(0);
+    let mut inherited = sample_events("source-run", 2, 1, Some(first.hash)).remove(0);
+    inherited.output_ref = Some(retrace_core::Digest::of(b"same"));
+    inherited.output_hash = inherited.output_ref;
+    inherited.seal(Some(first.hash)).unwrap();
+    let full = full_event("exact", 3, Some(inherited.hash));
+    let mut bare = retrace_core::Event::new("exact", "", retrace_core::EventType::Deliver);
+    bare.seq = 4;
+    bare.seal(Some(full.hash)).unwrap();
+    let written = vec![first, inherited, full, bare];
+    store.commit(&batch("exact", written.clone())).unwrap();
+    let read = store.events("exact", 1, 10).unwrap();
+    assert_eq!(read, written);
+    for e in &read {
+        assert_eq!(e.compute_hash().unwrap(), e.hash, "seq {} hash verifies", e.seq);
+    }
+    assert_eq!(store.agent_seqs("exact", "").unwrap(), vec![4]);
+}
+
+/// A fork that inherits its source's events by reference numbers its own from `fork_at`.
+pub fn fork_starts_at_fork_point(make: MakeStore<'_>) {
+    let store = make();
+    let mut fork = sample_run("fork-run", 1);
+    fork.mode = RunMode::Fork;
+    fork.source_run = Some("src".into());
+    fork.fork_at = Some(5);
+    store.create_run(&fork).unwrap();
+    let own = sample_events("fork-run", 5, 2, None);
+    assert_eq!(err_kind(store.commit(&batch("fork-run", own[1..].to_vec()))), StoreErrorKind::Conflict);
+    store.commit(&batch("fork-run", own)).unwrap();
+    assert_eq!(store.last_seq("fork-run").unwrap(), 6);
+    let mut copied = sample_run("fork-copy", 1);
+    copied.fork_at = Some(5);
+    store.create_run(&copied).unwrap();
+    store.commit(&batch("fork-copy", sample_events("fork-copy", 1, 6, None))).unwrap();
+    assert_eq!(store.last_seq("fork-copy").unwrap(), 6);
+}
+
+/// `deliveries_to` lists an agent's deliveries before a seq; `events_at` fetches seqs in the
+/// order asked, `NotFound` naming a missing one.
+pub fn deliveries_and_events_at(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("msgs", 1)).unwrap();
+    let mut prev = None;
+    let mut events = Vec::new();
+    for seq in 1..=12u64 {
+        let kind =
+            if seq % 3 == 0 { retrace_core::EventType::Deliver } else { retrace_core::EventType::Send };
+        let mut e = retrace_core::Event::new("msgs", if seq % 2 == 0 { "rx" } else { "tx" }, kind);
+        e.seq = seq;
+        e.causal_parent = (kind == retrace_core::EventType::Deliver).then(|| seq - 1);
+        e.seal(prev).unwrap();
+        prev = Some(e.hash);
+        events.push(e);
+    }
+    store.commit(&batch("msgs", events.clone())).unwrap();
+    let seqs = |es: Vec<retrace_core::Event>| es.into_iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(store.deliveries_to("msgs", "rx", 12).unwrap()), [6]);
+    assert_eq!(seqs(store.deliveries_to("msgs", "rx", 13).unwrap()), [6, 12]);
+    assert_eq!(seqs(store.deliveries_to("msgs", "tx", 100).unwrap()), [3, 9]);
+    assert!(store.deliveries_to("msgs", "nobody", 100).unwrap().is_empty());
+    assert_eq!(store.deliveries_to("msgs", "rx", 13).unwrap()[1], events[11]);
+    let picked = store.events_at("msgs", &[9, 2, 9, 12]).unwrap();
+    assert_eq!(picked, vec![events[8].clone(), events[1].clone(), events[8].clone(), events[11].clone()]);
+    assert!(store.events_at("msgs", &[]).unwrap().is_empty());
+    let missing = store.events_at("msgs", &[3, 40]).unwrap_err();
+    assert_eq!(missing.kind, StoreErrorKind::NotFound);
+    assert!(missing.message.contains("40"), "{missing}");
+    assert_eq!(err_kind(store.events_at("ghost", &[1])), StoreErrorKind::NotFound);
+}

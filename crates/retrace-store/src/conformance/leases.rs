@@ -1,0 +1,92 @@
+//! Leases: one recorder per run, renewed while alive, recovered when dead.
+use std::time::Duration;
+
+use retrace_core::run::RunStatus;
+
+use super::{err_kind, sample_run, MakeStore};
+use crate::writer::holder_is_alive;
+use crate::writer::lease::now_ms;
+use crate::{LeaseHolder, StoreErrorKind};
+
+/// A holder on this host whose process is gone (or `None` when liveness is unknown here).
+pub fn dead_holder() -> Option<LeaseHolder> {
+    let me = LeaseHolder::current();
+    let (host, pid, start) = me.parts()?;
+    let dead = LeaseHolder(format!("{host}:{pid}:{start}0"));
+    (holder_is_alive(&dead) == Some(false)).then_some(dead)
+}
+
+/// Acquire, `Busy` naming the holder, renew, release; an expired lease can be taken over.
+pub fn leases_acquire_renew_release(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("leased", 1)).unwrap();
+    let (me, other) = (LeaseHolder::current(), LeaseHolder("elsewhere:1:1".into()));
+    assert_eq!(store.lease_holder("leased").unwrap(), None);
+    store.acquire_lease("leased", &me, 10_000).unwrap();
+    store.acquire_lease("leased", &me, 10_000).unwrap();
+    assert_eq!(store.lease_holder("leased").unwrap(), Some(me.clone()));
+    let busy = store.acquire_lease("leased", &other, 10_000).unwrap_err();
+    assert_eq!(busy.kind, StoreErrorKind::Busy);
+    assert!(busy.message.contains(&me.0) && busy.message.contains("leased"), "{busy}");
+    store.renew_lease("leased", &me, 10_000).unwrap();
+    assert_eq!(err_kind(store.renew_lease("leased", &other, 10_000)), StoreErrorKind::Conflict);
+    store.release_lease("leased", &other).unwrap();
+    assert_eq!(store.lease_holder("leased").unwrap(), Some(me.clone()), "only the holder releases");
+    store.release_lease("leased", &me).unwrap();
+    assert_eq!(store.lease_holder("leased").unwrap(), None);
+    assert_eq!(err_kind(store.renew_lease("leased", &me, 10_000)), StoreErrorKind::Conflict);
+    store.acquire_lease("leased", &other, 1).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(store.lease_holder("leased").unwrap(), None, "expired");
+    store.acquire_lease("leased", &me, 10_000).unwrap();
+    assert_eq!(err_kind(store.acquire_lease("nope", &me, 10)), StoreErrorKind::NotFound);
+}
+
+/// A dead holder's lease doesn't bind, and `recover_interrupted` marks its running run
+/// `interrupted`, as it does a running run with an expired lease or none (once past a grace
+/// period); live or finished runs are left alone.
+pub fn dead_holder_is_recovered(make: MakeStore<'_>) {
+    let store = make();
+    let now = now_ms();
+    let me = LeaseHolder::current();
+    let other_host = LeaseHolder("elsewhere:1:1".into());
+    for (id, started) in [
+        ("dead", now),
+        ("expired", now),
+        ("leaseless", 1),
+        ("fresh", now),
+        ("live", now),
+        ("remote", now),
+        ("done", 1),
+    ] {
+        store.create_run(&sample_run(id, started)).unwrap();
+    }
+    let mut done = store.run("done").unwrap();
+    done.status = RunStatus::Ok;
+    store.update_run(&done).unwrap();
+    store.acquire_lease("expired", &other_host, 1).unwrap();
+    store.acquire_lease("live", &me, 60_000).unwrap();
+    store.acquire_lease("remote", &other_host, 60_000).unwrap();
+    let dead = dead_holder();
+    match &dead {
+        Some(dead) => {
+            store.acquire_lease("dead", dead, 60_000).unwrap();
+            assert_eq!(store.lease_holder("dead").unwrap(), None);
+            store.acquire_lease("dead", dead, 60_000).unwrap();
+        }
+        None => store.acquire_lease("dead", &other_host, 1).unwrap(),
+    }
+    std::thread::sleep(Duration::from_millis(5));
+    let recovered = store.recover_interrupted().unwrap();
+    let mut sorted = recovered.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["dead", "expired", "leaseless"]);
+    for id in ["dead", "expired", "leaseless"] {
+        assert_eq!(store.run(id).unwrap().status, RunStatus::Interrupted, "{id}");
+    }
+    for id in ["fresh", "live", "remote"] {
+        assert_eq!(store.run(id).unwrap().status, RunStatus::Running, "{id}");
+    }
+    assert_eq!(store.run("done").unwrap().status, RunStatus::Ok);
+    assert!(store.recover_interrupted().unwrap().is_empty());
+}

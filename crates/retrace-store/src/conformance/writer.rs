@@ -1,0 +1,217 @@
+//! The run writer over any backend: concurrent appends, resumption, poisoning, one holder.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use retrace_core::run::RunMeta;
+use retrace_core::{Digest, Event, EventType};
+
+use super::{raw, sample_run, MakeStore};
+use crate::{
+    Batch, BlobHint, BlobStore, EventStore, LeaseHolder, RunWriter, Store, StoreError, StoreErrorKind,
+    StoreResult,
+};
+
+fn step(run: &str, agent: &str, i: u64) -> Event {
+    let mut e = Event::new(run, agent, EventType::ToolCall);
+    e.name = Some("tool".into());
+    e.key = Digest::of(format!("{agent} {i}").as_bytes());
+    e
+}
+
+/// Checks that `run` holds seqs `1..=n`, each chained to the one before.
+fn assert_chain(store: &dyn Store, run: &str, n: u64) -> Vec<Event> {
+    let events = store.events(run, 1, usize::MAX).unwrap();
+    assert_eq!(events.len() as u64, n);
+    let mut prev = None;
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1);
+        assert_eq!(e.prev, prev, "seq {} links to its predecessor", e.seq);
+        assert_eq!(e.compute_hash().unwrap(), e.hash, "seq {} hash", e.seq);
+        prev = Some(e.hash);
+    }
+    events
+}
+
+/// 16 threads append at once: seqs are dense and unique, the chain verifies, tickets resolve
+/// to the stored events.
+pub fn writer_concurrent_appends(make: MakeStore<'_>) {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<RunWriter>();
+    shareable::<crate::Ticket>();
+    let store = make();
+    store.create_run(&sample_run("busy-run", 1)).unwrap();
+    let writer = RunWriter::open(Arc::clone(&store), "busy-run", LeaseHolder::current()).unwrap();
+    let per_thread = 100u64;
+    let acked: Vec<Event> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let writer = &writer;
+                s.spawn(move || {
+                    let agent = format!("agent{t}");
+                    let mut tickets = Vec::new();
+                    let mut acked = Vec::new();
+                    for i in 0..per_thread {
+                        let blob = raw(format!("output {t} {i}").as_bytes());
+                        let mut e = step("busy-run", &agent, i);
+                        e.output_ref = Some(blob.digest);
+                        if i % 10 == 0 {
+                            acked.push(writer.append_sync(e, vec![blob]).unwrap());
+                        } else {
+                            tickets.push(writer.append(e, vec![blob]).unwrap());
+                        }
+                    }
+                    acked.extend(tickets.into_iter().map(|t| t.wait().unwrap()));
+                    acked
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    });
+    writer.flush().unwrap();
+    let n = 16 * per_thread;
+    assert_eq!(writer.head().0, n);
+    let stored = assert_chain(store.as_ref(), "busy-run", n);
+    assert_eq!(writer.head().1, Some(stored[stored.len() - 1].hash));
+    for e in &acked {
+        assert_eq!(&stored[e.seq as usize - 1], e);
+        assert!(store.has_blob(&e.output_ref.unwrap()).unwrap());
+    }
+    assert_eq!(store.agent_seqs("busy-run", "agent3").unwrap().len() as u64, per_thread);
+    writer.close().unwrap();
+    assert_eq!(store.lease_holder("busy-run").unwrap(), None, "close releases the lease");
+}
+
+/// A writer reopened on a run continues its seqs and its chain.
+pub fn writer_resumes_after_reopen(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("resume", 1)).unwrap();
+    for round in 0..3 {
+        let writer = RunWriter::open(Arc::clone(&store), "resume", LeaseHolder::current()).unwrap();
+        for i in 0..5 {
+            writer.append(step("resume", "a", round * 5 + i), Vec::new()).unwrap();
+        }
+        writer.close().unwrap();
+    }
+    assert_chain(store.as_ref(), "resume", 15);
+    let writer = RunWriter::open(Arc::clone(&store), "resume", LeaseHolder::current()).unwrap();
+    let wrong_run = writer.append(step("other", "a", 0), Vec::new()).unwrap_err();
+    assert_eq!(wrong_run.kind, StoreErrorKind::Invalid);
+    assert_eq!(writer.append_sync(step("resume", "a", 100), Vec::new()).unwrap().seq, writer.head().0);
+}
+
+/// After a failed commit the writer is poisoned: the pending tickets and every later append
+/// get the error, which names the seqs; nothing after the failure is stored.
+pub fn writer_poisoned_after_failing_commit(make: MakeStore<'_>) {
+    let store = Arc::new(Flaky { inner: make(), fail: AtomicBool::new(false) });
+    store.create_run(&sample_run("poisoned", 1)).unwrap();
+    let writer = RunWriter::open(store.clone(), "poisoned", LeaseHolder::current()).unwrap();
+    writer.append_sync(step("poisoned", "a", 1), Vec::new()).unwrap();
+    store.fail.store(true, Ordering::SeqCst);
+    let err = writer.append(step("poisoned", "a", 2), Vec::new()).unwrap().wait().unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Io);
+    assert!(err.message.contains("poisoned") && err.message.contains("2..=2"), "{err}");
+    assert!(err.message.contains("injected failure"), "{err}");
+    store.fail.store(false, Ordering::SeqCst);
+    let later = writer.append(step("poisoned", "a", 3), Vec::new()).unwrap_err();
+    assert_eq!((later.kind, later.message.as_str()), (err.kind, err.message.as_str()));
+    assert!(writer.flush().is_err());
+    assert!(writer.close().is_err());
+    assert_eq!(store.last_seq("poisoned").unwrap(), 1);
+}
+
+/// A second writer on a run whose lease is held elsewhere is `Busy`.
+pub fn writer_refuses_second_holder(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("owned", 1)).unwrap();
+    let first = RunWriter::open(Arc::clone(&store), "owned", LeaseHolder::current()).unwrap();
+    let second = RunWriter::open(Arc::clone(&store), "owned", LeaseHolder("elsewhere:1:1".into()));
+    assert_eq!(second.unwrap_err().kind, StoreErrorKind::Busy);
+    drop(first);
+    assert_eq!(store.lease_holder("owned").unwrap(), None, "dropping releases the lease");
+    let missing = RunWriter::open(Arc::clone(&store), "missing", LeaseHolder::current());
+    assert_eq!(missing.unwrap_err().kind, StoreErrorKind::NotFound);
+}
+
+/// A store whose commits fail while `fail` is set.
+struct Flaky {
+    inner: Arc<dyn Store>,
+    fail: AtomicBool,
+}
+
+impl BlobStore for Flaky {
+    fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
+        self.inner.put_blob(bytes, hint)
+    }
+    fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
+        self.inner.get_blob(digest)
+    }
+    fn has_blob(&self, digest: &Digest) -> StoreResult<bool> {
+        self.inner.has_blob(digest)
+    }
+    fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.manifest_of(digest)
+    }
+}
+
+impl EventStore for Flaky {
+    fn create_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        self.inner.create_run(meta)
+    }
+    fn update_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        self.inner.update_run(meta)
+    }
+    fn run(&self, id: &str) -> StoreResult<RunMeta> {
+        self.inner.run(id)
+    }
+    fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
+        self.inner.find_run(id_or_prefix)
+    }
+    fn runs(&self) -> StoreResult<Vec<RunMeta>> {
+        self.inner.runs()
+    }
+    fn commit(&self, batch: &Batch) -> StoreResult<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::io("injected failure"));
+        }
+        self.inner.commit(batch)
+    }
+    fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
+        self.inner.events(run, from, limit)
+    }
+    fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
+        self.inner.event(run, seq)
+    }
+    fn last_seq(&self, run: &str) -> StoreResult<u64> {
+        self.inner.last_seq(run)
+    }
+    fn agent_seqs(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
+        self.inner.agent_seqs(run, agent)
+    }
+    fn deliveries_to(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
+        self.inner.deliveries_to(run, agent, before)
+    }
+    fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
+        self.inner.events_at(run, seqs)
+    }
+    fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.inner.acquire_lease(run, holder, ttl_ms)
+    }
+    fn renew_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.inner.renew_lease(run, holder, ttl_ms)
+    }
+    fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
+        self.inner.release_lease(run, holder)
+    }
+    fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
+        self.inner.lease_holder(run)
+    }
+    fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
+        self.inner.recover_interrupted()
+    }
+}
+
+impl Store for Flaky {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}

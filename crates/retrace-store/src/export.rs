@@ -1,0 +1,291 @@
+//! Writing a stored run as a `retrace-trace/1` file (format in [`retrace_core::export`]).
+//!
+//! [`export_run`] makes one pass over the run's events, page by page, writing their canonical
+//! lines to a spool (memory, then a temporary file past [`SPOOL_IN_MEMORY`]) while it collects
+//! the blobs they reference in order of first reference. Blobs stored as chained manifests are
+//! expanded so that every blob a manifest names comes before it. Then the header (which needs
+//! both counts), the spooled events and the blob lines go out. Every line is canonical JSON, so
+//! exporting a run, importing it elsewhere and exporting it again gives the same bytes.
+use std::collections::{HashMap, HashSet};
+use std::io::{self, BufWriter, Seek, Write};
+
+use base64::Engine as _;
+use retrace_core::canonical::{write_canonical, write_canonical_value, CanonError};
+use retrace_core::export::{ExportHeader, FORMAT};
+use retrace_core::json::{self, Json};
+use retrace_core::{Digest, EventType};
+
+use crate::manifest::Manifest;
+use crate::{Store, StoreError, StoreErrorKind};
+
+mod events;
+
+pub use events::{RunEvents, Segment, PAGE};
+
+/// Spooled event lines stay in memory up to this many bytes.
+pub const SPOOL_IN_MEMORY: usize = 256 << 20;
+
+/// What an export wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    /// Event lines.
+    pub events: u64,
+    /// Blob lines (manifests included).
+    pub blobs: u64,
+    /// Bytes written, header included.
+    pub bytes: u64,
+}
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The store could not give what the run references.
+    #[error("reading run {run_id} from the store")]
+    Store {
+        /// The run being exported.
+        run_id: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// Writing the output failed (a closed pipe included).
+    #[error("writing the export")]
+    Io(#[from] io::Error),
+    /// An event has no canonical form (it could not have been hashed either).
+    #[error("run {run_id}: {what} has no canonical form")]
+    Canon {
+        /// The run.
+        run_id: String,
+        /// `seq N` or `the header`.
+        what: String,
+        /// Why.
+        #[source]
+        source: CanonError,
+    },
+    /// The stored run is not exportable as it stands: a seq gap, a manifest that can't be read.
+    #[error("run {run_id}: {message} (run `retrace verify {run_id}`)")]
+    Inconsistent {
+        /// The run.
+        run_id: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ExportError {
+    /// The CLI exit code: 1 for a store that holds corrupt data, 2 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ExportError::Store { source, .. } if source.kind == StoreErrorKind::Corrupt => 1,
+            ExportError::Inconsistent { .. } | ExportError::Canon { .. } => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Writes run `run_id` to `out`; `progress` receives the number of events written so far.
+pub fn export_run(
+    store: &dyn Store,
+    run_id: &str,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ExportStats, ExportError> {
+    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
+    let run = store.run(run_id).map_err(stored)?;
+    let mut pages = RunEvents::new(store, run_id).map_err(stored)?;
+    let count = pages.count();
+
+    let mut spool = tempfile::SpooledTempFile::new(SPOOL_IN_MEMORY);
+    let mut refs = Vec::new();
+    let mut referenced = HashSet::new();
+    let mut requests = HashSet::new();
+    let mut line = Vec::with_capacity(4096);
+    let mut next = 1u64;
+    while let Some(page) = pages.next_page().map_err(stored)? {
+        for event in &page {
+            if event.seq != next {
+                let message = format!("expected seq {next}, the store has seq {}", event.seq);
+                return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+            }
+            line.clear();
+            let value = serde_json::to_value(event).expect("an event always serializes");
+            write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
+                run_id: run_id.to_owned(),
+                what: format!("seq {}", event.seq),
+                source,
+            })?;
+            line.push(b'\n');
+            spool.write_all(&line)?;
+            for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
+                if referenced.insert(digest) {
+                    refs.push(digest);
+                }
+            }
+            if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
+                requests.insert(request);
+            }
+            next += 1;
+        }
+        progress(next - 1);
+    }
+    if next - 1 != count {
+        let message = format!("expected {count} events, the store gave {}", next - 1);
+        return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+    }
+
+    let plan = plan_blobs(store, run_id, &refs, requests)?;
+    let header = ExportHeader {
+        format: FORMAT.to_owned(),
+        holds_tokens: run.holds_tokens,
+        mask_key_fingerprint: run.mask_key_fingerprint.clone(),
+        masking_rules: run.masking_rules.clone(),
+        run,
+        events: count,
+        blobs: plan.len() as u64,
+    };
+    let mut w = CountingWriter { inner: BufWriter::with_capacity(1 << 20, out), bytes: 0 };
+    line.clear();
+    let value = serde_json::to_value(&header).expect("a header always serializes");
+    write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
+        run_id: run_id.to_owned(),
+        what: "the header".to_owned(),
+        source,
+    })?;
+    line.push(b'\n');
+    w.write_all(&line)?;
+    spool.seek(io::SeekFrom::Start(0))?;
+    io::copy(&mut spool, &mut w)?;
+    drop(spool);
+
+    for (digest, manifest) in &plan {
+        line.clear();
+        match manifest {
+            Some(manifest) => manifest_line(run_id, digest, manifest, &mut line)?,
+            None => blob_line(digest, store.get_blob(digest).map_err(stored)?, &mut line),
+        }
+        w.write_all(&line)?;
+    }
+    w.flush()?;
+    Ok(ExportStats { events: count, blobs: plan.len() as u64, bytes: w.bytes })
+}
+
+/// A blob to write: a manifest carries its bytes, a plain blob `None`.
+type Planned = (Digest, Option<Vec<u8>>);
+
+/// The blobs to write, in order: each after every blob its manifest names, each once.
+///
+/// Only blobs stored as [`crate::BlobHint::ModelRequest`] can be manifests: model-call requests
+/// (`candidates`) and the bases their manifests build on. The store is asked about those alone,
+/// which saves a query per output blob.
+fn plan_blobs(
+    store: &dyn Store,
+    run_id: &str,
+    refs: &[Digest],
+    mut candidates: HashSet<Digest>,
+) -> Result<Vec<Planned>, ExportError> {
+    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
+    let unreadable = |digest: &Digest, e: StoreError| {
+        let message = format!("the manifest of blob {digest} can't be read: {e}");
+        ExportError::Inconsistent { run_id: run_id.to_owned(), message }
+    };
+    let mut plan = Vec::with_capacity(refs.len());
+    let mut planned = HashSet::new();
+    let mut pending: HashMap<Digest, Vec<u8>> = HashMap::new();
+    for &root in refs {
+        // Depth-first, post-order, without recursion: manifest chains can be long.
+        let mut stack = vec![(root, false)];
+        while let Some((digest, expanded)) = stack.pop() {
+            if planned.contains(&digest) {
+                continue;
+            }
+            if expanded {
+                plan.push((digest, pending.remove(&digest)));
+                planned.insert(digest);
+                continue;
+            }
+            if pending.contains_key(&digest) {
+                let message = format!("the manifest of blob {digest} refers to itself");
+                return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+            }
+            let manifest = match candidates.contains(&digest) {
+                true => store.manifest_of(&digest).map_err(stored)?,
+                false => None,
+            };
+            let Some(manifest) = manifest else {
+                plan.push((digest, None));
+                planned.insert(digest);
+                continue;
+            };
+            let decoded = Manifest::decode(&manifest).map_err(|e| unreadable(&digest, e))?;
+            candidates.extend(decoded.base);
+            let names = crate::manifest::references(&manifest).map_err(|e| unreadable(&digest, e))?;
+            stack.push((digest, true));
+            stack.extend(names.into_iter().rev().filter(|d| !planned.contains(d)).map(|d| (d, false)));
+            pending.insert(digest, manifest);
+        }
+    }
+    Ok(plan)
+}
+
+/// `{"blob":…,"text":…}` for UTF-8 bytes, else `{"base64":…,"blob":…}`; keys in canonical order.
+fn blob_line(digest: &Digest, bytes: Vec<u8>, line: &mut Vec<u8>) {
+    match String::from_utf8(bytes) {
+        Ok(text) => {
+            line.extend_from_slice(b"{\"blob\":\"");
+            line.extend_from_slice(digest.to_string().as_bytes());
+            line.extend_from_slice(b"\",\"text\":");
+            write_canonical(&Json::String(text), line).expect("a string is always canonical");
+            line.extend_from_slice(b"}\n");
+        }
+        Err(e) => {
+            let bytes = e.into_bytes();
+            line.extend_from_slice(b"{\"base64\":\"");
+            let start = line.len();
+            line.resize(start + base64::encoded_len(bytes.len(), true).unwrap_or(0), 0);
+            let written = base64::engine::general_purpose::STANDARD
+                .encode_slice(&bytes, &mut line[start..])
+                .expect("buffer sized by encoded_len");
+            line.truncate(start + written);
+            line.extend_from_slice(b"\",\"blob\":\"");
+            line.extend_from_slice(digest.to_string().as_bytes());
+            line.extend_from_slice(b"\"}\n");
+        }
+    }
+}
+
+/// `{"blob":…,"manifest":<canonical manifest>}`.
+fn manifest_line(
+    run_id: &str,
+    digest: &Digest,
+    manifest: &[u8],
+    line: &mut Vec<u8>,
+) -> Result<(), ExportError> {
+    let bad = |message: String| ExportError::Inconsistent { run_id: run_id.to_owned(), message };
+    let parsed =
+        json::parse(manifest).map_err(|e| bad(format!("the manifest of blob {digest} is not JSON: {e}")))?;
+    line.extend_from_slice(b"{\"blob\":\"");
+    line.extend_from_slice(digest.to_string().as_bytes());
+    line.extend_from_slice(b"\",\"manifest\":");
+    write_canonical(&parsed, line)
+        .map_err(|e| bad(format!("the manifest of blob {digest} has no canonical form: {e}")))?;
+    line.extend_from_slice(b"}\n");
+    Ok(())
+}
+
+/// Counts the bytes that pass through.
+struct CountingWriter<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for CountingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}

@@ -1,0 +1,124 @@
+//! A run's whole event sequence, read page by page: a fork's events include those it inherits.
+//!
+//! A fork recorded here stores only its own events, from its fork point on; the events before
+//! it are its source's (recursively, for a fork of a fork). An imported fork stores all of them
+//! itself. [`RunEvents`] hides the difference: it yields seq 1, 2, 3... of the run as exported.
+use std::collections::HashSet;
+
+use retrace_core::Event;
+
+use crate::{Store, StoreError, StoreErrorKind, StoreResult};
+
+/// Events read from the store per page.
+pub const PAGE: usize = 4096;
+
+/// One stretch of a run's events held by one stored run: seqs `from..=to` of `run`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// The stored run that holds these events.
+    pub run: String,
+    /// First seq.
+    pub from: u64,
+    /// Last seq.
+    pub to: u64,
+}
+
+/// The events of a run in seq order, a page at a time, inherited ones included.
+pub struct RunEvents<'a> {
+    store: &'a dyn Store,
+    segments: Vec<Segment>,
+    index: usize,
+    next: u64,
+}
+
+impl std::fmt::Debug for RunEvents<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunEvents").field("segments", &self.segments).field("next", &self.next).finish()
+    }
+}
+
+impl<'a> RunEvents<'a> {
+    /// Resolves where `run`'s events are stored; `NotFound` when the run, or a fork's source, is
+    /// missing.
+    pub fn new(store: &'a dyn Store, run: &str) -> StoreResult<RunEvents<'a>> {
+        let segments = segments(store, run)?;
+        let next = segments.first().map_or(1, |s| s.from);
+        Ok(RunEvents { store, segments, index: 0, next })
+    }
+
+    /// The stretches, first to last.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// How many events the run has, inherited ones included (the last seq).
+    pub fn count(&self) -> u64 {
+        self.segments.last().map_or(0, |s| s.to)
+    }
+
+    /// The next page of at most [`PAGE`] events, or `None` after the last.
+    pub fn next_page(&mut self) -> StoreResult<Option<Vec<Event>>> {
+        while let Some(segment) = self.segments.get(self.index) {
+            if self.next > segment.to {
+                self.index += 1;
+                self.next = self.segments.get(self.index).map_or(0, |s| s.from);
+                continue;
+            }
+            let want = usize::try_from(segment.to - self.next + 1).unwrap_or(PAGE).min(PAGE);
+            let page = self.store.events(&segment.run, self.next, want)?;
+            let Some(last) = page.last() else {
+                return Err(StoreError::corrupt(format!(
+                    "run {} holds no events from seq {} though its last seq is {}",
+                    segment.run, self.next, segment.to
+                )));
+            };
+            self.next = last.seq + 1;
+            return Ok(Some(page));
+        }
+        Ok(None)
+    }
+}
+
+/// Which stored runs hold which seqs of `run`, first to last.
+fn segments(store: &dyn Store, run: &str) -> StoreResult<Vec<Segment>> {
+    let mut segments = Vec::new();
+    let mut current = run.to_owned();
+    let mut upto = u64::MAX;
+    let mut seen = HashSet::new();
+    loop {
+        if !seen.insert(current.clone()) {
+            return Err(StoreError::corrupt(format!(
+                "run {run}: its chain of fork sources loops through {current}"
+            )));
+        }
+        let meta = store.run(&current)?;
+        let last = store.last_seq(&current)?.min(upto);
+        let first = store.events(&current, 1, 1)?.first().map(|e| e.seq);
+        let by_reference = match (meta.fork_at, &meta.source_run) {
+            (Some(at), Some(source)) if at > 1 && first.is_none_or(|s| s > 1) => Some((at, source.clone())),
+            _ => None,
+        };
+        let Some((at, source)) = by_reference else {
+            if last >= 1 {
+                segments.push(Segment { run: current, from: 1, to: last });
+            }
+            break;
+        };
+        if last >= at {
+            segments.push(Segment { run: current.clone(), from: at, to: last });
+        }
+        upto = upto.min(at - 1);
+        match store.run(&source) {
+            Ok(_) => current = source,
+            Err(e) if e.kind == StoreErrorKind::NotFound => {
+                return Err(StoreError::not_found(format!(
+                    "run {current} is a fork of run {source}, which is not in the store: \
+                     its events before seq {at} are missing"
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    segments.reverse();
+    Ok(segments)
+}

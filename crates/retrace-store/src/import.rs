@@ -1,0 +1,222 @@
+//! Reading a `retrace-trace/1` file into a store, verifying every line before storing anything.
+//!
+//! [`import_reader`] works in two phases:
+//! 1. **Read and verify** (`import/read.rs`): line by line, the header's format and counts,
+//!    every event's seq, hash and chain link, every blob's digest (a manifest is rebuilt into its
+//!    request first), that every referenced blob is present and nothing follows the last blob.
+//! 2. **Store** (`import/commit.rs`): if the run already exists it must hold the same events
+//!    (then the import is a no-op); otherwise the run is created and its events and blobs are
+//!    committed in chunks. Nothing is stored unless the whole file verified.
+//!
+//! Every error names the line (and the file, when the caller gives its name) and maps to the
+//! CLI's exit codes through [`ImportError::exit_code`].
+mod commit;
+mod read;
+
+use std::fmt;
+use std::io::{self, BufRead};
+
+use retrace_core::Digest;
+
+use crate::{Store, StoreError, StoreErrorKind};
+
+/// How to import.
+pub struct ImportOptions<'a> {
+    /// The file's name, for error messages (`trace.jsonl:12: ...`).
+    pub file_name: Option<String>,
+    /// Events per stored transaction.
+    pub chunk_events: usize,
+    /// Called with the number of bytes read so far.
+    pub progress: Option<&'a mut dyn FnMut(u64)>,
+}
+
+impl Default for ImportOptions<'_> {
+    fn default() -> Self {
+        ImportOptions { file_name: None, chunk_events: 4096, progress: None }
+    }
+}
+
+impl fmt::Debug for ImportOptions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImportOptions")
+            .field("file_name", &self.file_name)
+            .field("chunk_events", &self.chunk_events)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// What an import did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImportOutcome {
+    /// The run was stored.
+    Imported {
+        /// The run's id.
+        run_id: String,
+        /// Events stored.
+        events: u64,
+        /// Blob lines read.
+        blobs: u64,
+    },
+    /// The store already holds this run with the same events: nothing was written.
+    AlreadyPresent {
+        /// The run's id.
+        run_id: String,
+    },
+}
+
+impl ImportOutcome {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        match self {
+            ImportOutcome::Imported { run_id, .. } | ImportOutcome::AlreadyPresent { run_id } => run_id,
+        }
+    }
+}
+
+/// A place in the file: its name (when known) and a 1-based line number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The file's name, if the caller gave it.
+    pub file: Option<String>,
+    /// 1-based line number.
+    pub line: u64,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "{file}:{}", self.line),
+            None => write!(f, "line {}", self.line),
+        }
+    }
+}
+
+/// The kind of an [`ImportError`], for matching and exit codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportErrorKind {
+    /// A line is not what the format says (not JSON, wrong shape, extra lines): exit 2.
+    Malformed,
+    /// The file ends before the lines its header announces: exit 2.
+    Truncated,
+    /// A format this build can't read, such as `retrace-trace/2`: exit 2.
+    UnknownFormat,
+    /// A hash, digest, chain link or seq does not verify: exit 1.
+    Verification,
+    /// The store holds this run (or a fork's source) with different events: exit 1.
+    Conflict,
+    /// The file could not be read: exit 2.
+    Io,
+    /// The store failed while storing: exit 1 when it reports corrupt data or a conflict, else 2.
+    Store,
+}
+
+/// Why an import failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A line is not what the format says.
+    #[error("{at}: {message}")]
+    Malformed {
+        /// Where.
+        at: Location,
+        /// What is wrong.
+        message: String,
+    },
+    /// The file ends early.
+    #[error("{at}: truncated: {message}")]
+    Truncated {
+        /// Where the file ends.
+        at: Location,
+        /// What was expected.
+        message: String,
+    },
+    /// An unknown major format.
+    #[error("{at}: unsupported trace format {found:?}: this build reads retrace-trace/1")]
+    UnknownFormat {
+        /// The header line.
+        at: Location,
+        /// The format tag found.
+        found: String,
+    },
+    /// Content that doesn't verify.
+    #[error("{at}: {message}")]
+    Verification {
+        /// Where.
+        at: Location,
+        /// The event, when the problem is about one.
+        seq: Option<u64>,
+        /// The blob, when the problem is about one.
+        digest: Option<Digest>,
+        /// What is wrong.
+        message: String,
+    },
+    /// The store holds different events under the same run id.
+    #[error(
+        "run {run_id} is already in the store with different events: \
+         first difference at seq {seq} ({detail})"
+    )]
+    Conflict {
+        /// The run in the store that differs (the imported run, or a fork's source).
+        run_id: String,
+        /// The first seq that differs.
+        seq: u64,
+        /// How it differs.
+        detail: String,
+    },
+    /// Reading failed.
+    #[error("{at}: cannot read the trace")]
+    Io {
+        /// Where.
+        at: Location,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// Storing failed.
+    #[error("storing run {run_id}")]
+    Store {
+        /// The run.
+        run_id: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl ImportError {
+    /// The kind, for matching.
+    pub fn kind(&self) -> ImportErrorKind {
+        match self {
+            ImportError::Malformed { .. } => ImportErrorKind::Malformed,
+            ImportError::Truncated { .. } => ImportErrorKind::Truncated,
+            ImportError::UnknownFormat { .. } => ImportErrorKind::UnknownFormat,
+            ImportError::Verification { .. } => ImportErrorKind::Verification,
+            ImportError::Conflict { .. } => ImportErrorKind::Conflict,
+            ImportError::Io { .. } => ImportErrorKind::Io,
+            ImportError::Store { .. } => ImportErrorKind::Store,
+        }
+    }
+
+    /// The CLI exit code: 1 for content that fails verification or conflicts, 2 for bad input.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ImportError::Verification { .. } | ImportError::Conflict { .. } => 1,
+            ImportError::Store { source, .. }
+                if matches!(source.kind, StoreErrorKind::Corrupt | StoreErrorKind::Conflict) =>
+            {
+                1
+            }
+            _ => 2,
+        }
+    }
+}
+
+/// Reads a trace from `reader`, verifies all of it, then stores it in `store`.
+pub fn import_reader(
+    store: &dyn Store,
+    reader: impl BufRead,
+    mut opts: ImportOptions<'_>,
+) -> Result<ImportOutcome, ImportError> {
+    let trace = read::read_trace(reader, &mut opts)?;
+    commit::store_trace(store, trace, opts.chunk_events.max(1))
+}

@@ -1,0 +1,163 @@
+//! Phase 2 of an import: compare with what the store already holds, then store in chunks.
+use std::collections::HashMap;
+
+use retrace_core::envelope::EventType;
+use retrace_core::{Digest, Event};
+
+use super::read::Trace;
+use super::{ImportError, ImportOutcome};
+use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
+
+/// Events compared per page when the run (or a fork's source) is already stored.
+const PAGE: usize = 4096;
+
+/// Stores a verified trace, or finds it already present.
+pub(super) fn store_trace(
+    store: &dyn Store,
+    trace: Trace,
+    chunk: usize,
+) -> Result<ImportOutcome, ImportError> {
+    let run_id = trace.header.run.id.clone();
+    let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
+    check_sources(store, &trace)?;
+    match store.run(&run_id) {
+        Ok(_) => {
+            compare(store, &run_id, &trace.events)?;
+            return Ok(ImportOutcome::AlreadyPresent { run_id });
+        }
+        Err(e) if e.kind == StoreErrorKind::NotFound => {}
+        Err(e) => return Err(stored(e)),
+    }
+
+    let chunks = assign_chunks(&trace, chunk);
+    let hints = hints(&trace);
+    let (event_count, blob_count) = (trace.events.len() as u64, trace.blobs.len() as u64);
+    store.create_run(&trace.header.run).map_err(stored)?;
+    let mut events = trace.events.into_iter();
+    let mut blobs: Vec<Option<BlobPut>> = trace
+        .blobs
+        .into_iter()
+        .map(|b| {
+            let hint = hints.get(&b.digest).copied().unwrap_or(BlobHint::Raw);
+            Some(BlobPut { digest: b.digest, bytes: b.bytes, hint })
+        })
+        .collect();
+    for members in chunks {
+        let batch = Batch {
+            run_id: run_id.clone(),
+            events: events.by_ref().take(chunk).collect(),
+            blobs: members.into_iter().filter_map(|i| blobs[i].take()).collect(),
+        };
+        store.commit(&batch).map_err(stored)?;
+    }
+    Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count })
+}
+
+/// For each chunk of events, the blobs (indexes in file order) first needed by that chunk.
+/// A manifest's names go with the manifest, before it, so each batch is self-contained.
+fn assign_chunks(trace: &Trace, chunk: usize) -> Vec<Vec<usize>> {
+    let index: HashMap<Digest, usize> = trace.blobs.iter().enumerate().map(|(i, b)| (b.digest, i)).collect();
+    let count = trace.events.len().div_ceil(chunk).max(1);
+    let mut chunk_of = vec![usize::MAX; trace.blobs.len()];
+    let mut stack = Vec::new();
+    for (i, event) in trace.events.iter().enumerate() {
+        stack.extend([event.request_ref, event.output_ref].into_iter().flatten());
+        while let Some(digest) = stack.pop() {
+            let Some(&blob) = index.get(&digest) else { continue };
+            if chunk_of[blob] != usize::MAX {
+                continue;
+            }
+            chunk_of[blob] = i / chunk;
+            stack.extend(trace.blobs[blob].names.iter().flatten());
+        }
+    }
+    let mut chunks = vec![Vec::new(); count];
+    for (blob, &c) in chunk_of.iter().enumerate() {
+        // Every blob is referenced (read verified it); a stray one goes with the last chunk.
+        chunks[c.min(count - 1)].push(blob);
+    }
+    chunks
+}
+
+/// Blobs to store as model requests (so the store may chain them as manifests, as at record).
+fn hints(trace: &Trace) -> HashMap<Digest, BlobHint> {
+    let mut hints = HashMap::new();
+    for event in &trace.events {
+        if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
+            hints.insert(request, BlobHint::ModelRequest);
+        }
+    }
+    for blob in trace.blobs.iter().filter(|b| b.names.is_some()) {
+        hints.insert(blob.digest, BlobHint::ModelRequest);
+    }
+    hints
+}
+
+/// The run is stored already: its events must be the file's, hash for hash.
+fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), ImportError> {
+    let held = stored_hashes(store, run_id, 1, usize::MAX)?;
+    let file: Vec<Digest> = events.iter().map(|e| e.hash).collect();
+    match first_difference(&held, &file) {
+        None => Ok(()),
+        Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
+    }
+}
+
+/// A fork's inherited events must equal its source's events where the source is stored.
+fn check_sources(store: &dyn Store, trace: &Trace) -> Result<(), ImportError> {
+    let own = &trace.header.run.id;
+    let mut start = 0;
+    while start < trace.events.len() {
+        let source = &trace.events[start].run_id;
+        let len = trace.events[start..].iter().take_while(|e| &e.run_id == source).count();
+        let group = &trace.events[start..start + len];
+        start += len;
+        if source == own {
+            continue;
+        }
+        match store.run(source) {
+            Ok(_) => {}
+            Err(e) if e.kind == StoreErrorKind::NotFound => continue,
+            Err(source) => return Err(ImportError::Store { run_id: own.clone(), source }),
+        }
+        let first = group[0].seq;
+        let held = stored_hashes(store, source, first, group.len())?;
+        let file: Vec<Digest> = group.iter().map(|e| e.hash).collect();
+        if let Some((offset, detail)) = first_difference(&held, &file) {
+            let seq = first + offset - 1;
+            let detail = format!("the fork {own} inherits it: {detail}");
+            return Err(ImportError::Conflict { run_id: source.clone(), seq, detail });
+        }
+    }
+    Ok(())
+}
+
+/// Hashes of up to `limit` stored events of `run` from seq `from`, read page by page.
+fn stored_hashes(store: &dyn Store, run: &str, from: u64, limit: usize) -> Result<Vec<Digest>, ImportError> {
+    let stored = |source| ImportError::Store { run_id: run.to_owned(), source };
+    let mut hashes = Vec::new();
+    let mut next = from;
+    while hashes.len() < limit {
+        let page = store.events(run, next, PAGE.min(limit - hashes.len())).map_err(stored)?;
+        let Some(last) = page.last() else { break };
+        next = last.seq + 1;
+        let full = page.len() == PAGE;
+        hashes.extend(page.iter().map(|e| e.hash));
+        if !full {
+            break;
+        }
+    }
+    Ok(hashes)
+}
+
+/// The first 1-based position where two hash lists differ, and how.
+fn first_difference(held: &[Digest], file: &[Digest]) -> Option<(u64, String)> {
+    if let Some(i) = held.iter().zip(file).position(|(a, b)| a != b) {
+        let detail = format!("hash {} in the store, {} in the file", held[i], file[i]);
+        return Some((i as u64 + 1, detail));
+    }
+    (held.len() != file.len()).then(|| {
+        let detail = format!("the store holds {} events, the file {}", held.len(), file.len());
+        (held.len().min(file.len()) as u64 + 1, detail)
+    })
+}

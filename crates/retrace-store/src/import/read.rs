@@ -1,0 +1,355 @@
+//! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory.
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use retrace_core::canonical::canonical_value;
+use retrace_core::export::{check_format, ExportHeader, FormatError};
+use retrace_core::{Digest, Event};
+use serde::Deserialize;
+
+use super::{ImportError, ImportOptions, Location};
+
+/// A verified trace, ready to store.
+pub(super) struct Trace {
+    pub header: ExportHeader,
+    pub events: Vec<Event>,
+    /// Blob lines in file order: every manifest after the blobs it names.
+    pub blobs: Vec<ReadBlob>,
+}
+
+/// One verified blob line, decoded (a manifest rebuilt into the bytes it stands for).
+pub(super) struct ReadBlob {
+    pub digest: Digest,
+    pub bytes: Arc<[u8]>,
+    /// For a manifest line: the digests the manifest names.
+    pub names: Option<Vec<Digest>>,
+}
+
+/// A blob line: exactly one of `text`, `base64`, `manifest`.
+#[derive(Deserialize)]
+struct BlobLine {
+    blob: Digest,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    base64: Option<String>,
+    #[serde(default)]
+    manifest: Option<serde_json::Value>,
+}
+
+/// Lines of the input, numbered from 1, without their `\n`.
+struct Lines<'o, 'p, R> {
+    reader: R,
+    buf: Vec<u8>,
+    number: u64,
+    bytes: u64,
+    /// Whether the current line ended with `\n` (the last line of a file may not).
+    complete: bool,
+    opts: &'o mut ImportOptions<'p>,
+}
+
+impl<R: BufRead> Lines<'_, '_, R> {
+    fn at(&self) -> Location {
+        Location { file: self.opts.file_name.clone(), line: self.number }
+    }
+
+    /// The next line, or `None` at the end of the input.
+    fn next(&mut self) -> Result<Option<&[u8]>, ImportError> {
+        self.buf.clear();
+        let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|source| {
+            let at = Location { file: self.opts.file_name.clone(), line: self.number + 1 };
+            ImportError::Io { at, source }
+        })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.number += 1;
+        self.bytes += n as u64;
+        if let Some(progress) = self.opts.progress.as_mut() {
+            progress(self.bytes);
+        }
+        self.complete = self.buf.last() == Some(&b'\n');
+        let len = self.buf.len() - usize::from(self.complete);
+        Ok(Some(&self.buf[..len]))
+    }
+
+    fn malformed(&self, message: impl Into<String>) -> ImportError {
+        ImportError::Malformed { at: self.at(), message: message.into() }
+    }
+
+    /// A line that failed to parse: truncated when the file ends inside it.
+    fn unparsable(&self, what: &str, err: &serde_json::Error) -> ImportError {
+        if !self.complete && err.is_eof() {
+            let message = format!("the file ends inside line {}", self.number);
+            return ImportError::Truncated { at: self.at(), message };
+        }
+        self.malformed(format!("{what}: {}", json_message(err)))
+    }
+
+    fn verification(&self, seq: Option<u64>, digest: Option<Digest>, message: String) -> ImportError {
+        ImportError::Verification { at: self.at(), seq, digest, message }
+    }
+}
+
+/// A serde_json error without its "at line 1 column N" (every line is parsed on its own).
+fn json_message(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => format!("{} (column {})", &text[..i], err.column()),
+        None => text,
+    }
+}
+
+/// Reads and verifies a whole trace.
+pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> Result<Trace, ImportError> {
+    let mut lines =
+        Lines { reader, buf: Vec::with_capacity(1 << 16), number: 0, bytes: 0, complete: true, opts };
+    let header = read_header(&mut lines)?;
+    let events = read_events(&mut lines, &header)?;
+    let mut needed: HashMap<Digest, u64> = HashMap::new();
+    for event in events.iter().rev() {
+        for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
+            needed.insert(digest, event.seq);
+        }
+    }
+    let blobs = read_blobs(&mut lines, &header)?;
+    if lines.next()?.is_some() {
+        let message = format!(
+            "unexpected line after the last blob (the header announces {} events and {} blobs)",
+            header.events, header.blobs
+        );
+        return Err(lines.malformed(message));
+    }
+    check_references(&lines, &header, &needed, &blobs)?;
+    let last = events.last().map(|e| e.hash);
+    if let Some(head) = header.run.head.filter(|head| Some(*head) != last) {
+        let found = last.map_or("no events".to_owned(), |d| d.to_string());
+        let message = format!("the run's head is {head} but its last event's hash is {found}");
+        let at = Location { file: lines.opts.file_name.clone(), line: 1 };
+        return Err(ImportError::Verification { at, seq: None, digest: None, message });
+    }
+    Ok(Trace { header, events, blobs })
+}
+
+fn read_header<R: BufRead>(lines: &mut Lines<'_, '_, R>) -> Result<ExportHeader, ImportError> {
+    let Some(line) = lines.next()? else {
+        let at = Location { file: lines.opts.file_name.clone(), line: 1 };
+        return Err(ImportError::Truncated { at, message: "the file is empty".into() });
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| lines.unparsable("the header is not JSON", &e))?;
+    let Some(format) = value.get("format").and_then(|f| f.as_str()) else {
+        return Err(lines.malformed("not a retrace trace: the first line has no \"format\""));
+    };
+    match check_format(format) {
+        Ok(()) => {}
+        Err(FormatError::UnknownMajor { found }) => {
+            return Err(ImportError::UnknownFormat { at: lines.at(), found })
+        }
+        Err(e @ FormatError::NotATrace(_)) => return Err(lines.malformed(e.to_string())),
+    }
+    let header: ExportHeader = serde_json::from_value(value)
+        .map_err(|e| lines.malformed(format!("bad header: {}", json_message(&e))))?;
+    let run = &header.run;
+    if run.id.is_empty() || run.id.len() > 200 || run.id.chars().any(char::is_control) {
+        return Err(lines.malformed(format!("bad run id {:?}", run.id)));
+    }
+    let agrees = header.holds_tokens == run.holds_tokens
+        && header.mask_key_fingerprint == run.mask_key_fingerprint
+        && header.masking_rules == run.masking_rules;
+    if !agrees {
+        let message =
+            "the header's holds_tokens, mask_key_fingerprint or masking_rules disagree with its run";
+        return Err(lines.malformed(message));
+    }
+    Ok(header)
+}
+
+fn read_events<R: BufRead>(
+    lines: &mut Lines<'_, '_, R>,
+    header: &ExportHeader,
+) -> Result<Vec<Event>, ImportError> {
+    let run = &header.run;
+    let mut events: Vec<Event> = Vec::with_capacity(header.events.min(1 << 16) as usize);
+    let mut prev: Option<Digest> = None;
+    for expected in 1..=header.events {
+        let Some(line) = lines.next()? else {
+            let message =
+                format!("the header announces {} events, the file holds {}", header.events, expected - 1);
+            return Err(ImportError::Truncated { at: lines.at(), message });
+        };
+        let event: Event = match serde_json::from_slice(line) {
+            Ok(event) => event,
+            Err(e) if looks_like(line, "blob") => {
+                let message = format!(
+                    "expected event {expected} of the {} the header announces, found a blob line ({})",
+                    header.events,
+                    json_message(&e)
+                );
+                return Err(lines.malformed(message));
+            }
+            Err(e) => return Err(lines.unparsable("not a valid event", &e)),
+        };
+        let seq = Some(event.seq);
+        if event.seq != expected {
+            let message = if event.seq < expected {
+                format!("seq {} is repeated or out of order (expected seq {expected})", event.seq)
+            } else {
+                format!("expected seq {expected}, found seq {} (out of order or missing)", event.seq)
+            };
+            return Err(lines.verification(seq, None, message));
+        }
+        let own = run.fork_at.is_none_or(|at| event.seq >= at);
+        if own && event.run_id != run.id {
+            let message = format!("seq {} names run {}, not {}", event.seq, event.run_id, run.id);
+            return Err(lines.verification(seq, None, message));
+        }
+        let hash = event
+            .compute_hash()
+            .map_err(|e| lines.verification(seq, None, format!("seq {} can't be hashed: {e}", event.seq)))?;
+        if hash != event.hash {
+            let message = format!(
+                "hash mismatch at seq {}: the line says {}, its content hashes to {hash}",
+                event.seq, event.hash
+            );
+            return Err(lines.verification(seq, None, message));
+        }
+        if event.prev != prev {
+            let show = |d: Option<Digest>| d.map_or("null".to_owned(), |d| d.to_string());
+            let message = format!(
+                "chain broken at seq {}: prev is {}, the previous event's hash is {}",
+                event.seq,
+                show(event.prev),
+                show(prev)
+            );
+            return Err(lines.verification(seq, None, message));
+        }
+        prev = Some(event.hash);
+        events.push(event);
+    }
+    Ok(events)
+}
+
+/// Whether `line` is a JSON object with a top-level member `key` (for better messages only).
+fn looks_like(line: &[u8], key: &str) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(line)
+        .is_ok_and(|map| map.contains_key(key))
+}
+
+fn read_blobs<R: BufRead>(
+    lines: &mut Lines<'_, '_, R>,
+    header: &ExportHeader,
+) -> Result<Vec<ReadBlob>, ImportError> {
+    let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(1 << 16) as usize);
+    let mut index: HashMap<Digest, usize> = HashMap::new();
+    for number in 1..=header.blobs {
+        let Some(line) = lines.next()? else {
+            let message =
+                format!("the header announces {} blobs, the file holds {}", header.blobs, number - 1);
+            return Err(ImportError::Truncated { at: lines.at(), message });
+        };
+        let parsed: BlobLine = match serde_json::from_slice(line) {
+            Ok(parsed) => parsed,
+            Err(e) if looks_like(line, "seq") => {
+                let message = format!(
+                    "expected blob {number} of the {}, found an event line \
+                     (the header announces {} events; {})",
+                    header.blobs,
+                    header.events,
+                    json_message(&e)
+                );
+                return Err(lines.malformed(message));
+            }
+            Err(e) => return Err(lines.unparsable("not a valid blob line", &e)),
+        };
+        let digest = parsed.blob;
+        if let Some(&first) = index.get(&digest) {
+            let first_line = 2 + header.events + first as u64;
+            return Err(lines.malformed(format!("blob {digest} appears twice (first on line {first_line})")));
+        }
+        let blob = decode_blob(lines, parsed, &blobs, &index)?;
+        index.insert(digest, blobs.len());
+        blobs.push(blob);
+    }
+    Ok(blobs)
+}
+
+fn decode_blob<R: BufRead>(
+    lines: &Lines<'_, '_, R>,
+    line: BlobLine,
+    blobs: &[ReadBlob],
+    index: &HashMap<Digest, usize>,
+) -> Result<ReadBlob, ImportError> {
+    let digest = line.blob;
+    let (what, bytes, names): (&str, Vec<u8>, _) = match (line.text, line.base64, line.manifest) {
+        (Some(text), None, None) => ("text", text.into_bytes(), None),
+        (None, Some(encoded), None) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(encoded.as_bytes())
+                .map_err(|e| lines.malformed(format!("blob {digest}: bad base64: {e}")))?;
+            ("base64", bytes, None)
+        }
+        (None, None, Some(manifest)) => {
+            let manifest = canonical_value(&manifest)
+                .map_err(|e| lines.malformed(format!("blob {digest}: bad manifest: {e}")))?;
+            let names = crate::manifest::references(&manifest)
+                .map_err(|e| lines.malformed(format!("blob {digest}: bad manifest: {e}")))?;
+            if let Some(missing) = names.iter().find(|d| !index.contains_key(d)) {
+                let message = format!(
+                    "the manifest of blob {digest} names blob {missing}, which no earlier line holds"
+                );
+                return Err(lines.verification(None, Some(digest), message));
+            }
+            let lookup = |d: &Digest| index.get(d).map(|&i| &blobs[i].bytes[..]);
+            let bytes = crate::manifest::rebuild(&manifest, &lookup).map_err(|e| {
+                lines.verification(
+                    None,
+                    Some(digest),
+                    format!("blob {digest}: the manifest can't be rebuilt: {e}"),
+                )
+            })?;
+            ("manifest", bytes, Some(names))
+        }
+        _ => {
+            let message = format!("blob {digest}: a blob line holds exactly one of text, base64 or manifest");
+            return Err(lines.malformed(message));
+        }
+    };
+    let actual = Digest::of(&bytes);
+    if actual != digest {
+        let message = format!("digest mismatch for blob {digest}: its {what} hashes to {actual}");
+        return Err(lines.verification(None, Some(digest), message));
+    }
+    Ok(ReadBlob { digest, bytes: bytes.into(), names })
+}
+
+/// Every blob an event references is present, and every blob is referenced.
+fn check_references<R: BufRead>(
+    lines: &Lines<'_, '_, R>,
+    header: &ExportHeader,
+    needed: &HashMap<Digest, u64>,
+    blobs: &[ReadBlob],
+) -> Result<(), ImportError> {
+    let file = lines.opts.file_name.clone();
+    let held: HashMap<Digest, usize> = blobs.iter().enumerate().map(|(i, b)| (b.digest, i)).collect();
+    let mut missing: Vec<(u64, Digest)> =
+        needed.iter().filter(|(d, _)| !held.contains_key(d)).map(|(&d, &seq)| (seq, d)).collect();
+    missing.sort();
+    if let Some(&(seq, digest)) = missing.first() {
+        let at = Location { file, line: seq + 1 };
+        let message = format!("seq {seq} references blob {digest}, which is not in the file");
+        return Err(ImportError::Verification { at, seq: Some(seq), digest: Some(digest), message });
+    }
+    let named: std::collections::HashSet<Digest> =
+        blobs.iter().filter_map(|b| b.names.as_ref()).flatten().copied().collect();
+    if let Some(i) = blobs.iter().position(|b| !needed.contains_key(&b.digest) && !named.contains(&b.digest))
+    {
+        let digest = blobs[i].digest;
+        let at = Location { file, line: 2 + header.events + i as u64 };
+        let message = format!("blob {digest} is referenced by no event or manifest");
+        return Err(ImportError::Verification { at, seq: None, digest: Some(digest), message });
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! Where the store lives and how durable it is: [`StoreConfig`] (from the environment, SPEC §3)
+//! and [`open_store`], which creates the folders, opens the backend and recovers runs whose
+//! recorder died.
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::error::ResultExt;
+use crate::memory::MemoryStore;
+use crate::sqlite::SqliteStore;
+use crate::{Store, StoreError, StoreResult};
+
+/// When `fsync` runs relative to acknowledging an event (DESIGN.md "Data flow > Record").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Before each commit is acknowledged.
+    Event,
+    /// At least every 10 ms while commits happen (the default).
+    #[default]
+    Batch,
+    /// Never: the OS writes back when it likes.
+    Os,
+}
+
+impl Durability {
+    /// The wire name: `event`, `batch` or `os`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Event => "event",
+            Durability::Batch => "batch",
+            Durability::Os => "os",
+        }
+    }
+}
+
+impl FromStr for Durability {
+    type Err = StoreError;
+    fn from_str(s: &str) -> StoreResult<Durability> {
+        match s {
+            "event" => Ok(Durability::Event),
+            "batch" => Ok(Durability::Batch),
+            "os" => Ok(Durability::Os),
+            _ => Err(StoreError::invalid(format!("unknown durability {s:?} (want event, batch or os)"))),
+        }
+    }
+}
+
+/// Which backend holds runs and events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A SQLite database file.
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// Process memory (gone at exit).
+    Memory,
+}
+
+/// Everything needed to open a store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Runs and events.
+    pub location: StoreLocation,
+    /// The folder for blob files over [`crate::INLINE_BLOB_MAX`].
+    pub blobs_dir: PathBuf,
+    /// When commits are fsynced.
+    pub durability: Durability,
+    /// How long a writer waits for another process's transaction before `Busy`.
+    pub busy_timeout_ms: u64,
+}
+
+/// The default wait for another writer.
+pub const DEFAULT_BUSY_TIMEOUT_MS: u64 = 5_000;
+
+impl StoreConfig {
+    /// The embedded default under `home`: `home/retrace.db` and `home/blobs/`.
+    pub fn in_home(home: &Path) -> StoreConfig {
+        StoreConfig {
+            location: StoreLocation::Sqlite { path: home.join("retrace.db") },
+            blobs_dir: home.join("blobs"),
+            durability: Durability::default(),
+            busy_timeout_ms: DEFAULT_BUSY_TIMEOUT_MS,
+        }
+    }
+
+    /// A store in memory.
+    pub fn memory() -> StoreConfig {
+        StoreConfig {
+            location: StoreLocation::Memory,
+            blobs_dir: PathBuf::new(),
+            durability: Durability::default(),
+            busy_timeout_ms: DEFAULT_BUSY_TIMEOUT_MS,
+        }
+    }
+
+    /// From `RETRACE_STORE`, `RETRACE_HOME`, `RETRACE_BLOBS` and `RETRACE_DURABILITY`.
+    pub fn from_env() -> StoreResult<StoreConfig> {
+        StoreConfig::from_vars(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// [`StoreConfig::from_env`] reading variables through `var` (for tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> StoreResult<StoreConfig> {
+        let home = PathBuf::from(var("RETRACE_HOME").unwrap_or_else(|| "./.retrace".to_string()));
+        let mut config = StoreConfig::in_home(&home);
+        if let Some(url) = var("RETRACE_STORE") {
+            config.location = parse_store_url(&url)?;
+            match &config.location {
+                StoreLocation::Sqlite { path } => {
+                    config.blobs_dir = path.parent().unwrap_or(Path::new(".")).join("blobs");
+                }
+                StoreLocation::Memory => config.blobs_dir = PathBuf::new(),
+            }
+        }
+        if let Some(url) = var("RETRACE_BLOBS") {
+            config.blobs_dir = parse_blobs_url(&url)?;
+        }
+        if let Some(level) = var("RETRACE_DURABILITY") {
+            config.durability = level.parse().map_err(|e: StoreError| e.context("RETRACE_DURABILITY"))?;
+        }
+        Ok(config)
+    }
+}
+
+fn parse_store_url(url: &str) -> StoreResult<StoreLocation> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(StoreError::invalid(format!("RETRACE_STORE {url:?} names no database file")));
+        }
+        return Ok(StoreLocation::Sqlite { path: PathBuf::from(path) });
+    }
+    if url == "memory:" || url == "memory://" {
+        return Ok(StoreLocation::Memory);
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Err(StoreError::invalid(
+            "RETRACE_STORE: postgres store not built yet (use sqlite:///path/retrace.db)",
+        ));
+    }
+    Err(StoreError::invalid(format!(
+        "RETRACE_STORE {url:?} is not a store url (want sqlite:///path/retrace.db)"
+    )))
+}
+
+fn parse_blobs_url(url: &str) -> StoreResult<PathBuf> {
+    if let Some(path) = url.strip_prefix("file://") {
+        if !path.is_empty() {
+            return Ok(PathBuf::from(path));
+        }
+    }
+    if url.starts_with("s3://") {
+        return Err(StoreError::invalid("RETRACE_BLOBS: the s3 blob store is not built yet"));
+    }
+    Err(StoreError::invalid(format!("RETRACE_BLOBS {url:?} is not a blob url (want file:///path)")))
+}
+
+/// Opens the store `config` names, creating its folders, and marks runs whose recorder died as
+/// `interrupted` (SPEC §7).
+pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
+    let store: Arc<dyn Store> = match &config.location {
+        StoreLocation::Memory => Arc::new(MemoryStore::new()),
+        StoreLocation::Sqlite { path } => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).ctx(|| format!("creating {}", parent.display()))?;
+            }
+            std::fs::create_dir_all(&config.blobs_dir)
+                .ctx(|| format!("creating {}", config.blobs_dir.display()))?;
+            Arc::new(SqliteStore::open(path, &config.blobs_dir, config.durability, config.busy_timeout_ms)?)
+        }
+    };
+    store.recover_interrupted()?;
+    Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoreErrorKind;
+
+    fn config(vars: &[(&str, &str)]) -> StoreResult<StoreConfig> {
+        StoreConfig::from_vars(|name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn environment_selects_the_store() {
+        let home = config(&[("RETRACE_HOME", "/h")]).unwrap();
+        assert_eq!(home.location, StoreLocation::Sqlite { path: "/h/retrace.db".into() });
+        assert_eq!(home.blobs_dir, PathBuf::from("/h/blobs"));
+        assert_eq!(home.durability, Durability::Batch);
+        let url = config(&[("RETRACE_STORE", "sqlite:///d/x.db"), ("RETRACE_DURABILITY", "event")]).unwrap();
+        assert_eq!(url.location, StoreLocation::Sqlite { path: "/d/x.db".into() });
+        assert_eq!((url.blobs_dir.as_path(), url.durability), (Path::new("/d/blobs"), Durability::Event));
+        let blobs = config(&[("RETRACE_BLOBS", "file:///b")]).unwrap();
+        assert_eq!(blobs.blobs_dir, PathBuf::from("/b"));
+        let default = config(&[]).unwrap();
+        assert_eq!(default.location, StoreLocation::Sqlite { path: "./.retrace/retrace.db".into() });
+        let pg = config(&[("RETRACE_STORE", "postgres://u@h/db")]).unwrap_err();
+        assert_eq!(pg.kind, StoreErrorKind::Invalid);
+        assert!(pg.message.contains("postgres store not built yet"), "{pg}");
+        assert!(config(&[("RETRACE_DURABILITY", "sometimes")])
+            .unwrap_err()
+            .message
+            .contains("event, batch or os"));
+    }
+}

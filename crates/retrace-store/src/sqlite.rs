@@ -1,0 +1,249 @@
+//! [`SqliteStore`]: the embedded default store. One SQLite database in WAL mode holds runs,
+//! events, leases and blobs up to [`crate::INLINE_BLOB_MAX`]; larger blobs are files in a blob
+//! folder, fsynced before the transaction that references them commits.
+//!
+//! One write connection (behind a mutex; every write is one `BEGIN IMMEDIATE` transaction)
+//! and a small pool of read connections. Several processes may share a store: writers wait
+//! up to the busy timeout for each other, then fail with `Busy`. Durability (see
+//! [`Durability`]): `event` runs SQLite with `synchronous=FULL`; `batch` with `NORMAL` plus a
+//! thread that fdatasyncs the WAL at most every 10 ms after commits; `os` never syncs.
+//! Schema: [`schema`].
+mod blobs;
+mod events;
+mod files;
+mod pack;
+mod rows;
+mod runs;
+pub mod schema;
+mod sync;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use retrace_core::run::RunMeta;
+use retrace_core::{Digest, Event};
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use crate::error::ResultExt;
+use crate::{Batch, BlobHint, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreResult};
+
+/// Read connections kept open for reuse.
+const READ_POOL: usize = 8;
+
+/// The embedded store: one SQLite database in WAL mode plus a blob folder.
+#[derive(Debug)]
+pub struct SqliteStore {
+    path: PathBuf,
+    label: String,
+    durability: Durability,
+    busy_timeout_ms: u64,
+    files: files::Files,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+    /// Agent name → interned id (ids are never reused, so the cache never goes stale).
+    agents: Mutex<HashMap<String, i64>>,
+    syncer: Option<sync::Syncer>,
+    /// Keeps a [`SqliteStore::temporary`] store's folder alive.
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl SqliteStore {
+    /// Opens (creating) the database at `path`, with large blobs under `blobs_dir` (created too).
+    pub fn open(
+        path: &Path,
+        blobs_dir: &Path,
+        durability: Durability,
+        busy_timeout_ms: u64,
+    ) -> StoreResult<SqliteStore> {
+        SqliteStore::open_inner(path, blobs_dir, durability, busy_timeout_ms, None)
+    }
+
+    /// A store in a new temporary folder, deleted when the store is dropped (for tests and
+    /// throwaway replays); durability `os`.
+    pub fn temporary() -> StoreResult<SqliteStore> {
+        let dir = tempfile::Builder::new()
+            .prefix("retrace-store-")
+            .tempdir()
+            .ctx(|| "creating a temporary store")?;
+        let (path, blobs) = (dir.path().join("retrace.db"), dir.path().join("blobs"));
+        SqliteStore::open_inner(&path, &blobs, Durability::Os, 5_000, Some(dir))
+    }
+
+    fn open_inner(
+        path: &Path,
+        blobs_dir: &Path,
+        durability: Durability,
+        busy_timeout_ms: u64,
+        temp: Option<tempfile::TempDir>,
+    ) -> StoreResult<SqliteStore> {
+        let label = path.display().to_string();
+        std::fs::create_dir_all(blobs_dir)
+            .ctx(|| format!("creating the blob folder {}", blobs_dir.display()))?;
+        let writer = open_connection(path, durability, busy_timeout_ms)?;
+        let segment_bytes = schema::migrate(&writer, &label)?;
+        let syncer = match durability {
+            Durability::Batch => {
+                let mut wal = path.as_os_str().to_owned();
+                wal.push("-wal");
+                Some(sync::Syncer::start(wal.into()).ctx(|| format!("starting the WAL syncer of {label}"))?)
+            }
+            Durability::Event | Durability::Os => None,
+        };
+        let files = files::Files::new(blobs_dir.to_path_buf(), durability != Durability::Os, segment_bytes);
+        Ok(SqliteStore {
+            path: path.to_path_buf(),
+            label,
+            durability,
+            busy_timeout_ms,
+            files,
+            writer: Mutex::new(writer),
+            readers: Mutex::new(Vec::new()),
+            agents: Mutex::new(HashMap::new()),
+            syncer,
+            _temp: temp,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The folder of blob files.
+    pub fn blobs_dir(&self) -> &Path {
+        &self.files.dir
+    }
+
+    /// Where the file of a large blob `digest` lives (whether or not it exists).
+    pub fn blob_file(&self, digest: &Digest) -> PathBuf {
+        self.files.dir.join(files::Files::relative_path(digest))
+    }
+
+    /// Copies the WAL into the database and truncates it (`PRAGMA wal_checkpoint(TRUNCATE)`).
+    pub fn checkpoint(&self) -> StoreResult<()> {
+        let conn = self.writer.lock();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .ctx(|| format!("checkpointing {}", self.label))
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction on the write connection; `what` names the
+    /// operation in errors (lower case, naming the run/seqs).
+    fn write<T>(&self, what: &str, f: impl FnOnce(&Connection) -> StoreResult<T>) -> StoreResult<T> {
+        let mut conn = self.writer.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| what)?;
+        let value = f(&tx)?;
+        tx.commit().ctx(|| what)?;
+        if let Some(syncer) = &self.syncer {
+            syncer.committed();
+        }
+        Ok(value)
+    }
+
+    /// Runs `f` on a pooled read connection.
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> StoreResult<T>) -> StoreResult<T> {
+        let pooled = self.readers.lock().pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_connection(&self.path, self.durability, self.busy_timeout_ms)?,
+        };
+        let value = f(&conn);
+        let mut pool = self.readers.lock();
+        if pool.len() < READ_POOL {
+            pool.push(conn);
+        }
+        value
+    }
+}
+
+fn open_connection(path: &Path, durability: Durability, busy_timeout_ms: u64) -> StoreResult<Connection> {
+    let label = path.display().to_string();
+    let flags =
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).ctx(|| format!("opening the store {label}"))?;
+    conn.set_prepared_statement_cache_capacity(32);
+    schema::configure(&conn, durability, busy_timeout_ms, &label)?;
+    Ok(conn)
+}
+
+impl BlobStore for SqliteStore {
+    fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
+        let digest = Digest::of(bytes);
+        self.write(&format!("storing blob {digest}"), |tx| {
+            blobs::put(tx, &self.files, None, &digest, bytes, hint)
+        })?;
+        Ok(digest)
+    }
+
+    fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
+        self.read(|conn| blobs::get(conn, &self.files, digest))
+    }
+
+    fn has_blob(&self, digest: &Digest) -> StoreResult<bool> {
+        self.read(|conn| blobs::has(conn, digest))
+    }
+
+    fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
+        self.read(|conn| blobs::manifest_of(conn, digest))
+    }
+}
+
+impl EventStore for SqliteStore {
+    fn create_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        self.create_run_impl(meta)
+    }
+    fn update_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        self.update_run_impl(meta)
+    }
+    fn run(&self, id: &str) -> StoreResult<RunMeta> {
+        self.run_impl(id)
+    }
+    fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
+        self.find_run_impl(id_or_prefix)
+    }
+    fn runs(&self) -> StoreResult<Vec<RunMeta>> {
+        self.runs_impl()
+    }
+    fn commit(&self, batch: &Batch) -> StoreResult<()> {
+        self.commit_impl(batch)
+    }
+    fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
+        self.events_impl(run, from, limit)
+    }
+    fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
+        self.event_impl(run, seq)
+    }
+    fn last_seq(&self, run: &str) -> StoreResult<u64> {
+        self.last_seq_impl(run)
+    }
+    fn agent_seqs(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
+        self.agent_seqs_impl(run, agent)
+    }
+    fn deliveries_to(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
+        self.deliveries_to_impl(run, agent, before)
+    }
+    fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
+        self.events_at_impl(run, seqs)
+    }
+    fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.acquire_lease_impl(run, holder, ttl_ms)
+    }
+    fn renew_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.renew_lease_impl(run, holder, ttl_ms)
+    }
+    fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
+        self.release_lease_impl(run, holder)
+    }
+    fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
+        self.lease_holder_impl(run)
+    }
+    fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
+        self.recover_interrupted_impl()
+    }
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+}

@@ -1,0 +1,193 @@
+//! Events in SQLite: the one atomic write path (`commit`) and the reads.
+use std::collections::HashMap;
+
+use retrace_core::run::RunMeta;
+use retrace_core::Event;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+
+use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
+use super::runs::run_pk;
+use super::{blobs, SqliteStore};
+use crate::error::ResultExt;
+use crate::memory::check_blob_digests;
+use crate::writer::check_seqs;
+use crate::{Batch, StoreError, StoreResult};
+
+fn last_seq(conn: &Connection, run: &str, pk: i64) -> StoreResult<u64> {
+    let last: Option<i64> = conn
+        .prepare_cached("SELECT max(seq) FROM events WHERE run_pk = ?1")
+        .and_then(|mut s| s.query_row([pk], |r| r.get(0)))
+        .ctx(|| format!("reading the last seq of run {run}"))?;
+    Ok(last.map_or(0, |s| s as u64))
+}
+
+/// The run's `fork_at`, read only when a batch could start there.
+fn fork_at(conn: &Connection, run: &str, pk: i64) -> StoreResult<Option<u64>> {
+    let json: String = conn
+        .prepare_cached("SELECT meta FROM runs WHERE pk = ?1")
+        .and_then(|mut s| s.query_row([pk], |r| r.get(0)))
+        .ctx(|| format!("reading run {run}"))?;
+    Ok(decode_json::<RunMeta>(json.as_bytes(), &format!("run {run}"))?.fork_at)
+}
+
+impl SqliteStore {
+    pub(crate) fn commit_impl(&self, batch: &Batch) -> StoreResult<()> {
+        check_blob_digests(batch)?;
+        let run = &batch.run_id;
+        let (first, last) = match (batch.events.first(), batch.events.last()) {
+            (Some(f), Some(l)) => (f.seq, l.seq),
+            _ => (0, 0),
+        };
+        let what = format!("committing seqs {first}..={last} of run {run}");
+        let mut fresh_agents: HashMap<String, i64> = HashMap::new();
+        self.write(&what, |tx| {
+            let pk = match run_pk(tx, run) {
+                Ok(pk) => Some(pk),
+                // Blobs alone may be stored without a run (no chaining of requests then).
+                Err(e) if e.kind == crate::StoreErrorKind::NotFound && batch.events.is_empty() => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(pk) = pk.filter(|_| !batch.events.is_empty()) {
+                let stored = last_seq(tx, run, pk)?;
+                let fork = if stored == 0 && first > 1 { fork_at(tx, run, pk)? } else { None };
+                check_seqs(run, stored, fork, &batch.events)?;
+            }
+            for blob in &batch.blobs {
+                blobs::put(tx, &self.files, pk, &blob.digest, &blob.bytes, blob.hint)?;
+            }
+            let Some(pk) = pk else { return Ok(()) };
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO events (run_pk, agent_pk, seq, type, lamport, causal_parent, name, key, \
+                     request_ref, output_ref, output_hash, flags, prev, hash, extra) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                )
+                .ctx(|| what.clone())?;
+            for event in &batch.events {
+                let agent = self.agent_pk(tx, &event.agent_id, &mut fresh_agents)?;
+                let values = event_values(run, event)?;
+                let all = [rusqlite::types::Value::Integer(pk), rusqlite::types::Value::Integer(agent)];
+                insert.execute(params_from_iter(all.iter().chain(values.iter()))).ctx(|| what.clone())?;
+            }
+            Ok(())
+        })?;
+        self.agents.lock().extend(fresh_agents);
+        Ok(())
+    }
+
+    /// The interned id of `agent`, inserting it in `tx` when new (`fresh` collects those, to
+    /// be cached once the transaction commits).
+    fn agent_pk(&self, tx: &Connection, agent: &str, fresh: &mut HashMap<String, i64>) -> StoreResult<i64> {
+        if let Some(pk) = self.agents.lock().get(agent).or_else(|| fresh.get(agent)) {
+            return Ok(*pk);
+        }
+        let what = || format!("interning agent {agent}");
+        tx.prepare_cached("INSERT OR IGNORE INTO agents (name) VALUES (?1)")
+            .and_then(|mut s| s.execute([agent]))
+            .ctx(what)?;
+        let pk: i64 = tx
+            .prepare_cached("SELECT pk FROM agents WHERE name = ?1")
+            .and_then(|mut s| s.query_row([agent], |r| r.get(0)))
+            .ctx(what)?;
+        fresh.insert(agent.to_string(), pk);
+        Ok(pk)
+    }
+
+    pub(crate) fn events_impl(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
+        self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM events e JOIN agents a ON a.pk = e.agent_pk \
+                 WHERE e.run_pk = ?1 AND e.seq >= ?2 ORDER BY e.seq LIMIT ?3"
+            );
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let from = i64::try_from(from).unwrap_or(i64::MAX);
+            conn.prepare_cached(&sql)
+                .and_then(|mut s| {
+                    s.query_map(params![pk, from, limit], |r| event_from_row(run, r))?.collect()
+                })
+                .ctx(|| format!("reading events of run {run} from seq {from}"))
+                .and_then(|rows: Vec<StoreResult<Event>>| rows.into_iter().collect())
+        })
+    }
+
+    pub(crate) fn event_impl(&self, run: &str, seq: u64) -> StoreResult<Event> {
+        self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM events e JOIN agents a ON a.pk = e.agent_pk \
+                 WHERE e.run_pk = ?1 AND e.seq = ?2"
+            );
+            let found = conn
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.query_row(params![pk, seq as i64], |r| event_from_row(run, r)).optional())
+                .ctx(|| format!("reading event {seq} of run {run}"))?;
+            match found {
+                Some(event) => event,
+                None => Err(StoreError::not_found(format!(
+                    "run {run} has no event {seq} (its last seq is {})",
+                    last_seq(conn, run, pk)?
+                ))),
+            }
+        })
+    }
+
+    /// Served by the partial index `events_deliver` (its `type = 5` is `EventType::Deliver`).
+    pub(crate) fn deliveries_to_impl(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
+        self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM events e INDEXED BY events_deliver \
+                 JOIN agents a ON a.pk = e.agent_pk \
+                 WHERE e.run_pk = ?1 AND e.agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
+                 AND e.type = 5 AND e.seq < ?3 ORDER BY e.seq"
+            );
+            let before = i64::try_from(before).unwrap_or(i64::MAX);
+            conn.prepare_cached(&sql)
+                .and_then(|mut s| {
+                    s.query_map(params![pk, agent, before], |r| event_from_row(run, r))?.collect()
+                })
+                .ctx(|| format!("reading the deliveries to agent {agent} in run {run}"))
+                .and_then(|rows: Vec<StoreResult<Event>>| rows.into_iter().collect())
+        })
+    }
+
+    /// One query for any number of seqs (passed as a JSON array to `json_each`).
+    pub(crate) fn events_at_impl(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
+        let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".to_string());
+        let found: Vec<Event> = self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM json_each(?2) j \
+                 JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                 JOIN agents a ON a.pk = e.agent_pk ORDER BY j.key"
+            );
+            conn.prepare_cached(&sql)
+                .and_then(|mut s| s.query_map(params![pk, list], |r| event_from_row(run, r))?.collect())
+                .ctx(|| format!("reading {} events of run {run}", seqs.len()))
+                .and_then(|rows: Vec<StoreResult<Event>>| rows.into_iter().collect())
+        })?;
+        if found.len() != seqs.len() {
+            let have: std::collections::HashSet<u64> = found.iter().map(|e| e.seq).collect();
+            let missing = seqs.iter().find(|s| !have.contains(s)).copied().unwrap_or_default();
+            return Err(StoreError::not_found(format!("run {run} has no event {missing}")));
+        }
+        Ok(found)
+    }
+
+    pub(crate) fn last_seq_impl(&self, run: &str) -> StoreResult<u64> {
+        self.read(|conn| last_seq(conn, run, run_pk(conn, run)?))
+    }
+
+    pub(crate) fn agent_seqs_impl(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
+        self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            conn.prepare_cached(
+                "SELECT e.seq FROM events e WHERE e.run_pk = ?1 \
+                 AND e.agent_pk = (SELECT pk FROM agents WHERE name = ?2) ORDER BY e.seq",
+            )
+            .and_then(|mut s| s.query_map(params![pk, agent], |r| Ok(r.get::<_, i64>(0)? as u64))?.collect())
+            .ctx(|| format!("reading the seqs of agent {agent} in run {run}"))
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! Events ↔ rows: the column layout of `events` and the compact JSON of its `extra` column.
+//!
+//! JSON read back from the store goes through `retrace_core::json` (exact decimal → double),
+//! so every number, and therefore every event hash, survives the round trip.
+use std::collections::BTreeMap;
+
+use retrace_core::envelope::{Approval, Decision, MessageRef, ModelRef, PromptRef, ToolRef, Usage};
+use retrace_core::{Digest, Event, EventType, Source};
+use rusqlite::types::Value;
+use rusqlite::Row;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::schema::FLAG_OUTPUT_HASH_IS_REF;
+use crate::{StoreError, StoreResult};
+
+/// The columns every event read selects, in this order, joined with `agents a`.
+pub(crate) const EVENT_COLUMNS: &str = "e.seq, e.type, a.name, e.lamport, e.causal_parent, e.name, e.key, \
+     e.request_ref, e.output_ref, e.output_hash, e.flags, e.prev, e.hash, e.extra";
+
+/// The optional fields of an event, absent ones omitted.
+#[derive(Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Extra {
+    /// The event's run when it is not the run it is stored under (inherited fork events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    r: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    inb: Vec<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<ModelRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    params: Option<BTreeMap<String, serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tpl: Option<PromptRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool: Option<ToolRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    msg: Option<MessageRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dec: Option<Decision>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    appr: Option<Approval>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lat: Option<u64>,
+    #[serde(skip_serializing_if = "is_live")]
+    src: Source,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    orig: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    err: Option<String>,
+}
+
+fn is_live(source: &Source) -> bool {
+    *source == Source::Live
+}
+
+/// The values of one `events` row, in insert order (run_pk and agent_pk supplied by the caller):
+/// seq, type, lamport, causal_parent, name, key, request_ref, output_ref, output_hash, flags,
+/// prev, hash, extra.
+pub(crate) fn event_values(run: &str, e: &Event) -> StoreResult<[Value; 13]> {
+    let extra = Extra {
+        r: (e.run_id != run).then(|| e.run_id.clone()),
+        role: e.role.clone(),
+        inb: e.inbound.clone(),
+        model: e.model.clone(),
+        params: e.params.clone(),
+        tpl: e.prompt_template.clone(),
+        tool: e.tool.clone(),
+        msg: e.message.clone(),
+        dec: e.decision.clone(),
+        appr: e.approval.clone(),
+        usage: e.usage.clone(),
+        lat: e.latency_ms,
+        src: e.source,
+        orig: e.origin_seq,
+        err: e.error.clone(),
+    };
+    let extra = serde_json::to_string(&extra).map_err(|err| {
+        StoreError::invalid(format!("event {} of run {run} can't be encoded: {err}", e.seq)).with_source(err)
+    })?;
+    let hash_is_ref = e.output_hash.is_some() && e.output_hash == e.output_ref;
+    let digest = |d: Option<Digest>| d.map_or(Value::Null, |d| Value::Blob(d.as_bytes().to_vec()));
+    Ok([
+        Value::Integer(e.seq as i64),
+        Value::Integer(i64::from(e.kind.code())),
+        Value::Integer(e.lamport as i64),
+        e.causal_parent.map_or(Value::Null, |p| Value::Integer(p as i64)),
+        e.name.clone().map_or(Value::Null, Value::Text),
+        digest(Some(e.key)),
+        digest(e.request_ref),
+        digest(e.output_ref),
+        digest(if hash_is_ref { None } else { e.output_hash }),
+        Value::Integer(if hash_is_ref { FLAG_OUTPUT_HASH_IS_REF } else { 0 }),
+        digest(e.prev),
+        digest(Some(e.hash)),
+        if extra == "{}" { Value::Null } else { Value::Text(extra) },
+    ])
+}
+
+/// An event from a row selected with [`EVENT_COLUMNS`], stored under `run`.
+pub(crate) fn event_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<StoreResult<Event>> {
+    let seq = row.get::<_, i64>(0)? as u64;
+    let bad = |what: &str| StoreError::corrupt(format!("event {seq} of run {run} has a bad {what} column"));
+    let digest = |i: usize, what: &str| -> rusqlite::Result<StoreResult<Option<Digest>>> {
+        Ok(match row.get::<_, Option<Vec<u8>>>(i)? {
+            None => Ok(None),
+            Some(bytes) => Digest::from_slice(&bytes).map(Some).ok_or_else(|| bad(what)),
+        })
+    };
+    let (key, request_ref, output_ref, output_hash, prev, hash) = (
+        digest(6, "key")?,
+        digest(7, "request_ref")?,
+        digest(8, "output_ref")?,
+        digest(9, "output_hash")?,
+        digest(11, "prev")?,
+        digest(12, "hash")?,
+    );
+    let flags: i64 = row.get(10)?;
+    let code: i64 = row.get(1)?;
+    let agent: String = row.get(2)?;
+    let lamport = row.get::<_, i64>(3)? as u64;
+    let causal_parent = row.get::<_, Option<i64>>(4)?.map(|p| p as u64);
+    let name: Option<String> = row.get(5)?;
+    let extra: Option<String> = row.get(13)?;
+    Ok((|| {
+        let kind = u8::try_from(code).ok().and_then(EventType::from_code).ok_or_else(|| bad("type"))?;
+        let extra: Extra = match extra {
+            Some(text) => decode_json(text.as_bytes(), &format!("event {seq} of run {run}"))?,
+            None => Extra::default(),
+        };
+        let output_ref = output_ref?;
+        let output_hash = if flags & FLAG_OUTPUT_HASH_IS_REF != 0 { output_ref } else { output_hash? };
+        Ok(Event {
+            run_id: extra.r.unwrap_or_else(|| run.to_string()),
+            seq,
+            lamport,
+            agent_id: agent,
+            role: extra.role,
+            kind,
+            name,
+            causal_parent,
+            inbound: extra.inb,
+            key: key?.ok_or_else(|| bad("key"))?,
+            request_ref: request_ref?,
+            output_ref,
+            output_hash,
+            model: extra.model,
+            params: extra.params,
+            prompt_template: extra.tpl,
+            tool: extra.tool,
+            message: extra.msg,
+            decision: extra.dec,
+            approval: extra.appr,
+            usage: extra.usage,
+            latency_ms: extra.lat,
+            source: extra.src,
+            origin_seq: extra.orig,
+            error: extra.err,
+            prev: prev?,
+            hash: hash?.ok_or_else(|| bad("hash"))?,
+        })
+    })())
+}
+
+/// Decodes stored JSON exactly (numbers through `retrace_core::json`); `Corrupt` naming `what`.
+pub(crate) fn decode_json<T: DeserializeOwned>(bytes: &[u8], what: &str) -> StoreResult<T> {
+    let corrupt =
+        |e: &dyn std::fmt::Display| StoreError::corrupt(format!("{what} is stored as bad JSON: {e}"));
+    let value = retrace_core::json::parse(bytes).map_err(|e| corrupt(&e))?.to_value();
+    serde_json::from_value(value).map_err(|e| corrupt(&e))
+}

@@ -1,0 +1,203 @@
+//! Runs and leases in SQLite.
+use retrace_core::run::{RunMeta, RunStatus};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::rows::decode_json;
+use super::SqliteStore;
+use crate::error::ResultExt;
+use crate::memory::{ambiguous, check_prefix};
+use crate::writer::lease::{lease_busy, now_ms, Lease, LEASELESS_GRACE_MS};
+use crate::{LeaseHolder, StoreError, StoreResult};
+
+/// The integer key of run `id`, `NotFound` when absent.
+pub(crate) fn run_pk(conn: &Connection, id: &str) -> StoreResult<i64> {
+    conn.prepare_cached("SELECT pk FROM runs WHERE id = ?1")
+        .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+        .ctx(|| format!("looking up run {id}"))?
+        .ok_or_else(|| StoreError::not_found(format!("no run {id}")))
+}
+
+fn meta_json(meta: &RunMeta) -> StoreResult<String> {
+    serde_json::to_string(meta)
+        .map_err(|e| StoreError::invalid(format!("run {} can't be encoded: {e}", meta.id)).with_source(e))
+}
+
+fn decode_meta(id: &str, json: &str) -> StoreResult<RunMeta> {
+    decode_json(json.as_bytes(), &format!("run {id}"))
+}
+
+fn lease_of(conn: &Connection, pk: i64) -> StoreResult<Option<Lease>> {
+    conn.prepare_cached("SELECT holder, expires_at FROM leases WHERE run_pk = ?1")
+        .and_then(|mut s| {
+            s.query_row([pk], |r| {
+                Ok(Lease { holder: LeaseHolder(r.get(0)?), expires_at_ms: r.get::<_, i64>(1)? as u64 })
+            })
+            .optional()
+        })
+        .ctx(|| "reading a lease")
+}
+
+impl SqliteStore {
+    pub(crate) fn create_run_impl(&self, meta: &RunMeta) -> StoreResult<()> {
+        let json = meta_json(meta)?;
+        self.write(&format!("creating run {}", meta.id), |tx| {
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO runs (id, started_at, status, meta) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![meta.id, meta.started_at_ms as i64, meta.status.as_str(), json])
+                })
+                .ctx(|| format!("creating run {}", meta.id))?;
+            if inserted == 0 {
+                return Err(StoreError::conflict(format!("run {} already exists", meta.id)));
+            }
+            Ok(())
+        })
+    }
+
+    pub(crate) fn update_run_impl(&self, meta: &RunMeta) -> StoreResult<()> {
+        let json = meta_json(meta)?;
+        self.write(&format!("updating run {}", meta.id), |tx| {
+            let updated = tx
+                .prepare_cached("UPDATE runs SET started_at = ?2, status = ?3, meta = ?4 WHERE id = ?1")
+                .and_then(|mut s| {
+                    s.execute(params![meta.id, meta.started_at_ms as i64, meta.status.as_str(), json])
+                })
+                .ctx(|| format!("updating run {}", meta.id))?;
+            if updated == 0 {
+                return Err(StoreError::not_found(format!("no run {}", meta.id)));
+            }
+            Ok(())
+        })
+    }
+
+    pub(crate) fn run_impl(&self, id: &str) -> StoreResult<RunMeta> {
+        let json: Option<String> = self.read(|conn| {
+            conn.prepare_cached("SELECT meta FROM runs WHERE id = ?1")
+                .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+                .ctx(|| format!("reading run {id}"))
+        })?;
+        decode_meta(id, &json.ok_or_else(|| StoreError::not_found(format!("no run {id}")))?)
+    }
+
+    pub(crate) fn find_run_impl(&self, prefix: &str) -> StoreResult<RunMeta> {
+        match self.run_impl(prefix) {
+            Err(e) if e.kind == crate::StoreErrorKind::NotFound => {}
+            other => return other,
+        }
+        check_prefix(prefix)?;
+        let found: Vec<(String, String)> = self.read(|conn| {
+            conn.prepare_cached("SELECT id, meta FROM runs WHERE id >= ?1 ORDER BY id LIMIT 2")
+                .and_then(|mut s| s.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .ctx(|| format!("finding run {prefix}"))
+        })?;
+        let found: Vec<_> = found.into_iter().filter(|(id, _)| id.starts_with(prefix)).collect();
+        match found.as_slice() {
+            [] => Err(StoreError::not_found(format!("no run matches {prefix}"))),
+            [(id, json)] => decode_meta(id, json),
+            [(a, _), (b, _), ..] => Err(ambiguous(prefix, a, b)),
+        }
+    }
+
+    pub(crate) fn runs_impl(&self) -> StoreResult<Vec<RunMeta>> {
+        let rows: Vec<(String, String)> = self.read(|conn| {
+            conn.prepare_cached("SELECT id, meta FROM runs ORDER BY started_at, pk")
+                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .ctx(|| "listing runs")
+        })?;
+        rows.iter().map(|(id, json)| decode_meta(id, json)).collect()
+    }
+
+    pub(crate) fn acquire_lease_impl(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.write(&format!("taking the lease of run {run}"), |tx| {
+            let pk = run_pk(tx, run)?;
+            let now = now_ms();
+            if let Some(lease) = lease_of(tx, pk)? {
+                if lease.holder != *holder && lease.is_live(now) {
+                    return Err(lease_busy(run, &lease, now));
+                }
+            }
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO leases (run_pk, holder, expires_at) VALUES (?1, ?2, ?3)",
+            )
+            .and_then(|mut s| s.execute(params![pk, holder.0, (now + ttl_ms) as i64]))
+            .ctx(|| format!("taking the lease of run {run}"))?;
+            Ok(())
+        })
+    }
+
+    pub(crate) fn renew_lease_impl(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.write(&format!("renewing the lease of run {run}"), |tx| {
+            let pk = run_pk(tx, run)?;
+            let renewed = tx
+                .prepare_cached("UPDATE leases SET expires_at = ?3 WHERE run_pk = ?1 AND holder = ?2")
+                .and_then(|mut s| s.execute(params![pk, holder.0, (now_ms() + ttl_ms) as i64]))
+                .ctx(|| format!("renewing the lease of run {run}"))?;
+            if renewed == 0 {
+                return Err(StoreError::conflict(format!("{holder} no longer holds the lease of run {run}")));
+            }
+            Ok(())
+        })
+    }
+
+    pub(crate) fn release_lease_impl(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
+        self.write(&format!("releasing the lease of run {run}"), |tx| {
+            tx.prepare_cached(
+                "DELETE FROM leases WHERE run_pk = (SELECT pk FROM runs WHERE id = ?1) AND holder = ?2",
+            )
+            .and_then(|mut s| s.execute(params![run, holder.0]))
+            .ctx(|| format!("releasing the lease of run {run}"))?;
+            Ok(())
+        })
+    }
+
+    pub(crate) fn lease_holder_impl(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
+        let lease = self.read(|conn| lease_of(conn, run_pk(conn, run)?))?;
+        let now = now_ms();
+        Ok(lease.filter(|l| l.is_live(now)).map(|l| l.holder))
+    }
+
+    pub(crate) fn recover_interrupted_impl(&self) -> StoreResult<Vec<String>> {
+        self.write("recovering interrupted runs", |tx| {
+            let what = || "recovering interrupted runs";
+            type Candidate = (i64, String, i64, String, Option<String>, Option<i64>);
+            let candidates: Vec<Candidate> = tx
+                .prepare_cached(
+                    "SELECT r.pk, r.id, r.started_at, r.meta, l.holder, l.expires_at FROM runs r \
+                     LEFT JOIN leases l ON l.run_pk = r.pk WHERE r.status = 'running' ORDER BY r.pk",
+                )
+                .and_then(|mut s| {
+                    s.query_map([], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                    })?
+                    .collect()
+                })
+                .ctx(what)?;
+            let now = now_ms();
+            let mut recovered = Vec::new();
+            for (pk, id, started, json, holder, expires) in candidates {
+                let dead = match (holder, expires) {
+                    (Some(holder), Some(expires)) => {
+                        !Lease { holder: LeaseHolder(holder), expires_at_ms: expires as u64 }.is_live(now)
+                    }
+                    _ => (started as u64).saturating_add(LEASELESS_GRACE_MS) <= now,
+                };
+                if !dead {
+                    continue;
+                }
+                let mut meta = decode_meta(&id, &json)?;
+                meta.status = RunStatus::Interrupted;
+                let json = meta_json(&meta)?;
+                tx.prepare_cached("UPDATE runs SET status = ?2, meta = ?3 WHERE pk = ?1")
+                    .and_then(|mut s| s.execute(params![pk, meta.status.as_str(), json]))
+                    .ctx(what)?;
+                tx.prepare_cached("DELETE FROM leases WHERE run_pk = ?1")
+                    .and_then(|mut s| s.execute([pk]))
+                    .ctx(what)?;
+                recovered.push(id);
+            }
+            Ok(recovered)
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! The SQLite schema and connection settings.
+//!
+//! Compact by design (a storage budget test holds it to ~1.3× the unique message bytes):
+//! - `runs`: integer key, text id, start time and status for ordering and recovery, the rest of
+//!   [`RunMeta`](retrace_core::run::RunMeta) as JSON;
+//! - `agents`: agent names interned to integers;
+//! - `events`: keyed by `(run_pk, seq)` without a rowid; digests as 32-byte blobs;
+//!   `output_hash` is NULL when it equals `output_ref` (flag bit 0); the type as
+//!   [`EventType::code`](retrace_core::EventType::code); the optional fields as one compact JSON
+//!   column (`extra`, NULL when all are absent). Indexes: `(run_pk, agent_pk, seq)`, and the
+//!   same restricted to deliveries for causal queries;
+//! - `blobs`: rowid table; `kind` 0 = inline bytes (tiny blobs), 1 = a file under the blob
+//!   folder (`data` holds its relative path), 2 = a chained manifest (`data` holds its compact
+//!   encoding), 3 = packed (`data` holds `segment_id << 16 | offset`);
+//! - `segments`: the bytes of packed blobs, appended end to end into rows of one page each
+//!   (page size − [`SEGMENT_SLACK`]); a blob may continue into the following segments. One row
+//!   per blob would leave ~17% of each page empty (append-only inserts split pages wherever the
+//!   next row doesn't fit); segments fill pages to ~99%;
+//! - `prefixes`: per run, the message-prefix digest `P_n` of each stored request → its blob;
+//! - `leases`: one row per leased run.
+use rusqlite::Connection;
+
+use crate::error::ResultExt;
+use crate::{Durability, StoreError, StoreResult};
+
+/// The schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Page size for new databases. Small pages keep the fixed cost of each table and index low;
+/// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
+pub const PAGE_SIZE: u32 = 4096;
+
+/// Blob kind: the bytes are in `data` (tiny blobs).
+pub const KIND_INLINE: i64 = 0;
+/// Blob kind: a file under the blob folder; `data` is its relative path.
+pub const KIND_FILE: i64 = 1;
+/// Blob kind: a chained manifest; `data` is its compact encoding.
+pub const KIND_MANIFEST: i64 = 2;
+/// Blob kind: packed into `segments`; `data` is the integer `segment_id << 16 | offset`.
+pub const KIND_PACKED: i64 = 3;
+
+/// Segment rows are this much smaller than a page, so that each fills one page on its own.
+pub const SEGMENT_SLACK: usize = 48;
+
+/// `flags` bit: `output_hash` equals `output_ref` and is stored as NULL.
+pub const FLAG_OUTPUT_HASH_IS_REF: i64 = 1;
+
+const DDL: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    pk INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    started_at INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    meta TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agents (
+    pk INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_pk INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    type INTEGER NOT NULL,
+    agent_pk INTEGER NOT NULL,
+    lamport INTEGER NOT NULL,
+    causal_parent INTEGER,
+    name TEXT,
+    key BLOB NOT NULL,
+    request_ref BLOB,
+    output_ref BLOB,
+    output_hash BLOB,
+    flags INTEGER NOT NULL,
+    prev BLOB,
+    hash BLOB NOT NULL,
+    extra TEXT,
+    PRIMARY KEY (run_pk, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_agent ON events (run_pk, agent_pk, seq);
+CREATE INDEX IF NOT EXISTS events_deliver ON events (run_pk, agent_pk, seq) WHERE type = 5;
+CREATE TABLE IF NOT EXISTS blobs (
+    id INTEGER PRIMARY KEY,
+    digest BLOB NOT NULL UNIQUE,
+    kind INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    data BLOB
+);
+CREATE TABLE IF NOT EXISTS segments (
+    id INTEGER PRIMARY KEY,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS prefixes (
+    run_pk INTEGER NOT NULL,
+    prefix BLOB NOT NULL,
+    blob_id INTEGER NOT NULL,
+    PRIMARY KEY (run_pk, prefix)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    run_pk INTEGER PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+";
+
+/// Settings every connection gets.
+pub(crate) fn configure(
+    conn: &Connection,
+    durability: Durability,
+    busy_timeout_ms: u64,
+    path: &str,
+) -> StoreResult<()> {
+    conn.busy_timeout(std::time::Duration::from_millis(busy_timeout_ms)).ctx(|| format!("opening {path}"))?;
+    let synchronous = match durability {
+        Durability::Event => "FULL",
+        Durability::Batch => "NORMAL",
+        Durability::Os => "OFF",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = OFF;"))
+        .ctx(|| format!("configuring {path}"))
+}
+
+/// Creates or checks the schema on the write connection (WAL mode, page size, tables);
+/// returns the segment size for the database's page size.
+pub(crate) fn migrate(conn: &Connection, path: &str) -> StoreResult<usize> {
+    let what = || format!("opening the store {path}");
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).ctx(what)?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::invalid(format!(
+            "the store {path} has schema version {version}, newer than this build's {SCHEMA_VERSION}"
+        )));
+    }
+    if version == 0 {
+        conn.execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE};")).ctx(what)?;
+    }
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).ctx(what)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::io(format!("{}: could not switch to WAL mode (got {mode})", what())));
+    }
+    if version == 0 {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {DDL} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))
+        .ctx(what)?;
+    }
+    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).ctx(what)?;
+    Ok((page_size as usize).saturating_sub(SEGMENT_SLACK).max(512))
+}

@@ -1,0 +1,269 @@
+//! Checking a stored run: hash chain, dense seqs, blob digests, Lamport clocks and causality.
+//!
+//! [`verify_run`] streams a run's events page by page, a fork's inherited ones included (a run of
+//! a million events is never loaded at once), and keeps only a few bytes per event for the
+//! causal checks. Every finding is a [`Problem`] that names the run, the seq or digest, and what
+//! is wrong; an empty list means the run is sound.
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use retrace_core::envelope::EventType;
+use retrace_core::{Digest, Event};
+use serde::Serialize;
+
+use crate::export::RunEvents;
+use crate::{Store, StoreErrorKind};
+
+/// What kind of rule a [`Problem`] breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// The run or its events could not be read.
+    Unreadable,
+    /// Seqs are not 1, 2, 3... in order.
+    Seq,
+    /// An event's `hash` is not the digest of its content.
+    Hash,
+    /// An event's `prev` is not the previous event's hash.
+    Chain,
+    /// An event names a run it does not belong to.
+    RunId,
+    /// A referenced blob is missing.
+    BlobMissing,
+    /// A referenced blob's bytes don't match its digest.
+    BlobCorrupt,
+    /// An agent's Lamport clock did not increase, or a delivery is not after its send.
+    Lamport,
+    /// A `causal_parent` that does not name an earlier event (or a deliver's is not a send).
+    Causal,
+    /// An `inbound` seq that is not an earlier delivery to the same agent.
+    Inbound,
+    /// The run's recorded `head` is not its last event's hash.
+    Head,
+}
+
+/// One thing wrong with a stored run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// The run.
+    pub run: String,
+    /// The event, when the problem is about one.
+    pub seq: Option<u64>,
+    /// The blob, when the problem is about one.
+    pub digest: Option<Digest>,
+    /// Which rule is broken.
+    pub kind: ProblemKind,
+    /// What is wrong, in lower case.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "run {}", self.run)?;
+        if let Some(seq) = self.seq {
+            write!(f, " seq {seq}")?;
+        }
+        if let Some(digest) = &self.digest {
+            write!(f, " blob {digest}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Checks one run; an empty list means it is sound.
+pub fn verify_run(store: &dyn Store, run_id: &str) -> Vec<Problem> {
+    let mut check = RunCheck::new(store, run_id);
+    check.run();
+    check.problems
+}
+
+/// Checks every run in the store, oldest first.
+pub fn verify_all(store: &dyn Store) -> Vec<Problem> {
+    match store.runs() {
+        Ok(runs) => runs.iter().flat_map(|run| verify_run(store, &run.id)).collect(),
+        Err(e) => vec![Problem {
+            run: "*".into(),
+            seq: None,
+            digest: None,
+            kind: ProblemKind::Unreadable,
+            message: format!("cannot list runs: {e}"),
+        }],
+    }
+}
+
+/// What the causal checks remember of each event: 16 bytes.
+#[derive(Clone, Copy)]
+struct Seen {
+    lamport: u64,
+    agent: u32,
+    kind: EventType,
+}
+
+struct RunCheck<'a> {
+    store: &'a dyn Store,
+    run: &'a str,
+    problems: Vec<Problem>,
+    /// Index `seq - 1`.
+    seen: Vec<Seen>,
+    agents: HashMap<String, u32>,
+    /// Last Lamport value per agent index.
+    clocks: Vec<Option<u64>>,
+    blobs: HashSet<Digest>,
+    prev: Option<Digest>,
+}
+
+impl<'a> RunCheck<'a> {
+    fn new(store: &'a dyn Store, run: &'a str) -> Self {
+        RunCheck {
+            store,
+            run,
+            problems: Vec::new(),
+            seen: Vec::new(),
+            agents: HashMap::new(),
+            clocks: Vec::new(),
+            blobs: HashSet::new(),
+            prev: None,
+        }
+    }
+
+    fn problem(&mut self, kind: ProblemKind, seq: Option<u64>, message: String) {
+        let run = self.run.to_owned();
+        self.problems.push(Problem { run, seq, digest: None, kind, message });
+    }
+
+    fn run(&mut self) {
+        let meta = match self.store.run(self.run) {
+            Ok(meta) => meta,
+            Err(e) => {
+                return self.problem(ProblemKind::Unreadable, None, format!("cannot read the run: {e}"))
+            }
+        };
+        let mut pages = match RunEvents::new(self.store, self.run) {
+            Ok(pages) => pages,
+            Err(e) => return self.problem(ProblemKind::Unreadable, None, format!("cannot read events: {e}")),
+        };
+        loop {
+            match pages.next_page() {
+                Ok(Some(page)) => page.iter().for_each(|event| self.event(event, meta.fork_at)),
+                Ok(None) => break,
+                Err(e) => {
+                    let from = self.seen.len() as u64 + 1;
+                    let message = format!("cannot read events from seq {from}: {e}");
+                    return self.problem(ProblemKind::Unreadable, Some(from), message);
+                }
+            }
+        }
+        if let Some(head) = meta.head {
+            if self.prev != Some(head) {
+                let last = self.seen.len() as u64;
+                let found = self.prev.map_or("no events".to_owned(), |d| d.to_string());
+                let message = format!("run head is {head} but the last event's hash is {found}");
+                self.problem(ProblemKind::Head, (last > 0).then_some(last), message);
+            }
+        }
+    }
+
+    fn event(&mut self, e: &Event, fork_at: Option<u64>) {
+        let expected = self.seen.len() as u64 + 1;
+        if e.seq != expected {
+            let message = format!("expected seq {expected}, found seq {}", e.seq);
+            self.problem(ProblemKind::Seq, Some(e.seq), message);
+        }
+        let own = fork_at.is_none_or(|at| e.seq >= at);
+        if own && e.run_id != self.run {
+            self.problem(ProblemKind::RunId, Some(e.seq), format!("event names run {}", e.run_id));
+        }
+        self.chain(e);
+        self.causality(e);
+        for digest in [e.request_ref, e.output_ref].into_iter().flatten() {
+            self.blob(e.seq, digest);
+        }
+        self.prev = Some(e.hash);
+    }
+
+    fn chain(&mut self, e: &Event) {
+        if e.prev != self.prev {
+            let want = self.prev.map_or("null".to_owned(), |d| d.to_string());
+            let found = e.prev.map_or("null".to_owned(), |d| d.to_string());
+            let message = format!("chain broken: prev is {found}, the previous event's hash is {want}");
+            self.problem(ProblemKind::Chain, Some(e.seq), message);
+        }
+        match e.compute_hash() {
+            Ok(hash) if hash == e.hash => {}
+            Ok(hash) => {
+                let message = format!("hash mismatch: stored {}, content hashes to {hash}", e.hash);
+                self.problem(ProblemKind::Hash, Some(e.seq), message);
+            }
+            Err(err) => self.problem(ProblemKind::Hash, Some(e.seq), format!("cannot hash: {err}")),
+        }
+    }
+
+    fn causality(&mut self, e: &Event) {
+        let next = self.agents.len() as u32;
+        let agent = *self.agents.entry(e.agent_id.clone()).or_insert(next);
+        if agent == next {
+            self.clocks.push(None);
+        }
+        if let Some(last) = self.clocks[agent as usize] {
+            if e.lamport <= last {
+                let message = format!(
+                    "lamport {} of agent {} does not increase (its previous event has {last})",
+                    e.lamport, e.agent_id
+                );
+                self.problem(ProblemKind::Lamport, Some(e.seq), message);
+            }
+        }
+        self.clocks[agent as usize] = Some(e.lamport);
+        if let Some(parent) = e.causal_parent {
+            self.parent(e, parent);
+        }
+        for &seq in &e.inbound {
+            let ok =
+                seq < e.seq && self.at(seq).is_some_and(|s| s.kind == EventType::Deliver && s.agent == agent);
+            if !ok {
+                let message = format!("inbound {seq} is not an earlier deliver to {}", e.agent_id);
+                self.problem(ProblemKind::Inbound, Some(e.seq), message);
+            }
+        }
+        self.seen.push(Seen { lamport: e.lamport, agent, kind: e.kind });
+    }
+
+    fn parent(&mut self, e: &Event, parent: u64) {
+        let Some(found) = self.at(parent).filter(|_| parent < e.seq) else {
+            let message = format!("causal_parent {parent} is not an earlier event");
+            return self.problem(ProblemKind::Causal, Some(e.seq), message);
+        };
+        if e.kind != EventType::Deliver {
+            return;
+        }
+        if found.kind != EventType::Send {
+            let message = format!("deliver names causal_parent {parent}, a {}, not a send", found.kind);
+            self.problem(ProblemKind::Causal, Some(e.seq), message);
+        } else if e.lamport <= found.lamport {
+            let message = format!(
+                "deliver has lamport {} but its send (seq {parent}) has {}",
+                e.lamport, found.lamport
+            );
+            self.problem(ProblemKind::Lamport, Some(e.seq), message);
+        }
+    }
+
+    fn at(&self, seq: u64) -> Option<Seen> {
+        self.seen.get(usize::try_from(seq).ok()?.checked_sub(1)?).copied()
+    }
+
+    fn blob(&mut self, seq: u64, digest: Digest) {
+        if !self.blobs.insert(digest) {
+            return;
+        }
+        let Err(e) = self.store.get_blob(&digest) else { return };
+        let kind = match e.kind {
+            StoreErrorKind::NotFound => ProblemKind::BlobMissing,
+            StoreErrorKind::Corrupt => ProblemKind::BlobCorrupt,
+            _ => ProblemKind::Unreadable,
+        };
+        let run = self.run.to_owned();
+        let message = format!("referenced by seq {seq}: {e}");
+        self.problems.push(Problem { run, seq: Some(seq), digest: Some(digest), kind, message });
+    }
+}

@@ -1,0 +1,242 @@
+//! Export, import and verify: round trips on every backend, conflicts, forks, corrupted files.
+#[path = "export_import/corrupt.rs"]
+mod corrupt;
+mod trace_fixture;
+#[path = "export_import/verify.rs"]
+mod verify;
+
+use retrace_core::canonical::canonicalize;
+use retrace_core::envelope::EventType;
+use retrace_core::run::RunMode;
+use retrace_core::Event;
+use retrace_store::import::{ImportErrorKind, ImportOutcome};
+use retrace_store::verify::verify_run;
+use retrace_store::Batch;
+use trace_fixture::{conversation, export, import, lines, memory, sqlite, Backend, Builder};
+
+fn round_trip(make: fn() -> Backend) {
+    let (a, b) = (make(), make());
+    let fixture = conversation("01run0000000000000000000000", 4);
+    fixture.commit(&*a.store);
+    let first = export(&*a.store, &fixture.meta.id);
+    let outcome = import(&*b.store, &first).unwrap();
+    let blobs = lines(&first).len() as u64 - 1 - fixture.events.len() as u64;
+    let imported = ImportOutcome::Imported {
+        run_id: fixture.meta.id.clone(),
+        events: fixture.events.len() as u64,
+        blobs,
+    };
+    assert_eq!(outcome, imported);
+    let second = export(&*b.store, &fixture.meta.id);
+    assert!(
+        first == second,
+        "re-export differs:\n{}\n---\n{}",
+        String::from_utf8_lossy(&first),
+        String::from_utf8_lossy(&second)
+    );
+    assert_eq!(verify_run(&*b.store, &fixture.meta.id), vec![]);
+    assert_eq!(b.store.run(&fixture.meta.id).unwrap(), fixture.meta);
+    // Importing the same file again is a no-op.
+    let again = import(&*b.store, &first).unwrap();
+    assert_eq!(again, ImportOutcome::AlreadyPresent { run_id: fixture.meta.id.clone() });
+    assert_eq!(export(&*b.store, &fixture.meta.id), first);
+}
+
+#[test]
+fn round_trip_is_byte_identical_in_memory() {
+    round_trip(memory);
+}
+
+#[test]
+fn round_trip_is_byte_identical_in_sqlite() {
+    round_trip(sqlite);
+}
+
+#[test]
+fn export_layout_is_header_events_then_blobs_all_canonical() {
+    let a = memory();
+    let fixture = conversation("01layout", 2);
+    fixture.commit(&*a.store);
+    let file = export(&*a.store, "01layout");
+    let lines = lines(&file);
+    let header: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(header["format"], "retrace-trace/1");
+    assert_eq!(header["events"], fixture.events.len());
+    assert_eq!(header["blobs"].as_u64().unwrap() as usize, lines.len() - 1 - fixture.events.len());
+    assert_eq!(header["run"]["id"], "01layout");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(
+            canonicalize(line.as_bytes()).unwrap(),
+            line.as_bytes(),
+            "line {} is not canonical",
+            i + 1
+        );
+    }
+    for (event, line) in fixture.events.iter().zip(&lines[1..]) {
+        assert_eq!(line.as_bytes(), event.canonical().unwrap());
+    }
+    let blob_lines = &lines[1 + fixture.events.len()..];
+    assert!(blob_lines.iter().all(|l| l.contains("\"blob\":\"sha256:")));
+    assert!(blob_lines.iter().any(|l| l.starts_with("{\"base64\":")), "binary output exported as base64");
+    // Blobs in order of first reference: the first event's request comes first.
+    let first_request = fixture.events[0].request_ref.unwrap().to_string();
+    assert!(blob_lines[0].contains(&first_request));
+}
+
+#[test]
+fn sqlite_exports_chained_manifests_after_what_they_name() {
+    let a = sqlite();
+    let fixture = conversation("01manifest", 3);
+    fixture.commit(&*a.store);
+    let lines = lines(&export(&*a.store, "01manifest"));
+    let manifests: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("\"manifest\":")).collect();
+    assert!(!manifests.is_empty(), "model requests are stored as manifests in sqlite");
+    for &i in &manifests {
+        let line: serde_json::Value = serde_json::from_str(&lines[i]).unwrap();
+        let manifest = &line["manifest"];
+        for name in [&manifest["skeleton"], &manifest["base"]]
+            .into_iter()
+            .chain(manifest["elements"].as_array().unwrap())
+        {
+            let Some(name) = name.as_str() else { continue };
+            let at = lines.iter().position(|l| l.contains(&format!("\"blob\":\"{name}\""))).unwrap();
+            assert!(at < i, "blob {name} (line {}) comes after its manifest (line {})", at + 1, i + 1);
+        }
+    }
+}
+
+#[test]
+fn different_run_under_the_same_id_is_refused_naming_the_seq() {
+    for make in [memory, sqlite] {
+        let (a, b) = (make(), make());
+        let original = conversation("01conflict", 3);
+        original.commit(&*b.store);
+        let mut changed = conversation("01conflict", 3);
+        changed.events[4].latency_ms = Some(99);
+        changed.reseal_from(4);
+        changed.commit(&*a.store);
+        let err = import(&*b.store, &export(&*a.store, "01conflict")).unwrap_err();
+        assert_eq!((err.kind(), err.exit_code()), (ImportErrorKind::Conflict, 1));
+        assert!(err.to_string().contains("first difference at seq 5"), "{err}");
+        // A longer run under the same id differs at the first seq the store lacks.
+        let longer = conversation("01conflict", 4);
+        let c = make();
+        longer.commit(&*c.store);
+        let err = import(&*b.store, &export(&*c.store, "01conflict")).unwrap_err();
+        assert!(err.to_string().contains(&format!("seq {}", original.events.len())), "{err}");
+    }
+}
+
+/// A source run of 10 events and a fork of it at seq 6 with 3 events of its own.
+fn fork_pair(source_latency: Option<u64>) -> (trace_fixture::Fixture, trace_fixture::Fixture) {
+    let mut source = Builder::new("01source");
+    for i in 0..10 {
+        source.push(
+            if i % 2 == 0 { "a" } else { "b" },
+            EventType::ToolCall,
+            Some("t"),
+            None,
+            Some(vec![b'0' + i]),
+            |e| {
+                e.latency_ms = source_latency;
+            },
+        );
+    }
+    let source = source.finish(RunMode::Record);
+    let mut fork = Builder::new("01fork");
+    for e in &source.events[..5] {
+        fork.push(&e.agent_id.clone(), e.kind, e.name.as_deref(), None, None, |_| {});
+    }
+    for i in 0..3 {
+        fork.push("a", EventType::ToolCall, Some("t"), None, Some(vec![b'x', i]), |_| {});
+    }
+    let mut fork = fork.finish(RunMode::Fork);
+    for (inherited, original) in fork.events.iter_mut().zip(&source.events) {
+        *inherited = original.clone();
+    }
+    let tail: Vec<&mut Event> = fork.events.iter_mut().skip(5).collect();
+    for e in tail {
+        e.run_id = "01fork".into();
+    }
+    fork.reseal_from(5);
+    fork.meta.source_run = Some("01source".into());
+    fork.meta.fork_at = Some(6);
+    (source, fork)
+}
+
+#[test]
+fn a_fork_exports_its_inherited_events_and_imports_before_or_after_its_source() {
+    for make in [memory, sqlite] {
+        let a = make();
+        let (source, fork) = fork_pair(None);
+        source.commit(&*a.store);
+        // Recorded forks store only their own events, from the fork point on.
+        a.store.create_run(&fork.meta).unwrap();
+        let own = fork.events[5..].to_vec();
+        let blobs = fork.blobs.clone();
+        a.store.commit(&Batch { run_id: "01fork".into(), events: own, blobs }).unwrap();
+        assert_eq!(verify_run(&*a.store, "01fork"), vec![]);
+        let file = export(&*a.store, "01fork");
+        let lines = lines(&file);
+        assert!(lines[1].contains("\"run_id\":\"01source\"") && lines[6].contains("\"run_id\":\"01fork\""));
+        assert_eq!(lines.len(), 1 + 8 + 8);
+
+        let b = make();
+        assert!(matches!(import(&*b.store, &file).unwrap(), ImportOutcome::Imported { events: 8, .. }));
+        assert_eq!(export(&*b.store, "01fork"), file);
+        assert_eq!(verify_run(&*b.store, "01fork"), vec![]);
+        // The source after its fork is no conflict.
+        let source_file = export(&*a.store, "01source");
+        assert!(matches!(import(&*b.store, &source_file).unwrap(), ImportOutcome::Imported { .. }));
+
+        // A store whose source differs refuses the fork, naming the first differing seq.
+        let c = make();
+        let (other_source, _) = fork_pair(Some(7));
+        other_source.commit(&*c.store);
+        let err = import(&*c.store, &file).unwrap_err();
+        assert_eq!((err.kind(), err.exit_code()), (ImportErrorKind::Conflict, 1));
+        assert!(err.to_string().contains("run 01source") && err.to_string().contains("seq 1"), "{err}");
+        assert!(c.store.run("01fork").is_err(), "nothing stored");
+    }
+}
+
+#[test]
+fn a_fork_of_a_fork_reads_through_both_sources() {
+    let a = memory();
+    let (source, fork) = fork_pair(None);
+    source.commit(&*a.store);
+    a.store.create_run(&fork.meta).unwrap();
+    let own = fork.events[5..].to_vec();
+    a.store.commit(&Batch { run_id: "01fork".into(), events: own, blobs: fork.blobs.clone() }).unwrap();
+    // A fork of 01fork at seq 8: inherits 1..5 from 01source and 6..7 from 01fork.
+    let mut second = fork.events[..7].to_vec();
+    let mut tail = Builder::new("01fork2");
+    for _ in 0..2 {
+        tail.push("b", EventType::ToolCall, Some("t"), None, Some(b"y".to_vec()), |_| {});
+    }
+    let mut meta = tail.finish(RunMode::Fork);
+    let (own, blobs) = (meta.events.clone(), meta.blobs.clone());
+    second.extend(own);
+    let mut prev = second[6].hash;
+    for (i, e) in second.iter_mut().enumerate().skip(7) {
+        e.seq = i as u64 + 1;
+        e.lamport = 10 + i as u64;
+        e.seal(Some(prev)).unwrap();
+        prev = e.hash;
+    }
+    meta.meta.source_run = Some("01fork".into());
+    meta.meta.fork_at = Some(8);
+    meta.meta.head = Some(prev);
+    a.store.create_run(&meta.meta).unwrap();
+    a.store.commit(&Batch { run_id: "01fork2".into(), events: second[7..].to_vec(), blobs }).unwrap();
+    assert_eq!(verify_run(&*a.store, "01fork2"), vec![]);
+    let file = export(&*a.store, "01fork2");
+    let runs: Vec<String> = lines(&file)[1..10]
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["run_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(runs, [["01source"; 5].as_slice(), &["01fork"; 2], &["01fork2"; 2]].concat());
+    let b = memory();
+    import(&*b.store, &file).unwrap();
+    assert_eq!(export(&*b.store, "01fork2"), file);
+}

@@ -1,0 +1,238 @@
+//! Corrupted trace files: each is refused with the right kind, line and exit code, storing nothing.
+use retrace_core::Digest;
+use retrace_store::import::{import_reader, ImportError, ImportErrorKind, ImportOptions};
+use retrace_store::memory::MemoryStore;
+use retrace_store::EventStore;
+
+use super::trace_fixture::{conversation, export, join, lines, memory};
+
+/// A good export of a 3-turn conversation (13 events) and its lines.
+fn good() -> Vec<String> {
+    let a = memory();
+    conversation("01corrupt", 3).commit(&*a.store);
+    lines(&export(&*a.store, "01corrupt"))
+}
+
+/// Imports `bytes` into an empty store; it must fail and leave the store empty.
+fn refused(bytes: &[u8]) -> ImportError {
+    let store = MemoryStore::new();
+    let opts = ImportOptions { file_name: Some("t.jsonl".into()), ..ImportOptions::default() };
+    let err = import_reader(&store, bytes, opts).unwrap_err();
+    assert!(store.runs().unwrap().is_empty(), "a refused import stored something: {err}");
+    err
+}
+
+fn check(err: &ImportError, kind: ImportErrorKind, code: u8, needles: &[&str]) {
+    assert_eq!((err.kind(), err.exit_code()), (kind, code), "{err}");
+    for needle in needles {
+        assert!(err.to_string().contains(needle), "{err:?} lacks {needle:?}");
+    }
+}
+
+fn header(lines: &[String]) -> serde_json::Value {
+    serde_json::from_str(&lines[0]).unwrap()
+}
+
+#[test]
+fn truncated_files() {
+    let lines = good();
+    let err = refused(&join(&lines[..lines.len() - 1]));
+    check(&err, ImportErrorKind::Truncated, 2, &["t.jsonl:", "truncated", "blobs"]);
+    let err = refused(&join(&lines[..5]));
+    check(
+        &err,
+        ImportErrorKind::Truncated,
+        2,
+        &["t.jsonl:5", "the header announces 13 events, the file holds 4"],
+    );
+    let whole = join(&lines);
+    let err = refused(&whole[..whole.len() - 20]);
+    check(&err, ImportErrorKind::Truncated, 2, &["ends inside line"]);
+    check(&refused(b""), ImportErrorKind::Truncated, 2, &["empty"]);
+}
+
+#[test]
+fn a_flipped_byte_in_an_event_names_its_seq() {
+    let mut lines = good();
+    assert!(lines[4].contains("\"agent_id\":\"reviewer\""));
+    lines[4] = lines[4].replace("\"agent_id\":\"reviewer\"", "\"agent_id\":\"reviewes\"");
+    let err = refused(&join(&lines));
+    check(&err, ImportErrorKind::Verification, 1, &["t.jsonl:5", "hash mismatch at seq 4"]);
+    assert!(matches!(err, ImportError::Verification { seq: Some(4), .. }));
+}
+
+#[test]
+fn a_blob_that_does_not_match_its_digest_names_the_digest() {
+    let mut lines = good();
+    let at = lines.iter().position(|l| l.contains("select 1")).unwrap();
+    let digest: Digest = serde_json::from_str::<serde_json::Value>(&lines[at]).unwrap()["blob"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    lines[at] = lines[at].replace("select 1", "select 2");
+    let err = refused(&join(&lines));
+    check(
+        &err,
+        ImportErrorKind::Verification,
+        1,
+        &[&format!("t.jsonl:{}", at + 1), &format!("digest mismatch for blob {digest}")],
+    );
+    assert!(matches!(err, ImportError::Verification { digest: Some(d), .. } if d == digest));
+}
+
+#[test]
+fn out_of_order_and_duplicated_seqs() {
+    let mut lines = good();
+    lines.swap(3, 4);
+    check(
+        &refused(&join(&lines)),
+        ImportErrorKind::Verification,
+        1,
+        &["t.jsonl:4", "expected seq 3, found seq 4"],
+    );
+    let mut lines = good();
+    lines[4] = lines[3].clone();
+    check(&refused(&join(&lines)), ImportErrorKind::Verification, 1, &["t.jsonl:5", "seq 3 is repeated"]);
+}
+
+#[test]
+fn a_broken_chain_names_the_seq() {
+    let mut lines = good();
+    let mut event: retrace_core::Event = serde_json::from_str(&lines[6]).unwrap();
+    event.seal(Some(Digest::of(b"elsewhere"))).unwrap();
+    lines[6] = String::from_utf8(event.canonical().unwrap()).unwrap();
+    check(&refused(&join(&lines)), ImportErrorKind::Verification, 1, &["t.jsonl:7", "chain broken at seq 6"]);
+}
+
+#[test]
+fn unknown_format_and_not_a_trace() {
+    let lines = good();
+    let mut newer = lines.clone();
+    newer[0] = newer[0].replace("retrace-trace/1", "retrace-trace/2");
+    let err = refused(&join(&newer));
+    check(&err, ImportErrorKind::UnknownFormat, 2, &["t.jsonl:1", "retrace-trace/2"]);
+    let mut minor = lines.clone();
+    minor[0] = minor[0].replace("retrace-trace/1", "retrace-trace/1.4");
+    assert!(import_reader(&MemoryStore::new(), &join(&minor)[..], ImportOptions::default()).is_ok());
+    check(
+        &refused(b"{\"format\":\"vcr/1\"}\n"),
+        ImportErrorKind::Malformed,
+        2,
+        &["t.jsonl:1", "not a retrace trace"],
+    );
+    check(
+        &refused(b"{\"events\":[]}\n"),
+        ImportErrorKind::Malformed,
+        2,
+        &["t.jsonl:1", "not a retrace trace"],
+    );
+}
+
+#[test]
+fn not_json_names_the_line() {
+    check(&refused(b"hello\n"), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "not JSON"]);
+    let mut lines = good();
+    lines[2] = "{\"seq\": 2,".into();
+    check(&refused(&join(&lines)), ImportErrorKind::Malformed, 2, &["t.jsonl:3", "not a valid event"]);
+    let mut lines = good();
+    let last = lines.len() - 1;
+    lines[last] = "[1, 2, 3]".into();
+    check(
+        &refused(&join(&lines)),
+        ImportErrorKind::Malformed,
+        2,
+        &[&format!("t.jsonl:{}", last + 1), "not a valid blob line"],
+    );
+}
+
+#[test]
+fn header_counts_must_match_the_lines() {
+    let lines = good();
+    let mut extra = lines.clone();
+    extra.push("{\"junk\":true}".into());
+    check(&refused(&join(&extra)), ImportErrorKind::Malformed, 2, &["unexpected line after the last blob"]);
+    let mut fewer_events = lines.clone();
+    let mut h = header(&lines);
+    h["events"] = 12.into();
+    fewer_events[0] = h.to_string();
+    check(
+        &refused(&join(&fewer_events)),
+        ImportErrorKind::Malformed,
+        2,
+        &["t.jsonl:14", "found an event line"],
+    );
+    let mut more_events = lines.clone();
+    h["events"] = 14.into();
+    more_events[0] = h.to_string();
+    check(&refused(&join(&more_events)), ImportErrorKind::Malformed, 2, &["t.jsonl:15", "found a blob line"]);
+}
+
+#[test]
+fn missing_duplicated_and_stray_blobs() {
+    let lines = good();
+    let events = 13;
+    let mut h = header(&lines);
+    let blobs = h["blobs"].as_u64().unwrap();
+    // Drop the first blob: the first event's request.
+    let mut missing: Vec<String> =
+        lines.iter().enumerate().filter(|(i, _)| *i != 1 + events).map(|(_, l)| l.clone()).collect();
+    h["blobs"] = (blobs - 1).into();
+    missing[0] = h.to_string();
+    check(
+        &refused(&join(&missing)),
+        ImportErrorKind::Verification,
+        1,
+        &["t.jsonl:2", "seq 1 references blob"],
+    );
+    let mut twice = lines.clone();
+    twice.insert(2 + events, lines[1 + events].clone());
+    h["blobs"] = (blobs + 1).into();
+    twice[0] = h.to_string();
+    check(&refused(&join(&twice)), ImportErrorKind::Malformed, 2, &["appears twice (first on line 15)"]);
+    let mut stray = lines.clone();
+    stray.push(format!("{{\"blob\":\"{}\",\"text\":\"nobody\"}}", Digest::of(b"nobody")));
+    stray[0] = h.to_string();
+    check(&refused(&join(&stray)), ImportErrorKind::Verification, 1, &["referenced by no event"]);
+    let mut both = lines.clone();
+    let last = both.len() - 1;
+    both[last] = both[last].replacen("{", "{\"text\":\"x\",", 1);
+    check(
+        &refused(&join(&both)),
+        ImportErrorKind::Malformed,
+        2,
+        &["exactly one of text, base64 or manifest"],
+    );
+}
+
+#[test]
+fn a_wrong_head_is_refused() {
+    let mut lines = good();
+    let mut h = header(&lines);
+    h["run"]["head"] = Digest::of(b"other").to_string().into();
+    lines[0] = h.to_string();
+    check(&refused(&join(&lines)), ImportErrorKind::Verification, 1, &["t.jsonl:1", "head"]);
+}
+
+#[test]
+fn absurd_header_counts_are_truncation_not_exhaustion() {
+    let mut lines = good();
+    let mut h = header(&lines);
+    h["events"] = u64::MAX.into();
+    h["blobs"] = u64::MAX.into();
+    lines.truncate(1);
+    lines[0] = h.to_string();
+    let err = refused(&join(&lines));
+    check(&err, ImportErrorKind::Truncated, 2, &["t.jsonl:1", "the file holds 0"]);
+}
+
+#[test]
+fn progress_reports_bytes_read() {
+    let file = join(&good());
+    let mut seen = Vec::new();
+    let mut progress = |bytes: u64| seen.push(bytes);
+    let opts = ImportOptions { progress: Some(&mut progress), ..ImportOptions::default() };
+    import_reader(&MemoryStore::new(), &file[..], opts).unwrap();
+    assert_eq!(seen.last().copied(), Some(file.len() as u64));
+    assert!(seen.windows(2).all(|w| w[0] < w[1]));
+}

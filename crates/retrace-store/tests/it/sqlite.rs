@@ -1,0 +1,198 @@
+//! The conformance suite on [`SqliteStore`], then what only SQLite can get wrong: altered
+//! bytes, a locked database, reopening, several stores on one file.
+use std::path::Path;
+use std::sync::Arc;
+
+use retrace_core::run::RunStatus;
+use retrace_core::Digest;
+use retrace_store::conformance::{self, sample_events, sample_run};
+use retrace_store::sqlite::schema::{KIND_INLINE, KIND_PACKED};
+use retrace_store::sqlite::SqliteStore;
+use retrace_store::{
+    open_store, Batch, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreConfig,
+    StoreErrorKind, INLINE_BLOB_MAX,
+};
+use rusqlite::Connection;
+
+fn make() -> Arc<dyn Store> {
+    Arc::new(SqliteStore::temporary().unwrap())
+}
+
+#[test]
+fn sqlite_store_conforms() {
+    conformance::run_all(&make);
+}
+
+fn open(dir: &Path, durability: Durability, busy_timeout_ms: u64) -> SqliteStore {
+    SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), durability, busy_timeout_ms).unwrap()
+}
+
+fn put_in_run(store: &SqliteStore, run: &str, blob: &BlobPut) {
+    store.commit(&Batch { run_id: run.into(), events: Vec::new(), blobs: vec![blob.clone()] }).unwrap();
+}
+
+/// Flips one byte of `digest`'s stored bytes, wherever the schema keeps them.
+fn alter_stored_bytes(db: &Path, digest: &Digest) {
+    let conn = Connection::open(db).unwrap();
+    let (kind, data): (i64, rusqlite::types::Value) = conn
+        .query_row("SELECT kind, data FROM blobs WHERE digest = ?1", [digest.as_bytes()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    match (kind, data) {
+        (KIND_PACKED, rusqlite::types::Value::Integer(location)) => {
+            let (segment, offset) = (location >> 16, location & 0xffff);
+            conn.execute(
+                "UPDATE segments SET data = CAST(substr(data, 1, ?2) || 'Z' || substr(data, ?2 + 2) AS BLOB) \
+                 WHERE id = ?1",
+                [segment, offset],
+            )
+            .unwrap();
+        }
+        (KIND_INLINE, _) => {
+            conn.execute("UPDATE blobs SET data = x'00' || data WHERE digest = ?1", [digest.as_bytes()])
+                .unwrap();
+        }
+        other => panic!("unexpected blob row {other:?}"),
+    }
+}
+
+#[test]
+fn altered_bytes_are_corrupt_naming_the_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 1000);
+    store.create_run(&sample_run("r", 1)).unwrap();
+    let packed = BlobPut::new(b"a blob of a few hundred bytes ".repeat(10), BlobHint::Raw);
+    let tiny = BlobPut::new(&b"tiny"[..], BlobHint::Raw);
+    let request = |n: usize| {
+        let messages: Vec<String> =
+            (0..n).map(|i| format!("{{\"role\":\"user\",\"content\":\"message {i}\"}}")).collect();
+        BlobPut::new(
+            format!("{{\"messages\":[{}]}}", messages.join(",")).into_bytes(),
+            BlobHint::ModelRequest,
+        )
+    };
+    let (first, second) = (request(2), request(3));
+    for blob in [&packed, &tiny, &first, &second] {
+        put_in_run(&store, "r", blob);
+    }
+    assert!(store.manifest_of(&second.digest).unwrap().is_some());
+    for blob in [&packed, &tiny] {
+        alter_stored_bytes(store.path(), &blob.digest);
+        let err = store.get_blob(&blob.digest).unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+        assert!(err.message.contains(&blob.digest.to_string()), "{err}");
+    }
+    let element = Digest::of(b"{\"role\":\"user\",\"content\":\"message 2\"}");
+    alter_stored_bytes(store.path(), &element);
+    let err = store.get_blob(&second.digest).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+    assert!(
+        err.message.contains(&second.digest.to_string()) && err.message.contains(&element.to_string()),
+        "{err}"
+    );
+    assert_eq!(store.get_blob(&first.digest).unwrap(), first.bytes.to_vec(), "other requests still read");
+}
+
+#[test]
+fn an_altered_blob_file_is_corrupt_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Batch, 1000);
+    let bytes = vec![b'x'; INLINE_BLOB_MAX + 1];
+    let digest = store.put_blob(&bytes, BlobHint::Raw).unwrap();
+    let file = store.blob_file(&digest);
+    assert_eq!(std::fs::read(&file).unwrap(), bytes, "large blobs are files at {}", file.display());
+    let leftovers: Vec<_> = std::fs::read_dir(file.parent().unwrap()).unwrap().collect();
+    assert_eq!(leftovers.len(), 1, "no temp file is left behind");
+    std::fs::write(&file, b"altered").unwrap();
+    let err = store.get_blob(&digest).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert!(
+        err.message.contains(&digest.to_string()) && err.message.contains(&file.display().to_string()),
+        "{err}"
+    );
+    std::fs::remove_file(&file).unwrap();
+    let err = store.get_blob(&digest).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert!(err.message.contains(&file.display().to_string()), "{err}");
+}
+
+#[test]
+fn a_store_locked_by_another_writer_is_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Batch, 100);
+    store.create_run(&sample_run("locked", 1)).unwrap();
+    let other = Connection::open(store.path()).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let events = sample_events("locked", 1, 1, None);
+    let err = store
+        .commit(&Batch { run_id: "locked".into(), events: events.clone(), blobs: Vec::new() })
+        .unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Busy);
+    assert!(err.message.contains("the store is locked by another writer"), "{err}");
+    assert!(err.message.contains("run locked"), "{err}");
+    assert_eq!(store.last_seq("locked").unwrap(), 0, "reads still work");
+    other.execute_batch("COMMIT").unwrap();
+    store.commit(&Batch { run_id: "locked".into(), events, blobs: Vec::new() }).unwrap();
+}
+
+#[test]
+fn a_reopened_store_keeps_everything_and_recovers_dead_recorders() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig::in_home(&dir.path().join("home"));
+    let store = open_store(&config).unwrap();
+    assert_eq!(store.backend(), "sqlite");
+    store.create_run(&sample_run("kept", 1)).unwrap();
+    store.create_run(&sample_run("crashed", 1)).unwrap();
+    let events = sample_events("kept", 1, 3, None);
+    let big = BlobPut::new(vec![7u8; INLINE_BLOB_MAX * 3], BlobHint::Raw);
+    store.commit(&Batch { run_id: "kept".into(), events: events.clone(), blobs: vec![big.clone()] }).unwrap();
+    store.acquire_lease("kept", &LeaseHolder::current(), 60_000).unwrap();
+    store.acquire_lease("crashed", &LeaseHolder("elsewhere:1:1".into()), 1).unwrap();
+    drop(store);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let store = open_store(&config).unwrap();
+    assert_eq!(store.events("kept", 1, 10).unwrap(), events);
+    assert_eq!(store.get_blob(&big.digest).unwrap(), big.bytes.to_vec());
+    assert_eq!(store.run("crashed").unwrap().status, RunStatus::Interrupted);
+    assert_eq!(store.run("kept").unwrap().status, RunStatus::Running, "its recorder is alive");
+}
+
+#[test]
+fn two_stores_on_one_file_write_concurrently() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(dir.path(), Durability::Batch, 5000), open(dir.path(), Durability::Event, 5000));
+    a.create_run(&sample_run("from-a", 1)).unwrap();
+    b.create_run(&sample_run("from-b", 2)).unwrap();
+    std::thread::scope(|s| {
+        for (store, run) in [(&a, "from-a"), (&b, "from-b")] {
+            s.spawn(move || {
+                let events = sample_events(run, 1, 60, None);
+                for chunk in events.chunks(3) {
+                    let blob = BlobPut::new(format!("{run} {}", chunk[0].seq).into_bytes(), BlobHint::Raw);
+                    store
+                        .commit(&Batch { run_id: run.into(), events: chunk.to_vec(), blobs: vec![blob] })
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(a.last_seq("from-b").unwrap(), 60);
+    assert_eq!(b.events("from-a", 1, 100).unwrap(), sample_events("from-a", 1, 60, None));
+    assert_eq!(a.agent_seqs("from-b", "a1").unwrap(), b.agent_seqs("from-b", "a1").unwrap());
+}
+
+#[test]
+fn foreign_and_newer_databases_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("retrace.db");
+    std::fs::write(&db, vec![b'#'; 8192]).unwrap();
+    let err = SqliteStore::open(&db, &dir.path().join("blobs"), Durability::Os, 100).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+    assert!(err.message.contains(&db.display().to_string()), "{err}");
+    std::fs::remove_file(&db).unwrap();
+    Connection::open(&db).unwrap().execute_batch("PRAGMA user_version = 99").unwrap();
+    let err = SqliteStore::open(&db, &dir.path().join("blobs"), Durability::Os, 100).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Invalid, "{err}");
+    assert!(err.message.contains("99"), "{err}");
+}
