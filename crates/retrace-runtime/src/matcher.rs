@@ -232,12 +232,32 @@ impl RecordedLog {
         self.agents.get(agent)?.lock().first_unconsumed(|_| true).cloned()
     }
 
-    /// The earliest unconsumed step of every agent that has one, in seq order.
-    pub fn leftovers(&self) -> Vec<(String, RecordedStep)> {
+    /// The earliest unconsumed step or delivery of every agent that has one, in seq order.
+    pub fn leftovers(&self) -> Vec<(String, Leftover)> {
         let mut out: Vec<_> = self
             .agents
             .iter()
-            .filter_map(|(a, log)| log.lock().first_unconsumed(|_| true).map(|s| (a.clone(), s.clone())))
+            .filter_map(|(a, log)| {
+                let log = log.lock();
+                let step = log.first_unconsumed(|_| true).map(|s| Leftover {
+                    seq: s.seq,
+                    label: s.label(),
+                    key: Some(s.key),
+                });
+                let delivery = log.deliveries.front().map(|d| Leftover {
+                    seq: d.seq,
+                    label: match &d.from {
+                        Some(from) => format!("deliver from {from}"),
+                        None => "deliver (a recv timeout)".into(),
+                    },
+                    key: None,
+                });
+                let first = match (step, delivery) {
+                    (Some(s), Some(d)) => Some(if s.seq < d.seq { s } else { d }),
+                    (s, d) => s.or(d),
+                };
+                first.map(|f| (a.clone(), f))
+            })
             .collect();
         out.sort_by_key(|(_, s)| s.seq);
         out

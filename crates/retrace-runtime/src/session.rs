@@ -470,13 +470,12 @@ impl Session {
         if let Some((agent, first)) = leftovers.first() {
             let mut d = Divergence::new(DivergenceCode::StepsLeft, agent.clone())
                 .at(first.seq)
-                .step(first.label())
-                .keys(Some(first.key), None);
+                .step(first.label.clone())
+                .keys(first.key, None);
             for (agent, step) in &leftovers {
                 d = d.detail(format!(
                     "agent {agent:?}: first unconsumed step is seq {} ({})",
-                    step.seq,
-                    step.label()
+                    step.seq, step.label
                 ));
             }
             return Some(d);

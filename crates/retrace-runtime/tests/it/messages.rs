@@ -153,3 +153,23 @@ async fn a_divergence_releases_every_waiting_agent() {
         "the first divergence, for everyone"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unheard_delivery_is_a_step_left() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 2).await;
+    s.finish(Outcome::default()).unwrap();
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let planner = r.spawn("planner", |a| async move {
+        a.send("reviewer", "even", &json!({ "i": 0 }), None).await?;
+        a.send("reviewer", "odd", &json!({ "i": 1 }), None).await
+    });
+    planner.await.unwrap().unwrap();
+    let reviewer = r.agent("reviewer");
+    reviewer.recv(None).await.unwrap().unwrap();
+    let err = r.finish(Outcome::default()).unwrap_err();
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::StepsLeft);
+    assert_eq!(d.step.as_deref(), Some("deliver from planner"), "{d}");
+}
