@@ -100,7 +100,9 @@ impl Edit {
     pub fn seqs(&self) -> Vec<u64> {
         match self {
             Edit::Swap { a, b } => vec![*a, *b],
-            Edit::Message { seq, .. } | Edit::ToolOutput { seq, .. } | Edit::ModelOutput { seq, .. } => vec![*seq],
+            Edit::Message { seq, .. } | Edit::ToolOutput { seq, .. } | Edit::ModelOutput { seq, .. } => {
+                vec![*seq]
+            }
             _ => Vec::new(),
         }
     }
@@ -116,9 +118,9 @@ impl Edit {
     /// The file content this edit names, if any.
     pub fn content(&self) -> Option<&Content> {
         match self {
-            Edit::Message { content, .. } | Edit::ToolOutput { content, .. } | Edit::ModelOutput { content, .. } => {
-                Some(content)
-            }
+            Edit::Message { content, .. }
+            | Edit::ToolOutput { content, .. }
+            | Edit::ModelOutput { content, .. } => Some(content),
             _ => None,
         }
     }
@@ -126,8 +128,9 @@ impl Edit {
     /// This edit with its content replaced.
     pub fn with_content(&self, new: Content) -> Edit {
         let mut e = self.clone();
-        if let Edit::Message { content, .. } | Edit::ToolOutput { content, .. } | Edit::ModelOutput { content, .. } =
-            &mut e
+        if let Edit::Message { content, .. }
+        | Edit::ToolOutput { content, .. }
+        | Edit::ModelOutput { content, .. } = &mut e
         {
             *content = new;
         }
@@ -160,7 +163,9 @@ impl FromStr for Edit {
         let (kind, rest) = input.split_once(':').ok_or_else(|| {
             bad("want KIND:..., KIND one of swap, message, tool-output, model-output, prompt, model, param")
         })?;
-        let seq = |s: &str| s.trim().parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| bad("a seq is a positive integer"));
+        let seq = |s: &str| {
+            s.trim().parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| bad("a seq is a positive integer"))
+        };
         let content = |s: &str| {
             s.strip_prefix('@')
                 .filter(|p| !p.is_empty())
@@ -190,14 +195,16 @@ impl FromStr for Edit {
                 })
             }
             "prompt" => {
-                let (agent, version) = rest.split_once('=').ok_or_else(|| bad("want prompt:AGENT=VERSION"))?;
+                let (agent, version) =
+                    rest.split_once('=').ok_or_else(|| bad("want prompt:AGENT=VERSION"))?;
                 if !agent_ok(agent) || version.is_empty() {
                     return Err(bad("want prompt:AGENT=VERSION"));
                 }
                 Ok(Edit::Prompt { agent: agent.into(), version: version.into() })
             }
             "model" => {
-                let (agent, model) = rest.split_once('=').ok_or_else(|| bad("want model:AGENT=NAME[@SNAPSHOT]"))?;
+                let (agent, model) =
+                    rest.split_once('=').ok_or_else(|| bad("want model:AGENT=NAME[@SNAPSHOT]"))?;
                 if !agent_ok(agent) || model.is_empty() {
                     return Err(bad("want model:AGENT=NAME[@SNAPSHOT]"));
                 }
@@ -208,15 +215,20 @@ impl FromStr for Edit {
                 Ok(Edit::Model { agent: agent.into(), name, snapshot })
             }
             "param" => {
-                let (target, value) = rest.split_once('=').ok_or_else(|| bad("want param:AGENT.NAME=VALUE"))?;
-                let (agent, name) = target.rsplit_once('.').ok_or_else(|| bad("want param:AGENT.NAME=VALUE"))?;
+                let (target, value) =
+                    rest.split_once('=').ok_or_else(|| bad("want param:AGENT.NAME=VALUE"))?;
+                let (agent, name) =
+                    target.rsplit_once('.').ok_or_else(|| bad("want param:AGENT.NAME=VALUE"))?;
                 if !agent_ok(agent) || name.is_empty() {
                     return Err(bad("want param:AGENT.NAME=VALUE"));
                 }
-                let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+                let value = serde_json::from_str(value)
+                    .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
                 Ok(Edit::Param { agent: agent.into(), name: name.into(), value })
             }
-            _ => Err(bad("unknown kind; want swap, message, tool-output, model-output, prompt, model or param")),
+            _ => Err(bad(
+                "unknown kind; want swap, message, tool-output, model-output, prompt, model or param",
+            )),
         }
     }
 }

@@ -17,8 +17,11 @@ use crate::error::{RuntimeError, RuntimeResult};
 use crate::session::{AgentState, Mode, Session};
 use crate::step::{LiveOutput, StepInput};
 
+/// What a side effect's dry run returns, given the call's arguments.
+pub type DryRunFn = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+
 /// How a tool behaves under replay and fork.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ToolSpec {
     /// Determinism class.
     pub class: ToolClass,
@@ -26,20 +29,39 @@ pub struct ToolSpec {
     pub version: String,
     /// Cache lifetime for `time_bound` tools.
     pub ttl_s: Option<u64>,
+    /// For a `side_effect` tool: what a fork hands the program instead of running it.
+    pub dry_run: Option<DryRunFn>,
+}
+
+impl std::fmt::Debug for ToolSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolSpec")
+            .field("class", &self.class)
+            .field("version", &self.version)
+            .field("ttl_s", &self.ttl_s)
+            .field("dry_run", &self.dry_run.is_some())
+            .finish()
+    }
 }
 
 impl ToolSpec {
     /// A deterministic tool of `version`.
     pub fn deterministic(version: &str) -> ToolSpec {
-        ToolSpec { class: ToolClass::Deterministic, version: version.into(), ttl_s: None }
+        ToolSpec { class: ToolClass::Deterministic, version: version.into(), ttl_s: None, dry_run: None }
     }
     /// A time-bound tool of `version`, cached for `ttl_s` seconds.
     pub fn time_bound(version: &str, ttl_s: u64) -> ToolSpec {
-        ToolSpec { class: ToolClass::TimeBound, version: version.into(), ttl_s: Some(ttl_s) }
+        ToolSpec { class: ToolClass::TimeBound, version: version.into(), ttl_s: Some(ttl_s), dry_run: None }
     }
     /// A side-effecting tool of `version`: never executed by replay or fork.
     pub fn side_effect(version: &str) -> ToolSpec {
-        ToolSpec { class: ToolClass::SideEffect, version: version.into(), ttl_s: None }
+        ToolSpec { class: ToolClass::SideEffect, version: version.into(), ttl_s: None, dry_run: None }
+    }
+    /// What a fork returns instead of running this side effect (without one, a fork raises
+    /// [`RuntimeError::DryRun`]).
+    pub fn with_dry_run(mut self, f: impl Fn(&Value) -> Value + Send + Sync + 'static) -> ToolSpec {
+        self.dry_run = Some(Arc::new(f));
+        self
     }
 }
 
@@ -148,7 +170,8 @@ impl Agent {
         });
         let label = format!("tool_call {name}");
         let input = StepInput::new(template, to_json(args, &self.id, &label)?).versioned(&spec.version);
-        let input = if spec.class == ToolClass::SideEffect { input.with_intent() } else { input };
+        let mut input = if spec.class == ToolClass::SideEffect { input.with_intent() } else { input };
+        input.dry_run = spec.dry_run.clone();
         let out = self
             .run_step_async(input, || async {
                 let started = Instant::now();
@@ -181,6 +204,7 @@ impl Agent {
     {
         let name = format!("{}/{}", call.provider, call.endpoint);
         let mut template = self.event(EventType::ModelCall, Some(&name));
+        let call = &self.apply_model_edits(call);
         let model_name = call.body.get("model").and_then(Value::as_str).unwrap_or_default();
         template.model =
             Some(ModelRef { provider: call.provider.clone(), name: model_name.into(), snapshot: None });
@@ -269,6 +293,28 @@ impl Agent {
 
     fn bad_output(&self, step: &str, message: &str) -> RuntimeError {
         RuntimeError::Decode { agent: self.id.clone(), step: step.into(), message: message.into() }
+    }
+
+    /// A fork's `model:` and `param:` edits rewrite this agent's requests once it has consumed
+    /// every source step before the fork point (in the fork and in replays of it).
+    fn apply_model_edits(&self, call: &ModelCall) -> ModelCall {
+        let inner = &self.session.inner;
+        let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else { return call.clone() };
+        let model = plan.models.get(&self.id);
+        let params = plan.params.get(&self.id);
+        if (model.is_none() && params.is_none()) || !scheduler.past(&self.id, plan.at) {
+            return call.clone();
+        }
+        let mut call = call.clone();
+        if let (Some((name, snapshot)), Some(body)) = (model, call.body.as_object_mut()) {
+            body.insert("model".into(), Value::String(snapshot.clone().unwrap_or_else(|| name.clone())));
+        }
+        if let (Some(params), Some(body)) = (params, call.body.as_object_mut()) {
+            for (k, v) in params {
+                body.insert(k.clone(), v.clone());
+            }
+        }
+        call
     }
 
     /// Declares that this agent takes no more steps (replay can then tell a stall at once).

@@ -42,6 +42,14 @@ pub enum RuntimeError {
         /// The decoder's message.
         message: String,
     },
+    /// A fork reached a changed or new side effect that has no dry-run: it was not executed.
+    #[error("dry run: side effect {tool} was not executed in this fork (args {args}); give the tool a dry_run to continue")]
+    DryRun {
+        /// The tool.
+        tool: String,
+        /// Its arguments.
+        args: serde_json::Value,
+    },
     /// The session was used wrongly (finished twice, unknown run, bad environment...).
     #[error("{0}")]
     Usage(String),

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use parking_lot::Mutex;
 use retrace_core::envelope::Decision;
 use retrace_core::{Digest, Event, EventType};
+use retrace_store::export::RunEvents;
 use retrace_store::{Store, StoreResult};
 
 /// What replay needs of one recorded step.
@@ -33,6 +34,12 @@ pub struct RecordedStep {
     pub completed: bool,
     /// The recorded causal parent.
     pub causal_parent: Option<u64>,
+    /// The recorded Lamport clock.
+    pub lamport: u64,
+    /// Where the recorded output came from (a fork's dry-run side effects have no intent).
+    pub source: retrace_core::Source,
+    /// The recorded message envelope (sends).
+    pub to: Option<String>,
 }
 
 impl RecordedStep {
@@ -48,6 +55,9 @@ impl RecordedStep {
             decision: e.decision.clone(),
             completed: true,
             causal_parent: e.causal_parent,
+            lamport: e.lamport,
+            source: e.source,
+            to: e.message.as_ref().and_then(|m| m.to.clone()),
         }
     }
 
@@ -102,6 +112,20 @@ impl AgentLog {
         Some(self.steps[idx].clone())
     }
 
+    fn take_where(&mut self, pred: impl Fn(&RecordedStep) -> bool) -> Option<RecordedStep> {
+        let idx =
+            (self.first_unconsumed..self.steps.len()).find(|&i| !self.consumed[i] && pred(&self.steps[i]))?;
+        let key = self.steps[idx].key;
+        if let Some(queue) = self.by_key.get_mut(&key) {
+            queue.retain(|&i| i != idx);
+        }
+        self.consumed[idx] = true;
+        while self.first_unconsumed < self.consumed.len() && self.consumed[self.first_unconsumed] {
+            self.first_unconsumed += 1;
+        }
+        Some(self.steps[idx].clone())
+    }
+
     fn peek(&self, key: &Digest) -> Option<&RecordedStep> {
         let idx = *self.by_key.get(key)?.front()?;
         Some(&self.steps[idx])
@@ -135,9 +159,6 @@ pub struct RecordedLog {
     unconsumable: Vec<u64>,
 }
 
-/// Events read from the store per page while loading.
-const PAGE: usize = 8192;
-
 impl RecordedLog {
     /// Loads `run`'s steps from the store, streaming page by page.
     pub fn load(store: &dyn Store, run: &str) -> StoreResult<RecordedLog> {
@@ -146,12 +167,9 @@ impl RecordedLog {
         let mut intents: Vec<(String, usize)> = Vec::new();
         let mut decisions = Vec::new();
         let mut unconsumable = Vec::new();
-        let mut from = 1;
         let mut last_seq = 0;
-        loop {
-            let page = store.events(run, from, PAGE)?;
-            let Some(last) = page.last() else { break };
-            from = last.seq + 1;
+        let mut pages = RunEvents::new(store, run)?;
+        while let Some(page) = pages.next_page()? {
             for e in &page {
                 last_seq = e.seq;
                 if matches!(e.kind, EventType::ToolCall | EventType::Resolution) {
@@ -184,9 +202,6 @@ impl RecordedLog {
                 }
                 log.push(RecordedStep::from_event(e));
             }
-            if page.len() < PAGE {
-                break;
-            }
         }
         for (agent, idx) in intents {
             let log = agents.get_mut(&agent).expect("intent's agent was loaded");
@@ -206,6 +221,11 @@ impl RecordedLog {
         self.agents.get(agent)?.lock().take(key)
     }
 
+    /// `agent`'s earliest unconsumed step with `key`, without consuming it.
+    pub fn peek_step(&self, agent: &str, key: &Digest) -> Option<RecordedStep> {
+        self.agents.get(agent)?.lock().peek(key).cloned()
+    }
+
     /// The seq of `agent`'s earliest unconsumed step with `key`, without consuming it.
     pub fn peek(&self, agent: &str, key: &Digest) -> Option<u64> {
         self.agents.get(agent)?.lock().peek(key).map(|s| s.seq)
@@ -219,6 +239,36 @@ impl RecordedLog {
     /// Consumes `agent`'s next recorded delivery.
     pub fn take_delivery(&self, agent: &str) -> Option<RecordedDelivery> {
         self.agents.get(agent)?.lock().deliveries.pop_front()
+    }
+
+    /// Consumes `agent`'s earliest unconsumed step for which `pred` holds (a fork's pairing of a
+    /// changed step with the source step it replaces).
+    pub fn take_where(&self, agent: &str, pred: impl Fn(&RecordedStep) -> bool) -> Option<RecordedStep> {
+        self.agents.get(agent)?.lock().take_where(pred)
+    }
+
+    /// Whether `agent` still has an unconsumed step or delivery with seq < `at`.
+    pub fn has_unconsumed_before(&self, agent: &str, at: u64) -> bool {
+        let Some(log) = self.agents.get(agent) else { return false };
+        let log = log.lock();
+        log.first_unconsumed(|_| true).is_some_and(|s| s.seq < at)
+            || log.deliveries.front().is_some_and(|d| d.seq < at)
+    }
+
+    /// Moves every agent's recorded deliveries out (a fork orders deliveries itself).
+    pub fn take_all_deliveries(&self) -> HashMap<String, VecDeque<RecordedDelivery>> {
+        self.agents.iter().map(|(a, log)| (a.clone(), std::mem::take(&mut log.lock().deliveries))).collect()
+    }
+
+    /// The sender of every recorded send, by seq.
+    pub fn senders(&self) -> HashMap<u64, String> {
+        let mut out = HashMap::new();
+        for (agent, log) in &self.agents {
+            for s in log.lock().steps.iter().filter(|s| s.kind == EventType::Send) {
+                out.insert(s.seq, agent.clone());
+            }
+        }
+        out
     }
 
     /// `agent`'s earliest unconsumed step of `kind` named `name` (what a divergence "expected").

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use retrace_core::envelope::MessageRef;
 use retrace_core::json::Json;
-use retrace_core::{Divergence, DivergenceCode, Event, EventType};
+use retrace_core::{Divergence, DivergenceCode, Event, EventType, Source};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -65,6 +65,7 @@ impl Agent {
         let label = input.template.label();
         let prepared = self.prepare(&input, &label)?;
         match inner.mode {
+            Mode::Fork => self.fork_send(input, prepared, &label, to, kind, body).await,
             Mode::Replay => {
                 let (_, step) = self.replay(input, prepared, &label, Some(body)).await?;
                 Ok(step.seq)
@@ -104,6 +105,7 @@ impl Agent {
         inner.steps.fetch_add(1, Ordering::Relaxed);
         match inner.mode {
             Mode::Replay => self.replay_recv().await,
+            Mode::Fork => self.fork_recv(timeout).await,
             Mode::Record | Mode::Off => {
                 let bus = inner.bus.as_ref().expect("live sessions have a bus");
                 let taken = bus.take(&self.id, timeout).await;
@@ -125,32 +127,44 @@ impl Agent {
     }
 
     fn record_delivery(&self, taken: Taken) -> RuntimeResult<Option<Message>> {
+        let heard = match taken {
+            Taken::Message(p) => Some((
+                Message { seq: p.send_seq, sender: p.from, kind: p.kind, body: p.body, parent: p.parent },
+                p.lamport,
+            )),
+            Taken::TimedOut => None,
+        };
+        self.append_delivery(heard, None, Source::Live)
+    }
+
+    /// Appends the `deliver` event of a message heard (with its sender's Lamport clock), or of
+    /// a timeout; `origin` is the source delivery it takes the place of, in a fork.
+    pub(crate) fn append_delivery(
+        &self,
+        heard: Option<(Message, u64)>,
+        origin: Option<u64>,
+        source: Source,
+    ) -> RuntimeResult<Option<Message>> {
         let inner = &self.session.inner;
-        let writer = inner.writer.as_ref().expect("record sessions have a writer");
+        let writer = inner.writer.as_ref().expect("recording sessions have a writer");
         let mut event = Event::new(self.session.run_id(), self.id.clone(), EventType::Deliver);
         event.role = self.state.lock().role.clone();
-        let (request, message) = match &taken {
-            Taken::Message(p) => {
-                event.name = Some(p.from.clone());
-                event.causal_parent = Some(p.send_seq);
+        event.origin_seq = origin;
+        event.source = source;
+        let (request, message) = match heard {
+            Some((m, sender_lamport)) => {
+                event.name = Some(m.sender.clone());
+                event.causal_parent = Some(m.seq);
                 event.message = Some(MessageRef {
-                    from: Some(p.from.clone()),
+                    from: Some(m.sender.clone()),
                     to: Some(self.id.clone()),
-                    kind: p.kind.clone(),
+                    kind: m.kind.clone(),
                     timed_out: false,
                 });
-                event.lamport = self.state.lock().clock.observe(p.lamport);
-                let request = Json::from_value(&json!({ "from": p.from, "kind": p.kind }));
-                let message = Message {
-                    seq: p.send_seq,
-                    sender: p.from.clone(),
-                    kind: p.kind.clone(),
-                    body: p.body.clone(),
-                    parent: p.parent,
-                };
-                (request, Some(message))
+                event.lamport = self.state.lock().clock.observe(sender_lamport);
+                (Json::from_value(&json!({ "from": m.sender, "kind": m.kind })), Some(m))
             }
-            Taken::TimedOut => {
+            None => {
                 event.message =
                     Some(MessageRef { from: None, to: Some(self.id.clone()), kind: None, timed_out: true });
                 event.lamport = self.state.lock().clock.tick();

@@ -59,7 +59,7 @@ pub enum Delivery {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+pub(crate) enum Phase {
     Running,
     Waiting,
     Exited,
@@ -67,18 +67,24 @@ enum Phase {
 
 /// What a waiting step needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Need {
+pub(crate) enum Need {
     /// The recorded send `seq` has been replayed.
     Sent(u64),
     /// Every seq before this one has been released (strict mode).
     Turn(u64),
+    /// A fork's `recv`: the agent's next message in fork order can be decided. `timed`: the
+    /// recv ends by its own timeout when nothing comes.
+    Mail {
+        /// The recv has a timeout.
+        timed: bool,
+    },
 }
 
 #[derive(Debug)]
-struct Waiter {
-    need: Need,
-    what: String,
-    notify: Arc<Notify>,
+pub(crate) struct Waiter {
+    pub(crate) need: Need,
+    pub(crate) what: String,
+    pub(crate) notify: Arc<Notify>,
 }
 
 /// A replayed send, as its receiver will get it.
@@ -89,22 +95,25 @@ struct Sent {
 }
 
 #[derive(Debug)]
-struct State {
+pub(crate) struct State {
     released: Vec<bool>,
     next_release: u64,
     sent: HashMap<u64, Sent>,
-    phases: HashMap<String, Phase>,
-    waiters: HashMap<String, Waiter>,
-    last_progress: Instant,
-    divergence: Option<Divergence>,
+    pub(crate) phases: HashMap<String, Phase>,
+    pub(crate) waiters: HashMap<String, Waiter>,
+    pub(crate) last_progress: Instant,
+    pub(crate) divergence: Option<Divergence>,
     trace: Vec<u64>,
+    /// Fork mode: message order and availability.
+    pub(crate) fork: Option<crate::fork_sched::ForkState>,
 }
 
 impl State {
-    fn ready(&self, need: Need) -> bool {
+    pub(crate) fn ready(&self, agent: &str, need: Need) -> bool {
         match need {
             Need::Sent(seq) => self.sent.contains_key(&seq),
             Need::Turn(seq) => self.next_release >= seq,
+            Need::Mail { .. } => self.fork.as_ref().is_some_and(|f| f.decidable(agent, &self.phases)),
         }
     }
 }
@@ -114,9 +123,9 @@ pub type DivergenceHook = Box<dyn Fn(&Divergence) + Send + Sync>;
 
 /// The replay scheduler of one replayed run.
 pub struct Scheduler {
-    log: RecordedLog,
+    pub(crate) log: RecordedLog,
     config: SchedulerConfig,
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
     hook: Mutex<Option<DivergenceHook>>,
 }
 
@@ -129,6 +138,15 @@ impl std::fmt::Debug for Scheduler {
 impl Scheduler {
     /// A scheduler over `log`; starts the stall watchdog.
     pub fn new(log: RecordedLog, config: SchedulerConfig) -> Arc<Scheduler> {
+        Scheduler::with_fork(log, config, None)
+    }
+
+    /// A scheduler over `log`, in fork mode when `fork` is set.
+    pub(crate) fn with_fork(
+        log: RecordedLog,
+        config: SchedulerConfig,
+        fork: Option<crate::fork_sched::ForkState>,
+    ) -> Arc<Scheduler> {
         let last = log.last_seq() as usize;
         let mut released = vec![false; last + 2];
         released[0] = true;
@@ -144,6 +162,7 @@ impl Scheduler {
             last_progress: Instant::now(),
             divergence: None,
             trace: Vec::new(),
+            fork,
         };
         advance(&mut state);
         let scheduler = Arc::new(Scheduler { log, config, state: Mutex::new(state), hook: Mutex::new(None) });
@@ -205,7 +224,7 @@ impl Scheduler {
         first
     }
 
-    fn announce(&self, d: &Divergence) {
+    pub(crate) fn announce(&self, d: &Divergence) {
         if let Some(hook) = self.hook.lock().as_ref() {
             hook(d);
         }
@@ -296,14 +315,14 @@ impl Scheduler {
     }
 
     #[allow(clippy::result_large_err)]
-    fn fail_if_diverged(&self) -> Result<(), Divergence> {
+    pub(crate) fn fail_if_diverged(&self) -> Result<(), Divergence> {
         match &self.state.lock().divergence {
             Some(d) => Err(d.clone()),
             None => Ok(()),
         }
     }
 
-    async fn wait(&self, agent: &str, need: Need, what: &str) -> Result<(), Divergence> {
+    pub(crate) async fn wait(&self, agent: &str, need: Need, what: &str) -> Result<(), Divergence> {
         let notify = Arc::new(Notify::new());
         loop {
             let stalled = {
@@ -313,7 +332,7 @@ impl Scheduler {
                     st.waiters.remove(agent);
                     return Err(d);
                 }
-                if st.ready(need) {
+                if st.ready(agent, need) {
                     st.waiters.remove(agent);
                     st.phases.insert(agent.to_owned(), Phase::Running);
                     return Ok(());
@@ -332,9 +351,9 @@ impl Scheduler {
 
     /// Wakes every waiter whose need is now met (and marks it running, so it can't be counted
     /// as stalled before it runs).
-    fn wake_ready(&self, st: &mut State) {
+    pub(crate) fn wake_ready(&self, st: &mut State) {
         let ready: Vec<String> =
-            st.waiters.iter().filter(|(_, w)| st.ready(w.need)).map(|(a, _)| a.clone()).collect();
+            st.waiters.iter().filter(|(a, w)| st.ready(a, w.need)).map(|(a, _)| a.clone()).collect();
         for agent in ready {
             if let Some(w) = st.waiters.get(&agent) {
                 w.notify.notify_one();
@@ -346,7 +365,7 @@ impl Scheduler {
     /// Declares a stall when steps wait and no agent that could still act is left: every known
     /// agent waits or has exited, and agents the recording knows have all started.
     /// Returns the stall divergence when this check declared one.
-    fn check_stall(&self, st: &mut State) -> Option<Divergence> {
+    pub(crate) fn check_stall(&self, st: &mut State) -> Option<Divergence> {
         if st.waiters.is_empty() || st.divergence.is_some() {
             return None;
         }
@@ -355,13 +374,17 @@ impl Scheduler {
         if someone_runs || someone_unstarted {
             return None;
         }
+        if crate::fork_sched::settle_quiescent(st) {
+            self.wake_ready(st);
+            return None;
+        }
         let d = stall(st, "every agent is waiting or has exited");
         Some(set_divergence(st, d))
     }
 }
 
 /// Marks `seq` released and moves the strict-mode turn forward.
-fn release(st: &mut State, seq: u64) {
+pub(crate) fn release(st: &mut State, seq: u64) {
     let idx = seq as usize;
     if idx < st.released.len() {
         st.released[idx] = true;
@@ -386,16 +409,17 @@ fn set_divergence(st: &mut State, d: Divergence) -> Divergence {
 }
 
 fn stall(st: &State, why: &str) -> Divergence {
-    let mut waiting: Vec<(&String, &Waiter)> = st.waiters.iter().collect();
-    waiting.sort_by_key(|(_, w)| match w.need {
-        Need::Sent(s) | Need::Turn(s) => s,
-    });
-    let (agent, first) = waiting[0];
-    let seq = match first.need {
-        Need::Sent(s) | Need::Turn(s) => s,
+    let awaited = |w: &Waiter| match w.need {
+        Need::Sent(s) | Need::Turn(s) => Some(s),
+        Need::Mail { .. } => None,
     };
-    let mut d =
-        Divergence::new(DivergenceCode::Stall, agent.clone()).at(seq).step(first.what.clone()).detail(why);
+    let mut waiting: Vec<(&String, &Waiter)> = st.waiters.iter().collect();
+    waiting.sort_by_key(|(a, w)| (awaited(w).unwrap_or(u64::MAX), (*a).clone()));
+    let (agent, first) = waiting[0];
+    let mut d = Divergence::new(DivergenceCode::Stall, agent.clone()).step(first.what.clone()).detail(why);
+    if let Some(seq) = awaited(first) {
+        d = d.at(seq);
+    }
     for (agent, w) in &waiting {
         d = d.detail(format!("agent {agent:?} waits for {}", w.what));
     }

@@ -17,8 +17,11 @@ use crate::agent::Agent;
 use crate::bus::Bus;
 use crate::env_sources::{new_run_id, Clock, SystemClock};
 use crate::error::{RuntimeError, RuntimeResult};
+use crate::fork::ForkPlan;
+use crate::fork_sched::ForkState;
 use crate::matcher::RecordedLog;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use retrace_core::edit::Edit;
 
 /// What a session does with each step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +32,9 @@ pub enum Mode {
     Replay,
     /// Run live, record nothing.
     Off,
+    /// Counterfactual replay: matched steps from the source, changed and new steps live (or
+    /// cached, or dry-run), recorded as a fork run.
+    Fork,
 }
 
 /// How to open a session.
@@ -122,6 +128,8 @@ pub(crate) struct Inner {
     pub(crate) writer: Option<RunWriter>,
     pub(crate) scheduler: Option<Arc<Scheduler>>,
     pub(crate) bus: Option<Bus>,
+    /// The fork's edits (in a fork, and in a replay of a fork).
+    pub(crate) plan: Option<Arc<ForkPlan>>,
     pub(crate) keys: KeyConfig,
     pub(crate) masker: Masker,
     pub(crate) wait_for_ack: bool,
@@ -198,19 +206,71 @@ impl Session {
         meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
         let config = SchedulerConfig { strict: options.strict, stall_timeout: options.stall_timeout };
         let scheduler = Scheduler::new(log, config);
-        let hook_store = store.clone();
-        let hook_run = meta.id.clone();
-        scheduler.on_divergence(Box::new(move |d| {
-            // Store the divergence at once: a program that dies of it still leaves its report.
-            if let Ok(mut run) = hook_store.run(&hook_run) {
-                run.status = RunStatus::Diverged;
-                run.divergence = Some(d.to_json());
-                let _ = hook_store.update_run(&run);
-            }
-        }));
-        let session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, options);
+        store_divergence_when_found(&scheduler, &store, &meta.id);
+        // A replay of a fork applies the fork's edits again, so its steps ask what the fork asked.
+        let plan = match source_meta.mode {
+            RunMode::Fork => Some(plan_of(store.as_ref(), &source_meta)?),
+            _ => None,
+        };
+        let mut session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, options);
+        Arc::get_mut(&mut session.inner).expect("just built").plan = plan.map(Arc::new);
         session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
         Ok(session)
+    }
+
+    /// Executes fork run `fork_id` (created by [`Session::fork_new`] or `retrace fork`): the
+    /// program re-runs from the start; steps matching the source get its recorded output, changed
+    /// and new steps run (cached, live, or as a dry run), and the fork's own events are recorded
+    /// from its fork point on.
+    pub fn fork(store: Arc<dyn Store>, fork_id: &str, options: SessionOptions) -> RuntimeResult<Session> {
+        let meta = store.find_run(fork_id)?;
+        if meta.mode != RunMode::Fork {
+            return Err(RuntimeError::Usage(format!("run {} is a {} run, not a fork", meta.id, meta.mode)));
+        }
+        let source = meta
+            .source_run
+            .clone()
+            .ok_or_else(|| RuntimeError::Usage(format!("fork {} names no source run", meta.id)))?;
+        let plan = plan_of(store.as_ref(), &meta)?;
+        let log = RecordedLog::load(store.as_ref(), &source)?;
+        let state = ForkState::new(plan.at, &log, &plan.swaps);
+        let config = SchedulerConfig { strict: false, stall_timeout: options.stall_timeout };
+        let scheduler = Scheduler::with_fork(log, config, Some(state));
+        store_divergence_when_found(&scheduler, &store, &meta.id);
+        let writer = RunWriter::open(store.clone(), &meta.id, LeaseHolder::current())?;
+        let mut session = Session::build(Mode::Fork, store, Some(writer), Some(scheduler), meta, options);
+        Arc::get_mut(&mut session.inner).expect("just built").plan = Some(Arc::new(plan));
+        Ok(session)
+    }
+
+    /// Creates a fork of `source` at `at` (default: the smallest seq an edit names, or 1) with
+    /// `edits`, and starts executing it. Edits that carry content must name stored blobs
+    /// (`Content::Blob`); bad edits are usage errors that say why, and create nothing.
+    pub fn fork_new(
+        store: Arc<dyn Store>,
+        source: &str,
+        at: Option<u64>,
+        edits: Vec<Edit>,
+        options: SessionOptions,
+    ) -> RuntimeResult<Session> {
+        let source_meta = store.find_run(source)?;
+        let at = at.unwrap_or_else(|| retrace_core::edit::default_fork_point(&edits));
+        ForkPlan::new(at, edits.clone())
+            .and_then(|p| p.validate(store.as_ref(), &source_meta.id))
+            .map_err(|e| RuntimeError::Usage(e.to_string()))?;
+        let id = options.run_id.clone().unwrap_or_else(new_run_id);
+        let mut meta = RunMeta::new(id.clone(), RunMode::Fork, options.clock.now_ms());
+        meta.source_run = Some(source_meta.id.clone());
+        meta.fork_at = Some(at);
+        meta.edits = edits.iter().map(ToString::to_string).collect();
+        meta.name =
+            options.name.clone().or_else(|| source_meta.name.as_ref().map(|n| format!("fork of {n}")));
+        meta.command = options.command.clone().or_else(|| source_meta.command.clone());
+        meta.chaos_seed = options.chaos_seed;
+        meta.masking_rules = source_meta.masking_rules.clone();
+        meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
+        store.create_run(&meta)?;
+        Session::fork(store, &id, options)
     }
 
     /// A session that runs everything live and records nothing (`RETRACE_MODE=off`).
@@ -280,11 +340,17 @@ impl Session {
                 }
             }
             "off" => Ok(Session::off(store, options)),
-            "fork" => Err(RuntimeError::Usage(
-                "RETRACE_MODE=fork is not supported by this build yet (forks arrive with `retrace fork`)"
-                    .into(),
-            )),
-            other => Err(RuntimeError::Usage(format!("RETRACE_MODE={other:?}: want record, replay or off"))),
+            "fork" => {
+                let id = run.ok_or_else(|| {
+                    RuntimeError::Usage(
+                        "RETRACE_MODE=fork needs RETRACE_RUN (the fork run to execute)".into(),
+                    )
+                })?;
+                Session::fork(store, &id, options)
+            }
+            other => {
+                Err(RuntimeError::Usage(format!("RETRACE_MODE={other:?}: want record, replay, fork or off")))
+            }
         }
     }
 
@@ -296,7 +362,8 @@ impl Session {
         run: RunMeta,
         options: SessionOptions,
     ) -> Session {
-        let bus = (mode != Mode::Replay).then(|| Bus::new(options.chaos_seed, options.chaos_max_delay));
+        let bus = matches!(mode, Mode::Record | Mode::Off)
+            .then(|| Bus::new(options.chaos_seed, options.chaos_max_delay));
         Session {
             inner: Arc::new(Inner {
                 mode,
@@ -304,6 +371,7 @@ impl Session {
                 writer,
                 scheduler,
                 bus,
+                plan: None,
                 keys: options.keys,
                 masker: options.masker,
                 wait_for_ack: options.wait_for_ack,
@@ -398,7 +466,7 @@ impl Session {
             return Err(RuntimeError::Usage("the session was already finished".into()));
         }
         match self.inner.mode {
-            Mode::Record => self.finish_record(outcome),
+            Mode::Record | Mode::Fork => self.finish_record(outcome),
             Mode::Replay => self.finish_replay(outcome),
             Mode::Off => Ok(self.report(RunStatus::Ok)),
         }
@@ -418,7 +486,9 @@ impl Session {
     fn finish_record(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
         let writer = self.inner.writer.as_ref().expect("record sessions have a writer");
         let flushed = writer.flush();
+        let divergence = self.divergence();
         let status = match (&flushed, outcome.exit_status) {
+            _ if divergence.is_some() => RunStatus::Diverged,
             (Err(_), _) => RunStatus::Failed,
             (Ok(()), Some(code)) if code != 0 => RunStatus::Failed,
             _ => RunStatus::Ok,
@@ -427,6 +497,7 @@ impl Session {
         let meta = {
             let mut run = self.inner.run.lock();
             run.status = status;
+            run.divergence = divergence.as_ref().map(Divergence::to_json);
             run.exit_status = outcome.exit_status;
             run.decisions = self.inner.decisions.lock().clone();
             run.holds_tokens |= self.inner.holds_tokens.load(Ordering::Relaxed);
@@ -437,7 +508,10 @@ impl Session {
         self.inner.store.update_run(&meta)?;
         writer.release()?;
         flushed?;
-        Ok(self.report(status))
+        match divergence {
+            Some(d) => Err(d.into()),
+            None => Ok(self.report(status)),
+        }
     }
 
     fn finish_replay(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
@@ -521,6 +595,34 @@ impl Session {
         }
         None
     }
+}
+
+/// Stores a replay's or fork's divergence the moment it is found, so a program that dies of it
+/// still leaves its report behind.
+fn store_divergence_when_found(scheduler: &Arc<Scheduler>, store: &Arc<dyn Store>, run_id: &str) {
+    let store = store.clone();
+    let run_id = run_id.to_owned();
+    scheduler.on_divergence(Box::new(move |d| {
+        if let Ok(mut run) = store.run(&run_id) {
+            run.status = RunStatus::Diverged;
+            run.divergence = Some(d.to_json());
+            let _ = store.update_run(&run);
+        }
+    }));
+}
+
+/// The validated plan of a fork run, from its stored edits.
+fn plan_of(store: &dyn Store, fork: &RunMeta) -> RuntimeResult<ForkPlan> {
+    let source = fork.source_run.as_deref().unwrap_or_default();
+    let edits = fork
+        .edits
+        .iter()
+        .map(|e| e.parse::<Edit>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))?;
+    ForkPlan::new(fork.fork_at.unwrap_or(1), edits)
+        .and_then(|p| p.validate(store, source))
+        .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))
 }
 
 impl Drop for Inner {

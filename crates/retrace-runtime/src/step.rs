@@ -6,12 +6,13 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 
 use retrace_core::canonical::canonical_value;
+use retrace_core::envelope::ToolClass;
 use retrace_core::envelope::Usage;
 use retrace_core::json::{self, Json};
 use retrace_core::json_diff::first_difference_bytes;
 use retrace_core::run::RunStatus;
-use retrace_core::{Digest, Divergence, DivergenceCode, Event, EventType};
-use retrace_store::{BlobHint, BlobPut};
+use retrace_core::{Digest, Divergence, DivergenceCode, Event, EventType, Source};
+use retrace_store::{BlobHint, BlobPut, CacheEntry};
 use serde_json::Value;
 
 use crate::agent::Agent;
@@ -22,12 +23,18 @@ use crate::session::Mode;
 /// A step about to run: its event template and its request.
 pub(crate) struct StepInput {
     pub(crate) template: Event,
-    request: Value,
+    pub(crate) request: Value,
     version: Option<String>,
-    intent: bool,
+    pub(crate) intent: bool,
     hint: BlobHint,
     has_output: bool,
     must_ack: bool,
+    /// Where the output comes from (fork steps served from the log or a cache say so).
+    pub(crate) source: Source,
+    /// In a fork: the source step this one was matched or paired with.
+    pub(crate) origin_seq: Option<u64>,
+    /// A side-effect tool's dry run: what a fork hands the program instead of running it.
+    pub(crate) dry_run: Option<crate::agent::DryRunFn>,
 }
 
 impl StepInput {
@@ -40,6 +47,9 @@ impl StepInput {
             hint: BlobHint::Raw,
             has_output: true,
             must_ack: false,
+            source: Source::Live,
+            origin_seq: None,
+            dry_run: None,
         }
     }
     pub(crate) fn versioned(mut self, version: &str) -> Self {
@@ -153,6 +163,7 @@ impl Agent {
                 self.program_value(&label, out).map(|(v, _)| v)
             }
             Mode::Record => self.record(input, prepared, &label, live).await.map(|r| r.value),
+            Mode::Fork => self.fork(input, prepared, &label, live).await.map(|r| r.value),
             Mode::Replay => self.replay(input, prepared, &label, None).await.map(|(v, _)| v),
         }
     }
@@ -221,8 +232,12 @@ impl Agent {
             let acked = writer.append_sync(intent, std::mem::take(&mut blobs))?;
             event.causal_parent = Some(acked.seq);
         }
-        inner.live_calls.fetch_add(1, Ordering::Relaxed);
+        if input.source == Source::Live {
+            inner.live_calls.fetch_add(1, Ordering::Relaxed);
+        }
         let out = live().await?;
+        event.source = input.source;
+        event.origin_seq = input.origin_seq;
         event.latency_ms = out.latency_ms;
         event.usage = out.usage.clone();
         if let (Some(model), Some(snapshot)) = (event.model.as_mut(), out.snapshot.clone()) {
@@ -247,7 +262,8 @@ impl Agent {
         }
         event.lamport = self.state.lock().clock.tick();
         let (lamport, causal_parent) = (event.lamport, event.causal_parent);
-        let ticket = writer.append(event, blobs)?;
+        let cache = self.cache_entry(&event);
+        let ticket = writer.append_cached(event, blobs, cache)?;
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {
             ticket.wait()?;
@@ -258,6 +274,21 @@ impl Agent {
             }
             None => Ok(Recorded { value, seq, lamport, causal_parent }),
         }
+    }
+
+    /// The cache entry a live, successful model or tool step leaves (side effects: none).
+    fn cache_entry(&self, event: &Event) -> Option<(Digest, CacheEntry)> {
+        if event.source != Source::Live || event.error.is_some() {
+            return None;
+        }
+        let output_ref = event.output_ref?;
+        let (class, ttl_s) = match (event.kind, &event.tool) {
+            (EventType::ModelCall, _) => (None, None),
+            (EventType::ToolCall, Some(t)) if t.class != ToolClass::SideEffect => (Some(t.class), t.ttl_s),
+            _ => return None,
+        };
+        let stored_at_ms = self.session.inner.clock.now_ms();
+        Some((event.key, CacheEntry { output_ref, usage: event.usage.clone(), stored_at_ms, class, ttl_s }))
     }
 
     /// Moves the deliveries consumed since the agent's previous step into `event.inbound`; the
@@ -271,7 +302,7 @@ impl Agent {
         }
     }
 
-    fn intent_key(&self, event: &Event) -> RuntimeResult<Digest> {
+    pub(crate) fn intent_key(&self, event: &Event) -> RuntimeResult<Digest> {
         let tool = event.tool.as_ref().map(|t| t.version.as_str());
         let request = Json::String(event.key.to_string());
         self.session.inner.keys.key(EventType::Intent, event.name.as_deref(), tool, &request).map_err(|e| {
@@ -292,7 +323,10 @@ impl Agent {
         let scheduler = inner.scheduler.as_ref().expect("replay sessions have a scheduler");
         let mut event = input.template;
         event.key = prepared.key;
-        if input.intent {
+        // A fork's dry-run side effect was recorded without an intent: nothing was about to run.
+        let dry_run =
+            scheduler.log().peek_step(&self.id, &prepared.key).is_some_and(|s| s.source == Source::DryRun);
+        if input.intent && !dry_run {
             let intent_key = self.intent_key(&event)?;
             match scheduler.take_step(&self.id, &intent_key, label).await? {
                 Some(step) if !step.completed => {
@@ -324,6 +358,10 @@ impl Agent {
             state.pending_inbound.clear();
         }
         if let Some(message) = step.error.clone() {
+            if step.source == Source::DryRun {
+                let tool = event.name.clone().unwrap_or_default();
+                return Err(RuntimeError::DryRun { tool, args: input.request });
+            }
             return Err(RuntimeError::StepFailed { agent: self.id.clone(), step: label.into(), message });
         }
         if !input.has_output {

@@ -89,11 +89,7 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 type Node = (Link, Option<Value>, Option<u64>);
 
 /// Every event on the causal chains of `starts`, fetched level by level in batches.
-fn chains(
-    store: &dyn Store,
-    run: &str,
-    starts: &[u64],
-) -> StoreResult<HashMap<u64, Node>> {
+fn chains(store: &dyn Store, run: &str, starts: &[u64]) -> StoreResult<HashMap<u64, Node>> {
     let mut nodes: HashMap<u64, Node> = HashMap::new();
     let mut frontier: Vec<u64> = starts.to_vec();
     for _ in 0..MAX_CHAIN {

@@ -14,6 +14,7 @@ use retrace_core::{Digest, Event, EventType, Source};
 use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind, StoreResult};
 
 mod blobs;
+mod cache;
 mod events;
 mod leases;
 mod runs;
@@ -22,6 +23,10 @@ mod writer;
 pub use blobs::{
     blob_digest_mismatch_is_invalid, blobs_small_and_large, model_request_manifests,
     request_shapes_round_trip,
+};
+pub use cache::{
+    cache_entries_commit_with_their_batch, cache_get_put_overwrite, cache_usable_at_by_class,
+    writer_append_cached,
 };
 pub use events::{
     commit_requires_dense_seqs, commit_to_unknown_run_is_not_found, deliveries_and_events_at,
@@ -67,6 +72,10 @@ pub fn run_all(make: MakeStore<'_>) {
         ("writer_resumes_after_reopen", writer_resumes_after_reopen),
         ("writer_poisoned_after_failing_commit", writer_poisoned_after_failing_commit),
         ("writer_refuses_second_holder", writer_refuses_second_holder),
+        ("cache_get_put_overwrite", cache_get_put_overwrite),
+        ("cache_entries_commit_with_their_batch", cache_entries_commit_with_their_batch),
+        ("cache_usable_at_by_class", cache_usable_at_by_class),
+        ("writer_append_cached", writer_append_cached),
     ];
     for (name, check) in checks {
         let started = std::time::Instant::now();
@@ -148,7 +157,7 @@ pub fn full_event(run: &str, seq: u64, prev: Option<Digest>) -> Event {
 
 /// A batch of `events` for `run` without blobs.
 pub fn batch(run: &str, events: Vec<Event>) -> Batch {
-    Batch { run_id: run.to_string(), events, blobs: Vec::new() }
+    Batch { run_id: run.to_string(), events, ..Batch::default() }
 }
 
 /// Deterministic printable text of `len` bytes from `seed` (xorshift).

@@ -1,19 +1,25 @@
-//! Retrace's storage: the event log, runs, blobs and leases behind narrow traits.
+//! Retrace's storage: the event log, runs, blobs, caches and leases behind narrow traits.
 //!
 //! - [`EventStore`]: runs and their events (append-only; an appended event is never mutated),
 //!   leases (one sequencer per run), and [`EventStore::commit`], the one atomic write path.
 //! - [`BlobStore`]: content-addressed bytes, verified on every read.
+//! - [`Cache`]: the LLM and tool caches a fork reuses ([`cache`]), written in the same
+//!   transaction as the events that produced them.
 //! - [`writer::RunWriter`]: the sequencer of one run. It assigns `seq`, chains hashes and hands
 //!   events to a group-commit thread; an event is acknowledged once its transaction commits.
 //! - Backends: [`sqlite::SqliteStore`] (the embedded default: one SQLite database in WAL mode
 //!   plus a blob folder for blobs over 64 KB) and [`memory::MemoryStore`] (tests). Every backend
 //!   passes the same [`conformance`] suite.
 //!
+//! Two trajectories are compared by [`diff`] (`retrace diff`).
+//!
 //! Errors are backend-neutral ([`StoreErrorKind`]): callers never match on a SQLite error code.
 #![warn(missing_docs)]
 
+pub mod cache;
 pub mod causal;
 pub mod conformance;
+pub mod diff;
 pub mod error;
 pub mod export;
 pub mod import;
@@ -29,6 +35,7 @@ use std::sync::Arc;
 use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event, EventType};
 
+pub use cache::{Cache, CacheEntry};
 pub use error::{StoreError, StoreErrorKind, StoreResult};
 pub use open::{open_store, Durability, StoreConfig};
 pub use writer::{RunWriter, Ticket};
@@ -66,7 +73,7 @@ impl BlobPut {
     }
 }
 
-/// Events and blobs written in one transaction.
+/// Events, blobs and cache entries written in one transaction.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     /// The run the events belong to (inherited fork events carry their source's `run_id`).
@@ -75,6 +82,9 @@ pub struct Batch {
     pub events: Vec<Event>,
     /// Blobs the events reference (already-stored blobs may be repeated; they are skipped).
     pub blobs: Vec<BlobPut>,
+    /// Cache entries the events produced, by step key, in order (a later entry of the same key
+    /// replaces an earlier one). Each entry's output blob must be in `blobs` or already stored.
+    pub cache: Vec<(Digest, CacheEntry)>,
 }
 
 /// Who holds a run's lease: `host:pid:start-time`, so a dead holder on this host is seen at once.
@@ -105,8 +115,10 @@ pub trait EventStore: Send + Sync {
     fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta>;
     /// Every run, oldest first.
     fn runs(&self) -> StoreResult<Vec<RunMeta>>;
-    /// Atomically appends a batch of events and their blobs. Seqs must continue the run densely
-    /// (`Conflict` otherwise); blobs larger than [`INLINE_BLOB_MAX`] are durable files first.
+    /// Atomically appends a batch of events, their blobs and cache entries. Seqs must continue
+    /// the run densely (`Conflict` otherwise); blobs larger than [`INLINE_BLOB_MAX`] are durable
+    /// files first; a side effect's cache entry is `Invalid`, one whose output blob is neither in
+    /// the batch nor stored is `NotFound` (and the whole batch is refused).
     fn commit(&self, batch: &Batch) -> StoreResult<()>;
     /// Events of `run` with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>>;
@@ -139,8 +151,8 @@ pub trait EventStore: Send + Sync {
     fn recover_interrupted(&self) -> StoreResult<Vec<String>>;
 }
 
-/// A whole store: events and blobs.
-pub trait Store: EventStore + BlobStore {
+/// A whole store: events, blobs and caches.
+pub trait Store: EventStore + BlobStore + Cache {
     /// The backend's name (`sqlite`, `memory`, ...).
     fn backend(&self) -> &'static str;
 }

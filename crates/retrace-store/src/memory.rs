@@ -1,5 +1,5 @@
 //! [`MemoryStore`]: the whole [`Store`] in process memory, with the same semantics as SQLite
-//! (dense seqs, prefix lookup, leases with liveness), for tests and throwaway runs.
+//! (dense seqs, prefix lookup, leases with liveness, caches), for tests and throwaway runs.
 //!
 //! Blobs are kept flat: there are no chained manifests here, so `manifest_of` is always `None`.
 //! The checks every backend shares (digests of a batch, run prefixes) live here too.
@@ -10,9 +10,12 @@ use parking_lot::Mutex;
 use retrace_core::run::{RunMeta, RunStatus};
 use retrace_core::{Digest, Event, EventType};
 
+use crate::cache::{check_batch, check_entry, missing_blob};
 use crate::writer::check_seqs;
 use crate::writer::lease::{lease_busy, now_ms, Lease, LEASELESS_GRACE_MS};
-use crate::{Batch, BlobHint, BlobStore, EventStore, LeaseHolder, Store, StoreError, StoreResult};
+use crate::{
+    Batch, BlobHint, BlobStore, Cache, CacheEntry, EventStore, LeaseHolder, Store, StoreError, StoreResult,
+};
 
 /// A store in memory; cheap to create, gone when dropped.
 #[derive(Debug, Default)]
@@ -27,6 +30,7 @@ struct Inner {
     created: u64,
     blobs: HashMap<Digest, Arc<[u8]>>,
     leases: HashMap<String, Lease>,
+    cache: HashMap<Digest, CacheEntry>,
 }
 
 #[derive(Debug)]
@@ -157,8 +161,12 @@ impl EventStore for MemoryStore {
             let last = entry.events.last().map_or(0, |e| e.seq);
             check_seqs(&batch.run_id, last, entry.meta.fork_at, &batch.events)?;
         }
+        check_batch(batch, |d| Ok(inner.blobs.contains_key(d)))?;
         for blob in &batch.blobs {
             inner.blobs.entry(blob.digest).or_insert_with(|| Arc::clone(&blob.bytes));
+        }
+        for (key, entry) in &batch.cache {
+            inner.cache.insert(*key, entry.clone());
         }
         if let Some(entry) = inner.runs.get_mut(&batch.run_id) {
             for event in &batch.events {
@@ -283,6 +291,22 @@ impl EventStore for MemoryStore {
         }
         recovered.sort();
         Ok(recovered.into_iter().map(|(_, id)| id).collect())
+    }
+}
+
+impl Cache for MemoryStore {
+    fn cache_get(&self, key: &Digest) -> StoreResult<Option<CacheEntry>> {
+        Ok(self.inner.lock().cache.get(key).cloned())
+    }
+
+    fn cache_put(&self, key: &Digest, entry: &CacheEntry) -> StoreResult<()> {
+        check_entry(key, entry)?;
+        let mut inner = self.inner.lock();
+        if !inner.blobs.contains_key(&entry.output_ref) {
+            return Err(missing_blob(key, entry));
+        }
+        inner.cache.insert(*key, entry.clone());
+        Ok(())
     }
 }
 

@@ -2,6 +2,9 @@
 //! events, leases and blobs up to [`crate::INLINE_BLOB_MAX`]; larger blobs are files in a blob
 //! folder, fsynced before the transaction that references them commits.
 //!
+//! Cache entries live in the same database, so a batch writes its events, blobs and cache
+//! entries in one transaction.
+//!
 //! One write connection (behind a mutex; every write is one `BEGIN IMMEDIATE` transaction)
 //! and a small pool of read connections. Several processes may share a store: writers wait
 //! up to the busy timeout for each other, then fail with `Busy`. Durability (see
@@ -9,6 +12,7 @@
 //! thread that fdatasyncs the WAL at most every 10 ms after commits; `os` never syncs.
 //! Schema: [`schema`].
 mod blobs;
+mod cache;
 mod events;
 mod files;
 mod pack;

@@ -1,6 +1,7 @@
 //! [`RunWriter`]: the single sequencer of one run, with group commit.
 //!
-//! `append` takes one short lock to assign `seq = last + 1`, seal the event onto the hash chain
+//! `append` (and `append_cached`, which adds the cache entry the step produced, committed in the
+//! same transaction) takes one short lock to assign `seq = last + 1`, seal the event onto the hash chain
 //! and queue it; a dedicated thread commits everything waiting as one batch
 //! ([`crate::EventStore::commit`]) and then resolves the [`Ticket`]s: an event is acknowledged once
 //! its batch committed. If a commit fails, the writer is poisoned: every pending and future
@@ -21,7 +22,11 @@ use retrace_core::{Digest, Event};
 
 pub use lease::holder_is_alive;
 
-use crate::{Batch, BlobPut, LeaseHolder, Store, StoreError, StoreErrorKind, StoreResult};
+use crate::cache::check_entry;
+use crate::{Batch, BlobPut, CacheEntry, LeaseHolder, Store, StoreError, StoreErrorKind, StoreResult};
+
+/// An event waiting for its commit, with its blobs and the cache entry it produced.
+type Pending = (Event, Vec<BlobPut>, Option<(Digest, CacheEntry)>);
 
 /// Tuning of a [`RunWriter`]; the defaults suit production.
 #[derive(Clone, Debug)]
@@ -70,7 +75,7 @@ struct Shared {
 struct State {
     last_seq: u64,
     head: Option<Digest>,
-    queue: VecDeque<(Event, Vec<BlobPut>)>,
+    queue: VecDeque<Pending>,
     committed: u64,
     poison: Option<StoreError>,
     closing: bool,
@@ -138,13 +143,39 @@ impl RunWriter {
 
     /// Assigns the next seq, seals `event` onto the chain and queues it with its blobs. The
     /// event's `run_id` must be this writer's run; `seq`, `prev` and `hash` are overwritten.
-    pub fn append(&self, mut event: Event, blobs: Vec<BlobPut>) -> StoreResult<Ticket> {
+    pub fn append(&self, event: Event, blobs: Vec<BlobPut>) -> StoreResult<Ticket> {
+        self.append_cached(event, blobs, None)
+    }
+
+    /// [`RunWriter::append`], plus the cache entry the step produced (by step key), written in
+    /// the same transaction as the event: caching costs the record path no extra commit. The
+    /// entry's output must be the event's `output_ref`, and a side effect's output is never
+    /// cached (`Invalid`, before any seq is assigned).
+    pub fn append_cached(
+        &self,
+        mut event: Event,
+        blobs: Vec<BlobPut>,
+        cache: Option<(Digest, CacheEntry)>,
+    ) -> StoreResult<Ticket> {
         let run = &self.shared.run_id;
         if event.run_id != *run {
             return Err(StoreError::invalid(format!(
                 "an event of run {} was appended to the writer of run {run}",
                 event.run_id
             )));
+        }
+        if let Some((key, entry)) = &cache {
+            check_entry(key, entry).map_err(|e| e.context(format!("recording run {run}")))?;
+            if event.output_ref != Some(entry.output_ref) {
+                return Err(StoreError::invalid(format!(
+                    "recording run {run}: cache entry {key} names output {}, but its event ({} by \
+                     agent {}) has output {}",
+                    entry.output_ref,
+                    event.label(),
+                    event.agent_id,
+                    event.output_ref.map_or("none".to_owned(), |d| d.to_string())
+                )));
+            }
         }
         let mut st = self.shared.state.lock();
         if let Some(poison) = &st.poison {
@@ -165,7 +196,7 @@ impl RunWriter {
         })?;
         st.last_seq = seq;
         st.head = Some(event.hash);
-        st.queue.push_back((event.clone(), blobs));
+        st.queue.push_back((event.clone(), blobs, cache));
         self.shared.work.notify_one();
         drop(st);
         Ok(Ticket { seq, event, shared: Arc::clone(&self.shared) })
@@ -272,7 +303,7 @@ fn commit_loop(shared: &Shared) {
     let renew_every = Duration::from_millis(shared.config.renew_every_ms.max(1));
     let mut next_renew = Instant::now() + renew_every;
     loop {
-        let batch: Vec<(Event, Vec<BlobPut>)> = {
+        let batch: Vec<Pending> = {
             let mut st = shared.state.lock();
             while st.queue.is_empty() && !st.closing && Instant::now() < next_renew {
                 shared.work.wait_until(&mut st, next_renew);
@@ -311,13 +342,18 @@ fn renew(shared: &Shared) {
     }
 }
 
-fn commit(shared: &Shared, pending: Vec<(Event, Vec<BlobPut>)>) {
+fn commit(shared: &Shared, pending: Vec<Pending>) {
     let (first, last) = (pending[0].0.seq, pending[pending.len() - 1].0.seq);
-    let mut batch =
-        Batch { run_id: shared.run_id.clone(), events: Vec::with_capacity(pending.len()), blobs: Vec::new() };
-    for (event, blobs) in pending {
+    let mut batch = Batch {
+        run_id: shared.run_id.clone(),
+        events: Vec::with_capacity(pending.len()),
+        blobs: Vec::new(),
+        cache: Vec::new(),
+    };
+    for (event, blobs, cache) in pending {
         batch.events.push(event);
         batch.blobs.extend(blobs);
+        batch.cache.extend(cache);
     }
     let result = catch_unwind(AssertUnwindSafe(|| shared.store.commit(&batch)))
         .unwrap_or_else(|_| Err(StoreError::io("the store panicked while committing")));

@@ -174,7 +174,7 @@ fn a_fork_exports_its_inherited_events_and_imports_before_or_after_its_source() 
         a.store.create_run(&fork.meta).unwrap();
         let own = fork.events[5..].to_vec();
         let blobs = fork.blobs.clone();
-        a.store.commit(&Batch { run_id: "01fork".into(), events: own, blobs }).unwrap();
+        a.store.commit(&Batch { run_id: "01fork".into(), events: own, blobs, cache: Vec::new() }).unwrap();
         assert_eq!(verify_run(&*a.store, "01fork"), vec![]);
         let file = export(&*a.store, "01fork");
         let lines = lines(&file);
@@ -207,7 +207,9 @@ fn a_fork_of_a_fork_reads_through_both_sources() {
     source.commit(&*a.store);
     a.store.create_run(&fork.meta).unwrap();
     let own = fork.events[5..].to_vec();
-    a.store.commit(&Batch { run_id: "01fork".into(), events: own, blobs: fork.blobs.clone() }).unwrap();
+    a.store
+        .commit(&Batch { run_id: "01fork".into(), events: own, blobs: fork.blobs.clone(), cache: Vec::new() })
+        .unwrap();
     // A fork of 01fork at seq 8: inherits 1..5 from 01source and 6..7 from 01fork.
     let mut second = fork.events[..7].to_vec();
     let mut tail = Builder::new("01fork2");
@@ -228,7 +230,9 @@ fn a_fork_of_a_fork_reads_through_both_sources() {
     meta.meta.fork_at = Some(8);
     meta.meta.head = Some(prev);
     a.store.create_run(&meta.meta).unwrap();
-    a.store.commit(&Batch { run_id: "01fork2".into(), events: second[7..].to_vec(), blobs }).unwrap();
+    a.store
+        .commit(&Batch { run_id: "01fork2".into(), events: second[7..].to_vec(), blobs, cache: Vec::new() })
+        .unwrap();
     assert_eq!(verify_run(&*a.store, "01fork2"), vec![]);
     let file = export(&*a.store, "01fork2");
     let runs: Vec<String> = lines(&file)[1..10]

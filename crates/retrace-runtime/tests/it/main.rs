@@ -1,4 +1,5 @@
 //! Integration tests of the runtime: one binary, one module per feature.
+mod fork;
 mod messages;
 mod replay;
 mod roundtrip;

@@ -29,7 +29,9 @@ pub fn blobs_small_and_large(make: MakeStore<'_>) {
         raw(&binary[1..100]),
         raw(b"in a batch"),
     ];
-    store.commit(&Batch { run_id: "blobs".into(), events: Vec::new(), blobs: puts.clone() }).unwrap();
+    store
+        .commit(&Batch { run_id: "blobs".into(), events: Vec::new(), blobs: puts.clone(), cache: Vec::new() })
+        .unwrap();
     for put in &puts {
         assert_eq!(store.get_blob(&put.digest).unwrap(), put.bytes.to_vec());
     }
@@ -47,7 +49,9 @@ pub fn blob_digest_mismatch_is_invalid(make: MakeStore<'_>) {
     let mut lie = raw(b"real bytes");
     lie.digest = Digest::of(b"other bytes");
     let events = super::sample_events("lying", 1, 1, None);
-    let err = store.commit(&Batch { run_id: "lying".into(), events, blobs: vec![lie.clone()] }).unwrap_err();
+    let err = store
+        .commit(&Batch { run_id: "lying".into(), events, blobs: vec![lie.clone()], cache: Vec::new() })
+        .unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Invalid);
     assert!(err.message.contains(&lie.digest.to_string()), "{err}");
     assert_eq!(store.last_seq("lying").unwrap(), 0);
@@ -74,7 +78,7 @@ pub fn model_request_manifests(make: MakeStore<'_>) {
         (e.request_ref, e.output_ref) = (Some(request.digest), Some(output.digest));
         e.seal(None).unwrap();
         let blobs = vec![request.clone(), output.clone(), request.clone()];
-        store.commit(&Batch { run_id: "chat".into(), events: vec![e], blobs }).unwrap();
+        store.commit(&Batch { run_id: "chat".into(), events: vec![e], blobs, cache: Vec::new() }).unwrap();
         history.push(String::from_utf8(output.bytes.to_vec()).unwrap());
         requests.push(request);
     }
@@ -111,7 +115,12 @@ pub fn request_shapes_round_trip(make: MakeStore<'_>) {
     for (i, shape) in shapes.iter().enumerate() {
         let put = BlobPut::new(shape.clone().into_bytes(), BlobHint::ModelRequest);
         store
-            .commit(&Batch { run_id: "shapes".into(), events: Vec::new(), blobs: vec![put.clone()] })
+            .commit(&Batch {
+                run_id: "shapes".into(),
+                events: Vec::new(),
+                blobs: vec![put.clone()],
+                cache: Vec::new(),
+            })
             .unwrap();
         assert_eq!(store.get_blob(&put.digest).unwrap(), shape.as_bytes(), "shape {i}");
         check_portable_manifest(store.as_ref(), &put.digest, shape.as_bytes());

@@ -35,7 +35,8 @@ pub fn failed_commit_stores_nothing(make: MakeStore<'_>) {
     events.remove(2);
     let blob = raw(b"only in the failed batch");
     let big = raw(&vec![b'x'; crate::INLINE_BLOB_MAX + 10]);
-    let failed = Batch { run_id: "atomic".into(), events, blobs: vec![blob.clone(), big.clone()] };
+    let failed =
+        Batch { run_id: "atomic".into(), events, blobs: vec![blob.clone(), big.clone()], cache: Vec::new() };
     assert_eq!(err_kind(store.commit(&failed)), StoreErrorKind::Conflict);
     assert_eq!(store.last_seq("atomic").unwrap(), 0);
     assert!(store.events("atomic", 1, 10).unwrap().is_empty());

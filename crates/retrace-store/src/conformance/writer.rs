@@ -7,8 +7,8 @@ use retrace_core::{Digest, Event, EventType};
 
 use super::{raw, sample_run, MakeStore};
 use crate::{
-    Batch, BlobHint, BlobStore, EventStore, LeaseHolder, RunWriter, Store, StoreError, StoreErrorKind,
-    StoreResult,
+    Batch, BlobHint, BlobStore, Cache, CacheEntry, EventStore, LeaseHolder, RunWriter, Store, StoreError,
+    StoreErrorKind, StoreResult,
 };
 
 fn step(run: &str, agent: &str, i: u64) -> Event {
@@ -207,6 +207,15 @@ impl EventStore for Flaky {
     }
     fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
         self.inner.recover_interrupted()
+    }
+}
+
+impl Cache for Flaky {
+    fn cache_get(&self, key: &Digest) -> StoreResult<Option<CacheEntry>> {
+        self.inner.cache_get(key)
+    }
+    fn cache_put(&self, key: &Digest, entry: &CacheEntry) -> StoreResult<()> {
+        self.inner.cache_put(key, entry)
     }
 }
 

@@ -47,6 +47,7 @@ pub(super) fn store_trace(
             run_id: run_id.clone(),
             events: events.by_ref().take(chunk).collect(),
             blobs: members.into_iter().filter_map(|i| blobs[i].take()).collect(),
+            cache: Vec::new(),
         };
         store.commit(&batch).map_err(stored)?;
     }

@@ -1,4 +1,5 @@
-//! Events in SQLite: the one atomic write path (`commit`) and the reads.
+//! Events in SQLite: the one atomic write path (`commit`: events, blobs, cache entries) and the
+//! reads.
 use std::collections::HashMap;
 
 use retrace_core::run::RunMeta;
@@ -7,7 +8,8 @@ use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
 use super::runs::run_pk;
-use super::{blobs, SqliteStore};
+use super::{blobs, cache, SqliteStore};
+use crate::cache::check_batch;
 use crate::error::ResultExt;
 use crate::memory::check_blob_digests;
 use crate::writer::check_seqs;
@@ -52,8 +54,12 @@ impl SqliteStore {
                 let fork = if stored == 0 && first > 1 { fork_at(tx, run, pk)? } else { None };
                 check_seqs(run, stored, fork, &batch.events)?;
             }
+            check_batch(batch, |digest| blobs::has(tx, digest))?;
             for blob in &batch.blobs {
                 blobs::put(tx, &self.files, pk, &blob.digest, &blob.bytes, blob.hint)?;
+            }
+            for (key, entry) in &batch.cache {
+                cache::put(tx, key, entry)?;
             }
             let Some(pk) = pk else { return Ok(()) };
             let mut insert = tx

@@ -17,14 +17,20 @@
 //!   per blob would leave ~17% of each page empty (append-only inserts split pages wherever the
 //!   next row doesn't fit); segments fill pages to ~99%;
 //! - `prefixes`: per run, the message-prefix digest `P_n` of each stored request → its blob;
-//! - `leases`: one row per leased run.
+//! - `leases`: one row per leased run;
+//! - `cache` (since version 2): the LLM and tool caches, keyed by step key without a rowid: the
+//!   output blob's digest, the usage as JSON, the store time, the tool class (NULL for a model)
+//!   and the TTL.
+//!
+//! Versions: 1 had no `cache` table; opening a version 1 store adds it (one transaction) and
+//! sets version 2. A store of a newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -101,6 +107,18 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 ";
 
+/// What version 2 added to version 1 (also part of a new store's schema).
+const DDL_V2: &str = "
+CREATE TABLE IF NOT EXISTS cache (
+    key BLOB PRIMARY KEY,
+    output_blob BLOB NOT NULL,
+    usage TEXT,
+    stored_at INTEGER NOT NULL,
+    class TEXT,
+    ttl INTEGER
+) WITHOUT ROWID;
+";
+
 /// Settings every connection gets.
 pub(crate) fn configure(
     conn: &Connection,
@@ -135,12 +153,39 @@ pub(crate) fn migrate(conn: &Connection, path: &str) -> StoreResult<usize> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::io(format!("{}: could not switch to WAL mode (got {mode})", what())));
     }
-    if version == 0 {
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {DDL} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        ))
-        .ctx(what)?;
+    if version < SCHEMA_VERSION {
+        upgrade(conn, path)?;
     }
     let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).ctx(what)?;
     Ok((page_size as usize).saturating_sub(SEGMENT_SLACK).max(512))
+}
+
+/// Brings a store of an older version (0: new) up to [`SCHEMA_VERSION`] in one `BEGIN IMMEDIATE`
+/// transaction. The version is read again inside it, so two processes opening the same old store
+/// at once upgrade it once; every statement is idempotent besides.
+fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
+    let what = || format!("upgrading the schema of the store {path}");
+    conn.execute_batch("BEGIN IMMEDIATE").ctx(what)?;
+    let upgraded = (|| {
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).ctx(what)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::invalid(format!(
+                "the store {path} has schema version {version}, newer than this build's {SCHEMA_VERSION}"
+            )));
+        }
+        if version == 0 {
+            conn.execute_batch(DDL).ctx(what)?;
+        }
+        if version < 2 {
+            conn.execute_batch(DDL_V2).ctx(what)?;
+        }
+        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
+    })();
+    match upgraded {
+        Ok(()) => conn.execute_batch("COMMIT").ctx(what),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
 }

@@ -28,7 +28,14 @@ fn open(dir: &Path, durability: Durability, busy_timeout_ms: u64) -> SqliteStore
 }
 
 fn put_in_run(store: &SqliteStore, run: &str, blob: &BlobPut) {
-    store.commit(&Batch { run_id: run.into(), events: Vec::new(), blobs: vec![blob.clone()] }).unwrap();
+    store
+        .commit(&Batch {
+            run_id: run.into(),
+            events: Vec::new(),
+            blobs: vec![blob.clone()],
+            cache: Vec::new(),
+        })
+        .unwrap();
 }
 
 /// Flips one byte of `digest`'s stored bytes, wherever the schema keeps them.
@@ -126,14 +133,19 @@ fn a_store_locked_by_another_writer_is_busy() {
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
     let events = sample_events("locked", 1, 1, None);
     let err = store
-        .commit(&Batch { run_id: "locked".into(), events: events.clone(), blobs: Vec::new() })
+        .commit(&Batch {
+            run_id: "locked".into(),
+            events: events.clone(),
+            blobs: Vec::new(),
+            cache: Vec::new(),
+        })
         .unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Busy);
     assert!(err.message.contains("the store is locked by another writer"), "{err}");
     assert!(err.message.contains("run locked"), "{err}");
     assert_eq!(store.last_seq("locked").unwrap(), 0, "reads still work");
     other.execute_batch("COMMIT").unwrap();
-    store.commit(&Batch { run_id: "locked".into(), events, blobs: Vec::new() }).unwrap();
+    store.commit(&Batch { run_id: "locked".into(), events, blobs: Vec::new(), cache: Vec::new() }).unwrap();
 }
 
 #[test]
@@ -146,7 +158,14 @@ fn a_reopened_store_keeps_everything_and_recovers_dead_recorders() {
     store.create_run(&sample_run("crashed", 1)).unwrap();
     let events = sample_events("kept", 1, 3, None);
     let big = BlobPut::new(vec![7u8; INLINE_BLOB_MAX * 3], BlobHint::Raw);
-    store.commit(&Batch { run_id: "kept".into(), events: events.clone(), blobs: vec![big.clone()] }).unwrap();
+    store
+        .commit(&Batch {
+            run_id: "kept".into(),
+            events: events.clone(),
+            blobs: vec![big.clone()],
+            cache: Vec::new(),
+        })
+        .unwrap();
     store.acquire_lease("kept", &LeaseHolder::current(), 60_000).unwrap();
     store.acquire_lease("crashed", &LeaseHolder("elsewhere:1:1".into()), 1).unwrap();
     drop(store);
@@ -171,7 +190,12 @@ fn two_stores_on_one_file_write_concurrently() {
                 for chunk in events.chunks(3) {
                     let blob = BlobPut::new(format!("{run} {}", chunk[0].seq).into_bytes(), BlobHint::Raw);
                     store
-                        .commit(&Batch { run_id: run.into(), events: chunk.to_vec(), blobs: vec![blob] })
+                        .commit(&Batch {
+                            run_id: run.into(),
+                            events: chunk.to_vec(),
+                            blobs: vec![blob],
+                            cache: Vec::new(),
+                        })
                         .unwrap();
                 }
             });
@@ -195,4 +219,43 @@ fn foreign_and_newer_databases_are_refused() {
     let err = SqliteStore::open(&db, &dir.path().join("blobs"), Durability::Os, 100).unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Invalid, "{err}");
     assert!(err.message.contains("99"), "{err}");
+}
+
+#[test]
+fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
+    use retrace_store::sqlite::schema::SCHEMA_VERSION;
+    use retrace_store::{Cache, CacheEntry};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("retrace.db");
+    let events = sample_events("old", 1, 4, None);
+    let blob = BlobPut::new(&b"an output from before the cache"[..], BlobHint::Raw);
+    {
+        let store = open(dir.path(), Durability::Os, 1000);
+        store.create_run(&sample_run("old", 1)).unwrap();
+        let batch =
+            Batch { run_id: "old".into(), events: events.clone(), blobs: vec![blob.clone()], cache: vec![] };
+        store.commit(&batch).unwrap();
+    }
+    // Version 1 is version 2 without the cache table.
+    Connection::open(&db).unwrap().execute_batch("DROP TABLE cache; PRAGMA user_version = 1;").unwrap();
+    let version = |db: &Path| -> i64 {
+        Connection::open(db).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(version(&db), 1);
+    // Two processes opening the old store at once: both succeed, the upgrade happens once.
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| open(dir.path(), Durability::Os, 5000));
+        let b = s.spawn(|| open(dir.path(), Durability::Batch, 5000));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(version(&db), SCHEMA_VERSION);
+    assert_eq!(a.events("old", 1, 10).unwrap(), events);
+    assert_eq!(b.get_blob(&blob.digest).unwrap(), blob.bytes.to_vec());
+    let key = Digest::of(b"key");
+    let entry =
+        CacheEntry { output_ref: blob.digest, usage: None, stored_at_ms: 7, class: None, ttl_s: None };
+    a.cache_put(&key, &entry).unwrap();
+    assert_eq!(b.cache_get(&key).unwrap(), Some(entry));
+    drop((a, b));
+    assert_eq!(open(dir.path(), Durability::Os, 1000).last_seq("old").unwrap(), 4, "reopens as version 2");
 }

@@ -163,7 +163,14 @@ impl Fixture {
         for chunk in self.events.chunks(7) {
             let wanted = chunk.iter().flat_map(|e| [e.request_ref, e.output_ref]).flatten();
             let blobs = wanted.filter_map(|d| by_digest.get(&d).map(|b| (*b).clone())).collect();
-            store.commit(&Batch { run_id: self.meta.id.clone(), events: chunk.to_vec(), blobs }).unwrap();
+            store
+                .commit(&Batch {
+                    run_id: self.meta.id.clone(),
+                    events: chunk.to_vec(),
+                    blobs,
+                    cache: Vec::new(),
+                })
+                .unwrap();
         }
     }
 

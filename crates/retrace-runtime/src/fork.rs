@@ -1,0 +1,271 @@
+//! Fork plans: a source run, a fork point and edits (SPEC §4, §7), validated against the source
+//! before anything runs, so a bad edit is a usage error that says why.
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use retrace_core::edit::{Content, Edit};
+use retrace_core::{Digest, Event, EventType};
+use retrace_store::export::RunEvents;
+use retrace_store::{Store, StoreResult};
+use serde_json::Value;
+
+/// A fork's edits, resolved and indexed for the step pipeline and the scheduler.
+#[derive(Clone, Debug, Default)]
+pub struct ForkPlan {
+    /// The first seq the fork numbers itself.
+    pub at: u64,
+    /// The edits as given.
+    pub edits: Vec<Edit>,
+    /// Deliveries that trade messages.
+    pub swaps: Vec<(u64, u64)>,
+    /// Source send seq → replacement body blob.
+    pub messages: HashMap<u64, Digest>,
+    /// Source step seq → replacement output blob.
+    pub outputs: HashMap<u64, Digest>,
+    /// Agent → template version.
+    pub prompts: HashMap<String, String>,
+    /// Agent → (model name, snapshot).
+    pub models: HashMap<String, (String, Option<String>)>,
+    /// Agent → parameters to set on its model requests.
+    pub params: HashMap<String, BTreeMap<String, Value>>,
+}
+
+/// Why a fork can't be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    /// An edit that doesn't fit the source run.
+    #[error("{0}")]
+    BadEdit(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] retrace_store::StoreError),
+}
+
+impl ForkPlan {
+    /// Indexes `edits` (whose file contents must already be blobs) for a fork at `at`.
+    pub fn new(at: u64, edits: Vec<Edit>) -> Result<ForkPlan, ForkError> {
+        let mut plan = ForkPlan { at, ..ForkPlan::default() };
+        for edit in &edits {
+            let blob = |c: &Content| match c {
+                Content::Blob(d) => Ok(*d),
+                Content::File(p) => Err(ForkError::BadEdit(format!("edit {edit}: file {p} was not stored"))),
+            };
+            match edit {
+                Edit::Swap { a, b } => plan.swaps.push((*a, *b)),
+                Edit::Message { seq, content } => {
+                    plan.messages.insert(*seq, blob(content)?);
+                }
+                Edit::ToolOutput { seq, content } | Edit::ModelOutput { seq, content } => {
+                    plan.outputs.insert(*seq, blob(content)?);
+                }
+                Edit::Prompt { agent, version } => {
+                    plan.prompts.insert(agent.clone(), version.clone());
+                }
+                Edit::Model { agent, name, snapshot } => {
+                    plan.models.insert(agent.clone(), (name.clone(), snapshot.clone()));
+                }
+                Edit::Param { agent, name, value } => {
+                    plan.params.entry(agent.clone()).or_default().insert(name.clone(), value.clone());
+                }
+            }
+        }
+        plan.edits = edits;
+        Ok(plan)
+    }
+
+    /// Checks every edit against the source run's events; a `message` edit naming a delivery is
+    /// rewritten to name its send.
+    pub fn validate(mut self, store: &dyn Store, source: &str) -> Result<ForkPlan, ForkError> {
+        let events = all_events(store, source)?;
+        let last = events.len() as u64;
+        let get = |seq: u64| events.get(seq.wrapping_sub(1) as usize);
+        for edit in &self.edits {
+            for seq in edit.seqs() {
+                if get(seq).is_none() {
+                    return Err(ForkError::BadEdit(format!(
+                        "edit {edit}: seq {seq} does not exist (the source run has seqs 1..={last})"
+                    )));
+                }
+            }
+        }
+        let at_ok = self.at >= 1 && self.at <= last + 1;
+        if !at_ok {
+            return Err(ForkError::BadEdit(format!("--at {}: the source run has seqs 1..={last}", self.at)));
+        }
+        for edit in &self.edits {
+            for seq in edit.seqs() {
+                if seq < self.at {
+                    return Err(ForkError::BadEdit(format!(
+                        "edit {edit}: seq {seq} is before the fork point --at {}; fork at {seq} or earlier",
+                        self.at
+                    )));
+                }
+            }
+        }
+        let mut messages = HashMap::new();
+        for (seq, blob) in std::mem::take(&mut self.messages) {
+            let e = get(seq).expect("checked");
+            let send = match e.kind {
+                EventType::Send => seq,
+                EventType::Deliver => e
+                    .causal_parent
+                    .filter(|_| !e.message.as_ref().is_some_and(|m| m.timed_out))
+                    .ok_or_else(|| {
+                        ForkError::BadEdit(format!(
+                            "message:{seq}: that delivery is a recv timeout and carries no message"
+                        ))
+                    })?,
+                other => {
+                    return Err(ForkError::BadEdit(format!(
+                        "message:{seq}: seq {seq} is a {other}, not a send or a delivery"
+                    )))
+                }
+            };
+            messages.insert(send, blob);
+        }
+        self.messages = messages;
+        for (&seq, _) in &self.outputs {
+            let e = get(seq).expect("checked");
+            let want = self.edits.iter().find(|x| x.seqs() == [seq] && !matches!(x, Edit::Message { .. }));
+            let ok = match want {
+                Some(Edit::ToolOutput { .. }) => e.kind == EventType::ToolCall,
+                Some(Edit::ModelOutput { .. }) => e.kind == EventType::ModelCall,
+                _ => true,
+            };
+            if !ok {
+                return Err(ForkError::BadEdit(format!(
+                    "{}: seq {seq} is a {} ({})",
+                    want.expect("found"),
+                    e.kind,
+                    e.label()
+                )));
+            }
+        }
+        for &(a, b) in &self.swaps {
+            let (ea, eb) = (get(a).expect("checked"), get(b).expect("checked"));
+            for e in [ea, eb] {
+                if e.kind != EventType::Deliver {
+                    return Err(ForkError::BadEdit(format!(
+                        "swap:{a},{b}: seq {} is a {} ({}); swap exchanges two deliveries to the same agent",
+                        e.seq,
+                        e.kind,
+                        e.label()
+                    )));
+                }
+            }
+            if ea.agent_id != eb.agent_id {
+                return Err(ForkError::BadEdit(format!(
+                    "swap:{a},{b}: seq {a} is delivered to {} and seq {b} to {}; swap needs the same receiver",
+                    ea.agent_id, eb.agent_id
+                )));
+            }
+            if let Some(send_b) = eb.causal_parent {
+                if let Some(chain) = causal_path(&events, send_b, a) {
+                    let shown: Vec<String> = chain
+                        .iter()
+                        .map(|s| format!("seq {s} {}", get(*s).map(Event::label).unwrap_or_default()))
+                        .collect();
+                    return Err(ForkError::BadEdit(format!(
+                        "swap:{a},{b}: the message delivered at {b} was sent because of delivery {a}, so it can't be heard first; causal chain: {}",
+                        shown.join(" ← ")
+                    )));
+                }
+            }
+        }
+        for edit in &self.edits {
+            match edit {
+                Edit::Prompt { agent, .. } => {
+                    let used = events.iter().any(|e| &e.agent_id == agent && e.prompt_template.is_some());
+                    if !used {
+                        return Err(ForkError::BadEdit(format!(
+                            "{edit}: agent {agent:?} never called template() in the source run, so there is no prompt to change"
+                        )));
+                    }
+                }
+                Edit::Model { agent, name, .. } => {
+                    let providers: HashSet<&str> = events
+                        .iter()
+                        .filter(|e| &e.agent_id == agent && e.kind == EventType::ModelCall)
+                        .filter_map(|e| e.model.as_ref().map(|m| m.provider.as_str()))
+                        .collect();
+                    if providers.is_empty() {
+                        return Err(ForkError::BadEdit(format!(
+                            "{edit}: agent {agent:?} made no model call in the source run"
+                        )));
+                    }
+                    if let Some(other) = provider_of(name).filter(|p| !providers.contains(p)) {
+                        let had: Vec<&str> = providers.into_iter().collect();
+                        return Err(ForkError::BadEdit(format!(
+                            "{edit}: {name} is a {other} model but agent {agent:?} calls {}; a fork can't change the provider",
+                            had.join(", ")
+                        )));
+                    }
+                }
+                Edit::Param { agent, .. } => {
+                    if !events.iter().any(|e| &e.agent_id == agent && e.kind == EventType::ModelCall) {
+                        return Err(ForkError::BadEdit(format!(
+                            "{edit}: agent {agent:?} made no model call in the source run"
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// The provider a model name obviously belongs to, when it does.
+fn provider_of(model: &str) -> Option<&'static str> {
+    let m = model.to_ascii_lowercase();
+    if m.starts_with("claude") {
+        Some("anthropic")
+    } else if m.starts_with("gpt")
+        || m.starts_with("o1")
+        || m.starts_with("o3")
+        || m.starts_with("o4")
+        || m.starts_with("text-embedding")
+    {
+        Some("openai")
+    } else {
+        None
+    }
+}
+
+/// If `from` causally depends on event `target` (following causal parents and each agent's
+/// earlier events), the chain from `from` back to `target`.
+fn causal_path(events: &[Event], from: u64, target: u64) -> Option<Vec<u64>> {
+    let get = |s: u64| events.get(s.wrapping_sub(1) as usize);
+    // Walk causal parents, and through each agent's own history (an agent's step happens after
+    // its earlier deliveries). Depth-first over predecessors with seq >= target.
+    let mut stack = vec![(from, vec![from])];
+    let mut seen = HashSet::new();
+    while let Some((seq, path)) = stack.pop() {
+        if seq == target {
+            return Some(path);
+        }
+        if seq < target || !seen.insert(seq) {
+            continue;
+        }
+        let Some(e) = get(seq) else { continue };
+        if let Some(p) = e.causal_parent {
+            let mut next = path.clone();
+            next.push(p);
+            stack.push((p, next));
+        }
+        if let Some(prev) = events[..(seq - 1) as usize].iter().rev().find(|x| x.agent_id == e.agent_id) {
+            let mut next = path.clone();
+            next.push(prev.seq);
+            stack.push((prev.seq, next));
+        }
+    }
+    None
+}
+
+fn all_events(store: &dyn Store, run: &str) -> StoreResult<Vec<Event>> {
+    let mut events = Vec::new();
+    let mut pages = RunEvents::new(store, run)?;
+    while let Some(page) = pages.next_page()? {
+        events.extend(page);
+    }
+    Ok(events)
+}

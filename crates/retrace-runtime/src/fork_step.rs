@@ -1,0 +1,179 @@
+//! A step in a fork: matched steps get the source's recorded output at zero cost (inherited
+//! before the fork point, recorded as the fork's own event from it on); changed and new steps
+//! look in the caches and otherwise run live, except side effects, which only ever dry-run.
+use retrace_core::envelope::ToolClass;
+use retrace_core::{Divergence, DivergenceCode, EventType, Source};
+use serde_json::Value;
+use std::future::Future;
+
+use crate::agent::Agent;
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::fork_sched::ForkMatch;
+use crate::matcher::RecordedStep;
+use crate::step::{LiveOutput, Prepared, Recorded, StepInput};
+
+impl Agent {
+    /// Runs one step of a fork.
+    pub(crate) async fn fork<F, Fut>(
+        &self,
+        mut input: StepInput,
+        prepared: Prepared,
+        label: &str,
+        live: F,
+    ) -> RuntimeResult<Recorded>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RuntimeResult<LiveOutput>>,
+    {
+        let inner = &self.session.inner;
+        let scheduler = inner.scheduler.clone().expect("forks have a scheduler");
+        let at = scheduler.fork_at().unwrap_or(1);
+        let mut probe = input.template.clone();
+        probe.key = prepared.key;
+        if input.intent {
+            input.intent = false;
+            let intent_key = self.intent_key(&probe)?;
+            match scheduler
+                .take_fork_step(&self.id, EventType::Intent, probe.name.as_deref(), &intent_key)
+                .await?
+            {
+                None => return Err(self.mismatch(EventType::Intent, &probe, &prepared, label)),
+                Some(ForkMatch::Matched(step)) if step.completed && step.seq >= at => {
+                    // The source's intent, re-recorded as the fork's own: nothing runs.
+                    let mut intent = input.template.clone();
+                    intent.kind = EventType::Intent;
+                    intent.key = intent_key;
+                    intent.request_ref = step.request_ref;
+                    intent.source = Source::Recorded;
+                    intent.origin_seq = Some(step.seq);
+                    self.take_inbound(&mut intent);
+                    intent.lamport = self.state.lock().clock.tick();
+                    let writer = inner.writer.as_ref().expect("forks have a writer");
+                    let acked = writer.append_sync(intent, Vec::new())?;
+                    input.template.causal_parent = Some(acked.seq);
+                }
+                Some(ForkMatch::Matched(step)) if !step.completed => {
+                    let d = Divergence::new(DivergenceCode::PendingIntent, self.id.clone())
+                        .at(step.seq)
+                        .step(label)
+                        .detail("the source run logged this side effect's intent but not its completion")
+                        .detail(format!(
+                            "run `retrace resolve <source run> {} --outcome @FILE | --not-executed`",
+                            step.seq
+                        ));
+                    return Err(scheduler.diverge(d).into());
+                }
+                Some(_) => {}
+            }
+        }
+        let kind = input.template.kind;
+        let matched = scheduler.take_fork_step(&self.id, kind, probe.name.as_deref(), &prepared.key).await?;
+        match matched {
+            None => Err(self.mismatch(kind, &probe, &prepared, label)),
+            Some(ForkMatch::Matched(step)) if step.seq < at => self.inherited(&step, label),
+            Some(ForkMatch::Matched(step)) => {
+                let plan = inner.plan.clone().expect("forks have a plan");
+                let output = match plan.outputs.get(&step.seq).or(step.output_ref.as_ref()) {
+                    Some(blob) => Some(self.blob_value(blob, label)?),
+                    None => None,
+                };
+                input.source = Source::Recorded;
+                input.origin_seq = Some(step.seq);
+                let recorded = match (&step.error, output) {
+                    (Some(e), _) if !plan.outputs.contains_key(&step.seq) => LiveOutput::error(e.clone()),
+                    (_, Some(v)) => LiveOutput::value(v),
+                    (_, None) => LiveOutput::none(),
+                };
+                self.record(input, prepared, label, || async { Ok(recorded) }).await
+            }
+            Some(ForkMatch::Changed(step)) => {
+                self.fork_execute(input, prepared, label, live, Some(step.seq)).await
+            }
+            Some(ForkMatch::New) => self.fork_execute(input, prepared, label, live, None).await,
+        }
+    }
+
+    /// A step before the fork point: the source's output, nothing stored.
+    fn inherited(&self, step: &RecordedStep, label: &str) -> RuntimeResult<Recorded> {
+        {
+            let mut state = self.state.lock();
+            state.clock.observe(step.lamport.saturating_sub(1));
+            state.pending_inbound.clear();
+        }
+        if let Some(message) = &step.error {
+            return Err(RuntimeError::StepFailed {
+                agent: self.id.clone(),
+                step: label.into(),
+                message: message.clone(),
+            });
+        }
+        let value = match &step.output_ref {
+            Some(blob) => self.blob_value(blob, label)?,
+            None => Value::Null,
+        };
+        Ok(Recorded { value, seq: step.seq, lamport: step.lamport, causal_parent: step.causal_parent })
+    }
+
+    /// A changed or new step: dry run for side effects, else the caches, else live.
+    async fn fork_execute<F, Fut>(
+        &self,
+        mut input: StepInput,
+        prepared: Prepared,
+        label: &str,
+        live: F,
+        origin: Option<u64>,
+    ) -> RuntimeResult<Recorded>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RuntimeResult<LiveOutput>>,
+    {
+        let inner = &self.session.inner;
+        input.origin_seq = origin;
+        let class = input.template.tool.as_ref().map(|t| t.class);
+        if class == Some(ToolClass::SideEffect) {
+            input.source = Source::DryRun;
+            let tool = input.template.name.clone().unwrap_or_default();
+            let args = input.request.clone();
+            return match input.dry_run.clone() {
+                Some(dry_run) => {
+                    let value = dry_run(&args);
+                    self.record(input, prepared, label, || async { Ok(LiveOutput::value(value)) }).await
+                }
+                None => {
+                    let message = format!("dry run: side effect {tool} was not executed");
+                    let failed = self
+                        .record(input, prepared, label, || async { Ok(LiveOutput::error(message)) })
+                        .await;
+                    match failed {
+                        Err(RuntimeError::StepFailed { .. }) => Err(RuntimeError::DryRun { tool, args }),
+                        Err(e) => Err(e),
+                        Ok(_) => Err(RuntimeError::DryRun { tool, args }),
+                    }
+                }
+            };
+        }
+        let cacheable = input.template.kind == EventType::ModelCall || class.is_some();
+        if cacheable {
+            if let Some(entry) = inner.store.cache_get(&prepared.key)? {
+                if entry.usable_at(inner.clock.now_ms()) {
+                    let value = self.blob_value(&entry.output_ref, label)?;
+                    input.source = Source::CacheHit;
+                    return self
+                        .record(input, prepared, label, || async { Ok(LiveOutput::value(value)) })
+                        .await;
+                }
+            }
+        }
+        input.source = Source::Live;
+        self.record(input, prepared, label, live).await
+    }
+
+    fn blob_value(&self, blob: &retrace_core::Digest, label: &str) -> RuntimeResult<Value> {
+        let bytes = self.session.inner.store.get_blob(blob)?;
+        serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
+            agent: self.id.clone(),
+            step: label.into(),
+            message: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,250 @@
+//! Forks: only what an edit reaches runs; everything else comes from the source at zero cost;
+//! side effects never run; caches respect their class; replaying a fork reproduces it.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use retrace_core::edit::{Content, Edit};
+use retrace_core::{EventType, Source};
+use retrace_runtime::env_sources::ManualClock;
+use retrace_runtime::{ModelCall, ModelReply, Outcome, RuntimeError, Session, SessionOptions, ToolSpec};
+use retrace_store::memory::MemoryStore;
+use retrace_store::{BlobHint, Store};
+use serde_json::{json, Value};
+
+fn store() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new())
+}
+
+#[derive(Default)]
+struct Calls {
+    tool: AtomicUsize,
+    model: AtomicUsize,
+    side: AtomicUsize,
+}
+
+/// A pipeline: fetch (time-bound) → analyse (model) → verify (deterministic) → publish (side
+/// effect), each step fed by the previous output.
+fn pipeline(s: &Session, calls: &Calls) -> Result<Value, RuntimeError> {
+    let a = s.agent("pipeline");
+    let fetched: Value = a.tool("fetch", &json!({"q": "rates"}), ToolSpec::time_bound("1", 3600), || {
+        calls.tool.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(json!({"rate": rand::random::<u8>()}))
+    })?;
+    let call = ModelCall {
+        provider: "openai".into(),
+        endpoint: "chat.completions".into(),
+        body: json!({"model": "m", "messages": [{"role": "user", "content": format!("analyse {fetched}")}]}),
+    };
+    let analysis = a.model(&call, || {
+        calls.model.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(ModelReply {
+            body: json!({"text": format!("analysis {}", rand::random::<u16>())}),
+            snapshot: None,
+            usage: Some(retrace_core::envelope::Usage {
+                input_tokens: 100,
+                output_tokens: 20,
+                cost_usd: Some(0.01),
+            }),
+        })
+    })?;
+    let verified: Value = a.tool("verify", &analysis, ToolSpec::deterministic("1"), || {
+        calls.tool.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(json!({"ok": true, "checked": analysis["text"]}))
+    })?;
+    let spec = ToolSpec::side_effect("1").with_dry_run(|args| json!({"would_publish": args}));
+    let published: Value = a.tool("publish", &verified, spec, || {
+        calls.side.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(json!({"published": true}))
+    })?;
+    a.decide(if verified["ok"] == json!(true) { "ship" } else { "hold" }, Some("report"))?;
+    Ok(published)
+}
+
+fn record(store: &Arc<dyn Store>) -> String {
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let calls = Calls::default();
+    pipeline(&s, &calls).unwrap();
+    assert_eq!(calls.side.load(Ordering::SeqCst), 1);
+    s.finish(Outcome::default()).unwrap().run_id
+}
+
+fn fork_events(store: &Arc<dyn Store>, fork: &str) -> Vec<retrace_core::Event> {
+    let at = store.run(fork).unwrap().fork_at.unwrap();
+    store.events(fork, at, 1000).unwrap()
+}
+
+#[test]
+fn a_fork_with_no_edits_runs_nothing_live_even_long_after() {
+    let store = store();
+    let source = record(&store);
+    // Forked "a year later": the time-bound fetch's cache entry has expired, but matched steps
+    // get the source's output whatever their class or age.
+    let clock = Arc::new(ManualClock::new(4_000_000_000_000));
+    let calls = Calls::default();
+    let options = SessionOptions { clock: clock.clone(), ..Default::default() };
+    let f = Session::fork_new(store.clone(), &source, Some(1), vec![], options).unwrap();
+    pipeline(&f, &calls).unwrap();
+    let report = f.finish(Outcome::default()).unwrap();
+    assert_eq!(report.live_calls, 0);
+    assert_eq!(calls.tool.load(Ordering::SeqCst) + calls.model.load(Ordering::SeqCst), 0);
+    assert_eq!(calls.side.load(Ordering::SeqCst), 0, "a side effect never runs in a fork");
+    let source_events = store.events(&source, 1, 1000).unwrap();
+    let fork = fork_events(&store, &f.run_id());
+    assert_eq!(fork.len(), source_events.len());
+    for (e, s) in fork.iter().zip(&source_events) {
+        assert_eq!(e.source, Source::Recorded, "{}", e.label());
+        assert_eq!(e.origin_seq, Some(s.seq));
+        assert_eq!(e.output_hash, s.output_hash, "identical output hashes");
+        assert!(e.usage.is_none(), "zero tokens");
+    }
+}
+
+#[test]
+fn one_edit_runs_exactly_the_steps_it_reaches() {
+    let store = store();
+    let source = record(&store);
+    let events = store.events(&source, 1, 100).unwrap();
+    let fetch = events.iter().find(|e| e.name.as_deref() == Some("fetch")).unwrap().seq;
+    let blob = store.put_blob(br#"{"rate":999}"#, BlobHint::Raw).unwrap();
+    let edit = Edit::ToolOutput { seq: fetch, content: Content::Blob(blob) };
+    let calls = Calls::default();
+    let f = Session::fork_new(store.clone(), &source, None, vec![edit], SessionOptions::default()).unwrap();
+    let published = pipeline(&f, &calls).unwrap();
+    f.finish(Outcome::default()).unwrap();
+    // fetch is served edited; analyse and verify changed inputs and ran live; publish dry-ran.
+    assert_eq!(calls.model.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.tool.load(Ordering::SeqCst), 1, "verify ran; fetch did not");
+    assert_eq!(calls.side.load(Ordering::SeqCst), 0);
+    assert!(published.get("would_publish").is_some(), "the dry run's value: {published}");
+    let fork = fork_events(&store, &f.run_id());
+    let by_name = |n: &str| {
+        fork.iter()
+            .find(|e| {
+                e.name.as_deref() == Some(n) && e.kind == EventType::ToolCall
+                    || e.name.as_deref() == Some(n) && e.kind == EventType::ModelCall
+            })
+            .unwrap()
+    };
+    assert_eq!(by_name("fetch").source, Source::Recorded);
+    assert_eq!(by_name("openai/chat.completions").source, Source::Live);
+    assert_eq!(by_name("verify").source, Source::Live);
+    assert_eq!(by_name("publish").source, Source::DryRun);
+    assert!(fork.iter().all(|e| e.origin_seq.is_some()), "every step paired with its source step");
+
+    // Replaying the fork reproduces it exactly: same outputs, nothing live.
+    let calls = Calls::default();
+    let r = Session::replay(store.clone(), &f.run_id(), SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&r, &calls).unwrap(), published);
+    r.finish(Outcome::default()).unwrap();
+    assert_eq!(
+        calls.tool.load(Ordering::SeqCst)
+            + calls.model.load(Ordering::SeqCst)
+            + calls.side.load(Ordering::SeqCst),
+        0
+    );
+}
+
+#[test]
+fn a_second_fork_reuses_the_caches_and_ttl_runs_on_the_forks_clock() {
+    let store = store();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let s = Session::record(store.clone(), SessionOptions { clock: clock.clone(), ..Default::default() })
+        .unwrap();
+    let a = s.agent("a");
+    let _: u32 =
+        a.tool("price", &json!({"sku": 1}), ToolSpec::time_bound("1", 60), || Ok::<_, String>(10)).unwrap();
+    let _: u32 =
+        a.tool("tax", &json!({"sku": 1}), ToolSpec::deterministic("1"), || Ok::<_, String>(2)).unwrap();
+    s.finish(Outcome::default()).unwrap();
+    // A fork whose agent asks for something else, then for what another run already computed.
+    let warm = Session::record(store.clone(), SessionOptions { clock: clock.clone(), ..Default::default() })
+        .unwrap();
+    let w = warm.agent("a");
+    let _: u32 =
+        w.tool("price", &json!({"sku": 2}), ToolSpec::time_bound("1", 60), || Ok::<_, String>(11)).unwrap();
+    let _: u32 =
+        w.tool("tax", &json!({"sku": 2}), ToolSpec::deterministic("1"), || Ok::<_, String>(3)).unwrap();
+    warm.finish(Outcome::default()).unwrap();
+    for (advance_s, price_live) in [(30, false), (120, true)] {
+        clock.advance(advance_s * 1000);
+        let live = AtomicUsize::new(0);
+        let f = Session::fork_new(
+            store.clone(),
+            &s.run_id(),
+            Some(1),
+            vec![],
+            SessionOptions { clock: clock.clone(), ..Default::default() },
+        )
+        .unwrap();
+        let a = f.agent("a");
+        let p: u32 = a
+            .tool("price", &json!({"sku": 2}), ToolSpec::time_bound("1", 60), || {
+                live.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(99)
+            })
+            .unwrap();
+        let t: u32 = a
+            .tool("tax", &json!({"sku": 2}), ToolSpec::deterministic("1"), || {
+                live.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(99)
+            })
+            .unwrap();
+        f.finish(Outcome::default()).unwrap();
+        assert_eq!(t, 3, "deterministic: cached forever");
+        assert_eq!(p == 99, price_live, "time_bound within its TTL on the fork's own clock");
+        assert_eq!(live.load(Ordering::SeqCst), usize::from(price_live));
+        let sources: Vec<Source> = fork_events(&store, &f.run_id()).iter().map(|e| e.source).collect();
+        assert_eq!(sources[1], Source::CacheHit);
+    }
+}
+
+#[test]
+fn a_changed_side_effect_without_dry_run_raises_dry_run() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let _: Value = s
+        .agent("a")
+        .tool("email", &json!({"to": "ops"}), ToolSpec::side_effect("1"), || {
+            Ok::<_, String>(json!({"sent": 1}))
+        })
+        .unwrap();
+    s.finish(Outcome::default()).unwrap();
+    let f =
+        Session::fork_new(store.clone(), &s.run_id(), Some(1), vec![], SessionOptions::default()).unwrap();
+    let ran = AtomicUsize::new(0);
+    let err = f
+        .agent("a")
+        .tool("email", &json!({"to": "ceo"}), ToolSpec::side_effect("1"), || {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<Value, String>(json!({}))
+        })
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::DryRun { ref tool, .. } if tool == "email"), "{err}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn bad_edits_are_refused_with_a_reason() {
+    let store = store();
+    let source = record(&store);
+    for (edit, why) in [
+        ("swap:1,2", "swap exchanges two deliveries"),
+        (
+            "tool-output:99=@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            "does not exist",
+        ),
+        ("model:pipeline=claude-3-5-sonnet", "can't change the provider"),
+        ("prompt:pipeline=v2", "never called template()"),
+    ] {
+        let err = Session::fork_new(
+            store.clone(),
+            &source,
+            None,
+            vec![edit.parse().unwrap()],
+            SessionOptions::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(why), "{edit}: {err}");
+    }
+    assert_eq!(store.runs().unwrap().len(), 1, "a refused fork creates nothing");
+}

@@ -1,0 +1,399 @@
+//! Two runs compared step by step (`retrace diff`, SPEC §4): which steps are the same, changed,
+//! or only in one run; which decisions moved; what each run cost in tokens and dollars.
+//!
+//! **Alignment.** When one run is a fork of the other, the fork's events say which source step
+//! each corresponds to (`origin_seq`): the source's events before the fork point are inherited
+//! (the same by construction), each later fork step pairs with the source step it names, and
+//! source steps nothing names are only in the source. Any other two runs (unrelated runs,
+//! sibling forks) are paired by the rule of SPEC §7 with the older run as source: per agent,
+//! identical keys in recorded order, then each leftover step of the newer run with the older
+//! run's earliest leftover step of the same type and name. Deliveries pair per agent in order.
+//!
+//! **Same or changed.** A pair is the same when the output hashes are equal, or when neither
+//! step has an output and the keys are equal; else it is changed. Hashes are compared first:
+//! output blobs are read only for the changed steps shown, to print a short line diff.
+//!
+//! **Cost.** A run's cost is the usage of its own events whose output came from a live call;
+//! events served as `recorded` or `cache_hit` cost nothing. A fork also reports what it saved:
+//! the source's live usage on the steps the fork served as recorded or from the cache, and,
+//! apart, the source's live usage on the events before the fork point, which it inherited.
+//!
+//! Reading is linear in the two runs' events, a page at a time; memory is about 200 bytes per
+//! event.
+mod align;
+mod load;
+mod text;
+
+use std::collections::BTreeMap;
+
+use retrace_core::envelope::Usage;
+use retrace_core::run::{RunMeta, RunMode, RunStatus};
+use retrace_core::{Digest, Source};
+use serde::Serialize;
+
+use self::align::Aligned;
+use self::load::{Loaded, Names, Step};
+use crate::{Store, StoreResult};
+
+/// What to show of the differences (the counts always cover every step).
+#[derive(Clone, Debug)]
+pub struct DiffOptions {
+    /// At most this many changed steps, and this many steps only in A and only in B, are listed.
+    pub limit: usize,
+    /// At most this many lines of output diff per changed step.
+    pub max_diff_lines: usize,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        DiffOptions { limit: 20, max_diff_lines: 40 }
+    }
+}
+
+/// One of the two runs compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Which {
+    /// The first run named.
+    A,
+    /// The second run named.
+    B,
+}
+
+/// How the two runs' steps were aligned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlignedBy {
+    /// One run is a fork of the other: by the fork's `origin_seq`.
+    OriginSeq,
+    /// Unrelated runs or sibling forks: by key, then by type and name (SPEC §7).
+    Pairing,
+}
+
+/// The alignment used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Alignment {
+    /// By `origin_seq` or by pairing.
+    pub by: AlignedBy,
+    /// The run acting as source: the fork's source, or the older run.
+    pub source: Which,
+    /// The fork point, when aligned by `origin_seq`.
+    pub fork_at: Option<u64>,
+}
+
+/// Tokens and dollars over some steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Tokens {
+    /// How many steps with a usage were counted.
+    pub steps: u64,
+    /// Sum of `usage.input_tokens`.
+    pub input_tokens: u64,
+    /// Sum of `usage.output_tokens`.
+    pub output_tokens: u64,
+    /// Sum of `usage.cost_usd`, or `None` when no counted step had a cost.
+    pub cost_usd: Option<f64>,
+}
+
+impl Tokens {
+    fn add(&mut self, usage: &Usage) {
+        self.steps += 1;
+        self.input_tokens += usage.input_tokens;
+        self.output_tokens += usage.output_tokens;
+        if let Some(cost) = usage.cost_usd {
+            *self.cost_usd.get_or_insert(0.0) += cost;
+        }
+    }
+}
+
+/// One run, as compared.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSide {
+    /// The run's id.
+    pub id: String,
+    /// Its name.
+    pub name: Option<String>,
+    /// record, replay or fork.
+    pub mode: RunMode,
+    /// Its status.
+    pub status: RunStatus,
+    /// When it started (Unix milliseconds).
+    pub started_at_ms: u64,
+    /// How many events it has, inherited ones included.
+    pub events: u64,
+    /// The run it forks or replays.
+    pub source_run: Option<String>,
+    /// Its fork point.
+    pub fork_at: Option<u64>,
+    /// Usage of its own events that ran live.
+    pub live: Tokens,
+    /// When it is the fork of the other run: the source's live usage on the steps it served as
+    /// recorded or from the cache.
+    pub saved: Option<Tokens>,
+    /// When it is the fork of the other run: the source's live usage on the events it inherits.
+    pub inherited: Option<Tokens>,
+}
+
+/// How many steps fell in each class. `same + changed + only_in_a` is A's event count, and
+/// likewise for B.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Pairs with the same output (inherited events included).
+    pub same: u64,
+    /// Pairs whose outputs differ.
+    pub changed: u64,
+    /// Steps of A nothing in B corresponds to.
+    pub only_in_a: u64,
+    /// Steps of B nothing in A corresponds to.
+    pub only_in_b: u64,
+}
+
+/// A pair of corresponding steps whose outputs differ.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChangedStep {
+    /// The step's seq in A.
+    pub seq_a: u64,
+    /// The corresponding step's seq in B.
+    pub seq_b: u64,
+    /// The agent (of A's step).
+    pub agent: String,
+    /// A's step, e.g. `model_call /v1/chat/completions`.
+    pub label_a: String,
+    /// B's step.
+    pub label_b: String,
+    /// A's output hash.
+    pub output_a: Option<Digest>,
+    /// B's output hash.
+    pub output_b: Option<Digest>,
+    /// A unified line diff of the two outputs (of the two requests when neither step has an
+    /// output), at most [`DiffOptions::max_diff_lines`] lines; `None` when there is nothing to read.
+    pub diff: Option<String>,
+}
+
+/// A step only one run has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoneStep {
+    /// Its seq in its run.
+    pub seq: u64,
+    /// Its agent.
+    pub agent: String,
+    /// Its label.
+    pub label: String,
+}
+
+/// A decision that stands differently at the end of the two runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MovedDecision {
+    /// The deciding agent.
+    pub agent: String,
+    /// What the decision applies to.
+    pub target: Option<String>,
+    /// The agent's last action on the target in A, `None` when it decided nothing on it.
+    pub a: Option<String>,
+    /// The same in B.
+    pub b: Option<String>,
+}
+
+/// Everything `retrace diff` reports.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunDiff {
+    /// The first run.
+    pub a: RunSide,
+    /// The second run.
+    pub b: RunSide,
+    /// How steps were aligned.
+    pub alignment: Alignment,
+    /// Every step, counted.
+    pub counts: Counts,
+    /// The first changed steps (by A's seq), at most [`DiffOptions::limit`].
+    pub changed: Vec<ChangedStep>,
+    /// The first steps only in A, at most [`DiffOptions::limit`].
+    pub only_in_a: Vec<LoneStep>,
+    /// The first steps only in B, at most [`DiffOptions::limit`].
+    pub only_in_b: Vec<LoneStep>,
+    /// Decisions that moved, by agent and target.
+    pub decisions: Vec<MovedDecision>,
+}
+
+/// Compares runs `a` and `b` (exact ids); `NotFound` when either, or a fork's source, is missing.
+pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> StoreResult<RunDiff> {
+    let (meta_a, meta_b) = (store.run(a)?, store.run(b)?);
+    let alignment = choose_alignment(&meta_a, &meta_b);
+    let (source_meta, other_meta) = match alignment.source {
+        Which::A => (meta_a, meta_b),
+        Which::B => (meta_b, meta_a),
+    };
+    let mut names = Names::default();
+    let source = load::load(store, source_meta, 1, &mut names)?;
+    let other = load::load(store, other_meta, alignment.fork_at.unwrap_or(1), &mut names)?;
+    let aligned = match alignment.fork_at {
+        Some(at) => align::by_origin(&source, &other, at),
+        None => align::by_pairing(&source, &other),
+    };
+    let Aligned { mut pairs, only_source, only_other, inherited } = aligned;
+    let (run_a, run_b, only_a, only_b) = match alignment.source {
+        Which::A => (&source, &other, only_source, only_other),
+        Which::B => {
+            pairs.iter_mut().for_each(|p| *p = (p.1, p.0));
+            (&other, &source, only_other, only_source)
+        }
+    };
+    let (mut same, mut changed) = (inherited, Vec::new());
+    for (seq_a, seq_b) in pairs {
+        match (run_a.step(seq_a), run_b.step(seq_b)) {
+            (Some(x), Some(y)) if x.same_as(y) => same += 1,
+            (Some(x), Some(y)) => changed.push((x, y)),
+            _ => unreachable!("aligned seqs are loaded"),
+        }
+    }
+    changed.sort_unstable_by_key(|(x, y)| (x.seq, y.seq));
+    let counts = Counts {
+        same,
+        changed: changed.len() as u64,
+        only_in_a: only_a.len() as u64,
+        only_in_b: only_b.len() as u64,
+    };
+    let show = |run: &Loaded, seqs: &[u64]| -> Vec<LoneStep> {
+        let steps = seqs.iter().take(options.limit).filter_map(|s| run.step(*s));
+        steps
+            .map(|s| LoneStep { seq: s.seq, agent: names.name(s.agent).to_owned(), label: s.label(&names) })
+            .collect()
+    };
+    let changed =
+        changed.iter().take(options.limit).map(|(x, y)| changed_step(store, &names, x, y, options)).collect();
+    let (fork_a, fork_b) = match (alignment.fork_at, alignment.source) {
+        (Some(at), Which::A) => (None, Some(at)),
+        (Some(at), Which::B) => (Some(at), None),
+        (None, _) => (None, None),
+    };
+    Ok(RunDiff {
+        a: side(run_a, run_b, fork_a),
+        b: side(run_b, run_a, fork_b),
+        counts,
+        changed,
+        only_in_a: show(run_a, &only_a),
+        only_in_b: show(run_b, &only_b),
+        decisions: moved_decisions(run_a, run_b, fork_a.or(fork_b), alignment.source, &names),
+        alignment,
+    })
+}
+
+/// By `origin_seq` when one run is a fork of the other, else by pairing with the older (by
+/// start time, then id) as source.
+fn choose_alignment(a: &RunMeta, b: &RunMeta) -> Alignment {
+    let fork_of = |fork: &RunMeta, source: &RunMeta| match (&fork.source_run, fork.fork_at) {
+        (Some(s), Some(at)) if *s == source.id && fork.id != source.id => Some(at),
+        _ => None,
+    };
+    if let Some(at) = fork_of(b, a) {
+        return Alignment { by: AlignedBy::OriginSeq, source: Which::A, fork_at: Some(at) };
+    }
+    if let Some(at) = fork_of(a, b) {
+        return Alignment { by: AlignedBy::OriginSeq, source: Which::B, fork_at: Some(at) };
+    }
+    let older = if (b.started_at_ms, &b.id) < (a.started_at_ms, &a.id) { Which::B } else { Which::A };
+    Alignment { by: AlignedBy::Pairing, source: older, fork_at: None }
+}
+
+/// A changed pair, with the diff of its outputs (or requests, when neither has an output).
+fn changed_step(store: &dyn Store, names: &Names, x: &Step, y: &Step, options: &DiffOptions) -> ChangedStep {
+    let has_output = |s: &Step| s.output_hash.is_some() || s.output_ref.is_some();
+    let (what, blob_a, blob_b) = if has_output(x) || has_output(y) {
+        ("output", x.output_ref, y.output_ref)
+    } else {
+        ("request", x.request_ref, y.request_ref)
+    };
+    let diff = (blob_a != blob_b).then(|| {
+        let (title_a, title_b) = (format!("A seq {} {what}", x.seq), format!("B seq {} {what}", y.seq));
+        let a = text::Side { title: &title_a, blob: blob_a };
+        let b = text::Side { title: &title_b, blob: blob_b };
+        text::diff_blobs(store, a, b, options.max_diff_lines)
+    });
+    ChangedStep {
+        seq_a: x.seq,
+        seq_b: y.seq,
+        agent: names.name(x.agent).to_owned(),
+        label_a: x.label(names),
+        label_b: y.label(names),
+        output_a: x.output_hash,
+        output_b: y.output_hash,
+        diff,
+    }
+}
+
+/// `run` as reported; `fork_at` is set when `run` is the fork of `other` (then it has savings).
+fn side(run: &Loaded, other: &Loaded, fork_at: Option<u64>) -> RunSide {
+    let own_from = run.own_from();
+    let mut live = Tokens::default();
+    for step in run.steps.iter().filter(|s| s.seq >= own_from && s.source == Source::Live) {
+        if let Some(usage) = &step.usage {
+            live.add(usage);
+        }
+    }
+    let source_live =
+        |seq: u64| other.step(seq).filter(|s| s.source == Source::Live).and_then(|s| s.usage.as_ref());
+    let (saved, inherited) = match fork_at {
+        None => (None, None),
+        Some(at) => {
+            let (mut saved, mut inherited) = (Tokens::default(), Tokens::default());
+            for step in run.steps.iter().filter(|s| matches!(s.source, Source::Recorded | Source::CacheHit)) {
+                if let Some(usage) = step.origin_seq.and_then(source_live) {
+                    saved.add(usage);
+                }
+            }
+            for usage in (1..at).filter_map(source_live) {
+                inherited.add(usage);
+            }
+            (Some(saved), Some(inherited))
+        }
+    };
+    let meta = &run.meta;
+    RunSide {
+        id: meta.id.clone(),
+        name: meta.name.clone(),
+        mode: meta.mode,
+        status: meta.status,
+        started_at_ms: meta.started_at_ms,
+        events: run.count,
+        source_run: meta.source_run.clone(),
+        fork_at: meta.fork_at,
+        live,
+        saved,
+        inherited,
+    }
+}
+
+/// The decisions that stand differently at the end of A and B, by agent and target. A fork
+/// loaded from its fork point starts from its source's decisions before it.
+fn moved_decisions(
+    a: &Loaded,
+    b: &Loaded,
+    fork_at: Option<u64>,
+    source: Which,
+    names: &Names,
+) -> Vec<MovedDecision> {
+    type Finals = BTreeMap<(String, Option<String>), String>;
+    let finals = |run: &Loaded, inherited_from: Option<&Loaded>| -> Finals {
+        let inherited = inherited_from.into_iter().flat_map(|s| &s.decisions);
+        let before = fork_at.unwrap_or(1);
+        let inherited = inherited.filter(|d| d.seq < before);
+        let all = inherited.chain(run.decisions.iter().filter(|d| d.seq >= run.first));
+        all.map(|d| ((names.name(d.agent).to_owned(), d.target.clone()), d.action.clone())).collect()
+    };
+    let (finals_a, finals_b) = match (fork_at, source) {
+        (Some(_), Which::A) => (finals(a, None), finals(b, Some(a))),
+        (Some(_), Which::B) => (finals(a, Some(b)), finals(b, None)),
+        (None, _) => (finals(a, None), finals(b, None)),
+    };
+    let mut keys: Vec<&(String, Option<String>)> = finals_a.keys().chain(finals_b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| finals_a.get(*k) != finals_b.get(*k))
+        .map(|k| MovedDecision {
+            agent: k.0.clone(),
+            target: k.1.clone(),
+            a: finals_a.get(k).cloned(),
+            b: finals_b.get(k).cloned(),
+        })
+        .collect()
+}

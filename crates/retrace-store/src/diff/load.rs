@@ -1,0 +1,157 @@
+//! A run's steps as the diff needs them: a few dozen bytes per event, read page by page.
+use std::collections::HashMap;
+
+use retrace_core::envelope::Usage;
+use retrace_core::run::RunMeta;
+use retrace_core::{Digest, Event, EventType, Source};
+
+use crate::export::RunEvents;
+use crate::{Store, StoreError, StoreResult};
+
+/// Agent and step names as small integers, shared by both runs so that they compare.
+#[derive(Debug, Default)]
+pub(super) struct Names {
+    ids: HashMap<String, u32>,
+    names: Vec<String>,
+}
+
+impl Names {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(name.to_owned());
+        self.ids.insert(name.to_owned(), id);
+        id
+    }
+
+    pub(super) fn name(&self, id: u32) -> &str {
+        &self.names[id as usize]
+    }
+}
+
+/// What the diff keeps of one event.
+#[derive(Debug)]
+pub(super) struct Step {
+    pub(super) seq: u64,
+    pub(super) agent: u32,
+    pub(super) kind: EventType,
+    /// The step's name, if any.
+    pub(super) name: Option<u32>,
+    pub(super) key: Digest,
+    pub(super) request_ref: Option<Digest>,
+    pub(super) output_ref: Option<Digest>,
+    pub(super) output_hash: Option<Digest>,
+    pub(super) source: Source,
+    pub(super) origin_seq: Option<u64>,
+    pub(super) usage: Option<Usage>,
+}
+
+impl Step {
+    /// `model_call gpt-4o`, as [`Event::label`].
+    pub(super) fn label(&self, names: &Names) -> String {
+        match self.name {
+            Some(name) => format!("{} {}", self.kind, names.name(name)),
+            None => self.kind.to_string(),
+        }
+    }
+
+    /// Same output: equal output hashes, or no output on either side and equal keys.
+    pub(super) fn same_as(&self, other: &Step) -> bool {
+        match (self.output_hash, other.output_hash) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.output_ref == other.output_ref && self.key == other.key,
+            _ => false,
+        }
+    }
+}
+
+/// A decision event: who, on what, which action.
+#[derive(Debug)]
+pub(super) struct DecisionStep {
+    pub(super) seq: u64,
+    pub(super) agent: u32,
+    pub(super) target: Option<String>,
+    pub(super) action: String,
+}
+
+/// One run's steps from `first` on (dense), and its decisions.
+#[derive(Debug)]
+pub(super) struct Loaded {
+    pub(super) meta: RunMeta,
+    /// How many events the run has, inherited ones included.
+    pub(super) count: u64,
+    /// The seq of `steps[0]`.
+    pub(super) first: u64,
+    pub(super) steps: Vec<Step>,
+    pub(super) decisions: Vec<DecisionStep>,
+}
+
+impl Loaded {
+    /// The step at `seq`, if loaded.
+    pub(super) fn step(&self, seq: u64) -> Option<&Step> {
+        let index = seq.checked_sub(self.first)?;
+        self.steps.get(usize::try_from(index).ok()?)
+    }
+
+    /// The seq from which the run's events are its own (a fork's `fork_at`, else 1).
+    pub(super) fn own_from(&self) -> u64 {
+        match (&self.meta.source_run, self.meta.fork_at) {
+            (Some(_), Some(at)) => at,
+            _ => 1,
+        }
+    }
+}
+
+/// Reads `meta`'s events from seq `first` on (a fork's inherited ones included).
+pub(super) fn load(store: &dyn Store, meta: RunMeta, first: u64, names: &mut Names) -> StoreResult<Loaded> {
+    let mut pages = RunEvents::new(store, &meta.id)?;
+    let count = pages.count();
+    pages.skip_to(first);
+    let mut loaded = Loaded {
+        meta,
+        count,
+        first,
+        steps: Vec::with_capacity(count.saturating_sub(first - 1) as usize),
+        decisions: Vec::new(),
+    };
+    while let Some(page) = pages.next_page()? {
+        for event in page {
+            let expected = loaded.first + loaded.steps.len() as u64;
+            if event.seq != expected {
+                return Err(StoreError::corrupt(format!(
+                    "run {}: seq {} follows seq {} (seqs must be dense)",
+                    loaded.meta.id,
+                    event.seq,
+                    expected - 1
+                )));
+            }
+            loaded.push(event, names);
+        }
+    }
+    Ok(loaded)
+}
+
+impl Loaded {
+    fn push(&mut self, event: Event, names: &mut Names) {
+        let agent = names.id(&event.agent_id);
+        if let Some(decision) = event.decision {
+            let (target, action) = (decision.target, decision.action);
+            self.decisions.push(DecisionStep { seq: event.seq, agent, target, action });
+        }
+        self.steps.push(Step {
+            seq: event.seq,
+            agent,
+            kind: event.kind,
+            name: event.name.as_deref().map(|n| names.id(n)),
+            key: event.key,
+            request_ref: event.request_ref,
+            output_ref: event.output_ref,
+            output_hash: event.output_hash,
+            source: event.source,
+            origin_seq: event.origin_seq,
+            usage: event.usage,
+        });
+    }
+}
