@@ -39,6 +39,7 @@ mod messaging;
 pub mod scheduler;
 pub mod session;
 mod step;
+pub mod template;
 
 pub use agent::{Agent, ModelCall, ModelReply, ToolSpec};
 pub use error::{RuntimeError, RuntimeResult};

@@ -66,6 +66,8 @@ pub struct SessionOptions {
     pub chaos_seed: Option<u64>,
     /// Record under chaos: the largest delay injected before a message becomes deliverable.
     pub chaos_max_delay: Duration,
+    /// Where `template()` finds `<name>/<version>.txt` (default: `RETRACE_PROMPTS` or `./prompts`).
+    pub prompts_dir: std::path::PathBuf,
 }
 
 impl Default for SessionOptions {
@@ -83,6 +85,7 @@ impl Default for SessionOptions {
             stall_timeout: Duration::from_secs(30),
             chaos_seed: None,
             chaos_max_delay: Duration::from_millis(20),
+            prompts_dir: crate::template::default_prompts_dir(),
         }
     }
 }
@@ -98,6 +101,8 @@ pub(crate) struct AgentState {
     pub(crate) last_delivery: Option<u64>,
     /// The prompt template in force, stamped on model calls.
     pub(crate) prompt: Option<retrace_core::envelope::PromptRef>,
+    /// The agent's template, `name@version`.
+    pub(crate) template: Option<String>,
 }
 
 /// How the program ended, compared in replay.
@@ -130,6 +135,7 @@ pub(crate) struct Inner {
     pub(crate) bus: Option<Bus>,
     /// The fork's edits (in a fork, and in a replay of a fork).
     pub(crate) plan: Option<Arc<ForkPlan>>,
+    pub(crate) prompts_dir: std::path::PathBuf,
     pub(crate) keys: KeyConfig,
     pub(crate) masker: Masker,
     pub(crate) wait_for_ack: bool,
@@ -372,6 +378,7 @@ impl Session {
                 scheduler,
                 bus,
                 plan: None,
+                prompts_dir: options.prompts_dir,
                 keys: options.keys,
                 masker: options.masker,
                 wait_for_ack: options.wait_for_ack,

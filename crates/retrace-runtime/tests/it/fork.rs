@@ -248,3 +248,42 @@ fn bad_edits_are_refused_with_a_reason() {
     }
     assert_eq!(store.runs().unwrap().len(), 1, "a refused fork creates nothing");
 }
+
+#[test]
+fn a_prompt_edit_hands_the_agent_another_version() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("reviewer")).unwrap();
+    std::fs::write(dir.path().join("reviewer/v1.txt"), "Review {table} strictly.").unwrap();
+    std::fs::write(dir.path().join("reviewer/v2.txt"), "Review {table} leniently.").unwrap();
+    let options = || SessionOptions { prompts_dir: dir.path().to_path_buf(), ..Default::default() };
+    let store = store();
+    let program = |s: &Session, live: &AtomicUsize| -> Result<String, RuntimeError> {
+        let a = s.agent("reviewer").with_prompt_template("reviewer@v1");
+        let prompt = a.template(&json!({"table": "users"}))?;
+        let call = ModelCall {
+            provider: "openai".into(),
+            endpoint: "chat.completions".into(),
+            body: json!({"model": "m", "messages": [{"role": "system", "content": prompt}]}),
+        };
+        let out = a.model(&call, || {
+            live.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(ModelReply { body: json!({"said": prompt}), snapshot: None, usage: None })
+        })?;
+        Ok(out["said"].as_str().unwrap().to_owned())
+    };
+    let s = Session::record(store.clone(), options()).unwrap();
+    assert_eq!(program(&s, &AtomicUsize::new(0)).unwrap(), "Review users strictly.");
+    s.finish(Outcome::default()).unwrap();
+    let recorded = store.event(&s.run_id(), 1).unwrap();
+    assert_eq!(recorded.prompt_template.unwrap().id, "reviewer@v1");
+
+    let live = AtomicUsize::new(0);
+    let edit: Edit = "prompt:reviewer=v2".parse().unwrap();
+    let f = Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], options()).unwrap();
+    assert_eq!(program(&f, &live).unwrap(), "Review users leniently.");
+    f.finish(Outcome::default()).unwrap();
+    assert_eq!(live.load(Ordering::SeqCst), 1);
+    let forked = store.event(&f.run_id(), 1).unwrap();
+    assert_eq!(forked.prompt_template.unwrap().id, "reviewer@v2");
+    assert_eq!(forked.origin_seq, Some(1), "paired with the source's model call");
+}
