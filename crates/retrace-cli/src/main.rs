@@ -25,6 +25,8 @@ enum Command {
     Record(commands::record::Args),
     /// Replay a recorded run exactly, with zero live calls.
     Replay(commands::replay::Args),
+    /// Fork a run with one input changed; only what the change reaches runs.
+    Fork(commands::fork::Args),
     /// List runs.
     Runs(commands::runs::Args),
     /// Show what an agent knew when it acted: the messages it had heard, with their causes.
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(args),
         Command::Record(args) => commands::record::run(args),
         Command::Replay(args) => commands::replay::run(args),
+        Command::Fork(args) => commands::fork::run(args),
         Command::Runs(args) => commands::runs::run(args),
         Command::Show(args) => commands::show::run(args),
         Command::Knew(args) => commands::knew::run(args),

@@ -42,6 +42,19 @@ pub struct TrioReplays {
     pub live_calls: usize,
 }
 
+/// The counterfactual: the bad run forked with the reviewer's two deliveries swapped.
+#[derive(Debug, Clone)]
+pub struct TrioFork {
+    /// The fork run.
+    pub fork: String,
+    /// The swap edit, as typed.
+    pub edit: String,
+    /// The reviewer's decision in the fork.
+    pub decision: String,
+    /// Model calls the fork made over HTTP (changed steps only, when not cached).
+    pub live_calls: usize,
+}
+
 /// What the demo did.
 #[derive(Debug, Clone)]
 pub struct TrioReport {
@@ -49,6 +62,8 @@ pub struct TrioReport {
     pub runs: Vec<TrioRun>,
     /// The replays of the first bad run, if there was one.
     pub replayed: Option<TrioReplays>,
+    /// The fork of the bad run with its deliveries swapped.
+    pub forked: Option<TrioFork>,
     /// Model calls the recordings made.
     pub live_calls_recorded: usize,
 }
@@ -138,5 +153,48 @@ pub async fn run_trio(
             Some(TrioReplays { run: bad.id, replays: ids, decisions, live_calls: offline.calls() })
         }
     };
-    Ok(TrioReport { runs: recorded, replayed, live_calls_recorded })
+    let forked = match &replayed {
+        Some(r) => Some(fork_swapped(store.clone(), &r.run, seed, upstream.as_deref()).await?),
+        None => None,
+    };
+    Ok(TrioReport { runs: recorded, replayed, forked, live_calls_recorded })
+}
+
+/// Forks `run` with the reviewer's first two deliveries swapped; the changed steps call the
+/// model live (a fresh simulator, unless an upstream is given).
+async fn fork_swapped(
+    store: Arc<dyn Store>,
+    run: &str,
+    seed: u64,
+    upstream: Option<&str>,
+) -> anyhow::Result<TrioFork> {
+    let heard: Vec<u64> = store
+        .deliveries_to(run, "reviewer", u64::MAX)?
+        .iter()
+        .filter(|d| d.message.as_ref().is_some_and(|m| !m.timed_out))
+        .map(|d| d.seq)
+        .collect();
+    let [a, b, ..] = heard[..] else {
+        anyhow::bail!("the reviewer of run {run} heard fewer than two messages")
+    };
+    let edit = retrace_core::edit::Edit::Swap { a, b };
+    let server = match upstream {
+        Some(_) => None,
+        None => Some(SimServer::start(seed ^ 0xf0_4c).await?),
+    };
+    let base = upstream.map(str::to_owned).unwrap_or_else(|| server.as_ref().expect("started").base_url());
+    let client = Arc::new(ChatClient::new(&base));
+    let options = SessionOptions {
+        name: Some("demo: the bad run, deliveries swapped".into()),
+        command: Some(trio_command(seed)),
+        ..Default::default()
+    };
+    let session =
+        Session::fork_new(store, run, None, vec![edit.clone()], options).context("forking the bad run")?;
+    let decision = trio(&session, client.clone()).await.context("running the fork")?;
+    session.finish(Outcome { exit_status: Some(0) }).context("finishing the fork")?;
+    if let Some(server) = server {
+        server.stop().await;
+    }
+    Ok(TrioFork { fork: session.run_id(), edit: edit.to_string(), decision, live_calls: client.calls() })
 }

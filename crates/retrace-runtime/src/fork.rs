@@ -195,7 +195,7 @@ impl ForkPlan {
                     if let Some(other) = provider_of(name).filter(|p| !providers.contains(p)) {
                         let had: Vec<&str> = providers.into_iter().collect();
                         return Err(ForkError::BadEdit(format!(
-                            "{edit}: {name} is a {other} model but agent {agent:?} calls {}; a fork can't change the provider",
+                            "{edit}: {name} is an {other} model but agent {agent:?} calls {}; a fork can't change the provider",
                             had.join(", ")
                         )));
                     }

@@ -115,7 +115,7 @@ async fn run_program(
     let session = Session::from_env_with(trio_options(chaos))?;
     let upstream = upstream.or_else(|| std::env::var("OPENAI_BASE_URL").ok());
     let server = match (&upstream, session.mode()) {
-        (None, Mode::Record | Mode::Off) => Some(SimServer::start(seed).await?),
+        (None, Mode::Record | Mode::Off | Mode::Fork) => Some(SimServer::start(seed).await?),
         _ => None,
     };
     let base = upstream.unwrap_or_else(|| server.as_ref().map(SimServer::base_url).unwrap_or_default());
@@ -226,12 +226,39 @@ async fn trio_demo(args: Args) -> anyhow::Result<()> {
         for line in causal::render(k).lines() {
             println!("  {line}");
         }
-        println!("\nDig deeper:");
-        println!("  retrace show {}", replayed.run);
-        println!("  retrace knew {} {}", replayed.run, k.seq);
-        println!("  retrace verify {}", replayed.run);
-        println!("  retrace export {} -o bad-migration.jsonl", replayed.run);
     }
+    if let Some(f) = &report.forked {
+        println!(
+            "\nCounterfactual: fork {} with {} (the reviewer hears the rename first):",
+            replayed.run, f.edit
+        );
+        println!("  fork {}: the reviewer decided {} ({} live model call(s): unchanged steps came from the recording, changed ones from the cache or live)", f.fork, f.decision, f.live_calls);
+        let diff =
+            retrace_store::diff::diff_runs(store.as_ref(), &replayed.run, &f.fork, &Default::default())?;
+        println!(
+            "  diff: {} steps same, {} changed, {} only in the source, {} new",
+            diff.counts.same, diff.counts.changed, diff.counts.only_in_a, diff.counts.only_in_b
+        );
+        for m in &diff.decisions {
+            println!(
+                "  decision moved: {} on {}: {} -> {}",
+                m.agent,
+                m.target.as_deref().unwrap_or("-"),
+                m.a.as_deref().unwrap_or("(none)"),
+                m.b.as_deref().unwrap_or("(none)")
+            );
+        }
+    }
+    println!("\nDig deeper:");
+    println!("  retrace show {}", replayed.run);
+    if let Some(k) = &knew {
+        println!("  retrace knew {} {}", replayed.run, k.seq);
+    }
+    if let Some(f) = &report.forked {
+        println!("  retrace diff {} {}", replayed.run, f.fork);
+    }
+    println!("  retrace replay {}", replayed.run);
+    println!("  retrace export {} -o bad-migration.jsonl", replayed.run);
     Ok(())
 }
 
@@ -246,5 +273,8 @@ fn trio_json(report: &TrioReport, knew: Option<&causal::Knew>) -> serde_json::Va
             "run": r.run, "replays": r.replays, "decisions": r.decisions, "live_calls": r.live_calls,
         })),
         "knew": knew,
+        "forked": report.forked.as_ref().map(|f| serde_json::json!({
+            "fork": f.fork, "edit": f.edit, "decision": f.decision, "live_calls": f.live_calls,
+        })),
     })
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 pub mod demo;
 pub mod export;
+pub mod fork;
 pub mod import;
 pub mod knew;
 pub mod record;

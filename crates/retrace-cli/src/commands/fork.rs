@@ -1,0 +1,315 @@
+//! `retrace fork RUN --edit ... [-- CMD]`: counterfactual replay of a run with one change.
+use std::path::Path;
+use std::sync::Arc;
+
+use clap::Parser;
+use retrace_core::canonical::canonicalize;
+use retrace_core::edit::{default_fork_point, Content, Edit};
+use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
+use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
+use retrace_runtime::fork::ForkPlan;
+use retrace_store::diff::{diff_runs, DiffOptions, RunDiff};
+use retrace_store::{BlobHint, Store};
+
+use super::store_from_env;
+use crate::exit::{check_failed, usage, usage_hint};
+use crate::launcher::{self, Child};
+use crate::output::print_json;
+
+/// Fork a run: re-run its program from the start with one input changed, serve every step the
+/// change doesn't reach from the source run at zero tokens, run changed and new steps (from the
+/// caches when possible; side effects only as dry runs), and report what moved.
+///
+/// Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, or 1):
+///   swap:A,B                 deliveries A < B to one agent trade messages
+///   message:SEQ=@FILE        replace a message body (SEQ: its send or delivery)
+///   tool-output:SEQ=@FILE    replace a tool call's recorded output
+///   model-output:SEQ=@FILE   replace a model call's recorded output
+///   prompt:AGENT=VERSION     template() hands the agent another version
+///   model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model
+///   param:AGENT.NAME=VALUE   set a parameter of the agent's model requests
+///
+/// Examples:
+///   retrace fork 01jd3k --edit swap:14,17
+///   retrace fork 01jd3k --edit tool-output:9=@fixed.json -- ./target/release/agents
+///   retrace fork --runs all --edit model:reviewer=gpt-4o@gpt-4o-2024-08-06
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// The run to fork (id or unique prefix); omit with --runs.
+    run: Option<String>,
+    /// The first seq the fork re-decides (default: the smallest seq an edit names, or 1).
+    #[arg(long, value_name = "SEQ")]
+    at: Option<u64>,
+    /// An edit (repeatable); see above.
+    #[arg(long = "edit", value_name = "EDIT")]
+    edits: Vec<String>,
+    /// Fork many runs with the same edits (edits that name no seq): `all`, `name~TEXT`,
+    /// `label:KEY=VALUE`, a comma-separated list of run ids, or a folder of exported traces.
+    #[arg(long, value_name = "PATH|QUERY", conflicts_with = "run")]
+    runs: Option<String>,
+    /// Shuffle deliveries of new messages (seeded).
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// Declare a stall when waiting steps make no progress for this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    stall_timeout: f64,
+    /// OpenAI-compatible upstream for steps that run live.
+    #[arg(long, value_name = "URL")]
+    upstream_openai: Option<String>,
+    /// Anthropic upstream for steps that run live.
+    #[arg(long, value_name = "URL")]
+    upstream_anthropic: Option<String>,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The program to run instead of the recorded command.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let edits = parse_edits(store.as_ref(), &args.edits)?;
+    match (&args.run, &args.runs) {
+        (Some(run), None) => {
+            let outcome = fork_one(&store, run, &edits, &args)?;
+            report_one(&outcome, args.json)
+        }
+        (None, Some(query)) => fork_many(&store, query, &edits, &args),
+        _ => Err(usage_hint("name a run to fork, or --runs", "retrace fork RUN --edit EDIT")),
+    }
+}
+
+/// Reads every `@FILE` edit, stores its (canonical) JSON as a blob and names the blob instead.
+fn parse_edits(store: &dyn Store, texts: &[String]) -> anyhow::Result<Vec<Edit>> {
+    let mut edits = Vec::new();
+    for text in texts {
+        let edit: Edit = text.parse().map_err(|e| usage(format!("{e}")))?;
+        let edit = match edit.content() {
+            Some(Content::File(path)) => {
+                let bytes = std::fs::read(Path::new(path))
+                    .map_err(|e| usage(format!("edit {text}: reading {path}: {e}")))?;
+                let canonical = canonicalize(&bytes)
+                    .map_err(|e| usage(format!("edit {text}: {path} is not JSON: {e}")))?;
+                let digest = store.put_blob(&canonical, BlobHint::Raw)?;
+                edit.with_content(Content::Blob(digest))
+            }
+            _ => edit,
+        };
+        edits.push(edit);
+    }
+    Ok(edits)
+}
+
+/// What one fork did.
+struct Forked {
+    fork: RunMeta,
+    diff: RunDiff,
+}
+
+fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
+    let mut source = store.find_run(run)?;
+    if source.mode == RunMode::Replay {
+        source = store.run(source.source_run.as_deref().unwrap_or_default())?;
+    }
+    let at = args.at.unwrap_or_else(|| default_fork_point(edits));
+    ForkPlan::new(at, edits.to_vec())
+        .and_then(|p| p.validate(store.as_ref(), &source.id))
+        .map_err(|e| usage(format!("can't fork {}: {e}", source.id)))?;
+    let (argv, cwd) = if args.command.is_empty() {
+        let recorded = source.command.clone().ok_or_else(|| {
+            usage_hint(format!("run {} recorded no command", source.id), "give the program to run after `--`")
+        })?;
+        (recorded.argv, launcher::resolve_cwd(&recorded.cwd)?)
+    } else {
+        (args.command.clone(), std::env::current_dir()?)
+    };
+    let id = new_run_id();
+    let mut meta = RunMeta::new(id.clone(), RunMode::Fork, SystemClock.now_ms());
+    meta.source_run = Some(source.id.clone());
+    meta.fork_at = Some(at);
+    meta.edits = edits.iter().map(ToString::to_string).collect();
+    meta.name = source.name.as_ref().map(|n| format!("fork of {n}"));
+    meta.chaos_seed = args.chaos;
+    meta.command = Some(Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
+    meta.masking_rules = source.masking_rules.clone();
+    meta.mask_key_fingerprint = source.mask_key_fingerprint.clone();
+    if let Some(url) = &args.upstream_openai {
+        meta.upstreams.insert("openai".into(), url.clone());
+    }
+    if let Some(url) = &args.upstream_anthropic {
+        meta.upstreams.insert("anthropic".into(), url.clone());
+    }
+    store.create_run(&meta)?;
+    eprintln!(
+        "retrace: forking {} at seq {at} as {id}: {} (in {})",
+        source.id,
+        argv.join(" "),
+        cwd.display()
+    );
+    let mut env = launcher::store_env()?;
+    env.push(("RETRACE_MODE".into(), "fork".into()));
+    env.push(("RETRACE_RUN".into(), id.clone()));
+    env.push(("RETRACE_STALL_TIMEOUT".into(), args.stall_timeout.to_string()));
+    if let Some(seed) = args.chaos {
+        env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
+    }
+    if let Some(url) = &args.upstream_openai {
+        env.push(("OPENAI_BASE_URL".into(), url.clone()));
+    }
+    if let Some(url) = &args.upstream_anthropic {
+        env.push(("ANTHROPIC_BASE_URL".into(), url.clone()));
+    }
+    let status = launcher::run(&Child { argv, cwd, env })?;
+    let mut fork = store.run(&id)?;
+    fork.exit_status = Some(status);
+    if fork.status == RunStatus::Running && store.lease_holder(&id)?.is_none() {
+        fork.status = if status == 0 { RunStatus::Ok } else { RunStatus::Failed };
+    }
+    fork.finished_at_ms.get_or_insert(SystemClock.now_ms());
+    store.update_run(&fork)?;
+    let diff = diff_runs(store.as_ref(), &source.id, &id, &DiffOptions { limit: 10, max_diff_lines: 12 })?;
+    Ok(Forked { fork, diff })
+}
+
+fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
+    let Forked { fork, diff } = outcome;
+    if json {
+        print_json(&serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff }))?;
+    } else {
+        println!("{}", fork.id);
+        eprint!("{}", summary(diff));
+    }
+    match (&fork.status, &fork.divergence) {
+        (RunStatus::Diverged, Some(d)) => {
+            let text = serde_json::from_value::<retrace_core::Divergence>(d.clone())
+                .map(|d| d.to_string())
+                .unwrap_or(d.to_string());
+            eprint!("{text}");
+            Err(check_failed(format!("fork {} stopped: the program diverged before the fork point", fork.id)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A short account of a fork against its source.
+fn summary(d: &RunDiff) -> String {
+    let mut out = format!(
+        "retrace: fork {} of {}: {} steps same, {} changed, {} only in the source, {} new\n",
+        d.b.id, d.a.id, d.counts.same, d.counts.changed, d.counts.only_in_a, d.counts.only_in_b
+    );
+    for m in &d.decisions {
+        out.push_str(&format!(
+            "  decision moved: {} on {}: {} -> {}\n",
+            m.agent,
+            m.target.as_deref().unwrap_or("-"),
+            m.a.as_deref().unwrap_or("(none)"),
+            m.b.as_deref().unwrap_or("(none)")
+        ));
+    }
+    out.push_str(&format!(
+        "  tokens: source {} in / {} out; fork {} in / {} out live",
+        d.a.live.input_tokens, d.a.live.output_tokens, d.b.live.input_tokens, d.b.live.output_tokens
+    ));
+    if let Some(saved) = &d.b.saved {
+        out.push_str(&format!("; saved {} in / {} out", saved.input_tokens, saved.output_tokens));
+    }
+    out.push('\n');
+    out.push_str(&format!("  details: retrace diff {} {}\n", d.a.id, d.b.id));
+    out
+}
+
+fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -> anyhow::Result<()> {
+    if let Some(e) = edits.iter().find(|e| !e.seqs().is_empty()) {
+        return Err(usage(format!(
+            "--runs applies one edit to many runs: {e} names a seq of one run; use prompt:, model: or param:"
+        )));
+    }
+    let runs = select_runs(store, query)?;
+    if runs.is_empty() {
+        return Err(usage(format!("--runs {query}: no run matches")));
+    }
+    let mut results = Vec::new();
+    let mut moved_runs = 0;
+    for (i, run) in runs.iter().enumerate() {
+        eprintln!("retrace: [{}/{}] forking {}", i + 1, runs.len(), run.id);
+        let outcome = fork_one(store, &run.id, edits, args)?;
+        if !outcome.diff.decisions.is_empty() {
+            moved_runs += 1;
+        }
+        results.push(outcome);
+    }
+    if args.json {
+        let list: Vec<_> = results
+            .iter()
+            .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions}))
+            .collect();
+        return print_json(
+            &serde_json::json!({ "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs }),
+        );
+    }
+    for f in &results {
+        let moved: Vec<String> = f
+            .diff
+            .decisions
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} {}: {} -> {}",
+                    m.agent,
+                    m.target.as_deref().unwrap_or("-"),
+                    m.a.as_deref().unwrap_or("(none)"),
+                    m.b.as_deref().unwrap_or("(none)")
+                )
+            })
+            .collect();
+        let line = if moved.is_empty() { "no decision moved".to_owned() } else { moved.join("; ") };
+        println!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
+    }
+    println!("{moved_runs} of {} runs had decisions move.", results.len());
+    Ok(())
+}
+
+/// The runs a `--runs` query names.
+fn select_runs(store: &Arc<dyn Store>, query: &str) -> anyhow::Result<Vec<RunMeta>> {
+    let path = Path::new(query);
+    if path.exists() {
+        let mut files: Vec<_> = if path.is_dir() {
+            std::fs::read_dir(path)?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+                .collect()
+        } else {
+            vec![path.to_path_buf()]
+        };
+        files.sort();
+        let mut runs = Vec::new();
+        for file in files {
+            let reader = std::io::BufReader::new(std::fs::File::open(&file)?);
+            let options = retrace_store::import::ImportOptions {
+                file_name: Some(file.display().to_string()),
+                ..Default::default()
+            };
+            let id = match retrace_store::import::import_reader(store.as_ref(), reader, options)? {
+                retrace_store::import::ImportOutcome::Imported { run_id, .. } => run_id,
+                retrace_store::import::ImportOutcome::AlreadyPresent { run_id } => run_id,
+            };
+            runs.push(store.run(&id)?);
+        }
+        return Ok(runs);
+    }
+    let all: Vec<RunMeta> = store.runs()?.into_iter().filter(|r| r.mode == RunMode::Record).collect();
+    Ok(if query == "all" {
+        all
+    } else if let Some(text) = query.strip_prefix("name~") {
+        all.into_iter().filter(|r| r.name.as_deref().is_some_and(|n| n.contains(text))).collect()
+    } else if let Some(kv) = query.strip_prefix("label:") {
+        let (k, v) =
+            kv.split_once('=').ok_or_else(|| usage(format!("--runs {query}: want label:KEY=VALUE")))?;
+        all.into_iter().filter(|r| r.labels.get(k).is_some_and(|x| x == v)).collect()
+    } else {
+        query.split(',').map(|id| store.find_run(id.trim())).collect::<Result<Vec<_>, _>>()?
+    })
+}
