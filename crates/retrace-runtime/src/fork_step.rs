@@ -9,7 +9,7 @@ use std::future::Future;
 use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::fork_sched::ForkMatch;
-use crate::matcher::RecordedStep;
+use crate::matcher::{RecordedStep, Resolution};
 use crate::step::{LiveOutput, Prepared, Recorded, StepInput};
 
 impl Agent {
@@ -38,6 +38,29 @@ impl Agent {
                 .await?
             {
                 None => return Err(self.mismatch(EventType::Intent, &probe, &prepared, label)),
+                Some(ForkMatch::Matched(step)) if step.resolution == Some(Resolution::NotExecuted) => {
+                    // A person said it never happened: the fork treats the call as new (dry run).
+                    return self.fork_execute(input, prepared, label, live, Some(step.seq)).await;
+                }
+                Some(ForkMatch::Matched(step)) if matches!(step.resolution, Some(Resolution::Outcome(_))) => {
+                    let Some(Resolution::Outcome(blob)) = step.resolution else {
+                        unreachable!("matched above")
+                    };
+                    let value = self.blob_value(&blob, label)?;
+                    if step.seq < at {
+                        return Ok(Recorded {
+                            value,
+                            seq: step.seq,
+                            lamport: step.lamport,
+                            causal_parent: step.causal_parent,
+                        });
+                    }
+                    input.source = Source::Recorded;
+                    input.origin_seq = Some(step.seq);
+                    return self
+                        .record(input, prepared, label, || async { Ok(LiveOutput::value(value)) })
+                        .await;
+                }
                 Some(ForkMatch::Matched(step)) if step.completed && step.seq >= at => {
                     // The source's intent, re-recorded as the fork's own: nothing runs.
                     let mut intent = input.template.clone();

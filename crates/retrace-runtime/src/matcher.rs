@@ -38,6 +38,8 @@ pub struct RecordedStep {
     pub lamport: u64,
     /// Where the recorded output came from (a fork's dry-run side effects have no intent).
     pub source: retrace_core::Source,
+    /// For an intent whose completion was never recorded: a person's answer (`retrace resolve`).
+    pub resolution: Option<Resolution>,
     /// The recorded message envelope (sends).
     pub to: Option<String>,
 }
@@ -57,6 +59,7 @@ impl RecordedStep {
             causal_parent: e.causal_parent,
             lamport: e.lamport,
             source: e.source,
+            resolution: None,
             to: e.message.as_ref().and_then(|m| m.to.clone()),
         }
     }
@@ -68,6 +71,15 @@ impl RecordedStep {
             None => self.kind.to_string(),
         }
     }
+}
+
+/// A person's answer for a side effect whose intent was logged but whose completion was not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// It happened, with this output: replay returns it.
+    Outcome(Digest),
+    /// It did not happen: replay stops there (`log_ended`), a fork runs it as a new step.
+    NotExecuted,
 }
 
 /// A recorded delivery: what an agent heard, in the order it heard it.
@@ -164,6 +176,7 @@ impl RecordedLog {
     pub fn load(store: &dyn Store, run: &str) -> StoreResult<RecordedLog> {
         let mut agents: HashMap<String, AgentLog> = HashMap::new();
         let mut completed_intents = HashSet::new();
+        let mut resolutions: HashMap<u64, Resolution> = HashMap::new();
         let mut intents: Vec<(String, usize)> = Vec::new();
         let mut decisions = Vec::new();
         let mut unconsumable = Vec::new();
@@ -179,6 +192,13 @@ impl RecordedLog {
                 }
                 if let (EventType::Decision, Some(d)) = (e.kind, &e.decision) {
                     decisions.push((e.agent_id.clone(), d.clone()));
+                }
+                if let (EventType::Resolution, Some(intent)) = (e.kind, e.causal_parent) {
+                    let resolution = match (e.output_ref, e.name.as_deref()) {
+                        (_, Some("not_executed")) | (None, _) => Resolution::NotExecuted,
+                        (Some(out), _) => Resolution::Outcome(out),
+                    };
+                    resolutions.insert(intent, resolution);
                 }
                 if e.kind == EventType::Resolution {
                     // A person's answer, not a program step: replay never asks for it.
@@ -207,6 +227,7 @@ impl RecordedLog {
             let log = agents.get_mut(&agent).expect("intent's agent was loaded");
             let step = &mut log.steps[idx];
             step.completed = completed_intents.contains(&step.seq);
+            step.resolution = resolutions.remove(&step.seq);
         }
         Ok(RecordedLog {
             agents: agents.into_iter().map(|(k, v)| (k, Mutex::new(v))).collect(),

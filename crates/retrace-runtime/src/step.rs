@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
-use crate::matcher::RecordedStep;
+use crate::matcher::{RecordedStep, Resolution};
 use crate::session::Mode;
 
 /// A step about to run: its event template and its request.
@@ -340,7 +340,26 @@ impl Agent {
                         ));
                     return Err(scheduler.diverge(d).into());
                 }
-                Some(_) => {}
+                Some(step) => match &step.resolution {
+                    Some(Resolution::NotExecuted) => {
+                        let d = Divergence::new(DivergenceCode::LogEnded, self.id.clone())
+                            .at(step.seq)
+                            .step(label)
+                            .detail(format!("the side effect at seq {} was resolved as not executed: the recording ends there", step.seq));
+                        return Err(scheduler.diverge(d).into());
+                    }
+                    Some(Resolution::Outcome(blob)) => {
+                        let bytes = inner.store.get_blob(blob)?;
+                        let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
+                            agent: self.id.clone(),
+                            step: label.into(),
+                            message: e.to_string(),
+                        })?;
+                        self.state.lock().clock.tick();
+                        return Ok((value, step));
+                    }
+                    None => {}
+                },
                 None => return Err(self.mismatch(EventType::Intent, &event, &prepared, label)),
             }
         }

@@ -6,6 +6,7 @@ pub mod import;
 pub mod knew;
 pub mod record;
 pub mod replay;
+pub mod resolve;
 pub mod runs;
 pub mod show;
 pub mod verify;

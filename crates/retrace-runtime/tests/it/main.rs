@@ -2,4 +2,5 @@
 mod fork;
 mod messages;
 mod replay;
+mod resolve;
 mod roundtrip;
