@@ -123,7 +123,7 @@ impl ForkPlan {
             messages.insert(send, blob);
         }
         self.messages = messages;
-        for (&seq, _) in &self.outputs {
+        for &seq in self.outputs.keys() {
             let e = get(seq).expect("checked");
             let want = self.edits.iter().find(|x| x.seqs() == [seq] && !matches!(x, Edit::Message { .. }));
             let ok = match want {
@@ -200,12 +200,12 @@ impl ForkPlan {
                         )));
                     }
                 }
-                Edit::Param { agent, .. } => {
-                    if !events.iter().any(|e| &e.agent_id == agent && e.kind == EventType::ModelCall) {
-                        return Err(ForkError::BadEdit(format!(
-                            "{edit}: agent {agent:?} made no model call in the source run"
-                        )));
-                    }
+                Edit::Param { agent, .. }
+                    if !events.iter().any(|e| &e.agent_id == agent && e.kind == EventType::ModelCall) =>
+                {
+                    return Err(ForkError::BadEdit(format!(
+                        "{edit}: agent {agent:?} made no model call in the source run"
+                    )));
                 }
                 _ => {}
             }

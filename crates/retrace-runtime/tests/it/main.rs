@@ -1,5 +1,6 @@
 //! Integration tests of the runtime: one binary, one module per feature.
 mod fork;
+mod fork_props;
 mod messages;
 mod replay;
 mod resolve;
