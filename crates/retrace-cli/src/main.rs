@@ -27,6 +27,8 @@ enum Command {
     Replay(commands::replay::Args),
     /// Fork a run with one input changed; only what the change reaches runs.
     Fork(commands::fork::Args),
+    /// Compare two runs step by step: same, changed, only in one; decisions that moved; cost.
+    Diff(commands::diff::Args),
     /// Record what happened to a side effect that may or may not have happened.
     Resolve(commands::resolve::Args),
     /// List runs.
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Record(args) => commands::record::run(args),
         Command::Replay(args) => commands::replay::run(args),
         Command::Fork(args) => commands::fork::run(args),
+        Command::Diff(args) => commands::diff::run(args),
         Command::Resolve(args) => commands::resolve::run(args),
         Command::Runs(args) => commands::runs::run(args),
         Command::Show(args) => commands::show::run(args),

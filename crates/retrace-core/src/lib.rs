@@ -6,6 +6,7 @@
 //!   [`digest::Digest`] (`sha256:<hex>`);
 //! - step keys ([`key`]), computed on the output of the masking stage ([`mask`]);
 //! - Lamport clocks ([`lamport`]), runs ([`run`]), the export format ([`export`]);
+//! - the price table for model tokens ([`prices`]);
 //! - [`divergence::Divergence`], built in one place with a stable code.
 //!
 //! ```
@@ -32,6 +33,7 @@ pub mod json_diff;
 pub mod key;
 pub mod lamport;
 pub mod mask;
+pub mod prices;
 pub mod run;
 
 pub use digest::Digest;

@@ -5,12 +5,17 @@
 //! - [`trio`]: the migration trio (planner, schema agent, reviewer) and its ordering bug;
 //!   [`trio_story`] records it under chaos, finds the bad runs ([`invariant`]) and replays one.
 //! - [`single`]: a single-agent triage program touching every kind of step.
+//! - [`pipeline`]: the 8-step pipeline (plan → … → publish) mixing model steps and tools of all
+//!   three determinism classes; [`pipeline_story`] records it, forks it at `critique` and
+//!   accounts for what the fork ran, reused and saved.
 //! - [`server`] / [`simulator`]: the demo's model simulator (OpenAI-compatible, clearly not a
 //!   real model); [`client`]: the HTTP client the agents use.
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod invariant;
+pub mod pipeline;
+pub mod pipeline_story;
 pub mod server;
 pub mod simulator;
 pub mod single;

@@ -64,7 +64,7 @@ pub fn triage(session: &Session, live: &LiveCounter, model: &Simulator) -> Runti
     });
     let call =
         ModelCall { provider: "openai".into(), endpoint: "chat.completions".into(), body: request.clone() };
-    let reply = agent.model(&call, || {
+    let reply = agent.model(&call, |_body| {
         live.hit();
         Ok::<_, String>(model.chat(&request))
     })?;

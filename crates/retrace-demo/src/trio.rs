@@ -28,7 +28,7 @@ async fn chat(agent: &Agent, client: &ChatClient, prompt: String, max_tokens: u6
     });
     let call =
         ModelCall { provider: "openai".into(), endpoint: "chat.completions".into(), body: body.clone() };
-    let reply = agent.model_async(&call, || client.chat(&body)).await?;
+    let reply = agent.model_async(&call, |body| async move { client.chat(&body).await }).await?;
     Ok(reply["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned())
 }
 

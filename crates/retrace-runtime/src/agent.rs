@@ -186,20 +186,21 @@ impl Agent {
         self.decode(name, out)
     }
 
-    /// Calls a model. Record: runs `live`; replay: returns the recorded response body.
+    /// Calls a model. Record: runs `live` with the request body to send (a fork's `model:` and
+    /// `param:` edits already applied); replay: returns the recorded response body.
     pub fn model<E, F>(&self, call: &ModelCall, live: F) -> RuntimeResult<Value>
     where
         E: std::fmt::Display,
-        F: FnOnce() -> Result<ModelReply, E>,
+        F: FnOnce(Value) -> Result<ModelReply, E>,
     {
-        self.block_on(self.model_async(call, move || std::future::ready(live())))
+        self.block_on(self.model_async(call, move |body| std::future::ready(live(body))))
     }
 
     /// [`Agent::model`] with an async live function (an HTTP call, say).
     pub async fn model_async<E, F, Fut>(&self, call: &ModelCall, live: F) -> RuntimeResult<Value>
     where
         E: std::fmt::Display,
-        F: FnOnce() -> Fut,
+        F: FnOnce(Value) -> Fut,
         Fut: Future<Output = Result<ModelReply, E>>,
     {
         let name = format!("{}/{}", call.provider, call.endpoint);
@@ -215,10 +216,11 @@ impl Agent {
         template.params = (!params.is_empty()).then_some(params);
         template.prompt_template = self.state.lock().prompt.clone();
         let input = StepInput::new(template, call.body.clone()).model_request();
+        let body = call.body.clone();
         let out = self
             .run_step_async(input, || async {
                 let started = Instant::now();
-                let result = live().await;
+                let result = live(body).await;
                 let latency = started.elapsed().as_millis() as u64;
                 match result {
                     Ok(reply) => Ok(LiveOutput::value(reply.body)

@@ -68,6 +68,8 @@ pub struct SessionOptions {
     pub chaos_max_delay: Duration,
     /// Where `template()` finds `<name>/<version>.txt` (default: `RETRACE_PROMPTS` or `./prompts`).
     pub prompts_dir: std::path::PathBuf,
+    /// Prices that give model calls their estimated cost when the live call reported none.
+    pub prices: Arc<retrace_core::prices::PriceTable>,
 }
 
 impl Default for SessionOptions {
@@ -86,6 +88,7 @@ impl Default for SessionOptions {
             chaos_seed: None,
             chaos_max_delay: Duration::from_millis(20),
             prompts_dir: crate::template::default_prompts_dir(),
+            prices: Arc::new(retrace_core::prices::PriceTable::builtin()),
         }
     }
 }
@@ -136,6 +139,7 @@ pub(crate) struct Inner {
     /// The fork's edits (in a fork, and in a replay of a fork).
     pub(crate) plan: Option<Arc<ForkPlan>>,
     pub(crate) prompts_dir: std::path::PathBuf,
+    pub(crate) prices: Arc<retrace_core::prices::PriceTable>,
     pub(crate) keys: KeyConfig,
     pub(crate) masker: Masker,
     pub(crate) wait_for_ack: bool,
@@ -379,6 +383,7 @@ impl Session {
                 bus,
                 plan: None,
                 prompts_dir: options.prompts_dir,
+                prices: options.prices,
                 keys: options.keys,
                 masker: options.masker,
                 wait_for_ack: options.wait_for_ack,

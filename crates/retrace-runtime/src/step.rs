@@ -243,6 +243,16 @@ impl Agent {
         if let (Some(model), Some(snapshot)) = (event.model.as_mut(), out.snapshot.clone()) {
             model.snapshot = Some(snapshot);
         }
+        if let (Some(usage), Some(model), Source::Live) = (event.usage.as_mut(), &event.model, input.source) {
+            if usage.cost_usd.is_none() {
+                let prices = &inner.prices;
+                usage.cost_usd = model
+                    .snapshot
+                    .as_deref()
+                    .and_then(|s| prices.cost(s, usage))
+                    .or_else(|| prices.cost(&model.name, usage));
+            }
+        }
         let error = out.error.clone();
         let (value, canonical) = match self.program_value(label, out) {
             Ok(v) => v,

@@ -31,7 +31,7 @@ pub use cache::{
 pub use events::{
     commit_requires_dense_seqs, commit_to_unknown_run_is_not_found, deliveries_and_events_at,
     event_round_trips_exactly, events_paging_and_lookup, failed_commit_stores_nothing,
-    fork_starts_at_fork_point,
+    fork_starts_at_fork_point, summaries_match_events,
 };
 pub use leases::{dead_holder_is_recovered, leases_acquire_renew_release};
 pub use runs::{
@@ -62,6 +62,7 @@ pub fn run_all(make: MakeStore<'_>) {
         ("event_round_trips_exactly", event_round_trips_exactly),
         ("deliveries_and_events_at", deliveries_and_events_at),
         ("fork_starts_at_fork_point", fork_starts_at_fork_point),
+        ("summaries_match_events", summaries_match_events),
         ("blobs_small_and_large", blobs_small_and_large),
         ("blob_digest_mismatch_is_invalid", blob_digest_mismatch_is_invalid),
         ("model_request_manifests", model_request_manifests),

@@ -22,13 +22,12 @@
 //! event.
 mod align;
 mod load;
+mod outcome;
 mod text;
-
-use std::collections::BTreeMap;
 
 use retrace_core::envelope::Usage;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
-use retrace_core::{Digest, Source};
+use retrace_core::Digest;
 use serde::Serialize;
 
 use self::align::Aligned;
@@ -266,13 +265,13 @@ pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> 
         (None, _) => (None, None),
     };
     Ok(RunDiff {
-        a: side(run_a, run_b, fork_a),
-        b: side(run_b, run_a, fork_b),
+        a: outcome::side(run_a, run_b, fork_a),
+        b: outcome::side(run_b, run_a, fork_b),
         counts,
         changed,
         only_in_a: show(run_a, &only_a),
         only_in_b: show(run_b, &only_b),
-        decisions: moved_decisions(run_a, run_b, fork_a.or(fork_b), alignment.source, &names),
+        decisions: outcome::moved_decisions(run_a, run_b, fork_a.or(fork_b), alignment.source, &names),
         alignment,
     })
 }
@@ -318,82 +317,4 @@ fn changed_step(store: &dyn Store, names: &Names, x: &Step, y: &Step, options: &
         output_b: y.output_hash,
         diff,
     }
-}
-
-/// `run` as reported; `fork_at` is set when `run` is the fork of `other` (then it has savings).
-fn side(run: &Loaded, other: &Loaded, fork_at: Option<u64>) -> RunSide {
-    let own_from = run.own_from();
-    let mut live = Tokens::default();
-    for step in run.steps.iter().filter(|s| s.seq >= own_from && s.source == Source::Live) {
-        if let Some(usage) = &step.usage {
-            live.add(usage);
-        }
-    }
-    let source_live =
-        |seq: u64| other.step(seq).filter(|s| s.source == Source::Live).and_then(|s| s.usage.as_ref());
-    let (saved, inherited) = match fork_at {
-        None => (None, None),
-        Some(at) => {
-            let (mut saved, mut inherited) = (Tokens::default(), Tokens::default());
-            for step in run.steps.iter().filter(|s| matches!(s.source, Source::Recorded | Source::CacheHit)) {
-                if let Some(usage) = step.origin_seq.and_then(source_live) {
-                    saved.add(usage);
-                }
-            }
-            for usage in (1..at).filter_map(source_live) {
-                inherited.add(usage);
-            }
-            (Some(saved), Some(inherited))
-        }
-    };
-    let meta = &run.meta;
-    RunSide {
-        id: meta.id.clone(),
-        name: meta.name.clone(),
-        mode: meta.mode,
-        status: meta.status,
-        started_at_ms: meta.started_at_ms,
-        events: run.count,
-        source_run: meta.source_run.clone(),
-        fork_at: meta.fork_at,
-        live,
-        saved,
-        inherited,
-    }
-}
-
-/// The decisions that stand differently at the end of A and B, by agent and target. A fork
-/// loaded from its fork point starts from its source's decisions before it.
-fn moved_decisions(
-    a: &Loaded,
-    b: &Loaded,
-    fork_at: Option<u64>,
-    source: Which,
-    names: &Names,
-) -> Vec<MovedDecision> {
-    type Finals = BTreeMap<(String, Option<String>), String>;
-    let finals = |run: &Loaded, inherited_from: Option<&Loaded>| -> Finals {
-        let inherited = inherited_from.into_iter().flat_map(|s| &s.decisions);
-        let before = fork_at.unwrap_or(1);
-        let inherited = inherited.filter(|d| d.seq < before);
-        let all = inherited.chain(run.decisions.iter().filter(|d| d.seq >= run.first));
-        all.map(|d| ((names.name(d.agent).to_owned(), d.target.clone()), d.action.clone())).collect()
-    };
-    let (finals_a, finals_b) = match (fork_at, source) {
-        (Some(_), Which::A) => (finals(a, None), finals(b, Some(a))),
-        (Some(_), Which::B) => (finals(a, Some(b)), finals(b, None)),
-        (None, _) => (finals(a, None), finals(b, None)),
-    };
-    let mut keys: Vec<&(String, Option<String>)> = finals_a.keys().chain(finals_b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .filter(|k| finals_a.get(*k) != finals_b.get(*k))
-        .map(|k| MovedDecision {
-            agent: k.0.clone(),
-            target: k.1.clone(),
-            a: finals_a.get(k).cloned(),
-            b: finals_b.get(k).cloned(),
-        })
-        .collect()
 }

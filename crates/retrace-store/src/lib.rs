@@ -11,7 +11,9 @@
 //!   plus a blob folder for blobs over 64 KB) and [`memory::MemoryStore`] (tests). Every backend
 //!   passes the same [`conformance`] suite.
 //!
-//! Two trajectories are compared by [`diff`] (`retrace diff`).
+//! Two trajectories are compared by [`diff`] (`retrace diff`), which reads
+//! [`EventStore::summaries`] (digests and counters, not whole envelopes) and loads output blobs
+//! only for the changed steps it shows.
 //!
 //! Errors are backend-neutral ([`StoreErrorKind`]): callers never match on a SQLite error code.
 #![warn(missing_docs)]
@@ -27,6 +29,7 @@ pub mod manifest;
 pub mod memory;
 pub mod open;
 pub mod sqlite;
+pub mod summary;
 pub mod verify;
 pub mod writer;
 
@@ -38,6 +41,7 @@ use retrace_core::{Digest, Event, EventType};
 pub use cache::{Cache, CacheEntry};
 pub use error::{StoreError, StoreErrorKind, StoreResult};
 pub use open::{open_store, Durability, StoreConfig};
+pub use summary::EventSummary;
 pub use writer::{RunWriter, Ticket};
 
 /// Blobs of at most this many bytes are stored inside the event's transaction; larger ones are
@@ -122,6 +126,11 @@ pub trait EventStore: Send + Sync {
     fn commit(&self, batch: &Batch) -> StoreResult<()>;
     /// Events of `run` with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>>;
+    /// [`EventStore::events`] as [`EventSummary`]s: what comparing runs reads. Backends read
+    /// only what a summary holds; the default summarizes whole events.
+    fn summaries(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<EventSummary>> {
+        Ok(self.events(run, from, limit)?.into_iter().map(EventSummary::from).collect())
+    }
     /// One event.
     fn event(&self, run: &str, seq: u64) -> StoreResult<Event>;
     /// The last seq stored for `run` (0 when none).

@@ -19,6 +19,7 @@ mod pack;
 mod rows;
 mod runs;
 pub mod schema;
+mod summaries;
 mod sync;
 
 use std::collections::HashMap;
@@ -213,6 +214,9 @@ impl EventStore for SqliteStore {
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)
+    }
+    fn summaries(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<crate::EventSummary>> {
+        self.summaries_impl(run, from, limit)
     }
     fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
         self.event_impl(run, seq)

@@ -10,7 +10,7 @@ use retrace_core::run::{RunMeta, RunMode};
 use retrace_core::{Digest, Event, EventType, Source};
 use retrace_store::diff::{diff_runs, Counts, DiffOptions, RunDiff, Tokens};
 use retrace_store::memory::MemoryStore;
-use retrace_store::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
+use retrace_store::{Batch, BlobHint, BlobPut, EventStore, Store, StoreErrorKind};
 
 /// One event per line: `AGENT TYPE[:NAME] KEY OUTPUT [@ORIGIN] [rec|hit|dry] [$IN/OUT/COST]
 /// [!ACTION:TARGET]`; OUTPUT `-` for none, else the output is `{"out":"OUTPUT"}`.
@@ -281,7 +281,8 @@ fn leftover_steps_pair_with_the_earliest_of_the_same_type_and_name() {
         ",
     );
     // k2 is matched by key although it comes later; k8 and k9 take the earliest leftovers of
-    // x (k1, then k4); the deliveries pair in order, the second with another sender's key.
+    // x (k1, then k4; the latter with the same output, so the same); z and y have no partner;
+    // the deliveries pair in order, the second with another message's key.
     commit(
         &store,
         recording("new", 20),
@@ -289,7 +290,7 @@ fn leftover_steps_pair_with_the_earliest_of_the_same_type_and_name() {
         a tool_call:x k8 o8
         a tool_call:x k2 o2
         a tool_call:x k9 o4
-        a tool_call:z k3 o3
+        a tool_call:z k5 o3
         b deliver:a d1 -
         b deliver:a d9 -
         b deliver:a d2 -
@@ -301,13 +302,14 @@ fn leftover_steps_pair_with_the_earliest_of_the_same_type_and_name() {
         "new",
         expect![[r#"
             by Pairing, source A, fork at None
-            same 2 changed 2 only_in_a 2 only_in_b 2
+            same 3 changed 2 only_in_a 1 only_in_b 2
             changed a1 b1 a tool_call x
             changed a6 b6 b deliver a
             only_in_a 3 a tool_call y
-            only_in_a 5 b deliver a
             only_in_b 4 a tool_call z
             only_in_b 7 b deliver a
+            a live 0 steps 0/0 -
+            b live 0 steps 0/0 -
         "#]],
     );
 }

@@ -15,6 +15,8 @@ use retrace_store::causal;
 use super::store_from_env;
 use crate::output::print_json;
 
+mod pipeline;
+
 /// Record a multi-agent program under chaos, find the run that went wrong, replay it exactly.
 ///
 /// The migration trio: a planner asks a schema agent to rename users.name to users.full_name,
@@ -33,6 +35,7 @@ use crate::output::print_json;
 ///   retrace demo
 ///   retrace demo --runs 20 --seed 42
 ///   retrace demo single
+///   retrace demo pipeline
 #[derive(Debug, Parser)]
 pub struct Args {
     /// How many runs to record under chaos.
@@ -68,12 +71,28 @@ enum Program {
         #[arg(long, default_value_t = 2)]
         replays: usize,
     },
+    /// The 8-step pipeline (plan → research → analyse → critique → revise → compose → verify →
+    /// publish): record it once, fork it at critique with the critic's stricter prompt, and show
+    /// that only the steps the change reaches ran live (publish as a dry run), the rest cost zero
+    /// tokens with identical outputs, and what the fork saved in tokens and dollars. Prices come
+    /// from [prices] in ./retrace.toml over built-in defaults.
+    Pipeline {
+        /// Seed of the model simulator.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Call this OpenAI-compatible server instead of the simulator.
+        #[arg(long, value_name = "URL")]
+        upstream_openai: Option<String>,
+        /// Print the outcome as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run one demo program under the session named by the environment (RETRACE_MODE,
     /// RETRACE_RUN, RETRACE_HOME): what `retrace replay RUN` re-runs.
     #[command(hide = true)]
     Run {
         /// Which program.
-        #[arg(value_parser = ["single", "trio"])]
+        #[arg(value_parser = ["single", "trio", "pipeline"])]
         name: String,
         /// Chaos and simulator seed.
         #[arg(long, default_value_t = 7)]
@@ -81,7 +100,8 @@ enum Program {
         /// Record with the plain scheduler (no chaos).
         #[arg(long)]
         no_chaos: bool,
-        /// Model server for the trio (default: OPENAI_BASE_URL, else a built-in simulator).
+        /// Model server for the trio and the pipeline (default: OPENAI_BASE_URL, else a built-in
+        /// simulator).
         #[arg(long, value_name = "URL")]
         upstream_openai: Option<String>,
     },
@@ -91,10 +111,16 @@ enum Program {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     match args.program {
+        Some(Program::Run { name, seed, upstream_openai, .. }) if name == "pipeline" => {
+            rt.block_on(pipeline::run_recorded(seed, upstream_openai))
+        }
         Some(Program::Run { name, seed, no_chaos, upstream_openai }) => {
             rt.block_on(run_program(&name, seed, (!no_chaos).then_some(seed), upstream_openai))
         }
         Some(Program::Single { runs, seed, replays }) => single(runs, seed, replays, args.json),
+        Some(Program::Pipeline { seed, upstream_openai, json }) => {
+            rt.block_on(pipeline::demo(seed, upstream_openai, json || args.json))
+        }
         None => rt.block_on(trio_demo(args)),
     }
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod demo;
+pub mod diff;
 pub mod export;
 pub mod fork;
 pub mod import;

@@ -35,7 +35,7 @@ fn pipeline(s: &Session, calls: &Calls) -> Result<Value, RuntimeError> {
         endpoint: "chat.completions".into(),
         body: json!({"model": "m", "messages": [{"role": "user", "content": format!("analyse {fetched}")}]}),
     };
-    let analysis = a.model(&call, || {
+    let analysis = a.model(&call, |_body| {
         calls.model.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(ModelReply {
             body: json!({"text": format!("analysis {}", rand::random::<u16>())}),
@@ -265,7 +265,7 @@ fn a_prompt_edit_hands_the_agent_another_version() {
             endpoint: "chat.completions".into(),
             body: json!({"model": "m", "messages": [{"role": "system", "content": prompt}]}),
         };
-        let out = a.model(&call, || {
+        let out = a.model(&call, |_body| {
             live.fetch_add(1, Ordering::SeqCst);
             Ok::<_, String>(ModelReply { body: json!({"said": prompt}), snapshot: None, usage: None })
         })?;
@@ -286,4 +286,44 @@ fn a_prompt_edit_hands_the_agent_another_version() {
     let forked = store.event(&f.run_id(), 1).unwrap();
     assert_eq!(forked.prompt_template.unwrap().id, "reviewer@v2");
     assert_eq!(forked.origin_seq, Some(1), "paired with the source's model call");
+}
+
+#[test]
+fn model_calls_get_a_cost_from_the_price_table_and_model_edits_reach_the_live_call() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let call = ModelCall {
+        provider: "openai".into(),
+        endpoint: "chat.completions".into(),
+        body: json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+    };
+    let a = s.agent("a");
+    a.model(&call, |_body| {
+        Ok::<_, String>(ModelReply {
+            body: json!({"ok": 1}),
+            snapshot: Some("gpt-4o-2024-08-06".into()),
+            usage: Some(retrace_core::envelope::Usage {
+                input_tokens: 1_000_000,
+                output_tokens: 0,
+                cost_usd: None,
+            }),
+        })
+    })
+    .unwrap();
+    s.finish(Outcome::default()).unwrap();
+    let e = store.event(&s.run_id(), 1).unwrap();
+    assert!(e.usage.unwrap().cost_usd.unwrap() > 0.0, "priced from the built-in table");
+
+    let edit: Edit = "model:a=gpt-4.1".parse().unwrap();
+    let f =
+        Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default()).unwrap();
+    let sent = std::sync::Mutex::new(Value::Null);
+    f.agent("a")
+        .model(&call, |body| {
+            *sent.lock().unwrap() = body;
+            Ok::<_, String>(ModelReply { body: json!({"ok": 2}), snapshot: None, usage: None })
+        })
+        .unwrap();
+    f.finish(Outcome::default()).unwrap();
+    assert_eq!(sent.lock().unwrap()["model"], "gpt-4.1", "the live call sends the edited request");
 }

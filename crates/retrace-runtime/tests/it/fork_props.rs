@@ -159,7 +159,7 @@ fn execute(session: &Session, program: &Program) -> Result<Execution, RuntimeErr
                         "messages": [{"role": "user", "content": Value::Array(inputs).to_string()}],
                     }),
                 };
-                agent.model(&call, || {
+                agent.model(&call, |_body| {
                     ran();
                     Ok::<_, String>(ModelReply {
                         body: json!({"step": id, "text": format!("reply {:016x}", rand::random::<u64>())}),

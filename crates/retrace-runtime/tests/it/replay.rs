@@ -31,7 +31,7 @@ fn program(s: &Session, q: &str, calls: &AtomicUsize) -> Result<Vec<Value>, Runt
         endpoint: "chat.completions".into(),
         body: json!({"model": "gpt-x", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}),
     };
-    let reply = reviewer.model(&call, || {
+    let reply = reviewer.model(&call, |_body| {
         calls.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(ModelReply {
             body: json!({"choices": [{"message": {"content": format!("hello {}", rand::random::<u16>())}}]}),

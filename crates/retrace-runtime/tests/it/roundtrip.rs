@@ -72,7 +72,7 @@ fn step(agent: &Agent, op: &Op, live: &AtomicUsize) -> Result<Value, RuntimeErro
             called();
             Ok::<Value, String>(output.clone())
         }),
-        Op::Model { messages, reply } => agent.model(&model_call(messages), || {
+        Op::Model { messages, reply } => agent.model(&model_call(messages), |_body| {
             called();
             Ok::<_, String>(ModelReply {
                 body: reply.clone(),

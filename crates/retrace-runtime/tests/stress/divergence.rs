@@ -12,7 +12,7 @@ use retrace_store::memory::MemoryStore;
 use retrace_store::Store;
 use serde_json::json;
 
-use crate::program::{heard, record_stress, run_stress, Plan, Tamper};
+use crate::program::{record_stress, run_stress, Plan, Tamper};
 use crate::{agent_name, all_events, jitter, mix, panic_again};
 
 const WORKERS: usize = 15;

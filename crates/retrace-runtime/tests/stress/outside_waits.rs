@@ -162,7 +162,7 @@ fn all_ok(results: Vec<RuntimeResult<Vec<Value>>>, what: &str) -> Vec<Vec<Value>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outside_waits_never_deadlock_a_default_replay() {
+async fn never_deadlock_a_default_replay() {
     const SEEDS: u64 = 8;
     const REPLAYS: u64 = 16;
     let started = Instant::now();
@@ -221,7 +221,7 @@ async fn outside_waits_never_deadlock_a_default_replay() {
 /// locked ring it may stall (the lock holder waits for a turn held by an agent blocked on the
 /// lock), but it never hangs: it replays or reports a stall within the stall timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outside_waits_in_strict_mode_replay_or_stall_but_never_hang() {
+async fn in_strict_mode_replay_or_stall_but_never_hang() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let s =
         Session::record(store.clone(), SessionOptions { chaos_seed: Some(7), ..Default::default() }).unwrap();

@@ -28,7 +28,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn new(seed: u64, agents: usize, hops: u64, max_fanout: usize) -> Plan {
+    pub(crate) fn new(seed: u64, agents: usize, hops: u64, max_fanout: usize) -> Plan {
         let mut rng = StdRng::seed_from_u64(mix(seed));
         let fanout: Vec<Vec<usize>> = (0..agents)
             .map(|me| {

@@ -164,3 +164,27 @@ pub fn deliveries_and_events_at(make: MakeStore<'_>) {
     assert!(missing.message.contains("40"), "{missing}");
     assert_eq!(err_kind(store.events_at("ghost", &[1])), StoreErrorKind::NotFound);
 }
+
+/// `summaries` pages like `events` and equals the summary of each event, every field included
+/// (usage costs to the exact double, the source, origin and decision from the optional fields).
+pub fn summaries_match_events(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("summed", 1)).unwrap();
+    let mut written = sample_events("summed", 1, 3, None);
+    let mut odd_cost = full_event("summed", 4, Some(written[2].hash));
+    odd_cost.usage = Some(retrace_core::envelope::Usage {
+        input_tokens: u64::MAX,
+        output_tokens: 0,
+        cost_usd: Some(0.1 + 0.2),
+    });
+    odd_cost.output_hash = odd_cost.output_ref;
+    odd_cost.seal(Some(written[2].hash)).unwrap();
+    let full = full_event("summed", 5, Some(odd_cost.hash));
+    written.extend([odd_cost, full]);
+    store.commit(&batch("summed", written.clone())).unwrap();
+    let expected: Vec<crate::EventSummary> = written.into_iter().map(Into::into).collect();
+    assert_eq!(store.summaries("summed", 1, 100).unwrap(), expected);
+    assert_eq!(store.summaries("summed", 4, 1).unwrap(), expected[3..4].to_vec());
+    assert!(store.summaries("summed", 6, 10).unwrap().is_empty());
+    assert_eq!(err_kind(store.summaries("ghost", 1, 1)), StoreErrorKind::NotFound);
+}

@@ -178,6 +178,9 @@ impl EventStore for Flaky {
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.inner.events(run, from, limit)
     }
+    fn summaries(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<crate::EventSummary>> {
+        self.inner.summaries(run, from, limit)
+    }
     fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
         self.inner.event(run, seq)
     }

@@ -1,12 +1,13 @@
-//! A run's steps as the diff needs them: a few dozen bytes per event, read page by page.
+//! A run's steps as the diff needs them: read page by page as [`EventSummary`]s (digests and
+//! counters, not whole envelopes), kept in about 200 bytes each.
 use std::collections::HashMap;
 
 use retrace_core::envelope::Usage;
 use retrace_core::run::RunMeta;
-use retrace_core::{Digest, Event, EventType, Source};
+use retrace_core::{Digest, EventType, Source};
 
-use crate::export::RunEvents;
-use crate::{Store, StoreError, StoreResult};
+use crate::export::{RunEvents, PAGE};
+use crate::{EventSummary, Store, StoreError, StoreResult};
 
 /// Agent and step names as small integers, shared by both runs so that they compare.
 #[derive(Debug, Default)]
@@ -49,7 +50,7 @@ pub(super) struct Step {
 }
 
 impl Step {
-    /// `model_call gpt-4o`, as [`Event::label`].
+    /// `model_call gpt-4o`, as [`retrace_core::Event::label`].
     pub(super) fn label(&self, names: &Names) -> String {
         match self.name {
             Some(name) => format!("{} {}", self.kind, names.name(name)),
@@ -104,37 +105,47 @@ impl Loaded {
     }
 }
 
-/// Reads `meta`'s events from seq `first` on (a fork's inherited ones included).
+/// Reads `meta`'s events from seq `first` on (a fork's inherited ones included), as summaries.
 pub(super) fn load(store: &dyn Store, meta: RunMeta, first: u64, names: &mut Names) -> StoreResult<Loaded> {
-    let mut pages = RunEvents::new(store, &meta.id)?;
-    let count = pages.count();
-    pages.skip_to(first);
+    let segments = RunEvents::new(store, &meta.id)?.segments().to_vec();
+    let count = segments.last().map_or(0, |s| s.to);
     let mut loaded = Loaded {
         meta,
         count,
         first,
-        steps: Vec::with_capacity(count.saturating_sub(first - 1) as usize),
+        steps: Vec::with_capacity(count.saturating_sub(first.saturating_sub(1)) as usize),
         decisions: Vec::new(),
     };
-    while let Some(page) = pages.next_page()? {
-        for event in page {
-            let expected = loaded.first + loaded.steps.len() as u64;
-            if event.seq != expected {
+    for segment in segments.iter().filter(|s| s.to >= first) {
+        let mut next = segment.from.max(first);
+        while next <= segment.to {
+            let want = usize::try_from(segment.to - next + 1).unwrap_or(PAGE).min(PAGE);
+            let page = store.summaries(&segment.run, next, want)?;
+            if page.is_empty() {
                 return Err(StoreError::corrupt(format!(
-                    "run {}: seq {} follows seq {} (seqs must be dense)",
-                    loaded.meta.id,
-                    event.seq,
-                    expected - 1
+                    "run {} holds no events from seq {next} though its last seq is {}",
+                    segment.run, segment.to
                 )));
             }
-            loaded.push(event, names);
+            for event in page {
+                if event.seq != loaded.first + loaded.steps.len() as u64 {
+                    return Err(StoreError::corrupt(format!(
+                        "run {}: seq {} comes where seq {} should (seqs must be dense)",
+                        loaded.meta.id,
+                        event.seq,
+                        loaded.first + loaded.steps.len() as u64
+                    )));
+                }
+                next = event.seq + 1;
+                loaded.push(event, names);
+            }
         }
     }
     Ok(loaded)
 }
 
 impl Loaded {
-    fn push(&mut self, event: Event, names: &mut Names) {
+    fn push(&mut self, event: EventSummary, names: &mut Names) {
         let agent = names.id(&event.agent_id);
         if let Some(decision) = event.decision {
             let (target, action) = (decision.target, decision.action);

@@ -56,12 +56,6 @@ impl<'a> RunEvents<'a> {
         self.segments.last().map_or(0, |s| s.to)
     }
 
-    /// Continues from `seq` (or the first stored seq after it): the next page starts there.
-    pub fn skip_to(&mut self, seq: u64) {
-        self.index = self.segments.iter().position(|s| s.to >= seq).unwrap_or(self.segments.len());
-        self.next = self.segments.get(self.index).map_or(0, |s| s.from.max(seq));
-    }
-
     /// The next page of at most [`PAGE`] events, or `None` after the last.
     pub fn next_page(&mut self) -> StoreResult<Option<Vec<Event>>> {
         while let Some(segment) = self.segments.get(self.index) {

@@ -1,0 +1,191 @@
+//! `retrace diff` through the real binary: a fork against its source (and the other way round),
+//! two unrelated runs, `--json`, `--limit`, unknown runs.
+#[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
+mod trace_fixture;
+
+use std::process::{Command, Output, Stdio};
+
+use retrace_core::envelope::{Decision, Usage};
+use retrace_core::run::RunMode;
+use retrace_core::{Digest, Source};
+use retrace_store::{open_store, Batch, BlobHint, BlobPut, StoreConfig};
+use trace_fixture::{conversation, Fixture};
+
+const SOURCE: &str = "01clidiffsource00000000000";
+const FORK: &str = "01clidifffork0000000000000";
+const OTHER: &str = "01clidiffother000000000000";
+
+/// A planner/reviewer conversation of two turns (9 events), its model calls with usage.
+fn source() -> Fixture {
+    let mut run = conversation(SOURCE, 2);
+    for (i, tokens) in [(0, 1000), (4, 2000)] {
+        run.events[i].usage = Some(Usage { input_tokens: tokens, output_tokens: 100, cost_usd: Some(0.25) });
+    }
+    run.reseal_from(0);
+    run
+}
+
+/// A fork of [`source`] at seq 5: the second model call answered differently, live, and the
+/// reviewer rejected; the rest was served from the recording.
+fn fork(source: &Fixture) -> (Fixture, BlobPut) {
+    let mut run = conversation(FORK, 2);
+    run.events[..4].clone_from_slice(&source.events[..4]);
+    for e in &mut run.events[4..] {
+        (e.origin_seq, e.source) = (Some(e.seq), Source::Recorded);
+    }
+    let revised = br#"{"choices":[{"message":{"content":"step 1, revised"}}]}"#.to_vec();
+    let revised = BlobPut::new(revised, BlobHint::Raw);
+    let call = &mut run.events[4];
+    (call.output_ref, call.output_hash, call.source) =
+        (Some(revised.digest), Some(revised.digest), Source::Live);
+    call.usage = Some(Usage { input_tokens: 2100, output_tokens: 90, cost_usd: Some(0.5) });
+    let decision = &mut run.events[8];
+    decision.key = Digest::of(b"reject step:backfill");
+    decision.decision = Some(Decision { action: "reject".into(), target: Some("step:backfill".into()) });
+    run.reseal_from(4);
+    run.meta.mode = RunMode::Fork;
+    (run.meta.source_run, run.meta.fork_at) = (Some(SOURCE.into()), Some(5));
+    run.meta.started_at_ms += 1_000;
+    (run, revised)
+}
+
+/// A store folder holding the source, its fork and an unrelated longer run.
+struct Home {
+    dir: tempfile::TempDir,
+}
+
+impl Home {
+    fn new() -> Home {
+        let home = Home { dir: tempfile::tempdir().unwrap() };
+        let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+        let source = source();
+        source.commit(&*store);
+        let (fork, revised) = fork(&source);
+        store.create_run(&fork.meta).unwrap();
+        let own = Batch {
+            run_id: FORK.into(),
+            events: fork.events[4..].to_vec(),
+            blobs: vec![revised],
+            cache: vec![],
+        };
+        store.commit(&own).unwrap();
+        let mut other = conversation(OTHER, 3);
+        other.meta.started_at_ms += 2_000;
+        other.commit(&*store);
+        home
+    }
+
+    fn run(&self, args: &[&str]) -> Ran {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrace"));
+        command.args(args).env("RETRACE_HOME", self.dir.path()).stdin(Stdio::null());
+        for var in ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_RUN"] {
+            command.env_remove(var);
+        }
+        Ran(command.output().unwrap())
+    }
+}
+
+struct Ran(Output);
+
+impl Ran {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+
+    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
+    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
+        let stderr = String::from_utf8_lossy(&self.0.stderr);
+        let context =
+            format!("exit {:?}\nstdout:\n{}\nstderr:\n{stderr}", self.0.status.code(), self.stdout());
+        assert_eq!(self.0.status.code(), Some(code), "{context}");
+        for needle in out {
+            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
+        }
+        for needle in err {
+            assert!(stderr.contains(needle), "stderr lacks {needle:?}\n{context}");
+        }
+        assert!(!stderr.contains("panicked"), "{context}");
+        self
+    }
+}
+
+#[test]
+fn a_fork_against_its_source_shows_what_changed_moved_and_cost() {
+    let home = Home::new();
+    let text = home
+        .run(&["diff", "01clidiffs", "01clidifff"])
+        .expect(
+            0,
+            &[
+                "aligned by origin_seq: B is a fork of A at seq 5",
+                "steps: 7 same, 2 changed, 0 only in A, 0 only in B",
+                "changed (2):",
+                "--- A seq 5 output",
+                "+++ B seq 5 output",
+                "-        \"content\": \"step 1\"",
+                "+        \"content\": \"step 1, revised\"",
+                "decisions that moved (1):",
+                "tokens and cost",
+                "$0.5000",
+                "B inherited  1      1000          100            $0.2500",
+                "B inherited: A's live usage on the events before seq 5",
+            ],
+            &[],
+        )
+        .stdout();
+    let row = |start: &str| text.lines().find(|l| l.trim_start().starts_with(start)).unwrap_or("").to_owned();
+    let moved = row("reviewer  step:backfill");
+    assert!(moved.contains("approve") && moved.ends_with("reject"), "{text}");
+    let changed = row("5      5");
+    assert!(changed.contains("planner") && changed.contains("model_call gpt-4o"), "{text}");
+    let costs = (row("A live"), row("B live"), row("B saved"));
+    assert!(costs.0.contains("3000") && costs.1.contains("2100") && costs.2.contains(" 0 "), "{text}");
+
+    // Named the other way round: the roles swap.
+    home.run(&["diff", FORK, SOURCE]).expect(
+        0,
+        &["aligned by origin_seq: A is a fork of B at seq 5", "A saved", "--- A seq 5 output"],
+        &[],
+    );
+}
+
+#[test]
+fn json_limit_and_unrelated_runs() {
+    let home = Home::new();
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["diff", SOURCE, FORK, "--json"]).expect(0, &[], &[]).stdout())
+            .unwrap();
+    assert_eq!(json["alignment"]["by"], "origin_seq");
+    assert_eq!(json["counts"]["changed"], 2);
+    assert_eq!(json["changed"][0]["seq_a"], 5);
+    assert!(json["changed"][0]["diff"].as_str().unwrap().contains("+++ B seq 5 output"));
+    assert_eq!(json["decisions"][0]["b"], "reject");
+    assert_eq!(json["b"]["live"]["input_tokens"], 2100);
+    assert_eq!(json["b"]["inherited"]["steps"], 1);
+
+    home.run(&["diff", SOURCE, FORK, "--limit", "1"]).expect(
+        0,
+        &["(showing 1 of 2; --limit N shows more)"],
+        &[],
+    );
+
+    // A longer unrelated conversation: paired with the older run as source; more steps in B.
+    home.run(&["diff", OTHER, SOURCE]).expect(
+        0,
+        &["aligned by key, then by type and name, with B (the older run) as source", "only in A (4):"],
+        &[],
+    );
+}
+
+#[test]
+fn unknown_runs_are_usage_errors_and_help_teaches() {
+    let home = Home::new();
+    home.run(&["diff", SOURCE, "zzzz"]).expect(2, &[], &["error: no run", "hint: list the runs"]);
+    home.run(&["diff", "nope-run", SOURCE]).expect(2, &[], &["error: no run"]);
+    home.run(&["diff", SOURCE]).expect(2, &[], &["RUN_B"]);
+    home.run(&["diff", "--help"]).expect(
+        0,
+        &["Usage: retrace diff", "origin_seq", "Examples:\n  retrace diff"],
+        &[],
+    );
+}

@@ -1,0 +1,327 @@
+//! The price table: what a model's tokens cost, so every model event can carry an estimated
+//! `usage.cost_usd` and runs and forks can sum dollars as well as tokens.
+//!
+//! Prices are US dollars per million input (prompt) and output (completion) tokens. A name
+//! matches a model exactly, or as a prefix: `gpt-4o` also prices the dated snapshot
+//! `gpt-4o-2024-08-06` (the name is followed by `-`, `@`, `:` or `/`), and a name ending in `*`
+//! prices anything that starts with the rest (`retrace-sim-1*`). The longest matching name wins,
+//! so `gpt-4o-mini` is not priced as `gpt-4o`.
+//!
+//! [`PriceTable::builtin`] holds list prices of a few well-known models and of the demos'
+//! simulator; `[prices]` in `retrace.toml` adds to or overrides them ([`PriceTable::parse_toml`]
+//! reads that one table, in either of its two TOML spellings):
+//!
+//! ```toml
+//! [prices]
+//! "gpt-4o" = { input = 2.5, output = 10.0 }
+//! "my-model*" = { input = 0.2, output = 0.8 }
+//!
+//! [prices."claude-sonnet-4"]
+//! input = 3
+//! output = 15
+//! ```
+//!
+//! ```
+//! use retrace_core::envelope::Usage;
+//! use retrace_core::prices::PriceTable;
+//!
+//! let mut table = PriceTable::builtin();
+//! table.merge(PriceTable::parse_toml("[prices]\n\"in-house-7b\" = { input = 0.1, output = 0.1 }\n")?);
+//! let usage = Usage { input_tokens: 1_000_000, output_tokens: 500_000, cost_usd: None };
+//! assert_eq!(table.cost("gpt-4o-2024-08-06", &usage), Some(2.5 + 5.0));
+//! assert_eq!(table.cost("in-house-7b", &usage), Some(0.15));
+//! assert_eq!(table.cost("unknown-model", &usage), None);
+//! # Ok::<(), retrace_core::prices::PriceError>(())
+//! ```
+use std::collections::BTreeMap;
+
+use crate::envelope::Usage;
+
+/// What a million tokens of one model cost, in US dollars.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Price {
+    /// Per million input (prompt) tokens.
+    pub input: f64,
+    /// Per million output (completion) tokens.
+    pub output: f64,
+}
+
+/// Prices by model name (exact, prefix, or `prefix*`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PriceTable {
+    prices: BTreeMap<String, Price>,
+}
+
+/// A `[prices]` table that doesn't parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("retrace.toml line {line}: {why}")]
+pub struct PriceError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub why: String,
+}
+
+/// List prices (USD per million tokens) the table starts from.
+const BUILTIN: &[(&str, f64, f64)] = &[
+    ("gpt-4o", 2.5, 10.0),
+    ("gpt-4o-mini", 0.15, 0.6),
+    ("gpt-4.1", 2.0, 8.0),
+    ("gpt-4.1-mini", 0.4, 1.6),
+    ("gpt-4.1-nano", 0.1, 0.4),
+    ("o3", 2.0, 8.0),
+    ("o3-mini", 1.1, 4.4),
+    ("o4-mini", 1.1, 4.4),
+    ("claude-3-5-haiku", 0.8, 4.0),
+    ("claude-3-5-sonnet", 3.0, 15.0),
+    ("claude-sonnet-4", 3.0, 15.0),
+    ("claude-opus-4", 15.0, 75.0),
+    // The demos' model simulator, priced like a cheap hosted model so the demos show dollars.
+    ("retrace-sim-1*", 0.15, 0.6),
+    ("sim-1", 0.15, 0.6),
+];
+
+impl PriceTable {
+    /// An empty table: nothing is priced.
+    pub fn new() -> PriceTable {
+        PriceTable::default()
+    }
+
+    /// List prices of a few well-known models and of the demos' simulator (`retrace-sim-1*`).
+    pub fn builtin() -> PriceTable {
+        let mut table = PriceTable::new();
+        for &(name, input, output) in BUILTIN {
+            table.insert(name, Price { input, output });
+        }
+        table
+    }
+
+    /// Prices `name` (exact or prefix, see the module docs); replaces an earlier price.
+    pub fn insert(&mut self, name: &str, price: Price) {
+        self.prices.insert(name.to_owned(), price);
+    }
+
+    /// Adds `other`'s prices, which win over this table's for the same name.
+    pub fn merge(&mut self, other: PriceTable) {
+        self.prices.extend(other.prices);
+    }
+
+    /// The names priced, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.prices.keys().map(String::as_str)
+    }
+
+    /// The price of `model`: its exact entry, else the longest name it extends.
+    pub fn price(&self, model: &str) -> Option<Price> {
+        if let Some(p) = self.prices.get(model) {
+            return Some(*p);
+        }
+        self.prices
+            .iter()
+            .filter(|(name, _)| extends(model, name))
+            .max_by_key(|(name, _)| name.len())
+            .map(|(_, p)| *p)
+    }
+
+    /// The estimated cost of `usage` on `model`, in US dollars (to a millionth of a cent); `None`
+    /// when the model has no price.
+    pub fn cost(&self, model: &str, usage: &Usage) -> Option<f64> {
+        let p = self.price(model)?;
+        let usd = (usage.input_tokens as f64 * p.input + usage.output_tokens as f64 * p.output) / 1_000_000.0;
+        // To a millionth of a cent, so sums and JSON don't show binary noise.
+        Some((usd * 1e8).round() / 1e8)
+    }
+
+    /// The prices of `retrace.toml`'s `[prices]` table (every other table is skipped): lines
+    /// `"name" = { input = X, output = Y }` under `[prices]`, or `input = X` and `output = Y`
+    /// under `[prices."name"]`. Names are quoted (`"..."` or `'...'`) or bare (`A-Za-z0-9_-`).
+    pub fn parse_toml(text: &str) -> Result<PriceTable, PriceError> {
+        let mut table = PriceTable::new();
+        // None: outside [prices]; Some(None): in [prices]; Some(Some(name)): in [prices."name"].
+        let mut section: Option<Option<String>> = None;
+        let mut pending: BTreeMap<String, (Option<f64>, Option<f64>, usize)> = BTreeMap::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line_no = i + 1;
+            let err = |why: String| PriceError { line: line_no, why };
+            let line = strip_comment(raw).trim();
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(header) = line.strip_prefix('[') {
+                let header = header.strip_suffix(']').ok_or_else(|| err("unclosed table header".into()))?;
+                section = match header.trim().strip_prefix("prices") {
+                    Some("") => Some(None),
+                    Some(rest) if rest.starts_with('.') => {
+                        let (name, tail) = key(rest[1..].trim()).map_err(err)?;
+                        if !tail.trim().is_empty() {
+                            return Err(err(format!("unexpected {tail:?} after the model name")));
+                        }
+                        pending.entry(name.clone()).or_insert((None, None, line_no));
+                        Some(Some(name))
+                    }
+                    _ => None,
+                };
+                continue;
+            }
+            let Some(current) = &section else { continue };
+            let (name, rest) = key(line).map_err(err)?;
+            let value =
+                rest.trim_start().strip_prefix('=').ok_or_else(|| err("want `name = value`".into()))?;
+            match current {
+                None => {
+                    let (input, output) = inline_price(value.trim()).map_err(err)?;
+                    table.insert(&name, Price { input, output });
+                }
+                Some(model) => {
+                    let number = number(value.trim()).map_err(err)?;
+                    let slot = pending.get_mut(model).expect("entered with its header");
+                    match name.as_str() {
+                        "input" => slot.0 = Some(number),
+                        "output" => slot.1 = Some(number),
+                        other => {
+                            return Err(err(format!("unknown price field {other:?}; want input or output")))
+                        }
+                    }
+                }
+            }
+        }
+        for (model, (input, output, line)) in pending {
+            match (input, output) {
+                (Some(input), Some(output)) => table.insert(&model, Price { input, output }),
+                _ => return Err(PriceError { line, why: format!("{model:?} needs both input and output") }),
+            }
+        }
+        Ok(table)
+    }
+}
+
+/// Whether `model` is priced by entry `name` as a prefix.
+fn extends(model: &str, name: &str) -> bool {
+    match name.strip_suffix('*') {
+        Some(prefix) => model.starts_with(prefix),
+        None => model
+            .strip_prefix(name)
+            .and_then(|rest| rest.chars().next())
+            .is_some_and(|c| matches!(c, '-' | '@' | ':' | '/')),
+    }
+}
+
+/// The line without a `#` comment (a `#` inside quotes stays).
+fn strip_comment(line: &str) -> &str {
+    let mut quote = None;
+    for (i, c) in line.char_indices() {
+        match (quote, c) {
+            (None, '"' | '\'') => quote = Some(c),
+            (Some(q), _) if c == q => quote = None,
+            (None, '#') => return &line[..i],
+            _ => {}
+        }
+    }
+    line
+}
+
+/// A key at the start of `s` (quoted or bare) and what follows it.
+fn key(s: &str) -> Result<(String, &str), String> {
+    if let Some(q @ ('"' | '\'')) = s.chars().next() {
+        let end = s[1..].find(q).ok_or_else(|| format!("unclosed quote in {s:?}"))?;
+        return Ok((s[1..1 + end].to_owned(), &s[2 + end..]));
+    }
+    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).unwrap_or(s.len());
+    if end == 0 {
+        return Err(format!("want a model name at {s:?}"));
+    }
+    Ok((s[..end].to_owned(), &s[end..]))
+}
+
+/// `{ input = X, output = Y }`.
+fn inline_price(s: &str) -> Result<(f64, f64), String> {
+    let body = s
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .ok_or_else(|| format!("want `{{ input = X, output = Y }}`, got {s:?}"))?;
+    let (mut input, mut output) = (None, None);
+    for field in body.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+        let (name, value) =
+            field.split_once('=').ok_or_else(|| format!("want `name = number` in {field:?}"))?;
+        let value = number(value.trim())?;
+        match name.trim() {
+            "input" => input = Some(value),
+            "output" => output = Some(value),
+            other => return Err(format!("unknown price field {other:?}; want input or output")),
+        }
+    }
+    match (input, output) {
+        (Some(i), Some(o)) => Ok((i, o)),
+        _ => Err(format!("{s:?} needs both input and output")),
+    }
+}
+
+/// A non-negative, finite TOML number (underscores allowed).
+fn number(s: &str) -> Result<f64, String> {
+    let n: f64 = s.replace('_', "").parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(format!("{s:?} is not a price (want a finite number >= 0)"));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(input_tokens: u64, output_tokens: u64) -> Usage {
+        Usage { input_tokens, output_tokens, cost_usd: None }
+    }
+
+    #[test]
+    fn longest_name_wins_and_prefixes_stop_at_a_boundary() {
+        let t = PriceTable::builtin();
+        let m = usage(1_000_000, 0);
+        assert_eq!(t.cost("gpt-4o", &m), Some(2.5));
+        assert_eq!(t.cost("gpt-4o-2024-08-06", &m), Some(2.5));
+        assert_eq!(t.cost("gpt-4o-mini-2024-07-18", &m), Some(0.15));
+        assert_eq!(t.cost("o3-mini-2025-01-31", &m), Some(1.1));
+        assert_eq!(t.cost("gpt-4", &m), None, "gpt-4 is not gpt-4o");
+        assert_eq!(t.cost("gpt-4.1-2025-04-14", &m), Some(2.0));
+        assert_eq!(t.cost("retrace-sim-1-2026-11-01", &usage(1000, 1000)), Some(0.00075));
+    }
+
+    #[test]
+    fn both_toml_spellings_parse_and_override() {
+        let text = r#"
+[keys]
+strip = ["request_id"]   # not ours
+[prices]
+"gpt-4o" = { input = 1.25, output = 5 }   # a discount
+my_model = { output = 2, input = 1_000 }
+[prices.'claude-opus-4']
+input = 10
+output = 50 # per million
+[prompts]
+planner = "v3"
+"#;
+        let mut t = PriceTable::builtin();
+        t.merge(PriceTable::parse_toml(text).unwrap());
+        assert_eq!(t.price("gpt-4o"), Some(Price { input: 1.25, output: 5.0 }));
+        assert_eq!(t.price("my_model"), Some(Price { input: 1000.0, output: 2.0 }));
+        assert_eq!(t.price("claude-opus-4-20250514"), Some(Price { input: 10.0, output: 50.0 }));
+        assert_eq!(t.price("planner"), None);
+    }
+
+    #[test]
+    fn bad_tables_name_the_line() {
+        let cases = [
+            ("[prices]\n\"a\" = { input = 1 }\n", 2, "needs both input and output"),
+            ("[prices]\n\"a\" = 3\n", 2, "want `{ input = X, output = Y }`"),
+            ("[prices]\n\n\"a\" = { input = -1, output = 1 }\n", 3, "not a price"),
+            ("[prices.\"a\"]\ninput = 1\nspeed = 2\n", 3, "unknown price field"),
+            ("[prices.\"a\"]\ninput = 1\n", 1, "needs both input and output"),
+            ("[prices\n", 1, "unclosed table header"),
+        ];
+        for (text, line, why) in cases {
+            let e = PriceTable::parse_toml(text).unwrap_err();
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            assert!(e.why.contains(why), "{text:?}: {e}");
+        }
+    }
+}
