@@ -20,24 +20,34 @@ step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "tests (unit, integration, property, conformance, crash)"
-export RETRACE_TEST_KEY=1
 cargo test --workspace --locked --release 2>&1 | tee target/test-output.txt
 grep -E "^test result:" target/test-output.txt | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed\n", p, f}'
 
 step "benchmarks compile"
 cargo bench --workspace --locked --no-run --quiet
 
-step "demo, end to end, on a fresh store"
+step "demos, end to end, on a fresh store"
+cargo build --release --locked --quiet
 demo_home=$(mktemp -d)
 trap 'rm -rf "$demo_home"' EXIT
-RETRACE_HOME="$demo_home" cargo run --release --locked --quiet -- demo --runs 2 | tee target/demo-output.txt
-grep -q "identical every time, 0 live calls" target/demo-output.txt
-run_id=$(RETRACE_HOME="$demo_home" cargo run --release --locked --quiet -- runs --json | python3 -c 'import json,sys; print([r for r in json.load(sys.stdin) if r["mode"]=="record"][0]["id"])')
-RETRACE_HOME="$demo_home" cargo run --release --locked --quiet -- verify --all
-RETRACE_HOME="$demo_home" cargo run --release --locked --quiet -- export "$run_id" -o "$demo_home/a.jsonl"
+export PATH="$PWD/target/release:$PATH"
+export RETRACE_HOME="$demo_home"
+retrace demo | tee target/demo-output.txt
+grep -q "the same wrong approval every time, 0 live calls" target/demo-output.txt
+grep -q "decision moved: reviewer on step:backfill_users: approve -> reject" target/demo-output.txt
+bad=$(retrace demo --json --runs 3 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["replayed"]["run"] if d["replayed"] else "")')
+retrace demo pipeline | tee target/pipeline-output.txt
+grep -q "dry_run" target/pipeline-output.txt
+retrace demo single --runs 1 >/dev/null
+retrace verify --all
+if [ -n "$bad" ]; then
+  retrace replay "$bad"
+fi
+run_id=$(retrace runs --json | python3 -c 'import json,sys; print([r for r in json.load(sys.stdin) if r["mode"]=="record"][0]["id"])')
+retrace export "$run_id" -o "$demo_home/a.jsonl"
 other=$(mktemp -d)
-RETRACE_HOME="$other" cargo run --release --locked --quiet -- import "$demo_home/a.jsonl"
-RETRACE_HOME="$other" cargo run --release --locked --quiet -- export "$run_id" -o "$other/b.jsonl"
+RETRACE_HOME="$other" retrace import "$demo_home/a.jsonl"
+RETRACE_HOME="$other" retrace export "$run_id" -o "$other/b.jsonl"
 cmp "$demo_home/a.jsonl" "$other/b.jsonl"
 rm -rf "$other"
-echo "demo ok"
+echo "demos ok"
