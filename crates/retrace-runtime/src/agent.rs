@@ -1,5 +1,5 @@
 //! An agent's handle: the steps of SPEC §6 (`tool`, `model`, `now`, `random`, `env`, `decide`).
-//! Every step goes through [`crate::step`], the one pipeline record and replay share.
+//! Every step goes through `step.rs`, the one pipeline record and replay share.
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;

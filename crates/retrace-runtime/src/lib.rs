@@ -1,6 +1,6 @@
 //! Retrace's Rust runtime: the [`Session`] that records and replays an agent program's steps.
 //!
-//! Record and replay run the same code ([`step`]): every step is canonicalised, masked, keyed,
+//! Record and replay run the same code (`step.rs`): every step is canonicalised, masked, keyed,
 //! and then either executed live and appended to the log, or matched by key against its agent's
 //! not-yet-consumed recorded steps (SPEC §7) and answered from the log with nothing live.
 //!

@@ -75,7 +75,7 @@ enum Program {
     /// publish): record it once, fork it at critique with the critic's stricter prompt, and show
     /// that only the steps the change reaches ran live (publish as a dry run), the rest cost zero
     /// tokens with identical outputs, and what the fork saved in tokens and dollars. Prices come
-    /// from [prices] in ./retrace.toml over built-in defaults.
+    /// from `[prices]` in ./retrace.toml over built-in defaults.
     Pipeline {
         /// Seed of the model simulator.
         #[arg(long, default_value_t = 7)]

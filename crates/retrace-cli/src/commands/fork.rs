@@ -26,7 +26,7 @@ use crate::output::print_json;
 ///   tool-output:SEQ=@FILE    replace a tool call's recorded output
 ///   model-output:SEQ=@FILE   replace a model call's recorded output
 ///   prompt:AGENT=VERSION     template() hands the agent another version
-///   model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model
+///   model:AGENT=NAME\[@SNAP\]  rewrite the agent's model requests to another model
 ///   param:AGENT.NAME=VALUE   set a parameter of the agent's model requests
 ///
 /// Examples:
