@@ -1,0 +1,89 @@
+//! Recording with `event` durability (fsync before each acknowledgment): one writer's
+//! per-event latency against the raw fsync latency of the same disk, and the group-commit
+//! rate of 16 writers against one writer's.
+use retrace_store::Durability;
+
+use crate::drive;
+use crate::env::{note, Config};
+use crate::floor::{commit_latencies, fsync_floor, raw_db_with};
+use crate::record::{steps, THREADS};
+use crate::report::{median, median_us, print, Line, Target};
+
+/// Runs the bench and prints its lines.
+pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
+    let single = cfg.pick(300, 1_000);
+    let each = cfg.pick(60, 200);
+    note(&format!(
+        "record (event durability): 1 writer x {single} events, {THREADS} writers x {each} events, {} repeats",
+        cfg.repeats
+    ));
+    let data = steps(single.max(THREADS * each));
+    let warm = cfg.store("warm", Durability::Event);
+    drive::record(warm.store.clone(), &data[..50], 1, true);
+    drop(warm);
+
+    let (mut fsync, mut raw, mut latency, mut rate_one, mut rate_many) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let mut tails = vec![];
+    for _ in 0..cfg.repeats {
+        let dir = cfg.temp_dir("fsync");
+        fsync.push(median_us(&fsync_floor(dir.path(), single)));
+        let mut conn = raw_db_with(dir.path(), "FULL", 8192);
+        raw.push(median_us(&commit_latencies(&mut conn, &data[..single])));
+        drop(conn);
+
+        let store = cfg.store("event1", Durability::Event);
+        let rec = drive::record(store.store.clone(), &data[..single], 1, true);
+        latency.push(median_us(&rec.latencies));
+        tails.push(percentiles(&rec.latencies));
+        rate_one.push(single as f64 / rec.wall.as_secs_f64());
+        drop(store);
+
+        let store = cfg.store("event16", Durability::Event);
+        let total = THREADS * each;
+        let rec = drive::record(store.store.clone(), &data[..total], THREADS, true);
+        rate_many.push(total as f64 / rec.wall.as_secs_f64());
+    }
+    let fsync = median(&fsync);
+    let one = median(&rate_one);
+    print(lines, Line::new("record.event raw append+fdatasync p50", fsync, "us", None, Target::Info));
+    let raw = median(&raw);
+    print(
+        lines,
+        Line::new("record.event raw SQLite FULL 1 step/tx p50", raw, "us", Some(fsync), Target::Info),
+    );
+    if let Some(tail) = tails.get(tails.len() / 2) {
+        note(&format!("1 writer latency p50/p90/p99/mean (a middle repeat): {tail}"));
+    }
+    print(
+        lines,
+        Line::new(
+            "record.event 1 writer latency p50",
+            median(&latency),
+            "us",
+            Some(fsync),
+            Target::RatioAtMost(1.5),
+        ),
+    );
+    print(lines, Line::new("record.event 1 writer rate", one, "ev/s", None, Target::Info));
+    print(
+        lines,
+        Line::new(
+            "record.event 16 writers rate",
+            median(&rate_many),
+            "ev/s",
+            Some(one),
+            Target::RatioAtLeast(10.0),
+        ),
+    );
+}
+
+/// `p50/p90/p99/mean` of `latencies`, in µs.
+fn percentiles(latencies: &[std::time::Duration]) -> String {
+    let mut us: Vec<f64> = latencies.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    let at = |q: f64| us.get(((us.len() as f64 * q) as usize).min(us.len().saturating_sub(1))).copied();
+    let mean = us.iter().sum::<f64>() / us.len().max(1) as f64;
+    let show = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+    format!("{}/{}/{}/{mean:.0} us", show(at(0.5)), show(at(0.9)), show(at(0.99)))
+}

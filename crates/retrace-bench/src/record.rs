@@ -1,0 +1,81 @@
+//! Recording with batched durability (the default): µs per event for one pipelined writer and
+//! for 16 writer threads, against the same-run floor and against Burr's per-step cost.
+use retrace_store::Durability;
+use serde_json::Value;
+
+use crate::drive;
+use crate::env::{note, Config};
+use crate::floor::{raw_db, record_floor};
+use crate::payload::{output, request};
+use crate::report::{median, print, Line, Target};
+
+/// Burr + SQLitePersister, default connection, per step (perf-anchors A, 1 KB state: +1.35 ms;
+/// 8 KB: +1.54 ms); the issue fixes it at 1.5 ms.
+pub const BURR_STEP_US: f64 = 1500.0;
+
+/// Writer threads of the concurrent measurement.
+pub const THREADS: usize = 16;
+
+/// The steps every recording bench records: `count` pairs of ~1 KB request and output.
+pub fn steps(count: usize) -> Vec<(Value, Value)> {
+    (0..count as u64).map(|i| (request(i), output(i))).collect()
+}
+
+/// Runs the bench and prints its lines.
+pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
+    let n = cfg.pick(10_000, 50_000);
+    note(&format!(
+        "record (batch durability): {n} events of 1 KB request + 1 KB output, {} repeats",
+        cfg.repeats
+    ));
+    let data = steps(n);
+    let warm = cfg.store("warm", Durability::Batch);
+    drive::record(warm.store.clone(), &data[..n.min(2_000)], 1, false);
+    drop(warm);
+
+    let per_event = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
+    let (mut floor, mut floor_sql, mut one, mut many, mut many_piped) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..cfg.repeats {
+        let dir = cfg.temp_dir("floor");
+        let mut conn = raw_db(dir.path());
+        let (wall, sql) = record_floor(&mut conn, &data);
+        drop(conn);
+        floor.push(per_event(wall));
+        floor_sql.push(per_event(sql));
+
+        let store = cfg.store("record1", Durability::Batch);
+        one.push(per_event(drive::record(store.store.clone(), &data, 1, false).wall));
+        drop(store);
+
+        let store = cfg.store("record16", Durability::Batch);
+        many.push(per_event(drive::record(store.store.clone(), &data, THREADS, true).wall));
+        drop(store);
+
+        let store = cfg.store("record16p", Durability::Batch);
+        many_piped.push(per_event(drive::record(store.store.clone(), &data, THREADS, false).wall));
+    }
+    let floor = median(&floor);
+    let us = "us/ev";
+    print(lines, Line::new("record.batch floor (canon+sha256+raw insert)", floor, us, None, Target::Info));
+    print(
+        lines,
+        Line::new("record.batch floor: raw SQLite part", median(&floor_sql), us, None, Target::Info),
+    );
+    let (one, many, many_piped) = (median(&one), median(&many), median(&many_piped));
+    print(
+        lines,
+        Line::new("record.batch 1 writer (pipelined)", one, us, Some(floor), Target::RatioAtMost(2.0)),
+    );
+    print(
+        lines,
+        Line::new("record.batch 16 writers (acked)", many, us, Some(floor), Target::RatioAtMost(2.0)),
+    );
+    print(lines, Line::new("record.batch 16 writers (pipelined)", many_piped, us, Some(floor), Target::Info));
+    let burr = Some(BURR_STEP_US);
+    print(lines, Line::new("record.batch 1 writer vs Burr 1.5 ms", one, us, burr, Target::TimesBelow(50.0)));
+    print(
+        lines,
+        Line::new("record.batch 16 writers vs Burr 1.5 ms", many, us, burr, Target::TimesBelow(50.0)),
+    );
+}
