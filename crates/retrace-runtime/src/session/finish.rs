@@ -1,0 +1,142 @@
+//! Ending sessions: what record, replay and fork store when the program is done.
+use super::*;
+
+impl Session {
+    /// Ends the run. Record: flushes, stores status, final decisions and exit status. Replay:
+    /// checks that every recorded step was consumed, that the final decisions and the exit status
+    /// match, stores the outcome, and returns the first divergence as an error.
+    pub fn finish(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
+        if self.inner.finished.swap(true, Ordering::SeqCst) {
+            return Err(RuntimeError::Usage("the session was already finished".into()));
+        }
+        match self.inner.mode {
+            Mode::Record | Mode::Fork => self.finish_record(outcome),
+            Mode::Replay => self.finish_replay(outcome),
+            Mode::Off => Ok(self.report(RunStatus::Ok)),
+        }
+    }
+
+    fn report(&self, status: RunStatus) -> RunReport {
+        let run = self.inner.run.lock();
+        RunReport {
+            run_id: run.id.clone(),
+            source_run: run.source_run.clone(),
+            status,
+            steps: self.inner.steps.load(Ordering::Relaxed),
+            live_calls: self.live_calls(),
+        }
+    }
+
+    fn finish_record(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
+        let writer = self.inner.writer.as_ref().expect("record sessions have a writer");
+        let flushed = writer.flush();
+        let divergence = self.divergence();
+        let status = match (&flushed, outcome.exit_status) {
+            _ if divergence.is_some() => RunStatus::Diverged,
+            (Err(_), _) => RunStatus::Failed,
+            (Ok(()), Some(code)) if code != 0 => RunStatus::Failed,
+            _ => RunStatus::Ok,
+        };
+        let (_, head) = writer.head();
+        let meta = {
+            let mut run = self.inner.run.lock();
+            run.status = status;
+            run.divergence = divergence.as_ref().map(Divergence::to_json);
+            run.exit_status = outcome.exit_status;
+            run.decisions = self.inner.decisions.lock().clone();
+            run.holds_tokens |= self.inner.holds_tokens.load(Ordering::Relaxed);
+            run.finished_at_ms = Some(self.inner.clock.now_ms());
+            run.head = head;
+            run.clone()
+        };
+        self.inner.store.update_run(&meta)?;
+        writer.release()?;
+        flushed?;
+        match divergence {
+            Some(d) => Err(d.into()),
+            None => Ok(self.report(status)),
+        }
+    }
+
+    fn finish_replay(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
+        let scheduler = self.inner.scheduler.as_ref().expect("replay sessions have a scheduler");
+        if scheduler.divergence().is_none() {
+            if let Some(d) = self.ending_divergence(scheduler.log(), &outcome) {
+                scheduler.diverge(d);
+            }
+        }
+        let divergence = scheduler.divergence();
+        let status = if divergence.is_some() { RunStatus::Diverged } else { RunStatus::Ok };
+        let meta = {
+            let mut run = self.inner.run.lock();
+            run.status = status;
+            run.exit_status = outcome.exit_status;
+            run.decisions = self.inner.decisions.lock().clone();
+            run.divergence = divergence.as_ref().map(Divergence::to_json);
+            run.finished_at_ms = Some(self.inner.clock.now_ms());
+            run.clone()
+        };
+        self.inner.store.update_run(&meta)?;
+        match divergence {
+            Some(d) => Err(d.into()),
+            None => Ok(self.report(status)),
+        }
+    }
+
+    fn ending_divergence(&self, log: &RecordedLog, outcome: &Outcome) -> Option<Divergence> {
+        let leftovers = log.leftovers();
+        if let Some((agent, first)) = leftovers.first() {
+            let mut d = Divergence::new(DivergenceCode::StepsLeft, agent.clone())
+                .at(first.seq)
+                .step(first.label.clone())
+                .keys(first.key, None);
+            for (agent, step) in &leftovers {
+                d = d.detail(format!(
+                    "agent {agent:?}: first unconsumed step is seq {} ({})",
+                    step.seq, step.label
+                ));
+            }
+            return Some(d);
+        }
+        let run = self.inner.run.lock();
+        let source = self.inner.store.run(run.source_run.as_deref().unwrap_or_default()).ok()?;
+        drop(run);
+        let now = self.inner.decisions.lock().clone();
+        // Agents run concurrently, so decisions of different agents interleave however they
+        // raced: only each agent's own order is part of the outcome.
+        let per_agent = |ds: &[FinalDecision]| {
+            let mut ds = ds.to_vec();
+            ds.sort_by(|a, b| a.agent.cmp(&b.agent));
+            ds
+        };
+        if per_agent(&now) != per_agent(&source.decisions) && !source.decisions.is_empty() {
+            let render = |ds: &[FinalDecision]| {
+                ds.iter()
+                    .map(|d| {
+                        format!(
+                            "{}:{}{}",
+                            d.agent,
+                            d.action,
+                            d.target.as_ref().map(|t| format!("@{t}")).unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Some(
+                Divergence::new(DivergenceCode::Decisions, "*")
+                    .detail(format!("recorded: [{}]", render(&source.decisions)))
+                    .detail(format!("replayed: [{}]", render(&now))),
+            );
+        }
+        if let (Some(recorded), Some(now)) = (source.exit_status, outcome.exit_status) {
+            if recorded != now {
+                return Some(
+                    Divergence::new(DivergenceCode::ExitStatus, "*")
+                        .detail(format!("recorded exit status {recorded}, replay exited {now}")),
+                );
+            }
+        }
+        None
+    }
+}

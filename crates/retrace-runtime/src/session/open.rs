@@ -1,0 +1,265 @@
+//! Opening sessions: record, replay, fork, off, and joining the run a launcher set up.
+use super::*;
+
+impl Session {
+    /// Starts recording a new run.
+    pub fn record(store: Arc<dyn Store>, options: SessionOptions) -> RuntimeResult<Session> {
+        let id = options.run_id.clone().unwrap_or_else(new_run_id);
+        let mut meta = RunMeta::new(id.clone(), RunMode::Record, options.clock.now_ms());
+        meta.name = options.name.clone();
+        meta.labels = options.labels.clone();
+        meta.command = options.command.clone();
+        meta.masking_rules = options.masker.rules().clone();
+        meta.mask_key_fingerprint = options.masker.key_fingerprint();
+        meta.chaos_seed = options.chaos_seed;
+        store.create_run(&meta)?;
+        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
+        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
+    }
+
+    /// Replays `source` (a run id or unique prefix) exactly, as a new replay run.
+    pub fn replay(store: Arc<dyn Store>, source: &str, options: SessionOptions) -> RuntimeResult<Session> {
+        let mut source_meta = store.find_run(source)?;
+        if source_meta.mode == RunMode::Replay {
+            let of = source_meta.source_run.clone().ok_or_else(|| {
+                RuntimeError::Usage(format!("replay run {} names no source run", source_meta.id))
+            })?;
+            source_meta = store.run(&of)?;
+        }
+        if source_meta.status == RunStatus::Running {
+            if let Some(holder) = store.lease_holder(&source_meta.id)? {
+                return Err(RuntimeError::Usage(format!(
+                    "run {} is still being recorded by {}; replay it once it has finished",
+                    source_meta.id, holder.0
+                )));
+            }
+        }
+        let log = RecordedLog::load(store.as_ref(), &source_meta.id)?;
+        let id = options.run_id.clone().unwrap_or_else(new_run_id);
+        let mut meta = match store.run(&id) {
+            Ok(existing) if existing.mode == RunMode::Replay => existing,
+            _ => {
+                let mut m = RunMeta::new(id.clone(), RunMode::Replay, options.clock.now_ms());
+                m.source_run = Some(source_meta.id.clone());
+                m.command = options.command.clone().or_else(|| source_meta.command.clone());
+                m.name = options.name.clone().or_else(|| source_meta.name.clone());
+                store.create_run(&m)?;
+                m
+            }
+        };
+        meta.source_run = Some(source_meta.id.clone());
+        meta.masking_rules = source_meta.masking_rules.clone();
+        meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
+        let config = SchedulerConfig { strict: options.strict, stall_timeout: options.stall_timeout };
+        let scheduler = Scheduler::new(log, config);
+        store_divergence_when_found(&scheduler, &store, &meta.id);
+        // A replay of a fork applies the fork's edits again, so its steps ask what the fork asked.
+        let plan = match source_meta.mode {
+            RunMode::Fork => Some(plan_of(store.as_ref(), &source_meta)?),
+            _ => None,
+        };
+        let mut session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, options);
+        Arc::get_mut(&mut session.inner).expect("just built").plan = plan.map(Arc::new);
+        session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
+        Ok(session)
+    }
+
+    /// Executes fork run `fork_id` (created by [`Session::fork_new`] or `retrace fork`): the
+    /// program re-runs from the start; steps matching the source get its recorded output, changed
+    /// and new steps run (cached, live, or as a dry run), and the fork's own events are recorded
+    /// from its fork point on.
+    pub fn fork(store: Arc<dyn Store>, fork_id: &str, options: SessionOptions) -> RuntimeResult<Session> {
+        let meta = store.find_run(fork_id)?;
+        if meta.mode != RunMode::Fork {
+            return Err(RuntimeError::Usage(format!("run {} is a {} run, not a fork", meta.id, meta.mode)));
+        }
+        let source = meta
+            .source_run
+            .clone()
+            .ok_or_else(|| RuntimeError::Usage(format!("fork {} names no source run", meta.id)))?;
+        let plan = plan_of(store.as_ref(), &meta)?;
+        let log = RecordedLog::load(store.as_ref(), &source)?;
+        let state = ForkState::new(plan.at, &log, &plan.swaps);
+        let config = SchedulerConfig { strict: false, stall_timeout: options.stall_timeout };
+        let scheduler = Scheduler::with_fork(log, config, Some(state));
+        store_divergence_when_found(&scheduler, &store, &meta.id);
+        let writer = RunWriter::open(store.clone(), &meta.id, LeaseHolder::current())?;
+        let mut session = Session::build(Mode::Fork, store, Some(writer), Some(scheduler), meta, options);
+        Arc::get_mut(&mut session.inner).expect("just built").plan = Some(Arc::new(plan));
+        Ok(session)
+    }
+
+    /// Creates a fork of `source` at `at` (default: the smallest seq an edit names, or 1) with
+    /// `edits`, and starts executing it. Edits that carry content must name stored blobs
+    /// (`Content::Blob`); bad edits are usage errors that say why, and create nothing.
+    pub fn fork_new(
+        store: Arc<dyn Store>,
+        source: &str,
+        at: Option<u64>,
+        edits: Vec<Edit>,
+        options: SessionOptions,
+    ) -> RuntimeResult<Session> {
+        let source_meta = store.find_run(source)?;
+        let at = at.unwrap_or_else(|| retrace_core::edit::default_fork_point(&edits));
+        ForkPlan::new(at, edits.clone())
+            .and_then(|p| p.validate(store.as_ref(), &source_meta.id))
+            .map_err(|e| RuntimeError::Usage(e.to_string()))?;
+        let id = options.run_id.clone().unwrap_or_else(new_run_id);
+        let mut meta = RunMeta::new(id.clone(), RunMode::Fork, options.clock.now_ms());
+        meta.source_run = Some(source_meta.id.clone());
+        meta.fork_at = Some(at);
+        meta.edits = edits.iter().map(ToString::to_string).collect();
+        meta.name =
+            options.name.clone().or_else(|| source_meta.name.as_ref().map(|n| format!("fork of {n}")));
+        meta.command = options.command.clone().or_else(|| source_meta.command.clone());
+        meta.chaos_seed = options.chaos_seed;
+        meta.masking_rules = source_meta.masking_rules.clone();
+        meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
+        store.create_run(&meta)?;
+        Session::fork(store, &id, options)
+    }
+
+    /// A session that runs everything live and records nothing (`RETRACE_MODE=off`).
+    pub fn off(store: Arc<dyn Store>, options: SessionOptions) -> Session {
+        let meta = RunMeta::new(new_run_id(), RunMode::Record, options.clock.now_ms());
+        Session::build(Mode::Off, store, None, None, meta, options)
+    }
+
+    /// Joins the run a launcher (`retrace record|replay -- CMD`) set up, from `RETRACE_MODE`
+    /// (`record` default, `replay`, `off`), `RETRACE_RUN`, and `RETRACE_STORE` / `RETRACE_HOME`.
+    ///
+    /// In record, `RETRACE_RUN` names the run to record into (created when absent). In replay it
+    /// names the replay run that the launcher created, which names its source; naming a recorded
+    /// run directly starts a new replay of it.
+    pub fn from_env() -> RuntimeResult<Session> {
+        Session::from_env_with(SessionOptions::default())
+    }
+
+    /// [`Session::from_env`] with options for what the environment doesn't say (name, command,
+    /// chaos...). `RETRACE_CHAOS_SEED` overrides `options.chaos_seed`.
+    pub fn from_env_with(mut options: SessionOptions) -> RuntimeResult<Session> {
+        if let Some(seed) = std::env::var("RETRACE_CHAOS_SEED").ok().and_then(|s| s.parse().ok()) {
+            options.chaos_seed = Some(seed);
+        }
+        if let Some(secs) = std::env::var("RETRACE_STALL_TIMEOUT").ok().and_then(|s| s.parse::<f64>().ok()) {
+            options.stall_timeout = Duration::from_secs_f64(secs.max(0.0));
+        }
+        if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
+            options.strict = true;
+        }
+        let config = StoreConfig::from_env()?;
+        let store = retrace_store::open_store(&config)?;
+        let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
+        let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
+        match mode.as_str() {
+            "record" => match run {
+                Some(id) => match store.run(&id) {
+                    Ok(meta) if meta.status == RunStatus::Running && meta.mode == RunMode::Record => {
+                        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
+                        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
+                    }
+                    Ok(meta) => Err(RuntimeError::Usage(format!(
+                        "RETRACE_RUN={id} is a {} run with status {}; record into a new run id",
+                        meta.mode, meta.status
+                    ))),
+                    Err(_) => {
+                        options.run_id = Some(id);
+                        Session::record(store, options)
+                    }
+                },
+                None => Session::record(store, options),
+            },
+            "replay" => {
+                let id = run.ok_or_else(|| {
+                    RuntimeError::Usage("RETRACE_MODE=replay needs RETRACE_RUN (the run to replay)".into())
+                })?;
+                let meta = store.find_run(&id)?;
+                if meta.mode == RunMode::Replay {
+                    let source = meta
+                        .source_run
+                        .clone()
+                        .ok_or_else(|| RuntimeError::Usage(format!("replay run {id} names no source run")))?;
+                    options.run_id = Some(meta.id.clone());
+                    Session::replay(store, &source, options)
+                } else {
+                    Session::replay(store, &meta.id, options)
+                }
+            }
+            "off" => Ok(Session::off(store, options)),
+            "fork" => {
+                let id = run.ok_or_else(|| {
+                    RuntimeError::Usage(
+                        "RETRACE_MODE=fork needs RETRACE_RUN (the fork run to execute)".into(),
+                    )
+                })?;
+                Session::fork(store, &id, options)
+            }
+            other => {
+                Err(RuntimeError::Usage(format!("RETRACE_MODE={other:?}: want record, replay, fork or off")))
+            }
+        }
+    }
+
+    fn build(
+        mode: Mode,
+        store: Arc<dyn Store>,
+        writer: Option<RunWriter>,
+        scheduler: Option<Arc<Scheduler>>,
+        run: RunMeta,
+        options: SessionOptions,
+    ) -> Session {
+        let bus = matches!(mode, Mode::Record | Mode::Off)
+            .then(|| Bus::new(options.chaos_seed, options.chaos_max_delay));
+        Session {
+            inner: Arc::new(Inner {
+                mode,
+                store,
+                writer,
+                scheduler,
+                bus,
+                plan: None,
+                prompts_dir: options.prompts_dir,
+                prices: options.prices,
+                keys: options.keys,
+                masker: options.masker,
+                wait_for_ack: options.wait_for_ack,
+                clock: options.clock,
+                run: Mutex::new(run),
+                agents: Mutex::new(HashMap::new()),
+                decisions: Mutex::new(Vec::new()),
+                holds_tokens: AtomicBool::new(false),
+                steps: AtomicUsize::new(0),
+                live_calls: AtomicUsize::new(0),
+                finished: AtomicBool::new(false),
+            }),
+        }
+    }
+}
+
+/// Stores a replay's or fork's divergence the moment it is found, so a program that dies of it
+/// still leaves its report behind.
+fn store_divergence_when_found(scheduler: &Arc<Scheduler>, store: &Arc<dyn Store>, run_id: &str) {
+    let store = store.clone();
+    let run_id = run_id.to_owned();
+    scheduler.on_divergence(Box::new(move |d| {
+        if let Ok(mut run) = store.run(&run_id) {
+            run.status = RunStatus::Diverged;
+            run.divergence = Some(d.to_json());
+            let _ = store.update_run(&run);
+        }
+    }));
+}
+
+/// The validated plan of a fork run, from its stored edits.
+fn plan_of(store: &dyn Store, fork: &RunMeta) -> RuntimeResult<ForkPlan> {
+    let source = fork.source_run.as_deref().unwrap_or_default();
+    let edits = fork
+        .edits
+        .iter()
+        .map(|e| e.parse::<Edit>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))?;
+    ForkPlan::new(fork.fork_at.unwrap_or(1), edits)
+        .and_then(|p| p.validate(store, source))
+        .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))
+}
