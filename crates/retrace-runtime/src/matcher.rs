@@ -4,6 +4,7 @@
 //! This is the part of replay every mode shares: exact replay, forks and the scheduler all consume
 //! recorded steps through a [`RecordedLog`].
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use retrace_core::envelope::Decision;
@@ -45,25 +46,6 @@ pub struct RecordedStep {
 }
 
 impl RecordedStep {
-    fn from_event(e: &Event) -> RecordedStep {
-        RecordedStep {
-            seq: e.seq,
-            kind: e.kind,
-            name: e.name.clone(),
-            key: e.key,
-            request_ref: e.request_ref,
-            output_ref: e.output_ref,
-            error: e.error.clone(),
-            decision: e.decision.clone(),
-            completed: true,
-            causal_parent: e.causal_parent,
-            lamport: e.lamport,
-            source: e.source,
-            resolution: None,
-            to: e.message.as_ref().and_then(|m| m.to.clone()),
-        }
-    }
-
     /// `tool_call sql.query`.
     pub fn label(&self) -> String {
         match &self.name {
@@ -97,57 +79,180 @@ pub struct RecordedDelivery {
     pub timed_out: bool,
 }
 
+/// "No slot" in [`Slot::next`] links.
+const NONE: u32 = u32::MAX;
+
+/// One recorded step as the log keeps it: fixed-size fields inline, the name shared with every
+/// other step of that name, and the rarely present fields boxed.
+#[derive(Debug)]
+struct Slot {
+    seq: u64,
+    lamport: u64,
+    causal_parent: Option<u64>,
+    key: Digest,
+    request_ref: Option<Digest>,
+    output_ref: Option<Digest>,
+    name: Option<Arc<str>>,
+    rare: Option<Box<Rare>>,
+    /// The next slot with the same key, or [`NONE`].
+    next: u32,
+    kind: EventType,
+    source: retrace_core::Source,
+    completed: bool,
+    consumed: bool,
+}
+
+/// The fields most steps lack.
+#[derive(Debug, Default)]
+struct Rare {
+    error: Option<String>,
+    decision: Option<Decision>,
+    resolution: Option<Resolution>,
+    to: Option<String>,
+}
+
+impl Slot {
+    fn new(e: &Event, names: &mut HashMap<String, Arc<str>>) -> Slot {
+        let name = e.name.as_deref().map(|n| match names.get(n) {
+            Some(a) => a.clone(),
+            None => {
+                let a: Arc<str> = Arc::from(n);
+                names.insert(n.to_owned(), a.clone());
+                a
+            }
+        });
+        let to = e.message.as_ref().and_then(|m| m.to.clone());
+        let rare = (e.error.is_some() || e.decision.is_some() || to.is_some()).then(|| {
+            Box::new(Rare { error: e.error.clone(), decision: e.decision.clone(), resolution: None, to })
+        });
+        Slot {
+            seq: e.seq,
+            lamport: e.lamport,
+            causal_parent: e.causal_parent,
+            key: e.key,
+            request_ref: e.request_ref,
+            output_ref: e.output_ref,
+            name,
+            rare,
+            next: NONE,
+            kind: e.kind,
+            source: e.source,
+            completed: true,
+            consumed: false,
+        }
+    }
+
+    fn set_resolution(&mut self, resolution: Option<Resolution>) {
+        if let Some(r) = resolution {
+            self.rare.get_or_insert_with(Box::default).resolution = Some(r);
+        }
+    }
+
+    fn step(&self) -> RecordedStep {
+        let rare = self.rare.as_deref();
+        RecordedStep {
+            seq: self.seq,
+            kind: self.kind,
+            name: self.name.as_deref().map(str::to_owned),
+            key: self.key,
+            request_ref: self.request_ref,
+            output_ref: self.output_ref,
+            error: rare.and_then(|r| r.error.clone()),
+            decision: rare.and_then(|r| r.decision.clone()),
+            completed: self.completed,
+            causal_parent: self.causal_parent,
+            lamport: self.lamport,
+            source: self.source,
+            resolution: rare.and_then(|r| r.resolution.clone()),
+            to: rare.and_then(|r| r.to.clone()),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct AgentLog {
-    steps: Vec<RecordedStep>,
-    consumed: Vec<bool>,
-    by_key: HashMap<Digest, VecDeque<usize>>,
+    steps: Vec<Slot>,
+    /// Per key: the first and last unconsumed slot with it (linked through [`Slot::next`]).
+    by_key: HashMap<Digest, (u32, u32)>,
     first_unconsumed: usize,
     deliveries: VecDeque<RecordedDelivery>,
 }
 
 impl AgentLog {
-    fn push(&mut self, step: RecordedStep) {
-        let idx = self.steps.len();
-        self.by_key.entry(step.key).or_default().push_back(idx);
-        self.steps.push(step);
-        self.consumed.push(false);
+    fn push(&mut self, slot: Slot) {
+        let idx = u32::try_from(self.steps.len()).expect("fewer than 2^32 steps per agent");
+        match self.by_key.get_mut(&slot.key) {
+            Some((_, tail)) => {
+                self.steps[*tail as usize].next = idx;
+                *tail = idx;
+            }
+            None => {
+                self.by_key.insert(slot.key, (idx, idx));
+            }
+        }
+        self.steps.push(slot);
+    }
+
+    fn consume(&mut self, idx: usize) -> RecordedStep {
+        self.steps[idx].consumed = true;
+        while self.first_unconsumed < self.steps.len() && self.steps[self.first_unconsumed].consumed {
+            self.first_unconsumed += 1;
+        }
+        self.steps[idx].step()
     }
 
     fn take(&mut self, key: &Digest) -> Option<RecordedStep> {
-        let queue = self.by_key.get_mut(key)?;
-        let idx = queue.pop_front()?;
-        self.consumed[idx] = true;
-        while self.first_unconsumed < self.consumed.len() && self.consumed[self.first_unconsumed] {
-            self.first_unconsumed += 1;
+        let (head, tail) = *self.by_key.get(key)?;
+        let next = self.steps[head as usize].next;
+        if head == tail {
+            self.by_key.remove(key);
+        } else {
+            self.by_key.insert(*key, (next, tail));
         }
-        Some(self.steps[idx].clone())
+        Some(self.consume(head as usize))
     }
 
     fn take_where(&mut self, pred: impl Fn(&RecordedStep) -> bool) -> Option<RecordedStep> {
-        let idx =
-            (self.first_unconsumed..self.steps.len()).find(|&i| !self.consumed[i] && pred(&self.steps[i]))?;
+        let idx = (self.first_unconsumed..self.steps.len())
+            .find(|&i| !self.steps[i].consumed && pred(&self.steps[i].step()))?;
         let key = self.steps[idx].key;
-        if let Some(queue) = self.by_key.get_mut(&key) {
-            queue.retain(|&i| i != idx);
-        }
-        self.consumed[idx] = true;
-        while self.first_unconsumed < self.consumed.len() && self.consumed[self.first_unconsumed] {
-            self.first_unconsumed += 1;
-        }
-        Some(self.steps[idx].clone())
+        self.unlink(&key, idx as u32);
+        Some(self.consume(idx))
     }
 
-    fn peek(&self, key: &Digest) -> Option<&RecordedStep> {
-        let idx = *self.by_key.get(key)?.front()?;
-        Some(&self.steps[idx])
+    /// Removes slot `idx` from its key's queue.
+    fn unlink(&mut self, key: &Digest, idx: u32) {
+        let Some(&(head, tail)) = self.by_key.get(key) else { return };
+        let next = self.steps[idx as usize].next;
+        if head == idx {
+            if tail == idx {
+                self.by_key.remove(key);
+            } else {
+                self.by_key.insert(*key, (next, tail));
+            }
+            return;
+        }
+        let mut prev = head;
+        while prev != NONE {
+            let after = self.steps[prev as usize].next;
+            if after == idx {
+                self.steps[prev as usize].next = next;
+                if tail == idx {
+                    self.by_key.insert(*key, (head, prev));
+                }
+                return;
+            }
+            prev = after;
+        }
     }
 
-    fn first_unconsumed(&self, pred: impl Fn(&RecordedStep) -> bool) -> Option<&RecordedStep> {
-        (self.first_unconsumed..self.steps.len())
-            .filter(|&i| !self.consumed[i])
-            .map(|i| &self.steps[i])
-            .find(|s| pred(s))
+    fn peek(&self, key: &Digest) -> Option<&Slot> {
+        let (head, _) = self.by_key.get(key)?;
+        Some(&self.steps[*head as usize])
+    }
+
+    fn first_unconsumed(&self, pred: impl Fn(&Slot) -> bool) -> Option<&Slot> {
+        self.steps[self.first_unconsumed..].iter().filter(|s| !s.consumed).find(|s| pred(s))
     }
 }
 
@@ -181,6 +286,7 @@ impl RecordedLog {
         let mut decisions = Vec::new();
         let mut unconsumable = Vec::new();
         let mut last_seq = 0;
+        let mut names = HashMap::new();
         let mut pages = RunEvents::new(store, run)?;
         while let Some(page) = pages.next_page()? {
             for e in &page {
@@ -220,14 +326,14 @@ impl RecordedLog {
                 if e.kind == EventType::Intent {
                     intents.push((e.agent_id.clone(), log.steps.len()));
                 }
-                log.push(RecordedStep::from_event(e));
+                log.push(Slot::new(e, &mut names));
             }
         }
         for (agent, idx) in intents {
             let log = agents.get_mut(&agent).expect("intent's agent was loaded");
             let step = &mut log.steps[idx];
             step.completed = completed_intents.contains(&step.seq);
-            step.resolution = resolutions.remove(&step.seq);
+            step.set_resolution(resolutions.remove(&step.seq));
         }
         Ok(RecordedLog {
             agents: agents.into_iter().map(|(k, v)| (k, Mutex::new(v))).collect(),
@@ -244,7 +350,12 @@ impl RecordedLog {
 
     /// `agent`'s earliest unconsumed step with `key`, without consuming it.
     pub fn peek_step(&self, agent: &str, key: &Digest) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().peek(key).cloned()
+        self.agents.get(agent)?.lock().peek(key).map(Slot::step)
+    }
+
+    /// Where `agent`'s earliest unconsumed step with `key` got its output, without consuming it.
+    pub fn peek_source(&self, agent: &str, key: &Digest) -> Option<retrace_core::Source> {
+        self.agents.get(agent)?.lock().peek(key).map(|s| s.source)
     }
 
     /// The seq of `agent`'s earliest unconsumed step with `key`, without consuming it.
@@ -295,12 +406,12 @@ impl RecordedLog {
     /// `agent`'s earliest unconsumed step of `kind` named `name` (what a divergence "expected").
     pub fn expected(&self, agent: &str, kind: EventType, name: Option<&str>) -> Option<RecordedStep> {
         let log = self.agents.get(agent)?.lock();
-        log.first_unconsumed(|s| s.kind == kind && s.name.as_deref() == name).cloned()
+        log.first_unconsumed(|s| s.kind == kind && s.name.as_deref() == name).map(Slot::step)
     }
 
     /// `agent`'s earliest unconsumed step of any kind.
     pub fn next_of(&self, agent: &str) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().first_unconsumed(|_| true).cloned()
+        self.agents.get(agent)?.lock().first_unconsumed(|_| true).map(Slot::step)
     }
 
     /// The earliest unconsumed step or delivery of every agent that has one, in seq order.
@@ -312,7 +423,7 @@ impl RecordedLog {
                 let log = log.lock();
                 let step = log.first_unconsumed(|_| true).map(|s| Leftover {
                     seq: s.seq,
-                    label: s.label(),
+                    label: s.step().label(),
                     key: Some(s.key),
                 });
                 let delivery = log.deliveries.front().map(|d| Leftover {

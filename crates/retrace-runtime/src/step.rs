@@ -175,17 +175,24 @@ impl Agent {
             |e| RuntimeError::NotCanonical { agent: self.id.clone(), step: label.to_owned(), source: e };
         let canonical = canonical_value(&input.request).map_err(not_canonical)?;
         let masked = inner.masker.mask_json(&canonical);
-        let parsed: Cow<'_, Json> = if masked.tokens == 0 {
-            Cow::Owned(Json::from_value(&input.request))
+        let (kind, name, version) =
+            (input.template.kind, input.template.name.as_deref(), input.version.as_deref());
+        let key = if masked.tokens == 0 {
+            // The bytes are the request's canonical form: the key hashes them as they are
+            // (parsing only when a volatile field may need stripping).
+            inner.keys.key_canonical(kind, name, version, &masked.bytes)
         } else {
+            // Masked bytes need not be canonical (a masked key may sort differently).
             inner.holds_tokens.store(true, Ordering::Relaxed);
-            Cow::Owned(json::parse(&masked.bytes).expect("masking keeps JSON valid"))
+            let parsed = json::parse(&masked.bytes).expect("masking keeps JSON valid");
+            inner.keys.key(kind, name, version, &parsed)
+        }
+        .map_err(not_canonical)?;
+        let masked = match masked.bytes {
+            Cow::Owned(bytes) => bytes,
+            Cow::Borrowed(_) => canonical,
         };
-        let key = inner
-            .keys
-            .key(input.template.kind, input.template.name.as_deref(), input.version.as_deref(), &parsed)
-            .map_err(not_canonical)?;
-        Ok(Prepared { masked: masked.bytes.into_owned(), key })
+        Ok(Prepared { masked, key })
     }
 
     /// Canonicalises a live output: the value the program gets back, and the bytes to persist.
@@ -334,8 +341,7 @@ impl Agent {
         let mut event = input.template;
         event.key = prepared.key;
         // A fork's dry-run side effect was recorded without an intent: nothing was about to run.
-        let dry_run =
-            scheduler.log().peek_step(&self.id, &prepared.key).is_some_and(|s| s.source == Source::DryRun);
+        let dry_run = scheduler.log().peek_source(&self.id, &prepared.key) == Some(Source::DryRun);
         if input.intent && !dry_run {
             let intent_key = self.intent_key(&event)?;
             match scheduler.take_step(&self.id, &intent_key, label).await? {

@@ -83,8 +83,24 @@ impl ExportError {
     }
 }
 
+/// Plain blobs read from the store per [`crate::BlobStore::get_blobs`] call.
+const BLOBS_PER_READ: usize = 256;
+
 /// Writes run `run_id` to `out`; `progress` receives the number of events written so far.
+///
+/// The whole export reads one snapshot of the store ([`Store::with_snapshot`]).
 pub fn export_run(
+    store: &dyn Store,
+    run_id: &str,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ExportStats, ExportError> {
+    let mut result = None;
+    store.with_snapshot(&mut || result = Some(export_inner(store, run_id, &mut *out, &mut *progress)));
+    result.expect("with_snapshot runs its function")
+}
+
+fn export_inner(
     store: &dyn Store,
     run_id: &str,
     out: &mut dyn Write,
@@ -157,13 +173,22 @@ pub fn export_run(
     io::copy(&mut spool, &mut w)?;
     drop(spool);
 
-    for (digest, manifest) in &plan {
-        line.clear();
-        match manifest {
-            Some(manifest) => manifest_line(run_id, digest, manifest, &mut line)?,
-            None => blob_line(digest, store.get_blob(digest).map_err(stored)?, &mut line),
+    for chunk in plan.chunks(BLOBS_PER_READ) {
+        let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
+        let mut fetched = store.get_blobs(&plain).map_err(stored)?.into_iter();
+        for (digest, manifest) in chunk {
+            line.clear();
+            match manifest {
+                Some(manifest) => manifest_line(run_id, digest, manifest, &mut line)?,
+                None => {
+                    let bytes = fetched.next().ok_or_else(|| {
+                        stored(StoreError::corrupt(format!("the store gave no bytes for blob {digest}")))
+                    })?;
+                    blob_line(digest, bytes, &mut line)
+                }
+            }
+            w.write_all(&line)?;
         }
-        w.write_all(&line)?;
     }
     w.flush()?;
     Ok(ExportStats { events: count, blobs: plan.len() as u64, bytes: w.bytes })

@@ -105,6 +105,12 @@ pub trait BlobStore: Send + Sync {
     fn has_blob(&self, digest: &Digest) -> StoreResult<bool>;
     /// If `digest` is stored as a chained manifest, the manifest's own bytes (for exports).
     fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>>;
+    /// The verified bytes of each of `digests`, in the order given (the first missing or
+    /// corrupt blob fails the whole call, as [`BlobStore::get_blob`] would). Backends answer
+    /// this in one read transaction; the default asks for each blob.
+    fn get_blobs(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+        digests.iter().map(|d| self.get_blob(d)).collect()
+    }
 }
 
 /// Runs, their events and leases.
@@ -164,4 +170,10 @@ pub trait EventStore: Send + Sync {
 pub trait Store: EventStore + BlobStore + Cache {
     /// The backend's name (`sqlite`, `memory`, ...).
     fn backend(&self) -> &'static str;
+    /// Runs `f` with every read this thread makes of the store served from one consistent
+    /// snapshot (one read transaction), as a long read such as an export wants. Writes from
+    /// other threads or processes proceed; `f` doesn't see them. The default just runs `f`.
+    fn with_snapshot(&self, f: &mut dyn FnMut()) {
+        f()
+    }
 }

@@ -13,6 +13,7 @@
 //! Schema: [`schema`].
 mod blobs;
 mod cache;
+mod checkpoint;
 mod events;
 mod files;
 mod pack;
@@ -22,13 +23,15 @@ pub mod schema;
 mod summaries;
 mod sync;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event};
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::error::ResultExt;
 use crate::{Batch, BlobHint, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreResult};
@@ -36,9 +39,24 @@ use crate::{Batch, BlobHint, BlobStore, Durability, EventStore, LeaseHolder, Sto
 /// Read connections kept open for reuse.
 const READ_POOL: usize = 8;
 
+/// Bytes of the database file a read connection maps into memory (`PRAGMA mmap_size`): reads
+/// of mapped pages skip a `pread` each.
+const READ_MMAP_BYTES: u64 = 1 << 30;
+
+/// Distinguishes stores for [`PINNED`].
+static STORE_IDS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The read connection of this thread's [`Store::with_snapshot`], with its store's id: inside
+    /// one, this thread's reads use it (and its open read transaction).
+    static PINNED: RefCell<Option<(u64, Connection)>> = const { RefCell::new(None) };
+}
+
 /// The embedded store: one SQLite database in WAL mode plus a blob folder.
 #[derive(Debug)]
 pub struct SqliteStore {
+    /// Unique among the stores of this process (see [`PINNED`]).
+    id: u64,
     path: PathBuf,
     label: String,
     durability: Durability,
@@ -49,6 +67,7 @@ pub struct SqliteStore {
     /// Agent name → interned id (ids are never reused, so the cache never goes stale).
     agents: Mutex<HashMap<String, i64>>,
     syncer: Option<sync::Syncer>,
+    checkpointer: checkpoint::Checkpointer,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -95,8 +114,18 @@ impl SqliteStore {
             }
             Durability::Event | Durability::Os => None,
         };
+        writer
+            .query_row(
+                &format!("PRAGMA wal_autocheckpoint = {}", checkpoint::WRITER_AUTOCHECKPOINT_PAGES),
+                [],
+                |_| Ok(()),
+            )
+            .ctx(|| format!("configuring {label}"))?;
+        let checkpointer = checkpoint::Checkpointer::start(path.to_path_buf(), durability, busy_timeout_ms)
+            .ctx(|| format!("starting the checkpointer of {label}"))?;
         let files = files::Files::new(blobs_dir.to_path_buf(), durability != Durability::Os, segment_bytes);
         Ok(SqliteStore {
+            id: STORE_IDS.fetch_add(1, Ordering::Relaxed),
             path: path.to_path_buf(),
             label,
             durability,
@@ -106,6 +135,7 @@ impl SqliteStore {
             readers: Mutex::new(Vec::new()),
             agents: Mutex::new(HashMap::new()),
             syncer,
+            checkpointer,
             _temp: temp,
         })
     }
@@ -142,22 +172,69 @@ impl SqliteStore {
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
+        self.checkpointer.committed();
         Ok(value)
     }
 
-    /// Runs `f` on a pooled read connection.
+    /// Runs `f` on a pooled read connection (this thread's snapshot connection inside
+    /// [`Store::with_snapshot`]).
     fn read<T>(&self, f: impl FnOnce(&Connection) -> StoreResult<T>) -> StoreResult<T> {
-        let pooled = self.readers.lock().pop();
-        let conn = match pooled {
-            Some(conn) => conn,
-            None => open_connection(&self.path, self.durability, self.busy_timeout_ms)?,
-        };
+        let mut f = Some(f);
+        let pinned = PINNED.with(|p| match &*p.borrow() {
+            Some((id, conn)) if *id == self.id => f.take().map(|f| f(conn)),
+            _ => None,
+        });
+        if let Some(value) = pinned {
+            return value;
+        }
+        let f = f.expect("f is taken only when pinned");
+        let conn = self.reader()?;
         let value = f(&conn);
+        self.release_reader(conn);
+        value
+    }
+
+    /// A read connection from the pool, or a new one.
+    fn reader(&self) -> StoreResult<Connection> {
+        let pooled = self.readers.lock().pop();
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => {
+                let conn = open_connection(&self.path, self.durability, self.busy_timeout_ms)?;
+                conn.query_row(&format!("PRAGMA mmap_size = {READ_MMAP_BYTES}"), [], |_| Ok(()))
+                    .optional()
+                    .ctx(|| format!("configuring a read connection of {}", self.label))?;
+                Ok(conn)
+            }
+        }
+    }
+
+    /// Returns a read connection to the pool (not one left inside a transaction).
+    fn release_reader(&self, conn: Connection) {
+        if !conn.is_autocommit() {
+            return;
+        }
         let mut pool = self.readers.lock();
         if pool.len() < READ_POOL {
             pool.push(conn);
         }
-        value
+    }
+}
+
+/// Ends this thread's snapshot of store `id` when dropped (panics included).
+struct Unpin<'a> {
+    store: &'a SqliteStore,
+}
+
+impl Drop for Unpin<'_> {
+    fn drop(&mut self) {
+        let taken = PINNED.with(|p| p.borrow_mut().take());
+        if let Some((id, conn)) = taken {
+            debug_assert_eq!(id, self.store.id);
+            if conn.execute_batch("COMMIT").is_ok() {
+                self.store.release_reader(conn);
+            }
+        }
     }
 }
 
@@ -190,6 +267,20 @@ impl BlobStore for SqliteStore {
 
     fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
         self.read(|conn| blobs::manifest_of(conn, digest))
+    }
+
+    fn get_blobs(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+        self.read(|conn| {
+            let own = conn.is_autocommit() && digests.len() > 1;
+            if own {
+                conn.execute_batch("BEGIN").ctx(|| format!("reading blobs of {}", self.label))?;
+            }
+            let blobs = digests.iter().map(|d| blobs::get(conn, &self.files, d)).collect();
+            if own {
+                conn.execute_batch("COMMIT").ctx(|| format!("reading blobs of {}", self.label))?;
+            }
+            blobs
+        })
     }
 }
 
@@ -253,5 +344,18 @@ impl EventStore for SqliteStore {
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn with_snapshot(&self, f: &mut dyn FnMut()) {
+        if PINNED.with(|p| p.borrow().is_some()) {
+            return f();
+        }
+        let Ok(conn) = self.reader() else { return f() };
+        if conn.execute_batch("BEGIN").is_err() {
+            return f();
+        }
+        PINNED.with(|p| *p.borrow_mut() = Some((self.id, conn)));
+        let _unpin = Unpin { store: self };
+        f()
     }
 }

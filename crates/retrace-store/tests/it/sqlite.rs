@@ -259,3 +259,46 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
     drop((a, b));
     assert_eq!(open(dir.path(), Durability::Os, 1000).last_seq("old").unwrap(), 4, "reopens as version 2");
 }
+
+/// `get_blobs` answers like `get_blob`, in order, and fails as it would on a missing blob.
+#[test]
+fn get_blobs_reads_many_in_one_call() {
+    let store = make();
+    let sizes = [10usize, 1000, 70 * 1024];
+    let digests: Vec<Digest> = sizes
+        .iter()
+        .map(|n| store.put_blob(&vec![b'a' + (*n % 7) as u8; *n], BlobHint::Raw).unwrap())
+        .collect();
+    let mut asked = digests.clone();
+    asked.push(digests[0]);
+    let got = store.get_blobs(&asked).unwrap();
+    let one_by_one: Vec<Vec<u8>> = asked.iter().map(|d| store.get_blob(d).unwrap()).collect();
+    assert_eq!(got, one_by_one);
+    assert!(store.get_blobs(&[]).unwrap().is_empty());
+    let missing = Digest::of(b"not stored");
+    assert_eq!(store.get_blobs(&[digests[0], missing]).unwrap_err().kind, StoreErrorKind::NotFound);
+    // The failed call left no read transaction open on a pooled connection.
+    assert_eq!(store.get_blobs(&digests).unwrap().len(), 3);
+}
+
+/// Inside `with_snapshot` this thread reads one snapshot: later commits are not seen.
+#[test]
+fn with_snapshot_reads_one_snapshot() {
+    let store = make();
+    store.create_run(&sample_run("snap", 1)).unwrap();
+    let events = sample_events("snap", 1, 4, None);
+    let first = Batch { run_id: "snap".into(), events: events[..2].to_vec(), ..Batch::default() };
+    store.commit(&first).unwrap();
+    let mut seen = (0, 0, 0);
+    store.with_snapshot(&mut || {
+        let before = store.last_seq("snap").unwrap();
+        let rest = Batch { run_id: "snap".into(), events: events[2..].to_vec(), ..Batch::default() };
+        store.commit(&rest).unwrap();
+        let inside = store.last_seq("snap").unwrap();
+        let mut nested = 0;
+        store.with_snapshot(&mut || nested = store.last_seq("snap").unwrap());
+        seen = (before, inside, nested);
+    });
+    assert_eq!(seen, (2, 2, 2));
+    assert_eq!(store.last_seq("snap").unwrap(), 4);
+}
