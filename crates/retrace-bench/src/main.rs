@@ -11,14 +11,18 @@
 //! measured; `RETRACE_BENCH_KEEP=1` keeps them for inspection. `--quick` sizes every input for
 //! CI (the whole `all` in well under two minutes).
 mod breakdown;
+mod bus;
 mod drive;
 mod durable;
 mod env;
 mod floor;
+mod fork;
+mod knew;
 mod payload;
 mod record;
 mod replay;
 mod report;
+mod scheduler;
 mod storage;
 mod transfer;
 
@@ -38,6 +42,10 @@ const BENCHES: &[(&str, Bench, &str)] = &[
     ("replay", replay::run, "replay through the Session and store-only serving; peak RSS"),
     ("export", transfer::run, "export and import: events/s and MB/s on a blob-heavy file"),
     ("storage", storage::run, "bytes on disk for a 200-turn chat vs message bytes + 600 B/event"),
+    ("scheduler", scheduler::run, "replay scheduler overhead per step beyond the store, 2/16/128 agents"),
+    ("bus", bus::run, "16 agents messaging in a ring: msg/s and µs/event vs the record floor"),
+    ("knew", knew::run, "causal query `knew`: 1,000 deliveries in a 1M-event run, and 1k vs 1M"),
+    ("fork", fork::run, "fork at the midpoint, 1 edit reaching 1%, 20 ms model; diff of 100k steps"),
     ("breakdown", breakdown::run, "(not in all) a step's parts timed alone, for profiling"),
 ];
 

@@ -1,0 +1,309 @@
+//! The message bus in record (issue 3): 16 agents (tokio tasks) in a ring, each sending a
+//! ~200-byte body to the next and receiving one from the previous, round after round, on a
+//! SQLite store with batch durability. Messages/s (each message is two events: its `send` and
+//! its `deliver`), held to 30,000 msg/s, and µs per event beside the core's per-event floor;
+//! with the default `wait_for_ack` and pipelined (sends are acknowledged either way). A counting
+//! wrapper around the store also tells how many events each commit carried.
+//!
+//! The floor (as [`crate::floor::record_floor`], for the bus's rows): per message, canonical
+//! JSON and sha256 of the send's request and of the delivery's, then one blob row and two
+//! ~300 B event rows inserted into a raw WAL table, `synchronous=NORMAL`, 1000 event rows per
+//! transaction.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use retrace_core::canonical::canonical_value;
+use retrace_core::run::RunMeta;
+use retrace_core::{Digest, Event};
+use retrace_runtime::{Outcome, RuntimeError, Session, SessionOptions};
+use retrace_store::{
+    Batch, BlobHint, BlobStore, Cache, CacheEntry, Durability, EventStore, LeaseHolder, Store, StoreResult,
+};
+use rusqlite::{params, Connection};
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+use tokio::runtime::Runtime;
+
+use crate::drive::agent_name;
+use crate::env::{note, BenchStore, Config};
+use crate::floor::raw_db;
+use crate::payload::{words, Rng};
+use crate::report::{median, print, Line, Target};
+use crate::scheduler::runtime;
+
+/// Agents in the ring.
+pub const AGENTS: usize = 16;
+
+/// Bytes of a message body (canonical JSON).
+pub const BODY: usize = 200;
+
+/// The throughput target.
+pub const TARGET_MSG_S: f64 = 30_000.0;
+
+/// Event rows per transaction in the floor.
+const ROWS_PER_TX: usize = 1000;
+
+/// Bytes of the floor's event row.
+const EVENT_ROW: usize = 300;
+
+/// The message kind.
+const KIND: &str = "note";
+
+/// Every agent's bodies, built outside the clock.
+type Bodies = Vec<Arc<Vec<Value>>>;
+
+/// Body `n` of agent `a`: `{"from", "n", "text"}`, [`BODY`] canonical bytes, unique.
+fn body(a: usize, n: usize, rng: &mut Rng) -> Value {
+    let bare = json!({"from": a, "n": n, "text": ""});
+    let short = BODY.saturating_sub(canonical_value(&bare).expect("canonical").len());
+    json!({"from": a, "n": n, "text": words(rng, short)})
+}
+
+/// Runs the bench and prints its lines.
+pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
+    let rounds: usize = cfg.pick(250, 3_125);
+    let messages = rounds * AGENTS;
+    note(&format!(
+        "bus: {AGENTS} agents in a ring, {rounds} rounds = {messages} messages of {BODY} B, {} repeats",
+        cfg.repeats
+    ));
+    let mut rng = Rng::new(7);
+    let bodies: Bodies =
+        (0..AGENTS).map(|a| Arc::new((0..rounds).map(|n| body(a, n, &mut rng)).collect())).collect();
+    let rt = runtime();
+    // Warm-up (untimed): page cache, allocator, tokio workers.
+    let warm = cfg.store("bus-warm", Durability::Batch);
+    ring(&rt, &warm, &truncated(&bodies, rounds.min(100)), true);
+    drop(warm);
+
+    let (mut floors, mut rates, mut batches) = (vec![], [vec![], vec![]], [vec![], vec![]]);
+    for _ in 0..cfg.repeats {
+        let dir = cfg.temp_dir("bus-floor");
+        let mut conn = raw_db(dir.path());
+        floors.push(floor(&mut conn, &bodies).as_secs_f64() * 1e6 / (2 * messages) as f64);
+        drop(conn);
+        for (i, wait_for_ack) in [true, false].into_iter().enumerate() {
+            let store = cfg.store("bus", Durability::Batch);
+            let r = ring(&rt, &store, &bodies, wait_for_ack);
+            rates[i].push(messages as f64 / r.wall.as_secs_f64());
+            batches[i].push(r.per_commit);
+        }
+    }
+    let floor = median(&floors);
+    print(lines, Line::new("bus.floor (canon+sha256+raw insert)", floor, "us/ev", None, Target::Info));
+    for (i, what) in ["acked, default", "pipelined"].into_iter().enumerate() {
+        let rate = median(&rates[i]);
+        let target = if i == 0 { Target::AtLeast(TARGET_MSG_S) } else { Target::Info };
+        print(lines, Line::new(&format!("bus.16 agents ring ({what})"), rate, "msg/s", None, target));
+        let per_event = 1e6 / (2.0 * rate);
+        print(
+            lines,
+            Line::new(&format!("bus.  per event ({what})"), per_event, "us/ev", Some(floor), Target::Info),
+        );
+        let per_commit = median(&batches[i]);
+        print(
+            lines,
+            Line::new(&format!("bus.  events per commit ({what})"), per_commit, "ev", None, Target::Info),
+        );
+    }
+}
+
+/// The first `rounds` bodies of every agent.
+fn truncated(bodies: &Bodies, rounds: usize) -> Bodies {
+    bodies.iter().map(|b| Arc::new(b[..rounds].to_vec())).collect()
+}
+
+/// Records the ring: agent `a` sends each of its bodies to `a + 1` and then takes one message.
+fn ring(rt: &Runtime, store: &BenchStore, bodies: &Bodies, wait_for_ack: bool) -> Ringed {
+    let options = SessionOptions { wait_for_ack, ..SessionOptions::default() };
+    let counting = Arc::new(Counting::new(store.store.clone()));
+    let session = Session::record(counting.clone(), options).expect("starting a recording");
+    let began = Instant::now();
+    rt.block_on(async {
+        let tasks: Vec<_> = bodies
+            .iter()
+            .enumerate()
+            .map(|(a, mine)| {
+                let mine = mine.clone();
+                let next = agent_name((a + 1) % AGENTS);
+                let prev = (a + AGENTS - 1) % AGENTS;
+                session.spawn(&agent_name(a), move |agent| async move {
+                    for (n, body) in mine.iter().enumerate() {
+                        agent.send(&next, KIND, body, None).await?;
+                        let m = agent.recv(None).await?.expect("no timeout was set");
+                        if m.body["from"] != prev || m.body["n"] != n {
+                            return Err(RuntimeError::Usage(format!(
+                                "agent {a} got {} in round {n}",
+                                m.body
+                            )));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("an agent task panicked").expect("a ring step");
+        }
+    });
+    let report = session.finish(Outcome::default()).expect("finishing the ring");
+    let elapsed = began.elapsed();
+    let messages: usize = bodies.iter().map(|b| b.len()).sum();
+    assert_eq!(report.steps, 2 * messages, "a send and a recv per message");
+    let (commits, events) = counting.counts();
+    assert_eq!(events, 2 * messages as u64, "every event committed");
+    Ringed { wall: elapsed, per_commit: events as f64 / commits.max(1) as f64 }
+}
+
+/// What one ring measured.
+#[derive(Debug)]
+struct Ringed {
+    /// From the first step to `finish` returning.
+    wall: Duration,
+    /// Events per store commit (the writer's group commit at work).
+    per_commit: f64,
+}
+
+/// A store that counts commits and the events they carry, forwarding everything.
+struct Counting {
+    inner: Arc<dyn Store>,
+    commits: AtomicU64,
+    events: AtomicU64,
+}
+
+impl Counting {
+    fn new(inner: Arc<dyn Store>) -> Counting {
+        Counting { inner, commits: AtomicU64::new(0), events: AtomicU64::new(0) }
+    }
+
+    /// (commits, events committed).
+    fn counts(&self) -> (u64, u64) {
+        (self.commits.load(Ordering::Relaxed), self.events.load(Ordering::Relaxed))
+    }
+}
+
+impl BlobStore for Counting {
+    fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
+        self.inner.put_blob(bytes, hint)
+    }
+    fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
+        self.inner.get_blob(digest)
+    }
+    fn has_blob(&self, digest: &Digest) -> StoreResult<bool> {
+        self.inner.has_blob(digest)
+    }
+    fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.manifest_of(digest)
+    }
+}
+
+impl Cache for Counting {
+    fn cache_get(&self, key: &Digest) -> StoreResult<Option<CacheEntry>> {
+        self.inner.cache_get(key)
+    }
+    fn cache_put(&self, key: &Digest, entry: &CacheEntry) -> StoreResult<()> {
+        self.inner.cache_put(key, entry)
+    }
+}
+
+impl EventStore for Counting {
+    fn create_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        self.inner.create_run(meta)
+    }
+    fn update_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        self.inner.update_run(meta)
+    }
+    fn run(&self, id: &str) -> StoreResult<RunMeta> {
+        self.inner.run(id)
+    }
+    fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
+        self.inner.find_run(id_or_prefix)
+    }
+    fn runs(&self) -> StoreResult<Vec<RunMeta>> {
+        self.inner.runs()
+    }
+    fn commit(&self, batch: &Batch) -> StoreResult<()> {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.events.fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+        self.inner.commit(batch)
+    }
+    fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
+        self.inner.events(run, from, limit)
+    }
+    fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
+        self.inner.event(run, seq)
+    }
+    fn last_seq(&self, run: &str) -> StoreResult<u64> {
+        self.inner.last_seq(run)
+    }
+    fn agent_seqs(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
+        self.inner.agent_seqs(run, agent)
+    }
+    fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.inner.acquire_lease(run, holder, ttl_ms)
+    }
+    fn renew_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        self.inner.renew_lease(run, holder, ttl_ms)
+    }
+    fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
+        self.inner.release_lease(run, holder)
+    }
+    fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
+        self.inner.lease_holder(run)
+    }
+    fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
+        self.inner.recover_interrupted()
+    }
+}
+
+impl Store for Counting {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+/// The floor of recording the ring's events: per message the send's request (canonical JSON,
+/// sha256, one blob row) and the delivery's (canonical JSON, sha256), and two event rows.
+fn floor(conn: &mut Connection, bodies: &Bodies) -> Duration {
+    let messages: Vec<(Value, Value)> = (0..bodies[0].len())
+        .flat_map(|n| {
+            bodies.iter().enumerate().map(move |(a, b)| {
+                let to = agent_name((a + 1) % AGENTS);
+                let send = json!({"to": to, "kind": KIND, "body": b[n]});
+                (send, json!({"from": agent_name(a), "kind": KIND}))
+            })
+        })
+        .collect();
+    let began = Instant::now();
+    let mut row = vec![0u8; EVENT_ROW];
+    let mut seq = 0i64;
+    for chunk in messages.chunks(ROWS_PER_TX / 2) {
+        let hashed: Vec<_> = chunk
+            .iter()
+            .map(|(send, deliver)| {
+                let (send, deliver) =
+                    (canonical_value(send).expect("c"), canonical_value(deliver).expect("c"));
+                (Sha256::digest(&send), send, Sha256::digest(&deliver))
+            })
+            .collect();
+        let tx = conn.transaction().expect("raw transaction");
+        {
+            let mut blob =
+                tx.prepare_cached("INSERT INTO blobs (digest, data) VALUES (?1, ?2)").expect("prepare");
+            let mut event = tx
+                .prepare_cached("INSERT INTO events (run_id, seq, payload) VALUES (?1, ?2, ?3)")
+                .expect("prepare");
+            for (digest, send, deliver) in &hashed {
+                blob.execute(params![digest.as_slice(), send]).expect("raw blob insert");
+                for d in [digest, deliver] {
+                    row[..32].copy_from_slice(d);
+                    seq += 1;
+                    event.execute(params!["run-floor", seq, row]).expect("raw event insert");
+                }
+            }
+        }
+        tx.commit().expect("raw commit");
+    }
+    began.elapsed()
+}
