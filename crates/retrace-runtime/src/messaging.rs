@@ -178,7 +178,7 @@ impl Agent {
         let ticket = writer.append(event, Vec::new())?;
         let seq = ticket.seq;
         if inner.wait_for_ack {
-            ticket.wait()?;
+            crate::step::wait_acked(ticket)?;
         }
         let mut state = self.state.lock();
         state.pending_inbound.push(seq);
