@@ -21,7 +21,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "tests (unit, integration, property, conformance, crash)"
 cargo test --workspace --locked --release 2>&1 | tee target/test-output.txt
-grep -E "^test result:" target/test-output.txt | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed\n", p, f}'
+summary=$(grep -E "^test result:" target/test-output.txt | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed", p, f}')
+echo "$summary"
 
 step "benchmarks compile"
 cargo bench --workspace --locked --no-run --quiet
@@ -51,3 +52,6 @@ RETRACE_HOME="$other" retrace export "$run_id" -o "$other/b.jsonl"
 cmp "$demo_home/a.jsonl" "$other/b.jsonl"
 rm -rf "$other"
 echo "demos ok"
+
+step "summary"
+echo "tests: $summary"
