@@ -342,11 +342,25 @@ fn field(out: &Value, name: &str, step: &str) -> RuntimeResult<Value> {
 
 /// Serializes a program value, refusing NaN and infinities (serde_json would turn them into null).
 fn to_json<T: Serialize + ?Sized>(value: &T, agent: &str, step: &str) -> RuntimeResult<Value> {
-    if let Err(path) = crate::finite::check_finite(value) {
-        return Err(RuntimeError::Usage(format!(
-            "step {step} of agent {agent:?}: the value at {path} is NaN or infinite, which JSON can't hold; refusing to record it"
-        )));
+    let json = serde_json::to_value(value)
+        .map_err(|e| RuntimeError::Usage(format!("value does not serialize to JSON: {e}")))?;
+    // serde_json turns NaN and infinities into null: only a value holding a null can hide one,
+    // so only then is it probed again, float by float.
+    if holds_null(&json) {
+        if let Err(path) = crate::finite::check_finite(value) {
+            return Err(RuntimeError::Usage(format!(
+                "step {step} of agent {agent:?}: the value at {path} is NaN or infinite, which JSON can't hold; refusing to record it"
+            )));
+        }
     }
-    serde_json::to_value(value)
-        .map_err(|e| RuntimeError::Usage(format!("value does not serialize to JSON: {e}")))
+    Ok(json)
+}
+
+fn holds_null(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(items) => items.iter().any(holds_null),
+        Value::Object(fields) => fields.values().any(holds_null),
+        _ => false,
+    }
 }
