@@ -96,6 +96,30 @@ pub fn resolve_cwd(recorded: &str) -> anyhow::Result<PathBuf> {
     Ok(if recorded == "." { base } else { base.join(path) })
 }
 
+/// The run a replay or fork re-executes: `run` itself, or the source of a replay run.
+pub fn source_run(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result<retrace_core::run::RunMeta> {
+    let meta = store.find_run(run)?;
+    Ok(match (meta.mode, &meta.source_run) {
+        (retrace_core::run::RunMode::Replay, Some(of)) => store.run(of)?,
+        _ => meta,
+    })
+}
+
+/// What to run for `source`: `given` from the current directory, or else the recorded command
+/// from its recorded directory.
+pub fn command_for(
+    source: &retrace_core::run::RunMeta,
+    given: &[String],
+) -> anyhow::Result<(Vec<String>, PathBuf)> {
+    if !given.is_empty() {
+        return Ok((given.to_vec(), std::env::current_dir()?));
+    }
+    let recorded = source.command.clone().ok_or_else(|| {
+        usage_hint(format!("run {} recorded no command", source.id), "give the program to run after `--`")
+    })?;
+    Ok((recorded.argv, resolve_cwd(&recorded.cwd)?))
+}
+
 /// The store variables for a child, made absolute so the child finds the same store wherever
 /// it runs.
 pub fn store_env() -> anyhow::Result<Vec<(String, String)>> {

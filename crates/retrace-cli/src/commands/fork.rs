@@ -109,22 +109,12 @@ struct Forked {
 }
 
 fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
-    let mut source = store.find_run(run)?;
-    if source.mode == RunMode::Replay {
-        source = store.run(source.source_run.as_deref().unwrap_or_default())?;
-    }
+    let source = launcher::source_run(store.as_ref(), run)?;
     let at = args.at.unwrap_or_else(|| default_fork_point(edits));
     ForkPlan::new(at, edits.to_vec())
         .and_then(|p| p.validate(store.as_ref(), &source.id))
         .map_err(|e| usage(format!("can't fork {}: {e}", source.id)))?;
-    let (argv, cwd) = if args.command.is_empty() {
-        let recorded = source.command.clone().ok_or_else(|| {
-            usage_hint(format!("run {} recorded no command", source.id), "give the program to run after `--`")
-        })?;
-        (recorded.argv, launcher::resolve_cwd(&recorded.cwd)?)
-    } else {
-        (args.command.clone(), std::env::current_dir()?)
-    };
+    let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Fork, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());

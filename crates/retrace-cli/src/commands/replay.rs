@@ -5,7 +5,7 @@ use retrace_core::{Divergence, DivergenceCode};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
 use super::store_from_env;
-use crate::exit::{check_failed, usage_hint};
+use crate::exit::check_failed;
 use crate::launcher::{self, Child};
 use crate::output::print_json;
 
@@ -38,19 +38,8 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
-    let mut source = store.find_run(&args.run)?;
-    if source.mode == RunMode::Replay {
-        let of = source.source_run.clone().unwrap_or_default();
-        source = store.run(&of)?;
-    }
-    let (argv, cwd) = if args.command.is_empty() {
-        let recorded = source.command.clone().ok_or_else(|| {
-            usage_hint(format!("run {} recorded no command", source.id), "give the program to run after `--`")
-        })?;
-        (recorded.argv, launcher::resolve_cwd(&recorded.cwd)?)
-    } else {
-        (args.command.clone(), std::env::current_dir()?)
-    };
+    let source = launcher::source_run(store.as_ref(), &args.run)?;
+    let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
