@@ -1,6 +1,7 @@
 //! `retrace`: the command line. Thin commands over the library crates; errors become exit codes
 //! here and nowhere else (0 ok, 1 divergence or failed check, 2 usage or input error).
 mod commands;
+mod daemon;
 mod exit;
 mod launcher;
 mod output;
@@ -39,6 +40,10 @@ enum Command {
     Show(commands::show::Args),
     /// Check hash chains, blob digests and seq/lamport invariants.
     Verify(commands::verify::Args),
+    /// Run the daemon: the HTTP API and the OpenAI/Anthropic-compatible recording proxy.
+    Serve(commands::serve::Args),
+    /// Serve a local stand-in for the OpenAI and Anthropic APIs (the demo's simulator, not a model).
+    Simulate(commands::simulate::Args),
     /// Write a run as one self-contained trace file (JSON Lines).
     Export(commands::export::Args),
     /// Read a trace file into the store.
@@ -65,6 +70,8 @@ fn main() -> ExitCode {
         Command::Show(args) => commands::show::run(args),
         Command::Knew(args) => commands::knew::run(args),
         Command::Verify(args) => commands::verify::run(args),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Simulate(args) => commands::simulate::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Import(args) => commands::import::run(args),
     };

@@ -9,13 +9,15 @@
 //!   three determinism classes; [`pipeline_story`] records it, forks it at `critique` and
 //!   accounts for what the fork ran, reused and saved.
 //! - [`server`] / [`simulator`]: the demo's model simulator (OpenAI-compatible, clearly not a
-//!   real model); [`client`]: the HTTP client the agents use.
+//!   real model); [`client`]: the HTTP client the agents use; [`providers`]: a stand-in for the
+//!   OpenAI and Anthropic HTTP APIs, streaming included, for the proxy's tests and examples.
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod invariant;
 pub mod pipeline;
 pub mod pipeline_story;
+pub mod providers;
 pub mod server;
 pub mod simulator;
 pub mod single;

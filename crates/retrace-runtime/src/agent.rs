@@ -88,7 +88,7 @@ pub struct ModelReply {
 }
 
 /// Request fields copied into an event's `params`.
-const PARAM_FIELDS: &[&str] = &[
+pub(crate) const PARAM_FIELDS: &[&str] = &[
     "temperature",
     "top_p",
     "max_tokens",
@@ -126,7 +126,7 @@ impl Agent {
         self
     }
 
-    fn event(&self, kind: EventType, name: Option<&str>) -> Event {
+    pub(crate) fn event(&self, kind: EventType, name: Option<&str>) -> Event {
         let mut e = Event::new(self.session.run_id(), self.id.clone(), kind);
         e.name = name.map(str::to_owned);
         e.role = self.state.lock().role.clone();

@@ -34,6 +34,7 @@ pub mod fork;
 mod fork_messaging;
 pub mod fork_sched;
 mod fork_step;
+pub mod http_model;
 pub mod matcher;
 mod messaging;
 pub mod scheduler;
@@ -43,6 +44,7 @@ pub mod template;
 
 pub use agent::{Agent, ModelCall, ModelReply, ToolSpec};
 pub use error::{RuntimeError, RuntimeResult};
+pub use http_model::{HttpModelCall, HttpModelOutput, HttpModelReply};
 pub use messaging::Message;
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use session::{Mode, Outcome, RunReport, Session, SessionOptions};

@@ -35,6 +35,16 @@ pub(crate) struct StepInput {
     pub(crate) origin_seq: Option<u64>,
     /// A side-effect tool's dry run: what a fork hands the program instead of running it.
     pub(crate) dry_run: Option<crate::agent::DryRunFn>,
+    /// A request given as raw JSON bytes (the proxy's bodies): stored byte for byte (masked by
+    /// splicing), keyed on its canonical form; `request` is then unused.
+    pub(crate) raw_request: Option<RawRequest>,
+}
+
+/// A request kept byte for byte, and what else its key covers.
+pub(crate) struct RawRequest {
+    pub(crate) body: Vec<u8>,
+    /// Headers that change the request's meaning (`anthropic-version`...): keyed beside the body.
+    pub(crate) key_headers: Vec<(String, String)>,
 }
 
 impl StepInput {
@@ -50,6 +60,7 @@ impl StepInput {
             source: Source::Live,
             origin_seq: None,
             dry_run: None,
+            raw_request: None,
         }
     }
     pub(crate) fn versioned(mut self, version: &str) -> Self {
@@ -80,6 +91,8 @@ impl StepInput {
 #[derive(Debug, Default)]
 pub(crate) struct LiveOutput {
     value: Option<Value>,
+    /// An output persisted as these bytes (masked), not as canonical JSON of a value.
+    raw: Option<Vec<u8>>,
     error: Option<String>,
     latency_ms: Option<u64>,
     snapshot: Option<String>,
@@ -89,6 +102,9 @@ pub(crate) struct LiveOutput {
 impl LiveOutput {
     pub(crate) fn value(v: Value) -> Self {
         LiveOutput { value: Some(v), ..Default::default() }
+    }
+    pub(crate) fn raw(bytes: Vec<u8>) -> Self {
+        LiveOutput { raw: Some(bytes), ..Default::default() }
     }
     pub(crate) fn error(message: String) -> Self {
         LiveOutput { error: Some(message), ..Default::default() }
@@ -173,6 +189,9 @@ impl Agent {
         let inner = &self.session.inner;
         let not_canonical =
             |e| RuntimeError::NotCanonical { agent: self.id.clone(), step: label.to_owned(), source: e };
+        if let Some(raw) = &input.raw_request {
+            return self.prepare_raw(input, raw).map_err(not_canonical);
+        }
         let canonical = canonical_value(&input.request).map_err(not_canonical)?;
         let masked = inner.masker.mask_json(&canonical);
         let (kind, name, version) =
@@ -193,6 +212,29 @@ impl Agent {
             Cow::Borrowed(_) => canonical,
         };
         Ok(Prepared { masked, key })
+    }
+
+    /// Masks a raw request by splicing and keys its canonical form (with its key headers).
+    fn prepare_raw(
+        &self,
+        input: &StepInput,
+        raw: &RawRequest,
+    ) -> Result<Prepared, retrace_core::canonical::CanonError> {
+        let inner = &self.session.inner;
+        let masked = inner.masker.mask_json(&raw.body);
+        if masked.tokens > 0 {
+            inner.holds_tokens.store(true, Ordering::Relaxed);
+        }
+        let body = json::parse(&masked.bytes)?;
+        let keyed = if raw.key_headers.is_empty() {
+            body
+        } else {
+            let headers = raw.key_headers.iter().map(|(k, v)| (k.clone(), Json::String(v.clone()))).collect();
+            Json::Object(vec![("body".into(), body), ("headers".into(), Json::Object(headers))])
+        };
+        let t = &input.template;
+        let key = inner.keys.key(t.kind, t.name.as_deref(), input.version.as_deref(), &keyed)?;
+        Ok(Prepared { masked: masked.bytes.into_owned(), key })
     }
 
     /// Canonicalises a live output: the value the program gets back, and the bytes to persist.
@@ -242,7 +284,7 @@ impl Agent {
         if input.source == Source::Live {
             inner.live_calls.fetch_add(1, Ordering::Relaxed);
         }
-        let out = live().await?;
+        let mut out = live().await?;
         event.source = input.source;
         event.origin_seq = input.origin_seq;
         event.latency_ms = out.latency_ms;
@@ -261,13 +303,14 @@ impl Agent {
             }
         }
         let error = out.error.clone();
+        let raw_output = out.raw.take();
         let (value, canonical) = match self.program_value(label, out) {
             Ok(v) => v,
             Err(RuntimeError::StepFailed { .. }) => (Value::Null, None),
             Err(e) => return Err(e),
         };
         event.error = error.clone();
-        if let Some(canonical) = canonical {
+        if let Some(canonical) = raw_output.or(canonical) {
             let masked = inner.masker.mask_json(&canonical);
             if masked.tokens > 0 {
                 inner.holds_tokens.store(true, Ordering::Relaxed);

@@ -9,7 +9,9 @@ pub mod record;
 pub mod replay;
 pub mod resolve;
 pub mod runs;
+pub mod serve;
 pub mod show;
+pub mod simulate;
 pub mod verify;
 
 use std::sync::Arc;

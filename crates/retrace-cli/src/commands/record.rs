@@ -6,14 +6,20 @@ use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
 use super::store_from_env;
+use crate::daemon::Embedded;
 use crate::exit::usage;
 use crate::launcher::{self, Child};
 
-/// Run a program with recording on: every step it takes through Retrace (the Rust runtime's
-/// `Session::from_env()`) is recorded into a new run. Prints the run id on standard error and
-/// exits with the program's status. SIGINT and SIGTERM are forwarded to the program.
+/// Run a program with recording on. An embedded daemon records every model call the program
+/// makes through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the official
+/// clients need no change) and every step it takes through the Rust runtime's
+/// `Session::from_env()`. Prints the run id and exits with the program's status; SIGINT and
+/// SIGTERM are forwarded to the program. Replay it with `retrace replay RUN`.
 ///
-/// Example: retrace record --name nightly --label team=data -- cargo run --example agents
+/// Examples:
+///   retrace record -- python app.py
+///   retrace record --upstream-openai http://127.0.0.1:8000/v1 -- python app.py
+///   retrace record --name nightly --label team=data -- cargo run --example agents
 #[derive(Debug, Parser)]
 pub struct Args {
     /// A name for the run.
@@ -25,6 +31,12 @@ pub struct Args {
     /// Shuffle message deliveries (seeded) to flush out order-dependent bugs.
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
+    /// OpenAI-compatible upstream, with /v1 (default: $OPENAI_BASE_URL, else api.openai.com).
+    #[arg(long, value_name = "URL")]
+    upstream_openai: Option<String>,
+    /// Anthropic-compatible upstream (default: $ANTHROPIC_BASE_URL, else api.anthropic.com).
+    #[arg(long, value_name = "URL")]
+    upstream_anthropic: Option<String>,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -45,9 +57,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     meta.labels = labels;
     meta.chaos_seed = args.chaos;
     meta.command = Some(Command { argv: args.command.clone(), cwd: launcher::recorded_cwd()? });
+    let mut config = super::serve::config(args.upstream_openai, args.upstream_anthropic, 30.0);
+    config.default_run = Some(id.clone());
+    meta.upstreams.insert("openai".into(), config.upstream_openai.clone());
+    meta.upstreams.insert("anthropic".into(), config.upstream_anthropic.clone());
     store.create_run(&meta)?;
     eprintln!("retrace: recording run {id}: {}", args.command.join(" "));
+    let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;
+    env.extend(daemon.child_env());
     env.push(("RETRACE_MODE".into(), "record".into()));
     env.push(("RETRACE_RUN".into(), id.clone()));
     if let Some(seed) = args.chaos {
@@ -57,12 +75,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let status = match launcher::run(&child) {
         Ok(status) => status,
         Err(e) => {
+            daemon.stop();
             let mut failed = store.run(&id)?;
             failed.status = RunStatus::Failed;
             store.update_run(&failed)?;
             return Err(e);
         }
     };
+    if daemon.hosts(&id) {
+        // The daemon recorded the program's calls: it is the run's sequencer, and finishes it.
+        if let Err(e) = daemon.finish(&id, status)? {
+            eprintln!("retrace: finishing run {id}: {e}");
+        }
+    }
+    daemon.stop();
     let mut meta = store.run(&id)?;
     meta.exit_status = Some(status);
     if meta.status == RunStatus::Running && store.lease_holder(&id)?.is_none() {

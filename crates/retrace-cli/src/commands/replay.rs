@@ -5,9 +5,11 @@ use retrace_core::{Divergence, DivergenceCode};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
 use super::store_from_env;
+use crate::daemon::Embedded;
 use crate::exit::check_failed;
 use crate::launcher::{self, Child};
 use crate::output::print_json;
+use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 
 /// Replay a recorded run exactly: run its program again (by default the recorded command, from
 /// the same directory relative to the git top level) with zero live calls. Every step is
@@ -47,7 +49,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     meta.command = Some(retrace_core::run::Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
     store.create_run(&meta)?;
     eprintln!("retrace: replaying {} as {id}: {} (in {})", source.id, argv.join(" "), cwd.display());
+    // Replay makes no live call: the daemon's upstreams point nowhere.
+    let nowhere = Some("http://127.0.0.1:9/replay-makes-no-live-calls".to_owned());
+    let mut config = super::serve::config(nowhere.clone(), nowhere, args.stall_timeout);
+    config.default_run = Some(id.clone());
+    let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;
+    env.extend(daemon.child_env());
     env.push(("RETRACE_MODE".into(), "replay".into()));
     env.push(("RETRACE_RUN".into(), id.clone()));
     env.push(("RETRACE_STALL_TIMEOUT".into(), args.stall_timeout.to_string()));
@@ -59,7 +67,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             env.push((key.into(), "retrace-replay-placeholder".into()));
         }
     }
-    let status = launcher::run(&Child { argv, cwd, env })?;
+    let status = match launcher::run(&Child { argv, cwd, env }) {
+        Ok(status) => status,
+        Err(e) => {
+            daemon.stop();
+            return Err(e);
+        }
+    };
+    let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
+    let unfinished = store.run(&id)?.status == RunStatus::Running;
+    if daemon.hosts(&id) || (recorded_by_daemon && unfinished) {
+        // The daemon answered the program's calls (or should have): it checks what was left
+        // unconsumed, the exit status, and stores the outcome.
+        let _ = daemon.finish(&id, status)?;
+    }
+    daemon.stop();
     let outcome = conclude(store.as_ref(), &id, &source, status)?;
     if args.json {
         print_json(&serde_json::json!({

@@ -154,14 +154,7 @@ impl Session {
         match mode.as_str() {
             "record" => match run {
                 Some(id) => match store.run(&id) {
-                    Ok(meta) if meta.status == RunStatus::Running && meta.mode == RunMode::Record => {
-                        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
-                        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
-                    }
-                    Ok(meta) => Err(RuntimeError::Usage(format!(
-                        "RETRACE_RUN={id} is a {} run with status {}; record into a new run id",
-                        meta.mode, meta.status
-                    ))),
+                    Ok(_) => Session::join(store, &id, options),
                     Err(_) => {
                         options.run_id = Some(id);
                         Session::record(store, options)
@@ -175,12 +168,7 @@ impl Session {
                 })?;
                 let meta = store.find_run(&id)?;
                 if meta.mode == RunMode::Replay {
-                    let source = meta
-                        .source_run
-                        .clone()
-                        .ok_or_else(|| RuntimeError::Usage(format!("replay run {id} names no source run")))?;
-                    options.run_id = Some(meta.id.clone());
-                    Session::replay(store, &source, options)
+                    Session::join(store, &meta.id, options)
                 } else {
                     Session::replay(store, &meta.id, options)
                 }
@@ -197,6 +185,32 @@ impl Session {
             other => {
                 Err(RuntimeError::Usage(format!("RETRACE_MODE={other:?}: want record, replay, fork or off")))
             }
+        }
+    }
+
+    /// Joins a run that a launcher or the daemon created: a `running` record run (taking its
+    /// lease: one run, one sequencer), a replay run (replaying its source under that id), or a
+    /// fork run (executing it).
+    pub fn join(store: Arc<dyn Store>, run_id: &str, mut options: SessionOptions) -> RuntimeResult<Session> {
+        let meta = store.run(run_id)?;
+        match meta.mode {
+            RunMode::Record if meta.status == RunStatus::Running => {
+                let writer = RunWriter::open(store.clone(), run_id, LeaseHolder::current())?;
+                Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
+            }
+            RunMode::Record => Err(RuntimeError::Usage(format!(
+                "run {run_id} is a record run with status {}; record into a new run id",
+                meta.status
+            ))),
+            RunMode::Replay => {
+                let source = meta
+                    .source_run
+                    .clone()
+                    .ok_or_else(|| RuntimeError::Usage(format!("replay run {run_id} names no source run")))?;
+                options.run_id = Some(meta.id.clone());
+                Session::replay(store, &source, options)
+            }
+            RunMode::Fork => Session::fork(store, run_id, options),
         }
     }
 

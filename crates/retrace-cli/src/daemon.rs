@@ -1,0 +1,80 @@
+//! The daemon that `record` and `replay` embed for the program they run: the proxy and API on
+//! a free loopback port, over the same store, with the launched run as the default run of
+//! calls that name none (SPEC §5).
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use retrace_runtime::{Outcome, RunReport, RuntimeError};
+use retrace_server::{AppState, ServerConfig};
+use retrace_store::Store;
+use tokio::sync::oneshot;
+
+/// A running embedded daemon.
+pub struct Embedded {
+    runtime: tokio::runtime::Runtime,
+    state: Arc<AppState>,
+    addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Embedded {
+    /// Starts a daemon over `store` on `127.0.0.1:0`.
+    pub fn start(store: Arc<dyn Store>, config: ServerConfig) -> anyhow::Result<Embedded> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("retrace-daemon")
+            .build()
+            .context("starting the embedded daemon's runtime")?;
+        let state = AppState::new(store, config);
+        let bound = runtime
+            .block_on(retrace_server::bind("127.0.0.1:0"))
+            .context("binding the embedded daemon to a loopback port")?;
+        let addr = bound.addr;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = runtime.spawn(retrace_server::serve(bound, state.clone(), async move {
+            let _ = stopped.await;
+        }));
+        Ok(Embedded { runtime, state, addr, stop: Some(stop), task: Some(task) })
+    }
+
+    /// What the child needs to reach the daemon and its proxy.
+    pub fn child_env(&self) -> Vec<(String, String)> {
+        let base = format!("http://{}", self.addr);
+        vec![
+            ("RETRACE_URL".into(), base.clone()),
+            ("OPENAI_BASE_URL".into(), format!("{base}/proxy/openai/v1")),
+            ("ANTHROPIC_BASE_URL".into(), format!("{base}/proxy/anthropic")),
+        ]
+    }
+
+    /// Whether the daemon hosted a session for `run` (the program called through the proxy).
+    pub fn hosts(&self, run: &str) -> bool {
+        self.state.host.hosts(run)
+    }
+
+    /// Ends `run`'s hosted session with the program's exit status.
+    pub fn finish(&self, run: &str, exit_status: i32) -> anyhow::Result<Result<RunReport, RuntimeError>> {
+        let _guard = self.runtime.enter();
+        Ok(self.state.host.finish(run, Outcome { exit_status: Some(exit_status) })?)
+    }
+
+    /// Stops serving (in-flight calls get two seconds to end).
+    pub fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), task).await });
+        }
+        self.runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+/// The upstream for `provider`: the flag, else the caller's own base-URL variable (unless it
+/// already points at a Retrace proxy), else the provider's public API.
+pub fn upstream(flag: Option<String>, env_var: &str, public: &str) -> String {
+    flag.or_else(|| std::env::var(env_var).ok().filter(|u| !u.is_empty() && !u.contains("/proxy/")))
+        .unwrap_or_else(|| public.to_owned())
+}

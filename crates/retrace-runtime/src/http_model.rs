@@ -1,0 +1,146 @@
+//! Model calls that arrive as HTTP requests: the daemon's recording proxy hands each one to its
+//! agent here, so proxied calls run through the same step pipeline, matcher and scheduler as the
+//! Rust runtime's own steps (there is no second engine).
+//!
+//! The request body is kept byte for byte (masking splices tokens into its strings) and keyed on
+//! its canonical form together with the headers that change its meaning. The output is an opaque
+//! document that the caller builds (the proxy's recorded response: status, headers, body or
+//! stream chunks); the runtime masks and stores it as given and hands it back in replay.
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+
+use retrace_core::envelope::{ModelRef, Usage};
+use retrace_core::{EventType, Source};
+use serde_json::Value;
+
+use crate::agent::{Agent, PARAM_FIELDS};
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::session::Mode;
+use crate::step::{LiveOutput, RawRequest, StepInput};
+
+/// A model request as the proxy received it.
+#[derive(Clone, Debug)]
+pub struct HttpModelCall {
+    /// `openai`, `anthropic`.
+    pub provider: String,
+    /// `POST`.
+    pub method: String,
+    /// The provider path, after the proxy prefix: `/v1/chat/completions`.
+    pub path: String,
+    /// Headers that change the request's meaning, lowercase names (`anthropic-version`...).
+    pub key_headers: Vec<(String, String)>,
+    /// The decoded request body (JSON), byte for byte.
+    pub body: Vec<u8>,
+}
+
+impl HttpModelCall {
+    /// The step's name: `openai/v1/chat/completions` (the method too when it isn't POST).
+    pub fn step_name(&self) -> String {
+        let path = self.path.trim_start_matches('/');
+        if self.method.eq_ignore_ascii_case("POST") {
+            format!("{}/{path}", self.provider)
+        } else {
+            format!("{}/{} {path}", self.provider, self.method.to_ascii_uppercase())
+        }
+    }
+}
+
+/// What the live call produced.
+#[derive(Clone, Debug, Default)]
+pub struct HttpModelOutput {
+    /// The document to persist as the step's output.
+    pub document: Vec<u8>,
+    /// The snapshot the provider reported, if it pins one.
+    pub snapshot: Option<String>,
+    /// Tokens (cost comes from the session's price table).
+    pub usage: Option<Usage>,
+    /// Wall time of the call.
+    pub latency_ms: u64,
+}
+
+/// The step's outcome.
+#[derive(Clone, Debug)]
+pub struct HttpModelReply {
+    /// The output document: in record, the live one (unmasked); in replay, the recorded one.
+    pub document: Vec<u8>,
+    /// Where it came from.
+    pub source: Source,
+}
+
+impl Agent {
+    /// Runs one proxied model call. Record: runs `live`, then appends the event and waits for
+    /// its acknowledgment, so whatever the caller releases afterwards depends on a stored event.
+    /// Replay: matches the call by key against this agent's unconsumed recorded steps (SPEC §7)
+    /// and returns the recorded document; `live` never runs.
+    pub async fn http_model<F, Fut>(&self, call: HttpModelCall, live: F) -> RuntimeResult<HttpModelReply>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RuntimeResult<HttpModelOutput>>,
+    {
+        let inner = &self.session.inner;
+        if inner.mode == Mode::Fork {
+            return Err(RuntimeError::Usage(
+                "forking a program whose model calls go through the proxy is not supported yet; \
+                 fork programs built on the Rust runtime, or replay this run exactly"
+                    .into(),
+            ));
+        }
+        let name = call.step_name();
+        let mut template = self.event(EventType::ModelCall, Some(&name));
+        let body: Option<Value> = serde_json::from_slice(&call.body).ok();
+        let model_name = body.as_ref().and_then(|b| b.get("model")).and_then(Value::as_str);
+        template.model = Some(ModelRef {
+            provider: call.provider.clone(),
+            name: model_name.unwrap_or_default().to_owned(),
+            snapshot: None,
+        });
+        let mut params: BTreeMap<String, Value> = PARAM_FIELDS
+            .iter()
+            .filter_map(|f| body.as_ref()?.get(*f).map(|v| ((*f).to_owned(), v.clone())))
+            .collect();
+        for (k, v) in &call.key_headers {
+            params.insert(k.clone(), Value::String(v.clone()));
+        }
+        template.params = (!params.is_empty()).then_some(params);
+        let mut input = StepInput::new(template, Value::Null).model_request().acknowledged();
+        input.raw_request = Some(RawRequest { body: call.body, key_headers: call.key_headers });
+        if let Some(d) = self.session.divergence() {
+            return Err(d.into());
+        }
+        inner.steps.fetch_add(1, Ordering::Relaxed);
+        let label = input.template.label();
+        let prepared = self.prepare(&input, &label)?;
+        match inner.mode {
+            Mode::Off => {
+                inner.live_calls.fetch_add(1, Ordering::Relaxed);
+                let out = live().await?;
+                Ok(HttpModelReply { document: out.document, source: Source::Live })
+            }
+            Mode::Record | Mode::Fork => {
+                let mut document = Vec::new();
+                let slot = &mut document;
+                self.record(input, prepared, &label, || async move {
+                    let out = live().await?;
+                    slot.clone_from(&out.document);
+                    Ok(LiveOutput::raw(out.document)
+                        .latency(out.latency_ms)
+                        .snapshot(out.snapshot)
+                        .usage(out.usage))
+                })
+                .await?;
+                Ok(HttpModelReply { document, source: Source::Live })
+            }
+            Mode::Replay => {
+                let (_, step) = self.replay(input.no_output(), prepared, &label, None).await?;
+                let output_ref = step.output_ref.ok_or_else(|| RuntimeError::Decode {
+                    agent: self.id.clone(),
+                    step: label.clone(),
+                    message: "the recorded step has no output".into(),
+                })?;
+                let document = inner.store.get_blob(&output_ref)?;
+                Ok(HttpModelReply { document, source: Source::Recorded })
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The daemon's JSON API (the part the proxy and the launchers need; the SDK API grows here):
+//! runs, and record and replay sessions for them.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use retrace_core::run::{RunMeta, RunMode};
+use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
+use retrace_runtime::Outcome;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::AppState;
+
+/// An API error: `{"error": {"message": ...}}` with a status.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({"error": {"message": self.1}}))).into_response()
+    }
+}
+
+fn not_found(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, e.to_string())
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+/// `GET /api/health`
+pub async fn health(State(app): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"ok": true, "version": env!("CARGO_PKG_VERSION"), "store": app.host.store().backend()}))
+}
+
+/// `GET /api/runs`
+pub async fn runs(State(app): State<Arc<AppState>>) -> ApiResult {
+    let runs = app.host.store().runs().map_err(internal)?;
+    Ok(Json(Value::Array(runs.iter().map(run_json).collect())))
+}
+
+/// `GET /api/runs/{run}`
+pub async fn run(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let meta = app.host.store().find_run(&id).map_err(not_found)?;
+    Ok(Json(run_json(&meta)))
+}
+
+/// The body of `POST /api/runs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRun {
+    name: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// `POST /api/runs`: a new run to record into; its calls are recorded once they name it.
+pub async fn create_run(State(app): State<Arc<AppState>>, body: Option<Json<NewRun>>) -> ApiResult {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());
+    meta.name = body.name;
+    meta.labels = body.labels;
+    app.host.store().create_run(&meta).map_err(internal)?;
+    Ok(Json(json!({"run_id": meta.id, "mode": "record"})))
+}
+
+/// `POST /api/runs/{run}/replay`: a new replay run of `run`; returns its id. Calls that name
+/// it are answered from `run`'s log. One daemon hosts any number of concurrent replays.
+pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let store = app.host.store();
+    let mut source = store.find_run(&id).map_err(not_found)?;
+    if source.mode == RunMode::Replay {
+        let of = source.source_run.clone().unwrap_or_default();
+        source = store.run(&of).map_err(not_found)?;
+    }
+    let mut meta = RunMeta::new(new_run_id(), RunMode::Replay, SystemClock.now_ms());
+    meta.source_run = Some(source.id.clone());
+    meta.name = source.name.clone();
+    meta.command = source.command.clone();
+    store.create_run(&meta).map_err(internal)?;
+    // Open the session now, so a bad source is reported here and not at the first call.
+    app.host.session(&meta.id).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+    Ok(Json(json!({"run_id": meta.id, "mode": "replay", "source_run": source.id})))
+}
+
+/// The body of `POST /api/runs/{run}/finish`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Finish {
+    exit_status: Option<i32>,
+}
+
+/// `POST /api/runs/{run}/finish`: ends the run's session. A replay checks that every recorded
+/// call was consumed and that the exit status matches; its divergence, if any, is returned.
+pub async fn finish(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Option<Json<Finish>>,
+) -> ApiResult {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let host = app.clone();
+    let id2 = id.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        host.host.finish(&id2, Outcome { exit_status: body.exit_status })
+    })
+    .await
+    .map_err(internal)?
+    .map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+    let meta = app.host.store().run(&id).map_err(internal)?;
+    let mut out = run_json(&meta);
+    if let Err(e) = outcome {
+        if e.divergence().is_none() {
+            out["error"] = json!(e.to_string());
+        }
+    }
+    Ok(Json(out))
+}
+
+fn run_json(meta: &RunMeta) -> Value {
+    json!({
+        "run_id": meta.id,
+        "name": meta.name,
+        "mode": meta.mode.to_string(),
+        "status": meta.status.to_string(),
+        "source_run": meta.source_run,
+        "labels": meta.labels,
+        "exit_status": meta.exit_status,
+        "divergence": meta.divergence,
+        "started_at_ms": meta.started_at_ms,
+        "finished_at_ms": meta.finished_at_ms,
+    })
+}

@@ -1,0 +1,133 @@
+//! The runs the daemon hosts: one runtime [`Session`] per run, opened on the run's first proxied
+//! call (or by the API), so the daemon is that run's one sequencer (record) or drives the
+//! runtime's one replay scheduler for it (replay). The daemon owns no replay logic of its own.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use retrace_core::run::{RunMeta, RunMode, RunStatus};
+use retrace_runtime::{Agent, Outcome, RunReport, RuntimeError, Session, SessionOptions};
+use retrace_store::Store;
+
+/// Label set on a run recorded through the daemon: its replay is concluded by the daemon too.
+pub const RECORDER_LABEL: &str = "recorder";
+/// The value of [`RECORDER_LABEL`] for runs the daemon recorded.
+pub const RECORDER_DAEMON: &str = "retrace-daemon";
+
+/// Why a run can't be hosted.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// No such run.
+    #[error("no run {0} in this store")]
+    UnknownRun(String),
+    /// The run's session could not be opened (its lease is held elsewhere, it has finished...).
+    #[error("run {run}: {source}")]
+    Open {
+        /// The run.
+        run: String,
+        /// Why.
+        source: RuntimeError,
+    },
+    /// The run was finished already.
+    #[error("run {0} has finished; start a new run")]
+    Finished(String),
+}
+
+/// The sessions of the runs this daemon hosts.
+pub struct RunHost {
+    store: Arc<dyn Store>,
+    stall_timeout: Duration,
+    runs: Mutex<HashMap<String, Slot>>,
+}
+
+impl std::fmt::Debug for RunHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunHost").field("runs", &self.runs.lock().len()).finish_non_exhaustive()
+    }
+}
+
+enum Slot {
+    Open(Session),
+    Finished,
+}
+
+impl RunHost {
+    /// A host over `store`; replays declare a stall after `stall_timeout` without progress.
+    pub fn new(store: Arc<dyn Store>, stall_timeout: Duration) -> RunHost {
+        RunHost { store, stall_timeout, runs: Mutex::new(HashMap::new()) }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The session of `run_id`, opening it on first use.
+    pub fn session(&self, run_id: &str) -> Result<Session, HostError> {
+        if let Some(slot) = self.runs.lock().get(run_id) {
+            return match slot {
+                Slot::Open(s) => Ok(s.clone()),
+                Slot::Finished => Err(HostError::Finished(run_id.to_owned())),
+            };
+        }
+        // Opening reads the recorded log: do it outside the lock, then keep the first opened.
+        let meta = self.store.run(run_id).map_err(|_| HostError::UnknownRun(run_id.to_owned()))?;
+        let session = self.open(&meta)?;
+        let mut runs = self.runs.lock();
+        match runs.get(run_id) {
+            Some(Slot::Open(s)) => Ok(s.clone()),
+            Some(Slot::Finished) => Err(HostError::Finished(run_id.to_owned())),
+            None => {
+                runs.insert(run_id.to_owned(), Slot::Open(session.clone()));
+                Ok(session)
+            }
+        }
+    }
+
+    fn open(&self, meta: &RunMeta) -> Result<Session, HostError> {
+        let options = SessionOptions { stall_timeout: self.stall_timeout, ..SessionOptions::default() };
+        let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;
+        if recording && self.store.lease_holder(&meta.id).ok().flatten().is_none() {
+            // Labelled before the session takes the run, whose copy of the run it finishes with.
+            let mut meta = meta.clone();
+            meta.labels.insert(RECORDER_LABEL.into(), RECORDER_DAEMON.into());
+            let _ = self.store.update_run(&meta);
+        }
+        Session::join(self.store.clone(), &meta.id, options)
+            .map_err(|source| HostError::Open { run: meta.id.clone(), source })
+    }
+
+    /// An agent of `run_id`.
+    pub fn agent(&self, run_id: &str, agent: &str) -> Result<Agent, HostError> {
+        Ok(self.session(run_id)?.agent(agent))
+    }
+
+    /// Whether this host has opened a session for `run_id`.
+    pub fn hosts(&self, run_id: &str) -> bool {
+        self.runs.lock().contains_key(run_id)
+    }
+
+    /// Ends `run_id`'s session (opening it first if no call ever came, so a replay whose
+    /// program made no call still checks what was left unconsumed).
+    pub fn finish(
+        &self,
+        run_id: &str,
+        outcome: Outcome,
+    ) -> Result<Result<RunReport, RuntimeError>, HostError> {
+        let session = self.session(run_id)?;
+        self.runs.lock().insert(run_id.to_owned(), Slot::Finished);
+        Ok(session.finish(outcome))
+    }
+
+    /// Marks `run_id` failed: recording failed closed (the store could not take an event).
+    pub fn mark_failed(&self, run_id: &str, why: &str) {
+        if let Ok(mut meta) = self.store.run(run_id) {
+            if meta.status == RunStatus::Running {
+                meta.status = RunStatus::Failed;
+                meta.labels.insert("failure".into(), why.chars().take(500).collect());
+                let _ = self.store.update_run(&meta);
+            }
+        }
+    }
+}

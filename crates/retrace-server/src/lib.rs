@@ -1,0 +1,146 @@
+//! The Retrace daemon (`retrace serve`, and the one `record` / `replay` embed): an HTTP API over
+//! the store and the OpenAI/Anthropic-compatible recording proxy (SPEC §5).
+//!
+//! It owns no replay logic: every proxied call is a step of a runtime [`Session`] hosted in
+//! [`host::RunHost`], so matching, scheduling and masking are the runtime's and the core's.
+//! [`router`] is apart from [`serve`] so tests can call the daemon in-process.
+//!
+//! [`Session`]: retrace_runtime::Session
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod host;
+pub mod proxy;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::{any, get, post};
+use axum::Router;
+use retrace_store::Store;
+
+use host::RunHost;
+pub use proxy::Upstreams;
+
+/// Where the daemon listens by default.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
+
+/// How the daemon is set up.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// OpenAI-compatible upstream, as in `OPENAI_BASE_URL` (with `/v1`).
+    pub upstream_openai: String,
+    /// Anthropic-compatible upstream, as in `ANTHROPIC_BASE_URL`.
+    pub upstream_anthropic: String,
+    /// Largest request body accepted, after decoding.
+    pub max_body: usize,
+    /// How long an upstream may take to answer, and between stream chunks.
+    pub upstream_timeout: Duration,
+    /// How long waiting replay steps may go without progress before the run is a stall.
+    pub stall_timeout: Duration,
+    /// The run that calls naming no run belong to (set by `record`, `replay` and `fork`).
+    pub default_run: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            upstream_openai: "https://api.openai.com/v1".into(),
+            upstream_anthropic: "https://api.anthropic.com".into(),
+            max_body: 32 << 20,
+            upstream_timeout: Duration::from_secs(600),
+            stall_timeout: Duration::from_secs(30),
+            default_run: None,
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    /// The hosted runs.
+    pub host: RunHost,
+    /// The upstreams.
+    pub upstreams: Upstreams,
+    /// The configuration.
+    pub config: ServerConfig,
+    /// The run of calls that name none.
+    pub default_run: Option<String>,
+}
+
+impl AppState {
+    /// State over `store`.
+    pub fn new(store: Arc<dyn Store>, config: ServerConfig) -> Arc<AppState> {
+        Arc::new(AppState {
+            host: RunHost::new(store, config.stall_timeout),
+            upstreams: Upstreams::new(
+                &config.upstream_openai,
+                &config.upstream_anthropic,
+                config.upstream_timeout,
+            ),
+            default_run: config.default_run.clone(),
+            config,
+        })
+    }
+}
+
+/// The daemon's routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = axum::extract::DefaultBodyLimit::disable();
+    Router::new()
+        .route("/api/health", get(api::health))
+        .route("/api/runs", get(api::runs).post(api::create_run))
+        .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/replay", post(api::replay))
+        .route("/api/runs/{run}/finish", post(api::finish))
+        .route("/proxy/openai/v1/{*rest}", any(proxy::openai))
+        .route("/proxy/anthropic/{*rest}", any(proxy::anthropic))
+        .route("/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", any(proxy::openai_for))
+        .route("/proxy/run/{run}/agent/{agent}/anthropic/{*rest}", any(proxy::anthropic_for))
+        .fallback(fallback)
+        .layer(limit)
+        .with_state(state)
+}
+
+async fn fallback(uri: axum::http::Uri) -> axum::response::Response {
+    let provider = if uri.path().contains("anthropic") || uri.path().starts_with("/v1/messages") {
+        proxy::reply::Provider::Anthropic
+    } else {
+        proxy::reply::Provider::OpenAi
+    };
+    let msg = format!(
+        "retrace: no route for {}; the proxy lives under /proxy/openai/v1/ and /proxy/anthropic/, the API under /api/",
+        uri.path()
+    );
+    proxy::reply::error(provider, axum::http::StatusCode::NOT_FOUND, &msg)
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// A daemon bound to a port.
+#[derive(Debug)]
+pub struct Bound {
+    listener: tokio::net::TcpListener,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+}
+
+/// Binds `addr` (`127.0.0.1:0` picks a free port).
+pub async fn bind(addr: &str) -> std::io::Result<Bound> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    Ok(Bound { listener, addr })
+}
+
+/// Serves `state` on `bound` until `shutdown` resolves.
+pub async fn serve(
+    bound: Bound,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(bound.listener, router(state)).with_graceful_shutdown(shutdown).await
+}

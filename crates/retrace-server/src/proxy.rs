@@ -1,0 +1,257 @@
+//! The LLM recording proxy (SPEC §5): OpenAI-compatible `/v1/chat/completions`,
+//! `/v1/responses`, `/v1/embeddings` and Anthropic-compatible `/v1/messages`, streaming and not.
+//!
+//! Each call becomes one `model_call` step of its run and agent, through the runtime's own step
+//! pipeline ([`retrace_runtime::Agent::http_model`]): in record the proxy forwards the call
+//! upstream and records the response's raw bytes; in replay the runtime matches the call by key
+//! and the proxy serves the recorded bytes without contacting any upstream.
+mod decode;
+pub mod document;
+mod record;
+mod replay;
+pub mod reply;
+pub mod sse;
+pub mod upstream;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use retrace_runtime::{HttpModelCall, Mode, RuntimeError};
+
+use crate::host::HostError;
+use crate::AppState;
+use reply::{error, Provider};
+
+pub use upstream::Upstreams;
+
+/// Request headers that change a call's meaning: part of its key (lowercase).
+const KEY_HEADERS: &[&str] = &["anthropic-version", "anthropic-beta", "openai-beta"];
+
+/// Where a proxied call goes.
+#[derive(Debug)]
+pub(crate) struct Target {
+    provider: Provider,
+    /// Provider path after the proxy prefix: `/v1/chat/completions`.
+    path: String,
+    run: Option<String>,
+    agent: Option<String>,
+}
+
+impl Target {
+    fn known(&self) -> bool {
+        match self.provider {
+            Provider::OpenAi => {
+                matches!(self.path.as_str(), "/v1/chat/completions" | "/v1/responses" | "/v1/embeddings")
+            }
+            Provider::Anthropic => self.path == "/v1/messages",
+        }
+    }
+}
+
+/// `/proxy/openai/v1/{*rest}`
+pub(crate) async fn openai(
+    State(app): State<Arc<AppState>>,
+    Path(rest): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let target = Target { provider: Provider::OpenAi, path: format!("/v1/{rest}"), run: None, agent: None };
+    handle(app, target, method, headers, body).await
+}
+
+/// `/proxy/anthropic/{*rest}`
+pub(crate) async fn anthropic(
+    State(app): State<Arc<AppState>>,
+    Path(rest): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let target =
+        Target { provider: Provider::Anthropic, path: anthropic_path(&rest), run: None, agent: None };
+    handle(app, target, method, headers, body).await
+}
+
+/// `/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}`
+pub(crate) async fn openai_for(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent, rest)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let target = Target {
+        provider: Provider::OpenAi,
+        path: format!("/v1/{rest}"),
+        run: Some(run),
+        agent: Some(agent),
+    };
+    handle(app, target, method, headers, body).await
+}
+
+/// `/proxy/run/{run}/agent/{agent}/anthropic/{*rest}`
+pub(crate) async fn anthropic_for(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent, rest)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let target = Target {
+        provider: Provider::Anthropic,
+        path: anthropic_path(&rest),
+        run: Some(run),
+        agent: Some(agent),
+    };
+    handle(app, target, method, headers, body).await
+}
+
+/// `ANTHROPIC_BASE_URL=http://host/v1` is a common slip that makes the client ask for
+/// `/v1/v1/messages`: tolerate it.
+fn anthropic_path(rest: &str) -> String {
+    let path = format!("/{rest}");
+    match path.strip_prefix("/v1/v1/") {
+        Some(tail) => format!("/v1/{tail}"),
+        None => path,
+    }
+}
+
+/// A proxied request, checked and decoded.
+pub(crate) struct Call {
+    pub(crate) provider: Provider,
+    pub(crate) path: String,
+    pub(crate) run: String,
+    pub(crate) agent: String,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Call {
+    fn model_call(&self) -> HttpModelCall {
+        let key_headers = KEY_HEADERS
+            .iter()
+            .filter_map(|h| {
+                self.headers
+                    .get(*h)
+                    .map(|v| ((*h).to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            })
+            .collect();
+        HttpModelCall {
+            provider: self.provider.as_str().to_owned(),
+            method: "POST".into(),
+            path: self.path.clone(),
+            key_headers,
+            body: self.body.clone(),
+        }
+    }
+}
+
+async fn handle(
+    app: Arc<AppState>,
+    target: Target,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let provider = target.provider;
+    if method != Method::POST || !target.known() {
+        let served = match provider {
+            Provider::OpenAi => "POST /v1/chat/completions, /v1/responses and /v1/embeddings",
+            Provider::Anthropic => "POST /v1/messages",
+        };
+        let msg = format!("retrace proxy: no route for {method} {}; it serves {served}", target.path);
+        return error(provider, StatusCode::NOT_FOUND, &msg);
+    }
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let Some(run) = target.run.or_else(|| header("x-retrace-run")).or_else(|| app.default_run.clone()) else {
+        let msg = "retrace proxy: which run is this call part of? Send X-Retrace-Run (or use \
+                   /proxy/run/{run}/agent/{agent}/...), or start the program with `retrace record -- CMD`";
+        return error(provider, StatusCode::BAD_REQUEST, msg);
+    };
+    let agent = target.agent.or_else(|| header("x-retrace-agent")).unwrap_or_else(|| "default".into());
+    let limit = app.config.max_body;
+    if header("content-length").and_then(|n| n.parse::<usize>().ok()).is_some_and(|n| n > limit) {
+        return too_large(provider, limit);
+    }
+    let raw = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|s| s.to_string().contains("length limit"))
+                || e.to_string().contains("length limit");
+            if too_big {
+                return too_large(provider, limit);
+            }
+            let msg = format!("retrace proxy: could not read the request body: {e}");
+            return error(provider, StatusCode::BAD_REQUEST, &msg);
+        }
+    };
+    let body = match decode::decode_body(raw.to_vec(), header("content-encoding").as_deref(), limit) {
+        Ok(b) => b,
+        Err(decode::DecodeError::TooLarge { limit }) => return too_large(provider, limit),
+        Err(e @ decode::DecodeError::Unsupported(_)) => {
+            return error(provider, StatusCode::UNSUPPORTED_MEDIA_TYPE, &format!("retrace proxy: {e}"))
+        }
+        Err(e) => return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}")),
+    };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        let msg = format!("retrace proxy: the request body is not valid JSON: {e}");
+        return error(provider, StatusCode::BAD_REQUEST, &msg);
+    }
+    let call = Call { provider, path: target.path, run, agent, headers, body };
+    let session = match app.host.session(&call.run) {
+        Ok(s) => s,
+        Err(e) => return host_error(provider, &e),
+    };
+    match session.mode() {
+        Mode::Record | Mode::Off => record::record(app, session, call).await,
+        Mode::Replay => replay::replay(app, session, call).await,
+        Mode::Fork => error(
+            provider,
+            StatusCode::NOT_IMPLEMENTED,
+            "retrace proxy: forking a program whose model calls go through the proxy is not supported yet",
+        ),
+    }
+}
+
+fn too_large(provider: Provider, limit: usize) -> Response {
+    let msg = format!("retrace proxy: the request body is larger than the proxy's limit of {limit} bytes (retrace serve --max-body)");
+    error(provider, StatusCode::PAYLOAD_TOO_LARGE, &msg)
+}
+
+fn host_error(provider: Provider, e: &HostError) -> Response {
+    match e {
+        HostError::UnknownRun(_) => error(provider, StatusCode::NOT_FOUND, &format!("retrace proxy: {e}")),
+        HostError::Open { source: RuntimeError::Store(s), .. }
+            if s.kind() == retrace_store::StoreErrorKind::Busy =>
+        {
+            let msg = format!(
+                "retrace proxy: {e}. One run has one sequencer: a program that records through the \
+                 Rust runtime's own Session can't also send its model calls through the proxy for \
+                 the same run"
+            );
+            error(provider, StatusCode::CONFLICT, &msg)
+        }
+        _ => error(provider, StatusCode::CONFLICT, &format!("retrace proxy: {e}")),
+    }
+}
+
+/// The reply for a step that failed in the runtime.
+pub(crate) fn runtime_error(app: &AppState, call: &Call, e: &RuntimeError) -> Response {
+    match e {
+        RuntimeError::Divergence(d) => {
+            let msg = format!("retrace replay diverged:\n{d}");
+            error(call.provider, StatusCode::CONFLICT, &msg)
+        }
+        RuntimeError::Store(s) => {
+            app.host.mark_failed(&call.run, &s.to_string());
+            let msg = format!("retrace proxy: the call could not be recorded, so it was not answered (recording fails closed): {s}");
+            error(call.provider, StatusCode::SERVICE_UNAVAILABLE, &msg)
+        }
+        other => error(call.provider, StatusCode::CONFLICT, &format!("retrace proxy: {other}")),
+    }
+}

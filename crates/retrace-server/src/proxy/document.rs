@@ -1,0 +1,289 @@
+//! The recorded response of a proxied call: the step's output document.
+//!
+//! One JSON object, `"format": "retrace-http/1"`, with the upstream's `status`, its response
+//! headers (in order, minus hop-by-hop ones, `content-length`, `content-encoding` and
+//! `set-cookie`), and either
+//! - `body`: the body bytes exactly. A body that is one JSON value with no surrounding
+//!   whitespace is embedded as it is (so masking splices into its strings and diffs see its
+//!   structure); any other body is a string (`body_text`) or, when not UTF-8, base64
+//!   (`body_b64`); or
+//! - `stream`: the chunks as they arrived, each `[t_ms, "text"]` (milliseconds since the
+//!   response head) or `[t_ms, {"b64": "..."}]` for a chunk that splits a UTF-8 character, and
+//!   `end`: `complete` or `truncated` (the upstream broke off; `error` says how).
+//!
+//! Bodies are never re-serialized: decoding gives back the recorded bytes.
+use base64::Engine;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The format tag of a recorded response document.
+pub const FORMAT: &str = "retrace-http/1";
+
+/// Response headers that are never recorded nor replayed.
+const DROPPED_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "set-cookie",
+    "proxy-connection",
+    "upgrade",
+    "trailer",
+];
+
+/// Whether a response header is recorded.
+pub fn keeps_header(name: &str) -> bool {
+    !DROPPED_HEADERS.iter().any(|d| name.eq_ignore_ascii_case(d))
+}
+
+/// How a stream ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The upstream closed the stream normally.
+    Complete,
+    /// The upstream broke off mid-stream.
+    Truncated,
+}
+
+/// A recorded response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// HTTP status.
+    pub status: u16,
+    /// Response headers (lowercase names), in order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: RecordedBody,
+}
+
+/// A recorded body: whole, or a stream of chunks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordedBody {
+    /// The whole body.
+    Whole(Bytes),
+    /// Chunks with their times, and how the stream ended.
+    Stream {
+        /// `(ms since the response head, bytes)`.
+        chunks: Vec<(u64, Bytes)>,
+        /// How it ended.
+        end: StreamEnd,
+        /// Why it was truncated.
+        error: Option<String>,
+    },
+}
+
+/// A document that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("recorded response document: {0}")]
+pub struct BadDocument(String);
+
+impl Recorded {
+    /// The document's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256 + self.body_len());
+        out.extend_from_slice(b"{\"format\":\"");
+        out.extend_from_slice(FORMAT.as_bytes());
+        out.extend_from_slice(b"\",\"status\":");
+        out.extend_from_slice(self.status.to_string().as_bytes());
+        out.extend_from_slice(b",\"headers\":");
+        serde_json::to_writer(&mut out, &self.headers).expect("writing to a vec");
+        match &self.body {
+            RecordedBody::Whole(body) => {
+                if is_bare_json(body) {
+                    out.extend_from_slice(b",\"body\":");
+                    out.extend_from_slice(body);
+                } else if let Ok(text) = std::str::from_utf8(body) {
+                    out.extend_from_slice(b",\"body_text\":");
+                    serde_json::to_writer(&mut out, text).expect("writing to a vec");
+                } else {
+                    out.extend_from_slice(b",\"body_b64\":");
+                    serde_json::to_writer(&mut out, &b64(body)).expect("writing to a vec");
+                }
+            }
+            RecordedBody::Stream { chunks, end, error } => {
+                out.extend_from_slice(b",\"stream\":[");
+                for (i, (t, chunk)) in chunks.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.push(b'[');
+                    out.extend_from_slice(t.to_string().as_bytes());
+                    out.push(b',');
+                    match std::str::from_utf8(chunk) {
+                        Ok(text) => serde_json::to_writer(&mut out, text).expect("writing to a vec"),
+                        Err(_) => serde_json::to_writer(&mut out, &serde_json::json!({ "b64": b64(chunk) }))
+                            .expect("writing to a vec"),
+                    }
+                    out.push(b']');
+                }
+                out.extend_from_slice(b"],\"end\":");
+                out.extend_from_slice(match end {
+                    StreamEnd::Complete => b"\"complete\"",
+                    StreamEnd::Truncated => b"\"truncated\"",
+                });
+                if let Some(e) = error {
+                    out.extend_from_slice(b",\"error\":");
+                    serde_json::to_writer(&mut out, e).expect("writing to a vec");
+                }
+            }
+        }
+        out.push(b'}');
+        out
+    }
+
+    /// Decodes a document, giving back the recorded bytes exactly.
+    pub fn decode(bytes: &[u8]) -> Result<Recorded, BadDocument> {
+        #[derive(Deserialize)]
+        struct Doc<'a> {
+            format: String,
+            status: u16,
+            headers: Vec<(String, String)>,
+            #[serde(borrow, default)]
+            body: Option<&'a RawValue>,
+            #[serde(default)]
+            body_text: Option<String>,
+            #[serde(default)]
+            body_b64: Option<String>,
+            #[serde(default)]
+            stream: Option<Vec<(u64, Chunk)>>,
+            #[serde(default)]
+            end: Option<String>,
+            #[serde(default)]
+            error: Option<String>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Chunk {
+            Text(String),
+            Binary { b64: String },
+        }
+        let doc: Doc<'_> = serde_json::from_slice(bytes).map_err(|e| BadDocument(e.to_string()))?;
+        if doc.format != FORMAT {
+            return Err(BadDocument(format!("unknown format {:?} (want {FORMAT})", doc.format)));
+        }
+        let unb64 = |s: &str| {
+            base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| BadDocument(e.to_string()))
+        };
+        let body = if let Some(chunks) = doc.stream {
+            let chunks = chunks
+                .into_iter()
+                .map(|(t, c)| {
+                    Ok((
+                        t,
+                        match c {
+                            Chunk::Text(s) => Bytes::from(s),
+                            Chunk::Binary { b64 } => Bytes::from(unb64(&b64)?),
+                        },
+                    ))
+                })
+                .collect::<Result<Vec<_>, BadDocument>>()?;
+            let end = match doc.end.as_deref() {
+                Some("complete") => StreamEnd::Complete,
+                Some("truncated") => StreamEnd::Truncated,
+                other => return Err(BadDocument(format!("stream end {other:?}"))),
+            };
+            RecordedBody::Stream { chunks, end, error: doc.error }
+        } else if let Some(raw) = doc.body {
+            RecordedBody::Whole(Bytes::copy_from_slice(raw.get().as_bytes()))
+        } else if let Some(text) = doc.body_text {
+            RecordedBody::Whole(Bytes::from(text))
+        } else if let Some(b) = doc.body_b64 {
+            RecordedBody::Whole(Bytes::from(unb64(&b)?))
+        } else {
+            RecordedBody::Whole(Bytes::new())
+        };
+        Ok(Recorded { status: doc.status, headers: doc.headers, body })
+    }
+
+    fn body_len(&self) -> usize {
+        match &self.body {
+            RecordedBody::Whole(b) => b.len(),
+            RecordedBody::Stream { chunks, .. } => chunks.iter().map(|(_, c)| c.len() + 16).sum(),
+        }
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Whether `body` is exactly one JSON value with nothing around it.
+fn is_bare_json(body: &[u8]) -> bool {
+    match serde_json::from_slice::<&RawValue>(body) {
+        Ok(raw) => raw.get().len() == body.len(),
+        Err(_) => false,
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(r: &Recorded) {
+        let bytes = r.encode();
+        assert!(serde_json::from_slice::<serde_json::Value>(&bytes).is_ok(), "valid JSON");
+        assert_eq!(&Recorded::decode(&bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn bodies_come_back_byte_for_byte() {
+        let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+        for body in [
+            &br#"{"id":"x","n":1.50,"s":"\u00e9"}"#[..],
+            b"{\"a\": 1}\n",
+            b"  [1, 2]",
+            b"not json at all",
+            b"",
+            &[0xff, 0xfe, 0x00][..],
+        ] {
+            let r = Recorded {
+                status: 200,
+                headers: headers.clone(),
+                body: RecordedBody::Whole(Bytes::copy_from_slice(body)),
+            };
+            roundtrip(&r);
+        }
+    }
+
+    #[test]
+    fn json_bodies_are_embedded_as_they_are() {
+        let r = Recorded {
+            status: 200,
+            headers: vec![],
+            body: RecordedBody::Whole(Bytes::from_static(b"{\"b\":1.0,\"a\":2}")),
+        };
+        let bytes = r.encode();
+        assert!(
+            bytes.windows(15).any(|w| w == b"{\"b\":1.0,\"a\":2}"),
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+
+    #[test]
+    fn streams_keep_chunks_times_and_ending() {
+        let split = "é".as_bytes();
+        let r = Recorded {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            body: RecordedBody::Stream {
+                chunks: vec![
+                    (0, Bytes::from_static(b"data: {\"x\":1}\n\n")),
+                    (3, Bytes::copy_from_slice(&split[..1])),
+                    (4, Bytes::copy_from_slice(&split[1..])),
+                    (9, Bytes::from_static(b"data: [DONE]\n\n")),
+                ],
+                end: StreamEnd::Truncated,
+                error: Some("connection reset".into()),
+            },
+        };
+        roundtrip(&r);
+    }
+}

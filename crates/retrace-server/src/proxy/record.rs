@@ -1,0 +1,225 @@
+//! Record: forward the call upstream and record the response's raw bytes as the step's output.
+//!
+//! A whole response reaches the client once its event is acknowledged. A stream's chunks pass
+//! through as they arrive, except its terminal event (and whatever follows it), which waits for
+//! the acknowledgment; a stream that closes without one is closed only then (SPEC §1). The step
+//! runs in its own task, so a client that disconnects never cuts a recording short.
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use retrace_runtime::{HttpModelOutput, RuntimeResult, Session};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::document::{keeps_header, Recorded, RecordedBody, StreamEnd};
+use super::replay::respond;
+use super::reply::{error, error_body, Provider};
+use super::sse::{body_facts, snapshot_of, SseScanner};
+use super::upstream::{chain, UpstreamError};
+use super::{runtime_error, Call};
+use crate::AppState;
+
+type Chunk = Result<Bytes, std::io::Error>;
+
+/// What is left to send once the step is acknowledged.
+enum Pending {
+    /// The whole response.
+    Whole(Response),
+    /// A stream's held chunks, and its end.
+    Tail { tx: mpsc::Sender<Chunk>, held: Vec<Bytes>, broke_off: Option<String> },
+}
+
+/// Shared between the step's live function and the task that finishes the reply.
+struct Reply {
+    head: Mutex<Option<oneshot::Sender<Response>>>,
+    pending: Mutex<Option<Pending>>,
+}
+
+impl Reply {
+    fn send_head(&self, response: Response) {
+        if let Some(tx) = self.head.lock().take() {
+            let _ = tx.send(response);
+        }
+    }
+}
+
+/// Records `call` live.
+pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> Response {
+    let (head_tx, head_rx) = oneshot::channel();
+    let reply = Arc::new(Reply { head: Mutex::new(Some(head_tx)), pending: Mutex::new(None) });
+    let call = Arc::new(call);
+    let task = {
+        let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
+        tokio::spawn(async move {
+            let agent = session.agent(&call.agent);
+            let live = {
+                let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
+                move || live(app, call, reply)
+            };
+            let result = agent.http_model(call.model_call(), live).await;
+            let pending = reply.pending.lock().take();
+            match (result, pending) {
+                (Ok(_), Some(Pending::Whole(response))) => reply.send_head(response),
+                (Ok(_), Some(Pending::Tail { tx, held, broke_off })) => {
+                    for chunk in held {
+                        if tx.send(Ok(chunk)).await.is_err() {
+                            break;
+                        }
+                    }
+                    if let Some(why) = broke_off {
+                        let _ = tx.send(Err(std::io::Error::other(why))).await;
+                    }
+                }
+                (Ok(_), None) => reply.send_head(error(
+                    call.provider,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "retrace proxy: the call produced no response",
+                )),
+                (Err(e), pending) => {
+                    let response = runtime_error(&app, &call, &e);
+                    match pending {
+                        Some(Pending::Tail { tx, .. }) => {
+                            let why = format!("retrace proxy: the stream could not be recorded: {e}");
+                            let _ = tx.send(Err(std::io::Error::other(why))).await;
+                        }
+                        _ => reply.send_head(response),
+                    }
+                }
+            }
+        })
+    };
+    match head_rx.await {
+        Ok(response) => response,
+        Err(_) => {
+            let why = match task.await {
+                Err(e) => format!("retrace proxy: the recording task failed: {e}"),
+                Ok(()) => "retrace proxy: the recording task ended without a reply".into(),
+            };
+            error(call.provider, StatusCode::INTERNAL_SERVER_ERROR, &why)
+        }
+    }
+}
+
+/// The step's live function: calls the upstream and builds the output document.
+async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> RuntimeResult<HttpModelOutput> {
+    let started = Instant::now();
+    let asked = serde_json::from_slice::<serde_json::Value>(&call.body)
+        .ok()
+        .and_then(|b| b.get("model").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or_default();
+    let upstreams = &app.upstreams;
+    let response = match upstreams.send(call.provider, &call.path, &call.headers, call.body.clone()).await {
+        Ok(r) => r,
+        Err(e) => return Ok(own_error(&reply, call.provider, &e, started)),
+    };
+    let status = response.status().as_u16();
+    let headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .filter(|(k, _)| keeps_header(k.as_str()))
+        .map(|(k, v)| (k.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let is_stream = headers.iter().any(|(k, v)| {
+        k == "content-type" && v.trim_start().to_ascii_lowercase().starts_with("text/event-stream")
+    });
+    if !is_stream {
+        let body = match tokio::time::timeout(upstreams.timeout, response.bytes()).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                let e = UpstreamError::Other {
+                    url: upstreams.url(call.provider, &call.path),
+                    message: format!("the response body broke off: {}", chain(&e)),
+                };
+                return Ok(own_error(&reply, call.provider, &e, started));
+            }
+            Err(_) => {
+                let e = UpstreamError::Timeout {
+                    url: upstreams.url(call.provider, &call.path),
+                    after: upstreams.timeout,
+                };
+                return Ok(own_error(&reply, call.provider, &e, started));
+            }
+        };
+        let (model, usage) = body_facts(&body);
+        let doc = Recorded { status, headers, body: RecordedBody::Whole(body) };
+        let document = doc.encode();
+        *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
+        return Ok(HttpModelOutput {
+            document,
+            snapshot: snapshot_of(&asked, model.as_deref()),
+            usage,
+            latency_ms: started.elapsed().as_millis() as u64,
+        });
+    }
+    // A stream: the head goes out now, chunks as they arrive.
+    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    let head = Recorded { status, headers: headers.clone(), body: RecordedBody::Whole(Bytes::new()) };
+    let mut head = respond(head, false);
+    *head.body_mut() = Body::from_stream(ReceiverStream::new(rx));
+    reply.send_head(head);
+    let since = Instant::now();
+    let mut scanner = SseScanner::default();
+    let (mut chunks, mut held) = (Vec::new(), Vec::new());
+    let mut client_gone = false;
+    let mut broke_off = None;
+    let mut stream = response.bytes_stream();
+    loop {
+        let chunk = match tokio::time::timeout(upstreams.timeout, stream.next()).await {
+            Err(_) => {
+                broke_off = Some(format!("the upstream sent nothing for {:?}", upstreams.timeout));
+                break;
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                broke_off = Some(format!("the upstream broke off the stream: {}", chain(&e)));
+                break;
+            }
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        chunks.push((since.elapsed().as_millis() as u64, chunk.clone()));
+        if scanner.feed(&chunk) || !held.is_empty() {
+            held.push(chunk);
+        } else if !client_gone && tx.send(Ok(chunk)).await.is_err() {
+            client_gone = true;
+        }
+    }
+    let end = if broke_off.is_some() { StreamEnd::Truncated } else { StreamEnd::Complete };
+    let doc =
+        Recorded { status, headers, body: RecordedBody::Stream { chunks, end, error: broke_off.clone() } };
+    *reply.pending.lock() = Some(Pending::Tail { tx, held, broke_off });
+    Ok(HttpModelOutput {
+        document: doc.encode(),
+        snapshot: snapshot_of(&asked, scanner.model.as_deref()),
+        usage: scanner.usage(),
+        latency_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// An upstream that could not be reached or did not answer: the proxy's own reply (502 or 504,
+/// provider-shaped, `x-should-retry: false`), recorded like any response so replay gives the
+/// program the same failure.
+fn own_error(reply: &Reply, provider: Provider, e: &UpstreamError, started: Instant) -> HttpModelOutput {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let response = error(provider, status, &format!("retrace proxy: {e}"));
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let body = error_body(provider, status, &format!("retrace proxy: {e}"));
+    let doc = Recorded { status: status.as_u16(), headers, body: RecordedBody::Whole(Bytes::from(body)) };
+    let document = doc.encode();
+    *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
+    HttpModelOutput {
+        document,
+        snapshot: None,
+        usage: None,
+        latency_ms: started.elapsed().as_millis() as u64,
+    }
+}

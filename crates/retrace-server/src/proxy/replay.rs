@@ -1,0 +1,69 @@
+//! Replay: the runtime matches the call by key against its agent's unconsumed recorded steps
+//! (SPEC §7) and the proxy serves the recorded bytes, stream chunks and their boundaries
+//! included. No upstream is contacted.
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use retrace_runtime::{RuntimeError, Session};
+
+use super::document::{Recorded, RecordedBody, StreamEnd};
+use super::reply::error;
+use super::{runtime_error, Call};
+use crate::AppState;
+
+/// Serves `call` from the log.
+pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> Response {
+    let agent = session.agent(&call.agent);
+    let never = || async { Err(RuntimeError::Usage("replay never calls the upstream".into())) };
+    match agent.http_model(call.model_call(), never).await {
+        Ok(reply) => match Recorded::decode(&reply.document) {
+            Ok(doc) => respond(doc, true),
+            Err(e) => error(call.provider, StatusCode::INTERNAL_SERVER_ERROR, &format!("retrace proxy: {e}")),
+        },
+        Err(e) => runtime_error(&app, &call, &e),
+    }
+}
+
+/// The response a recorded document stands for. In replay, a recorded error's `retry-after`
+/// and `retry-after-ms` are served as `retry-after-ms: 1`, so a recorded retry follows at once
+/// (the log keeps the original headers).
+pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
+    let retry_soon = replaying
+        && doc.status >= 400
+        && doc
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("retry-after") || k.eq_ignore_ascii_case("retry-after-ms"));
+    let body = match doc.body {
+        RecordedBody::Whole(bytes) => Body::from(bytes),
+        RecordedBody::Stream { chunks, end, error } => {
+            let mut items: Vec<Result<Bytes, std::io::Error>> =
+                chunks.into_iter().map(|(_, c)| Ok(c)).collect();
+            if end == StreamEnd::Truncated {
+                let why = error.unwrap_or_else(|| "the upstream broke off the stream".into());
+                items.push(Err(std::io::Error::other(format!("recorded truncated stream: {why}"))));
+            }
+            Body::from_stream(futures_util::stream::iter(items))
+        }
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::from_u16(doc.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response.headers_mut();
+    for (name, value) in &doc.headers {
+        if retry_soon
+            && (name.eq_ignore_ascii_case("retry-after") || name.eq_ignore_ascii_case("retry-after-ms"))
+        {
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+            headers.append(n, v);
+        }
+    }
+    if retry_soon {
+        headers.insert("retry-after-ms", HeaderValue::from_static("1"));
+    }
+    response
+}
