@@ -192,6 +192,8 @@ fn sse(ask: &Ask, events: Vec<String>) -> Response {
     tokio::spawn(async move {
         for (i, event) in events.into_iter().enumerate() {
             if Some(i) == cut {
+                // A pause first, so what came before is written before the connection breaks.
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 let _ = tx.send(Err(std::io::Error::other("simulated upstream failure"))).await;
                 return;
             }

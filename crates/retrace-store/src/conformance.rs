@@ -39,7 +39,7 @@ pub use runs::{
 };
 pub use writer::{
     writer_concurrent_appends, writer_poisoned_after_failing_commit, writer_refuses_second_holder,
-    writer_resumes_after_reopen,
+    writer_resumes_after_reopen, Flaky,
 };
 
 /// A store factory: each call returns a fresh, empty store.

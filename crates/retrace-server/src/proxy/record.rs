@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::document::{keeps_header, Recorded, RecordedBody, StreamEnd};
-use super::replay::respond;
+use super::replay::{break_off, respond};
 use super::reply::{error, error_body, Provider};
 use super::sse::{body_facts, snapshot_of, SseScanner};
 use super::upstream::{chain, UpstreamError};
@@ -73,7 +73,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                         }
                     }
                     if let Some(why) = broke_off {
-                        let _ = tx.send(Err(std::io::Error::other(why))).await;
+                        let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
                     }
                 }
                 (Ok(_), None) => reply.send_head(error(
@@ -86,7 +86,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                     match pending {
                         Some(Pending::Tail { tx, .. }) => {
                             let why = format!("retrace proxy: the stream could not be recorded: {e}");
-                            let _ = tx.send(Err(std::io::Error::other(why))).await;
+                            let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
                         }
                         _ => reply.send_head(response),
                     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use bytes::Bytes;
+use futures_util::StreamExt;
 use retrace_runtime::{RuntimeError, Session};
 
 use super::document::{Recorded, RecordedBody, StreamEnd};
@@ -40,13 +40,12 @@ pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
     let body = match doc.body {
         RecordedBody::Whole(bytes) => Body::from(bytes),
         RecordedBody::Stream { chunks, end, error } => {
-            let mut items: Vec<Result<Bytes, std::io::Error>> =
-                chunks.into_iter().map(|(_, c)| Ok(c)).collect();
-            if end == StreamEnd::Truncated {
+            let chunks = futures_util::stream::iter(chunks.into_iter().map(|(_, c)| Ok(c)));
+            let broke_off = (end == StreamEnd::Truncated).then(|| {
                 let why = error.unwrap_or_else(|| "the upstream broke off the stream".into());
-                items.push(Err(std::io::Error::other(format!("recorded truncated stream: {why}"))));
-            }
-            Body::from_stream(futures_util::stream::iter(items))
+                std::io::Error::other(format!("recorded truncated stream: {why}"))
+            });
+            Body::from_stream(chunks.chain(futures_util::stream::iter(broke_off).then(break_off)))
         }
     };
     let mut response = Response::new(body);
@@ -66,4 +65,11 @@ pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
         headers.insert("retry-after-ms", HeaderValue::from_static("1"));
     }
     response
+}
+
+/// Ends a body with `e` once what came before has been written: the server drops whatever is
+/// still buffered when a body fails, so the break comes after a pause.
+pub(crate) async fn break_off(e: std::io::Error) -> Result<bytes::Bytes, std::io::Error> {
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    Err(e)
 }

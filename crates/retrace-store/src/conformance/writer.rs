@@ -102,7 +102,7 @@ pub fn writer_resumes_after_reopen(make: MakeStore<'_>) {
 /// After a failed commit the writer is poisoned: the pending tickets and every later append
 /// get the error, which names the seqs; nothing after the failure is stored.
 pub fn writer_poisoned_after_failing_commit(make: MakeStore<'_>) {
-    let store = Arc::new(Flaky { inner: make(), fail: AtomicBool::new(false) });
+    let store = Arc::new(Flaky::new(make()));
     store.create_run(&sample_run("poisoned", 1)).unwrap();
     let writer = RunWriter::open(store.clone(), "poisoned", LeaseHolder::current()).unwrap();
     writer.append_sync(step("poisoned", "a", 1), Vec::new()).unwrap();
@@ -132,10 +132,29 @@ pub fn writer_refuses_second_holder(make: MakeStore<'_>) {
     assert_eq!(missing.unwrap_err().kind, StoreErrorKind::NotFound);
 }
 
-/// A store whose commits fail while `fail` is set.
-struct Flaky {
+/// A store whose commits fail while `fail` is set: fault injection over a real backend, for
+/// tests that recording fails closed.
+pub struct Flaky {
     inner: Arc<dyn Store>,
     fail: AtomicBool,
+}
+
+impl std::fmt::Debug for Flaky {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flaky").field("fail", &self.fail).finish_non_exhaustive()
+    }
+}
+
+impl Flaky {
+    /// Wraps `inner`; commits succeed until [`Flaky::fail_commits`].
+    pub fn new(inner: Arc<dyn Store>) -> Flaky {
+        Flaky { inner, fail: AtomicBool::new(false) }
+    }
+
+    /// Makes every later commit fail (`true`) or succeed again (`false`).
+    pub fn fail_commits(&self, on: bool) {
+        self.fail.store(on, Ordering::SeqCst);
+    }
 }
 
 impl BlobStore for Flaky {

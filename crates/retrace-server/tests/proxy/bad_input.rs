@@ -1,0 +1,159 @@
+//! Bad input gets a clear answer in the provider's shape, with `x-should-retry: false`, and the
+//! daemon stays up.
+use std::io::Write;
+use std::sync::Arc;
+
+use retrace_demo::providers::Providers;
+use retrace_store::conformance::Flaky;
+use retrace_store::{LeaseHolder, RunWriter, Store};
+use serde_json::json;
+
+use crate::support::{chat, client, daemon, daemon_over, sqlite, Reply};
+
+fn own_error(reply: &Reply, status: u16, needle: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text());
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
+    assert!(reply.text().contains(needle), "{needle:?} not in {}", reply.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_provider_shaped_errors() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |c| c.max_body = 1024).await;
+    let run = d.new_run().await;
+    let unknown = d.call(&run, "/proxy/openai/v1/models/gpt", &json!({})).await;
+    own_error(&unknown, 404, "no route");
+    assert!(unknown.json()["error"]["message"].is_string(), "OpenAI's shape");
+    let unknown = d.call(&run, "/proxy/anthropic/v1/complete", &json!({})).await;
+    own_error(&unknown, 404, "not_found_error");
+    assert_eq!(unknown.json()["type"], "error", "Anthropic's shape");
+    let get = client().get(format!("{}/proxy/openai/v1/chat/completions", d.base)).send().await.unwrap();
+    own_error(&Reply::read(get).await, 404, "no route for GET");
+    let malformed =
+        d.call_with(&run, "/proxy/openai/v1/chat/completions", b"{\"model\": ".to_vec(), &[]).await;
+    own_error(&malformed, 400, "not valid JSON");
+    let big = chat(&"x".repeat(2000), false);
+    own_error(&d.call(&run, "/proxy/openai/v1/chat/completions", &big).await, 413, "limit of 1024 bytes");
+    // A compressed body that inflates past the limit is refused too.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(big.to_string().as_bytes()).unwrap();
+    let bomb = d
+        .call_with(
+            &run,
+            "/proxy/openai/v1/chat/completions",
+            gz.finish().unwrap(),
+            &[("content-encoding", "gzip")],
+        )
+        .await;
+    own_error(&bomb, 413, "limit");
+    let odd = d
+        .call_with(&run, "/proxy/openai/v1/chat/completions", b"{}".to_vec(), &[("content-encoding", "lzma")])
+        .await;
+    own_error(&odd, 415, "lzma");
+    let nowhere = client()
+        .post(format!("{}/proxy/openai/v1/chat/completions", d.base))
+        .json(&chat("hi", false))
+        .send()
+        .await
+        .unwrap();
+    own_error(&Reply::read(nowhere).await, 400, "X-Retrace-Run");
+    own_error(
+        &d.call("no-such-run", "/proxy/openai/v1/chat/completions", &chat("hi", false)).await,
+        404,
+        "no run",
+    );
+    // Nothing of that was recorded, and the daemon still works.
+    assert_eq!(d.store.last_seq(&run).unwrap(), 0);
+    assert_eq!(d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await.status, 200);
+    assert_eq!(providers.requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_request_is_refused_and_the_daemon_stays_up() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let addr = d.base.trim_start_matches("http://").to_owned();
+    let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /proxy/openai/v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-retrace-run: {run}\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{{\"model\":"
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    sock.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), sock.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.is_empty() || answer.contains("400"), "{answer}");
+    assert_eq!(d.store.last_seq(&run).unwrap(), 0);
+    assert_eq!(d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_divergence_is_409_and_marks_the_replay_diverged() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    d.call(&run, "/proxy/openai/v1/chat/completions", &chat("approve the backfill?", false)).await;
+    d.finish(&run).await;
+    providers.stop().await;
+    let replay = d.replay_of(&run).await;
+    let other =
+        d.call(&replay, "/proxy/openai/v1/chat/completions", &chat("reject the backfill?", false)).await;
+    own_error(&other, 409, "step_mismatch");
+    assert!(other.text().contains("$.messages[0].content"), "{}", other.text());
+    assert!(other.text().contains("approve the backfill?"), "shows the recorded value: {}", other.text());
+    let outcome = d.finish(&replay).await;
+    assert_eq!(outcome["status"], "diverged", "{outcome}");
+    assert_eq!(outcome["divergence"]["code"], "step_mismatch", "{outcome}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_whose_program_left_calls_unmade_diverges() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    d.call(&run, "/proxy/openai/v1/chat/completions", &chat("one", false)).await;
+    d.call(&run, "/proxy/anthropic/v1/messages", &json!({"model": "c", "max_tokens": 5, "messages": []}))
+        .await;
+    d.finish(&run).await;
+    let replay = d.replay_of(&run).await;
+    d.call(&replay, "/proxy/openai/v1/chat/completions", &chat("one", false)).await;
+    let outcome = d.finish(&replay).await;
+    assert_eq!(outcome["divergence"]["code"], "steps_left", "{outcome}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recording_fails_closed_when_the_store_fails() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let (inner, _home) = sqlite();
+    let flaky = Arc::new(Flaky::new(inner));
+    let store: Arc<dyn Store> = flaky.clone();
+    let d = daemon_over(store, providers.openai_url(), providers.anthropic_url(), |_| {}).await;
+    let run = d.new_run().await;
+    assert_eq!(d.call(&run, "/proxy/openai/v1/chat/completions", &chat("ok", false)).await.status, 200);
+    flaky.fail_commits(true);
+    let failed = d
+        .call(&run, "/proxy/anthropic/v1/messages", &json!({"model": "c", "max_tokens": 5, "messages": []}))
+        .await;
+    own_error(&failed, 503, "could not be recorded");
+    assert_eq!(failed.json()["type"], "error");
+    let stream = d.call(&run, "/proxy/openai/v1/chat/completions", &chat("s", true)).await;
+    assert!(stream.status == 503 || stream.broke_off, "a stream that can't be stored never ends cleanly");
+    assert!(!stream.text().contains("[DONE]"), "the terminal event is never released: {}", stream.text());
+    flaky.fail_commits(false);
+    assert_eq!(d.store.run(&run).unwrap().status.to_string(), "failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_recorded_by_another_sequencer_is_refused_naming_it() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let holder = LeaseHolder("the-programs-own-session:4242:1".into());
+    let _writer = RunWriter::open(d.store.clone(), &run, holder).unwrap();
+    let refused = d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await;
+    own_error(&refused, 409, "the-programs-own-session:4242:1");
+    assert!(refused.text().contains("one sequencer"), "{}", refused.text());
+    assert_eq!(providers.requests(), 0);
+}

@@ -1,0 +1,204 @@
+//! Recorded responses come back byte for byte in replay, with the upstream stopped.
+use std::collections::HashMap;
+
+use retrace_demo::providers::Providers;
+use retrace_server::proxy::document::{Recorded, RecordedBody, StreamEnd};
+use serde_json::{json, Value};
+
+use crate::support::{chat, daemon};
+
+const OPENAI: &str = "/proxy/openai/v1";
+
+fn every_endpoint() -> Vec<(&'static str, Value)> {
+    vec![
+        ("/proxy/openai/v1/chat/completions", chat("hello", false)),
+        (
+            "/proxy/openai/v1/chat/completions",
+            json!({"model": "gpt-sim", "stream": true, "stream_options": {"include_usage": true},
+                   "messages": [{"role": "user", "content": "hello"}]}),
+        ),
+        ("/proxy/openai/v1/responses", json!({"model": "gpt-sim", "input": "hi"})),
+        ("/proxy/openai/v1/responses", json!({"model": "gpt-sim", "input": "hi", "stream": true})),
+        (
+            "/proxy/openai/v1/embeddings",
+            json!({"model": "emb-sim", "input": ["a", "b"], "encoding_format": "base64"}),
+        ),
+        (
+            "/proxy/anthropic/v1/messages",
+            json!({"model": "claude-sim", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/proxy/anthropic/v1/messages",
+            json!({"model": "claude-sim", "max_tokens": 50, "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_replays_byte_for_byte_with_the_upstream_stopped() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let mut live = Vec::new();
+    for (path, body) in every_endpoint() {
+        let reply = d.call(&run, path, &body).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+        assert!(!reply.broke_off);
+        live.push(reply);
+    }
+    assert_eq!(d.finish(&run).await["status"], "ok");
+    assert_eq!(providers.requests(), live.len());
+    providers.stop().await;
+
+    for round in 0..2 {
+        let replay = d.replay_of(&run).await;
+        for ((path, body), recorded) in every_endpoint().into_iter().zip(&live) {
+            let reply = d.call(&replay, path, &body).await;
+            assert_eq!(reply.status, recorded.status, "round {round} {path}: {}", reply.text());
+            assert_eq!(reply.text(), recorded.text(), "round {round} {path}");
+            assert_eq!(reply.header("content-type"), recorded.header("content-type"));
+            assert_eq!(
+                reply.header("x-request-id"),
+                recorded.header("x-request-id"),
+                "recorded headers replay"
+            );
+        }
+        let outcome = d.finish(&replay).await;
+        assert_eq!(outcome["status"], "ok", "{outcome}");
+    }
+    assert!(retrace_store::verify::verify_run(d.store.as_ref(), &run).is_empty());
+
+    // What was stored: raw bodies, snapshots, token counts; never the API keys.
+    let events = d.store.events(&run, 1, 100).unwrap();
+    assert_eq!(events.len(), 7);
+    let stream = &events[1];
+    assert_eq!(stream.name.as_deref(), Some("openai/v1/chat/completions"));
+    assert_eq!(stream.model.as_ref().unwrap().snapshot.as_deref(), Some("gpt-sim-2026-11-01"));
+    assert_eq!(stream.usage.as_ref().map(|u| u.output_tokens), Some(6));
+    let doc = Recorded::decode(&d.store.get_blob(&stream.output_ref.unwrap()).unwrap()).unwrap();
+    let RecordedBody::Stream { chunks, end, .. } = doc.body else { panic!("a stream") };
+    assert_eq!(end, StreamEnd::Complete);
+    assert!(chunks.len() >= 2 && String::from_utf8_lossy(&chunks.last().unwrap().1).contains("[DONE]"));
+    assert_eq!(events[6].params.as_ref().unwrap()["anthropic-version"], "2023-06-01");
+    for e in &events {
+        for r in [e.request_ref, e.output_ref].into_iter().flatten() {
+            let bytes = String::from_utf8_lossy(&d.store.get_blob(&r).unwrap()).into_owned();
+            assert!(!bytes.contains("never-stored"), "an API key was stored: {bytes}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_replay_whatever_order_they_race_in() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = std::sync::Arc::new(daemon(&providers, |_| {}).await);
+    let run = d.new_run().await;
+    // 6 distinct prompts, each asked 4 times, all at once.
+    let calls: Vec<(String, bool)> = (0..24).map(|i| (format!("prompt {}", i % 6), i % 3 == 0)).collect();
+    let record = calls.iter().cloned().map(|(p, s)| {
+        let (d, run) = (d.clone(), run.clone());
+        tokio::spawn(async move {
+            (p.clone(), s, d.call(&run, &format!("{OPENAI}/chat/completions"), &chat(&p, s)).await)
+        })
+    });
+    let mut recorded: HashMap<(String, bool), Vec<String>> = HashMap::new();
+    for h in record.collect::<Vec<_>>() {
+        let (p, s, reply) = h.await.unwrap();
+        assert_eq!(reply.status, 200);
+        recorded.entry((p, s)).or_default().push(reply.text());
+    }
+    d.finish(&run).await;
+    providers.stop().await;
+    for round in 0..3 {
+        let replay = d.replay_of(&run).await;
+        let mut order = calls.clone();
+        order.rotate_left(round * 7 + 1);
+        order.reverse();
+        let handles: Vec<_> = order
+            .into_iter()
+            .map(|(p, s)| {
+                let (d, replay) = (d.clone(), replay.clone());
+                tokio::spawn(async move {
+                    (p.clone(), s, d.call(&replay, &format!("{OPENAI}/chat/completions"), &chat(&p, s)).await)
+                })
+            })
+            .collect();
+        let mut replayed: HashMap<(String, bool), Vec<String>> = HashMap::new();
+        for h in handles {
+            let (p, s, reply) = h.await.unwrap();
+            assert_eq!(reply.status, 200, "round {round}: {}", reply.text());
+            replayed.entry((p, s)).or_default().push(reply.text());
+        }
+        for (k, mut v) in replayed {
+            let mut want = recorded[&k].clone();
+            v.sort();
+            want.sort();
+            assert_eq!(v, want, "round {round}: identical calls get the recorded answers");
+        }
+        assert_eq!(d.finish(&replay).await["status"], "ok");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_replay_in_recorded_order() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let mut live = Vec::new();
+    for _ in 0..5 {
+        live.push(d.call(&run, &format!("{OPENAI}/chat/completions"), &chat("same", false)).await.text());
+    }
+    d.finish(&run).await;
+    let replay = d.replay_of(&run).await;
+    for want in &live {
+        assert_eq!(
+            &d.call(&replay, &format!("{OPENAI}/chat/completions"), &chat("same", false)).await.text(),
+            want
+        );
+    }
+    // A sixth identical call is more than the log holds.
+    let extra = d.call(&replay, &format!("{OPENAI}/chat/completions"), &chat("same", false)).await;
+    assert_eq!(extra.status, 409, "{}", extra.text());
+    assert!(extra.text().contains("unexpected_step"), "{}", extra.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_only_once_its_event_is_stored() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    for (i, stream) in [(1, true), (2, false), (3, true)] {
+        let reply = d.call(&run, &format!("{OPENAI}/chat/completions"), &chat("ack?", stream)).await;
+        assert_eq!(reply.status, 200);
+        // No waiting: the terminal event (or the whole body) left the proxy after the ack.
+        assert_eq!(d.store.last_seq(&run).unwrap(), i, "event {i} stored before the reply ended");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_loses_nothing() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let body =
+        json!({"model": "gpt-sim-slow", "stream": true, "messages": [{"role": "user", "content": "x"}]});
+    let mut r = crate::support::client()
+        .post(format!("{}{OPENAI}/chat/completions", d.base))
+        .header("x-retrace-run", &run)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.chunk().await.unwrap().is_some(), "the first chunk arrives");
+    drop(r);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while d.store.last_seq(&run).unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the call was never recorded");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let event = d.store.event(&run, 1).unwrap();
+    let doc = Recorded::decode(&d.store.get_blob(&event.output_ref.unwrap()).unwrap()).unwrap();
+    let RecordedBody::Stream { chunks, end, .. } = doc.body else { panic!("a stream") };
+    assert_eq!(end, StreamEnd::Complete, "recorded to its end although the client left");
+    assert!(String::from_utf8_lossy(&chunks.last().unwrap().1).contains("[DONE]"));
+}
