@@ -5,7 +5,8 @@
 //! upstream. It serves the proxy's tests, benchmarks and examples (`retrace simulate`).
 //!
 //! Misbehaviour on request, by the `model` name: `…-gzip` compresses the response whatever the
-//! client accepts; `…-hang` never answers; `…-truncate` breaks a stream off mid-way; `…-429`
+//! client accepts; `…-hang` never answers; `…-truncate` breaks a stream off mid-way (and
+//! `…-truncate-early` before its first chunk); `…-429`
 //! answers 429 with `retry-after: 3`; `…-slow` spaces stream chunks by 20 ms.
 use std::io::Write;
 use std::net::SocketAddr;
@@ -188,7 +189,11 @@ fn json_response(status: StatusCode, body: &Value, gzip: bool) -> Response {
 fn sse(ask: &Ask, events: Vec<String>) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let gap = if ask.wants("-slow") { Duration::from_millis(20) } else { Duration::ZERO };
-    let cut = ask.wants("-truncate").then_some(events.len() / 2);
+    let cut = if ask.wants("-truncate-early") {
+        Some(0)
+    } else {
+        ask.wants("-truncate").then_some(events.len() / 2)
+    };
     tokio::spawn(async move {
         for (i, event) in events.into_iter().enumerate() {
             if Some(i) == cut {

@@ -70,10 +70,8 @@ impl Agent {
                     intent.source = Source::Recorded;
                     intent.origin_seq = Some(step.seq);
                     self.take_inbound(&mut intent);
-                    intent.lamport = self.state.lock().clock.tick();
-                    let writer = inner.writer.as_ref().expect("forks have a writer");
-                    let acked = writer.append_sync(intent, Vec::new())?;
-                    input.template.causal_parent = Some(acked.seq);
+                    let (ticket, _) = self.append_stamped(intent, Vec::new(), None, None)?;
+                    input.template.causal_parent = Some(ticket.wait()?.seq);
                 }
                 Some(ForkMatch::Matched(step)) if !step.completed => {
                     let d = Divergence::new(DivergenceCode::PendingIntent, self.id.clone())

@@ -146,7 +146,6 @@ impl Agent {
         source: Source,
     ) -> RuntimeResult<Option<Message>> {
         let inner = &self.session.inner;
-        let writer = inner.writer.as_ref().expect("recording sessions have a writer");
         let mut event = Event::new(self.session.run_id(), self.id.clone(), EventType::Deliver);
         event.role = self.state.lock().role.clone();
         event.origin_seq = origin;
@@ -161,13 +160,11 @@ impl Agent {
                     kind: m.kind.clone(),
                     timed_out: false,
                 });
-                event.lamport = self.state.lock().clock.observe(sender_lamport);
-                (Json::from_value(&json!({ "from": m.sender, "kind": m.kind })), Some(m))
+                (Json::from_value(&json!({ "from": m.sender, "kind": m.kind })), Some((m, sender_lamport)))
             }
             None => {
                 event.message =
                     Some(MessageRef { from: None, to: Some(self.id.clone()), kind: None, timed_out: true });
-                event.lamport = self.state.lock().clock.tick();
                 (Json::from_value(&json!({ "timed_out": true })), None)
             }
         };
@@ -175,7 +172,8 @@ impl Agent {
             inner.keys.key(EventType::Deliver, event.name.as_deref(), None, &request).map_err(|e| {
                 RuntimeError::NotCanonical { agent: self.id.clone(), step: event.label(), source: e }
             })?;
-        let ticket = writer.append(event, Vec::new())?;
+        let (ticket, _) = self.append_stamped(event, Vec::new(), None, message.as_ref().map(|(_, l)| *l))?;
+        let message = message.map(|(m, _)| m);
         let seq = ticket.seq;
         if inner.wait_for_ack {
             crate::step::wait_acked(ticket)?;

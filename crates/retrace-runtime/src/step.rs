@@ -266,7 +266,6 @@ impl Agent {
         Fut: Future<Output = RuntimeResult<LiveOutput>>,
     {
         let inner = &self.session.inner;
-        let writer = inner.writer.as_ref().expect("record sessions have a writer");
         let request = BlobPut::new(prepared.masked, input.hint);
         let mut event = input.template;
         event.key = prepared.key;
@@ -277,9 +276,8 @@ impl Agent {
             let mut intent = event.clone();
             intent.kind = EventType::Intent;
             intent.key = self.intent_key(&event)?;
-            intent.lamport = self.state.lock().clock.tick();
-            let acked = writer.append_sync(intent, std::mem::take(&mut blobs))?;
-            event.causal_parent = Some(acked.seq);
+            let (ticket, _) = self.append_stamped(intent, std::mem::take(&mut blobs), None, None)?;
+            event.causal_parent = Some(ticket.wait()?.seq);
         }
         if input.source == Source::Live {
             inner.live_calls.fetch_add(1, Ordering::Relaxed);
@@ -320,10 +318,9 @@ impl Agent {
             event.output_hash = Some(output.digest);
             blobs.push(output);
         }
-        event.lamport = self.state.lock().clock.tick();
-        let (lamport, causal_parent) = (event.lamport, event.causal_parent);
+        let causal_parent = event.causal_parent;
         let cache = self.cache_entry(&event);
-        let ticket = writer.append_cached(event, blobs, cache)?;
+        let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {
             crate::step::wait_acked(ticket)?;
@@ -334,6 +331,28 @@ impl Agent {
             }
             None => Ok(Recorded { value, seq, lamport, causal_parent }),
         }
+    }
+
+    /// Stamps `event` with the agent's next Lamport time (after `sender`'s, for a delivery) and
+    /// appends it, both under the agent's lock: an agent whose steps run concurrently still
+    /// has a clock that increases with seq.
+    pub(crate) fn append_stamped(
+        &self,
+        mut event: Event,
+        blobs: Vec<BlobPut>,
+        cache: Option<(Digest, CacheEntry)>,
+        sender: Option<u64>,
+    ) -> RuntimeResult<(retrace_store::Ticket, u64)> {
+        let writer = self.session.inner.writer.as_ref().expect("recording sessions have a writer");
+        let mut state = self.state.lock();
+        event.lamport = match sender {
+            Some(l) => state.clock.observe(l),
+            None => state.clock.tick(),
+        };
+        let lamport = event.lamport;
+        let ticket = writer.append_cached(event, blobs, cache)?;
+        drop(state);
+        Ok((ticket, lamport))
     }
 
     /// The cache entry a live, successful model or tool step leaves (side effects: none).

@@ -108,6 +108,9 @@ async fn concurrent_calls_replay_whatever_order_they_race_in() {
         recorded.entry((p, s)).or_default().push(reply.text());
     }
     d.finish(&run).await;
+    // Concurrent steps of one agent: its Lamport clock still increases with seq.
+    let problems = retrace_store::verify::verify_run(d.store.as_ref(), &run);
+    assert!(problems.is_empty(), "{problems:?}");
     providers.stop().await;
     for round in 0..3 {
         let replay = d.replay_of(&run).await;

@@ -33,6 +33,8 @@ async fn failures_replay_as_they_were_recorded() {
         )
         .await;
     assert!(cut_anthropic.broke_off);
+    let early = d.call(&run, path, &ask("m-truncate-early", true)).await;
+    assert_eq!((early.status, early.broke_off, early.body.len()), (200, true, 0), "head, then the break");
     d.finish(&run).await;
     let events = d.store.events(&run, 1, 10).unwrap();
     let doc = Recorded::decode(&d.store.get_blob(&events[2].output_ref.unwrap()).unwrap()).unwrap();
@@ -57,6 +59,8 @@ async fn failures_replay_as_they_were_recorded() {
         )
         .await;
     assert_eq!((again.broke_off, again.text()), (true, cut_anthropic.text()));
+    let again = d.call(&replay, path, &ask("m-truncate-early", true)).await;
+    assert_eq!((again.status, again.broke_off, again.body.len()), (200, true, 0));
     assert_eq!(d.finish(&replay).await["status"], "ok");
 }
 
