@@ -21,8 +21,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "tests (unit, integration, property, conformance, crash)"
 cargo test --workspace --locked --release 2>&1 | tee target/test-output.txt
-summary=$(grep -E "^test result:" target/test-output.txt | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed", p, f}')
-echo "$summary"
+read -r passed failed < <(grep -E "^test result:" target/test-output.txt | awk '{p+=$4; f+=$6} END {print p+0, f+0}')
+echo "rust: $passed passed, $failed failed"
 
 step "benchmarks compile"
 cargo bench --workspace --locked --no-run --quiet
@@ -53,5 +53,11 @@ cmp "$demo_home/a.jsonl" "$other/b.jsonl"
 rm -rf "$other"
 echo "demos ok"
 
+step "the proxy with the official openai and anthropic Python clients"
+unset RETRACE_HOME
+RETRACE_BIN="$PWD/target/release/retrace" tests/python/run.sh 2>&1 | tee target/python-output.txt
+py_passed=$(grep -Eo '[0-9]+ passed' target/python-output.txt | tail -1 | awk '{print $1}')
+passed=$((passed + ${py_passed:-0}))
+
 step "summary"
-echo "tests: $summary"
+echo "tests: $passed passed, $failed failed"

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Client programs for the proxy's edge cases, run under `retrace record` / `retrace replay`.
+
+Like the example, no Retrace import: plain official clients (and httpx for a compressed
+request body), pointed at the proxy by OPENAI_BASE_URL / ANTHROPIC_BASE_URL. They reuse the
+example's tee transport so their dumps have the same shape.
+
+  quirks.py gzip  --dump FILE   models named *-gzip (the simulator gzips its answer) on Chat
+                                Completions, Embeddings and Anthropic Messages, then a Chat
+                                Completions request whose body is gzip-compressed
+  quirks.py 429   --dump FILE   a model named *-429 (429, retry-after: 3) with max_retries=1:
+                                the client retries once, then gets RateLimitError (exit 0)
+  quirks.py truncate --dump FILE  a stream the upstream breaks off (model *-truncate)
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "examples", "python", "unmodified"))
+
+_t0 = time.monotonic()
+import httpx2  # noqa: E402
+import openai  # noqa: E402
+
+import app  # noqa: E402  (the example: its tee transport and dump format)
+
+IMPORT_SECONDS = time.monotonic() - _t0  # the clients' import cost, reported on stderr
+
+GZIP_REQUEST_MARKER = "compressed request body 7f3a"
+
+
+def gzip_scenario(calls: app.Calls) -> None:
+    import anthropic
+
+    oa = openai.OpenAI(http_client=httpx2.Client(transport=app.Tee(calls)))
+    an = anthropic.Anthropic(http_client=httpx2.Client(transport=app.Tee(calls)))
+    app.call(
+        calls,
+        "gzip.chat",
+        lambda: oa.chat.completions.create(
+            model="sim-gzip", messages=[{"role": "user", "content": "gzip me"}]
+        ).choices[0].message.content,
+    )
+    app.call(
+        calls,
+        "gzip.embeddings",
+        lambda: [round(x, 6) for x in oa.embeddings.create(model="emb-gzip", input="gzip me").data[0].embedding],
+    )
+    app.call(
+        calls,
+        "gzip.anthropic",
+        lambda: an.messages.create(
+            model="claude-gzip", max_tokens=16, messages=[{"role": "user", "content": "gzip me"}]
+        ).content[0].text,
+    )
+
+    # A request whose body is compressed, sent with httpx through the same tee.
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": GZIP_REQUEST_MARKER}]})
+    base = os.environ["OPENAI_BASE_URL"].rstrip("/")
+    with httpx2.Client(transport=app.Tee(calls)) as http:
+
+        def send():
+            r = http.post(
+                f"{base}/chat/completions",
+                content=gzip.compress(body.encode()),
+                headers={
+                    "content-type": "application/json",
+                    "content-encoding": "gzip",
+                    "authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'sk-none')}",
+                },
+            )
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]["content"]
+
+        app.call(calls, "gzip.request", send)
+
+
+def rate_limit_scenario(calls: app.Calls) -> None:
+    oa = openai.OpenAI(max_retries=1, http_client=httpx2.Client(transport=app.Tee(calls)))
+    started = time.monotonic()
+    try:
+        app.call(
+            calls,
+            "ratelimited",
+            lambda: oa.chat.completions.create(model="sim-429", messages=[{"role": "user", "content": "hi"}]),
+        )
+    except openai.RateLimitError as e:
+        print(f"RateLimitError {e.status_code} after {len(calls.attempts['ratelimited'])} attempts")
+    # Not in the dump: it differs between record (~3 s) and replay.
+    print(f"elapsed {time.monotonic() - started:.3f}", file=sys.stderr)
+    print(f"imports {IMPORT_SECONDS:.3f}", file=sys.stderr)
+
+
+def truncate_scenario(calls: app.Calls) -> None:
+    """A stream the upstream breaks off (model *-truncate): the client sees a connection error."""
+    oa = openai.OpenAI(max_retries=0, http_client=httpx2.Client(transport=app.Tee(calls)))
+
+    def read():
+        text = []
+        try:
+            stream = oa.chat.completions.create(
+                model="sim-truncate", messages=[{"role": "user", "content": "break off"}], stream=True
+            )
+            for chunk in stream:
+                text.extend(c.delta.content or "" for c in chunk.choices)
+        except openai.APIConnectionError as e:
+            text.append(f"<{type(e).__name__}>")
+        return "".join(text)
+
+    app.call(calls, "truncated", read)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["gzip", "429", "truncate"])
+    p.add_argument("--dump", default=os.environ.get("APP_DUMP"), required=False)
+    args = p.parse_args(argv)
+    calls = app.Calls()
+    status = 0
+    try:
+        {"gzip": gzip_scenario, "429": rate_limit_scenario, "truncate": truncate_scenario}[args.scenario](calls)
+    except Exception as e:  # noqa: BLE001  (an API error: reported, kept in the dump)
+        print(f"error: {e}", file=sys.stderr)
+        status = 3
+    for name in sorted(calls.results):
+        print(f"{name}: {json.dumps(calls.results[name])}")
+    if args.dump:
+        with open(args.dump, "w", encoding="utf-8") as f:
+            for line in app.dump_lines(calls):
+                f.write(line + "\n")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
