@@ -35,7 +35,9 @@ const MAX_LANE: usize = 32;
         "Show a run's timeline: one row per event in seq order (the order steps completed), \
 one column (lane) per agent. Each row gives the seq, the agent's Lamport clock, the first hex digits \
 of the step's key, and the event's label (`model_call gpt-4o`, `tool_call sql.query`, \
-`deliver <- #4` for a delivery of the message sent at seq 4) in its agent's lane.\n\n\
+`deliver <- #4` for a delivery of the message sent at seq 4) in its agent's lane. A model call \
+whose response named no pinned snapshot is marked `(alias only)`: the provider may serve another \
+model under that name tomorrow.\n\n\
 With --seq, show one event: every field, then its request and output blobs, pretty-printed when \
 they are JSON and as text otherwise.",
         "\n\n",
@@ -177,6 +179,8 @@ fn cell(e: &Event) -> String {
     };
     let mut text = match e.kind {
         EventType::ModelCall => match &e.model {
+            // A call whose response named no pinned snapshot may get another model next time.
+            Some(model) if model.snapshot.is_none() => format!("model_call {} (alias only)", model.name),
             Some(model) => format!("model_call {}", model.name),
             None => e.label(),
         },
