@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The proxy's end-to-end tests with the official `openai` and `anthropic` Python clients:
+# The proxy's end-to-end tests with the official `openai` and `anthropic` Python clients, and
+# the Python SDK's tests against a real daemon:
 # real processes (`retrace record` / `replay` / `simulate`) over loopback HTTP, no mocks.
 #
 #   tests/python/run.sh [PYTEST ARGS...]
@@ -34,6 +35,9 @@ else
     say "reusing $venv"
 fi
 
+# The SDK under test, from this checkout (pure Python, no dependencies).
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$root/sdk/python"
+
 bin="${RETRACE_BIN:-$root/target/release/retrace}"
 if [[ -z "${RETRACE_BIN:-}" && ( ! -x "$bin" || "${RETRACE_REBUILD:-0}" == 1 ) ]]; then
     say "building retrace (cargo build --release -p retrace-cli)"
@@ -47,7 +51,7 @@ say "retrace: $bin"
 
 cd "$root"
 set +e
-"$venv/bin/python" -m pytest "$here/proxy" -p no:cacheprovider -v -rfE --durations=5 "$@"
+"$venv/bin/python" -m pytest "$here/proxy" "$root/sdk/python/tests" -p no:cacheprovider -v -rfE --durations=5 "$@"
 status=$?
 set -e
 if [[ $status -eq 0 ]]; then

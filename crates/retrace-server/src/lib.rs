@@ -11,6 +11,7 @@
 pub mod api;
 pub mod host;
 pub mod proxy;
+pub mod steps;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,6 +67,8 @@ pub struct AppState {
     pub config: ServerConfig,
     /// The run of calls that name none.
     pub default_run: Option<String>,
+    /// SDK steps waiting for their program's outcome.
+    pub pending: steps::Pending,
 }
 
 impl AppState {
@@ -79,6 +82,7 @@ impl AppState {
                 config.upstream_timeout,
             ),
             default_run: config.default_run.clone(),
+            pending: steps::Pending::default(),
             config,
         })
     }
@@ -93,6 +97,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/runs/{run}", get(api::run))
         .route("/api/runs/{run}/replay", post(api::replay))
         .route("/api/runs/{run}/finish", post(api::finish))
+        .route("/api/runs/{run}/agents/{agent}/steps", post(steps::step))
+        .route("/api/runs/{run}/agents/{agent}/send", post(steps::send))
+        .route("/api/runs/{run}/agents/{agent}/recv", post(steps::recv))
+        .route("/api/runs/{run}/agents/{agent}/decide", post(steps::decide))
+        .route("/api/runs/{run}/agents/{agent}/exit", post(steps::exit))
         .route("/proxy/openai/v1/{*rest}", any(proxy::openai))
         .route("/proxy/anthropic/{*rest}", any(proxy::anthropic))
         .route("/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", any(proxy::openai_for))

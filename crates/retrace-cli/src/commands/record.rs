@@ -84,8 +84,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if daemon.hosts(&id) {
         // The daemon recorded the program's calls: it is the run's sequencer, and finishes it.
-        if let Err(e) = daemon.finish(&id, status)? {
-            eprintln!("retrace: finishing run {id}: {e}");
+        match daemon.finish(&id, status) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => eprintln!("retrace: finishing run {id}: {e}"),
+            Err(e) => eprintln!("retrace: finishing run {id}: {e:#}"),
         }
     }
     daemon.stop();

@@ -79,7 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if daemon.hosts(&id) || (recorded_by_daemon && unfinished) {
         // The daemon answered the program's calls (or should have): it checks what was left
         // unconsumed, the exit status, and stores the outcome.
-        let _ = daemon.finish(&id, status)?;
+        if let Err(e) = daemon.finish(&id, status) {
+            eprintln!("retrace: finishing replay {id}: {e:#}");
+        }
     }
     daemon.stop();
     let outcome = conclude(store.as_ref(), &id, &source, status)?;

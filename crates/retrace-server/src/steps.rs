@@ -1,0 +1,332 @@
+//! The SDK's step routes: a program in another process takes its steps through the daemon,
+//! which runs them through the runtime's own pipeline for that run and agent.
+//!
+//! `POST /api/runs/{run}/agents/{agent}/steps` with `{type, name, request, tool?}` and, when the
+//! program already ran the step (record), its `output` or `error`. The answer is
+//! `{"status": "done", "output": …}`, `{"status": "error", "error": …}` (a recorded failure,
+//! raised again), or `{"status": "run", "step": ID}`: the program must run the step now and post
+//! `{"step": ID, "output" | "error"}` (a side effect in record, after its intent is stored; a
+//! changed or new step of a fork). A divergence is HTTP 409 with the report.
+//! `send`, `recv`, `decide` and `exit` are the agent's messages, decisions and ending.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use parking_lot::Mutex;
+use retrace_core::envelope::ToolClass;
+use retrace_runtime::{Agent, RemoteKind, RemoteStep, RuntimeError, ToolSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::AppState;
+
+/// How long the daemon waits for a program to report a step it was told to run.
+const OUTCOME_TIMEOUT: Duration = Duration::from_secs(600);
+
+type Outcome = Result<Value, String>;
+
+/// A step waiting for its program's outcome: where to send it, and the step's task.
+type Waiting = (oneshot::Sender<Outcome>, tokio::task::JoinHandle<StepResult>);
+
+/// Steps waiting for their program to report what happened.
+#[derive(Default)]
+pub struct Pending(Mutex<HashMap<String, Waiting>>);
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Pending").field(&self.0.lock().len()).finish()
+    }
+}
+
+type StepResult = Result<Value, RuntimeError>;
+
+/// The tool of a `tool_call` step.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolBody {
+    #[serde(default = "one")]
+    version: String,
+    class: String,
+    #[serde(default)]
+    ttl_s: Option<u64>,
+}
+
+fn one() -> String {
+    "1".into()
+}
+
+/// The body of a step request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepBody {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    request: Option<Value>,
+    #[serde(default)]
+    tool: Option<ToolBody>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    error: Option<String>,
+    /// Completes a step the daemon asked the program to run.
+    #[serde(default)]
+    step: Option<String>,
+}
+
+/// An SDK error answer: `{"error": {"code", "message", "divergence"?}}`.
+fn fail(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+    (status, Json(json!({"error": {"code": code, "message": message.to_string()}}))).into_response()
+}
+
+/// The answer for a step's runtime outcome.
+pub fn answer(result: StepResult, app: &AppState, run: &str) -> Response {
+    match result {
+        Ok(output) => Json(json!({"status": "done", "output": output})).into_response(),
+        Err(RuntimeError::StepFailed { message, .. }) => {
+            Json(json!({"status": "error", "error": message})).into_response()
+        }
+        Err(RuntimeError::DryRun { tool, args }) => {
+            Json(json!({"status": "dry_run", "tool": tool, "args": args})).into_response()
+        }
+        Err(e) => runtime_failure(&e, app, run),
+    }
+}
+
+/// A runtime error as an SDK answer: 409 for a divergence (with its report), 503 when the
+/// store failed (the run is marked failed), 400 for misuse.
+pub fn runtime_failure(e: &RuntimeError, app: &AppState, run: &str) -> Response {
+    match e {
+        RuntimeError::Divergence(d) => (
+            StatusCode::CONFLICT,
+            Json(
+                json!({"error": {"code": "divergence", "message": d.to_string(), "divergence": d.to_json()}}),
+            ),
+        )
+            .into_response(),
+        RuntimeError::Store(s) => {
+            app.host.mark_failed(run, &s.to_string());
+            fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_failed",
+                format!("the step could not be recorded: {s}"),
+            )
+        }
+        other => fail(StatusCode::BAD_REQUEST, "bad_step", other),
+    }
+}
+
+fn agent(app: &AppState, run: &str, agent: &str) -> Result<Agent, Box<Response>> {
+    app.host.agent(run, agent).map_err(|e| Box::new(fail(StatusCode::NOT_FOUND, "unknown_run", e)))
+}
+
+/// `POST /api/runs/{run}/agents/{agent}/steps`
+pub async fn step(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+    body: Result<Json<StepBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(body) = match body {
+        Ok(b) => b,
+        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    if let Some(id) = body.step {
+        let Some((tx, task)) = app.pending.0.lock().remove(&id) else {
+            return fail(
+                StatusCode::NOT_FOUND,
+                "unknown_step",
+                format!("no step {id} is waiting for its outcome"),
+            );
+        };
+        let outcome = match (body.output, body.error) {
+            (_, Some(e)) => Err(e),
+            (Some(v), None) => Ok(v),
+            (None, None) => Ok(Value::Null),
+        };
+        let _ = tx.send(outcome);
+        return match task.await {
+            Ok(result) => answer(result, &app, &run),
+            Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        };
+    }
+    let agent = match agent(&app, &run, &agent_id) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let spec = match body.tool.map(|t| t.class.parse::<ToolClass>().map(|class| (t, class))).transpose() {
+        Ok(t) => t.map(|(t, class)| ToolSpec { class, version: t.version, ttl_s: t.ttl_s, dry_run: None }),
+        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
+    };
+    let side_effect = spec.as_ref().is_some_and(|s| s.class == ToolClass::SideEffect);
+    let kind = match RemoteKind::parse(body.kind.as_deref().unwrap_or("tool_call"), spec) {
+        Ok(k) => k,
+        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
+    };
+    let Some(name) = body.name else {
+        return fail(StatusCode::BAD_REQUEST, "bad_request", "a step needs its name");
+    };
+    let request = body.request.unwrap_or_else(|| json!({}));
+    // A side effect's intent must be stored before it runs: its outcome always comes second.
+    let reported = match (body.output, body.error) {
+        _ if side_effect => None,
+        (_, Some(e)) => Some(Err(e)),
+        (Some(v), None) => Some(Ok(v)),
+        (None, None) => None,
+    };
+    let (need_tx, need_rx) = oneshot::channel::<()>();
+    let (outcome_tx, outcome_rx) = oneshot::channel::<Outcome>();
+    let live = move || async move {
+        if let Some(outcome) = reported {
+            return outcome;
+        }
+        let _ = need_tx.send(());
+        match tokio::time::timeout(OUTCOME_TIMEOUT, outcome_rx).await {
+            Ok(Ok(outcome)) => outcome,
+            _ => Err("the program never reported this step's outcome".into()),
+        }
+    };
+    let step = RemoteStep { kind, name, request };
+    let mut task = tokio::spawn(async move { agent.remote_step(step, live).await });
+    tokio::select! {
+        result = &mut task => match result {
+            Ok(result) => answer(result, &app, &run),
+            Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        },
+        needed = need_rx => match needed {
+            Ok(()) => {
+                let id = format!("{:032x}", rand_id());
+                app.pending.0.lock().insert(id.clone(), (outcome_tx, task));
+                Json(json!({"status": "run", "step": id})).into_response()
+            }
+            // The step finished without asking (replay): its answer is the task's.
+            Err(_) => match task.await {
+                Ok(result) => answer(result, &app, &run),
+                Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+            },
+        },
+    }
+}
+
+fn rand_id() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let b = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (u128::from(a) << 64) | u128::from(b)
+}
+
+/// The body of `send`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendBody {
+    to: String,
+    #[serde(default)]
+    kind: Option<String>,
+    body: Value,
+    #[serde(default)]
+    parent: Option<u64>,
+}
+
+/// `POST /api/runs/{run}/agents/{agent}/send` → `{"seq": n}`
+pub async fn send(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+    body: Result<Json<SendBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(body) = match body {
+        Ok(b) => b,
+        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    let agent = match agent(&app, &run, &agent_id) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let kind = body.kind.unwrap_or_else(|| "message".into());
+    match agent.send(&body.to, &kind, &body.body, body.parent).await {
+        Ok(seq) => Json(json!({"seq": seq})).into_response(),
+        Err(e) => runtime_failure(&e, &app, &run),
+    }
+}
+
+/// The body of `recv`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecvBody {
+    #[serde(default)]
+    timeout_s: Option<f64>,
+}
+
+/// `POST /api/runs/{run}/agents/{agent}/recv` → `{"message": {seq, sender, kind, body} | null}`
+pub async fn recv(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+    body: Option<Json<RecvBody>>,
+) -> Response {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let agent = match agent(&app, &run, &agent_id) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let timeout = body.timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
+    match agent.recv(timeout).await {
+        Ok(Some(m)) => {
+            Json(json!({"message": {"seq": m.seq, "sender": m.sender, "kind": m.kind, "body": m.body}}))
+                .into_response()
+        }
+        Ok(None) => Json(json!({"message": null})).into_response(),
+        Err(e) => runtime_failure(&e, &app, &run),
+    }
+}
+
+/// The body of `decide`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    action: String,
+    #[serde(default)]
+    target: Option<String>,
+}
+
+/// `POST /api/runs/{run}/agents/{agent}/decide`
+pub async fn decide(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+    body: Result<Json<DecideBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(body) = match body {
+        Ok(b) => b,
+        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    let agent = match agent(&app, &run, &agent_id) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let decided =
+        tokio::task::spawn_blocking(move || agent.decide(&body.action, body.target.as_deref())).await;
+    match decided {
+        Ok(Ok(())) => Json(json!({"status": "done"})).into_response(),
+        Ok(Err(e)) => runtime_failure(&e, &app, &run),
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+/// `POST /api/runs/{run}/agents/{agent}/exit`: the agent takes no more steps (so a replay
+/// waiting on it declares a stall at once).
+pub async fn exit(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+) -> Response {
+    match agent(&app, &run, &agent_id) {
+        Ok(a) => {
+            a.exit();
+            Json(json!({"status": "done"})).into_response()
+        }
+        Err(r) => *r,
+    }
+}
