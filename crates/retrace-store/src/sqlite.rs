@@ -16,6 +16,7 @@ mod cache;
 mod checkpoint;
 mod events;
 mod files;
+mod heads;
 mod pack;
 mod rows;
 mod runs;
@@ -323,6 +324,9 @@ impl EventStore for SqliteStore {
     }
     fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
         self.events_at_impl(run, seqs)
+    }
+    fn heads_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<crate::EventHead>> {
+        self.heads_at_impl(run, seqs)
     }
     fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
         self.acquire_lease_impl(run, holder, ttl_ms)

@@ -158,14 +158,15 @@ impl SqliteStore {
         })
     }
 
-    /// One query for any number of seqs (passed as a JSON array to `json_each`).
+    /// One query for any number of seqs (passed as a JSON array to `json_each`; `CROSS JOIN`
+    /// keeps it the outer loop, see [`SqliteStore::heads_at_impl`]).
     pub(crate) fn events_at_impl(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
         let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".to_string());
         let found: Vec<Event> = self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM json_each(?2) j \
-                 JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                 CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
                  JOIN agents a ON a.pk = e.agent_pk ORDER BY j.key"
             );
             conn.prepare_cached(&sql)
