@@ -21,6 +21,7 @@ mod pack;
 mod rows;
 mod runs;
 pub mod schema;
+mod staged;
 mod summaries;
 mod sync;
 
@@ -253,7 +254,9 @@ impl BlobStore for SqliteStore {
     fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
         let digest = Digest::of(bytes);
         self.write(&format!("storing blob {digest}"), |tx| {
-            blobs::put(tx, &self.files, None, &digest, bytes, hint)
+            let mut staged = staged::Staged::new(&self.files);
+            blobs::put(tx, &mut staged, None, &digest, bytes, hint)?;
+            staged.finish()
         })?;
         Ok(digest)
     }

@@ -8,6 +8,7 @@ use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
 use super::runs::run_pk;
+use super::staged::Staged;
 use super::{blobs, cache, SqliteStore};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
@@ -55,9 +56,11 @@ impl SqliteStore {
                 check_seqs(run, stored, fork, &batch.events)?;
             }
             check_batch(batch, |digest| blobs::has(tx, digest))?;
+            let mut staged = Staged::new(&self.files);
             for blob in &batch.blobs {
-                blobs::put(tx, &self.files, pk, &blob.digest, &blob.bytes, blob.hint)?;
+                blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }
+            staged.finish()?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
             }
