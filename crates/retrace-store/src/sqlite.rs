@@ -157,11 +157,21 @@ impl SqliteStore {
         self.files.dir.join(files::Files::relative_path(digest))
     }
 
-    /// Copies the WAL into the database and truncates it (`PRAGMA wal_checkpoint(TRUNCATE)`).
+    /// Copies the WAL into the database and truncates it (`PRAGMA wal_checkpoint(TRUNCATE)`),
+    /// trying again for up to the busy timeout while the background checkpointer or a reader
+    /// keeps it from finishing (SQLite reports that as a result, not an error).
     pub fn checkpoint(&self) -> StoreResult<()> {
         let conn = self.writer.lock();
-        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-            .ctx(|| format!("checkpointing {}", self.label))
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(self.busy_timeout_ms);
+        loop {
+            let busy: i64 = conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+                .ctx(|| format!("checkpointing {}", self.label))?;
+            if busy == 0 || std::time::Instant::now() >= deadline {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction on the write connection; `what` names the
