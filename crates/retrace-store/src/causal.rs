@@ -1,9 +1,10 @@
 //! Causal queries: what an agent knew when it acted (`retrace knew RUN SEQ`): the messages
 //! delivered to it before that step, in the order heard, each with its causal chain back to its
-//! origin. Answered from the deliveries index and batched lookups, never by scanning the run.
+//! origin. Answered from the deliveries index, batched reads of event heads (narrow rows) for
+//! the chains and one batched read of the messages' bodies, never by scanning the run.
 use std::collections::HashMap;
 
-use retrace_core::{Event, EventType};
+use retrace_core::{Digest, EventType};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -57,26 +58,31 @@ pub struct Knew {
     pub heard: Vec<Heard>,
 }
 
-/// What the agent of event `seq` of `run` knew when it acted.
+/// What the agent of event `seq` of `run` knew when it acted. Reads one snapshot of the store.
 pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
+    let mut result = None;
+    store.with_snapshot(&mut || result = Some(knew_inner(store, run, seq)));
+    result.expect("with_snapshot runs its function")
+}
+
+fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let step = store.event(run, seq)?;
     let deliveries = store.deliveries_to(run, &step.agent_id, seq)?;
-    let sends: Vec<u64> = deliveries.iter().filter_map(|d| d.causal_parent).collect();
-    let chains = chains(store, run, &sends)?;
+    let mut sends: Vec<u64> = deliveries.iter().filter_map(|d| d.causal_parent).collect();
+    sends.sort_unstable();
+    sends.dedup();
+    let nodes = chains(store, run, &sends)?;
+    let bodies = bodies(store, run, &sends, &nodes)?;
     let mut heard = Vec::with_capacity(deliveries.len());
     for d in &deliveries {
         let message = d.message.as_ref();
-        let body = match d.causal_parent {
-            Some(s) => chains.get(&s).and_then(|c| c.1.clone()),
-            None => None,
-        };
         heard.push(Heard {
             deliver_seq: d.seq,
             send_seq: d.causal_parent,
             from: message.and_then(|m| m.from.clone()),
             kind: message.and_then(|m| m.kind.clone()),
-            body,
-            chain: d.causal_parent.map(|s| chain_from(&chains, s)).unwrap_or_default(),
+            body: d.causal_parent.and_then(|s| bodies.get(&s).cloned()),
+            chain: d.causal_parent.map(|s| chain_from(&nodes, s)).unwrap_or_default(),
         });
     }
     let decision = step.decision.as_ref().map(|d| match &d.target {
@@ -86,9 +92,11 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
 }
 
-type Node = (Link, Option<Value>, Option<u64>);
+/// A chain link, whether its event is a send, and its causal parent.
+type Node = (Link, bool, Option<u64>);
 
-/// Every event on the causal chains of `starts`, fetched level by level in batches.
+/// Every event on the causal chains of `starts`, fetched level by level as
+/// [`EventHead`](crate::EventHead)s (narrow rows), one batch a level.
 fn chains(store: &dyn Store, run: &str, starts: &[u64]) -> StoreResult<HashMap<u64, Node>> {
     let mut nodes: HashMap<u64, Node> = HashMap::new();
     let mut frontier: Vec<u64> = starts.to_vec();
@@ -99,23 +107,13 @@ fn chains(store: &dyn Store, run: &str, starts: &[u64]) -> StoreResult<HashMap<u
         if frontier.is_empty() {
             break;
         }
-        let events = store.events_at(run, &frontier)?;
-        let mut next = Vec::new();
-        for e in events {
-            let body = if e.kind == EventType::Send && starts.contains(&e.seq) {
-                send_body(store, &e)
-            } else {
-                None
-            };
-            if let Some(p) = e.causal_parent {
-                next.push(p);
-            }
-            nodes.insert(
-                e.seq,
-                (Link { seq: e.seq, agent: e.agent_id.clone(), label: e.label() }, body, e.causal_parent),
-            );
+        let heads = store.heads_at(run, &frontier)?;
+        frontier.clear();
+        for h in heads {
+            frontier.extend(h.causal_parent);
+            let link = Link { seq: h.seq, label: h.label(), agent: h.agent_id };
+            nodes.insert(h.seq, (link, h.kind == EventType::Send, h.causal_parent));
         }
-        frontier = next;
     }
     Ok(nodes)
 }
@@ -134,10 +132,32 @@ fn chain_from(nodes: &HashMap<u64, Node>, start: u64) -> Vec<Link> {
     out
 }
 
-fn send_body(store: &dyn Store, send: &Event) -> Option<Value> {
-    let bytes = store.get_blob(&send.request_ref?).ok()?;
-    let request: Value = serde_json::from_slice(&bytes).ok()?;
-    request.get("body").cloned()
+/// The message body of each of `sends` that is a send, from its request blob, read in one
+/// batch. A body that can't be read or parsed is left out, as is a missing or corrupt blob.
+fn bodies(
+    store: &dyn Store,
+    run: &str,
+    sends: &[u64],
+    nodes: &HashMap<u64, Node>,
+) -> StoreResult<HashMap<u64, Value>> {
+    let sends: Vec<u64> = sends.iter().copied().filter(|s| nodes.get(s).is_some_and(|n| n.1)).collect();
+    let refs: Vec<(u64, Digest)> =
+        store.events_at(run, &sends)?.into_iter().filter_map(|e| Some((e.seq, e.request_ref?))).collect();
+    let digests: Vec<Digest> = refs.iter().map(|(_, d)| *d).collect();
+    let blobs: Vec<Option<Vec<u8>>> = match store.get_blobs(&digests) {
+        Ok(all) => all.into_iter().map(Some).collect(),
+        Err(_) => digests.iter().map(|d| store.get_blob(d).ok()).collect(),
+    };
+    Ok(refs.iter().zip(blobs).filter_map(|((seq, _), bytes)| Some((*seq, message_body(&bytes?)?))).collect())
+}
+
+/// The `body` member of a send's request.
+fn message_body(request: &[u8]) -> Option<Value> {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        body: Option<Value>,
+    }
+    serde_json::from_slice::<Request>(request).ok()?.body
 }
 
 /// Renders `knew` for a terminal.

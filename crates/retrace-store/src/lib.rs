@@ -24,6 +24,7 @@ pub mod conformance;
 pub mod diff;
 pub mod error;
 pub mod export;
+pub mod head;
 pub mod import;
 pub mod manifest;
 pub mod memory;
@@ -40,6 +41,7 @@ use retrace_core::{Digest, Event, EventType};
 
 pub use cache::{Cache, CacheEntry};
 pub use error::{StoreError, StoreErrorKind, StoreResult};
+pub use head::EventHead;
 pub use open::{open_store, Durability, StoreConfig};
 pub use summary::EventSummary;
 pub use writer::{RunWriter, Ticket};
@@ -153,6 +155,12 @@ pub trait EventStore: Send + Sync {
     /// Backends answer this in one query; the default asks for each event.
     fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
         seqs.iter().map(|s| self.event(run, *s)).collect()
+    }
+    /// [`EventStore::events_at`] as [`EventHead`]s: what following causal chains reads.
+    /// Backends read only what a head holds (SQLite: a covering index); the default reads
+    /// whole events.
+    fn heads_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<EventHead>> {
+        Ok(self.events_at(run, seqs)?.iter().map(EventHead::from).collect())
     }
     /// Takes the lease of `run` for `holder`; `Busy` naming the live holder when held.
     fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()>;

@@ -16,10 +16,12 @@ mod cache;
 mod checkpoint;
 mod events;
 mod files;
+mod heads;
 mod pack;
 mod rows;
 mod runs;
 pub mod schema;
+mod staged;
 mod summaries;
 mod sync;
 
@@ -155,11 +157,21 @@ impl SqliteStore {
         self.files.dir.join(files::Files::relative_path(digest))
     }
 
-    /// Copies the WAL into the database and truncates it (`PRAGMA wal_checkpoint(TRUNCATE)`).
+    /// Copies the WAL into the database and truncates it (`PRAGMA wal_checkpoint(TRUNCATE)`),
+    /// trying again for up to the busy timeout while the background checkpointer or a reader
+    /// keeps it from finishing (SQLite reports that as a result, not an error).
     pub fn checkpoint(&self) -> StoreResult<()> {
         let conn = self.writer.lock();
-        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-            .ctx(|| format!("checkpointing {}", self.label))
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(self.busy_timeout_ms);
+        loop {
+            let busy: i64 = conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+                .ctx(|| format!("checkpointing {}", self.label))?;
+            if busy == 0 || std::time::Instant::now() >= deadline {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction on the write connection; `what` names the
@@ -252,7 +264,9 @@ impl BlobStore for SqliteStore {
     fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
         let digest = Digest::of(bytes);
         self.write(&format!("storing blob {digest}"), |tx| {
-            blobs::put(tx, &self.files, None, &digest, bytes, hint)
+            let mut staged = staged::Staged::new(&self.files);
+            blobs::put(tx, &mut staged, None, &digest, bytes, hint)?;
+            staged.finish()
         })?;
         Ok(digest)
     }
@@ -323,6 +337,9 @@ impl EventStore for SqliteStore {
     }
     fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
         self.events_at_impl(run, seqs)
+    }
+    fn heads_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<crate::EventHead>> {
+        self.heads_at_impl(run, seqs)
     }
     fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
         self.acquire_lease_impl(run, holder, ttl_ms)

@@ -132,8 +132,8 @@ pub fn fork_starts_at_fork_point(make: MakeStore<'_>) {
     assert_eq!(store.last_seq("fork-copy").unwrap(), 6);
 }
 
-/// `deliveries_to` lists an agent's deliveries before a seq; `events_at` fetches seqs in the
-/// order asked, `NotFound` naming a missing one.
+/// `deliveries_to` lists an agent's deliveries before a seq; `events_at` and `heads_at` fetch
+/// seqs in the order asked, `NotFound` naming a missing one.
 pub fn deliveries_and_events_at(make: MakeStore<'_>) {
     let store = make();
     store.create_run(&sample_run("msgs", 1)).unwrap();
@@ -158,6 +158,9 @@ pub fn deliveries_and_events_at(make: MakeStore<'_>) {
     assert_eq!(store.deliveries_to("msgs", "rx", 13).unwrap()[1], events[11]);
     let picked = store.events_at("msgs", &[9, 2, 9, 12]).unwrap();
     assert_eq!(picked, vec![events[8].clone(), events[1].clone(), events[8].clone(), events[11].clone()]);
+    let heads: Vec<crate::EventHead> = picked.iter().map(Into::into).collect();
+    assert_eq!(store.heads_at("msgs", &[9, 2, 9, 12]).unwrap(), heads);
+    assert_eq!(err_kind(store.heads_at("msgs", &[3, 40])), StoreErrorKind::NotFound);
     assert!(store.events_at("msgs", &[]).unwrap().is_empty());
     let missing = store.events_at("msgs", &[3, 40]).unwrap_err();
     assert_eq!(missing.kind, StoreErrorKind::NotFound);

@@ -10,6 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::files::Files;
 use super::pack;
 use super::schema::{KIND_FILE, KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
+use super::staged::Staged;
 use crate::error::ResultExt;
 use crate::manifest::{self, Manifest, ManifestSource};
 use crate::{BlobHint, StoreError, StoreResult, INLINE_BLOB_MAX};
@@ -30,16 +31,16 @@ fn insert(conn: &Connection, digest: &Digest, kind: i64, size: usize, data: Valu
 }
 
 /// Stores `bytes` flat (in the row, packed or as a file) unless present; returns the row id.
-fn put_flat(tx: &Connection, files: &Files, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
+fn put_flat(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
     if let Some(id) = blob_id(tx, digest)? {
         return Ok(id);
     }
     if bytes.len() > INLINE_BLOB_MAX {
-        let relative = files.write(digest, bytes)?;
+        let relative = staged.write(digest, bytes)?;
         return insert(tx, digest, KIND_FILE, bytes.len(), Value::Text(relative));
     }
     if bytes.len() > ROW_MAX {
-        let location = pack::append(tx, files.segment_bytes, bytes)?;
+        let location = pack::append(tx, staged.files.segment_bytes, bytes)?;
         return insert(tx, digest, KIND_PACKED, bytes.len(), Value::Integer(location));
     }
     insert(tx, digest, KIND_INLINE, bytes.len(), Value::Blob(bytes.to_vec()))
@@ -64,11 +65,12 @@ fn find_base(tx: &Connection, run_pk: i64, prefix: &Digest) -> StoreResult<Optio
         .transpose()
 }
 
-/// Stores one blob inside the open transaction `tx` (the digest is already checked). A model
-/// request becomes a manifest building on the run's longest known message prefix.
+/// Stores one blob inside the open transaction `tx` (the digest is already checked); a large
+/// blob's file is staged, durable once `staged` is finished. A model request becomes a
+/// manifest building on the run's longest known message prefix.
 pub(crate) fn put(
     tx: &Connection,
-    files: &Files,
+    staged: &mut Staged<'_>,
     run_pk: Option<i64>,
     digest: &Digest,
     bytes: &[u8],
@@ -86,9 +88,9 @@ pub(crate) fn put(
     if request {
         let mut base = |p: &Digest| run_pk.map_or(Ok(None), |run| find_base(tx, run, p));
         if let Some(plan) = manifest::plan(bytes, &mut base)? {
-            put_flat(tx, files, &plan.manifest.skeleton, &plan.skeleton)?;
+            put_flat(tx, staged, &plan.manifest.skeleton, &plan.skeleton)?;
             for (element, element_bytes) in &plan.new_elements {
-                put_flat(tx, files, element, element_bytes)?;
+                put_flat(tx, staged, element, element_bytes)?;
             }
             let id = insert(tx, digest, KIND_MANIFEST, bytes.len(), Value::Blob(plan.manifest.encode()))?;
             if let Some(run) = run_pk {
@@ -97,7 +99,7 @@ pub(crate) fn put(
             return Ok(id);
         }
     }
-    put_flat(tx, files, digest, bytes)
+    put_flat(tx, staged, digest, bytes)
 }
 
 /// A blob row: kind, size, data, and for packed blobs the bytes at its location when they

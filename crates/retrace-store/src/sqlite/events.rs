@@ -8,6 +8,7 @@ use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
 use super::runs::run_pk;
+use super::staged::Staged;
 use super::{blobs, cache, SqliteStore};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
@@ -55,9 +56,11 @@ impl SqliteStore {
                 check_seqs(run, stored, fork, &batch.events)?;
             }
             check_batch(batch, |digest| blobs::has(tx, digest))?;
+            let mut staged = Staged::new(&self.files);
             for blob in &batch.blobs {
-                blobs::put(tx, &self.files, pk, &blob.digest, &blob.bytes, blob.hint)?;
+                blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }
+            staged.finish()?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
             }
@@ -158,14 +161,15 @@ impl SqliteStore {
         })
     }
 
-    /// One query for any number of seqs (passed as a JSON array to `json_each`).
+    /// One query for any number of seqs (passed as a JSON array to `json_each`; `CROSS JOIN`
+    /// keeps it the outer loop, see [`SqliteStore::heads_at_impl`]).
     pub(crate) fn events_at_impl(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
         let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".to_string());
         let found: Vec<Event> = self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM json_each(?2) j \
-                 JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                 CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
                  JOIN agents a ON a.pk = e.agent_pk ORDER BY j.key"
             );
             conn.prepare_cached(&sql)

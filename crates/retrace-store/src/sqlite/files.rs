@@ -1,15 +1,13 @@
 //! Where blob bytes live besides rows: the blob folder for blobs over
-//! [`INLINE_BLOB_MAX`](crate::INLINE_BLOB_MAX) (written atomically and fsynced), and a small
-//! cache of recently rebuilt model requests.
+//! [`INLINE_BLOB_MAX`](crate::INLINE_BLOB_MAX) (written atomically and fsynced by
+//! [`super::staged`]), and a small cache of recently rebuilt model requests.
 use std::collections::VecDeque;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use retrace_core::Digest;
 
-use crate::error::ResultExt;
 use crate::{StoreError, StoreResult};
 
 /// How many rebuilt requests the cache keeps, and how many bytes at most.
@@ -36,30 +34,6 @@ impl Files {
     pub(crate) fn relative_path(digest: &Digest) -> String {
         let hex = digest.hex();
         format!("{}/{}", &hex[..2], &hex[2..])
-    }
-
-    /// Writes `bytes` to the blob's file atomically (temp file, fsync, rename, fsync of the
-    /// folder) and returns its path relative to the blob folder.
-    pub(crate) fn write(&self, digest: &Digest, bytes: &[u8]) -> StoreResult<String> {
-        let relative = Files::relative_path(digest);
-        let path = self.dir.join(&relative);
-        let folder = path.parent().unwrap_or(&self.dir);
-        let what = || format!("writing blob {digest} to {}", path.display());
-        let created = !folder.exists();
-        std::fs::create_dir_all(folder).ctx(what)?;
-        if created && self.durable {
-            sync_dir(&self.dir).ctx(what)?;
-        }
-        let mut temp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(folder).ctx(what)?;
-        temp.write_all(bytes).ctx(what)?;
-        if self.durable {
-            temp.as_file().sync_data().ctx(what)?;
-        }
-        temp.persist(&path).map_err(|e| StoreError::from_io(e.error, what()))?;
-        if self.durable {
-            sync_dir(folder).ctx(what)?;
-        }
-        Ok(relative)
     }
 
     /// The bytes of the file at `relative`; a missing file is `Corrupt` (its row says it exists).
@@ -96,6 +70,7 @@ impl Files {
     }
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+/// Syncs a folder, so that the names created in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
