@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|all> [--quick]
+//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|all> [--quick]
 //! ```
 //!
 //! Every measurement is the median of `--repeats` (default 5) runs and prints one line: name,
@@ -19,6 +19,10 @@ mod floor;
 mod fork;
 mod knew;
 mod payload;
+mod proxy;
+mod proxy_load;
+mod proxy_net;
+mod proxy_vcr;
 mod record;
 mod replay;
 mod report;
@@ -46,6 +50,7 @@ const BENCHES: &[(&str, Bench, &str)] = &[
     ("bus", bus::run, "16 agents messaging in a ring: msg/s and µs/event vs the record floor"),
     ("knew", knew::run, "causal query `knew`: 1,000 deliveries in a 1M-event run, and 1k vs 1M"),
     ("fork", fork::run, "fork at the midpoint, 1 edit reaching 1%, 20 ms model; diff of 100k steps"),
+    ("proxy", proxy::run, "proxy TTFB and chunk delay added, 64 replays under wrk, vs VCR.py"),
     ("breakdown", breakdown::run, "(not in all) a step's parts timed alone, for profiling"),
 ];
 
@@ -61,6 +66,9 @@ fn main() -> ExitCode {
     let all: Vec<String> = std::env::args().skip(1).collect();
     if all.first().map(String::as_str) == Some(replay::CHILD) {
         return replay::child(&all[1..]);
+    }
+    if all.first().map(String::as_str) == Some(proxy_net::CHILD) {
+        return proxy_net::child(&all[1..]);
     }
     let mut args = all.into_iter();
     let (mut which, mut quick, mut repeats) = (None, false, 5);

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -17,11 +18,17 @@ use crate::AppState;
 
 /// An API error: `{"error": {"message": ...}}` with a status.
 #[derive(Debug)]
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": {"message": self.1}}))).into_response()
+        let code = match self.0.as_u16() {
+            400 => "bad_request",
+            404 => "unknown_run",
+            409 => "conflict",
+            _ => "internal",
+        };
+        (self.0, Json(json!({"error": {"code": code, "message": self.1}}))).into_response()
     }
 }
 
@@ -34,6 +41,17 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 }
 
 type ApiResult = Result<Json<Value>, ApiError>;
+
+/// An optional JSON body: empty is the default; anything else must parse (400 otherwise).
+/// Handlers always read their body, so a client that sends one never finds its keep-alive
+/// connection dropped.
+pub fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
+}
 
 /// `GET /api/health`
 pub async fn health(State(app): State<Arc<AppState>>) -> Json<Value> {
@@ -62,8 +80,8 @@ pub struct NewRun {
 }
 
 /// `POST /api/runs`: a new run to record into; its calls are recorded once they name it.
-pub async fn create_run(State(app): State<Arc<AppState>>, body: Option<Json<NewRun>>) -> ApiResult {
-    let body = body.map(|Json(b)| b).unwrap_or_default();
+pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiResult {
+    let body: NewRun = optional_body(&body)?;
     let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());
     meta.name = body.name;
     meta.labels = body.labels;
@@ -73,7 +91,8 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Option<Json<NewR
 
 /// `POST /api/runs/{run}/replay`: a new replay run of `run`; returns its id. Calls that name
 /// it are answered from `run`'s log. One daemon hosts any number of concurrent replays.
-pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> ApiResult {
+    let NoOptions {} = optional_body(&body)?;
     let store = app.host.store();
     let mut source = store.find_run(&id).map_err(not_found)?;
     if source.mode == RunMode::Replay {
@@ -90,6 +109,11 @@ pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>) ->
     Ok(Json(json!({"run_id": meta.id, "mode": "replay", "source_run": source.id})))
 }
 
+/// A body that may be empty or `{}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoOptions {}
+
 /// The body of `POST /api/runs/{run}/finish`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,12 +123,8 @@ pub struct Finish {
 
 /// `POST /api/runs/{run}/finish`: ends the run's session. A replay checks that every recorded
 /// call was consumed and that the exit status matches; its divergence, if any, is returned.
-pub async fn finish(
-    State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    body: Option<Json<Finish>>,
-) -> ApiResult {
-    let body = body.map(|Json(b)| b).unwrap_or_default();
+pub async fn finish(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> ApiResult {
+    let body: Finish = optional_body(&body)?;
     let host = app.clone();
     let id2 = id.clone();
     let outcome = tokio::task::spawn_blocking(move || {

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod host;
+pub mod openapi;
 pub mod proxy;
 pub mod steps;
 
@@ -93,6 +94,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limit = axum::extract::DefaultBodyLimit::disable();
     Router::new()
         .route("/api/health", get(api::health))
+        .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/api/runs", get(api::runs).post(api::create_run))
         .route("/api/runs/{run}", get(api::run))
         .route("/api/runs/{run}/replay", post(api::replay))

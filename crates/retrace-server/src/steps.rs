@@ -266,9 +266,12 @@ pub struct RecvBody {
 pub async fn recv(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
-    body: Option<Json<RecvBody>>,
+    body: axum::body::Bytes,
 ) -> Response {
-    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let body: RecvBody = match crate::api::optional_body(&body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     let agent = match agent(&app, &run, &agent_id) {
         Ok(a) => a,
         Err(r) => return *r,

@@ -1,0 +1,244 @@
+//! Per-request replay cost against VCR.py (issue 5: VCR.py replaying a 200-interaction cassette
+//! is about 4.1 ms per request on this machine class; target ≥ 8× faster, and flat as the run
+//! grows). Both sides use the same client library (httpx) from `bench/vcr_baseline.py`, run by
+//! the virtualenv in `RETRACE_BENCH_VENV` (default `target/bench-venv`; it needs vcrpy and
+//! httpx). VCR.py records a 200-interaction cassette against the local upstream and replays it
+//! with its default matchers (method and URL, interactions in recorded order: the issue's
+//! 4.1 ms baseline); with body matching too, as Retrace matches on the request's key, VCR.py is
+//! about 10x slower still (measured once, full runs only). Retrace replays runs of 200, 2,000
+//! and 20,000 recorded calls through the daemon. Per request = the whole replay (cassette load /
+//! replay open included) divided by its calls.
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::env::{note, Config};
+use crate::proxy_net::{chat_body, chat_path, Http, Proc};
+use crate::report::{print, Line, Target};
+
+/// The cassette VCR.py replays.
+const CASSETTE: usize = 200;
+/// Recording client threads (setup).
+const RECORDERS: usize = 4;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python() -> Option<PathBuf> {
+    let venv = std::env::var_os("RETRACE_BENCH_VENV")
+        .map_or_else(|| workspace().join("target/bench-venv"), PathBuf::from);
+    let python = venv.join("bin/python");
+    let ok =
+        Command::new(&python).args(["-c", "import vcr, httpx"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+fn script(python: &PathBuf, args: &[String]) -> Value {
+    let out = Command::new(python)
+        .arg(workspace().join("bench/vcr_baseline.py"))
+        .args(args)
+        .output()
+        .expect("running bench/vcr_baseline.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stderr.trim().is_empty() {
+        note(stderr.trim());
+    }
+    assert!(out.status.success(), "bench/vcr_baseline.py failed ({}): {stdout}", out.status);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the script's JSON line")
+}
+
+/// Runs the bench and prints its lines.
+pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
+    let Some(python) = python() else {
+        note(
+            "proxy vcr: no virtualenv with vcrpy and httpx (python3 -m venv target/bench-venv && \
+             target/bench-venv/bin/pip install vcrpy httpx, or set RETRACE_BENCH_VENV); skipped",
+        );
+        return;
+    };
+    let sizes: &[usize] = if cfg.quick { &[200, 2_000] } else { &[200, 2_000, 20_000] };
+    note(&format!(
+        "proxy vcr: VCR.py replaying a {CASSETTE}-interaction cassette vs Retrace replaying runs of {sizes:?} calls, both through httpx"
+    ));
+    let home = cfg.temp_dir("proxy-vcr");
+    let upstream = Proc::upstream();
+    let daemon = Proc::daemon(&home.path().join("store"), &format!("{}/v1", upstream.url()), &upstream.url());
+    let template = String::from_utf8(chat_body("sim", false, "TAGTAGTAG", 987_654_321)).expect("UTF-8");
+    let repeats = cfg.repeats.to_string();
+
+    let vcr_args = |matching: &str, repeats: &str| -> Vec<String> {
+        vec![
+            "vcr".into(),
+            "--match".into(),
+            matching.into(),
+            "--upstream".into(),
+            format!("{}/v1", upstream.url()),
+            "--dir".into(),
+            home.path().display().to_string(),
+            "--n".into(),
+            CASSETTE.to_string(),
+            "--repeats".into(),
+            repeats.into(),
+            "--template".into(),
+            template.clone(),
+        ]
+    };
+    let vcr = script(&python, &vcr_args("default", &repeats));
+    let vcr_us = vcr["per_request_us"].as_f64().unwrap_or(f64::NAN);
+    note(&format!("VCR.py: {vcr}"));
+    print(
+        lines,
+        Line::new(
+            &format!("vcr.py replay {CASSETTE}-cassette (httpx)"),
+            vcr_us,
+            "us/req",
+            None,
+            Target::Info,
+        ),
+    );
+    print(
+        lines,
+        Line::new(
+            "vcr.py: single request p50 (load excluded)",
+            vcr["call_p50_us"].as_f64().unwrap_or(f64::NAN),
+            "us",
+            None,
+            Target::Info,
+        ),
+    );
+
+    if !cfg.quick {
+        let body = script(&python, &vcr_args("body", "1"));
+        note(&format!("VCR.py matching bodies: {body}"));
+        print(
+            lines,
+            Line::new(
+                &format!("vcr.py replay {CASSETTE}-cassette, body matching"),
+                body["per_request_us"].as_f64().unwrap_or(f64::NAN),
+                "us/req",
+                None,
+                Target::Info,
+            ),
+        );
+    }
+
+    let direct = script(
+        &python,
+        &[
+            "direct".into(),
+            "--upstream".into(),
+            format!("{}/v1", upstream.url()),
+            "--n".into(),
+            CASSETTE.to_string(),
+            "--repeats".into(),
+            repeats.clone(),
+            "--template".into(),
+            template.clone(),
+        ],
+    );
+    let floor_us = direct["per_request_us"].as_f64().unwrap_or(f64::NAN);
+    print(lines, Line::new("httpx to the upstream directly (floor)", floor_us, "us/req", None, Target::Info));
+
+    let mut api = Http::connect(&daemon.addr);
+    let mut first = None;
+    for &n in sizes {
+        let tag = format!("size-{n}");
+        let run = api.new_run(&format!("bench-vcr-{n}"));
+        let began = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..RECORDERS {
+                let (path, addr, tag) = (chat_path(&run), &daemon.addr, &tag);
+                s.spawn(move || {
+                    let mut http = Http::connect(addr);
+                    for i in (t..n).step_by(RECORDERS) {
+                        let reply = http.post(&path, &chat_body("sim", false, tag, i));
+                        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+                    }
+                });
+            }
+        });
+        api.finish(&run);
+        note(&format!("recorded {n} calls in {:.1} s; replaying", began.elapsed().as_secs_f64()));
+        let reps = if n >= 20_000 { "1".to_owned() } else { repeats.clone() };
+        let r = script(
+            &python,
+            &[
+                "retrace".into(),
+                "--base".into(),
+                daemon.url(),
+                "--source".into(),
+                run.clone(),
+                "--tag".into(),
+                tag,
+                "--n".into(),
+                n.to_string(),
+                "--repeats".into(),
+                reps,
+                "--template".into(),
+                template.clone(),
+            ],
+        );
+        note(&format!("retrace {n}: {r}"));
+        let per = r["per_request_us"].as_f64().unwrap_or(f64::NAN);
+        let bad = r["non200"].as_f64().unwrap_or(0.0) + r["replays_not_completed"].as_f64().unwrap_or(0.0);
+        print(
+            lines,
+            Line::new(
+                &format!("proxy.replay {n}-call run vs vcr.py (httpx)"),
+                per,
+                "us/req",
+                Some(vcr_us),
+                Target::TimesBelow(8.0),
+            ),
+        );
+        print(
+            lines,
+            Line::new(
+                &format!("proxy.replay {n} vs httpx floor"),
+                per,
+                "us/req",
+                Some(floor_us),
+                Target::Info,
+            ),
+        );
+        print(
+            lines,
+            Line::new(
+                &format!("proxy.replay {n}: single request p50"),
+                r["call_p50_us"].as_f64().unwrap_or(f64::NAN),
+                "us",
+                None,
+                Target::Info,
+            ),
+        );
+        if bad > 0.0 {
+            print(
+                lines,
+                Line::new(
+                    &format!("proxy.replay {n}: non-200 or not completed"),
+                    bad,
+                    "",
+                    None,
+                    Target::Info,
+                ),
+            );
+        }
+        match first {
+            None => first = Some((n, per)),
+            Some((n0, per0)) => print(
+                lines,
+                Line::new(
+                    &format!("proxy.replay per req, {n} vs {n0} calls"),
+                    per,
+                    "us/req",
+                    Some(per0),
+                    Target::RatioAtMost(1.5),
+                ),
+            ),
+        }
+    }
+}

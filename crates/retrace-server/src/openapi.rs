@@ -1,0 +1,120 @@
+//! The API's OpenAPI document, served at `/api/openapi.json`. A test checks that it names
+//! exactly the `/api` routes the router serves, so the two can't drift; schemathesis runs
+//! against it in the test suite.
+use serde_json::{json, Value};
+
+fn error() -> Value {
+    json!({"description": "an error: {error: {code, message}}", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn ok(description: &str, schema: Value) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": schema}}})
+}
+
+/// A request body; objects with listed properties take no others (the API refuses unknown
+/// fields).
+fn body(mut schema: Value, required: bool) -> Value {
+    if schema.get("properties").is_some() {
+        schema["additionalProperties"] = json!(false);
+    }
+    json!({"required": required, "content": {"application/json": {"schema": schema}}})
+}
+
+fn path_param(name: &str, what: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": what, "schema": {"type": "string"}})
+}
+
+fn op(summary: &str, params: &[&str], request: Option<Value>, success: Value) -> Value {
+    let parameters: Vec<Value> = params
+        .iter()
+        .map(|p| match *p {
+            "run" => path_param("run", "a run id (or unique prefix, where reading)"),
+            other => path_param(other, "an agent id"),
+        })
+        .collect();
+    let mut o = json!({
+        "summary": summary,
+        "parameters": parameters,
+        "responses": {"200": success, "400": error(), "404": error(), "409": error(), "503": error()},
+    });
+    if let Some(r) = request {
+        o["requestBody"] = r;
+    }
+    o
+}
+
+/// The document.
+pub fn document() -> Value {
+    let obj = |props: Value| json!({"type": "object", "properties": props});
+    let any = json!({});
+    let run = json!({"$ref": "#/components/schemas/Run"});
+    let step_answer = json!({"$ref": "#/components/schemas/StepAnswer"});
+    let agent = ["run", "agent"];
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Retrace daemon API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Runs, record and replay sessions, and the SDK's steps. The LLM proxy (SPEC §5) lives under /proxy/ and speaks the providers' own APIs.",
+        },
+        "paths": {
+            "/api/health": {"get": {"summary": "liveness", "responses": {"200": ok("the daemon is up", obj(json!({"ok": {"type": "boolean"}, "version": {"type": "string"}, "store": {"type": "string"}})))}}},
+            "/api/openapi.json": {"get": {"summary": "this document", "responses": {"200": ok("OpenAPI 3", any.clone())}}},
+            "/api/runs": {
+                "get": {"summary": "list runs", "responses": {"200": ok("runs, newest first", json!({"type": "array", "items": run}))}},
+                "post": op("a new run to record into", &[], Some(body(obj(json!({"name": {"type": "string"}, "labels": {"type": "object", "additionalProperties": {"type": "string"}}})), false)), ok("the new run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}})))),
+            },
+            "/api/runs/{run}": {"get": op("one run", &["run"], None, ok("the run", run.clone()))},
+            "/api/runs/{run}/replay": {"post": op("a new replay run of `run`; calls naming it are answered from `run`'s log", &["run"], None, ok("the replay run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}, "source_run": {"type": "string"}}))))},
+            "/api/runs/{run}/finish": {"post": op("end the run's session; a replay checks leftovers, decisions and exit status", &["run"], Some(body(obj(json!({"exit_status": {"type": "integer"}})), false)), ok("the finished run", run.clone()))},
+            "/api/runs/{run}/agents/{agent}/steps": {"post": op(
+                "one step of an agent: in record the completed step, in replay the request (answered from the log); `status: run` asks the program to run it and post `{step, output|error}`",
+                &agent,
+                Some(body(json!({"$ref": "#/components/schemas/Step"}), true)),
+                ok("the step's answer", step_answer),
+            )},
+            "/api/runs/{run}/agents/{agent}/send": {"post": op("send a message", &agent, Some(body(json!({"type": "object", "required": ["to", "body"], "properties": {"to": {"type": "string"}, "kind": {"type": "string"}, "body": {}, "parent": {"type": "integer", "minimum": 0}}}), true)), ok("the send's seq", obj(json!({"seq": {"type": "integer"}}))))},
+            "/api/runs/{run}/agents/{agent}/recv": {"post": op("take the agent's next message (replay: the recorded one, in recorded order)", &agent, Some(body(obj(json!({"timeout_s": {"type": "number", "minimum": 0}})), false)), ok("the message, or null on a timeout", obj(json!({"message": {"nullable": true, "type": "object"}}))))},
+            "/api/runs/{run}/agents/{agent}/decide": {"post": op("record a decision", &agent, Some(body(json!({"type": "object", "required": ["action"], "properties": {"action": {"type": "string"}, "target": {"type": "string", "nullable": true}}}), true)), ok("done", obj(json!({"status": {"type": "string"}}))))},
+            "/api/runs/{run}/agents/{agent}/exit": {"post": op("the agent takes no more steps", &agent, None, ok("done", obj(json!({"status": {"type": "string"}}))))},
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "divergence": {"type": "object"}}}}},
+            "Run": {"type": "object", "required": ["run_id", "mode", "status"], "properties": {
+                "run_id": {"type": "string"}, "name": {"type": "string", "nullable": true}, "mode": {"type": "string"},
+                "status": {"type": "string"}, "source_run": {"type": "string", "nullable": true},
+                "labels": {"type": "object"}, "exit_status": {"type": "integer", "nullable": true},
+                "divergence": {"type": "object", "nullable": true}, "started_at_ms": {"type": "integer"},
+                "finished_at_ms": {"type": "integer", "nullable": true}, "error": {"type": "string"}}},
+            "Step": {"type": "object", "additionalProperties": false, "properties": {
+                "type": {"type": "string", "enum": ["tool_call", "clock", "random", "env"]},
+                "name": {"type": "string"}, "request": {},
+                "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}}},
+                "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
+            "StepAnswer": {"type": "object", "required": ["status"], "properties": {
+                "status": {"type": "string", "enum": ["done", "error", "run", "dry_run"]},
+                "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {}}},
+        }},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every `/api` route the router serves is documented, and nothing else is.
+    #[test]
+    fn the_document_names_exactly_the_routes_served() {
+        let source = include_str!("lib.rs");
+        let mut served: Vec<String> = source
+            .split(".route(\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .filter(|p| p.starts_with("/api/"))
+            .map(str::to_owned)
+            .collect();
+        served.sort();
+        let doc = super::document();
+        let mut documented: Vec<String> = doc["paths"].as_object().unwrap().keys().cloned().collect();
+        documented.sort();
+        assert_eq!(served, documented);
+    }
+}

@@ -1,0 +1,49 @@
+"""The daemon's OpenAPI document against the daemon itself: schemathesis generates requests
+from /api/openapi.json (valid and invalid) and checks that no answer is a server error and that
+every status, content type and body is one the document declares."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = os.environ.get("RETRACE_BIN", str(Path(__file__).parents[3] / "target" / "release" / "retrace"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_api_keeps_the_promises_of_its_openapi_document(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRACE_")}
+    env["RETRACE_HOME"] = str(tmp_path / "home")
+    daemon = subprocess.Popen([BIN, "serve", "--addr", f"127.0.0.1:{port}"], env=env, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{base}/api/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        urllib.request.urlopen(urllib.request.Request(f"{base}/api/runs", data=b"{}", method="POST"))
+        st = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
+        r = subprocess.run(
+            [st, "run", f"{base}/api/openapi.json", "--checks",
+             "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+             "--max-examples", "25", "-w", "1", "--seed", "1"],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        assert "passed" in r.stdout
+        # The daemon is still up after all of that.
+        assert urllib.request.urlopen(f"{base}/api/health", timeout=2).status == 200
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
