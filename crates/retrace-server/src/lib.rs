@@ -11,6 +11,7 @@
 pub mod api;
 pub mod host;
 pub mod openapi;
+pub mod processes;
 pub mod proxy;
 pub mod steps;
 
@@ -61,7 +62,9 @@ impl Default for ServerConfig {
 /// What every handler shares.
 pub struct AppState {
     /// The hosted runs.
-    pub host: RunHost,
+    pub host: Arc<RunHost>,
+    /// Which process owns which agent.
+    pub processes: Arc<processes::Processes>,
     /// The upstreams.
     pub upstreams: Upstreams,
     /// The configuration.
@@ -76,7 +79,8 @@ impl AppState {
     /// State over `store`.
     pub fn new(store: Arc<dyn Store>, config: ServerConfig) -> Arc<AppState> {
         Arc::new(AppState {
-            host: RunHost::new(store, config.stall_timeout),
+            host: Arc::new(RunHost::new(store, config.stall_timeout)),
+            processes: Arc::default(),
             upstreams: Upstreams::new(
                 &config.upstream_openai,
                 &config.upstream_anthropic,

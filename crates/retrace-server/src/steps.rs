@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parking_lot::Mutex;
@@ -123,14 +123,30 @@ pub fn runtime_failure(e: &RuntimeError, app: &AppState, run: &str) -> Response 
     }
 }
 
-fn agent(app: &AppState, run: &str, agent: &str) -> Result<Agent, Box<Response>> {
-    app.host.agent(run, agent).map_err(|e| Box::new(fail(StatusCode::NOT_FOUND, "unknown_run", e)))
+/// The agent a request speaks for; its process (`X-Retrace-Process`) must own it.
+fn agent(app: &AppState, run: &str, agent: &str, headers: &HeaderMap) -> Result<Agent, Box<Response>> {
+    let found =
+        app.host.agent(run, agent).map_err(|e| Box::new(fail(StatusCode::NOT_FOUND, "unknown_run", e)))?;
+    let pid = headers.get("x-retrace-process").and_then(|v| v.to_str().ok()).map(str::parse::<u32>);
+    match pid {
+        None => Ok(found),
+        Some(Err(_)) => Err(Box::new(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "X-Retrace-Process must be a process id",
+        ))),
+        Some(Ok(pid)) => match app.processes.claim(&app.host, run, agent, pid) {
+            Ok(()) => Ok(found),
+            Err(e) => Err(Box::new(fail(StatusCode::CONFLICT, "agent_owned", e))),
+        },
+    }
 }
 
 /// `POST /api/runs/{run}/agents/{agent}/steps`
 pub async fn step(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Result<Json<StepBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Json(body) = match body {
@@ -156,7 +172,7 @@ pub async fn step(
             Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
         };
     }
-    let agent = match agent(&app, &run, &agent_id) {
+    let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -237,13 +253,14 @@ pub struct SendBody {
 pub async fn send(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Result<Json<SendBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Json(body) = match body {
         Ok(b) => b,
         Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
     };
-    let agent = match agent(&app, &run, &agent_id) {
+    let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -266,13 +283,14 @@ pub struct RecvBody {
 pub async fn recv(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     let body: RecvBody = match crate::api::optional_body(&body) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let agent = match agent(&app, &run, &agent_id) {
+    let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -300,13 +318,14 @@ pub struct DecideBody {
 pub async fn decide(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Result<Json<DecideBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Json(body) = match body {
         Ok(b) => b,
         Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
     };
-    let agent = match agent(&app, &run, &agent_id) {
+    let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -324,8 +343,10 @@ pub async fn decide(
 pub async fn exit(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    _body: axum::body::Bytes,
 ) -> Response {
-    match agent(&app, &run, &agent_id) {
+    match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => {
             a.exit();
             Json(json!({"status": "done"})).into_response()

@@ -99,7 +99,9 @@ class _Http:
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"content-type": "application/json"}
+        # The daemon ties each agent to one process, and declares a replay stalled at once
+        # when the process that owes the awaited step has exited.
+        headers = {"content-type": "application/json", "x-retrace-process": str(os.getpid())}
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
         for attempt in (0, 1):

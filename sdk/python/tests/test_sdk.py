@@ -61,3 +61,21 @@ def test_the_sdk_needs_a_daemon(monkeypatch):
     monkeypatch.delenv("RETRACE_URL", raising=False)
     with pytest.raises(sdk.RetraceError, match="RETRACE_URL"):
         sdk.connect()
+
+
+PROCS = [sys.executable, str(HERE / "procs_prog.py")]
+
+
+def test_agents_in_several_processes_replay_and_an_exited_process_is_a_stall_at_once(tmp_path):
+    import time
+    r = retrace(tmp_path, "record", "--", *PROCS)
+    run = r.stdout.strip().splitlines()[-1]
+    assert "reviewer heard backfill_ready" in r.stdout
+    for _ in range(3):
+        assert retrace(tmp_path, "replay", run).returncode == 0
+    started = time.monotonic()
+    r = retrace(tmp_path, "replay", run, "--", *PROCS, "--planner-dies", check=False)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "stall" in r.stderr, r.stderr
+    assert elapsed < 10, f"the stall took {elapsed:.1f}s: it should be declared when the planner's process exits, not after the 30 s timeout"

@@ -157,3 +157,33 @@ async fn a_run_recorded_by_another_sequencer_is_refused_naming_it() {
     assert!(refused.text().contains("one sequencer"), "{}", refused.text());
     assert_eq!(providers.requests(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_belongs_to_one_process() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let step = |pid: u32| {
+        client()
+            .post(format!("{}/api/runs/{run}/agents/planner/steps", d.base))
+            .header("x-retrace-process", pid.to_string())
+            .json(&json!({"type": "clock", "name": "wall", "output": {"unix_ms": 1}}))
+            .send()
+    };
+    let mine = step(std::process::id()).await.unwrap();
+    assert_eq!(mine.status(), 200);
+    // Process 1 is alive and is not this one.
+    let other = step(1).await.unwrap();
+    assert_eq!(other.status(), 409);
+    let text = other.text().await.unwrap();
+    assert!(text.contains("agent_owned") && text.contains(&std::process::id().to_string()), "{text}");
+    let bad = client()
+        .post(format!("{}/api/runs/{run}/agents/planner/steps", d.base))
+        .body("{\"type\": ")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(d.store.last_seq(&run).unwrap(), 1, "only the good step was recorded");
+}
