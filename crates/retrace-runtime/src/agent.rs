@@ -299,7 +299,7 @@ impl Agent {
 
     /// A fork's `model:` and `param:` edits rewrite this agent's requests once it has consumed
     /// every source step before the fork point (in the fork and in replays of it).
-    fn apply_model_edits(&self, call: &ModelCall) -> ModelCall {
+    pub(crate) fn apply_model_edits(&self, call: &ModelCall) -> ModelCall {
         let inner = &self.session.inner;
         let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else { return call.clone() };
         let model = plan.models.get(&self.id);

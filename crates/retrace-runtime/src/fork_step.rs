@@ -49,6 +49,7 @@ impl Agent {
                     let value = self.blob_value(&blob, label)?;
                     if step.seq < at {
                         return Ok(Recorded {
+                            output_ref: Some(blob),
                             value,
                             seq: step.seq,
                             lamport: step.lamport,
@@ -94,15 +95,16 @@ impl Agent {
             Some(ForkMatch::Matched(step)) if step.seq < at => self.inherited(&step, label),
             Some(ForkMatch::Matched(step)) => {
                 let plan = inner.plan.clone().expect("forks have a plan");
+                let raw = input.raw_request.is_some();
                 let output = match plan.outputs.get(&step.seq).or(step.output_ref.as_ref()) {
-                    Some(blob) => Some(self.blob_value(blob, label)?),
+                    Some(blob) => Some(self.stored_output(blob, label, raw)?),
                     None => None,
                 };
                 input.source = Source::Recorded;
                 input.origin_seq = Some(step.seq);
                 let recorded = match (&step.error, output) {
                     (Some(e), _) if !plan.outputs.contains_key(&step.seq) => LiveOutput::error(e.clone()),
-                    (_, Some(v)) => LiveOutput::value(v),
+                    (_, Some(out)) => out,
                     (_, None) => LiveOutput::none(),
                 };
                 self.record(input, prepared, label, || async { Ok(recorded) }).await
@@ -132,7 +134,13 @@ impl Agent {
             Some(blob) => self.blob_value(blob, label)?,
             None => Value::Null,
         };
-        Ok(Recorded { value, seq: step.seq, lamport: step.lamport, causal_parent: step.causal_parent })
+        Ok(Recorded {
+            value,
+            seq: step.seq,
+            lamport: step.lamport,
+            causal_parent: step.causal_parent,
+            output_ref: step.output_ref,
+        })
     }
 
     /// A changed or new step: dry run for side effects, else the caches, else live.
@@ -177,16 +185,28 @@ impl Agent {
         if cacheable {
             if let Some(entry) = inner.store.cache_get(&prepared.key)? {
                 if entry.usable_at(inner.clock.now_ms()) {
-                    let value = self.blob_value(&entry.output_ref, label)?;
+                    let out = self.stored_output(&entry.output_ref, label, input.raw_request.is_some())?;
                     input.source = Source::CacheHit;
-                    return self
-                        .record(input, prepared, label, || async { Ok(LiveOutput::value(value)) })
-                        .await;
+                    return self.record(input, prepared, label, || async { Ok(out) }).await;
                 }
             }
         }
         input.source = Source::Live;
         self.record(input, prepared, label, live).await
+    }
+
+    /// A stored output as a step's output: its bytes as they are for a raw step (the proxy's
+    /// documents), else the JSON value they hold.
+    fn stored_output(
+        &self,
+        blob: &retrace_core::Digest,
+        label: &str,
+        raw: bool,
+    ) -> RuntimeResult<LiveOutput> {
+        if raw {
+            return Ok(LiveOutput::raw(self.session.inner.store.get_blob(blob)?));
+        }
+        Ok(LiveOutput::value(self.blob_value(blob, label)?))
     }
 
     fn blob_value(&self, blob: &retrace_core::Digest, label: &str) -> RuntimeResult<Value> {

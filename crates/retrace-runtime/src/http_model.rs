@@ -69,6 +69,20 @@ pub struct HttpModelReply {
 }
 
 impl Agent {
+    /// A fork's `model:` and `param:` edits rewrite the body's fields (SPEC §4), once they apply.
+    fn apply_raw_model_edits(&self, call: &mut HttpModelCall) {
+        if self.session.inner.plan.is_none() {
+            return;
+        }
+        let Ok(body) = serde_json::from_slice::<Value>(&call.body) else { return };
+        let model_call =
+            crate::agent::ModelCall { provider: call.provider.clone(), endpoint: call.path.clone(), body };
+        let edited = self.apply_model_edits(&model_call);
+        if edited.body != model_call.body {
+            call.body = serde_json::to_vec(&edited.body).expect("a JSON value serializes");
+        }
+    }
+
     /// Runs one proxied model call. Record: runs `live`, then appends the event and waits for
     /// its acknowledgment, so whatever the caller releases afterwards depends on a stored event.
     /// Replay: matches the call by key against this agent's unconsumed recorded steps (SPEC §7)
@@ -79,13 +93,8 @@ impl Agent {
         Fut: Future<Output = RuntimeResult<HttpModelOutput>>,
     {
         let inner = &self.session.inner;
-        if inner.mode == Mode::Fork {
-            return Err(RuntimeError::Usage(
-                "forking a program whose model calls go through the proxy is not supported yet; \
-                 fork programs built on the Rust runtime, or replay this run exactly"
-                    .into(),
-            ));
-        }
+        let mut call = call;
+        self.apply_raw_model_edits(&mut call);
         let name = call.step_name();
         let mut template = self.event(EventType::ModelCall, Some(&name));
         let body: Option<Value> = serde_json::from_slice(&call.body).ok();
@@ -118,18 +127,33 @@ impl Agent {
                 Ok(HttpModelReply { document: out.document, source: Source::Live })
             }
             Mode::Record | Mode::Fork => {
-                let mut document = Vec::new();
+                let mut document = None;
                 let slot = &mut document;
-                self.record(input, prepared, &label, || async move {
+                let live = || async move {
                     let out = live().await?;
-                    slot.clone_from(&out.document);
+                    *slot = Some(out.document.clone());
                     Ok(LiveOutput::raw(out.document)
                         .latency(out.latency_ms)
                         .snapshot(out.snapshot)
                         .usage(out.usage))
-                })
-                .await?;
-                Ok(HttpModelReply { document, source: Source::Live })
+                };
+                let recorded = match inner.mode {
+                    Mode::Fork => self.fork(input, prepared, &label, live).await?,
+                    _ => self.record(input, prepared, &label, live).await?,
+                };
+                match document {
+                    Some(document) => Ok(HttpModelReply { document, source: Source::Live }),
+                    // A fork step served from the source run or a cache: its stored document.
+                    None => {
+                        let output_ref = recorded.output_ref.ok_or_else(|| RuntimeError::Decode {
+                            agent: self.id.clone(),
+                            step: label.clone(),
+                            message: "the recorded step has no output".into(),
+                        })?;
+                        let document = inner.store.get_blob(&output_ref)?;
+                        Ok(HttpModelReply { document, source: Source::Recorded })
+                    }
+                }
             }
             Mode::Replay => {
                 let (_, step) = self.replay(input.no_output(), prepared, &label, None).await?;

@@ -132,6 +132,8 @@ pub(crate) struct Recorded {
     pub(crate) seq: u64,
     pub(crate) lamport: u64,
     pub(crate) causal_parent: Option<u64>,
+    /// The blob of the step's stored output (the source's, for an inherited step).
+    pub(crate) output_ref: Option<Digest>,
 }
 
 /// A request after canonicalisation and masking, with its key.
@@ -318,7 +320,7 @@ impl Agent {
             event.output_hash = Some(output.digest);
             blobs.push(output);
         }
-        let causal_parent = event.causal_parent;
+        let (causal_parent, output_ref) = (event.causal_parent, event.output_ref);
         let cache = self.cache_entry(&event);
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
         let seq = ticket.seq;
@@ -329,7 +331,7 @@ impl Agent {
             Some(message) => {
                 Err(RuntimeError::StepFailed { agent: self.id.clone(), step: label.into(), message })
             }
-            None => Ok(Recorded { value, seq, lamport, causal_parent }),
+            None => Ok(Recorded { value, seq, lamport, causal_parent, output_ref }),
         }
     }
 

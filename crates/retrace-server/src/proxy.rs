@@ -208,13 +208,8 @@ async fn handle(
         Err(e) => return host_error(provider, &e),
     };
     match session.mode() {
-        Mode::Record | Mode::Off => record::record(app, session, call).await,
+        Mode::Record | Mode::Off | Mode::Fork => record::record(app, session, call).await,
         Mode::Replay => replay::replay(app, session, call).await,
-        Mode::Fork => error(
-            provider,
-            StatusCode::NOT_IMPLEMENTED,
-            "retrace proxy: forking a program whose model calls go through the proxy is not supported yet",
-        ),
     }
 }
 

@@ -12,9 +12,11 @@ use retrace_store::diff::{diff_runs, DiffOptions, RunDiff};
 use retrace_store::{BlobHint, Store};
 
 use super::store_from_env;
+use crate::daemon::Embedded;
 use crate::exit::{check_failed, usage, usage_hint};
 use crate::launcher::{self, Child};
 use crate::output::print_json;
+use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 
 /// Fork a run: re-run its program from the start with one input changed, serve every step the
 /// change doesn't reach from the source run at zero tokens, run changed and new steps (from the
@@ -138,20 +140,40 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         argv.join(" "),
         cwd.display()
     );
+    // The fork's own daemon: its proxy and SDK steps belong to the fork run; changed and new
+    // model calls go to the fork's upstreams (the flags, else the source's).
+    let upstream = |flag: &Option<String>, provider: &str| {
+        flag.clone().or_else(|| source.upstreams.get(provider).cloned())
+    };
+    let mut config = super::serve::config(
+        upstream(&args.upstream_openai, "openai"),
+        upstream(&args.upstream_anthropic, "anthropic"),
+        args.stall_timeout,
+    );
+    config.default_run = Some(id.clone());
+    let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;
+    env.extend(daemon.child_env());
     env.push(("RETRACE_MODE".into(), "fork".into()));
     env.push(("RETRACE_RUN".into(), id.clone()));
     env.push(("RETRACE_STALL_TIMEOUT".into(), args.stall_timeout.to_string()));
     if let Some(seed) = args.chaos {
         env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
     }
-    if let Some(url) = &args.upstream_openai {
-        env.push(("OPENAI_BASE_URL".into(), url.clone()));
+    let status = match launcher::run(&Child { argv, cwd, env }) {
+        Ok(status) => status,
+        Err(e) => {
+            daemon.stop();
+            return Err(e);
+        }
+    };
+    let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
+    if daemon.hosts(&id) || (recorded_by_daemon && store.run(&id)?.status == RunStatus::Running) {
+        if let Err(e) = daemon.finish(&id, status) {
+            eprintln!("retrace: finishing fork {id}: {e:#}");
+        }
     }
-    if let Some(url) = &args.upstream_anthropic {
-        env.push(("ANTHROPIC_BASE_URL".into(), url.clone()));
-    }
-    let status = launcher::run(&Child { argv, cwd, env })?;
+    daemon.stop();
     let mut fork = store.run(&id)?;
     fork.exit_status = Some(status);
     if fork.status == RunStatus::Running && store.lease_holder(&id)?.is_none() {

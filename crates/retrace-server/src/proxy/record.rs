@@ -1,4 +1,5 @@
-//! Record: forward the call upstream and record the response's raw bytes as the step's output.
+//! Record (and fork): forward the call upstream and record the response's raw bytes as the
+//! step's output. In a fork, a step that matches the source is served from its recorded bytes.
 //!
 //! A whole response reaches the client once its event is acknowledged. A stream's chunks pass
 //! through as they arrive, except its terminal event (and whatever follows it), which waits for
@@ -76,11 +77,15 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                         let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
                     }
                 }
-                (Ok(_), None) => reply.send_head(error(
-                    call.provider,
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "retrace proxy: the call produced no response",
-                )),
+                // A fork step served from the source run or a cache: nothing ran live.
+                (Ok(served), None) => reply.send_head(match Recorded::decode(&served.document) {
+                    Ok(doc) => respond(doc, true),
+                    Err(e) => error(
+                        call.provider,
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("retrace proxy: {e}"),
+                    ),
+                }),
                 (Err(e), pending) => {
                     let response = runtime_error(&app, &call, &e);
                     match pending {
