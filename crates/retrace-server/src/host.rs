@@ -86,7 +86,12 @@ impl RunHost {
     }
 
     fn open(&self, meta: &RunMeta) -> Result<Session, HostError> {
-        let options = SessionOptions { stall_timeout: self.stall_timeout, ..SessionOptions::default() };
+        // `record --chaos SEED` shuffles deliveries on the daemon's bus too.
+        let options = SessionOptions {
+            stall_timeout: self.stall_timeout,
+            chaos_seed: meta.chaos_seed,
+            ..SessionOptions::default()
+        };
         let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;
         if recording && self.store.lease_holder(&meta.id).ok().flatten().is_none() {
             // Labelled before the session takes the run, whose copy of the run it finishes with.
