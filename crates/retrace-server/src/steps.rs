@@ -279,7 +279,7 @@ pub struct RecvBody {
     timeout_s: Option<f64>,
 }
 
-/// `POST /api/runs/{run}/agents/{agent}/recv` → `{"message": {seq, sender, kind, body} | null}`
+/// `POST /api/runs/{run}/agents/{agent}/recv` → `{"message": {seq, sender, kind, body, parent} | null}`
 pub async fn recv(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
@@ -297,7 +297,7 @@ pub async fn recv(
     let timeout = body.timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
     match agent.recv(timeout).await {
         Ok(Some(m)) => {
-            Json(json!({"message": {"seq": m.seq, "sender": m.sender, "kind": m.kind, "body": m.body}}))
+            Json(json!({"message": {"seq": m.seq, "sender": m.sender, "kind": m.kind, "body": m.body, "parent": m.parent}}))
                 .into_response()
         }
         Ok(None) => Json(json!({"message": null})).into_response(),

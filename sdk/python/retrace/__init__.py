@@ -70,12 +70,14 @@ class StepError(Exception):
 
 @dataclass(frozen=True)
 class Message:
-    """A message an agent heard: the seq of its send, its sender, kind and body."""
+    """A message an agent heard: the seq of its send, its sender, its body, the event that
+    caused the send (``parent``, or None), and its kind."""
 
     seq: int
     sender: str
-    kind: Optional[str]
     body: Any
+    parent: Optional[int] = None
+    kind: Optional[str] = None
 
 
 class _Http:
@@ -246,10 +248,13 @@ class Agent:
         return self._post("send", {"to": to, "kind": kind, "body": _json_roundtrip(body), "parent": parent})["seq"]
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
-        """The next message for this agent, or None when ``timeout`` seconds pass (a recorded
+        """The next message for this agent (``Message(seq, sender, body, parent, kind)``), or None
+        when ``timeout`` seconds pass (a recorded
         timeout, which replay reproduces at once)."""
         m = self._post("recv", {"timeout_s": timeout})["message"]
-        return None if m is None else Message(m["seq"], m["sender"], m.get("kind"), m["body"])
+        if m is None:
+            return None
+        return Message(m["seq"], m["sender"], m["body"], parent=m.get("parent"), kind=m.get("kind"))
 
     def decide(self, action: str, target: Optional[str] = None) -> None:
         """Records a decision; in replay a different decision is a divergence."""

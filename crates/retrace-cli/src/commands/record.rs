@@ -37,6 +37,12 @@ pub struct Args {
     /// Anthropic-compatible upstream (default: $ANTHROPIC_BASE_URL, else api.anthropic.com).
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
+    /// Seconds an upstream may take to answer, and between two chunks of a stream.
+    #[arg(long, value_name = "S", default_value_t = 600.0)]
+    upstream_timeout: f64,
+    /// Largest model request body the proxy accepts, in bytes (after decoding).
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    max_body: usize,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -59,6 +65,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     meta.command = Some(Command { argv: args.command.clone(), cwd: launcher::recorded_cwd()? });
     let mut config = super::serve::config(args.upstream_openai, args.upstream_anthropic, 30.0);
     config.default_run = Some(id.clone());
+    config.upstream_timeout = std::time::Duration::from_secs_f64(args.upstream_timeout.max(0.001));
+    config.max_body = args.max_body;
     meta.upstreams.insert("openai".into(), config.upstream_openai.clone());
     meta.upstreams.insert("anthropic".into(), config.upstream_anthropic.clone());
     store.create_run(&meta)?;
