@@ -39,6 +39,7 @@ pub struct RunHost {
     store: Arc<dyn Store>,
     stall_timeout: Duration,
     runs: Mutex<HashMap<String, Slot>>,
+    opening: Mutex<()>,
 }
 
 impl std::fmt::Debug for RunHost {
@@ -55,7 +56,7 @@ enum Slot {
 impl RunHost {
     /// A host over `store`; replays declare a stall after `stall_timeout` without progress.
     pub fn new(store: Arc<dyn Store>, stall_timeout: Duration) -> RunHost {
-        RunHost { store, stall_timeout, runs: Mutex::new(HashMap::new()) }
+        RunHost { store, stall_timeout, runs: Mutex::new(HashMap::new()), opening: Mutex::new(()) }
     }
 
     /// The store.
@@ -71,18 +72,18 @@ impl RunHost {
                 Slot::Finished => Err(HostError::Finished(run_id.to_owned())),
             };
         }
-        // Opening reads the recorded log: do it outside the lock, then keep the first opened.
+        // One opening at a time: two sessions opened for one record run would both take its
+        // lease (same holder), and the one dropped would release it under the other's feet.
+        let _opening = self.opening.lock();
+        match self.runs.lock().get(run_id) {
+            Some(Slot::Open(s)) => return Ok(s.clone()),
+            Some(Slot::Finished) => return Err(HostError::Finished(run_id.to_owned())),
+            None => {}
+        }
         let meta = self.store.run(run_id).map_err(|_| HostError::UnknownRun(run_id.to_owned()))?;
         let session = self.open(&meta)?;
-        let mut runs = self.runs.lock();
-        match runs.get(run_id) {
-            Some(Slot::Open(s)) => Ok(s.clone()),
-            Some(Slot::Finished) => Err(HostError::Finished(run_id.to_owned())),
-            None => {
-                runs.insert(run_id.to_owned(), Slot::Open(session.clone()));
-                Ok(session)
-            }
-        }
+        self.runs.lock().insert(run_id.to_owned(), Slot::Open(session.clone()));
+        Ok(session)
     }
 
     fn open(&self, meta: &RunMeta) -> Result<Session, HostError> {

@@ -107,6 +107,9 @@ async fn concurrent_calls_replay_whatever_order_they_race_in() {
         assert_eq!(reply.status, 200);
         recorded.entry((p, s)).or_default().push(reply.text());
     }
+    // The first calls raced to open the run's session: exactly one took the lease, and kept it.
+    let holder = d.store.lease_holder(&run).unwrap();
+    assert!(holder.is_some(), "the recording lost its lease to a session opened twice");
     d.finish(&run).await;
     // Concurrent steps of one agent: its Lamport clock still increases with seq.
     let problems = retrace_store::verify::verify_run(d.store.as_ref(), &run);
@@ -204,4 +207,27 @@ async fn a_client_that_disconnects_mid_stream_loses_nothing() {
     let RecordedBody::Stream { chunks, end, .. } = doc.body else { panic!("a stream") };
     assert_eq!(end, StreamEnd::Complete, "recorded to its end although the client left");
     assert!(String::from_utf8_lossy(&chunks.last().unwrap().1).contains("[DONE]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_opened_by_racing_calls_keeps_its_lease() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = std::sync::Arc::new(daemon(&providers, |_| {}).await);
+    for round in 0..10 {
+        let run = d.new_run().await;
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let (d, run) = (d.clone(), run.clone());
+                tokio::spawn(async move {
+                    d.call(&run, &format!("{OPENAI}/chat/completions"), &chat(&format!("{i}"), false)).await
+                })
+            })
+            .collect();
+        for c in calls {
+            assert_eq!(c.await.unwrap().status, 200);
+        }
+        let holder = d.store.lease_holder(&run).unwrap();
+        assert!(holder.is_some(), "round {round}: the recording lost its lease to a session opened twice");
+        d.finish(&run).await;
+    }
 }
