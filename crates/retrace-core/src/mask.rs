@@ -249,37 +249,59 @@ impl Masker {
     }
 
     fn mask_str<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
-        let Some(key) = &self.key else {
+        let found = self.find(text);
+        if found.is_empty() {
             return (Cow::Borrowed(text), 0);
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut copied = 0;
+        for m in &found {
+            out.push_str(&text[copied..m.range.start]);
+            out.push_str(&m.token);
+            copied = m.range.end;
+        }
+        out.push_str(&text[copied..]);
+        (Cow::Owned(out), found.len())
+    }
+
+    /// Every secret the rules find in `text` (a decoded string value or free text): sorted,
+    /// non-overlapping byte ranges with the token each becomes. Never a range inside a token.
+    /// The stream masker maps these ranges back onto the chunks that carried them.
+    pub fn find(&self, text: &str) -> Vec<Found> {
+        let Some(key) = &self.key else {
+            return Vec::new();
         };
-        let mut current: Cow<'a, str> = Cow::Borrowed(text);
-        let mut count = 0;
+        let mut found: Vec<Found> = Vec::new();
+        let mut protected: Option<Vec<std::ops::Range<usize>>> = None;
         for rule in &self.rules.rules {
             let RuleMatch::Literal { value } = &rule.matcher;
-            if value.is_empty() || !current.contains(value.as_str()) {
+            if value.is_empty() || !text.contains(value.as_str()) {
                 continue;
             }
-            let protected = token_spans(&current);
-            let token = key.token(&rule.kind, value);
-            let mut next = String::with_capacity(current.len());
-            let mut copied = 0;
-            for (pos, _) in current.match_indices(value.as_str()) {
-                let end = pos + value.len();
-                if pos < copied || protected.iter().any(|t| t.start < end && pos < t.end) {
+            let protected = protected.get_or_insert_with(|| token_spans(text));
+            for (pos, _) in text.match_indices(value.as_str()) {
+                let range = pos..pos + value.len();
+                let overlaps = |r: &std::ops::Range<usize>| r.start < range.end && range.start < r.end;
+                if protected.iter().any(overlaps) || found.iter().any(|f| overlaps(&f.range)) {
                     continue;
                 }
-                next.push_str(&current[copied..pos]);
-                next.push_str(&token);
-                copied = end;
-                count += 1;
-            }
-            if copied > 0 {
-                next.push_str(&current[copied..]);
-                current = Cow::Owned(next);
+                found.push(Found { range, token: key.token(&rule.kind, value), rule: rule.name.clone() });
             }
         }
-        (current, count)
+        found.sort_by_key(|f| f.range.start);
+        found
     }
+}
+
+/// One secret found in a text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Its byte range in the text.
+    pub range: std::ops::Range<usize>,
+    /// The token that replaces it.
+    pub token: String,
+    /// The name of the rule that found it.
+    pub rule: String,
 }
 
 /// The byte ranges of every token inside `text`.
