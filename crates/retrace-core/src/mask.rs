@@ -437,3 +437,26 @@ mod tests {
         assert!(MaskKey::from_base64("c2hvcnQ=").is_err());
     }
 }
+
+impl MaskRules {
+    /// The rule set a recording uses when `retrace.toml` says nothing (interim: empty until the
+    /// built-in detectors land).
+    pub fn defaults() -> MaskRules {
+        MaskRules::default()
+    }
+}
+
+/// `[mask]` of `retrace.toml` (interim: every file gives the defaults until rule parsing lands).
+pub mod config {
+    use super::MaskRules;
+
+    /// A `[mask]` table that can't be read.
+    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+    #[error("[mask]: {0}")]
+    pub struct MaskConfigError(String);
+
+    /// The rule set of `text` (a whole `retrace.toml`).
+    pub fn parse_toml(_text: &str) -> Result<MaskRules, MaskConfigError> {
+        Ok(MaskRules::defaults())
+    }
+}

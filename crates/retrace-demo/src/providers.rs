@@ -7,7 +7,9 @@
 //! Misbehaviour on request, by the `model` name: `…-gzip` compresses the response whatever the
 //! client accepts; `…-hang` never answers; `…-truncate` breaks a stream off mid-way (and
 //! `…-truncate-early` before its first chunk); `…-429`
-//! answers 429 with `retry-after: 3`; `…-slow` spaces stream chunks by 20 ms.
+//! answers 429 with `retry-after: 3`; `…-slow` spaces stream chunks by 20 ms; `…-echo` answers
+//! with the last user text, streamed in pieces of three characters, and sends it back in an
+//! `x-echo` response header (the privacy canary test's upstream).
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,6 +108,8 @@ struct Ask {
     model: String,
     stream: bool,
     include_usage: bool,
+    /// The last user text, for `…-echo` models.
+    echo: String,
 }
 
 impl Ask {
@@ -114,7 +118,18 @@ impl Ask {
             model: body["model"].as_str().unwrap_or("sim").to_owned(),
             stream: body["stream"].as_bool().unwrap_or(false),
             include_usage: body["stream_options"]["include_usage"].as_bool().unwrap_or(false),
+            echo: last_user_text(body),
         }
+    }
+    /// The answer's text in stream pieces: `n` random words (the first bare, then each with a
+    /// leading space), or for `…-echo` the last user text in pieces of three characters, so a
+    /// secret in the prompt comes back split across chunks.
+    fn pieces(&self, n: usize) -> Vec<String> {
+        if self.wants("-echo") {
+            let chars: Vec<char> = self.echo.chars().collect();
+            return chars.chunks(3).map(|c| c.iter().collect()).collect();
+        }
+        words(n).into_iter().enumerate().map(|(i, w)| if i == 0 { w } else { format!(" {w}") }).collect()
     }
     fn wants(&self, quirk: &str) -> bool {
         self.model.ends_with(quirk)
@@ -122,6 +137,22 @@ impl Ask {
     /// The pinned snapshot a real provider reports for an alias.
     fn snapshot(&self) -> String {
         format!("{}-2026-11-01", self.model)
+    }
+}
+
+/// The text of the last message (Chat Completions and Anthropic `messages`, Responses `input`),
+/// its content a string or a list of text parts.
+fn last_user_text(body: &Value) -> String {
+    let last = match (&body["messages"], &body["input"]) {
+        (Value::Array(m), _) => m.last().cloned().unwrap_or(Value::Null),
+        (_, Value::Array(items)) => items.last().cloned().unwrap_or(Value::Null),
+        (_, Value::String(s)) => return s.clone(),
+        _ => Value::Null,
+    };
+    match &last["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(""),
+        _ => String::new(),
     }
 }
 
@@ -215,6 +246,16 @@ fn sse(ask: &Ask, events: Vec<String>) -> Response {
         .headers_mut()
         .insert("content-type", "text/event-stream; charset=utf-8".parse().expect("header"));
     response.headers_mut().insert("x-request-id", id("req_").parse().expect("header"));
+    echoed(ask, response)
+}
+
+/// For `…-echo` models: the last user text in an `x-echo` response header too.
+fn echoed(ask: &Ask, mut response: Response) -> Response {
+    if ask.wants("-echo") {
+        if let Ok(value) = ask.echo.parse() {
+            response.headers_mut().insert("x-echo", value);
+        }
+    }
     response
 }
 
@@ -224,17 +265,17 @@ async fn chat(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Response 
         Err(r) => return r,
     };
     let (cid, created, model) = (id("chatcmpl-"), now(), ask.snapshot());
-    let text = words(6);
+    let text = ask.pieces(6);
     let usage =
         json!({"prompt_tokens": 12, "completion_tokens": text.len(), "total_tokens": 12 + text.len()});
     if !ask.stream {
         let body = json!({
             "id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text.join(" "), "refusal": null},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text.concat(), "refusal": null},
                          "logprobs": null, "finish_reason": "stop"}],
             "usage": usage, "system_fingerprint": id("fp_"),
         });
-        return json_response(StatusCode::OK, &body, ask.wants("-gzip"));
+        return echoed(&ask, json_response(StatusCode::OK, &body, ask.wants("-gzip")));
     }
     let chunk = |delta: Value, finish: Value| {
         let c = json!({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -242,8 +283,7 @@ async fn chat(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Response 
         format!("data: {c}\n\n")
     };
     let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
-    for (i, w) in text.iter().enumerate() {
-        let piece = if i == 0 { w.clone() } else { format!(" {w}") };
+    for piece in &text {
         events.push(chunk(json!({"content": piece}), Value::Null));
     }
     events.push(chunk(json!({}), json!("stop")));
@@ -262,7 +302,8 @@ async fn responses(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Resp
         Err(r) => return r,
     };
     let (rid, mid, created, model) = (id("resp_"), id("msg_"), now(), ask.snapshot());
-    let text = words(5).join(" ");
+    let pieces = ask.pieces(5);
+    let text = pieces.concat();
     let usage = json!({"input_tokens": 9, "output_tokens": 5, "total_tokens": 14});
     let done = |status: &str| {
         json!({"id": rid, "object": "response", "created_at": created, "status": status, "model": model,
@@ -271,7 +312,7 @@ async fn responses(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Resp
                "usage": usage})
     };
     if !ask.stream {
-        return json_response(StatusCode::OK, &done("completed"), ask.wants("-gzip"));
+        return echoed(&ask, json_response(StatusCode::OK, &done("completed"), ask.wants("-gzip")));
     }
     let mut seq = 0;
     let mut event = |kind: &str, mut data: Value| {
@@ -283,7 +324,7 @@ async fn responses(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Resp
     let mut created_resp = done("in_progress");
     created_resp["output"] = json!([]);
     let mut events = vec![event("response.created", json!({"response": created_resp}))];
-    for w in text.split(' ') {
+    for w in &pieces {
         events.push(event(
             "response.output_text.delta",
             json!({"item_id": mid, "output_index": 0, "content_index": 0, "delta": w}),
@@ -330,15 +371,15 @@ async fn messages(State(counter): State<Arc<AtomicUsize>>, headers: HeaderMap, b
         Err(r) => return r,
     };
     let (mid, model) = (id("msg_"), ask.snapshot());
-    let text = words(7);
+    let text = ask.pieces(7);
     if !ask.stream {
         let body = json!({
             "id": mid, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text.join(" ")}],
+            "content": [{"type": "text", "text": text.concat()}],
             "stop_reason": "end_turn", "stop_sequence": null,
             "usage": {"input_tokens": 21, "output_tokens": text.len()},
         });
-        return json_response(StatusCode::OK, &body, ask.wants("-gzip"));
+        return echoed(&ask, json_response(StatusCode::OK, &body, ask.wants("-gzip")));
     }
     let event = |kind: &str, data: Value| format!("event: {kind}\ndata: {data}\n\n");
     let mut events = vec![
@@ -355,8 +396,7 @@ async fn messages(State(counter): State<Arc<AtomicUsize>>, headers: HeaderMap, b
         // The real API's ping has spaces in its JSON: replay must keep raw bytes.
         "event: ping\ndata: {\"type\": \"ping\"}\n\n".to_owned(),
     ];
-    for (i, w) in text.iter().enumerate() {
-        let piece = if i == 0 { w.clone() } else { format!(" {w}") };
+    for piece in &text {
         events.push(event(
             "content_block_delta",
             json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),

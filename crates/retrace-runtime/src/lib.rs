@@ -35,6 +35,7 @@ mod fork_messaging;
 pub mod fork_sched;
 mod fork_step;
 pub mod http_model;
+pub mod masking;
 pub mod matcher;
 mod messaging;
 pub mod remote;

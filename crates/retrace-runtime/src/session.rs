@@ -8,7 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use retrace_core::key::KeyConfig;
 use retrace_core::lamport::LamportClock;
-use retrace_core::mask::Masker;
+use retrace_core::mask::{MaskKey, MaskRules, Masker};
 use retrace_core::run::{Command, FinalDecision, RunMeta, RunMode, RunStatus};
 use retrace_core::{Divergence, DivergenceCode};
 use retrace_store::{LeaseHolder, RunWriter, Store, StoreConfig};
@@ -22,6 +22,7 @@ use crate::env_sources::{new_run_id, Clock, SystemClock};
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::fork::ForkPlan;
 use crate::fork_sched::ForkState;
+use crate::masking;
 use crate::matcher::RecordedLog;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use retrace_core::edit::Edit;
@@ -51,8 +52,11 @@ pub struct SessionOptions {
     pub command: Option<Command>,
     /// Which request fields keys ignore.
     pub keys: KeyConfig,
-    /// The masking stage.
-    pub masker: Masker,
+    /// Record: the masking rules of a new run (recorded with it). Replay masks with the
+    /// source's recorded rules, a fork with those plus these ([`crate::masking`]).
+    pub mask_rules: MaskRules,
+    /// The mask key tokens are made with; a run holding tokens made under another key is refused.
+    pub mask_key: Option<MaskKey>,
     /// Wait for each event's acknowledgment before the step returns (default). When false, steps
     /// are pipelined and a store failure surfaces at the next step or at `finish`.
     pub wait_for_ack: bool,
@@ -82,7 +86,8 @@ impl Default for SessionOptions {
             labels: BTreeMap::new(),
             command: None,
             keys: KeyConfig::default(),
-            masker: Masker::empty(),
+            mask_rules: MaskRules::default(),
+            mask_key: None,
             wait_for_ack: true,
             clock: Arc::new(SystemClock),
             run_id: None,

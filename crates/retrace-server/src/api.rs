@@ -85,6 +85,8 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
     let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());
     meta.name = body.name;
     meta.labels = body.labels;
+    meta.masking_rules = app.config.mask_rules.clone();
+    meta.mask_key_fingerprint = app.config.mask_key.as_ref().map(|k| k.fingerprint());
     app.host.store().create_run(&meta).map_err(internal)?;
     Ok(Json(json!({"run_id": meta.id, "mode": "record"})))
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use retrace_core::mask::MaskKey;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_runtime::{Agent, Outcome, RunReport, RuntimeError, Session, SessionOptions};
 use retrace_store::Store;
@@ -38,6 +39,7 @@ pub enum HostError {
 pub struct RunHost {
     store: Arc<dyn Store>,
     stall_timeout: Duration,
+    mask_key: Option<MaskKey>,
     runs: Mutex<HashMap<String, Slot>>,
     opening: Mutex<()>,
 }
@@ -55,8 +57,8 @@ enum Slot {
 
 impl RunHost {
     /// A host over `store`; replays declare a stall after `stall_timeout` without progress.
-    pub fn new(store: Arc<dyn Store>, stall_timeout: Duration) -> RunHost {
-        RunHost { store, stall_timeout, runs: Mutex::new(HashMap::new()), opening: Mutex::new(()) }
+    pub fn new(store: Arc<dyn Store>, stall_timeout: Duration, mask_key: Option<MaskKey>) -> RunHost {
+        RunHost { store, stall_timeout, mask_key, runs: Mutex::new(HashMap::new()), opening: Mutex::new(()) }
     }
 
     /// The store.
@@ -91,6 +93,7 @@ impl RunHost {
         let options = SessionOptions {
             stall_timeout: self.stall_timeout,
             chaos_seed: meta.chaos_seed,
+            mask_key: self.mask_key.clone(),
             ..SessionOptions::default()
         };
         let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use axum::routing::{any, get, post};
 use axum::Router;
+use retrace_core::mask::{MaskKey, MaskRules};
 use retrace_store::Store;
 
 use host::RunHost;
@@ -44,6 +45,10 @@ pub struct ServerConfig {
     pub stall_timeout: Duration,
     /// The run that calls naming no run belong to (set by `record`, `replay` and `fork`).
     pub default_run: Option<String>,
+    /// The mask key of every session the daemon opens (none: a key per session, for tests).
+    pub mask_key: Option<MaskKey>,
+    /// The masking rules of runs the daemon creates (`POST /api/runs`).
+    pub mask_rules: MaskRules,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +60,8 @@ impl Default for ServerConfig {
             upstream_timeout: Duration::from_secs(600),
             stall_timeout: Duration::from_secs(30),
             default_run: None,
+            mask_key: None,
+            mask_rules: MaskRules::default(),
         }
     }
 }
@@ -79,7 +86,7 @@ impl AppState {
     /// State over `store`.
     pub fn new(store: Arc<dyn Store>, config: ServerConfig) -> Arc<AppState> {
         Arc::new(AppState {
-            host: Arc::new(RunHost::new(store, config.stall_timeout)),
+            host: Arc::new(RunHost::new(store, config.stall_timeout, config.mask_key.clone())),
             processes: Arc::default(),
             upstreams: Upstreams::new(
                 &config.upstream_openai,

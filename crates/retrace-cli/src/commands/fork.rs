@@ -125,8 +125,14 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     meta.name = source.name.as_ref().map(|n| format!("fork of {n}"));
     meta.chaos_seed = args.chaos;
     meta.command = Some(Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
-    meta.masking_rules = source.masking_rules.clone();
-    meta.mask_key_fingerprint = source.mask_key_fingerprint.clone();
+    let mask = super::mask_from_env()?;
+    retrace_runtime::masking::check_key(&source, Some(&mask.key)).map_err(|e| usage(e.to_string()))?;
+    let (rules, added) = retrace_runtime::masking::fork_rules(&source.masking_rules, &mask.rules);
+    if !added.is_empty() && !source.masking_rules.is_empty() {
+        eprintln!("{}", retrace_runtime::masking::fork_rules_warning(&added));
+    }
+    meta.masking_rules = rules;
+    meta.mask_key_fingerprint = Some(mask.key.fingerprint());
     if let Some(url) = &args.upstream_openai {
         meta.upstreams.insert("openai".into(), url.clone());
     }
@@ -149,7 +155,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         upstream(&args.upstream_openai, "openai"),
         upstream(&args.upstream_anthropic, "anthropic"),
         args.stall_timeout,
-    );
+    )?;
     config.default_run = Some(id.clone());
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;

@@ -63,12 +63,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     meta.labels = labels;
     meta.chaos_seed = args.chaos;
     meta.command = Some(Command { argv: args.command.clone(), cwd: launcher::recorded_cwd()? });
-    let mut config = super::serve::config(args.upstream_openai, args.upstream_anthropic, 30.0);
+    let mut config = super::serve::config(args.upstream_openai, args.upstream_anthropic, 30.0)?;
     config.default_run = Some(id.clone());
     config.upstream_timeout = std::time::Duration::from_secs_f64(args.upstream_timeout.max(0.001));
     config.max_body = args.max_body;
     meta.upstreams.insert("openai".into(), config.upstream_openai.clone());
     meta.upstreams.insert("anthropic".into(), config.upstream_anthropic.clone());
+    meta.masking_rules = config.mask_rules.clone();
+    meta.mask_key_fingerprint = config.mask_key.as_ref().map(|k| k.fingerprint());
+    refuse_original_without_vault(&meta.masking_rules)?;
     store.create_run(&meta)?;
     eprintln!("retrace: recording run {id}: {}", args.command.join(" "));
     let daemon = Embedded::start(store.clone(), config)?;
@@ -112,4 +115,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
     println!("{id}");
     std::process::exit(status);
+}
+
+/// SPEC §7: a rule whose replay hands back the original needs the vault to hold originals.
+fn refuse_original_without_vault(rules: &retrace_core::mask::MaskRules) -> anyhow::Result<()> {
+    let original: Vec<&str> = rules
+        .rules
+        .iter()
+        .filter(|r| r.replay == retrace_core::mask::ReplayAs::Original)
+        .map(|r| r.name.as_str())
+        .collect();
+    let vault_key = std::env::var("RETRACE_VAULT_KEY").is_ok_and(|v| !v.trim().is_empty());
+    if original.is_empty() || vault_key {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "masking rule(s) {} say replay = \"original\", which needs the originals in the vault: set \
+         RETRACE_VAULT_KEY (32 bytes, base64), or make those rules replay as \"token\"",
+        original.join(", ")
+    )))
 }

@@ -6,7 +6,7 @@ use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
 use super::store_from_env;
 use crate::daemon::Embedded;
-use crate::exit::check_failed;
+use crate::exit::{check_failed, usage};
 use crate::launcher::{self, Child};
 use crate::output::print_json;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
@@ -42,6 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
     let source = launcher::source_run(store.as_ref(), &args.run)?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
+    // Refused before anything runs: tokens made under another key would never match.
+    let mask = super::mask_from_env()?;
+    retrace_runtime::masking::check_key(&source, Some(&mask.key)).map_err(|e| usage(e.to_string()))?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
@@ -51,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("retrace: replaying {} as {id}: {} (in {})", source.id, argv.join(" "), cwd.display());
     // Replay makes no live call: the daemon's upstreams point nowhere.
     let nowhere = Some("http://127.0.0.1:9/replay-makes-no-live-calls".to_owned());
-    let mut config = super::serve::config(nowhere.clone(), nowhere, args.stall_timeout);
+    let mut config = super::serve::config(nowhere.clone(), nowhere, args.stall_timeout)?;
     config.default_run = Some(id.clone());
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;

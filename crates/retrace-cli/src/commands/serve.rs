@@ -38,24 +38,28 @@ pub struct Args {
     upstream_timeout: f64,
 }
 
-/// The daemon's configuration from the flags shared by `serve`, `record` and `replay`.
+/// The daemon's configuration from the flags shared by `serve`, `record` and `replay`, with
+/// the store's mask key and `./retrace.toml`'s masking rules.
 pub fn config(
     upstream_openai: Option<String>,
     upstream_anthropic: Option<String>,
     stall_timeout: f64,
-) -> ServerConfig {
-    ServerConfig {
+) -> anyhow::Result<ServerConfig> {
+    let mask = super::mask_from_env()?;
+    Ok(ServerConfig {
         upstream_openai: upstream(upstream_openai, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
         upstream_anthropic: upstream(upstream_anthropic, "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
         stall_timeout: Duration::from_secs_f64(stall_timeout.max(0.0)),
+        mask_key: Some(mask.key),
+        mask_rules: mask.rules,
         ..ServerConfig::default()
-    }
+    })
 }
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
-    let mut config = config(args.upstream_openai, args.upstream_anthropic, args.stall_timeout);
+    let mut config = config(args.upstream_openai, args.upstream_anthropic, args.stall_timeout)?;
     config.max_body = args.max_body;
     config.upstream_timeout = Duration::from_secs_f64(args.upstream_timeout.max(0.001));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -9,12 +9,13 @@ impl Session {
         meta.name = options.name.clone();
         meta.labels = options.labels.clone();
         meta.command = options.command.clone();
-        meta.masking_rules = options.masker.rules().clone();
-        meta.mask_key_fingerprint = options.masker.key_fingerprint();
+        meta.masking_rules = options.mask_rules.clone();
+        meta.mask_key_fingerprint = options.mask_key.as_ref().map(MaskKey::fingerprint);
         meta.chaos_seed = options.chaos_seed;
+        let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
         store.create_run(&meta)?;
         let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
-        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
+        Ok(Session::build(Mode::Record, store, Some(writer), None, meta, masker, options))
     }
 
     /// Replays `source` (a run id or unique prefix) exactly, as a new replay run.
@@ -34,6 +35,9 @@ impl Session {
                 )));
             }
         }
+        masking::check_key(&source_meta, options.mask_key.as_ref())?;
+        // Replay masks with the recorded rule set: a change of rules is never a divergence.
+        let masker = masking::masker(source_meta.masking_rules.clone(), options.mask_key.as_ref())?;
         let log = RecordedLog::load(store.as_ref(), &source_meta.id)?;
         let id = options.run_id.clone().unwrap_or_else(new_run_id);
         let mut meta = match store.run(&id) {
@@ -58,7 +62,7 @@ impl Session {
             RunMode::Fork => Some(plan_of(store.as_ref(), &source_meta)?),
             _ => None,
         };
-        let mut session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, options);
+        let mut session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, masker, options);
         Arc::get_mut(&mut session.inner).expect("just built").plan = plan.map(Arc::new);
         session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
         Ok(session)
@@ -77,6 +81,9 @@ impl Session {
             .source_run
             .clone()
             .ok_or_else(|| RuntimeError::Usage(format!("fork {} names no source run", meta.id)))?;
+        masking::check_key(&store.run(&source)?, options.mask_key.as_ref())?;
+        // The fork's rules were fixed when it was created: the source's plus today's.
+        let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
         let plan = plan_of(store.as_ref(), &meta)?;
         let log = RecordedLog::load(store.as_ref(), &source)?;
         let state = ForkState::new(plan.at, &log, &plan.swaps);
@@ -84,7 +91,8 @@ impl Session {
         let scheduler = Scheduler::with_fork(log, config, Some(state));
         store_divergence_when_found(&scheduler, &store, &meta.id);
         let writer = RunWriter::open(store.clone(), &meta.id, LeaseHolder::current())?;
-        let mut session = Session::build(Mode::Fork, store, Some(writer), Some(scheduler), meta, options);
+        let mut session =
+            Session::build(Mode::Fork, store, Some(writer), Some(scheduler), meta, masker, options);
         Arc::get_mut(&mut session.inner).expect("just built").plan = Some(Arc::new(plan));
         Ok(session)
     }
@@ -113,8 +121,16 @@ impl Session {
             options.name.clone().or_else(|| source_meta.name.as_ref().map(|n| format!("fork of {n}")));
         meta.command = options.command.clone().or_else(|| source_meta.command.clone());
         meta.chaos_seed = options.chaos_seed;
-        meta.masking_rules = source_meta.masking_rules.clone();
-        meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();
+        let (rules, added) = masking::fork_rules(&source_meta.masking_rules, &options.mask_rules);
+        if !added.is_empty() && !source_meta.masking_rules.is_empty() {
+            eprintln!("{}", masking::fork_rules_warning(&added));
+        }
+        meta.masking_rules = rules;
+        meta.mask_key_fingerprint = options
+            .mask_key
+            .as_ref()
+            .map(MaskKey::fingerprint)
+            .or_else(|| source_meta.mask_key_fingerprint.clone());
         store.create_run(&meta)?;
         Session::fork(store, &id, options)
     }
@@ -122,7 +138,7 @@ impl Session {
     /// A session that runs everything live and records nothing (`RETRACE_MODE=off`).
     pub fn off(store: Arc<dyn Store>, options: SessionOptions) -> Session {
         let meta = RunMeta::new(new_run_id(), RunMode::Record, options.clock.now_ms());
-        Session::build(Mode::Off, store, None, None, meta, options)
+        Session::build(Mode::Off, store, None, None, meta, Masker::empty(), options)
     }
 
     /// Joins the run a launcher (`retrace record|replay -- CMD`) set up, from `RETRACE_MODE`
@@ -149,6 +165,7 @@ impl Session {
         }
         let config = StoreConfig::from_env()?;
         let store = retrace_store::open_store(&config)?;
+        masking::fill_from_env(&mut options, &config)?;
         let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
         let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
         match mode.as_str() {
@@ -195,8 +212,11 @@ impl Session {
         let meta = store.run(run_id)?;
         match meta.mode {
             RunMode::Record if meta.status == RunStatus::Running => {
+                // Joining a recording: its tokens so far were made under its recorded key.
+                masking::check_joining_key(&meta, options.mask_key.as_ref())?;
+                let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
                 let writer = RunWriter::open(store.clone(), run_id, LeaseHolder::current())?;
-                Ok(Session::build(Mode::Record, store, Some(writer), None, meta, options))
+                Ok(Session::build(Mode::Record, store, Some(writer), None, meta, masker, options))
             }
             RunMode::Record => Err(RuntimeError::Usage(format!(
                 "run {run_id} is a record run with status {}; record into a new run id",
@@ -220,6 +240,7 @@ impl Session {
         writer: Option<RunWriter>,
         scheduler: Option<Arc<Scheduler>>,
         run: RunMeta,
+        masker: Masker,
         options: SessionOptions,
     ) -> Session {
         let bus = matches!(mode, Mode::Record | Mode::Off)
@@ -235,7 +256,7 @@ impl Session {
                 prompts_dir: options.prompts_dir,
                 prices: options.prices,
                 keys: options.keys,
-                masker: options.masker,
+                masker,
                 wait_for_ack: options.wait_for_ack,
                 clock: options.clock,
                 run: Mutex::new(run),

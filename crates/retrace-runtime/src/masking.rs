@@ -1,0 +1,238 @@
+//! Where a session's masking comes from (SPEC §3, §7): the mask key, the rule set of a new
+//! run, and the checks that keep a run's tokens meaningful.
+//!
+//! - The key is `RETRACE_MASK_KEY`, else `RETRACE_HOME/mask.key`, generated once (mode 0600)
+//!   with a notice that traces holding tokens replay only under it. A memory store gets a key
+//!   that lives as long as the process.
+//! - A new recording takes its rules from `[mask]` of `./retrace.toml` (the defaults when there
+//!   is no file or no table) and records them with the run; replay masks with the recorded set,
+//!   a fork with the recorded set plus today's.
+//! - A run that holds tokens is only opened under the key it was recorded with.
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use retrace_core::mask::{MaskKey, MaskRules, Masker};
+use retrace_core::run::RunMeta;
+use retrace_store::open::StoreLocation;
+use retrace_store::StoreConfig;
+
+use crate::error::{RuntimeError, RuntimeResult};
+
+/// The file under `RETRACE_HOME` that holds a generated mask key.
+pub const MASK_KEY_FILE: &str = "mask.key";
+
+/// The project configuration file whose `[mask]` table holds masking rules.
+pub const CONFIG_FILE: &str = "retrace.toml";
+
+/// The mask key of this process, and where it came from.
+#[derive(Debug, Clone)]
+pub struct ResolvedKey {
+    /// The key.
+    pub key: MaskKey,
+    /// Where it came from, for messages: `RETRACE_MASK_KEY`, a file, or `this process`.
+    pub source: String,
+    /// Set when the key was generated just now: what the user should know.
+    pub notice: Option<String>,
+}
+
+/// The mask key for a store: `RETRACE_MASK_KEY`, else the store home's `mask.key` (generated
+/// on first use), else (a memory store) a key for this process only.
+pub fn resolve_key(store: &StoreConfig) -> RuntimeResult<ResolvedKey> {
+    let from_env = std::env::var("RETRACE_MASK_KEY").ok().filter(|v| !v.trim().is_empty());
+    if let Some(text) = from_env {
+        let key =
+            MaskKey::from_base64(&text).map_err(|e| RuntimeError::Usage(format!("RETRACE_MASK_KEY: {e}")))?;
+        return Ok(ResolvedKey { key, source: "RETRACE_MASK_KEY".into(), notice: None });
+    }
+    match home_of(store) {
+        Some(home) => key_file(&home),
+        None => Ok(ResolvedKey {
+            key: MaskKey::from_bytes(rand::random()),
+            source: "this process (memory store)".into(),
+            notice: None,
+        }),
+    }
+}
+
+/// The folder a store keeps its mask key in: the SQLite database's folder.
+pub fn home_of(store: &StoreConfig) -> Option<PathBuf> {
+    match &store.location {
+        StoreLocation::Sqlite { path } => Some(path.parent().unwrap_or(Path::new(".")).to_path_buf()),
+        StoreLocation::Memory => None,
+    }
+}
+
+/// Reads `home/mask.key`, generating it (mode 0600) when absent.
+fn key_file(home: &Path) -> RuntimeResult<ResolvedKey> {
+    let path = home.join(MASK_KEY_FILE);
+    let source = path.display().to_string();
+    let read = |path: &Path| -> RuntimeResult<MaskKey> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| RuntimeError::Usage(format!("can't read the mask key {}: {e}", path.display())))?;
+        MaskKey::from_base64(&text).map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display())))
+    };
+    if path.exists() {
+        return Ok(ResolvedKey { key: read(&path)?, source, notice: None });
+    }
+    std::fs::create_dir_all(home)
+        .map_err(|e| RuntimeError::Usage(format!("can't create {}: {e}", home.display())))?;
+    let key = MaskKey::from_bytes(rand::random());
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(&path) {
+        Ok(mut file) => {
+            file.write_all(format!("{}\n", key.to_base64()).as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| RuntimeError::Usage(format!("can't write the mask key {source}: {e}")))?;
+            let notice = format!(
+                "retrace: generated a mask key at {source} ({}); traces that hold masked tokens replay \
+                 only under this key: give other machines and CI its contents as RETRACE_MASK_KEY (a secret)",
+                key.fingerprint()
+            );
+            Ok(ResolvedKey { key, source, notice: Some(notice) })
+        }
+        // Another process generated it first: use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Ok(ResolvedKey { key: read(&path)?, source, notice: None })
+        }
+        Err(e) => Err(RuntimeError::Usage(format!("can't create the mask key {source}: {e}"))),
+    }
+}
+
+/// The rule set for new recordings: `[mask]` of `dir/retrace.toml`, or the defaults.
+pub fn rules_in(dir: &Path) -> RuntimeResult<MaskRules> {
+    let path = dir.join(CONFIG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => retrace_core::mask::config::parse_toml(&text)
+            .map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(MaskRules::defaults()),
+        Err(e) => Err(RuntimeError::Usage(format!("can't read {}: {e}", path.display()))),
+    }
+}
+
+/// The rule set for new recordings, from `./retrace.toml`.
+pub fn rules_from_cwd() -> RuntimeResult<MaskRules> {
+    rules_in(Path::new("."))
+}
+
+/// Refuses to open `run` under `key` when the run holds tokens made under another key
+/// (SPEC §3: exit 2, naming both fingerprints).
+pub fn check_key(run: &RunMeta, key: Option<&MaskKey>) -> RuntimeResult<()> {
+    if !run.holds_tokens {
+        return Ok(());
+    }
+    let ours = key.map(MaskKey::fingerprint);
+    match (&run.mask_key_fingerprint, &ours) {
+        (Some(theirs), Some(ours)) if theirs == ours => Ok(()),
+        (theirs, ours) => Err(RuntimeError::Usage(format!(
+            "run {} holds masked tokens made under mask key {}, but this machine's key is {}: \
+             replaying it would never match its keys. Set RETRACE_MASK_KEY to the key the run was \
+             recorded with",
+            run.id,
+            theirs.as_deref().unwrap_or("(none recorded)"),
+            ours.as_deref().unwrap_or("(none)"),
+        ))),
+    }
+}
+
+/// Refuses to join a recording in progress under a key other than the one it started with.
+pub fn check_joining_key(run: &RunMeta, key: Option<&MaskKey>) -> RuntimeResult<()> {
+    match &run.mask_key_fingerprint {
+        Some(_) => check_key(&RunMeta { holds_tokens: true, ..run.clone() }, key),
+        None => Ok(()),
+    }
+}
+
+/// Fills a session's masking from the environment and `./retrace.toml`: the key of
+/// [`resolve_key`] (its notice, if any, on standard error) and, unless set already, the rules
+/// of [`rules_from_cwd`].
+pub fn fill_from_env(options: &mut crate::SessionOptions, store: &StoreConfig) -> RuntimeResult<()> {
+    if options.mask_key.is_none() {
+        let resolved = resolve_key(store)?;
+        if let Some(notice) = &resolved.notice {
+            eprintln!("{notice}");
+        }
+        options.mask_key = Some(resolved.key);
+    }
+    if options.mask_rules.is_empty() {
+        options.mask_rules = rules_from_cwd()?;
+    }
+    Ok(())
+}
+
+/// The warning a fork prints when today's rules mask more than its source's.
+pub fn fork_rules_warning(added: &[String]) -> String {
+    format!(
+        "retrace: this fork masks with rules its source was not recorded with ({}); unchanged steps \
+         that hold newly masked values will run as changed",
+        added.join(", ")
+    )
+}
+
+/// The masking stage for `rules` under `key`; a run opened with no key at all gets a key for
+/// this process (it holds no tokens, or [`check_key`] would have refused it).
+pub fn masker(rules: MaskRules, key: Option<&MaskKey>) -> RuntimeResult<Masker> {
+    let key = key.cloned().unwrap_or_else(|| MaskKey::from_bytes(rand::random()));
+    Masker::new(rules, Some(key)).map_err(|e| RuntimeError::Usage(e.to_string()))
+}
+
+/// A fork's rule set: the source's recorded rules, then today's rules the source lacks. The
+/// second value names the added rules (steps holding newly masked values will run as changed).
+pub fn fork_rules(recorded: &MaskRules, today: &MaskRules) -> (MaskRules, Vec<String>) {
+    let mut rules = recorded.clone();
+    let mut added = Vec::new();
+    for rule in &today.rules {
+        if !recorded.rules.contains(rule) {
+            added.push(rule.name.clone());
+            rules.rules.push(rule.clone());
+        }
+    }
+    (rules, added)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_key_is_private_and_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = key_file(dir.path()).unwrap();
+        assert!(first.notice.as_deref().unwrap().contains(&first.key.fingerprint()));
+        let again = key_file(dir.path()).unwrap();
+        assert!(again.notice.is_none());
+        assert_eq!(again.key.fingerprint(), first.key.fingerprint());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join(MASK_KEY_FILE)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn a_run_with_tokens_needs_its_own_key() {
+        let (a, b) = (MaskKey::from_bytes([1; 32]), MaskKey::from_bytes([2; 32]));
+        let mut run = RunMeta::new("r1", retrace_core::run::RunMode::Record, 0);
+        run.mask_key_fingerprint = Some(a.fingerprint());
+        check_key(&run, Some(&b)).unwrap();
+        run.holds_tokens = true;
+        check_key(&run, Some(&a)).unwrap();
+        let err = check_key(&run, Some(&b)).unwrap_err().to_string();
+        assert!(err.contains(&a.fingerprint()) && err.contains(&b.fingerprint()), "{err}");
+        assert!(check_key(&run, None).is_err());
+    }
+
+    #[test]
+    fn fork_rules_keep_the_recorded_ones_first() {
+        let rules = MaskRules::defaults();
+        let (same, added) = fork_rules(&rules, &rules);
+        assert_eq!(same, rules);
+        assert!(added.is_empty());
+        let (union, added) = fork_rules(&MaskRules::default(), &rules);
+        assert_eq!(union, rules);
+        assert_eq!(added.len(), rules.rules.len());
+    }
+}
