@@ -51,7 +51,7 @@ say "retrace: $bin"
 
 cd "$root"
 set +e
-"$venv/bin/python" -m pytest "$here/proxy" "$root/sdk/python/tests" "$here/agents" "$here/api" -p no:cacheprovider -v -rfE --durations=5 "$@"
+"$venv/bin/python" -m pytest "$here/proxy" "$root/sdk/python/tests" "$here/agents" "$here/api" "$here/privacy" -p no:cacheprovider -v -rfE --durations=5 "$@"
 status=$?
 set -e
 if [[ $status -eq 0 ]]; then

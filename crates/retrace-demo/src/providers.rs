@@ -7,7 +7,7 @@
 //! Misbehaviour on request, by the `model` name: `…-gzip` compresses the response whatever the
 //! client accepts; `…-hang` never answers; `…-truncate` breaks a stream off mid-way (and
 //! `…-truncate-early` before its first chunk); `…-429`
-//! answers 429 with `retry-after: 3`; `…-slow` spaces stream chunks by 20 ms; `…-echo` answers
+//! answers 429 with `retry-after: 3`; `…-slow` spaces stream chunks by 20 ms; `…-echo…` answers
 //! with the last user text, streamed in pieces of three characters, and sends it back in an
 //! `x-echo` response header (the privacy canary test's upstream).
 use std::io::Write;
@@ -125,7 +125,7 @@ impl Ask {
     /// leading space), or for `…-echo` the last user text in pieces of three characters, so a
     /// secret in the prompt comes back split across chunks.
     fn pieces(&self, n: usize) -> Vec<String> {
-        if self.wants("-echo") {
+        if self.echoes() {
             let chars: Vec<char> = self.echo.chars().collect();
             return chars.chunks(3).map(|c| c.iter().collect()).collect();
         }
@@ -133,6 +133,10 @@ impl Ask {
     }
     fn wants(&self, quirk: &str) -> bool {
         self.model.ends_with(quirk)
+    }
+    /// `-echo` combines with the other quirks (`sim-echo-gzip`).
+    fn echoes(&self) -> bool {
+        self.model.contains("-echo")
     }
     /// The pinned snapshot a real provider reports for an alias.
     fn snapshot(&self) -> String {
@@ -251,7 +255,7 @@ fn sse(ask: &Ask, events: Vec<String>) -> Response {
 
 /// For `…-echo` models: the last user text in an `x-echo` response header too.
 fn echoed(ask: &Ask, mut response: Response) -> Response {
-    if ask.wants("-echo") {
+    if ask.echoes() {
         if let Ok(value) = ask.echo.parse() {
             response.headers_mut().insert("x-echo", value);
         }
