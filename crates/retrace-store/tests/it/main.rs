@@ -2,4 +2,5 @@
 mod knew;
 mod memory;
 mod sqlite;
+mod sqlite_v3;
 mod storage;
