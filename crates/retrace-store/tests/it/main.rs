@@ -1,4 +1,5 @@
 //! The store's integration tests: the conformance suite on every backend, then SQLite specifics.
+mod gc_props;
 mod knew;
 mod memory;
 mod sqlite;
