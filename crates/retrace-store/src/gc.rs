@@ -35,10 +35,12 @@
 //! and within the grace period. Blobs of old stores carry no insertion time (`NULL`): they count
 //! as old. The plan is checked again inside the transaction: a fork or running replay created
 //! since it was made still keeps its source.
+mod config;
 mod plan;
 
 use crate::StoreResult;
 
+pub use config::{RetentionConfig, RetentionConfigError};
 pub use plan::{blob_cutoff, edit_blobs, plan, settle};
 
 /// One day in milliseconds.
@@ -72,6 +74,14 @@ impl GcConfig {
             routine_max_age_ms: routine_days.saturating_mul(DAY_MS),
             blob_grace_ms: DEFAULT_BLOB_GRACE_MS,
             dry_run: false,
+        }
+    }
+
+    /// From `[retention]` settings.
+    pub fn from_retention(now_ms: u64, retention: &RetentionConfig) -> GcConfig {
+        GcConfig {
+            blob_grace_ms: retention.blob_grace_minutes.saturating_mul(60_000),
+            ..GcConfig::new(now_ms, retention.routine_days)
         }
     }
 }
