@@ -185,7 +185,7 @@ fn sweep_segments(tx: &Connection) -> StoreResult<u64> {
         .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
         .ctx(|| WHAT)?;
     for (location, size) in packed {
-        let (first, mut offset) = (location >> 16, (location & 0xffff) as i64);
+        let (first, mut offset) = (location >> 16, location & 0xffff);
         let Some(mut i) = index.get(&first).copied() else { continue };
         let mut left = size;
         while left > 0 && i < segments.len() {
