@@ -127,21 +127,25 @@ pub trait VaultStore: Send + Sync {
 /// Seals each `(token, original)` under `key` and puts them into the vault in one transaction:
 /// what the runtime calls with the originals it replaced while masking. Tokens already in the
 /// vault are left as they are. Returns how many tokens were new.
-pub fn store_originals(
-    store: &dyn VaultStore,
-    key: &VaultKey,
-    originals: &[(String, Vec<u8>)],
-) -> StoreResult<usize> {
+///
+/// Generic over the store so that any `&dyn Store` (or a concrete store) can be passed.
+pub fn store_originals<S, T, B>(store: &S, key: &VaultKey, originals: &[(T, B)]) -> StoreResult<usize>
+where
+    S: VaultStore + ?Sized,
+    T: AsRef<str>,
+    B: AsRef<[u8]>,
+{
     if originals.is_empty() {
         return Ok(0);
     }
     let sealed: Vec<(String, Sealed)> = originals
         .iter()
         .map(|(token, original)| {
+            let token = token.as_ref();
             if token.is_empty() {
                 return Err(StoreError::invalid("a vault entry needs a token"));
             }
-            Ok((token.clone(), seal(key, token, original)))
+            Ok((token.to_owned(), seal(key, token, original.as_ref())))
         })
         .collect::<StoreResult<_>>()?;
     store.vault_put(&sealed)

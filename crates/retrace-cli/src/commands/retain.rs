@@ -1,5 +1,5 @@
 //! `retrace retain`: set a run's retention tier (routine, incident, pinned).
-use retrace_core::run::{Retention, RunMode};
+use retrace_core::run::{Retention, RunMode, RunStatus};
 
 use crate::commands::store_from_env;
 use crate::exit;
@@ -63,6 +63,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let previous = meta.retention;
     meta.retention = args.tier;
     store.update_run(&meta)?;
+    if meta.status == RunStatus::Running {
+        eprintln!(
+            "warning: run {} is still running; its recorder writes the run's metadata when it ends, \
+             which may undo this: run `retrace retain {} {}` again once it has",
+            meta.id, meta.id, args.tier
+        );
+    }
     if args.json {
         return print_json(&serde_json::json!({
             "run": meta.id,

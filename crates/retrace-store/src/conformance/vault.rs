@@ -35,7 +35,7 @@ pub fn vault_put_is_idempotent(make: MakeStore<'_>) {
     assert!(stored.created_at_ms > 0);
     assert_eq!(store.vault_get("rtk_unknown").unwrap(), None);
     assert_eq!(store.vault_put(&[]).unwrap(), 0);
-    assert_eq!(store_originals(&*store, &key, &[("rtk_new".into(), b"v".to_vec())]).unwrap(), 1);
+    assert_eq!(store_originals(&*store, &key, &[("rtk_new", b"v".to_vec())]).unwrap(), 1);
     assert!(store.vault_get("rtk_new").unwrap().is_some());
 }
 
@@ -61,7 +61,7 @@ pub fn audit_appends_in_order(make: MakeStore<'_>) {
 pub fn reveal_audits_every_attempt(make: MakeStore<'_>) {
     let store = make();
     let key = VaultKey::from_bytes([9; 32]);
-    store_originals(&*store, &key, &[(TOKEN.into(), b"ada@example.com".to_vec())]).unwrap();
+    store_originals(&*store, &key, &[(TOKEN, b"ada@example.com".to_vec())]).unwrap();
     let admin = Revealer { who: "ada".into(), role: "admin".into() };
     let text = key.to_base64();
     let wrong = VaultKey::from_bytes([8; 32]).to_base64();

@@ -80,7 +80,11 @@ fn allowed(role: &str) -> bool {
 
 /// Reveals the original of `request.token` to `by`, auditing the attempt whatever comes of it:
 /// `reveal` with outcome `ok`, or `reveal_refused` with the reason for the refusal.
-pub fn reveal(store: &dyn VaultStore, by: &Revealer, request: &Reveal<'_>) -> Result<Vec<u8>, RevealError> {
+pub fn reveal<S: VaultStore + ?Sized>(
+    store: &S,
+    by: &Revealer,
+    request: &Reveal<'_>,
+) -> Result<Vec<u8>, RevealError> {
     let attempt = (|| {
         if request.reason.trim().is_empty() {
             return Err(RevealError::NoReason);
@@ -111,7 +115,11 @@ pub fn reveal(store: &dyn VaultStore, by: &Revealer, request: &Reveal<'_>) -> Re
 
 /// The original of `token` under `key`, without auditing: for a replay run whose one
 /// [`audit_replay_original`] entry covers every token it is handed.
-pub fn open_original(store: &dyn VaultStore, key: &VaultKey, token: &str) -> Result<Vec<u8>, RevealError> {
+pub fn open_original<S: VaultStore + ?Sized>(
+    store: &S,
+    key: &VaultKey,
+    token: &str,
+) -> Result<Vec<u8>, RevealError> {
     let entry =
         store.vault_get(token)?.ok_or_else(|| RevealError::UnknownToken { token: token.to_owned() })?;
     open(key, token, &entry.sealed).map_err(RevealError::CannotOpen)
@@ -120,8 +128,8 @@ pub fn open_original(store: &dyn VaultStore, key: &VaultKey, token: &str) -> Res
 /// Audits that replay run `run` will be handed originals (SPEC §7: one entry per replay run):
 /// `replay_original` when `by` may see them and a key is set, else `replay_original_refused`
 /// and the refusal. Call it once before the run starts, then [`open_original`] per token.
-pub fn audit_replay_original(
-    store: &dyn VaultStore,
+pub fn audit_replay_original<S: VaultStore + ?Sized>(
+    store: &S,
     by: &Revealer,
     run: &str,
     reason: &str,
