@@ -257,6 +257,27 @@ impl EventStore for Counting {
     }
 }
 
+impl retrace_store::VaultStore for Counting {
+    fn vault_put(&self, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
+        self.inner.vault_put(sealed)
+    }
+    fn vault_get(&self, token: &str) -> StoreResult<Option<retrace_store::vault::VaultEntry>> {
+        self.inner.vault_get(token)
+    }
+    fn audit_append(&self, entry: &retrace_store::vault::AuditEntry) -> StoreResult<u64> {
+        self.inner.audit_append(entry)
+    }
+    fn audit_list(&self, subject: Option<&str>) -> StoreResult<Vec<retrace_store::vault::AuditRecord>> {
+        self.inner.audit_list(subject)
+    }
+}
+
+impl retrace_store::GcStore for Counting {
+    fn collect_garbage(&self, request: &retrace_store::GcRequest) -> StoreResult<retrace_store::GcReport> {
+        self.inner.collect_garbage(request)
+    }
+}
+
 impl Store for Counting {
     fn backend(&self) -> &'static str {
         self.inner.backend()

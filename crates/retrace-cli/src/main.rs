@@ -48,6 +48,12 @@ enum Command {
     Export(commands::export::Args),
     /// Read a trace file into the store.
     Import(commands::import::Args),
+    /// Set how long a run is kept: routine, incident or pinned.
+    Retain(commands::retain::Args),
+    /// Delete expired runs and the blobs nothing references any more.
+    Gc(commands::gc::Args),
+    /// Reveal the original of a masked value (audited), or list the audit log.
+    Vault(commands::vault::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +80,9 @@ fn main() -> ExitCode {
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Import(args) => commands::import::run(args),
+        Command::Retain(args) => commands::retain::run(args),
+        Command::Gc(args) => commands::gc::run(args),
+        Command::Vault(args) => commands::vault::run(args),
     };
     exit::finish(result)
 }

@@ -7,7 +7,8 @@
 //! - step keys ([`key`]), computed on the output of the masking stage ([`mask`]);
 //! - Lamport clocks ([`lamport`]), runs ([`run`]), the export format ([`export`]);
 //! - the price table for model tokens ([`prices`]);
-//! - [`divergence::Divergence`], built in one place with a stable code.
+//! - [`divergence::Divergence`], built in one place with a stable code;
+//! - the token vault's sealing of masked originals ([`vault`]).
 //!
 //! ```
 //! use retrace_core::{envelope::EventType, json, key::KeyConfig, mask::Masker};
@@ -35,6 +36,7 @@ pub mod lamport;
 pub mod mask;
 pub mod prices;
 pub mod run;
+pub mod vault;
 
 pub use digest::Digest;
 pub use divergence::{Divergence, DivergenceCode};

@@ -16,8 +16,10 @@ use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind, StoreResult};
 mod blobs;
 mod cache;
 mod events;
+mod gc;
 mod leases;
 mod runs;
+mod vault;
 mod writer;
 
 pub use blobs::{
@@ -33,10 +35,15 @@ pub use events::{
     event_round_trips_exactly, events_paging_and_lookup, failed_commit_stores_nothing,
     fork_starts_at_fork_point, summaries_match_events,
 };
+pub use gc::{
+    aged_run, gc_deletes_expired_runs_and_their_blobs, gc_keeps_recent_blobs_and_running_runs,
+    gc_keeps_what_kept_manifests_name, record_with_outputs,
+};
 pub use leases::{dead_holder_is_recovered, leases_acquire_renew_release};
 pub use runs::{
     duplicate_run_conflicts, runs_create_get_update, runs_find_by_prefix, runs_list_oldest_first,
 };
+pub use vault::{audit_appends_in_order, reveal_audits_every_attempt, vault_put_is_idempotent};
 pub use writer::{
     writer_concurrent_appends, writer_poisoned_after_failing_commit, writer_refuses_second_holder,
     writer_resumes_after_reopen, Flaky,
@@ -77,6 +84,12 @@ pub fn run_all(make: MakeStore<'_>) {
         ("cache_entries_commit_with_their_batch", cache_entries_commit_with_their_batch),
         ("cache_usable_at_by_class", cache_usable_at_by_class),
         ("writer_append_cached", writer_append_cached),
+        ("vault_put_is_idempotent", vault_put_is_idempotent),
+        ("audit_appends_in_order", audit_appends_in_order),
+        ("reveal_audits_every_attempt", reveal_audits_every_attempt),
+        ("gc_deletes_expired_runs_and_their_blobs", gc_deletes_expired_runs_and_their_blobs),
+        ("gc_keeps_recent_blobs_and_running_runs", gc_keeps_recent_blobs_and_running_runs),
+        ("gc_keeps_what_kept_manifests_name", gc_keeps_what_kept_manifests_name),
     ];
     for (name, check) in checks {
         let started = std::time::Instant::now();

@@ -11,6 +11,11 @@
 //!   plus a blob folder for blobs over 64 KB) and [`memory::MemoryStore`] (tests). Every backend
 //!   passes the same [`conformance`] suite.
 //!
+//! - [`vault::VaultStore`]: the token vault (originals of masked values, sealed under the vault
+//!   key) and its append-only audit log; [`vault::store_originals`] and [`vault::reveal`].
+//! - [`gc::GcStore`]: retention and garbage collection ([`gc::collect`]): expired runs, then
+//!   blobs nothing references, in one atomic step.
+//!
 //! Two trajectories are compared by [`diff`] (`retrace diff`), which reads
 //! [`EventStore::summaries`] (digests and counters, not whole envelopes) and loads output blobs
 //! only for the changed steps it shows.
@@ -24,6 +29,7 @@ pub mod conformance;
 pub mod diff;
 pub mod error;
 pub mod export;
+pub mod gc;
 pub mod head;
 pub mod import;
 pub mod manifest;
@@ -31,6 +37,7 @@ pub mod memory;
 pub mod open;
 pub mod sqlite;
 pub mod summary;
+pub mod vault;
 pub mod verify;
 pub mod writer;
 
@@ -41,9 +48,11 @@ use retrace_core::{Digest, Event, EventType};
 
 pub use cache::{Cache, CacheEntry};
 pub use error::{StoreError, StoreErrorKind, StoreResult};
+pub use gc::{GcReport, GcRequest, GcStore};
 pub use head::EventHead;
 pub use open::{open_store, Durability, StoreConfig};
 pub use summary::EventSummary;
+pub use vault::VaultStore;
 pub use writer::{RunWriter, Ticket};
 
 /// Blobs of at most this many bytes are stored inside the event's transaction; larger ones are
@@ -174,8 +183,8 @@ pub trait EventStore: Send + Sync {
     fn recover_interrupted(&self) -> StoreResult<Vec<String>>;
 }
 
-/// A whole store: events, blobs and caches.
-pub trait Store: EventStore + BlobStore + Cache {
+/// A whole store: events, blobs, caches, the vault and garbage collection.
+pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore {
     /// The backend's name (`sqlite`, `memory`, ...).
     fn backend(&self) -> &'static str;
     /// Runs `f` with every read this thread makes of the store served from one consistent

@@ -2,7 +2,11 @@
 //! (dense seqs, prefix lookup, leases with liveness, caches), for tests and throwaway runs.
 //!
 //! Blobs are kept flat: there are no chained manifests here, so `manifest_of` is always `None`.
-//! The checks every backend shares (digests of a batch, run prefixes) live here too.
+//! The checks every backend shares (digests of a batch, run prefixes) live here too. The vault
+//! and garbage collection are in `memory/vault.rs` and `memory/gc.rs`.
+mod gc;
+mod vault;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -28,9 +32,12 @@ struct Inner {
     /// Runs in creation order (`order` is the creation counter).
     runs: HashMap<String, RunEntry>,
     created: u64,
-    blobs: HashMap<Digest, Arc<[u8]>>,
+    /// Bytes and insertion time (Unix milliseconds) by digest.
+    blobs: HashMap<Digest, (Arc<[u8]>, u64)>,
     leases: HashMap<String, Lease>,
     cache: HashMap<Digest, CacheEntry>,
+    vault: HashMap<String, crate::vault::VaultEntry>,
+    audit: Vec<crate::vault::AuditRecord>,
 }
 
 #[derive(Debug)]
@@ -79,13 +86,13 @@ impl Inner {
 impl BlobStore for MemoryStore {
     fn put_blob(&self, bytes: &[u8], _hint: BlobHint) -> StoreResult<Digest> {
         let digest = Digest::of(bytes);
-        self.inner.lock().blobs.entry(digest).or_insert_with(|| bytes.into());
+        self.inner.lock().blobs.entry(digest).or_insert_with(|| (bytes.into(), now_ms()));
         Ok(digest)
     }
 
     fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
         let inner = self.inner.lock();
-        let bytes =
+        let (bytes, _) =
             inner.blobs.get(digest).ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
         Ok(bytes.to_vec())
     }
@@ -162,8 +169,9 @@ impl EventStore for MemoryStore {
             check_seqs(&batch.run_id, last, entry.meta.fork_at, &batch.events)?;
         }
         check_batch(batch, |d| Ok(inner.blobs.contains_key(d)))?;
+        let now = now_ms();
         for blob in &batch.blobs {
-            inner.blobs.entry(blob.digest).or_insert_with(|| Arc::clone(&blob.bytes));
+            inner.blobs.entry(blob.digest).or_insert_with(|| (Arc::clone(&blob.bytes), now));
         }
         for (key, entry) in &batch.cache {
             inner.cache.insert(*key, entry.clone());

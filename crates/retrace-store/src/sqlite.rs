@@ -16,6 +16,7 @@ mod cache;
 mod checkpoint;
 mod events;
 mod files;
+mod gc;
 mod heads;
 mod pack;
 mod rows;
@@ -24,6 +25,7 @@ pub mod schema;
 mod staged;
 mod summaries;
 mod sync;
+mod vault;
 
 use std::cell::RefCell;
 use std::collections::HashMap;

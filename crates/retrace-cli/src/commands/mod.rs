@@ -3,15 +3,18 @@ pub mod demo;
 pub mod diff;
 pub mod export;
 pub mod fork;
+pub mod gc;
 pub mod import;
 pub mod knew;
 pub mod record;
 pub mod replay;
 pub mod resolve;
+pub mod retain;
 pub mod runs;
 pub mod serve;
 pub mod show;
 pub mod simulate;
+pub mod vault;
 pub mod verify;
 
 use std::sync::Arc;

@@ -241,6 +241,27 @@ impl Cache for Flaky {
     }
 }
 
+impl crate::VaultStore for Flaky {
+    fn vault_put(&self, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
+        self.inner.vault_put(sealed)
+    }
+    fn vault_get(&self, token: &str) -> StoreResult<Option<crate::vault::VaultEntry>> {
+        self.inner.vault_get(token)
+    }
+    fn audit_append(&self, entry: &crate::vault::AuditEntry) -> StoreResult<u64> {
+        self.inner.audit_append(entry)
+    }
+    fn audit_list(&self, subject: Option<&str>) -> StoreResult<Vec<crate::vault::AuditRecord>> {
+        self.inner.audit_list(subject)
+    }
+}
+
+impl crate::GcStore for Flaky {
+    fn collect_garbage(&self, request: &crate::GcRequest) -> StoreResult<crate::GcReport> {
+        self.inner.collect_garbage(request)
+    }
+}
+
 impl Store for Flaky {
     fn backend(&self) -> &'static str {
         self.inner.backend()

@@ -25,8 +25,9 @@ fn blob_id(conn: &Connection, digest: &Digest) -> StoreResult<Option<i64>> {
 }
 
 fn insert(conn: &Connection, digest: &Digest, kind: i64, size: usize, data: Value) -> StoreResult<i64> {
-    conn.prepare_cached("INSERT INTO blobs (digest, kind, size, data) VALUES (?1, ?2, ?3, ?4)")
-        .and_then(|mut s| s.insert(params![digest.as_bytes(), kind, size as i64, data]))
+    let now = crate::writer::lease::now_ms() as i64;
+    conn.prepare_cached("INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .and_then(|mut s| s.insert(params![digest.as_bytes(), kind, size as i64, data, now]))
         .ctx(|| format!("storing blob {digest}"))
 }
 

@@ -54,6 +54,11 @@ impl Files {
         self.recent.lock().iter().find(|(d, _)| d == digest).map(|(_, bytes)| Arc::clone(bytes))
     }
 
+    /// Forgets every rebuilt request (after garbage collection deleted blobs).
+    pub(crate) fn forget_all(&self) {
+        self.recent.lock().clear();
+    }
+
     /// Remembers a rebuilt (and verified) request.
     pub(crate) fn remember(&self, digest: Digest, bytes: Arc<[u8]>) {
         if bytes.len() > RECENT_BYTES / 2 {

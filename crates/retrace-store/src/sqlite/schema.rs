@@ -20,17 +20,26 @@
 //! - `leases`: one row per leased run;
 //! - `cache` (since version 2): the LLM and tool caches, keyed by step key without a rowid: the
 //!   output blob's digest, the usage as JSON, the store time, the tool class (NULL for a model)
-//!   and the TTL.
+//!   and the TTL;
+//! - `vault` (since version 3): token → nonce, ciphertext (sealed under the vault key, see
+//!   [`crate::vault`]) and the time it was stored, without a rowid;
+//! - `audit` (since version 3): the append-only audit log, `id` AUTOINCREMENT so ids are never
+//!   reused; triggers refuse every `UPDATE` and `DELETE`; indexed by subject (token or run);
+//! - `blobs.stored_at` (since version 3): Unix milliseconds when the row was inserted, so
+//!   garbage collection keeps what a running recording may still reference ([`crate::gc`]);
+//!   `NULL` in rows older than version 3, meaning "old".
 //!
-//! Versions: 1 had no `cache` table; opening a version 1 store adds it (one transaction) and
-//! sets version 2. A store of a newer version than this build's is refused, never altered.
+//! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`.
+//! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
+//! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column). A store of a newer version
+//! than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -119,6 +128,45 @@ CREATE TABLE IF NOT EXISTS cache (
 ) WITHOUT ROWID;
 ";
 
+/// What version 3 added to version 2 (also part of a new store's schema), besides the column
+/// `blobs.stored_at` ([`add_stored_at`]).
+const DDL_V3: &str = "
+CREATE TABLE IF NOT EXISTS vault (
+    token TEXT PRIMARY KEY,
+    nonce BLOB NOT NULL,
+    ciphertext BLOB NOT NULL,
+    created_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at INTEGER NOT NULL,
+    who TEXT NOT NULL,
+    role TEXT NOT NULL,
+    action TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    outcome TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_subject ON audit (subject, id);
+CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+";
+
+/// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
+fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
+    let present: i64 = conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('blobs') WHERE name = 'stored_at'",
+        [],
+        |r| r.get(0),
+    )?;
+    if present == 0 {
+        conn.execute_batch("ALTER TABLE blobs ADD COLUMN stored_at INTEGER")?;
+    }
+    Ok(())
+}
+
 /// Settings every connection gets.
 pub(crate) fn configure(
     conn: &Connection,
@@ -178,6 +226,10 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version < 2 {
             conn.execute_batch(DDL_V2).ctx(what)?;
+        }
+        if version < 3 {
+            add_stored_at(conn).ctx(what)?;
+            conn.execute_batch(DDL_V3).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

@@ -1,5 +1,7 @@
 //! The store's integration tests: the conformance suite on every backend, then SQLite specifics.
+mod gc_props;
 mod knew;
 mod memory;
 mod sqlite;
+mod sqlite_v3;
 mod storage;

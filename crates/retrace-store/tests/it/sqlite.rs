@@ -257,7 +257,11 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
     a.cache_put(&key, &entry).unwrap();
     assert_eq!(b.cache_get(&key).unwrap(), Some(entry));
     drop((a, b));
-    assert_eq!(open(dir.path(), Durability::Os, 1000).last_seq("old").unwrap(), 4, "reopens as version 2");
+    assert_eq!(
+        open(dir.path(), Durability::Os, 1000).last_seq("old").unwrap(),
+        4,
+        "reopens as the current version"
+    );
 }
 
 /// `get_blobs` answers like `get_blob`, in order, and fails as it would on a missing blob.

@@ -1,0 +1,121 @@
+//! `retrace gc`: delete expired runs and the blobs nothing references any more.
+use std::io::Write;
+
+use retrace_store::gc::{collect, GcConfig, RetentionConfig};
+
+use crate::commands::store_from_env;
+use crate::exit;
+use crate::output::print_json;
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace gc --dry-run\n  \
+         retrace gc\n  \
+         retrace gc --older-than 7 --json | jq .bytes_freed"
+    };
+}
+
+/// The configuration file read from the working directory.
+const CONFIG: &str = "retrace.toml";
+
+/// Collect garbage: expired runs, then unreferenced blobs.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Delete the runs whose retention has expired, then every blob no remaining run references, \
+and report what went: runs, events, blobs and bytes freed.\n\n\
+Which runs go: a `routine` run older than [retention] routine_days in ./retrace.toml (default \
+30, or --older-than). `incident` and `pinned` runs stay (see `retrace retain`), and so does \
+anything they need: a fork inherits its source's early events, so a source stays while any fork \
+of it remains, and so gets the highest tier of its forks. Replay runs go with their source. \
+Running runs never go.\n\n\
+Which blobs go: those no remaining run references (requests, outputs, fork edits, the requests \
+a kept request is stored as a continuation of); cache entries whose output goes are dropped too. \
+Blobs stored since the oldest running recording began, or within [retention] \
+blob_grace_minutes (default 60), stay: a recording may not yet have written what references \
+them.\n\n\
+Everything happens in one transaction, so a recording that runs meanwhile loses nothing. \
+--dry-run reports exactly what would go and changes nothing.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// Report what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Routine runs expire after DAYS days (overrides [retention] routine_days).
+    #[arg(long, value_name = "DAYS")]
+    pub older_than: Option<u64>,
+    /// Print JSON: `{"dry_run", "runs_deleted": [...], "events_deleted", "blobs_deleted",
+    /// "bytes_freed", "cache_entries_dropped", "routine_days"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `[retention]` of ./retrace.toml, or the defaults when there is no such file.
+fn retention() -> anyhow::Result<RetentionConfig> {
+    match std::fs::read_to_string(CONFIG) {
+        Ok(text) => RetentionConfig::parse_toml(&text).map_err(|e| exit::usage(e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RetentionConfig::default()),
+        Err(e) => Err(exit::usage(format!("cannot read {CONFIG}: {e}"))),
+    }
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut retention = retention()?;
+    if let Some(days) = args.older_than {
+        retention.routine_days = days;
+    }
+    let store = store_from_env()?;
+    let mut config = GcConfig::from_retention(now_ms(), &retention);
+    config.dry_run = args.dry_run;
+    let report = collect(&*store, &config)?;
+    if args.json {
+        let mut value = serde_json::to_value(&report)?;
+        value["routine_days"] = retention.routine_days.into();
+        return print_json(&value);
+    }
+    let mut out = std::io::stdout().lock();
+    let verb = if report.dry_run { "would delete" } else { "deleted" };
+    for run in &report.runs_deleted {
+        writeln!(out, "{verb} run {run}")?;
+    }
+    writeln!(
+        out,
+        "{verb} {} runs ({} events) and {} blobs; {} {}{}",
+        report.runs_deleted.len(),
+        report.events_deleted,
+        report.blobs_deleted,
+        human_bytes(report.bytes_freed),
+        if report.dry_run { "would be freed" } else { "freed" },
+        match report.cache_entries_dropped {
+            0 => String::new(),
+            n => format!("; {n} cache entries dropped with their outputs"),
+        }
+    )?;
+    Ok(())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `1234` → `1.2 KB`.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KB", "MB", "GB", "TB"];
+    if bytes < 1000 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}

@@ -1,0 +1,82 @@
+//! `retrace retain`: set a run's retention tier (routine, incident, pinned).
+use retrace_core::run::{Retention, RunMode, RunStatus};
+
+use crate::commands::store_from_env;
+use crate::exit;
+use crate::output::print_json;
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace retain 01j5c3 incident\n  \
+         retrace retain 01j5c3 pinned --json\n  \
+         retrace retain 01j5c3 routine"
+    };
+}
+
+/// Set how long a run is kept.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Set a run's retention tier, which `retrace gc` honours:\n  \
+routine   expires once older than [retention] routine_days in ./retrace.toml (default 30)\n  \
+incident  kept: it explains an incident\n  \
+pinned    kept forever\n\n\
+A run's effective tier is the highest of its own and of every fork of it: a fork inherits its \
+source's early events, so `gc` keeps a source while any fork of it remains. Replay runs have no \
+tier of their own: they go with their source, so retain the source instead.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// The run: its id or a unique prefix of it (at least 4 characters).
+    pub run: String,
+    /// routine, incident or pinned.
+    #[arg(value_parser = parse_tier)]
+    pub tier: Retention,
+    /// Print JSON: `{"run", "retention", "previous"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_tier(text: &str) -> Result<Retention, String> {
+    text.parse()
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = store_from_env()?;
+    let mut meta = crate::commands::runs::find(&*store, &args.run)?;
+    if meta.mode == RunMode::Replay {
+        let source = meta.source_run.as_deref().unwrap_or("its source");
+        return Err(exit::usage_hint(
+            format!(
+                "run {} is a replay: replay runs keep no tier of their own and go with their source",
+                meta.id
+            ),
+            format!("retain the source: retrace retain {source} {}", args.tier),
+        ));
+    }
+    let previous = meta.retention;
+    meta.retention = args.tier;
+    store.update_run(&meta)?;
+    if meta.status == RunStatus::Running {
+        eprintln!(
+            "warning: run {} is still running; its recorder writes the run's metadata when it ends, \
+             which may undo this: run `retrace retain {} {}` again once it has",
+            meta.id, meta.id, args.tier
+        );
+    }
+    if args.json {
+        return print_json(&serde_json::json!({
+            "run": meta.id,
+            "retention": args.tier.as_str(),
+            "previous": previous.as_str(),
+        }));
+    }
+    println!("run {} is now {} (was {previous})", meta.id, args.tier);
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! The real `retrace` binary on retention and the vault: `retain`, `gc`, `vault reveal`,
+//! `vault audit`, against a temporary RETRACE_HOME (which is also the working directory, for
+//! `retrace.toml`).
+#[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
+mod trace_fixture;
+
+use std::process::{Command, Output, Stdio};
+
+use retrace_core::run::{Retention, RunMeta, RunMode, RunStatus};
+use retrace_core::vault::VaultKey;
+use retrace_core::EventType;
+use retrace_store::vault::store_originals;
+use retrace_store::{open_store, Store, StoreConfig};
+use trace_fixture::{conversation, Builder, Fixture};
+
+const KEPT: &str = "01retainkept00000000000000";
+const EXPIRED: &str = "01retainexpired00000000000";
+const SOURCE: &str = "01retainsource000000000000";
+const FORK: &str = "01retainfork00000000000000";
+const TOKEN: &str = "rtk_email_0123456789abcdefghjkmnpq";
+
+struct Home {
+    dir: tempfile::TempDir,
+}
+
+impl Home {
+    fn new() -> Home {
+        Home { dir: tempfile::tempdir().unwrap() }
+    }
+
+    fn store(&self) -> std::sync::Arc<dyn Store> {
+        open_store(&StoreConfig::in_home(self.dir.path())).unwrap()
+    }
+
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrace"));
+        command.args(args).current_dir(self.dir.path()).env("RETRACE_HOME", self.dir.path());
+        for var in ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_RUN", "RETRACE_VAULT_KEY"] {
+            command.env_remove(var);
+        }
+        command.env("USER", "tester");
+        command.envs(env.iter().copied());
+        Out(command.stdin(Stdio::null()).output().unwrap())
+    }
+}
+
+struct Out(Output);
+
+impl Out {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout()).unwrap_or_else(|e| panic!("{e}: {}", self.stdout()))
+    }
+    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
+    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
+        let stderr = String::from_utf8_lossy(&self.0.stderr);
+        let context =
+            format!("exit {:?}\nstdout:\n{}\nstderr:\n{stderr}", self.0.status.code(), self.stdout());
+        assert_eq!(self.0.status.code(), Some(code), "{context}");
+        for needle in out {
+            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
+        }
+        for needle in err {
+            assert!(stderr.contains(needle), "stderr lacks {needle:?}\n{context}");
+        }
+        assert!(!stderr.contains("panicked"), "{context}");
+        self
+    }
+}
+
+/// A pinned fork of `source` at seq `at`: two events of its own, continuing the source's chain.
+fn pinned_fork(source: &Fixture, id: &str, at: u64) -> Fixture {
+    let mut b = Builder::new(id);
+    for i in 0..2 {
+        b.push(
+            "planner",
+            EventType::ToolCall,
+            Some("t"),
+            None,
+            Some(format!("{id} {i}").into_bytes()),
+            |_| {},
+        );
+    }
+    let mut fork = b.finish(RunMode::Fork);
+    let mut prev = source.events[at as usize - 2].hash;
+    for (i, e) in fork.events.iter_mut().enumerate() {
+        (e.seq, e.lamport) = (at + i as u64, 100 + i as u64);
+        e.seal(Some(prev)).unwrap();
+        prev = e.hash;
+    }
+    fork.meta.source_run = Some(source.meta.id.clone());
+    fork.meta.fork_at = Some(at);
+    fork.meta.head = Some(prev);
+    fork.meta.retention = Retention::Pinned;
+    fork
+}
+
+#[test]
+fn the_new_commands_teach_with_help() {
+    let home = Home::new();
+    for args in
+        [&["retain", "--help"][..], &["gc", "--help"], &["vault", "--help"], &["vault", "reveal", "--help"]]
+    {
+        home.run(args, &[]).expect(0, &["Usage: retrace", "Examples:\n  "], &[]);
+    }
+    home.run(&["gc", "--help"], &[]).expect(0, &["routine_days", "--dry-run", "fork"], &[]);
+    home.run(&["vault", "reveal", "--help"], &[]).expect(
+        0,
+        &["RETRACE_VAULT_KEY", "audit log", "Exit codes"],
+        &[],
+    );
+    home.run(&["retain", "x", "forever"], &[]).expect(2, &[], &["routine", "pinned"]);
+}
+
+#[test]
+fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
+    let home = Home::new();
+    let key = VaultKey::from_bytes([42; 32]);
+    let text = key.to_base64();
+    store_originals(&*home.store(), &key, &[(TOKEN, b"ada@example.com".to_vec())]).unwrap();
+    let wrong = VaultKey::from_bytes([7; 32]).to_base64();
+    let with_key = [("RETRACE_VAULT_KEY", text.as_str())];
+
+    home.run(&["vault", "reveal", TOKEN], &with_key).expect(2, &[], &["a reason is required", "audit log"]);
+    home.run(&["vault", "reveal", TOKEN, "--reason", "INC-42"], &[]).expect(
+        2,
+        &[],
+        &["no vault key", "hint:"],
+    );
+    home.run(&["vault", "reveal", TOKEN, "--reason", "INC-42"], &[("RETRACE_VAULT_KEY", &wrong)]).expect(
+        1,
+        &[],
+        &["does not open under vault key vk_"],
+    );
+    home.run(&["vault", "reveal", "rtk_email_nope", "--reason", "INC-42"], &with_key).expect(
+        1,
+        &[],
+        &["no original for rtk_email_nope"],
+    );
+    let revealed = home.run(&["vault", "reveal", TOKEN, "--reason", "INC-42: which customer?"], &with_key);
+    revealed.expect(0, &[], &["revealed", "tester"]);
+    assert_eq!(revealed.stdout(), "ada@example.com", "the original alone, byte for byte");
+
+    let log = home.run(&["vault", "audit", "--json"], &[]).expect(0, &[], &[]).json();
+    let actions: Vec<&str> = log.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["reveal_refused", "reveal_refused", "reveal_refused", "reveal_refused", "reveal"]);
+    assert!(log.as_array().unwrap().iter().all(|e| e["who"] == "tester" && e["role"] == "admin"), "{log}");
+    assert_eq!(log[4]["reason"], "INC-42: which customer?");
+    assert!(!log.to_string().contains("ada@example.com"), "the log never holds the original");
+    let token = home.run(&["vault", "audit", "--token", TOKEN, "--json"], &[]).json();
+    assert_eq!(token.as_array().unwrap().len(), 4, "the unknown token's attempt is about another subject");
+    home.run(&["vault", "audit"], &[]).expect(0, &["ACTION", "reveal_refused", "tester", "INC-42"], &[]);
+    Home::new().run(&["vault", "audit"], &[]).expect(0, &[], &["the audit log is empty"]);
+}
+
+#[test]
+fn retain_then_gc_deletes_only_what_expired_and_the_rest_still_verifies() {
+    let home = Home::new();
+    {
+        let store = home.store();
+        conversation(KEPT, 1).commit(&*store);
+        conversation(EXPIRED, 3).commit(&*store);
+        // Expired too, but a pinned fork inherits from it; it shares EXPIRED's 100 KB blob file.
+        let source = conversation(SOURCE, 2);
+        source.commit(&*store);
+        pinned_fork(&source, FORK, 4).commit(&*store);
+        let mut replay = RunMeta::new("01retainreplay000000000000", RunMode::Replay, 1_700_000_100_000);
+        replay.source_run = Some(EXPIRED.into());
+        replay.status = RunStatus::Ok;
+        store.create_run(&replay).unwrap();
+    }
+    std::fs::write(
+        home.dir.path().join("retrace.toml"),
+        "[prices]\n\"x\" = { input = 1, output = 1 }\n\n[retention]\nblob_grace_minutes = 0\n",
+    )
+    .unwrap();
+
+    let retained = home.run(&["retain", "01retainkept", "pinned", "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(
+        (retained["retention"].as_str(), retained["previous"].as_str()),
+        (Some("pinned"), Some("routine"))
+    );
+    home.run(&["retain", "01retainreplay", "pinned"], &[]).expect(
+        2,
+        &[],
+        &["is a replay", "retrace retain 01retainexpired"],
+    );
+    home.run(&["gc", "--dry-run", "--older-than", "100000"], &[]).expect(0, &["would delete 0 runs"], &[]);
+
+    let planned = home.run(&["gc", "--dry-run", "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(planned["runs_deleted"], serde_json::json!([EXPIRED, "01retainreplay000000000000"]));
+    assert!(planned["bytes_freed"].as_u64().unwrap() > 0, "{planned}");
+    home.run(&["gc", "--dry-run"], &[]).expect(
+        0,
+        &["would delete run 01retainexpired", "would be freed"],
+        &[],
+    );
+    home.run(&["runs", "--json"], &[]).expect(0, &[EXPIRED], &[]);
+
+    let done = home.run(&["gc", "--json"], &[]).expect(0, &[], &[]).json();
+    for field in ["runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"] {
+        assert_eq!(done[field], planned[field], "{field}: the dry run said what gc did");
+    }
+    assert_eq!(done["dry_run"], false);
+    let runs = home.run(&["runs", "--json"], &[]).json();
+    let left: Vec<(&str, &str)> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap(), r["retention"].as_str().unwrap()))
+        .collect();
+    assert_eq!(left, [(KEPT, "pinned"), (SOURCE, "routine"), (FORK, "pinned")]);
+    home.run(&["verify", "--all"], &[]).expect(0, &["ok: 3 runs"], &[]);
+    home.run(&["export", KEPT], &[]).expect(0, &["retrace-trace/1"], &[]);
+    home.run(&["export", FORK], &[]).expect(0, &["retrace-trace/1", SOURCE], &[]);
+    home.run(&["gc"], &[]).expect(0, &["deleted 0 runs (0 events) and 0 blobs; 0 bytes freed"], &[]);
+
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nroutine_days = soon\n").unwrap();
+    home.run(&["gc"], &[]).expect(2, &[], &["retrace.toml line 2", "whole number"]);
+}

@@ -1,0 +1,64 @@
+//! Garbage collection of [`MemoryStore`]: everything under its one lock, so no commit
+//! interleaves (see [`crate::gc`]). Blobs are flat here: no manifests, no segments.
+use std::collections::HashSet;
+
+use retrace_core::Digest;
+
+use super::MemoryStore;
+use crate::gc::{edit_blobs, settle, GcReport, GcRequest, GcStore};
+use crate::StoreResult;
+
+impl GcStore for MemoryStore {
+    fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport> {
+        let mut inner = self.inner.lock();
+        let mut entries: Vec<_> = inner.runs.values().collect();
+        entries.sort_by_key(|e| (e.meta.started_at_ms, e.order));
+        let metas: Vec<_> = entries.iter().map(|e| e.meta.clone()).collect();
+        let doomed = settle(&metas, request.runs.iter().cloned().collect());
+        let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
+
+        let mut keep: HashSet<Digest> = HashSet::new();
+        let mut events_deleted = 0;
+        for entry in inner.runs.values() {
+            if gone.contains(entry.meta.id.as_str()) {
+                events_deleted += entry.events.len() as u64;
+                continue;
+            }
+            keep.extend(edit_blobs(&entry.meta));
+            for e in &entry.events {
+                keep.extend(e.request_ref.iter().chain(&e.output_ref));
+            }
+        }
+        let swept: Vec<(Digest, u64)> = inner
+            .blobs
+            .iter()
+            .filter(|(d, (_, at))| !keep.contains(*d) && *at < request.blob_cutoff_ms)
+            .map(|(d, (bytes, _))| (*d, bytes.len() as u64))
+            .collect();
+        let swept_set: HashSet<Digest> = swept.iter().map(|(d, _)| *d).collect();
+        let dropped: Vec<Digest> =
+            inner.cache.iter().filter(|(_, e)| swept_set.contains(&e.output_ref)).map(|(k, _)| *k).collect();
+        let report = GcReport {
+            dry_run: request.dry_run,
+            runs_deleted: doomed.clone(),
+            events_deleted,
+            blobs_deleted: swept.len() as u64,
+            bytes_freed: swept.iter().map(|(_, n)| n).sum(),
+            cache_entries_dropped: dropped.len() as u64,
+        };
+        if request.dry_run {
+            return Ok(report);
+        }
+        for id in &doomed {
+            inner.runs.remove(id);
+            inner.leases.remove(id);
+        }
+        for digest in &swept_set {
+            inner.blobs.remove(digest);
+        }
+        for key in &dropped {
+            inner.cache.remove(key);
+        }
+        Ok(report)
+    }
+}

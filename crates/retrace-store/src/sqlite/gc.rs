@@ -1,0 +1,269 @@
+//! Garbage collection in SQLite: one `BEGIN IMMEDIATE` transaction deletes the runs, marks the
+//! blobs still referenced (temp table `gc_keep`), sweeps the rest with their cache entries,
+//! request prefixes and unused packed segments; a dry run rolls the same transaction back.
+//!
+//! Blob files are moved into `blobs/.trash/` inside the transaction (so no other process can
+//! write a blob file of the same digest between our commit and the unlink) and removed after
+//! the commit; if the commit fails they are moved back. After a crash between the two, the next
+//! collection puts back each trashed file whose row still exists and removes the others.
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+
+use retrace_core::run::RunMeta;
+use retrace_core::Digest;
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use super::files::Files;
+use super::rows::decode_json;
+use super::schema::{KIND_FILE, KIND_MANIFEST, KIND_PACKED};
+use super::SqliteStore;
+use crate::error::ResultExt;
+use crate::gc::{edit_blobs, settle, GcReport, GcRequest, GcStore};
+use crate::{manifest, StoreError, StoreResult};
+
+const WHAT: &str = "collecting garbage";
+
+/// Blobs no row of `gc_keep` names.
+const UNKEPT: &str = "NOT EXISTS (SELECT 1 FROM temp.gc_keep k WHERE k.digest = blobs.digest)";
+
+impl GcStore for SqliteStore {
+    fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport> {
+        let mut conn = self.writer.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| WHAT)?;
+        if !request.dry_run {
+            restore_trash(&tx, &self.files)?;
+        }
+        let (report, files) = collect(&tx, request)?;
+        if request.dry_run {
+            return Ok(report); // dropping `tx` rolls it back
+        }
+        let trashed = trash(&self.files, &files)?;
+        if let Err(e) = tx.commit() {
+            for (from, to) in &trashed {
+                let _ = std::fs::rename(to, from);
+            }
+            return Err(StoreError::from_sqlite(e, WHAT));
+        }
+        for (_, to) in &trashed {
+            let _ = std::fs::remove_file(to);
+        }
+        self.files.forget_all();
+        if let Some(syncer) = &self.syncer {
+            syncer.committed();
+        }
+        self.checkpointer.committed();
+        Ok(report)
+    }
+}
+
+/// Deletes, marks and sweeps inside `tx`; returns the report and the files of deleted blobs.
+fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<String>)> {
+    let runs: Vec<(i64, RunMeta)> = tx
+        .prepare("SELECT pk, id, meta FROM runs ORDER BY started_at, pk")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .ctx(|| WHAT)?
+        .into_iter()
+        .map(|(pk, id, json)| Ok((pk, decode_json(json.as_bytes(), &format!("run {id}"))?)))
+        .collect::<StoreResult<_>>()?;
+    let metas: Vec<RunMeta> = runs.iter().map(|(_, m)| m.clone()).collect();
+    let doomed = settle(&metas, request.runs.iter().cloned().collect());
+    let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
+    let mut events_deleted = 0;
+    for (pk, meta) in runs.iter().filter(|(_, m)| gone.contains(m.id.as_str())) {
+        events_deleted += tx.execute("DELETE FROM events WHERE run_pk = ?1", [pk]).ctx(|| WHAT)? as u64;
+        for table in ["leases", "prefixes"] {
+            tx.execute(&format!("DELETE FROM {table} WHERE run_pk = ?1"), [pk]).ctx(|| WHAT)?;
+        }
+        tx.execute("DELETE FROM runs WHERE pk = ?1", [pk]).ctx(|| format!("deleting run {}", meta.id))?;
+    }
+    let remaining = runs.iter().map(|(_, m)| m).filter(|m| !gone.contains(m.id.as_str()));
+    mark(tx, remaining.flat_map(edit_blobs).collect(), request.blob_cutoff_ms)?;
+
+    let doomed_blobs: Vec<(i64, i64, Option<String>)> = tx
+        .prepare(&format!(
+            "SELECT kind, CASE kind WHEN {KIND_FILE} THEN size WHEN {KIND_PACKED} THEN 0 ELSE length(data) END, \
+             CASE kind WHEN {KIND_FILE} THEN data END FROM blobs WHERE {UNKEPT}"
+        ))
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect())
+        .ctx(|| WHAT)?;
+    let files: Vec<String> = doomed_blobs.iter().filter_map(|(_, _, f)| f.clone()).collect();
+    let mut bytes_freed: u64 = doomed_blobs.iter().map(|(_, n, _)| *n as u64).sum();
+    let blobs_deleted = tx.execute(&format!("DELETE FROM blobs WHERE {UNKEPT}"), []).ctx(|| WHAT)? as u64;
+    tx.execute("DELETE FROM prefixes WHERE blob_id NOT IN (SELECT id FROM blobs)", []).ctx(|| WHAT)?;
+    let cache_entries_dropped = tx
+        .execute("DELETE FROM cache WHERE output_blob NOT IN (SELECT digest FROM blobs)", [])
+        .ctx(|| WHAT)? as u64;
+    bytes_freed += sweep_segments(tx)?;
+    tx.execute_batch("DROP TABLE temp.gc_keep").ctx(|| WHAT)?;
+    let report = GcReport {
+        dry_run: request.dry_run,
+        runs_deleted: doomed,
+        events_deleted,
+        blobs_deleted,
+        bytes_freed,
+        cache_entries_dropped,
+    };
+    Ok((report, files))
+}
+
+/// Fills `temp.gc_keep` with every blob to keep: those the remaining events reference, `extra`
+/// (fork edits), those stored at or after `cutoff`, and, transitively, what kept manifests name.
+fn mark(tx: &Connection, extra: Vec<Digest>, cutoff: u64) -> StoreResult<()> {
+    tx.execute_batch(
+        "DROP TABLE IF EXISTS temp.gc_keep; CREATE TEMP TABLE gc_keep (digest BLOB PRIMARY KEY) WITHOUT ROWID;",
+    )
+    .ctx(|| WHAT)?;
+    for column in ["request_ref", "output_ref"] {
+        tx.execute(
+            &format!(
+                "INSERT OR IGNORE INTO temp.gc_keep SELECT {column} FROM events WHERE {column} IS NOT NULL"
+            ),
+            [],
+        )
+        .ctx(|| WHAT)?;
+    }
+    tx.execute(
+        "INSERT OR IGNORE INTO temp.gc_keep SELECT digest FROM blobs WHERE stored_at >= ?1",
+        [i64::try_from(cutoff).unwrap_or(i64::MAX)],
+    )
+    .ctx(|| WHAT)?;
+    let mut keep = tx.prepare("INSERT OR IGNORE INTO temp.gc_keep (digest) VALUES (?1)").ctx(|| WHAT)?;
+    for digest in &extra {
+        keep.execute([digest.as_bytes()]).ctx(|| WHAT)?;
+    }
+    let manifests: HashMap<Digest, Vec<u8>> = tx
+        .prepare(&format!("SELECT digest, data FROM blobs WHERE kind = {KIND_MANIFEST}"))
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?)))?.collect()
+        })
+        .ctx(|| WHAT)
+        .and_then(|rows: Vec<(Vec<u8>, Vec<u8>)>| {
+            rows.into_iter()
+                .map(|(d, data)| {
+                    let d = Digest::from_slice(&d)
+                        .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
+                    Ok((d, data))
+                })
+                .collect()
+        })?;
+    let mut stack: Vec<Digest> = tx
+        .prepare(&format!(
+            "SELECT b.digest FROM blobs b JOIN temp.gc_keep k ON k.digest = b.digest WHERE b.kind = {KIND_MANIFEST}"
+        ))
+        .and_then(|mut s| s.query_map([], |r| r.get::<_, Vec<u8>>(0))?.collect::<rusqlite::Result<Vec<_>>>())
+        .ctx(|| WHAT)?
+        .iter()
+        .filter_map(|d| Digest::from_slice(d))
+        .collect();
+    while let Some(digest) = stack.pop() {
+        let Some(data) = manifests.get(&digest) else { continue };
+        let named =
+            manifest::references(data).map_err(|e| e.context(format!("the manifest of blob {digest}")))?;
+        for reference in named {
+            let new = keep.execute([reference.as_bytes()]).ctx(|| WHAT)?;
+            if new == 1 && manifests.contains_key(&reference) {
+                stack.push(reference);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the packed segments no remaining packed blob reaches into; returns their bytes.
+fn sweep_segments(tx: &Connection) -> StoreResult<u64> {
+    let segments: Vec<(i64, i64)> = tx
+        .prepare("SELECT id, length(data) FROM segments ORDER BY id")
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .ctx(|| WHAT)?;
+    let index: HashMap<i64, usize> = segments.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    let mut used = vec![false; segments.len()];
+    let packed: Vec<(i64, i64)> = tx
+        .prepare(&format!("SELECT data, size FROM blobs WHERE kind = {KIND_PACKED}"))
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .ctx(|| WHAT)?;
+    for (location, size) in packed {
+        let (first, mut offset) = (location >> 16, location & 0xffff);
+        let Some(mut i) = index.get(&first).copied() else { continue };
+        let mut left = size;
+        while left > 0 && i < segments.len() {
+            used[i] = true;
+            left -= (segments[i].1 - offset).max(0);
+            offset = 0;
+            i += 1;
+        }
+    }
+    let mut freed = 0;
+    let mut delete = tx.prepare("DELETE FROM segments WHERE id = ?1").ctx(|| WHAT)?;
+    for ((id, len), used) in segments.iter().zip(used) {
+        if !used {
+            delete.execute(params![id]).ctx(|| WHAT)?;
+            freed += *len as u64;
+        }
+    }
+    Ok(freed)
+}
+
+fn trash_dir(files: &Files) -> PathBuf {
+    files.dir.join(".trash")
+}
+
+/// Moves the files of deleted blobs into the trash; returns (original, trashed) paths.
+fn trash(files: &Files, relatives: &[String]) -> StoreResult<Vec<(PathBuf, PathBuf)>> {
+    if relatives.is_empty() {
+        return Ok(Vec::new());
+    }
+    let dir = trash_dir(files);
+    std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+    let mut moved = Vec::new();
+    for relative in relatives {
+        let from = files.dir.join(relative);
+        let to = dir.join(relative.replace('/', ""));
+        match std::fs::rename(&from, &to) {
+            Ok(()) => moved.push((from, to)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                for (from, to) in &moved {
+                    let _ = std::fs::rename(to, from);
+                }
+                return Err(StoreError::from_io(e, format!("moving {} to the trash", from.display())));
+            }
+        }
+    }
+    Ok(moved)
+}
+
+/// After a crash between trashing and committing: puts back each trashed file whose blob row
+/// still names it, removes the others.
+fn restore_trash(tx: &Connection, files: &Files) -> StoreResult<()> {
+    let dir = trash_dir(files);
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let digest = name.parse::<Digest>().ok().or_else(|| format!("sha256:{name}").parse().ok());
+        let relative = digest.map(|d| Files::relative_path(&d));
+        let row: Option<String> = match digest {
+            Some(d) => tx
+                .query_row(
+                    &format!("SELECT data FROM blobs WHERE digest = ?1 AND kind = {KIND_FILE}"),
+                    [d.as_bytes()],
+                    |r| r.get(0),
+                )
+                .ok(),
+            None => None,
+        };
+        match (row, relative) {
+            (Some(row), Some(relative)) if row == relative && !files.dir.join(&relative).exists() => {
+                std::fs::rename(&path, files.dir.join(&relative))
+                    .ctx(|| format!("restoring {} from the trash", path.display()))?;
+            }
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    Ok(())
+}
