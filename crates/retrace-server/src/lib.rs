@@ -9,10 +9,12 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod host;
 pub mod openapi;
 pub mod processes;
 pub mod proxy;
+pub mod reads;
 pub mod steps;
 
 use std::net::SocketAddr;
@@ -44,6 +46,8 @@ pub struct ServerConfig {
     pub stall_timeout: Duration,
     /// The run that calls naming no run belong to (set by `record`, `replay` and `fork`).
     pub default_run: Option<String>,
+    /// The tokens callers must present ([`auth`]); none: every call is allowed.
+    pub tokens: auth::Tokens,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +59,7 @@ impl Default for ServerConfig {
             upstream_timeout: Duration::from_secs(600),
             stall_timeout: Duration::from_secs(30),
             default_run: None,
+            tokens: auth::Tokens::none(),
         }
     }
 }
@@ -101,6 +106,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/api/runs", get(api::runs).post(api::create_run))
         .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/events", get(reads::events))
+        .route("/api/runs/{run}/export", get(reads::export))
+        .route("/api/blobs/{*digest}", get(reads::blob))
         .route("/api/runs/{run}/replay", post(api::replay))
         .route("/api/runs/{run}/finish", post(api::finish))
         .route("/api/runs/{run}/agents/{agent}/steps", post(steps::step))
@@ -113,6 +121,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", any(proxy::openai_for))
         .route("/proxy/run/{run}/agent/{agent}/anthropic/{*rest}", any(proxy::anthropic_for))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::middleware))
         .layer(limit)
         .with_state(state)
 }
