@@ -27,33 +27,67 @@ use crate::AppState;
 /// The most events one page holds.
 pub const MAX_PAGE: u64 = 1000;
 
-/// An API error `{"error": {code, message}}`.
-fn fail(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
-    (status, Json(json!({"error": {"code": code, "message": message.to_string()}}))).into_response()
+/// Why a read failed: each kind's status and code in one place, written as
+/// `{"error": {code, message}}`.
+#[derive(Debug)]
+pub enum ReadError {
+    /// 400 `bad_request`: a bad query or an ambiguous run prefix.
+    BadRequest(String),
+    /// 400 `bad_digest`: not exactly `sha256:<64 lowercase hex>`.
+    BadDigest,
+    /// 404 `unknown_run`.
+    UnknownRun(String),
+    /// 404 `unknown_blob`.
+    UnknownBlob(Digest),
+    /// 500 `corrupt`: stored bytes fail their digest.
+    Corrupt(String),
+    /// 503 `store_failed`: the store could not answer.
+    Store(String),
+    /// 500 `internal`.
+    Internal(String),
 }
 
-fn store_failure(e: &StoreError) -> Response {
-    match e.kind {
-        StoreErrorKind::NotFound => fail(StatusCode::NOT_FOUND, "unknown_run", e),
-        StoreErrorKind::Corrupt => fail(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", e),
-        _ => fail(StatusCode::SERVICE_UNAVAILABLE, "store_failed", e),
+impl ReadError {
+    fn from_store(e: &StoreError) -> ReadError {
+        match e.kind {
+            StoreErrorKind::NotFound => ReadError::UnknownRun(e.to_string()),
+            StoreErrorKind::Corrupt => ReadError::Corrupt(e.to_string()),
+            _ => ReadError::Store(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ReadError {
+    fn into_response(self) -> Response {
+        let (status, code, message) = match self {
+            ReadError::BadRequest(m) => (StatusCode::BAD_REQUEST, "bad_request", m),
+            ReadError::BadDigest => (
+                StatusCode::BAD_REQUEST,
+                "bad_digest",
+                "a blob is named by its digest: sha256: and 64 lowercase hex digits".into(),
+            ),
+            ReadError::UnknownRun(m) => (StatusCode::NOT_FOUND, "unknown_run", m),
+            ReadError::UnknownBlob(d) => (StatusCode::NOT_FOUND, "unknown_blob", format!("no blob {d}")),
+            ReadError::Corrupt(m) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt", m),
+            ReadError::Store(m) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed", m),
+            ReadError::Internal(m) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", m),
+        };
+        (status, Json(json!({"error": {"code": code, "message": message}}))).into_response()
     }
 }
 
 /// Runs `work` on the blocking pool (the store's calls block).
 async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, Response> + Send + 'static,
-) -> Result<T, Response> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)))
+    work: impl FnOnce() -> Result<T, ReadError> + Send + 'static,
+) -> Result<T, ReadError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Err(ReadError::Internal(e.to_string())))
 }
 
-/// The run `id` names (an id or a unique prefix), or the 404 / 400 answer.
-fn find(store: &dyn Store, id: &str) -> Result<RunMeta, Response> {
+/// The run `id` names (an id or a unique prefix).
+fn find(store: &dyn Store, id: &str) -> Result<RunMeta, ReadError> {
     store.find_run(id).map_err(|e| match e.kind {
-        StoreErrorKind::NotFound => fail(StatusCode::NOT_FOUND, "unknown_run", e),
-        _ => fail(StatusCode::BAD_REQUEST, "bad_request", e),
+        StoreErrorKind::NotFound => ReadError::UnknownRun(e.to_string()),
+        _ => ReadError::BadRequest(e.to_string()),
     })
 }
 
@@ -73,18 +107,18 @@ pub async fn events(
 ) -> Response {
     let query = match query {
         Ok(Query(q)) => q,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+        Err(e) => return ReadError::BadRequest(e.body_text()).into_response(),
     };
     let from = query.from.unwrap_or(1);
     let limit = query.limit.unwrap_or(100);
     if from == 0 || !(1..=MAX_PAGE).contains(&limit) {
         let message = format!("from must be at least 1 and limit 1 to {MAX_PAGE}");
-        return fail(StatusCode::BAD_REQUEST, "bad_request", message);
+        return ReadError::BadRequest(message).into_response();
     }
     let store = app.host.store().clone();
     let page = blocking(move || {
         let meta = find(&*store, &id)?;
-        let (count, events) = page(&*store, &meta.id, from, limit).map_err(|e| store_failure(&e))?;
+        let (count, events) = page(&*store, &meta.id, from, limit).map_err(|e| ReadError::from_store(&e))?;
         Ok((meta.id, count, events))
     })
     .await;
@@ -93,7 +127,7 @@ pub async fn events(
             let next = events.last().map(|e| e.seq + 1).filter(|&n| n <= count);
             Json(json!({"run_id": run_id, "count": count, "events": events, "next": next})).into_response()
         }
-        Err(response) => response,
+        Err(e) => e.into_response(),
     }
 }
 
@@ -125,22 +159,19 @@ fn parse_digest(text: &str) -> Option<Digest> {
 /// `GET /api/blobs/{digest}`
 pub async fn blob(State(app): State<Arc<AppState>>, Path(text): Path<String>) -> Response {
     let Some(digest) = parse_digest(&text) else {
-        let message = "a blob is named by its digest: sha256: and 64 lowercase hex digits";
-        return fail(StatusCode::BAD_REQUEST, "bad_digest", message);
+        return ReadError::BadDigest.into_response();
     };
     let store = app.host.store().clone();
     let bytes = blocking(move || {
         store.get_blob(&digest).map_err(|e| match e.kind {
-            StoreErrorKind::NotFound => {
-                fail(StatusCode::NOT_FOUND, "unknown_blob", format!("no blob {digest}"))
-            }
-            _ => store_failure(&e),
+            StoreErrorKind::NotFound => ReadError::UnknownBlob(digest),
+            _ => ReadError::from_store(&e),
         })
     })
     .await;
     match bytes {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
-        Err(response) => response,
+        Err(e) => e.into_response(),
     }
 }
 
@@ -154,7 +185,7 @@ pub async fn export(State(app): State<Arc<AppState>>, Path(id): Path<String>) ->
     .await
     {
         Ok(meta) => meta,
-        Err(response) => return response,
+        Err(e) => return e.into_response(),
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
     let run = meta.id.clone();
