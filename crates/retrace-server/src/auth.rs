@@ -104,6 +104,8 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
 /// or method the table doesn't name (a 404 or 405 to be) needs a valid token of any role, so a
 /// caller without one learns nothing about what is served.
 pub fn required(method: &Method, route: Option<&str>) -> Access {
+    // HEAD is answered by the GET handler, so it needs what GET needs.
+    let method = if method == Method::HEAD { &Method::GET } else { method };
     let found = route.and_then(|route| {
         ROUTES.iter().find(|(m, r, _)| *r == route && (*m == "*" || *m == method.as_str()))
     });
@@ -268,6 +270,8 @@ mod tests {
         assert!(allows(Some(Role::Admin), &post, Some("/proxy/anthropic/{*rest}")));
         assert!(!allows(None, &Method::DELETE, Some("/api/runs")));
         assert!(allows(Some(Role::Viewer), &Method::DELETE, Some("/api/runs")));
+        assert!(allows(None, &Method::HEAD, Some("/api/health")));
+        assert!(!allows(None, &Method::HEAD, Some("/api/runs/{run}/export")));
         assert!(!allows(None, &get, None));
     }
 
