@@ -9,10 +9,12 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod host;
 pub mod openapi;
 pub mod processes;
 pub mod proxy;
+pub mod reads;
 pub mod steps;
 
 use std::net::SocketAddr;
@@ -49,6 +51,8 @@ pub struct ServerConfig {
     pub mask_key: Option<MaskKey>,
     /// The masking rules of runs the daemon creates (`POST /api/runs`).
     pub mask_rules: MaskRules,
+    /// The tokens callers must present ([`auth`]); none: every call is allowed.
+    pub tokens: auth::Tokens,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +66,7 @@ impl Default for ServerConfig {
             default_run: None,
             mask_key: None,
             mask_rules: MaskRules::default(),
+            tokens: auth::Tokens::none(),
         }
     }
 }
@@ -108,6 +113,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/api/runs", get(api::runs).post(api::create_run))
         .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/events", get(reads::events))
+        .route("/api/runs/{run}/export", get(reads::export))
+        .route("/api/blobs/{*digest}", get(reads::blob))
         .route("/api/runs/{run}/replay", post(api::replay))
         .route("/api/runs/{run}/finish", post(api::finish))
         .route("/api/runs/{run}/agents/{agent}/steps", post(steps::step))
@@ -120,6 +128,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", any(proxy::openai_for))
         .route("/proxy/run/{run}/agent/{agent}/anthropic/{*rest}", any(proxy::anthropic_for))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::middleware))
         .layer(limit)
         .with_state(state)
 }

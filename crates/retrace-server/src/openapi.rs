@@ -29,18 +29,37 @@ fn op(summary: &str, params: &[&str], request: Option<Value>, success: Value) ->
         .iter()
         .map(|p| match *p {
             "run" => path_param("run", "a run id (or unique prefix, where reading)"),
+            "digest" => path_param("digest", "a blob digest: sha256: and 64 lowercase hex digits"),
             other => path_param(other, "an agent id"),
         })
         .collect();
     let mut o = json!({
         "summary": summary,
         "parameters": parameters,
-        "responses": {"200": success, "400": error(), "404": error(), "409": error(), "503": error()},
+        "responses": {
+            "200": success, "400": error(), "401": error(), "403": error(), "404": error(),
+            "409": error(), "500": error(), "503": error(),
+        },
     });
     if let Some(r) = request {
         o["requestBody"] = r;
     }
     o
+}
+
+/// A `GET` with query parameters `(name, description, minimum, maximum)`.
+fn get_with_query(summary: &str, params: &[&str], query: &[(&str, &str, u64, u64)], success: Value) -> Value {
+    let mut o = op(summary, params, None, success);
+    let list = o["parameters"].as_array_mut().expect("parameters");
+    for (name, what, min, max) in query {
+        list.push(json!({"name": name, "in": "query", "required": false, "description": what,
+                         "schema": {"type": "integer", "minimum": min, "maximum": max}}));
+    }
+    o
+}
+
+fn raw(description: &str, content_type: &str) -> Value {
+    json!({"description": description, "content": {content_type: {"schema": {"type": "string", "format": "binary"}}}})
 }
 
 /// The document.
@@ -55,16 +74,25 @@ pub fn document() -> Value {
         "info": {
             "title": "Retrace daemon API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Runs, record and replay sessions, and the SDK's steps. The LLM proxy (SPEC §5) lives under /proxy/ and speaks the providers' own APIs.",
+            "description": "Runs, record and replay sessions, and the SDK's steps. The LLM proxy (SPEC §5) lives under /proxy/ and speaks the providers' own APIs. A daemon started with tokens wants `Authorization: Bearer TOKEN` on every route but /api/health and /api/openapi.json: reading needs the viewer role, recording, replaying and the SDK's steps the debugger role (401 without a known token, 403 below the role).",
         },
+        "security": [{"bearer": []}],
         "paths": {
-            "/api/health": {"get": {"summary": "liveness", "responses": {"200": ok("the daemon is up", obj(json!({"ok": {"type": "boolean"}, "version": {"type": "string"}, "store": {"type": "string"}})))}}},
-            "/api/openapi.json": {"get": {"summary": "this document", "responses": {"200": ok("OpenAPI 3", any.clone())}}},
+            "/api/health": {"get": {"summary": "liveness", "security": [], "responses": {"200": ok("the daemon is up", obj(json!({"ok": {"type": "boolean"}, "version": {"type": "string"}, "store": {"type": "string"}})))}}},
+            "/api/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": ok("OpenAPI 3", any.clone())}}},
             "/api/runs": {
                 "get": {"summary": "list runs", "responses": {"200": ok("runs, newest first", json!({"type": "array", "items": run}))}},
                 "post": op("a new run to record into", &[], Some(body(obj(json!({"name": {"type": "string"}, "labels": {"type": "object", "additionalProperties": {"type": "string"}}})), false)), ok("the new run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}})))),
             },
             "/api/runs/{run}": {"get": op("one run", &["run"], None, ok("the run", run.clone()))},
+            "/api/runs/{run}/events": {"get": get_with_query(
+                "the run's events in seq order (a fork's inherited ones included), one page at a time",
+                &["run"],
+                &[("from", "first seq (default 1)", 1, u64::MAX >> 11), ("limit", "events per page (default 100)", 1, crate::reads::MAX_PAGE)],
+                ok("a page of events", obj(json!({"run_id": {"type": "string"}, "count": {"type": "integer"}, "events": {"type": "array", "items": {"type": "object"}}, "next": {"type": "integer", "nullable": true}}))),
+            )},
+            "/api/runs/{run}/export": {"get": op("the run as a retrace-trace/1 file (what `retrace export` writes)", &["run"], None, raw("the trace file, JSON Lines", "application/x-ndjson"))},
+            "/api/blobs/{digest}": {"get": op("a blob's bytes, by digest", &["digest"], None, raw("the bytes", "application/octet-stream"))},
             "/api/runs/{run}/replay": {"post": op("a new replay run of `run`; calls naming it are answered from `run`'s log", &["run"], None, ok("the replay run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}, "source_run": {"type": "string"}}))))},
             "/api/runs/{run}/finish": {"post": op("end the run's session; a replay checks leftovers, decisions and exit status", &["run"], Some(body(obj(json!({"exit_status": {"type": "integer"}})), false)), ok("the finished run", run.clone()))},
             "/api/runs/{run}/agents/{agent}/steps": {"post": op(
@@ -78,7 +106,7 @@ pub fn document() -> Value {
             "/api/runs/{run}/agents/{agent}/decide": {"post": op("record a decision", &agent, Some(body(json!({"type": "object", "required": ["action"], "properties": {"action": {"type": "string"}, "target": {"type": "string", "nullable": true}}}), true)), ok("done", obj(json!({"status": {"type": "string"}}))))},
             "/api/runs/{run}/agents/{agent}/exit": {"post": op("the agent takes no more steps", &agent, None, ok("done", obj(json!({"status": {"type": "string"}}))))},
         },
-        "components": {"schemas": {
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": {
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "divergence": {"type": "object"}}}}},
             "Run": {"type": "object", "required": ["run_id", "mode", "status"], "properties": {
                 "run_id": {"type": "string"}, "name": {"type": "string", "nullable": true}, "mode": {"type": "string"},
@@ -109,7 +137,7 @@ mod tests {
             .skip(1)
             .filter_map(|rest| rest.split('"').next())
             .filter(|p| p.starts_with("/api/"))
-            .map(str::to_owned)
+            .map(|p| p.replace("{*", "{"))
             .collect();
         served.sort();
         let doc = super::document();

@@ -9,7 +9,9 @@
 //!    committed in chunks. Nothing is stored unless the whole file verified.
 //!
 //! Every error names the line (and the file, when the caller gives its name) and maps to the
-//! CLI's exit codes through [`ImportError::exit_code`].
+//! CLI's exit codes through [`ImportError::exit_code`]. With [`ImportOptions::forced`]
+//! (`retrace import --force`) verification failures and truncation are reported and the rest is
+//! stored, for `retrace verify` to examine.
 mod commit;
 mod read;
 
@@ -28,11 +30,17 @@ pub struct ImportOptions<'a> {
     pub chunk_events: usize,
     /// Called with the number of bytes read so far.
     pub progress: Option<&'a mut dyn FnMut(u64)>,
+    /// `--force`: when set, a file that fails verification is stored anyway and each failure
+    /// is passed here instead of ending the import. Events are stored as they are (a bad hash
+    /// or chain link included), a blob whose bytes don't match its digest is left out, and a
+    /// truncated file's complete lines are kept. What the store can't hold is still refused:
+    /// a line that is not JSON, an unknown format, seqs out of order.
+    pub forced: Option<&'a mut dyn FnMut(&ImportError)>,
 }
 
 impl Default for ImportOptions<'_> {
     fn default() -> Self {
-        ImportOptions { file_name: None, chunk_events: 4096, progress: None }
+        ImportOptions { file_name: None, chunk_events: 4096, progress: None, forced: None }
     }
 }
 
@@ -42,6 +50,7 @@ impl fmt::Debug for ImportOptions<'_> {
             .field("file_name", &self.file_name)
             .field("chunk_events", &self.chunk_events)
             .field("progress", &self.progress.is_some())
+            .field("forced", &self.forced.is_some())
             .finish()
     }
 }

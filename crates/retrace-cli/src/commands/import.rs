@@ -3,7 +3,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::PathBuf;
 
-use retrace_store::import::{import_reader, ImportOptions, ImportOutcome};
+use retrace_store::import::{import_reader, ImportError, ImportErrorKind, ImportOptions, ImportOutcome};
 
 use crate::commands::store_from_env;
 use crate::exit;
@@ -14,7 +14,8 @@ macro_rules! examples {
     () => {
         "Examples:\n  \
          retrace import tests/traces/backfill.jsonl\n  \
-         gunzip -c backfill.jsonl.gz | retrace import -"
+         gunzip -c backfill.jsonl.gz | retrace import -\n  \
+         retrace import --force damaged.jsonl && retrace verify --all"
     };
 }
 
@@ -30,8 +31,13 @@ file and nothing follows the last one. Errors name the file and line.\n\n\
 Importing a run that is already stored with the same events does nothing (exit 0, and says so); \
 one stored with different events is refused (exit 1, naming the first differing seq). A fork's \
 inherited events must equal its source's where the source is stored.\n\n\
-Exit codes: 0 imported or already present; 1 the file fails verification or conflicts with the \
-store; 2 the file is not a trace, is truncated, or has an unknown format version.",
+With --force, a file that fails verification or is truncated is imported anyway, for inspection: \
+each failure is printed as a warning, events are stored as they are, a blob that doesn't match its \
+digest is left out, and a truncated file's complete lines are kept; `retrace verify` then names \
+the damage. A line that is not JSON, an unknown format or seqs out of order are refused even then.\n\n\
+Exit codes: 0 imported or already present (with --force, even with warnings); 1 the file fails \
+verification or conflicts with the store; 2 the file is not a trace, is truncated, or has an \
+unknown format version.",
         "\n\n",
         examples!()
     )
@@ -39,6 +45,9 @@ store; 2 the file is not a trace, is truncated, or has an unknown format version
 pub struct Args {
     /// The trace file, or `-` for standard input.
     pub file: PathBuf,
+    /// Import even if the file fails verification or is truncated (each failure is printed).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Runs the command.
@@ -59,16 +68,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.add(done - last);
         last = done;
     };
+    let mut forgiven = 0usize;
+    let mut warn = |err: &ImportError| {
+        forgiven += 1;
+        eprintln!("\rwarning: {err} (imported anyway: --force)");
+    };
     let opts = ImportOptions {
         file_name: Some(name.clone()),
         progress: Some(&mut report),
+        forced: if args.force { Some(&mut warn) } else { None },
         ..ImportOptions::default()
     };
     let outcome = import_reader(&*store, BufReader::with_capacity(1 << 20, reader), opts);
     progress.finish();
-    match outcome.map_err(|e| failure(e.exit_code(), &e))? {
+    // Forcing helps a file whose header was read; an empty file stays empty.
+    let forcible = |e: &ImportError| match e {
+        ImportError::Truncated { at, .. } => at.line > 1,
+        _ => e.kind() == ImportErrorKind::Verification,
+    };
+    let outcome = outcome.map_err(|e| match e {
+        _ if forcible(&e) && !args.force => {
+            let mut failed = failure(e.exit_code(), &e);
+            if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+                f.hint = Some(format!(
+                    "`retrace import --force {name}` stores it anyway, for `retrace verify` to examine"
+                ));
+            }
+            failed
+        }
+        _ => failure(e.exit_code(), &e),
+    })?;
+    match outcome {
         ImportOutcome::Imported { run_id, events, blobs } => {
             eprintln!("imported run {run_id} from {name}: {events} events, {blobs} blobs");
+            if forgiven > 0 {
+                eprintln!(
+                    "warning: the file failed {forgiven} check(s) and was imported anyway (--force); \
+                     `retrace verify {run_id}` lists what the store now holds"
+                );
+            }
             println!("{run_id}");
         }
         ImportOutcome::AlreadyPresent { run_id } => {

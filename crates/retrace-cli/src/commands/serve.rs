@@ -1,26 +1,57 @@
 //! `retrace serve`: the daemon, until SIGINT or SIGTERM.
+use std::net::ToSocketAddrs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use retrace_server::auth::Tokens;
 use retrace_server::{AppState, ServerConfig, DEFAULT_ADDR};
 
 use super::store_from_env;
 use crate::daemon::upstream;
+use crate::exit;
 
-/// Run the daemon over the store (RETRACE_STORE / RETRACE_HOME): the HTTP API under /api/ and
-/// the recording proxy, OpenAI-compatible under /proxy/openai/v1/ and Anthropic-compatible under
-/// /proxy/anthropic/. A call names its run and agent with the headers X-Retrace-Run and
-/// X-Retrace-Agent, or by path: /proxy/run/RUN/agent/AGENT/openai/v1/... Runs are created with
-/// `POST /api/runs` (record) or `POST /api/runs/RUN/replay` (a new replay of RUN; its calls are
-/// answered from RUN's log), and ended with `POST /api/runs/RUN/finish`.
-///
-/// Example: retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8000/v1
+/// What `serve --help` says after the options.
+const LONG_HELP: &str = "\
+The daemon over the store (RETRACE_STORE / RETRACE_HOME): the HTTP API under /api/ and the \
+recording proxy, OpenAI-compatible under /proxy/openai/v1/ and Anthropic-compatible under \
+/proxy/anthropic/. A call names its run and agent with the headers X-Retrace-Run and \
+X-Retrace-Agent, or by path: /proxy/run/RUN/agent/AGENT/openai/v1/... Runs are created with \
+`POST /api/runs` (record) or `POST /api/runs/RUN/replay` (a new replay of RUN; its calls are \
+answered from RUN's log), and ended with `POST /api/runs/RUN/finish`.
+
+Access: on a loopback address with no tokens, every call is allowed. Tokens with roles come from \
+RETRACE_SERVE_TOKENS (`viewer:TOKEN,debugger:TOKEN,admin:TOKEN`) and/or --tokens FILE (one \
+`role TOKEN` per line, `#` comments; refused if other users can read it: chmod 600). A token is \
+at least 16 visible characters. With tokens, every route but /api/health and /api/openapi.json \
+needs one: `Authorization: Bearer TOKEN` on /api/, `X-Retrace-Token: TOKEN` on /proxy/ (there \
+Authorization and x-api-key belong to the provider and pass through untouched). Clients (the \
+Python SDK) read it from RETRACE_TOKEN. Roles: viewer reads runs, events, blobs and exports; \
+debugger also records, replays, and calls the SDK routes and the proxy; admin may do everything. \
+No token or an unknown one is 401, too low a role 403. A non-loopback --addr (0.0.0.0:7420) is \
+refused without tokens (exit 2).
+
+Examples:
+  retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8000/v1
+  RETRACE_SERVE_TOKENS=viewer:$(openssl rand -hex 16) retrace serve --addr 0.0.0.0:7420
+  retrace serve --addr 0.0.0.0:7420 --tokens /etc/retrace/tokens";
+
+/// Run the daemon: the HTTP API and the recording proxy.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = "Tokens: RETRACE_SERVE_TOKENS=role:TOKEN,... or --tokens FILE; required off loopback. More: --help",
+    after_long_help = LONG_HELP
+)]
 pub struct Args {
-    /// Address to listen on (loopback by default).
+    /// Address to listen on (loopback by default; any other address needs tokens).
     #[arg(long, default_value = DEFAULT_ADDR)]
     addr: String,
+    /// A file of tokens, one `role TOKEN` per line (roles: viewer, debugger, admin), added to
+    /// those of RETRACE_SERVE_TOKENS. Must not be readable by others.
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
     /// Declare a replay stalled when its waiting calls make no progress for this many seconds.
     #[arg(long, value_name = "S", default_value_t = 30.0)]
     stall_timeout: f64,
@@ -56,10 +87,52 @@ pub fn config(
     })
 }
 
+/// The tokens of RETRACE_SERVE_TOKENS and of `file`.
+fn tokens(file: Option<&Path>) -> anyhow::Result<Tokens> {
+    let mut tokens = Tokens::none();
+    if let Ok(value) = std::env::var("RETRACE_SERVE_TOKENS") {
+        tokens.add_env(&value).map_err(|e| exit::usage(e.to_string()))?;
+    }
+    if let Some(file) = file {
+        let name = file.display().to_string();
+        let meta = std::fs::metadata(file).map_err(|e| exit::usage(format!("cannot read {name}: {e}")))?;
+        let mode = meta.permissions().mode();
+        if mode & 0o007 != 0 {
+            return Err(exit::usage_hint(
+                format!(
+                    "refusing the tokens file {name}: other users can access it (mode {:o})",
+                    mode & 0o777
+                ),
+                format!("chmod 600 {name}"),
+            ));
+        }
+        if mode & 0o070 != 0 {
+            eprintln!(
+                "retrace: warning: the tokens file {name} is readable by its group (mode {:o})",
+                mode & 0o777
+            );
+        }
+        let text =
+            std::fs::read_to_string(file).map_err(|e| exit::usage(format!("cannot read {name}: {e}")))?;
+        tokens.add_file(&name, &text).map_err(|e| exit::usage(e.to_string()))?;
+    }
+    Ok(tokens)
+}
+
+/// Refuses a non-loopback `addr` when there are no tokens, before anything is bound or opened.
+fn check_addr(addr: &str, tokens: &Tokens) -> anyhow::Result<()> {
+    let addrs: Vec<std::net::SocketAddr> =
+        addr.to_socket_addrs().map_err(|e| exit::usage(format!("bad --addr {addr}: {e}")))?.collect();
+    retrace_server::auth::check_exposure(&addrs, tokens).map_err(|e| exit::usage(e.to_string()))
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let tokens = tokens(args.tokens.as_deref())?;
+    check_addr(&args.addr, &tokens)?;
     let store = store_from_env()?;
     let mut config = config(args.upstream_openai, args.upstream_anthropic, args.stall_timeout)?;
+    config.tokens = tokens;
     config.max_body = args.max_body;
     config.upstream_timeout = Duration::from_secs_f64(args.upstream_timeout.max(0.001));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -70,6 +143,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("retrace: serving on {base} (store: {})", store.backend());
         eprintln!("retrace:   OPENAI_BASE_URL={base}/proxy/openai/v1  → {}", config.upstream_openai);
         eprintln!("retrace:   ANTHROPIC_BASE_URL={base}/proxy/anthropic  → {}", config.upstream_anthropic);
+        match config.tokens.counts() {
+            (0, 0, 0) => eprintln!("retrace:   no tokens: every call on this loopback address is allowed"),
+            (viewer, debugger, admin) => eprintln!(
+                "retrace:   tokens required (viewer {viewer}, debugger {debugger}, admin {admin}); clients set RETRACE_TOKEN"
+            ),
+        }
         let state = AppState::new(store, config);
         retrace_server::serve(bound, state, shutdown_signal()).await.context("serving")?;
         eprintln!("retrace: stopped");

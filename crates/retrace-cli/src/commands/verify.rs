@@ -2,11 +2,11 @@
 use std::io::Write;
 
 use retrace_store::export::RunEvents;
-use retrace_store::verify::{verify_all, verify_run, Problem};
+use retrace_store::verify::{verify_run, Problem};
 
 use crate::commands::store_from_env;
 use crate::exit;
-use crate::output::print_json;
+use crate::output::{print_json, Progress};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -27,7 +27,9 @@ macro_rules! examples {
 1, 2, 3... without gaps, every referenced blob present and matching its digest, each agent's \
 Lamport clock increasing, every delivery after its send, causal parents and inbound deliveries \
 that name earlier events, and the run's recorded head.\n\n\
-Prints each problem on its own line and exits 1 if there is any; exits 0 when all is sound.",
+With --all, every run in the store is checked, oldest first, with progress on a terminal. \
+Prints each problem on its own line, naming the run and the seq or blob digest, and exits 1 if \
+there is any; exits 0 when all is sound.",
         "\n\n",
         examples!()
     )
@@ -51,14 +53,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(run) => vec![crate::commands::runs::find(&*store, run)?.id],
         None => store.runs()?.into_iter().map(|meta| meta.id).collect(),
     };
-    let problems: Vec<Problem> = match &args.run {
-        Some(_) => verify_run(&*store, &runs[0]),
-        None => verify_all(&*store),
-    };
+    let mut progress = Progress::new("verifying runs", runs.len() as u64);
+    let mut problems: Vec<Problem> = Vec::new();
     let mut events = 0;
     for run in &runs {
+        problems.extend(verify_run(&*store, run));
         events += RunEvents::new(&*store, run).map_or(0, |pages| pages.count());
+        progress.add(1);
     }
+    progress.finish();
     if args.json {
         let value = serde_json::json!({
             "ok": problems.is_empty(),

@@ -52,6 +52,7 @@ fn openai_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 | 404 | 409 | 413 | 415 => "invalid_request_error",
         401 => "authentication_error",
+        403 => "permission_error",
         429 => "rate_limit_error",
         _ => "server_error",
     }

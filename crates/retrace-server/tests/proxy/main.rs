@@ -1,6 +1,9 @@
 //! The daemon and its proxy over real loopback HTTP, a real SQLite store and the local provider
-//! stand-in (`retrace_demo::providers`): record, replay, bad input, upstream failures.
+//! stand-in (`retrace_demo::providers`): record, replay, bad input, upstream failures, access
+//! control and the API's read routes.
+mod auth;
 mod bad_input;
+mod reads;
 mod record_replay;
 mod support;
 mod upstream_failures;

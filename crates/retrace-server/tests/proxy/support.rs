@@ -12,7 +12,7 @@ pub struct Daemon {
     pub base: String,
     pub store: Arc<dyn Store>,
     stop: Option<oneshot::Sender<()>>,
-    _home: Option<tempfile::TempDir>,
+    pub _home: Option<tempfile::TempDir>,
 }
 
 impl Drop for Daemon {

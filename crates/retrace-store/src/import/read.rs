@@ -91,6 +91,18 @@ impl<R: BufRead> Lines<'_, '_, R> {
     fn verification(&self, seq: Option<u64>, digest: Option<Digest>, message: String) -> ImportError {
         ImportError::Verification { at: self.at(), seq, digest, message }
     }
+
+    /// A verification failure or truncation: the end of the import, unless it is forced, when
+    /// it is reported and reading goes on.
+    fn forgive(&mut self, err: ImportError) -> Result<(), ImportError> {
+        match self.opts.forced.as_mut() {
+            Some(report) => {
+                report(&err);
+                Ok(())
+            }
+            None => Err(err),
+        }
+    }
 }
 
 /// A serde_json error without its "at line 1 column N" (every line is parsed on its own).
@@ -114,7 +126,9 @@ pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> 
             needed.insert(digest, event.seq);
         }
     }
-    let blobs = read_blobs(&mut lines, &header)?;
+    // A forced import of a file cut among its events has no blob lines left to read.
+    let cut = (events.len() as u64) < header.events;
+    let blobs = if cut { Vec::new() } else { read_blobs(&mut lines, &header, &needed)? };
     if lines.next()?.is_some() {
         let message = format!(
             "unexpected line after the last blob (the header announces {} events and {} blobs)",
@@ -122,13 +136,13 @@ pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> 
         );
         return Err(lines.malformed(message));
     }
-    check_references(&lines, &header, &needed, &blobs)?;
+    check_references(&mut lines, &header, &needed, &blobs)?;
     let last = events.last().map(|e| e.hash);
     if let Some(head) = header.run.head.filter(|head| Some(*head) != last) {
         let found = last.map_or("no events".to_owned(), |d| d.to_string());
         let message = format!("the run's head is {head} but its last event's hash is {found}");
         let at = Location { file: lines.opts.file_name.clone(), line: 1 };
-        return Err(ImportError::Verification { at, seq: None, digest: None, message });
+        lines.forgive(ImportError::Verification { at, seq: None, digest: None, message })?;
     }
     Ok(Trace { header, events, blobs })
 }
@@ -178,7 +192,8 @@ fn read_events<R: BufRead>(
         let Some(line) = lines.next()? else {
             let message =
                 format!("the header announces {} events, the file holds {}", header.events, expected - 1);
-            return Err(ImportError::Truncated { at: lines.at(), message });
+            lines.forgive(ImportError::Truncated { at: lines.at(), message })?;
+            break;
         };
         let event: Event = match serde_json::from_slice(line) {
             Ok(event) => event,
@@ -190,7 +205,13 @@ fn read_events<R: BufRead>(
                 );
                 return Err(lines.malformed(message));
             }
-            Err(e) => return Err(lines.unparsable("not a valid event", &e)),
+            Err(e) => match lines.unparsable("not a valid event", &e) {
+                err @ ImportError::Truncated { .. } => {
+                    lines.forgive(err)?;
+                    break;
+                }
+                err => return Err(err),
+            },
         };
         let seq = Some(event.seq);
         if event.seq != expected {
@@ -204,17 +225,21 @@ fn read_events<R: BufRead>(
         let own = run.fork_at.is_none_or(|at| event.seq >= at);
         if own && event.run_id != run.id {
             let message = format!("seq {} names run {}, not {}", event.seq, event.run_id, run.id);
-            return Err(lines.verification(seq, None, message));
+            lines.forgive(lines.verification(seq, None, message))?;
         }
-        let hash = event
-            .compute_hash()
-            .map_err(|e| lines.verification(seq, None, format!("seq {} can't be hashed: {e}", event.seq)))?;
-        if hash != event.hash {
-            let message = format!(
-                "hash mismatch at seq {}: the line says {}, its content hashes to {hash}",
-                event.seq, event.hash
-            );
-            return Err(lines.verification(seq, None, message));
+        match event.compute_hash() {
+            Ok(hash) if hash == event.hash => {}
+            Ok(hash) => {
+                let message = format!(
+                    "hash mismatch at seq {}: the line says {}, its content hashes to {hash}",
+                    event.seq, event.hash
+                );
+                lines.forgive(lines.verification(seq, None, message))?;
+            }
+            Err(e) => {
+                let message = format!("seq {} can't be hashed: {e}", event.seq);
+                lines.forgive(lines.verification(seq, None, message))?;
+            }
         }
         if event.prev != prev {
             let show = |d: Option<Digest>| d.map_or("null".to_owned(), |d| d.to_string());
@@ -224,7 +249,7 @@ fn read_events<R: BufRead>(
                 show(event.prev),
                 show(prev)
             );
-            return Err(lines.verification(seq, None, message));
+            lines.forgive(lines.verification(seq, None, message))?;
         }
         prev = Some(event.hash);
         events.push(event);
@@ -241,14 +266,21 @@ fn looks_like(line: &[u8], key: &str) -> bool {
 fn read_blobs<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
+    needed: &HashMap<Digest, u64>,
 ) -> Result<Vec<ReadBlob>, ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(1 << 16) as usize);
     let mut index: HashMap<Digest, usize> = HashMap::new();
     for number in 1..=header.blobs {
         let Some(line) = lines.next()? else {
-            let message =
+            let mut message =
                 format!("the header announces {} blobs, the file holds {}", header.blobs, number - 1);
-            return Err(ImportError::Truncated { at: lines.at(), message });
+            let first_missing =
+                needed.iter().filter(|(d, _)| !index.contains_key(*d)).map(|(d, seq)| (*seq, *d)).min();
+            if let Some((seq, digest)) = first_missing {
+                message.push_str(&format!("; blob {digest}, referenced by seq {seq}, is missing"));
+            }
+            lines.forgive(ImportError::Truncated { at: lines.at(), message })?;
+            break;
         };
         let parsed: BlobLine = match serde_json::from_slice(line) {
             Ok(parsed) => parsed,
@@ -262,16 +294,29 @@ fn read_blobs<R: BufRead>(
                 );
                 return Err(lines.malformed(message));
             }
-            Err(e) => return Err(lines.unparsable("not a valid blob line", &e)),
+            Err(e) => match lines.unparsable("not a valid blob line", &e) {
+                err @ ImportError::Truncated { .. } => {
+                    lines.forgive(err)?;
+                    break;
+                }
+                err => return Err(err),
+            },
         };
         let digest = parsed.blob;
         if let Some(&first) = index.get(&digest) {
             let first_line = 2 + header.events + first as u64;
             return Err(lines.malformed(format!("blob {digest} appears twice (first on line {first_line})")));
         }
-        let blob = decode_blob(lines, parsed, &blobs, &index)?;
-        index.insert(digest, blobs.len());
-        blobs.push(blob);
+        match decode_blob(lines, parsed, &blobs, &index) {
+            Ok(blob) => {
+                index.insert(digest, blobs.len());
+                blobs.push(blob);
+            }
+            // Forced: a blob that doesn't verify is left out (events referencing it then
+            // reference a missing blob, which `retrace verify` reports).
+            Err(err @ ImportError::Verification { .. }) => lines.forgive(err)?,
+            Err(err) => return Err(err),
+        }
     }
     Ok(blobs)
 }
@@ -327,7 +372,7 @@ fn decode_blob<R: BufRead>(
 
 /// Every blob an event references is present, and every blob is referenced.
 fn check_references<R: BufRead>(
-    lines: &Lines<'_, '_, R>,
+    lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
     needed: &HashMap<Digest, u64>,
     blobs: &[ReadBlob],
@@ -337,19 +382,22 @@ fn check_references<R: BufRead>(
     let mut missing: Vec<(u64, Digest)> =
         needed.iter().filter(|(d, _)| !held.contains_key(d)).map(|(&d, &seq)| (seq, d)).collect();
     missing.sort();
-    if let Some(&(seq, digest)) = missing.first() {
-        let at = Location { file, line: seq + 1 };
+    for (seq, digest) in missing {
+        let at = Location { file: file.clone(), line: seq + 1 };
         let message = format!("seq {seq} references blob {digest}, which is not in the file");
-        return Err(ImportError::Verification { at, seq: Some(seq), digest: Some(digest), message });
+        lines.forgive(ImportError::Verification { at, seq: Some(seq), digest: Some(digest), message })?;
     }
     let named: std::collections::HashSet<Digest> =
         blobs.iter().filter_map(|b| b.names.as_ref()).flatten().copied().collect();
-    if let Some(i) = blobs.iter().position(|b| !needed.contains_key(&b.digest) && !named.contains(&b.digest))
-    {
-        let digest = blobs[i].digest;
-        let at = Location { file, line: 2 + header.events + i as u64 };
+    let strays = blobs
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| !needed.contains_key(&b.digest) && !named.contains(&b.digest));
+    for (i, blob) in strays {
+        let digest = blob.digest;
+        let at = Location { file: file.clone(), line: 2 + header.events + i as u64 };
         let message = format!("blob {digest} is referenced by no event or manifest");
-        return Err(ImportError::Verification { at, seq: None, digest: Some(digest), message });
+        lines.forgive(ImportError::Verification { at, seq: None, digest: Some(digest), message })?;
     }
     Ok(())
 }

@@ -236,3 +236,34 @@ fn progress_reports_bytes_read() {
     assert_eq!(seen.last().copied(), Some(file.len() as u64));
     assert!(seen.windows(2).all(|w| w[0] < w[1]));
 }
+
+/// Imports `bytes` with `forced`: the outcome and each failure it forgave.
+fn forced(store: &MemoryStore, bytes: &[u8]) -> (Result<String, ImportError>, Vec<String>) {
+    let mut forgiven = Vec::new();
+    let mut report = |e: &ImportError| forgiven.push(e.to_string());
+    let opts = ImportOptions { forced: Some(&mut report), ..ImportOptions::default() };
+    let outcome = import_reader(store, bytes, opts).map(|o| o.run_id().to_owned());
+    (outcome, forgiven)
+}
+
+#[test]
+fn forced_imports_store_what_verify_then_names_but_never_what_the_store_cannot_hold() {
+    let mut lines = good();
+    lines[4] = lines[4].replace("\"agent_id\":\"reviewer\"", "\"agent_id\":\"reviewes\"");
+    let store = MemoryStore::new();
+    let (outcome, forgiven) = forced(&store, &join(&lines));
+    assert_eq!(outcome.unwrap(), "01corrupt");
+    assert_eq!(forgiven.len(), 1, "{forgiven:?}");
+    assert!(forgiven[0].starts_with("line 5: hash mismatch at seq 4"), "{forgiven:?}");
+    let problems = retrace_store::verify::verify_run(&store, "01corrupt");
+    // The renamed agent also breaks seq 4's inbound link; everything found is at seq 4.
+    assert!(problems.iter().all(|p| p.seq == Some(4)), "{problems:?}");
+    assert!(problems[0].to_string().starts_with("run 01corrupt seq 4: hash mismatch"), "{problems:?}");
+
+    let mut lines = good();
+    lines.swap(3, 4);
+    let store = MemoryStore::new();
+    let (outcome, _) = forced(&store, &join(&lines));
+    assert!(matches!(outcome, Err(ImportError::Verification { seq: Some(4), .. })), "{outcome:?}");
+    assert!(store.runs().unwrap().is_empty(), "out-of-order seqs are never stored");
+}

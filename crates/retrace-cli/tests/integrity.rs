@@ -1,0 +1,259 @@
+//! Damage found from the outside, on real SQLite stores in temp dirs: an event row edited in the
+//! database, two blobs swapped, an export cut short, missing a blob line, with an edited event or
+//! swapped blob texts. `verify --all` and `import` name the run, seq, digest or line; `import
+//! --force` stores a damaged file so that `verify` can name what is wrong with it.
+#[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
+mod trace_fixture;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use retrace_core::Digest;
+use retrace_store::{open_store, StoreConfig};
+use trace_fixture::conversation;
+
+/// A RETRACE_HOME in a temp dir.
+struct Home(tempfile::TempDir);
+
+impl Home {
+    fn new() -> Home {
+        Home(tempfile::tempdir().unwrap())
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.path().join(name)
+    }
+
+    fn run(&self, args: &[&str]) -> Ran {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrace"));
+        command.args(args).env("RETRACE_HOME", self.path()).stdin(Stdio::null());
+        for var in ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_RUN"] {
+            command.env_remove(var);
+        }
+        Ran(command.output().unwrap())
+    }
+
+    fn db(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.file("retrace.db")).unwrap()
+    }
+}
+
+struct Ran(Output);
+
+impl Ran {
+    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) hold each needle.
+    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Ran {
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&self.0.stdout), String::from_utf8_lossy(&self.0.stderr));
+        let context = format!("exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", self.0.status.code());
+        assert_eq!(self.0.status.code(), Some(code), "{context}");
+        for needle in out {
+            assert!(stdout.contains(needle), "stdout lacks {needle:?}\n{context}");
+        }
+        for needle in err {
+            assert!(stderr.contains(needle), "stderr lacks {needle:?}\n{context}");
+        }
+        assert!(!stderr.contains("panicked"), "{context}");
+        self
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+}
+
+const SOUND: &str = "01sound0000000000000000000";
+const DAMAGED: &str = "01damaged00000000000000000";
+
+#[test]
+fn verify_all_names_an_edited_event_row_and_two_swapped_blobs_in_sqlite() {
+    let home = Home::new();
+    let damaged = conversation(DAMAGED, 3);
+    {
+        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+        conversation(SOUND, 1).commit(&*store);
+        damaged.commit(&*store);
+    }
+    home.run(&["verify", "--all"]).expect(0, &["ok: 2 runs", "18 events"], &[]);
+
+    let db = home.db();
+    // The tool call at seq 8 now claims another tool name; its hash no longer covers it.
+    let edited = db
+        .execute(
+            "UPDATE events SET name = 'sql.querx' WHERE seq = 8 AND run_pk = (SELECT pk FROM runs WHERE id = ?1)",
+            [DAMAGED],
+        )
+        .unwrap();
+    assert_eq!(edited, 1);
+    // The message bodies of seq 6 and seq 10 trade places in the blob table.
+    let (a, b) = (damaged.events[5].request_ref.unwrap(), damaged.events[9].request_ref.unwrap());
+    swap_blob_rows(&db, &a, &b);
+    drop(db);
+
+    let hash = format!("run {DAMAGED} seq 8: hash mismatch");
+    let blob_a = format!("run {DAMAGED} seq 6 blob {a}");
+    let blob_b = format!("run {DAMAGED} seq 10 blob {b}");
+    home.run(&["verify", "--all"]).expect(1, &[&hash, &blob_a, &blob_b], &["verification found 3 problems"]);
+    assert!(!home.run(&["verify", "--all"]).stdout().contains(SOUND), "the sound run is not blamed");
+    home.run(&["verify", SOUND]).expect(0, &["ok: run 01sound"], &[]);
+
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["verify", "--all", "--json"]).stdout()).unwrap();
+    let problems: Vec<(String, Option<u64>, String)> = json["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["run"].as_str().unwrap().into(), p["seq"].as_u64(), p["kind"].as_str().unwrap().into()))
+        .collect();
+    let want = [(8, "hash"), (6, "blob_corrupt"), (10, "blob_corrupt")];
+    for (seq, kind) in want {
+        assert!(problems.contains(&(DAMAGED.into(), Some(seq), kind.into())), "{problems:?}");
+    }
+    assert_eq!((json["ok"].as_bool(), json["runs"].as_u64(), problems.len()), (Some(false), Some(2), 3));
+}
+
+/// Exchanges the stored bytes (whatever their kind: inline, packed, file) of two blob rows.
+fn swap_blob_rows(db: &rusqlite::Connection, a: &Digest, b: &Digest) {
+    type Row = (i64, i64, rusqlite::types::Value);
+    let read = |d: &Digest| -> Row {
+        db.query_row("SELECT kind, size, data FROM blobs WHERE digest = ?1", [&d.as_bytes()[..]], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap()
+    };
+    let (ra, rb) = (read(a), read(b));
+    let write = |d: &Digest, (kind, size, data): Row| {
+        db.execute(
+            "UPDATE blobs SET kind = ?1, size = ?2, data = ?3 WHERE digest = ?4",
+            rusqlite::params![kind, size, data, &d.as_bytes()[..]],
+        )
+        .unwrap();
+    };
+    write(a, rb);
+    write(b, ra);
+}
+
+const RUN: &str = "01export000000000000000000";
+
+/// An exported 3-turn conversation: its lines and where it was written.
+fn exported() -> (Home, Vec<String>) {
+    let home = Home::new();
+    let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+    conversation(RUN, 3).commit(&*store);
+    drop(store);
+    let file = home.file("good.jsonl");
+    home.run(&["export", RUN, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
+    let text = std::fs::read_to_string(&file).unwrap();
+    (home, text.lines().map(str::to_owned).collect())
+}
+
+/// Writes `text` as `name` in `home`; its path.
+fn write(home: &Home, name: &str, text: &str) -> String {
+    let file = home.file(name);
+    std::fs::write(&file, text).unwrap();
+    file.to_str().unwrap().to_owned()
+}
+
+fn join(lines: &[String]) -> String {
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
+fn digest_of_blob_line(line: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(line).unwrap()["blob"].as_str().unwrap().to_owned()
+}
+
+/// Imports `path` into a fresh store with `--force`, then verifies it there: `verify`'s result.
+fn forced_then_verified(path: &str, warning: &str) -> Ran {
+    let fresh = Home::new();
+    fresh.run(&["import", "--force", path]).expect(0, &[RUN], &["warning:", warning, "imported anyway"]);
+    let ran = fresh.run(&["verify", "--all"]);
+    drop(fresh);
+    ran
+}
+
+#[test]
+fn a_truncated_export_is_refused_naming_the_line_and_force_keeps_its_whole_lines() {
+    let (home, lines) = exported();
+    let whole = join(&lines);
+    let last = lines.len();
+    let lost = digest_of_blob_line(&lines[last - 1]);
+    let cut = write(&home, "cut.jsonl", &whole[..whole.len() - 30]);
+    let fresh = Home::new();
+    fresh.run(&["import", &cut]).expect(
+        2,
+        &[],
+        &[
+            &format!("cut.jsonl:{last}: truncated: the file ends inside line {last}"),
+            "hint: `retrace import --force",
+        ],
+    );
+    fresh.run(&["runs", "--json"]).expect(0, &["[]"], &[]);
+    let verified = forced_then_verified(&cut, "ends inside line");
+    verified.expect(1, &[&format!("run {RUN} seq"), &format!("blob {lost}")], &[]);
+}
+
+#[test]
+fn an_export_missing_a_blob_line_names_the_blob_and_the_seq_that_needs_it() {
+    let (home, mut lines) = exported();
+    let at = lines.iter().position(|l| l.contains("\"base64\"")).expect("a binary tool output");
+    let digest = digest_of_blob_line(&lines[at]);
+    lines.remove(at);
+    let path = write(&home, "missing.jsonl", &join(&lines));
+    Home::new().run(&["import", &path]).expect(
+        2,
+        &[],
+        &[
+            "missing.jsonl:",
+            "truncated: the header announces",
+            &format!("blob {digest}, referenced by seq 4, is missing"),
+        ],
+    );
+    forced_then_verified(&path, "is missing").expect(1, &[&format!("run {RUN} seq 4 blob {digest}")], &[]);
+}
+
+#[test]
+fn an_edited_event_line_is_refused_and_once_forced_verify_names_its_seq() {
+    let (home, mut lines) = exported();
+    assert!(lines[4].contains("\"seq\":4") && lines[4].contains("sql.query"), "{}", lines[4]);
+    lines[4] = lines[4].replace("sql.query", "sql.querx");
+    let path = write(&home, "edited.jsonl", &join(&lines));
+    Home::new().run(&["import", &path]).expect(
+        1,
+        &[],
+        &["edited.jsonl:5: hash mismatch at seq 4", "--force"],
+    );
+    forced_then_verified(&path, "hash mismatch at seq 4").expect(
+        1,
+        &[&format!("run {RUN} seq 4: hash mismatch")],
+        &[],
+    );
+}
+
+#[test]
+fn swapped_blob_texts_are_refused_by_digest_and_once_forced_verify_finds_them_missing() {
+    let (home, mut lines) = exported();
+    let sends: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("backfill_ready") && l.starts_with("{\"blob\""))
+        .map(|(i, _)| i)
+        .collect();
+    let (i, j) = (sends[0], sends[1]);
+    let text = |l: &str| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].clone();
+    let (ti, tj) = (text(&lines[i]), text(&lines[j]));
+    let (di, dj) = (digest_of_blob_line(&lines[i]), digest_of_blob_line(&lines[j]));
+    lines[i] = serde_json::json!({"blob": di, "text": tj}).to_string();
+    lines[j] = serde_json::json!({"blob": dj, "text": ti}).to_string();
+    let path = write(&home, "swapped.jsonl", &join(&lines));
+    Home::new().run(&["import", &path]).expect(
+        1,
+        &[],
+        &[&format!("swapped.jsonl:{}: digest mismatch for blob {di}", i + 1)],
+    );
+    let verified = forced_then_verified(&path, &format!("digest mismatch for blob {dj}"));
+    verified.expect(1, &[&format!("run {RUN} seq 2 blob {di}"), &format!("run {RUN} seq 6 blob {dj}")], &[]);
+}

@@ -1,0 +1,184 @@
+//! The daemon's tokens: parsed from `RETRACE_SERVE_TOKENS` (`role:TOKEN,role:TOKEN`) and from a
+//! tokens file (`role TOKEN` per line, `#` comments), kept only as SHA-256 digests and compared
+//! in constant time.
+use std::fmt;
+
+use retrace_core::Digest;
+
+use super::{same_digest, Role};
+
+/// The shortest token accepted: a guessable token would make the check pointless.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// The tokens a daemon accepts, each with its role. Empty: every request is allowed.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    /// The digest of each token, and its role.
+    entries: Vec<(Digest, Role)>,
+}
+
+/// Why a token list was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// An entry is not `role:TOKEN` (env) or `role TOKEN` (file).
+    #[error("{at}: expected {shape}, found {found:?}")]
+    Shape {
+        /// Where: `RETRACE_SERVE_TOKENS entry 2`, `tokens.txt:3`.
+        at: String,
+        /// The expected shape.
+        shape: &'static str,
+        /// What was there, its token hidden.
+        found: String,
+    },
+    /// An unknown role.
+    #[error("{at}: {message}")]
+    Role {
+        /// Where.
+        at: String,
+        /// Which role, and the known ones.
+        message: String,
+    },
+    /// A token too short or holding characters a header can't carry.
+    #[error(
+        "{at}: a token must be at least {MIN_TOKEN_LEN} visible ASCII characters without spaces or commas"
+    )]
+    Weak {
+        /// Where.
+        at: String,
+    },
+    /// The same token twice (with the same role or not).
+    #[error("{at}: this token is listed twice")]
+    Duplicate {
+        /// Where.
+        at: String,
+    },
+}
+
+impl Tokens {
+    /// No tokens: the daemon is open.
+    pub fn none() -> Tokens {
+        Tokens::default()
+    }
+
+    /// Whether no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// How many tokens there are of each role: `(viewer, debugger, admin)`.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let count = |role| self.entries.iter().filter(|(_, r)| *r == role).count();
+        (count(Role::Viewer), count(Role::Debugger), count(Role::Admin))
+    }
+
+    /// Adds the entries of `RETRACE_SERVE_TOKENS`: `role:TOKEN` separated by commas.
+    pub fn add_env(&mut self, value: &str) -> Result<(), TokensError> {
+        let entries = value.split(',').map(str::trim).filter(|e| !e.is_empty());
+        for (i, entry) in entries.enumerate() {
+            let at = format!("RETRACE_SERVE_TOKENS entry {}", i + 1);
+            let Some((role, token)) = entry.split_once(':') else {
+                return Err(shape(at, "role:TOKEN", entry));
+            };
+            self.add(&at, role.trim(), token.trim())?;
+        }
+        Ok(())
+    }
+
+    /// Adds the lines of a tokens file named `name`: `role TOKEN`; blank lines and lines
+    /// starting with `#` are skipped.
+    pub fn add_file(&mut self, name: &str, text: &str) -> Result<(), TokensError> {
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let at = format!("{name}:{}", i + 1);
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some(role), Some(token), None) => self.add(&at, role, token)?,
+                _ => return Err(shape(at, "role TOKEN", line)),
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, at: &str, role: &str, token: &str) -> Result<(), TokensError> {
+        let role: Role = role.parse().map_err(|message| TokensError::Role { at: at.to_owned(), message })?;
+        let visible = token.bytes().all(|b| b.is_ascii_graphic() && b != b',');
+        if token.len() < MIN_TOKEN_LEN || !visible {
+            return Err(TokensError::Weak { at: at.to_owned() });
+        }
+        let digest = Digest::of(token.as_bytes());
+        if self.entries.iter().any(|(d, _)| *d == digest) {
+            return Err(TokensError::Duplicate { at: at.to_owned() });
+        }
+        self.entries.push((digest, role));
+        Ok(())
+    }
+
+    /// The role of `presented`, if it is one of the tokens. Every token is compared, each in
+    /// constant time, so the answer's timing says nothing about which one matched or how much.
+    pub fn role_of(&self, presented: &[u8]) -> Option<Role> {
+        let digest = Digest::of(presented);
+        let mut found = None;
+        for (known, role) in &self.entries {
+            if same_digest(known, &digest) {
+                found = Some(*role);
+            }
+        }
+        found
+    }
+}
+
+fn shape(at: String, shape: &'static str, found: &str) -> TokensError {
+    // Never echo what may be a token: the role part, or the first few characters.
+    let hidden = match found.split_once([':', ' ', '\t']) {
+        Some((role, _)) => format!("{role}…"),
+        None if found.chars().count() > 12 => format!("{}…", found.chars().take(4).collect::<String>()),
+        None => found.to_owned(),
+    };
+    TokensError::Shape { at, shape, found: hidden }
+}
+
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (viewer, debugger, admin) = self.counts();
+        write!(f, "Tokens {{ viewer: {viewer}, debugger: {debugger}, admin: {admin} }}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbb";
+
+    #[test]
+    fn env_and_file_entries_map_tokens_to_roles() {
+        let mut tokens = Tokens::none();
+        tokens.add_env(&format!("viewer:{A}, admin:{B},")).unwrap();
+        tokens.add_file("t", "# comment\n\ndebugger   cccccccccccccccccccc\n").unwrap();
+        assert_eq!(tokens.role_of(A.as_bytes()), Some(Role::Viewer));
+        assert_eq!(tokens.role_of(B.as_bytes()), Some(Role::Admin));
+        assert_eq!(tokens.role_of(b"cccccccccccccccccccc"), Some(Role::Debugger));
+        assert_eq!(tokens.role_of(b"aaaaaaaaaaaaaaaaaaab"), None);
+        assert_eq!(tokens.role_of(b""), None);
+        assert_eq!(format!("{tokens:?}"), "Tokens { viewer: 1, debugger: 1, admin: 1 }");
+    }
+
+    #[test]
+    fn bad_entries_are_named_without_their_token() {
+        let err = |env: &str| Tokens::none().add_env(env).unwrap_err().to_string();
+        assert_eq!(
+            err("root:xxxxxxxxxxxxxxxxxxxxxxx"),
+            "RETRACE_SERVE_TOKENS entry 1: unknown role \"root\" (roles: viewer, debugger, admin)"
+        );
+        assert!(err(&format!("viewer:{A},viewer:short"))
+            .starts_with("RETRACE_SERVE_TOKENS entry 2: a token must be"));
+        assert!(!err("secretsecretsecretsecret").contains("secretsecretsecretsecret"));
+        assert!(err(&format!("viewer:{A},admin:{A}")).contains("listed twice"));
+        let file = Tokens::none().add_file("t.txt", &format!("viewer {A} extra")).unwrap_err();
+        assert_eq!(file.to_string(), "t.txt:1: expected role TOKEN, found \"viewer…\"");
+    }
+}
