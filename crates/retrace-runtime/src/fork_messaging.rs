@@ -52,8 +52,8 @@ impl Agent {
         // A `message:` edit replaces the body its receiver gets; the fork's send event says so.
         let (body, prepared) = match origin.and_then(|s| plan.messages.get(&s)) {
             Some(blob) => {
-                let edited: Value =
-                    serde_json::from_slice(&inner.store.get_blob(blob)?).unwrap_or(Value::Null);
+                let edited: Value = serde_json::from_slice(&inner.for_program(inner.store.get_blob(blob)?)?)
+                    .unwrap_or(Value::Null);
                 input.request = json!({ "to": to, "kind": kind, "body": edited });
                 input.source = Source::Live;
                 let prepared = self.prepare(&input, label)?;

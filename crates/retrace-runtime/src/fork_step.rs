@@ -204,13 +204,15 @@ impl Agent {
         raw: bool,
     ) -> RuntimeResult<LiveOutput> {
         if raw {
-            return Ok(LiveOutput::raw(self.session.inner.store.get_blob(blob)?));
+            return Ok(LiveOutput::raw(
+                self.session.inner.for_program(self.session.inner.store.get_blob(blob)?)?,
+            ));
         }
         Ok(LiveOutput::value(self.blob_value(blob, label)?))
     }
 
     fn blob_value(&self, blob: &retrace_core::Digest, label: &str) -> RuntimeResult<Value> {
-        let bytes = self.session.inner.store.get_blob(blob)?;
+        let bytes = self.session.inner.for_program(self.session.inner.store.get_blob(blob)?)?;
         serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
             step: label.into(),

@@ -150,7 +150,7 @@ impl Agent {
                             step: label.clone(),
                             message: "the recorded step has no output".into(),
                         })?;
-                        let document = inner.store.get_blob(&output_ref)?;
+                        let document = inner.for_program(inner.store.get_blob(&output_ref)?)?;
                         Ok(HttpModelReply { document, source: Source::Recorded })
                     }
                 }
@@ -162,7 +162,7 @@ impl Agent {
                     step: label.clone(),
                     message: "the recorded step has no output".into(),
                 })?;
-                let document = inner.store.get_blob(&output_ref)?;
+                let document = inner.for_program(inner.store.get_blob(&output_ref)?)?;
                 Ok(HttpModelReply { document, source: Source::Recorded })
             }
         }

@@ -43,6 +43,7 @@ pub mod scheduler;
 pub mod session;
 mod step;
 pub mod template;
+pub mod vaulting;
 
 pub use agent::{Agent, ModelCall, ModelReply, ToolSpec};
 pub use error::{RuntimeError, RuntimeResult};

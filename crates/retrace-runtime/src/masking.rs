@@ -159,6 +159,9 @@ pub fn fill_from_env(options: &mut crate::SessionOptions, store: &StoreConfig) -
     if options.mask_rules.is_empty() {
         options.mask_rules = rules_from_cwd()?;
     }
+    if options.vault_key.is_none() {
+        options.vault_key = vault_key_from_env()?;
+    }
     Ok(())
 }
 
@@ -234,5 +237,15 @@ mod tests {
         let (union, added) = fork_rules(&MaskRules::default(), &rules);
         assert_eq!(union, rules);
         assert_eq!(added.len(), rules.rules.len());
+    }
+}
+
+/// `RETRACE_VAULT_KEY`, when set.
+pub fn vault_key_from_env() -> RuntimeResult<Option<retrace_core::vault::VaultKey>> {
+    match std::env::var(retrace_core::vault::VAULT_KEY_ENV).ok().filter(|v| !v.trim().is_empty()) {
+        None => Ok(None),
+        Some(text) => retrace_core::vault::VaultKey::from_base64(&text)
+            .map(Some)
+            .map_err(|e| RuntimeError::Usage(format!("{}: {e}", retrace_core::vault::VAULT_KEY_ENV))),
     }
 }

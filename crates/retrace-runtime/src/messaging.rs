@@ -235,7 +235,7 @@ impl Agent {
         let source = self.session.source_run().unwrap_or_default();
         let event = inner.store.event(&source, send_seq)?;
         let Some(request) = event.request_ref else { return Ok(Value::Null) };
-        let bytes = inner.store.get_blob(&request)?;
+        let bytes = inner.for_program(inner.store.get_blob(&request)?)?;
         let value: Value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
             step: "recv".into(),

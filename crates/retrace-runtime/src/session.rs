@@ -57,6 +57,9 @@ pub struct SessionOptions {
     pub mask_rules: MaskRules,
     /// The mask key tokens are made with; a run holding tokens made under another key is refused.
     pub mask_key: Option<MaskKey>,
+    /// The vault key (`RETRACE_VAULT_KEY`): record seals masked originals into the vault under
+    /// it; replay needs it where a rule hands back originals.
+    pub vault_key: Option<retrace_core::vault::VaultKey>,
     /// Wait for each event's acknowledgment before the step returns (default). When false, steps
     /// are pipelined and a store failure surfaces at the next step or at `finish`.
     pub wait_for_ack: bool,
@@ -88,6 +91,7 @@ impl Default for SessionOptions {
             keys: KeyConfig::default(),
             mask_rules: MaskRules::default(),
             mask_key: None,
+            vault_key: None,
             wait_for_ack: true,
             clock: Arc::new(SystemClock),
             run_id: None,
@@ -150,6 +154,10 @@ pub(crate) struct Inner {
     pub(crate) prices: Arc<retrace_core::prices::PriceTable>,
     pub(crate) keys: KeyConfig,
     pub(crate) masker: Masker,
+    /// Record and fork: where the originals masking replaced go (set when a vault key is).
+    pub(crate) originals: Option<crate::vaulting::Originals>,
+    /// Replay and fork: hands the program originals where a rule says `replay = "original"`.
+    pub(crate) reveal: Option<crate::vaulting::Reveal>,
     pub(crate) wait_for_ack: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) run: Mutex<RunMeta>,
@@ -159,6 +167,17 @@ pub(crate) struct Inner {
     pub(crate) steps: AtomicUsize,
     pub(crate) live_calls: AtomicUsize,
     finished: AtomicBool,
+}
+
+impl Inner {
+    /// Recorded bytes as the program gets them: with originals where a rule says
+    /// `replay = "original"` (replay and fork), else as stored.
+    pub(crate) fn for_program(&self, bytes: Vec<u8>) -> RuntimeResult<Vec<u8>> {
+        match &self.reveal {
+            Some(reveal) => reveal.apply(self.store.as_ref(), bytes),
+            None => Ok(bytes),
+        }
+    }
 }
 
 impl std::fmt::Debug for Inner {

@@ -309,7 +309,8 @@ impl Agent {
             Err(RuntimeError::StepFailed { .. }) => (Value::Null, None),
             Err(e) => return Err(e),
         };
-        event.error = error.clone();
+        // A failure's message is persisted like any output: masked.
+        event.error = error.as_deref().map(|e| inner.masker.mask_text(e).0.into_owned());
         if let Some(canonical) = raw_output.or(canonical) {
             let masked = inner.masker.mask_json(&canonical);
             if masked.tokens > 0 {
@@ -429,7 +430,7 @@ impl Agent {
                         return Err(scheduler.diverge(d).into());
                     }
                     Some(Resolution::Outcome(blob)) => {
-                        let bytes = inner.store.get_blob(blob)?;
+                        let bytes = inner.for_program(inner.store.get_blob(blob)?)?;
                         let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
                             agent: self.id.clone(),
                             step: label.into(),
@@ -467,7 +468,7 @@ impl Agent {
             return Ok((Value::Null, step));
         }
         let Some(output_ref) = step.output_ref else { return Ok((Value::Null, step)) };
-        let bytes = inner.store.get_blob(&output_ref)?;
+        let bytes = inner.for_program(inner.store.get_blob(&output_ref)?)?;
         let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
             step: label.into(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use retrace_core::mask::MaskKey;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
+use retrace_core::vault::VaultKey;
 use retrace_runtime::{Agent, Outcome, RunReport, RuntimeError, Session, SessionOptions};
 use retrace_store::Store;
 
@@ -40,6 +41,7 @@ pub struct RunHost {
     store: Arc<dyn Store>,
     stall_timeout: Duration,
     mask_key: Option<MaskKey>,
+    vault_key: Option<VaultKey>,
     runs: Mutex<HashMap<String, Slot>>,
     opening: Mutex<()>,
 }
@@ -57,8 +59,20 @@ enum Slot {
 
 impl RunHost {
     /// A host over `store`; replays declare a stall after `stall_timeout` without progress.
-    pub fn new(store: Arc<dyn Store>, stall_timeout: Duration, mask_key: Option<MaskKey>) -> RunHost {
-        RunHost { store, stall_timeout, mask_key, runs: Mutex::new(HashMap::new()), opening: Mutex::new(()) }
+    pub fn new(
+        store: Arc<dyn Store>,
+        stall_timeout: Duration,
+        mask_key: Option<MaskKey>,
+        vault_key: Option<VaultKey>,
+    ) -> RunHost {
+        RunHost {
+            store,
+            stall_timeout,
+            mask_key,
+            vault_key,
+            runs: Mutex::new(HashMap::new()),
+            opening: Mutex::new(()),
+        }
     }
 
     /// The store.
@@ -94,6 +108,7 @@ impl RunHost {
             stall_timeout: self.stall_timeout,
             chaos_seed: meta.chaos_seed,
             mask_key: self.mask_key.clone(),
+            vault_key: self.vault_key.clone(),
             ..SessionOptions::default()
         };
         let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;

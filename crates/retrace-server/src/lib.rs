@@ -51,6 +51,8 @@ pub struct ServerConfig {
     pub mask_key: Option<MaskKey>,
     /// The masking rules of runs the daemon creates (`POST /api/runs`).
     pub mask_rules: MaskRules,
+    /// The vault key of every session the daemon opens (`RETRACE_VAULT_KEY`).
+    pub vault_key: Option<retrace_core::vault::VaultKey>,
     /// The tokens callers must present ([`auth`]); none: every call is allowed.
     pub tokens: auth::Tokens,
 }
@@ -66,6 +68,7 @@ impl Default for ServerConfig {
             default_run: None,
             mask_key: None,
             mask_rules: MaskRules::default(),
+            vault_key: None,
             tokens: auth::Tokens::none(),
         }
     }
@@ -91,7 +94,12 @@ impl AppState {
     /// State over `store`.
     pub fn new(store: Arc<dyn Store>, config: ServerConfig) -> Arc<AppState> {
         Arc::new(AppState {
-            host: Arc::new(RunHost::new(store, config.stall_timeout, config.mask_key.clone())),
+            host: Arc::new(RunHost::new(
+                store,
+                config.stall_timeout,
+                config.mask_key.clone(),
+                config.vault_key.clone(),
+            )),
             processes: Arc::default(),
             upstreams: Upstreams::new(
                 &config.upstream_openai,

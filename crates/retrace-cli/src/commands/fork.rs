@@ -5,6 +5,7 @@ use std::sync::Arc;
 use clap::Parser;
 use retrace_core::canonical::canonicalize;
 use retrace_core::edit::{default_fork_point, Content, Edit};
+use retrace_core::mask::Masker;
 use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 use retrace_runtime::fork::ForkPlan;
@@ -72,7 +73,14 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
-    let edits = parse_edits(store.as_ref(), &args.edits)?;
+    // Edit files are masked like any input: with the fork's rules (the source's plus today's).
+    let mask = super::mask_from_env()?;
+    let rules = match args.run.as_deref().map(|r| launcher::source_run(store.as_ref(), r)) {
+        Some(Ok(source)) => retrace_runtime::masking::fork_rules(&source.masking_rules, &mask.rules).0,
+        _ => mask.rules.clone(),
+    };
+    let masker = retrace_runtime::masking::masker(rules, Some(&mask.key))?;
+    let edits = parse_edits(store.as_ref(), &args.edits, &masker)?;
     match (&args.run, &args.runs) {
         (Some(run), None) => {
             let outcome = fork_one(&store, run, &edits, &args)?;
@@ -83,8 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// Reads every `@FILE` edit, stores its (canonical) JSON as a blob and names the blob instead.
-fn parse_edits(store: &dyn Store, texts: &[String]) -> anyhow::Result<Vec<Edit>> {
+/// Reads every `@FILE` edit, stores its (canonical, masked) JSON as a blob and names the blob
+/// instead.
+fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::Result<Vec<Edit>> {
     let mut edits = Vec::new();
     for text in texts {
         let edit: Edit = text.parse().map_err(|e| usage(format!("{e}")))?;
@@ -94,7 +103,7 @@ fn parse_edits(store: &dyn Store, texts: &[String]) -> anyhow::Result<Vec<Edit>>
                     .map_err(|e| usage(format!("edit {text}: reading {path}: {e}")))?;
                 let canonical = canonicalize(&bytes)
                     .map_err(|e| usage(format!("edit {text}: {path} is not JSON: {e}")))?;
-                let digest = store.put_blob(&canonical, BlobHint::Raw)?;
+                let digest = store.put_blob(&masker.mask_json(&canonical).bytes, BlobHint::Raw)?;
                 edit.with_content(Content::Blob(digest))
             }
             _ => edit,

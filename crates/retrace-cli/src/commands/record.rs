@@ -62,8 +62,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     meta.name = args.name;
     meta.labels = labels;
     meta.chaos_seed = args.chaos;
-    meta.command = Some(Command { argv: args.command.clone(), cwd: launcher::recorded_cwd()? });
     let mut config = super::serve::config(args.upstream_openai, args.upstream_anthropic, 30.0)?;
+    // The command line is persisted and logged like any input: masked (a key passed as a flag).
+    let masker = retrace_runtime::masking::masker(config.mask_rules.clone(), config.mask_key.as_ref())?;
+    let argv: Vec<String> = args.command.iter().map(|a| masker.mask_text(a).0.into_owned()).collect();
+    meta.command = Some(Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
     config.default_run = Some(id.clone());
     config.upstream_timeout = std::time::Duration::from_secs_f64(args.upstream_timeout.max(0.001));
     config.max_body = args.max_body;
@@ -73,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     meta.mask_key_fingerprint = config.mask_key.as_ref().map(|k| k.fingerprint());
     refuse_original_without_vault(&meta.masking_rules)?;
     store.create_run(&meta)?;
-    eprintln!("retrace: recording run {id}: {}", args.command.join(" "));
+    eprintln!("retrace: recording run {id}: {}", argv.join(" "));
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;
     env.extend(daemon.child_env());

@@ -83,6 +83,7 @@ pub fn config(
         stall_timeout: Duration::from_secs_f64(stall_timeout.max(0.0)),
         mask_key: Some(mask.key),
         mask_rules: mask.rules,
+        vault_key: retrace_runtime::masking::vault_key_from_env()?,
         ..ServerConfig::default()
     })
 }

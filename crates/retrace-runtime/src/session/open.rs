@@ -1,5 +1,6 @@
 //! Opening sessions: record, replay, fork, off, and joining the run a launcher set up.
 use super::*;
+use crate::vaulting::Reveal;
 
 impl Session {
     /// Starts recording a new run.
@@ -62,8 +63,17 @@ impl Session {
             RunMode::Fork => Some(plan_of(store.as_ref(), &source_meta)?),
             _ => None,
         };
+        let reveal = Reveal::open(
+            store.as_ref(),
+            &meta.masking_rules,
+            options.vault_key.as_ref(),
+            &meta.id,
+            options.clock.now_ms(),
+        )?;
         let mut session = Session::build(Mode::Replay, store, None, Some(scheduler), meta, masker, options);
-        Arc::get_mut(&mut session.inner).expect("just built").plan = plan.map(Arc::new);
+        let inner = Arc::get_mut(&mut session.inner).expect("just built");
+        inner.plan = plan.map(Arc::new);
+        inner.reveal = reveal;
         session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
         Ok(session)
     }
@@ -90,10 +100,19 @@ impl Session {
         let config = SchedulerConfig { strict: false, stall_timeout: options.stall_timeout };
         let scheduler = Scheduler::with_fork(log, config, Some(state));
         store_divergence_when_found(&scheduler, &store, &meta.id);
+        let reveal = Reveal::open(
+            store.as_ref(),
+            &meta.masking_rules,
+            options.vault_key.as_ref(),
+            &meta.id,
+            options.clock.now_ms(),
+        )?;
         let writer = RunWriter::open(store.clone(), &meta.id, LeaseHolder::current())?;
         let mut session =
             Session::build(Mode::Fork, store, Some(writer), Some(scheduler), meta, masker, options);
-        Arc::get_mut(&mut session.inner).expect("just built").plan = Some(Arc::new(plan));
+        let inner = Arc::get_mut(&mut session.inner).expect("just built");
+        inner.plan = Some(Arc::new(plan));
+        inner.reveal = reveal;
         Ok(session)
     }
 
@@ -253,6 +272,13 @@ impl Session {
                 scheduler,
                 bus,
                 plan: None,
+                originals: match (mode, &options.vault_key) {
+                    (Mode::Record | Mode::Fork, Some(key)) => {
+                        Some(crate::vaulting::Originals::new(key.clone()))
+                    }
+                    _ => None,
+                },
+                reveal: None,
                 prompts_dir: options.prompts_dir,
                 prices: options.prices,
                 keys: options.keys,

@@ -5,3 +5,4 @@ mod messages;
 mod replay;
 mod resolve;
 mod roundtrip;
+mod vault;
