@@ -4,6 +4,7 @@ mod commands;
 mod daemon;
 mod exit;
 mod launcher;
+mod ledger;
 mod output;
 
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ enum Command {
     Export(commands::export::Args),
     /// Read a trace file into the store.
     Import(commands::import::Args),
+    /// Replay recorded traces as tests, each in a temporary store; exit 1 if any diverges.
+    Gate(commands::gate::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Import(args) => commands::import::run(args),
+        Command::Gate(args) => commands::gate::run(args),
     };
     exit::finish(result)
 }

@@ -3,6 +3,7 @@ pub mod demo;
 pub mod diff;
 pub mod export;
 pub mod fork;
+pub mod gate;
 pub mod import;
 pub mod knew;
 pub mod record;

@@ -123,6 +123,8 @@ pub struct Replayed {
     pub outcome: RunMeta,
     /// The program's exit status.
     pub exit_status: i32,
+    /// How long the program ran, from start to exit, seconds.
+    pub program_seconds: f64,
 }
 
 /// Replays `plan.source` by running `plan.argv` with zero live calls: creates the replay run,
@@ -169,6 +171,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         remove_env: plan.remove_env,
         output: plan.output,
     };
+    let program = std::time::Instant::now();
     let status = match launcher::run(&child) {
         Ok(status) => status,
         Err(e) => {
@@ -176,6 +179,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
             return Err(e);
         }
     };
+    let program_seconds = program.elapsed().as_secs_f64();
     let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
     let unfinished = store.run(&id)?.status == RunStatus::Running;
     if daemon.hosts(&id) || (recorded_by_daemon && unfinished) {
@@ -187,7 +191,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     }
     daemon.stop();
     let outcome = conclude(store.as_ref(), &id, &source, status)?;
-    Ok(Replayed { id, source, outcome, exit_status: status })
+    Ok(Replayed { id, source, outcome, exit_status: status, program_seconds })
 }
 
 /// Stores the replay run's final outcome once the program has exited.
