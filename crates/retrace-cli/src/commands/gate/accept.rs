@@ -87,7 +87,22 @@ pub fn accept(outcome: &Outcome, settings: &Settings, upstreams: &Upstreams) -> 
         remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"].map(String::from).to_vec(),
         output: Some(temp.path().join("program-output.log")),
     };
+    let log = temp.path().join("program-output.log");
     let recorded = record::execute(plan, |_, _| {})?;
+    let expected_status = source.exit_status.unwrap_or(0);
+    if recorded.exit_status != expected_status {
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = output.lines().rev().take(8).collect();
+        let tail: String = tail.into_iter().rev().map(|l| format!("\n  | {l}")).collect();
+        return Err(usage_hint(
+            format!(
+                "the re-recording exited with status {} where the trace recorded {expected_status}; \
+                 nothing was written. The program's last output:{tail}",
+                recorded.exit_status
+            ),
+            "check the program, its API keys and the upstreams (--upstream-openai, --upstream-anthropic)",
+        ));
+    }
     let written = export::write_atomically(&file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
     written.map_err(|e| crate::output::failure(e.exit_code(), &e))?;
     let options = DiffOptions { limit: 20, max_diff_lines: 12 };

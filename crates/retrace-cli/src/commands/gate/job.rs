@@ -145,7 +145,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         output: Some(log.clone()),
     };
     let result = replay::execute(plan, |_, _| {});
-    out.output_tail = tail(&log, 12);
+    out.output_tail = tail(&log, 8);
     let replayed = result?;
     out.program_seconds = replayed.program_seconds;
     let divergence = match replayed.outcome.divergence {
