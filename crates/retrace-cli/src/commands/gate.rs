@@ -139,6 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mask,
         key_file,
         real: real.get().cloned(),
+        runs: discover::runs_of(&traces),
         path: program_path()?,
         env: std::env::vars().collect(),
     };

@@ -25,6 +25,20 @@ pub struct Trace {
     pub origin: Origin,
 }
 
+/// The recorded runs of the trace files found, by run id: a fork's (or a replay's) trace is
+/// replayed with its source's trace imported beside it.
+pub fn runs_of(traces: &[Trace]) -> std::collections::HashMap<String, Origin> {
+    let mut runs = std::collections::HashMap::new();
+    for trace in traces {
+        if let Origin::File(path) = &trace.origin {
+            if let Some(id) = header_of(path).and_then(|h| h["run"]["id"].as_str().map(str::to_owned)) {
+                runs.insert(id, trace.origin.clone());
+            }
+        }
+    }
+    runs
+}
+
 /// The traces under `paths`, files in path order. `real` opens the real store, only when an
 /// argument is neither a file nor a folder.
 pub fn find(paths: &[String], real: impl Fn() -> anyhow::Result<std::sync::Arc<dyn Store>>) -> anyhow::Result<Vec<Trace>> {
@@ -80,13 +94,15 @@ fn walk(dir: &Path, found: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 
 /// Whether `path`'s first line is a `retrace-trace/…` header.
 pub fn is_trace(path: &Path) -> bool {
-    let Ok(file) = std::fs::File::open(path) else { return false };
-    let mut first = String::new();
-    if std::io::BufReader::new(file).read_line(&mut first).is_err() {
-        return false;
-    }
-    serde_json::from_str::<serde_json::Value>(&first)
-        .ok()
+    header_of(path)
         .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(|f| f.starts_with("retrace-trace/")))
         .unwrap_or(false)
+}
+
+/// The first line of `path` as JSON.
+fn header_of(path: &Path) -> Option<serde_json::Value> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut first = String::new();
+    std::io::BufReader::new(file).read_line(&mut first).ok()?;
+    serde_json::from_str(&first).ok()
 }

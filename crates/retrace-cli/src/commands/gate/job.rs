@@ -30,6 +30,8 @@ pub struct Settings {
     pub key_file: Option<PathBuf>,
     /// The real store, for traces given as run ids.
     pub real: Option<Arc<dyn Store>>,
+    /// The runs of the trace files found, by id ([`super::discover::runs_of`]).
+    pub runs: std::collections::HashMap<String, Origin>,
     /// `PATH` for the programs, with this executable's folder first, so that a recorded
     /// `retrace …` command runs this build.
     pub path: String,
@@ -126,6 +128,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     let store = open_store(&StoreConfig::in_home(temp.path()))?;
     let options = ImportOptions { file_name: Some(trace.name.clone()), ..ImportOptions::default() };
     import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
+    import_sources(&*store, trace, &header, settings)?;
     let source = launcher::source_run(&*store, &header.run.id)?;
     let (argv, cwd) = launcher::command_for(&source, &settings.command)?;
     out.command = argv.clone();
@@ -177,6 +180,34 @@ pub(super) fn trace_bytes(trace: &Trace, settings: &Settings) -> anyhow::Result<
         }
     }
 }
+
+/// Imports the run a fork (or a replay) re-executes, and its own source, and so on: from the
+/// trace files found beside it, or from the real store for a run id.
+fn import_sources(store: &dyn Store, trace: &Trace, of: &ExportHeader, settings: &Settings) -> anyhow::Result<()> {
+    let mut next = of.run.source_run.clone();
+    while let Some(id) = next.take() {
+        if store.run(&id).is_ok() {
+            break;
+        }
+        let origin = match (&trace.origin, settings.runs.get(&id)) {
+            (_, Some(found)) => found.clone(),
+            (Origin::Run(_), None) => Origin::Run(id.clone()),
+            (Origin::File(_), None) => {
+                return Err(usage_hint(
+                    format!("{} is a {} of run {id}, whose trace is not among the traces gated", trace.name, of.run.mode),
+                    format!("export it beside this one (`retrace export {id} -o FILE`) and gate both"),
+                ))
+            }
+        };
+        let source = Trace { name: format!("the source run {id}"), origin };
+        let bytes = trace_bytes(&source, settings)?;
+        let options = ImportOptions { file_name: Some(source.name.clone()), ..ImportOptions::default() };
+        import_reader(store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
+        next = header(&bytes)?.run.source_run;
+    }
+    Ok(())
+}
+
 
 fn header(bytes: &[u8]) -> anyhow::Result<ExportHeader> {
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();

@@ -11,7 +11,9 @@ pub fn trace_lines(o: &Outcome) -> String {
     let mut out = match &o.verdict {
         Verdict::Ok => format!("ok        {name} ({} steps, {:.1} s)\n", o.steps, o.seconds),
         Verdict::Diverged { divergence, hints } => {
-            let mut text = format!("DIVERGED  {name} {}\n", divergence_summary(divergence));
+            let summary = divergence_summary(divergence);
+            let sep = if summary.starts_with("at seq") { " " } else { ": " };
+            let mut text = format!("DIVERGED  {name}{sep}{summary}\n");
             for line in &divergence.detail {
                 text.push_str(&format!("          {line}\n"));
             }
@@ -41,7 +43,7 @@ pub fn trace_lines(o: &Outcome) -> String {
 /// that is not about one step, its code and first detail.
 pub fn divergence_summary(d: &Divergence) -> String {
     let short = |k: &Option<retrace_core::Digest>| k.map_or("-".to_owned(), |k| k.short());
-    match (d.seq, d.expected.is_some() || d.got.is_some()) {
+    match (d.seq, d.got.is_some()) {
         (Some(seq), true) => format!(
             "at seq {seq}: agent {}, expected {}, got {}, first differing path {}",
             d.agent,
@@ -51,7 +53,7 @@ pub fn divergence_summary(d: &Divergence) -> String {
         ),
         _ => {
             let at = d.seq.map(|s| format!("at seq {s}: ")).unwrap_or_default();
-            format!("{at}{} ({}): agent {}", d.code, d.code.meaning(), d.agent)
+            format!("{at}{}: {} (agent {})", d.code, d.code.meaning(), d.agent)
         }
     }
 }
