@@ -38,7 +38,10 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     for i in 0..traces {
         std::fs::copy(&file, folder.join(format!("trace-{i:03}.jsonl"))).expect("copying a trace");
     }
-    note(&format!("gate: {traces} traces of {STEPS} steps; {} gates at --jobs 1 and at --jobs 2", cfg.repeats));
+    note(&format!(
+        "gate: {traces} traces of {STEPS} steps; {} gates at --jobs 1 and at --jobs 2",
+        cfg.repeats
+    ));
     let (mut overheads, mut wall_overheads, mut walls1, mut walls2) = (vec![], vec![], vec![], vec![]);
     for _ in 0..cfg.repeats {
         let (wall, report) = gate(&retrace, dir.path(), &folder, 1);
@@ -50,11 +53,32 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         walls2.push(gate(&retrace, dir.path(), &folder, 2).0);
     }
     let label = format!("{traces}x{STEPS}");
-    print(lines, Line::new(&format!("gate.overhead/trace {label} (jobs 1)"), median(&overheads), "ms", None, Target::AtMost(50.0)));
-    print(lines, Line::new("gate.overhead/trace from wall (jobs 1)", median(&wall_overheads), "ms", None, Target::Info));
+    print(
+        lines,
+        Line::new(
+            &format!("gate.overhead/trace {label} (jobs 1)"),
+            median(&overheads),
+            "ms",
+            None,
+            Target::AtMost(50.0),
+        ),
+    );
+    print(
+        lines,
+        Line::new(
+            "gate.overhead/trace from wall (jobs 1)",
+            median(&wall_overheads),
+            "ms",
+            None,
+            Target::Info,
+        ),
+    );
     let (w1, w2) = (median(&walls1), median(&walls2));
     print(lines, Line::new(&format!("gate.wall {label} --jobs 1"), w1, "s", None, Target::Info));
-    print(lines, Line::new(&format!("gate.wall {label} --jobs 2 vs 1"), w1, "s", Some(w2), Target::RatioAtLeast(1.4)));
+    print(
+        lines,
+        Line::new(&format!("gate.wall {label} --jobs 2 vs 1"), w1, "s", Some(w2), Target::RatioAtLeast(1.4)),
+    );
 }
 
 /// The `retrace` binary to drive.
@@ -126,7 +150,9 @@ pub fn program(args: &[String]) -> ExitCode {
     for i in 0..n {
         let request = json!({"q": format!("query {i}"), "page": i % 7});
         let _: Value = agent
-            .tool(TOOL, &request, spec(), move || Ok::<_, String>(json!({"hits": i * 3, "title": format!("result {i}")})))
+            .tool(TOOL, &request, spec(), move || {
+                Ok::<_, String>(json!({"hits": i * 3, "title": format!("result {i}")}))
+            })
             .expect("a step");
     }
     session.finish(Outcome { exit_status: Some(0) }).expect("finishing the session");

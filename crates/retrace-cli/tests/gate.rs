@@ -69,11 +69,16 @@ impl Bench {
         let home = home.to_str().unwrap();
         let mut argv = vec!["record", "--upstream-openai", &sim.url, "--", "python3", "asker.py"];
         argv.extend(args);
-        let ran = self.retrace(&argv, &[("RETRACE_HOME", home), ("OPENAI_API_KEY", "sk-test-gate-never-stored")]);
+        let ran =
+            self.retrace(&argv, &[("RETRACE_HOME", home), ("OPENAI_API_KEY", "sk-test-gate-never-stored")]);
         ran.expect(0, &["plan:"], &[]);
         let run = ran.stdout().lines().last().unwrap().to_owned();
         let file = self.path(&format!("traces/{name}.jsonl"));
-        self.retrace(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]).expect(0, &[], &[]);
+        self.retrace(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]).expect(
+            0,
+            &[],
+            &[],
+        );
         run
     }
 }
@@ -117,8 +122,12 @@ impl Ran {
     }
     /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
     fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
-        let context =
-            format!("exit {:?}\nstdout:\n{}\nstderr:\n{}", self.0.status.code(), self.stdout(), self.stderr());
+        let context = format!(
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.0.status.code(),
+            self.stdout(),
+            self.stderr()
+        );
         assert_eq!(self.0.status.code(), Some(code), "{context}");
         for needle in out {
             assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
@@ -144,20 +153,35 @@ fn good_traces_pass_with_no_api_key_and_no_upstream() {
     // run single ...`: the gate puts its own folder first on PATH).
     let home = bench.path("record-home");
     let home = home.to_str().unwrap();
-    bench.retrace(&["demo", "single", "--runs", "1", "--replays", "0"], &[("RETRACE_HOME", home)]).expect(0, &[], &[]);
+    bench.retrace(&["demo", "single", "--runs", "1", "--replays", "0"], &[("RETRACE_HOME", home)]).expect(
+        0,
+        &[],
+        &[],
+    );
     let runs = bench.retrace(&["runs", "--json"], &[("RETRACE_HOME", home)]);
     let runs: serde_json::Value = serde_json::from_str(&runs.stdout()).unwrap();
-    let single = runs.as_array().unwrap().iter().find(|r| r["id"] != run.as_str()).unwrap()["id"].as_str().unwrap().to_owned();
+    let single = runs.as_array().unwrap().iter().find(|r| r["id"] != run.as_str()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let single_file = bench.path("traces/sub/single.jsonl");
     std::fs::create_dir(single_file.parent().unwrap()).unwrap();
-    bench.retrace(&["export", &single, "-o", single_file.to_str().unwrap()], &[("RETRACE_HOME", home)]).expect(0, &[], &[]);
+    bench
+        .retrace(&["export", &single, "-o", single_file.to_str().unwrap()], &[("RETRACE_HOME", home)])
+        .expect(0, &[], &[]);
     std::fs::write(bench.path("traces/notes.jsonl"), "{\"not\": \"a trace\"}\n").unwrap();
     drop(sim);
 
     let junit = bench.path("gate.xml");
-    bench
-        .retrace(&["gate", "traces", "--jobs", "2", "--junit", junit.to_str().unwrap()], &[])
-        .expect(0, &["ok        traces/asker.jsonl (2 steps", "ok        traces/sub/single.jsonl (", "gate: 2 traces, 2 ok, 0 diverged, 0 errors"], &[]);
+    bench.retrace(&["gate", "traces", "--jobs", "2", "--junit", junit.to_str().unwrap()], &[]).expect(
+        0,
+        &[
+            "ok        traces/asker.jsonl (2 steps",
+            "ok        traces/sub/single.jsonl (",
+            "gate: 2 traces, 2 ok, 0 diverged, 0 errors",
+        ],
+        &[],
+    );
     let xml = read(&junit);
     assert!(xml.contains("tests=\"2\" failures=\"0\" errors=\"0\"") && !xml.contains("<failure"), "{xml}");
 
@@ -169,10 +193,17 @@ fn good_traces_pass_with_no_api_key_and_no_upstream() {
     assert_eq!(json["traces"][0]["run"], run.as_str());
 
     // A run id of the real store: exported into a temporary store, replayed there.
-    bench.retrace(&["gate", &run[..10]], &[("RETRACE_HOME", home)]).expect(0, &[&format!("ok        {run}")], &[]);
+    bench.retrace(&["gate", &run[..10]], &[("RETRACE_HOME", home)]).expect(
+        0,
+        &[&format!("ok        {run}")],
+        &[],
+    );
     // The gate stored nothing in the real store: its replays ran in temporary ones.
     let after = bench.retrace(&["runs", "--json"], &[("RETRACE_HOME", home)]);
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&after.stdout()).unwrap().as_array().unwrap().len(), 2);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&after.stdout()).unwrap().as_array().unwrap().len(),
+        2
+    );
 }
 
 #[test]
@@ -184,7 +215,17 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
     let junit = bench.path("gate.xml");
     bench
         .retrace(
-            &["gate", "traces", "--junit", junit.to_str().unwrap(), "--", "python3", "asker.py", "--variant", "terse"],
+            &[
+                "gate",
+                "traces",
+                "--junit",
+                junit.to_str().unwrap(),
+                "--",
+                "python3",
+                "asker.py",
+                "--variant",
+                "terse",
+            ],
             &[],
         )
         .expect(
@@ -241,7 +282,11 @@ fn a_program_that_cannot_start_is_an_input_error() {
     );
     std::fs::write(bench.path("notes.jsonl"), "hello\n").unwrap();
     bench.retrace(&["gate", "notes.jsonl"], &[]).expect(2, &[], &["notes.jsonl is not a trace file"]);
-    bench.retrace(&["gate", "nothing-here"], &[]).expect(2, &[], &["nothing-here: no such file, folder or run"]);
+    bench.retrace(&["gate", "nothing-here"], &[]).expect(
+        2,
+        &[],
+        &["nothing-here: no such file, folder or run"],
+    );
 }
 
 #[test]
@@ -252,7 +297,11 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
     let changed = ["--", "python3", "asker.py", "--variant", "terse"];
     let mut argv = vec!["gate", "traces", "--accept"];
     argv.extend(changed);
-    bench.retrace(&argv, &[("CI", "true")]).expect(2, &[], &["refusing to run --accept under CI=true", "--force"]);
+    bench.retrace(&argv, &[("CI", "true")]).expect(
+        2,
+        &[],
+        &["refusing to run --accept under CI=true", "--force"],
+    );
     assert!(!bench.path("traces/asker.accepted.jsonl").exists());
 
     // Without an API key the re-recorded program fails: nothing is written.

@@ -116,7 +116,10 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.accept && !args.force && std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1") {
+    if args.accept
+        && !args.force
+        && std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+    {
         return Err(usage_hint(
             "refusing to run --accept under CI=true: it re-records traces against live services",
             "accept on a workstation and commit the reviewed NAME.accepted.jsonl files; --force overrides",
@@ -154,8 +157,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print_out(&summary)?;
     }
     if let Some(path) = &args.junit {
-        std::fs::write(path, report::junit(&outcomes, seconds))
-            .map_err(|e| usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path"))?;
+        std::fs::write(path, report::junit(&outcomes, seconds)).map_err(|e| {
+            usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
+        })?;
     }
     let project = ledger::project(&std::env::current_dir()?);
     for outcome in &outcomes {
@@ -167,7 +171,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::output::print_json(&report::json(&outcomes, seconds, jobs))?;
     }
     if args.accept {
-        let upstreams = accept::Upstreams { openai: args.upstream_openai, anthropic: args.upstream_anthropic };
+        let upstreams =
+            accept::Upstreams { openai: args.upstream_openai, anthropic: args.upstream_anthropic };
         accept_all(&outcomes, &settings, &upstreams)?;
     }
     let tally = report::Tally::of(&outcomes);
@@ -181,7 +186,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Replays every trace on `jobs` threads; prints each trace's lines in trace order as soon as
 /// they and every earlier trace are done (on standard error under `--json`).
-fn run_all(traces: &[discover::Trace], settings: &Settings, jobs: usize, json: bool) -> anyhow::Result<Vec<Outcome>> {
+fn run_all(
+    traces: &[discover::Trace],
+    settings: &Settings,
+    jobs: usize,
+    json: bool,
+) -> anyhow::Result<Vec<Outcome>> {
     let next = AtomicUsize::new(0);
     let (done, results) = mpsc::channel::<(usize, Outcome)>();
     let mut slots: Vec<Option<Outcome>> = traces.iter().map(|_| None).collect();
@@ -227,7 +237,11 @@ fn print_out(text: &str) -> anyhow::Result<()> {
 }
 
 /// Re-records every diverging trace and prints where it went and what changed.
-fn accept_all(outcomes: &[Outcome], settings: &Settings, upstreams: &accept::Upstreams) -> anyhow::Result<()> {
+fn accept_all(
+    outcomes: &[Outcome],
+    settings: &Settings,
+    upstreams: &accept::Upstreams,
+) -> anyhow::Result<()> {
     for outcome in outcomes.iter().filter(|o| matches!(o.verdict, Verdict::Diverged { .. })) {
         let name = &outcome.trace.name;
         eprintln!("retrace: re-recording {name} against live services: {}", outcome.command.join(" "));
@@ -287,7 +301,8 @@ fn mask_setup(real: &StoreConfig) -> anyhow::Result<(MaskSetup, Option<PathBuf>,
     if std::env::var("RETRACE_MASK_KEY").is_ok_and(|v| !v.trim().is_empty()) {
         return Ok((MaskSetup { key: masking::resolve_key(real)?.key, rules }, None, None));
     }
-    if let Some(file) = masking::home_of(real).map(|h| h.join(masking::MASK_KEY_FILE)).filter(|f| f.is_file()) {
+    if let Some(file) = masking::home_of(real).map(|h| h.join(masking::MASK_KEY_FILE)).filter(|f| f.is_file())
+    {
         return Ok((MaskSetup { key: masking::resolve_key(real)?.key, rules }, Some(file), None));
     }
     let dir = tempfile::Builder::new().prefix("retrace-gate-key-").tempdir()?;

@@ -76,7 +76,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         remove_env: Vec::new(),
         output: None,
     };
-    let recorded = execute(plan, |id, plan| eprintln!("retrace: recording run {id}: {}", plan.argv.join(" ")))?;
+    let recorded =
+        execute(plan, |id, plan| eprintln!("retrace: recording run {id}: {}", plan.argv.join(" ")))?;
     let (id, meta, status) = (&recorded.id, &recorded.meta, recorded.exit_status);
     let events = store.last_seq(id)?;
     eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
@@ -163,7 +164,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     if let Some(seed) = plan.chaos {
         env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
     }
-    let child = Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
+    let child =
+        Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
     let status = match launcher::run(&child) {
         Ok(status) => status,
         Err(e) => {

@@ -143,12 +143,14 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
     meta.name = source.name.clone();
-    meta.command = Some(retrace_core::run::Command { argv: plan.argv.clone(), cwd: launcher::recorded_cwd()? });
+    meta.command =
+        Some(retrace_core::run::Command { argv: plan.argv.clone(), cwd: launcher::recorded_cwd()? });
     store.create_run(&meta)?;
     started(&id, &plan);
     // Replay makes no live call: the daemon's upstreams point nowhere.
     let nowhere = Some("http://127.0.0.1:9/replay-makes-no-live-calls".to_owned());
-    let mut config = super::serve::config_masked(nowhere.clone(), nowhere, plan.stall_timeout, plan.mask.clone());
+    let mut config =
+        super::serve::config_masked(nowhere.clone(), nowhere, plan.stall_timeout, plan.mask.clone());
     config.default_run = Some(id.clone());
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = plan.store_env.clone();
@@ -164,13 +166,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
             env.push((key.into(), "retrace-replay-placeholder".into()));
         }
     }
-    let child = Child {
-        argv: plan.argv,
-        cwd: plan.cwd,
-        env,
-        remove_env: plan.remove_env,
-        output: plan.output,
-    };
+    let child =
+        Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
     let program = std::time::Instant::now();
     let status = match launcher::run(&child) {
         Ok(status) => status,

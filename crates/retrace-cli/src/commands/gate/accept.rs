@@ -84,7 +84,9 @@ pub fn accept(outcome: &Outcome, settings: &Settings, upstreams: &Upstreams) -> 
             ("RETRACE_HOME".into(), temp.path().to_string_lossy().into_owned()),
             ("PATH".into(), settings.path.clone()),
         ],
-        remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"].map(String::from).to_vec(),
+        remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"]
+            .map(String::from)
+            .to_vec(),
         output: Some(temp.path().join("program-output.log")),
     };
     let log = temp.path().join("program-output.log");

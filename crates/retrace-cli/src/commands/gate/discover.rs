@@ -41,7 +41,10 @@ pub fn runs_of(traces: &[Trace]) -> std::collections::HashMap<String, Origin> {
 
 /// The traces under `paths`, files in path order. `real` opens the real store, only when an
 /// argument is neither a file nor a folder.
-pub fn find(paths: &[String], real: impl Fn() -> anyhow::Result<std::sync::Arc<dyn Store>>) -> anyhow::Result<Vec<Trace>> {
+pub fn find(
+    paths: &[String],
+    real: impl Fn() -> anyhow::Result<std::sync::Arc<dyn Store>>,
+) -> anyhow::Result<Vec<Trace>> {
     let mut traces = Vec::new();
     for arg in paths {
         let path = Path::new(arg);
@@ -55,7 +58,9 @@ pub fn find(paths: &[String], real: impl Fn() -> anyhow::Result<std::sync::Arc<d
                 ));
             }
             found.sort();
-            traces.extend(found.into_iter().map(|p| Trace { name: p.display().to_string(), origin: Origin::File(p) }));
+            traces.extend(
+                found.into_iter().map(|p| Trace { name: p.display().to_string(), origin: Origin::File(p) }),
+            );
         } else if path.is_file() {
             if !is_trace(path) {
                 return Err(usage_hint(
@@ -66,10 +71,18 @@ pub fn find(paths: &[String], real: impl Fn() -> anyhow::Result<std::sync::Arc<d
             traces.push(Trace { name: arg.clone(), origin: Origin::File(path.to_path_buf()) });
         } else {
             let store = real().map_err(|e| {
-                usage_hint(format!("{arg}: no such file or folder, and the store can't be opened to find a run: {e:#}"), "give trace files, folders of them, or run ids")
+                usage_hint(
+                    format!(
+                        "{arg}: no such file or folder, and the store can't be opened to find a run: {e:#}"
+                    ),
+                    "give trace files, folders of them, or run ids",
+                )
             })?;
             let meta = store.find_run(arg).map_err(|_| {
-                usage_hint(format!("{arg}: no such file, folder or run"), "give trace files, folders of them, or run ids (`retrace runs` lists them)")
+                usage_hint(
+                    format!("{arg}: no such file, folder or run"),
+                    "give trace files, folders of them, or run ids (`retrace runs` lists them)",
+                )
             })?;
             traces.push(Trace { name: meta.id.clone(), origin: Origin::Run(meta.id) });
         }
@@ -79,7 +92,8 @@ pub fn find(paths: &[String], real: impl Fn() -> anyhow::Result<std::sync::Arc<d
 
 /// Trace files under `dir`, recursively; hidden folders (`.git`, `.retrace`) are skipped.
 fn walk(dir: &Path, found: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| usage_hint(format!("cannot read {}: {e}", dir.display()), "check the path"))?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| usage_hint(format!("cannot read {}: {e}", dir.display()), "check the path"))?;
     for entry in entries {
         let path = entry?.path();
         let hidden = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));

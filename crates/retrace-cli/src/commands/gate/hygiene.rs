@@ -153,7 +153,8 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<Difference> {
             })
         }
         (Value::Array(x), Value::Array(y)) => {
-            if x.len() == y.len() && same_multiset(x.iter().map(Value::to_string), y.iter().map(Value::to_string))
+            if x.len() == y.len()
+                && same_multiset(x.iter().map(Value::to_string), y.iter().map(Value::to_string))
             {
                 return Some(Difference { path, a: a.to_string(), b: b.to_string(), reordered: true });
             }
@@ -207,8 +208,7 @@ fn differing_tokens(x: &str, y: &str) -> (String, String) {
     let (xc, yc): (Vec<char>, Vec<char>) = (x.chars().collect(), y.chars().collect());
     let prefix = xc.iter().zip(&yc).take_while(|(p, q)| p == q).count();
     let max_suffix = xc.len().min(yc.len()) - prefix;
-    let suffix =
-        xc.iter().rev().zip(yc.iter().rev()).take(max_suffix).take_while(|(p, q)| p == q).count();
+    let suffix = xc.iter().rev().zip(yc.iter().rev()).take(max_suffix).take_while(|(p, q)| p == q).count();
     let widen = |s: &[char], end: usize| -> String {
         let mut start = prefix;
         while start > 0 && token_char(s[start - 1]) {
@@ -257,11 +257,12 @@ fn env_var(token: &str, env: &[(String, String)]) -> Option<String> {
 fn looks_like_time(t: &str) -> bool {
     let c: Vec<char> = t.chars().collect();
     let digits = |s: &[char]| s.iter().all(char::is_ascii_digit);
-    let iso_date = c.windows(10).any(|w| {
-        digits(&w[0..4]) && w[4] == '-' && digits(&w[5..7]) && w[7] == '-' && digits(&w[8..10])
-    });
-    let clock =
-        c.windows(8).any(|w| digits(&w[0..2]) && w[2] == ':' && digits(&w[3..5]) && w[5] == ':' && digits(&w[6..8]));
+    let iso_date = c
+        .windows(10)
+        .any(|w| digits(&w[0..4]) && w[4] == '-' && digits(&w[5..7]) && w[7] == '-' && digits(&w[8..10]));
+    let clock = c
+        .windows(8)
+        .any(|w| digits(&w[0..2]) && w[2] == ':' && digits(&w[3..5]) && w[5] == ':' && digits(&w[6..8]));
     let whole = t.split('.').next().unwrap_or("");
     let epoch = !whole.is_empty()
         && whole.chars().all(|ch| ch.is_ascii_digit())
@@ -322,7 +323,12 @@ mod tests {
 
     #[test]
     fn a_clock_read() {
-        let iso = check(prompt("today is 2026-11-30T05:54:07Z, plan"), prompt("today is 2026-12-01T09:10:11Z, plan"), &[], &[]);
+        let iso = check(
+            prompt("today is 2026-11-30T05:54:07Z, plan"),
+            prompt("today is 2026-12-01T09:10:11Z, plan"),
+            &[],
+            &[],
+        );
         assert_eq!(iso, Some(("clock", CONTENT.into())));
         let epoch = check(prompt("at 1732950000.25 go"), prompt("at 1732953611.5 go"), &[], &[]);
         assert_eq!(epoch, Some(("clock", CONTENT.into())));
@@ -345,7 +351,8 @@ mod tests {
 
     #[test]
     fn an_env_var() {
-        let env = check(prompt("hello alice, deploy"), prompt("hello runner, deploy"), &[("USER", "runner")], &[]);
+        let env =
+            check(prompt("hello alice, deploy"), prompt("hello runner, deploy"), &[("USER", "runner")], &[]);
         assert_eq!(env, Some(("env", CONTENT.into())));
         let hints = diagnose(&Evidence {
             model_call: false,
@@ -361,18 +368,30 @@ mod tests {
 
     #[test]
     fn unordered_map_iteration() {
-        let array = check(json!({"tables": ["users", "orders", "items"]}), json!({"tables": ["items", "users", "orders"]}), &[], &[]);
+        let array = check(
+            json!({"tables": ["users", "orders", "items"]}),
+            json!({"tables": ["items", "users", "orders"]}),
+            &[],
+            &[],
+        );
         assert_eq!(array, Some(("map_order", "$.tables".into())));
-        let joined = check(prompt("tables: users, orders, items"), prompt("tables: orders, items, users"), &[], &[]);
+        let joined =
+            check(prompt("tables: users, orders, items"), prompt("tables: orders, items, users"), &[], &[]);
         assert_eq!(joined, Some(("map_order", CONTENT.into())));
     }
 
     #[test]
     fn a_tool_not_wrapped() {
-        let unwrapped = check(prompt("the file says: alpha beta"), prompt("the file says: gamma beta"), &[], &["{\"rows\":3}"]);
+        let unwrapped = check(
+            prompt("the file says: alpha beta"),
+            prompt("the file says: gamma beta"),
+            &[],
+            &["{\"rows\":3}"],
+        );
         assert_eq!(unwrapped, Some(("tool", CONTENT.into())));
         // Data a recorded tool produced is not a missing tool: no hint.
-        let wrapped = check(prompt("rows: 3 left"), prompt("rows: 4 left"), &[], &["{\"rows\": 3}", "rows: 4 left"]);
+        let wrapped =
+            check(prompt("rows: 3 left"), prompt("rows: 4 left"), &[], &["{\"rows\": 3}", "rows: 4 left"]);
         assert_eq!(wrapped, None);
         // A changed tool argument is not a model prompt: no tool hint either.
         let tool = diagnose(&Evidence {

@@ -9,7 +9,7 @@ use retrace_core::export::ExportHeader;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
 use retrace_store::export::{export_run, RunEvents};
 use retrace_store::import::{import_reader, ImportOptions};
-use retrace_store::{open_store, Store, StoreConfig};
+use retrace_store::{open_store, Durability, Store, StoreConfig};
 
 use super::discover::{Origin, Trace};
 use super::hygiene::{self, Evidence, Hint};
@@ -125,7 +125,9 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         std::fs::copy(key, &copy)?;
         std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     }
-    let store = open_store(&StoreConfig::in_home(temp.path()))?;
+    // A throwaway store: nothing in it needs to survive a crash, so nothing waits for fsync.
+    let config = StoreConfig { durability: Durability::Os, ..StoreConfig::in_home(temp.path()) };
+    let store = open_store(&config)?;
     let options = ImportOptions { file_name: Some(trace.name.clone()), ..ImportOptions::default() };
     import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
     import_sources(&*store, trace, &header, settings)?;
@@ -143,8 +145,14 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         stall_timeout: settings.stall_timeout,
         strict: false,
         mask: settings.mask.clone(),
-        store_env: vec![("RETRACE_HOME".into(), home), ("PATH".into(), settings.path.clone())],
-        remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"].map(String::from).to_vec(),
+        store_env: vec![
+            ("RETRACE_HOME".into(), home),
+            ("RETRACE_DURABILITY".into(), "os".into()),
+            ("PATH".into(), settings.path.clone()),
+        ],
+        remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"]
+            .map(String::from)
+            .to_vec(),
         output: Some(log.clone()),
     };
     let result = replay::execute(plan, |_, _| {});
@@ -153,16 +161,18 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     out.program_seconds = replayed.program_seconds;
     let divergence = match replayed.outcome.divergence {
         None => None,
-        Some(d) => Some(serde_json::from_value::<Divergence>(d.clone()).unwrap_or_else(|_| {
-            Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string())
-        })),
+        Some(d) => Some(
+            serde_json::from_value::<Divergence>(d.clone())
+                .unwrap_or_else(|_| Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string())),
+        ),
     };
     let facts = read_run(&*store, &source.id, divergence.as_ref().and_then(|d| d.seq))?;
     out.agents = facts.agents.into_iter().collect();
     Ok(match divergence {
         None => Verdict::Ok,
         Some(d) => {
-            let hints = facts.at.map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env)).unwrap_or_default();
+            let hints =
+                facts.at.map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env)).unwrap_or_default();
             Verdict::Diverged { divergence: Box::new(d), hints }
         }
     })
@@ -171,9 +181,12 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
 /// The trace's bytes: the file, or the run exported from the real store.
 pub(super) fn trace_bytes(trace: &Trace, settings: &Settings) -> anyhow::Result<Vec<u8>> {
     match &trace.origin {
-        Origin::File(path) => std::fs::read(path).map_err(|e| usage(format!("cannot read {}: {e}", path.display()))),
+        Origin::File(path) => {
+            std::fs::read(path).map_err(|e| usage(format!("cannot read {}: {e}", path.display())))
+        }
         Origin::Run(id) => {
-            let store = settings.real.as_ref().ok_or_else(|| usage(format!("{id}: the store is not open")))?;
+            let store =
+                settings.real.as_ref().ok_or_else(|| usage(format!("{id}: the store is not open")))?;
             let mut bytes = Vec::new();
             export_run(&**store, id, &mut bytes, &mut |_| {}).map_err(|e| crate::output::failure(2, &e))?;
             Ok(bytes)
@@ -183,7 +196,12 @@ pub(super) fn trace_bytes(trace: &Trace, settings: &Settings) -> anyhow::Result<
 
 /// Imports the run a fork (or a replay) re-executes, and its own source, and so on: from the
 /// trace files found beside it, or from the real store for a run id.
-fn import_sources(store: &dyn Store, trace: &Trace, of: &ExportHeader, settings: &Settings) -> anyhow::Result<()> {
+fn import_sources(
+    store: &dyn Store,
+    trace: &Trace,
+    of: &ExportHeader,
+    settings: &Settings,
+) -> anyhow::Result<()> {
     let mut next = of.run.source_run.clone();
     while let Some(id) = next.take() {
         if store.run(&id).is_ok() {
@@ -194,7 +212,10 @@ fn import_sources(store: &dyn Store, trace: &Trace, of: &ExportHeader, settings:
             (Origin::Run(_), None) => Origin::Run(id.clone()),
             (Origin::File(_), None) => {
                 return Err(usage_hint(
-                    format!("{} is a {} of run {id}, whose trace is not among the traces gated", trace.name, of.run.mode),
+                    format!(
+                        "{} is a {} of run {id}, whose trace is not among the traces gated",
+                        trace.name, of.run.mode
+                    ),
                     format!("export it beside this one (`retrace export {id} -o FILE`) and gate both"),
                 ))
             }
@@ -208,10 +229,10 @@ fn import_sources(store: &dyn Store, trace: &Trace, of: &ExportHeader, settings:
     Ok(())
 }
 
-
 fn header(bytes: &[u8]) -> anyhow::Result<ExportHeader> {
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
-    let value: serde_json::Value = serde_json::from_slice(first).map_err(|e| anyhow::anyhow!("line 1 is not JSON: {e}"))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(first).map_err(|e| anyhow::anyhow!("line 1 is not JSON: {e}"))?;
     let format = value.get("format").and_then(|f| f.as_str()).unwrap_or("");
     retrace_core::export::check_format(format)?;
     Ok(serde_json::from_value(value)?)
@@ -236,13 +257,12 @@ fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
         return Err(usage_hint(format!("program not found: {}", shown()), fix));
     }
     let name = Path::new(program).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let interpreter = ["python", "node", "bash", "sh", "ruby", "perl", "deno", "bun"]
-        .iter()
-        .any(|i| name == *i || name.strip_prefix(i).is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.')));
+    let interpreter = ["python", "node", "bash", "sh", "ruby", "perl", "deno", "bun"].iter().any(|i| {
+        name == *i || name.strip_prefix(i).is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+    });
     let script = argv[1..].iter().find(|a| !a.starts_with('-'));
-    let scripty = |a: &str| {
-        [".py", ".js", ".mjs", ".ts", ".sh", ".rb", ".pl"].iter().any(|ext| a.ends_with(ext))
-    };
+    let scripty =
+        |a: &str| [".py", ".js", ".mjs", ".ts", ".sh", ".rb", ".pl"].iter().any(|ext| a.ends_with(ext));
     if let Some(script) = script.filter(|s| interpreter && scripty(s)) {
         if !cwd.join(script).is_file() {
             return Err(usage_hint(format!("script not found: {script} for {}", shown()), fix));

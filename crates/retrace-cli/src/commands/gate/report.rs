@@ -121,10 +121,15 @@ pub fn json(outcomes: &[Outcome], seconds: f64, jobs: usize) -> serde_json::Valu
                 Verdict::Diverged { divergence, hints } => (
                     "diverged",
                     Some(divergence.to_json()),
-                    hints.iter().map(|h| json!({"kind": h.kind(), "path": h.path, "message": h.message()})).collect(),
+                    hints
+                        .iter()
+                        .map(|h| json!({"kind": h.kind(), "path": h.path, "message": h.message()}))
+                        .collect(),
                     None,
                 ),
-                Verdict::Error { message, hint } => ("error", None, vec![], Some(json!({"message": message, "hint": hint}))),
+                Verdict::Error { message, hint } => {
+                    ("error", None, vec![], Some(json!({"message": message, "hint": hint})))
+                }
             };
             json!({
                 "name": o.trace.name, "run": o.run_id, "status": status, "steps": o.steps,
