@@ -180,10 +180,24 @@ fn leaf(path: String, a: Option<&Value>, b: Option<&Value>) -> Difference {
 
 /// Two differing strings: the same items in another order, or the differing tokens.
 fn strings(path: String, x: &str, y: &str) -> Difference {
-    let items = |s: &str| -> Vec<String> {
-        s.split(|c: char| matches!(c, ',' | ';' | '\n' | '|')).map(|t| t.trim().to_owned()).collect()
+    let separator = |c: char| matches!(c, ',' | ';' | '\n' | '|');
+    let items = |s: &[char]| -> Vec<String> {
+        let s: String = s.iter().collect();
+        s.split(separator).map(|t| t.trim().to_owned()).collect()
     };
-    let (ix, iy) = (items(x), items(y));
+    // The common head and tail, each cut back to a separator or space so no item is split.
+    let (xc, yc): (Vec<char>, Vec<char>) = (x.chars().collect(), y.chars().collect());
+    let boundary = |c: &char| separator(*c) || c.is_whitespace() || *c == ':';
+    let mut head = xc.iter().zip(&yc).take_while(|(p, q)| p == q).count();
+    while head > 0 && !boundary(&xc[head - 1]) {
+        head -= 1;
+    }
+    let max_tail = xc.len().min(yc.len()) - head;
+    let mut tail = xc.iter().rev().zip(yc.iter().rev()).take(max_tail).take_while(|(p, q)| p == q).count();
+    while tail > 0 && !boundary(&xc[xc.len() - tail]) {
+        tail -= 1;
+    }
+    let (ix, iy) = (items(&xc[head..xc.len() - tail]), items(&yc[head..yc.len() - tail]));
     if ix.len() > 1 && same_multiset(ix.into_iter(), iy.into_iter()) {
         return Difference { path, a: x.to_owned(), b: y.to_owned(), reordered: true };
     }

@@ -159,13 +159,10 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     out.output_tail = tail(&log, 8);
     let replayed = result?;
     out.program_seconds = replayed.program_seconds;
-    let divergence = match replayed.outcome.divergence {
-        None => None,
-        Some(d) => Some(
-            serde_json::from_value::<Divergence>(d.clone())
-                .unwrap_or_else(|_| Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string())),
-        ),
-    };
+    let divergence = replayed.outcome.divergence.map(|d| {
+        serde_json::from_value::<Divergence>(d.clone())
+            .unwrap_or_else(|_| Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string()))
+    });
     let facts = read_run(&*store, &source.id, divergence.as_ref().and_then(|d| d.seq))?;
     out.agents = facts.agents.into_iter().collect();
     Ok(match divergence {
