@@ -331,3 +331,48 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
     argv.extend(changed);
     bench.retrace(&argv, &[("CI", "true")]).expect(0, &["ok        traces/asker.accepted.jsonl"], &[]);
 }
+
+#[test]
+fn a_trace_holding_tokens_under_another_mask_key_is_an_input_error() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    // The header as a run recorded under another key, holding tokens, would have it.
+    let file = bench.path("traces/asker.jsonl");
+    let text = read(&file);
+    let (first, rest) = text.split_once('\n').unwrap();
+    let mut header: serde_json::Value = serde_json::from_str(first).unwrap();
+    for pointer in ["", "/run"] {
+        let place = header.pointer_mut(pointer).unwrap();
+        place["holds_tokens"] = true.into();
+        place["mask_key_fingerprint"] = "mk_00000000deadbeef".into();
+    }
+    std::fs::write(&file, format!("{header}\n{rest}")).unwrap();
+    bench.retrace(&["gate", "traces"], &[]).expect(
+        2,
+        &[
+            "ERROR     traces/asker.jsonl: run ",
+            "holds masked tokens made under mask key mk_00000000deadbeef",
+        ],
+        &["1 of 1 traces could not be replayed"],
+    );
+}
+
+#[test]
+fn gate_help_teaches_with_examples() {
+    let bench = Bench::new();
+    bench.retrace(&["gate", "--help"], &[]).expect(
+        0,
+        &[
+            "Usage: retrace gate",
+            "Examples:\n  retrace gate tests/traces",
+            "--accept",
+            "CI=true",
+            "Exit codes",
+        ],
+        &[],
+    );
+    bench.retrace(&["gate"], &[]).expect(2, &[], &["PATH"]);
+    bench.retrace(&["gate", "x", "--force"], &[]).expect(2, &[], &["--accept"]);
+}
