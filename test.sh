@@ -59,5 +59,12 @@ RETRACE_BIN="$PWD/target/release/retrace" tests/python/run.sh 2>&1 | tee target/
 py_passed=$(grep -Eo '[0-9]+ passed' target/python-output.txt | tail -1 | awk '{print $1}')
 passed=$((passed + ${py_passed:-0}))
 
+step "the project's own gate: the golden traces of tests/traces, no API key, no upstream"
+gate_home=$(mktemp -d)
+env -u OPENAI_API_KEY -u ANTHROPIC_API_KEY -u OPENAI_BASE_URL -u ANTHROPIC_BASE_URL \
+    RETRACE_HOME="$gate_home" PATH="$PWD/target/python-venv/bin:$PATH" \
+    retrace gate tests/traces --junit target/gate-junit.xml
+rm -rf "$gate_home"
+
 step "summary"
 echo "tests: $passed passed, $failed failed"

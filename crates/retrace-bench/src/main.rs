@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|all> [--quick]
+//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|gate|all> [--quick]
 //! ```
 //!
 //! Every measurement is the median of `--repeats` (default 5) runs and prints one line: name,
@@ -17,6 +17,7 @@ mod durable;
 mod env;
 mod floor;
 mod fork;
+mod gate;
 mod knew;
 mod payload;
 mod proxy;
@@ -51,6 +52,7 @@ const BENCHES: &[(&str, Bench, &str)] = &[
     ("knew", knew::run, "causal query `knew`: 1,000 deliveries in a 1M-event run, and 1k vs 1M"),
     ("fork", fork::run, "fork at the midpoint, 1 edit reaching 1%, 20 ms model; diff of 100k steps"),
     ("proxy", proxy::run, "proxy TTFB and chunk delay added, 64 replays under wrk, vs VCR.py"),
+    ("gate", gate::run, "retrace gate: 100 traces of 1,000 steps; overhead per trace, --jobs 2 vs 1"),
     ("breakdown", breakdown::run, "(not in all) a step's parts timed alone, for profiling"),
 ];
 
@@ -66,6 +68,9 @@ fn main() -> ExitCode {
     let all: Vec<String> = std::env::args().skip(1).collect();
     if all.first().map(String::as_str) == Some(replay::CHILD) {
         return replay::child(&all[1..]);
+    }
+    if all.first().map(String::as_str) == Some(gate::PROGRAM) {
+        return gate::program(&all[1..]);
     }
     if all.first().map(String::as_str) == Some(proxy_net::CHILD) {
         return proxy_net::child(&all[1..]);

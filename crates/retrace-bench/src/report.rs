@@ -12,6 +12,8 @@ pub enum Target {
     TimesBelow(f64),
     /// The median itself at least this.
     AtLeast(f64),
+    /// The median itself at most this.
+    AtMost(f64),
     /// Reported only.
     Info,
 }
@@ -53,6 +55,7 @@ impl Line {
             Target::RatioAtMost(t) => ratio <= t,
             Target::RatioAtLeast(t) | Target::TimesBelow(t) => ratio >= t,
             Target::AtLeast(t) => self.median >= t,
+            Target::AtMost(t) => self.median <= t,
             Target::Info => return "INFO",
         };
         if pass {
@@ -68,6 +71,7 @@ impl Line {
             Target::RatioAtLeast(t) => format!("ratio >= {t:.2}x"),
             Target::TimesBelow(t) => format!(">= {t:.0}x below"),
             Target::AtLeast(t) => format!(">= {} {}", number(t), self.unit),
+            Target::AtMost(t) => format!("<= {} {}", number(t), self.unit),
             Target::Info => "-".to_owned(),
         }
     }

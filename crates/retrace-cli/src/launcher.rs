@@ -14,7 +14,7 @@ use signal_hook::iterator::Signals;
 use crate::exit::usage_hint;
 
 /// A child process to run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Child {
     /// argv as typed.
     pub argv: Vec<String>,
@@ -22,6 +22,11 @@ pub struct Child {
     pub cwd: PathBuf,
     /// Variables to set on top of the inherited environment.
     pub env: Vec<(String, String)>,
+    /// Inherited variables to remove (applied before `env`).
+    pub remove_env: Vec<String>,
+    /// Where its standard output and error go, with standard input closed (`gate` runs many at
+    /// once); `None` passes all three through.
+    pub output: Option<PathBuf>,
 }
 
 /// Runs `child` to completion; returns its exit status (128 + signal when killed by one).
@@ -30,7 +35,16 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
         return Err(usage_hint("no command to run", "put the program after `--`, e.g. `-- python app.py`"));
     };
     let mut command = Command::new(program);
-    command.args(args).current_dir(&child.cwd).envs(child.env.iter().map(|(k, v)| (k, v)));
+    command.args(args).current_dir(&child.cwd);
+    for name in &child.remove_env {
+        command.env_remove(name);
+    }
+    command.envs(child.env.iter().map(|(k, v)| (k, v)));
+    if let Some(path) = &child.output {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("creating the program's output file {}", path.display()))?;
+        command.stdin(std::process::Stdio::null()).stdout(file.try_clone()?).stderr(file);
+    }
     let mut process = match command.spawn() {
         Ok(p) => p,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -71,7 +85,12 @@ pub fn git_toplevel(dir: &Path) -> Option<PathBuf> {
 /// or absolute outside a git repository.
 pub fn recorded_cwd() -> anyhow::Result<String> {
     let cwd = std::env::current_dir().context("reading the current directory")?;
-    Ok(match git_toplevel(&cwd) {
+    Ok(recorded_cwd_of(&cwd))
+}
+
+/// `cwd` as a run records it (see [`recorded_cwd`]).
+pub fn recorded_cwd_of(cwd: &Path) -> String {
+    match git_toplevel(cwd) {
         Some(top) => {
             let rel = cwd.strip_prefix(&top).unwrap_or(Path::new("")).to_string_lossy().into_owned();
             if rel.is_empty() {
@@ -81,7 +100,7 @@ pub fn recorded_cwd() -> anyhow::Result<String> {
             }
         }
         None => cwd.to_string_lossy().into_owned(),
-    })
+    }
 }
 
 /// Where to run a recorded command: its relative directory under this checkout's git top

@@ -4,6 +4,7 @@ mod commands;
 mod daemon;
 mod exit;
 mod launcher;
+mod ledger;
 mod output;
 
 use std::process::ExitCode;
@@ -54,6 +55,8 @@ enum Command {
     Gc(commands::gc::Args),
     /// Reveal the original of a masked value (audited), or list the audit log.
     Vault(commands::vault::Args),
+    /// Replay recorded traces as tests, each in a temporary store; exit 1 if any diverges.
+    Gate(commands::gate::Args),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::Retain(args) => commands::retain::run(args),
         Command::Gc(args) => commands::gc::run(args),
         Command::Vault(args) => commands::vault::run(args),
+        Command::Gate(args) => commands::gate::run(args),
     };
     exit::finish(result)
 }

@@ -83,6 +83,11 @@ pub struct Divergence {
     pub got: Option<Digest>,
     /// The first JSON path where the two requests differ.
     pub path: Option<String>,
+    /// Blob of the (masked) request the program asked for, stored when the step didn't match so
+    /// that tools such as `retrace gate` can compare it whole with the expected step's request.
+    /// Absent in divergences recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub got_request: Option<Digest>,
     /// Extra lines: the expected and actual values at `path`, waiting agents, hints.
     pub detail: Vec<String>,
 }
@@ -98,6 +103,7 @@ impl Divergence {
             expected: None,
             got: None,
             path: None,
+            got_request: None,
             detail: Vec::new(),
         }
     }
@@ -124,6 +130,12 @@ impl Divergence {
     /// Sets the first differing path.
     pub fn path(mut self, path: Option<String>) -> Self {
         self.path = path;
+        self
+    }
+
+    /// Sets the blob of the request the program asked for.
+    pub fn got_request(mut self, blob: Option<Digest>) -> Self {
+        self.got_request = blob;
         self
     }
 

@@ -495,11 +495,16 @@ impl Agent {
             Some(step) => {
                 let recorded = step.request_ref.and_then(|r| inner.store.get_blob(&r).ok());
                 let path = recorded.as_ref().and_then(|r| first_difference_bytes(r, &prepared.masked));
+                // The asked-for request (masked, like every stored byte) is kept so that the two
+                // requests can be compared whole (`retrace gate`'s hygiene report); a replay
+                // stores nothing else of its own.
+                let got_request = inner.store.put_blob(&prepared.masked, BlobHint::Raw).ok();
                 let mut d = Divergence::new(DivergenceCode::StepMismatch, self.id.clone())
                     .at(step.seq)
                     .step(label)
                     .keys(Some(step.key), Some(prepared.key))
-                    .path(path.clone());
+                    .path(path.clone())
+                    .got_request(got_request);
                 if let (Some(path), Some(recorded)) = (path, recorded) {
                     d = d
                         .detail(format!("recorded {path} = {}", value_at(&recorded, &path)))

@@ -73,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The whole human report.
-fn render(d: &RunDiff) -> String {
+pub(crate) fn render(d: &RunDiff) -> String {
     let mut out = String::new();
     for (name, side) in [("A", &d.a), ("B", &d.b)] {
         out.push_str(&run_line(name, side));

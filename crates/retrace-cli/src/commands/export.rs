@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Runs `write` on a temporary file beside `path`, renamed to `path` when it succeeds.
-fn write_atomically<T, E>(
+pub(crate) fn write_atomically<T, E>(
     path: &Path,
     write: impl FnOnce(&mut File) -> Result<T, E>,
 ) -> anyhow::Result<Result<T, E>> {

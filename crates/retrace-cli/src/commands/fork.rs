@@ -175,7 +175,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     if let Some(seed) = args.chaos {
         env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
     }
-    let status = match launcher::run(&Child { argv, cwd, env }) {
+    let status = match launcher::run(&Child { argv, cwd, env, ..Child::default() }) {
         Ok(status) => status,
         Err(e) => {
             daemon.stop();

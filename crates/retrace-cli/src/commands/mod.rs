@@ -3,6 +3,7 @@ pub mod demo;
 pub mod diff;
 pub mod export;
 pub mod fork;
+pub mod gate;
 pub mod gc;
 pub mod import;
 pub mod knew;
@@ -27,6 +28,7 @@ pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {
     Ok(open_store(&config)?)
 }
 
+#[derive(Clone)]
 /// The masking of new recordings, once per process: the store's mask key (generated into
 /// `RETRACE_HOME/mask.key` on first use, with a notice) and `./retrace.toml`'s rules.
 pub struct MaskSetup {

@@ -1,5 +1,7 @@
 //! `retrace record -- CMD`: run a program with recording on; prints the run id.
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Parser;
 use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
@@ -9,6 +11,7 @@ use super::store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::usage;
 use crate::launcher::{self, Child};
+use retrace_store::Store;
 
 /// Run a program with recording on. An embedded daemon records every model call the program
 /// makes through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the official
@@ -57,35 +60,125 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             label.split_once('=').ok_or_else(|| usage(format!("--label {label:?}: want KEY=VALUE")))?;
         labels.insert(k.to_owned(), v.to_owned());
     }
+    let plan = Plan {
+        store: store.clone(),
+        name: args.name,
+        labels,
+        chaos: args.chaos,
+        argv: args.command,
+        cwd: std::env::current_dir()?,
+        upstream_openai: args.upstream_openai,
+        upstream_anthropic: args.upstream_anthropic,
+        upstream_timeout: args.upstream_timeout,
+        max_body: args.max_body,
+        mask: super::mask_from_env()?,
+        store_env: launcher::store_env()?,
+        remove_env: Vec::new(),
+        output: None,
+    };
+    let recorded =
+        execute(plan, |id, plan| eprintln!("retrace: recording run {id}: {}", plan.logged_argv().join(" ")))?;
+    let (id, meta, status) = (&recorded.id, &recorded.meta, recorded.exit_status);
+    let events = store.last_seq(id)?;
+    eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
+    println!("{id}");
+    std::process::exit(status);
+}
+
+/// One recording to execute.
+pub struct Plan {
+    /// The store the run goes to.
+    pub store: Arc<dyn Store>,
+    /// The run's name.
+    pub name: Option<String>,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Chaos seed for deliveries.
+    pub chaos: Option<u64>,
+    /// The program.
+    pub argv: Vec<String>,
+    /// Where it runs.
+    pub cwd: PathBuf,
+    /// OpenAI-compatible upstream (None: [`crate::daemon::upstream`]'s default).
+    pub upstream_openai: Option<String>,
+    /// Anthropic-compatible upstream.
+    pub upstream_anthropic: Option<String>,
+    /// Seconds an upstream may take.
+    pub upstream_timeout: f64,
+    /// Largest model request body.
+    pub max_body: usize,
+    /// The mask key and the rules of new recordings.
+    pub mask: super::MaskSetup,
+    /// The variables that tell the program where `store` is.
+    pub store_env: Vec<(String, String)>,
+    /// Inherited variables the program must not see.
+    pub remove_env: Vec<String>,
+    /// Where the program's output goes; `None` passes it through.
+    pub output: Option<PathBuf>,
+}
+
+impl Plan {
+    /// The command line as logged and persisted: masked like any input.
+    pub fn logged_argv(&self) -> Vec<String> {
+        match retrace_runtime::masking::masker(self.mask.rules.clone(), Some(&self.mask.key)) {
+            Ok(masker) => self.argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect(),
+            Err(_) => self.argv.clone(),
+        }
+    }
+}
+
+/// What a recording ended with.
+#[derive(Debug)]
+pub struct Recorded {
+    /// The run's id.
+    pub id: String,
+    /// The run as stored at the end.
+    pub meta: RunMeta,
+    /// The program's exit status.
+    pub exit_status: i32,
+}
+
+/// Records `plan.argv` as a new run: an embedded daemon records its proxied model calls and
+/// serves its SDK steps; a `Session::from_env()` program records its own steps. `started` is
+/// called with the run id just before the program starts. `record` and `gate --accept` both
+/// run through here.
+pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<Recorded> {
+    let store = plan.store.clone();
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Record, SystemClock.now_ms());
-    meta.name = args.name;
-    meta.labels = labels;
-    meta.chaos_seed = args.chaos;
-    let mut config = super::serve::config(args.upstream_openai, args.upstream_anthropic, 30.0)?;
+    meta.name = plan.name.clone();
+    meta.labels = plan.labels.clone();
+    meta.chaos_seed = plan.chaos;
+    let mut config = super::serve::config_masked(
+        plan.upstream_openai.clone(),
+        plan.upstream_anthropic.clone(),
+        30.0,
+        plan.mask.clone(),
+    )?;
     // The command line is persisted and logged like any input: masked (a key passed as a flag).
     let masker = retrace_runtime::masking::masker(config.mask_rules.clone(), config.mask_key.as_ref())?;
-    let argv: Vec<String> = args.command.iter().map(|a| masker.mask_text(a).0.into_owned()).collect();
-    meta.command = Some(Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
+    let argv: Vec<String> = plan.argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect();
+    meta.command = Some(Command { argv, cwd: launcher::recorded_cwd_of(&plan.cwd) });
     config.default_run = Some(id.clone());
-    config.upstream_timeout = std::time::Duration::from_secs_f64(args.upstream_timeout.max(0.001));
-    config.max_body = args.max_body;
+    config.upstream_timeout = std::time::Duration::from_secs_f64(plan.upstream_timeout.max(0.001));
+    config.max_body = plan.max_body;
     meta.upstreams.insert("openai".into(), config.upstream_openai.clone());
     meta.upstreams.insert("anthropic".into(), config.upstream_anthropic.clone());
     meta.masking_rules = config.mask_rules.clone();
     meta.mask_key_fingerprint = config.mask_key.as_ref().map(|k| k.fingerprint());
     refuse_original_without_vault(&meta.masking_rules)?;
     store.create_run(&meta)?;
-    eprintln!("retrace: recording run {id}: {}", argv.join(" "));
+    started(&id, &plan);
     let daemon = Embedded::start(store.clone(), config)?;
-    let mut env = launcher::store_env()?;
+    let mut env = plan.store_env;
     env.extend(daemon.child_env());
     env.push(("RETRACE_MODE".into(), "record".into()));
     env.push(("RETRACE_RUN".into(), id.clone()));
-    if let Some(seed) = args.chaos {
+    if let Some(seed) = plan.chaos {
         env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
     }
-    let child = Child { argv: args.command, cwd: std::env::current_dir()?, env };
+    let child =
+        Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
     let status = match launcher::run(&child) {
         Ok(status) => status,
         Err(e) => {
@@ -114,10 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&meta)?;
-    let events = store.last_seq(&id)?;
-    eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
-    println!("{id}");
-    std::process::exit(status);
+    Ok(Recorded { id, meta, exit_status: status })
 }
 
 /// SPEC §7: a rule whose replay hands back the original needs the vault to hold originals.

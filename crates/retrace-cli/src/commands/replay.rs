@@ -1,4 +1,7 @@
 //! `retrace replay RUN [-- CMD]`: exact replay of a run by running its program again.
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use clap::Parser;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_core::{Divergence, DivergenceCode};
@@ -10,6 +13,7 @@ use crate::exit::{check_failed, usage};
 use crate::launcher::{self, Child};
 use crate::output::print_json;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
+use retrace_store::Store;
 
 /// Replay a recorded run exactly: run its program again (by default the recorded command, from
 /// the same directory relative to the git top level) with zero live calls. Every step is
@@ -42,27 +46,119 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
     let source = launcher::source_run(store.as_ref(), &args.run)?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
+    let plan = Plan {
+        store: store.clone(),
+        source,
+        argv,
+        cwd,
+        stall_timeout: args.stall_timeout,
+        strict: args.strict,
+        mask: super::mask_from_env()?,
+        store_env: launcher::store_env()?,
+        remove_env: Vec::new(),
+        output: None,
+    };
+    let replayed = execute(plan, |id, plan| {
+        eprintln!(
+            "retrace: replaying {} as {id}: {} (in {})",
+            plan.source.id,
+            plan.argv.join(" "),
+            plan.cwd.display()
+        )
+    })?;
+    let (id, status, outcome) = (&replayed.id, replayed.exit_status, &replayed.outcome);
+    if args.json {
+        print_json(&serde_json::json!({
+            "replay": id, "source": replayed.source.id, "status": outcome.status, "exit_status": status,
+            "divergence": outcome.divergence,
+        }))?;
+    }
+    match &outcome.divergence {
+        None => {
+            eprintln!("retrace: replay {id} ok: every step matched, exit status {status}");
+            Ok(())
+        }
+        Some(d) => {
+            let rendered = serde_json::from_value::<Divergence>(d.clone())
+                .map(|d| d.to_string())
+                .unwrap_or(d.to_string());
+            eprint!("{rendered}");
+            Err(check_failed(format!("replay {id} of {} diverged", replayed.source.id)))
+        }
+    }
+}
+
+/// One replay to execute: the run, the program and where it runs, the store it reads.
+pub struct Plan {
+    /// The store holding `source`; the replay run is created in it.
+    pub store: Arc<dyn Store>,
+    /// The run to replay (a record or fork run, not a replay).
+    pub source: RunMeta,
+    /// The program.
+    pub argv: Vec<String>,
+    /// Where it runs.
+    pub cwd: PathBuf,
+    /// Seconds without progress before a stall is declared.
+    pub stall_timeout: f64,
+    /// Every step waits for all earlier seqs.
+    pub strict: bool,
+    /// The mask key the daemon checks tokens under.
+    pub mask: super::MaskSetup,
+    /// The variables that tell the program where `store` is ([`launcher::store_env`]).
+    pub store_env: Vec<(String, String)>,
+    /// Inherited variables the program must not see (another store's location).
+    pub remove_env: Vec<String>,
+    /// Where the program's output goes ([`Child::output`]); `None` passes it through.
+    pub output: Option<PathBuf>,
+}
+
+/// What a replay ended with.
+#[derive(Debug)]
+pub struct Replayed {
+    /// The replay run's id.
+    pub id: String,
+    /// The run replayed.
+    pub source: RunMeta,
+    /// The replay run as stored at the end: its status and divergence (None when it matched).
+    pub outcome: RunMeta,
+    /// The program's exit status.
+    pub exit_status: i32,
+    /// How long the program ran, from start to exit, seconds.
+    pub program_seconds: f64,
+}
+
+/// Replays `plan.source` by running `plan.argv` with zero live calls: creates the replay run,
+/// starts an embedded daemon whose upstreams point nowhere, runs the program with placeholder
+/// API keys when none are set, and stores the outcome (SPEC §7). `started` is called with the
+/// new run's id just before the program starts. `replay` and `gate` both run through here.
+///
+/// A run holding tokens made under another mask key, or a program that can't be started, is
+/// an error (exit 2); a divergence is not an error but the returned outcome.
+pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<Replayed> {
+    let store = plan.store.clone();
+    let source = plan.source.clone();
     // Refused before anything runs: tokens made under another key would never match.
-    let mask = super::mask_from_env()?;
-    retrace_runtime::masking::check_key(&source, Some(&mask.key)).map_err(|e| usage(e.to_string()))?;
+    retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
     meta.name = source.name.clone();
-    meta.command = Some(retrace_core::run::Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
+    meta.command =
+        Some(retrace_core::run::Command { argv: plan.argv.clone(), cwd: launcher::recorded_cwd()? });
     store.create_run(&meta)?;
-    eprintln!("retrace: replaying {} as {id}: {} (in {})", source.id, argv.join(" "), cwd.display());
+    started(&id, &plan);
     // Replay makes no live call: the daemon's upstreams point nowhere.
     let nowhere = Some("http://127.0.0.1:9/replay-makes-no-live-calls".to_owned());
-    let mut config = super::serve::config(nowhere.clone(), nowhere, args.stall_timeout)?;
+    let mut config =
+        super::serve::config_masked(nowhere.clone(), nowhere, plan.stall_timeout, plan.mask.clone())?;
     config.default_run = Some(id.clone());
     let daemon = Embedded::start(store.clone(), config)?;
-    let mut env = launcher::store_env()?;
+    let mut env = plan.store_env.clone();
     env.extend(daemon.child_env());
     env.push(("RETRACE_MODE".into(), "replay".into()));
     env.push(("RETRACE_RUN".into(), id.clone()));
-    env.push(("RETRACE_STALL_TIMEOUT".into(), args.stall_timeout.to_string()));
-    if args.strict {
+    env.push(("RETRACE_STALL_TIMEOUT".into(), plan.stall_timeout.to_string()));
+    if plan.strict {
         env.push(("RETRACE_STRICT".into(), "1".into()));
     }
     for key in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"] {
@@ -70,13 +166,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             env.push((key.into(), "retrace-replay-placeholder".into()));
         }
     }
-    let status = match launcher::run(&Child { argv, cwd, env }) {
+    let child =
+        Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
+    let program = std::time::Instant::now();
+    let status = match launcher::run(&child) {
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
             return Err(e);
         }
     };
+    let program_seconds = program.elapsed().as_secs_f64();
     let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
     let unfinished = store.run(&id)?.status == RunStatus::Running;
     if daemon.hosts(&id) || (recorded_by_daemon && unfinished) {
@@ -88,25 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     daemon.stop();
     let outcome = conclude(store.as_ref(), &id, &source, status)?;
-    if args.json {
-        print_json(&serde_json::json!({
-            "replay": id, "source": source.id, "status": outcome.status, "exit_status": status,
-            "divergence": outcome.divergence,
-        }))?;
-    }
-    match outcome.divergence {
-        None => {
-            eprintln!("retrace: replay {id} ok: every step matched, exit status {status}");
-            Ok(())
-        }
-        Some(d) => {
-            let rendered = serde_json::from_value::<Divergence>(d.clone())
-                .map(|d| d.to_string())
-                .unwrap_or(d.to_string());
-            eprint!("{rendered}");
-            Err(check_failed(format!("replay {id} of {} diverged", source.id)))
-        }
-    }
+    Ok(Replayed { id, source, outcome, exit_status: status, program_seconds })
 }
 
 /// Stores the replay run's final outcome once the program has exited.

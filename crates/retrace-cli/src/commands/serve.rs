@@ -76,7 +76,16 @@ pub fn config(
     upstream_anthropic: Option<String>,
     stall_timeout: f64,
 ) -> anyhow::Result<ServerConfig> {
-    let mask = super::mask_from_env()?;
+    config_masked(upstream_openai, upstream_anthropic, stall_timeout, super::mask_from_env()?)
+}
+
+/// [`config`] with the masking given (`gate` resolves it once, not from each temporary store).
+pub fn config_masked(
+    upstream_openai: Option<String>,
+    upstream_anthropic: Option<String>,
+    stall_timeout: f64,
+    mask: super::MaskSetup,
+) -> anyhow::Result<ServerConfig> {
     Ok(ServerConfig {
         upstream_openai: upstream(upstream_openai, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
         upstream_anthropic: upstream(upstream_anthropic, "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),

@@ -1,0 +1,322 @@
+//! `retrace gate PATH... [-- CMD]`: replay every trace under PATH, each in its own temporary
+//! store, and fail on any divergence (issue 8, items 1–3).
+//!
+//! **In process, not a child `retrace replay`.** Each trace is replayed by
+//! [`replay::execute`](crate::commands::replay::execute), the same function `retrace replay`
+//! runs, called on a worker thread with the trace's temporary store passed in as a value. A
+//! spawned `retrace replay` would work too, but (1) the gate needs the outcome as data (the
+//! divergence with both keys, and the temporary store to read both requests from for the
+//! hygiene report), which a child would have to print and the gate re-parse and re-open;
+//! (2) every trace would pay for an exec, a store open, a mask-key resolution and a runtime
+//! start on top of the program's own run, which matters against the 50 ms overhead budget;
+//! (3) parallel jobs need different stores, and passing each its store and the child's
+//! environment explicitly (never through this process's environment) is what makes them
+//! independent. Each job still has its own embedded daemon on its own port, its own temporary
+//! store and its own child process, whose output is captured (shown for a failed trace).
+//!
+//! The ledger's hook ([`crate::ledger::record_outcome`]) is called once per replayed trace with
+//! the real store, never the temporary one.
+mod accept;
+mod discover;
+mod hygiene;
+mod job;
+mod report;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Instant;
+
+use retrace_runtime::masking;
+use retrace_store::{open_store, Store, StoreConfig};
+
+use self::job::{Outcome, Settings, Verdict};
+use crate::commands::MaskSetup;
+use crate::exit::{usage_hint, Failure};
+use crate::ledger::{self, AgentOutcome};
+use crate::output::Progress;
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace gate tests/traces\n  \
+         retrace gate tests/traces --junit target/gate.xml --jobs 4\n  \
+         retrace gate tests/traces/checkout.jsonl -- python app.py --new-prompt\n  \
+         retrace gate 01j5c3 01j5d8                      # runs of this store\n  \
+         retrace gate tests/traces --accept --upstream-openai http://127.0.0.1:8100/v1\n  \
+         retrace gate tests/traces --json | jq '.traces[] | select(.status != \"ok\")'"
+    };
+}
+
+/// Replay recorded traces as tests: exit 1 if any diverges.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Replay every trace under PATH against the current code, each in its own temporary store, \
+and fail if any diverges. PATH is a trace file written by `retrace export`, a folder (searched \
+recursively for *.jsonl trace files), or a run id of this store.\n\n\
+Each trace runs CMD (default: the trace's recorded command, from the same directory relative to \
+the git top level, so traces replay from any clone) with zero live calls: the model upstreams \
+point nowhere, every step is answered from the trace, and OPENAI_API_KEY / ANTHROPIC_API_KEY get \
+placeholders when unset, so official clients start in a CI without secrets. The folder of this \
+retrace comes first on the program's PATH, so a recorded `retrace ...` command runs this build. \
+The program's output is captured and its last lines shown when its trace fails. Traces that \
+hold masked tokens need the mask key they were recorded under (RETRACE_MASK_KEY).\n\n\
+Output: one line per trace (`ok` or `DIVERGED ... at seq N: agent A, expected KEY, got KEY, first \
+differing path P`, with `hint:` lines saying what input was probably not captured: a clock read, \
+a random id, an env var, unordered map iteration, a tool not wrapped, a model alias), then a \
+summary. --junit writes one test case per trace; --json prints everything for scripts.\n\n\
+--accept re-records each diverging trace against live services (the trace's recorded upstreams, \
+or --upstream-openai / --upstream-anthropic), writes it beside the old one as \
+NAME.accepted.jsonl (never over an existing file) and prints what changed, as `retrace diff` \
+does. Review it, then move it over the old trace. The gate still exits 1: the old traces still \
+diverge. --accept refuses to run when CI=true unless --force.\n\n\
+Exit codes: 0 every trace replayed exactly; 1 a trace diverged (a step, the final decisions or \
+the exit status); 2 a trace could not be replayed (not a trace, a program that can't be started, \
+tokens under another mask key) or bad usage.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// Trace files, folders of them, or run ids.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<String>,
+    /// Write a JUnit XML report to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Replay N traces at once (default: the number of CPUs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub jobs: Option<u32>,
+    /// Re-record each diverging trace against live services, as NAME.accepted.jsonl.
+    #[arg(long)]
+    pub accept: bool,
+    /// Let --accept run under CI=true.
+    #[arg(long, requires = "accept")]
+    pub force: bool,
+    /// Declare a stall when waiting steps make no progress for this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    pub stall_timeout: f64,
+    /// With --accept: the OpenAI-compatible upstream to record against.
+    #[arg(long, value_name = "URL", requires = "accept")]
+    pub upstream_openai: Option<String>,
+    /// With --accept: the Anthropic-compatible upstream to record against.
+    #[arg(long, value_name = "URL", requires = "accept")]
+    pub upstream_anthropic: Option<String>,
+    /// Print the outcome as JSON on standard output (the per-trace lines go to standard error).
+    #[arg(long)]
+    pub json: bool,
+    /// The program to run instead of each trace's recorded command.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.accept
+        && !args.force
+        && std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+    {
+        return Err(usage_hint(
+            "refusing to run --accept under CI=true: it re-records traces against live services",
+            "accept on a workstation and commit the reviewed NAME.accepted.jsonl files; --force overrides",
+        ));
+    }
+    let began = Instant::now();
+    let real_config = StoreConfig::from_env()?;
+    let real: OnceLock<Arc<dyn Store>> = OnceLock::new();
+    let traces = discover::find(&args.paths, || {
+        if let Some(store) = real.get() {
+            return Ok(store.clone());
+        }
+        let store = open_store(&real_config)?;
+        Ok(real.get_or_init(|| store).clone())
+    })?;
+    let (mask, key_file, _throwaway) = mask_setup(&real_config)?;
+    let settings = Settings {
+        command: args.command.clone(),
+        stall_timeout: args.stall_timeout,
+        mask,
+        key_file,
+        real: real.get().cloned(),
+        runs: discover::runs_of(&traces),
+        path: program_path()?,
+        env: std::env::vars().collect(),
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = args.jobs.map_or(cpus, |n| n as usize).clamp(1, traces.len().max(1));
+    let outcomes = run_all(&traces, &settings, jobs, args.json)?;
+    let seconds = began.elapsed().as_secs_f64();
+    let summary = report::summary(&outcomes, seconds, jobs);
+    if args.json {
+        eprint!("{summary}");
+    } else {
+        print_out(&summary)?;
+    }
+    if let Some(path) = &args.junit {
+        std::fs::write(path, report::junit(&outcomes, seconds)).map_err(|e| {
+            usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
+        })?;
+    }
+    let project = ledger::project(&std::env::current_dir()?);
+    for outcome in &outcomes {
+        if let (Some(digest), false) = (&outcome.digest, matches!(outcome.verdict, Verdict::Error { .. })) {
+            ledger::record_outcome(&real_config, &project, digest, &agent_outcomes(outcome))?;
+        }
+    }
+    if args.json {
+        crate::output::print_json(&report::json(&outcomes, seconds, jobs))?;
+    }
+    if args.accept {
+        let upstreams =
+            accept::Upstreams { openai: args.upstream_openai, anthropic: args.upstream_anthropic };
+        accept_all(&outcomes, &settings, &upstreams)?;
+    }
+    let tally = report::Tally::of(&outcomes);
+    let failure = |code: u8, message: String| Failure { code, message, hint: None }.into();
+    match (tally.errors, tally.diverged) {
+        (0, 0) => Ok(()),
+        (0, n) => Err(failure(1, format!("{n} of {} traces diverged", outcomes.len()))),
+        (n, _) => Err(failure(2, format!("{n} of {} traces could not be replayed", outcomes.len()))),
+    }
+}
+
+/// Replays every trace on `jobs` threads; prints each trace's lines in trace order as soon as
+/// they and every earlier trace are done (on standard error under `--json`).
+fn run_all(
+    traces: &[discover::Trace],
+    settings: &Settings,
+    jobs: usize,
+    json: bool,
+) -> anyhow::Result<Vec<Outcome>> {
+    let next = AtomicUsize::new(0);
+    let (done, results) = mpsc::channel::<(usize, Outcome)>();
+    let mut slots: Vec<Option<Outcome>> = traces.iter().map(|_| None).collect();
+    let mut progress = Progress::new("gate: traces replayed", traces.len() as u64);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        for _ in 0..jobs {
+            let (next, done) = (&next, done.clone());
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(trace) = traces.get(i) else { break };
+                if done.send((i, job::run(trace, settings))).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(done);
+        let mut printed = 0;
+        for (i, outcome) in results {
+            slots[i] = Some(outcome);
+            progress.add(1);
+            while let Some(Some(outcome)) = slots.get(printed) {
+                progress.finish();
+                let lines = report::trace_lines(outcome);
+                if json {
+                    eprint!("{lines}");
+                } else {
+                    print_out(&lines)?;
+                }
+                printed += 1;
+            }
+        }
+        Ok(())
+    })?;
+    progress.finish();
+    Ok(slots.into_iter().map(|o| o.expect("every trace ran")).collect())
+}
+
+fn print_out(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Re-records every diverging trace and prints where it went and what changed.
+fn accept_all(
+    outcomes: &[Outcome],
+    settings: &Settings,
+    upstreams: &accept::Upstreams,
+) -> anyhow::Result<()> {
+    for outcome in outcomes.iter().filter(|o| matches!(o.verdict, Verdict::Diverged { .. })) {
+        let name = &outcome.trace.name;
+        eprintln!("retrace: re-recording {name} against live services: {}", outcome.command.join(" "));
+        match accept::accept(outcome, settings, upstreams) {
+            Ok(a) => print_out(&format!(
+                "\naccepted {name} -> {} (run {}, exit status {}); review, then move it over {name}:\n{}",
+                a.file.display(),
+                a.run_id,
+                a.exit_status,
+                indent(&a.diff)
+            ))?,
+            Err(e) => {
+                let (message, hint) = match e.downcast_ref::<Failure>() {
+                    Some(f) => (f.message.clone(), f.hint.clone()),
+                    None => (format!("{e:#}"), None),
+                };
+                print_out(&format!("\nnot accepted {name}: {message}\n"))?;
+                if let Some(hint) = hint {
+                    print_out(&format!("  hint: {hint}\n"))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+/// How each agent of a replayed trace fared, for the ledger.
+fn agent_outcomes(outcome: &Outcome) -> Vec<AgentOutcome> {
+    let diverged = match &outcome.verdict {
+        Verdict::Diverged { divergence, .. } => Some(divergence),
+        _ => None,
+    };
+    outcome
+        .agents
+        .iter()
+        .map(|agent| AgentOutcome {
+            agent: agent.clone(),
+            clean: diverged.is_none(),
+            divergence: diverged.filter(|d| &d.agent == agent).map(|d| match d.seq {
+                Some(seq) => format!("{} at seq {seq}", d.code),
+                None => d.code.to_string(),
+            }),
+        })
+        .collect()
+}
+
+/// The mask key the replays use: `RETRACE_MASK_KEY`, else the real store's `mask.key` when it
+/// exists (never generated there by a gate), else a throwaway key (only traces without tokens
+/// replay under it). Also the key file to copy into each temporary store, and the folder that
+/// holds a throwaway one (kept until the gate ends).
+fn mask_setup(real: &StoreConfig) -> anyhow::Result<(MaskSetup, Option<PathBuf>, Option<tempfile::TempDir>)> {
+    let rules = masking::rules_from_cwd()?;
+    if std::env::var("RETRACE_MASK_KEY").is_ok_and(|v| !v.trim().is_empty()) {
+        return Ok((MaskSetup { key: masking::resolve_key(real)?.key, rules }, None, None));
+    }
+    if let Some(file) = masking::home_of(real).map(|h| h.join(masking::MASK_KEY_FILE)).filter(|f| f.is_file())
+    {
+        return Ok((MaskSetup { key: masking::resolve_key(real)?.key, rules }, Some(file), None));
+    }
+    let dir = tempfile::Builder::new().prefix("retrace-gate-key-").tempdir()?;
+    let key = masking::resolve_key(&StoreConfig::in_home(dir.path()))?.key;
+    let file = dir.path().join(masking::MASK_KEY_FILE);
+    Ok((MaskSetup { key, rules }, Some(file), Some(dir)))
+}
+
+/// `PATH` for the programs: this executable's folder first.
+fn program_path() -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let mut dirs: Vec<PathBuf> = exe.parent().map(|d| vec![d.to_path_buf()]).unwrap_or_default();
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    Ok(std::env::join_paths(dirs)?.to_string_lossy().into_owned())
+}

@@ -1,0 +1,113 @@
+//! `retrace gate --accept`: re-record a diverging trace against live services, write the new
+//! trace beside the old one as `NAME.accepted.jsonl` (never over anything), and show what
+//! changed, as `retrace diff` shows it.
+use std::path::PathBuf;
+
+use retrace_store::diff::{diff_runs, DiffOptions};
+use retrace_store::export::export_run;
+use retrace_store::import::{import_reader, ImportOptions};
+use retrace_store::{open_store, StoreConfig};
+
+use super::discover::Origin;
+use super::job::{trace_bytes, Outcome, Settings};
+use crate::commands::{diff, export, record};
+use crate::exit::usage_hint;
+use crate::launcher;
+
+/// The upstreams a re-recording calls (else the trace's recorded ones).
+#[derive(Clone, Debug, Default)]
+pub struct Upstreams {
+    /// OpenAI-compatible upstream.
+    pub openai: Option<String>,
+    /// Anthropic-compatible upstream.
+    pub anthropic: Option<String>,
+}
+
+/// A trace re-recorded.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The new trace file.
+    pub file: PathBuf,
+    /// The new run's id.
+    pub run_id: String,
+    /// The program's exit status in the re-recording.
+    pub exit_status: i32,
+    /// `retrace diff OLD NEW`, rendered.
+    pub diff: String,
+}
+
+/// Where the accepted trace of `outcome` goes: `NAME.accepted.jsonl` beside a file, or
+/// `RUN.accepted.jsonl` in the current folder for a run id.
+pub fn destination(outcome: &Outcome) -> PathBuf {
+    match &outcome.trace.origin {
+        Origin::File(path) => {
+            let stem = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let stem = stem.strip_suffix(".jsonl").unwrap_or(&stem).to_owned();
+            path.with_file_name(format!("{stem}.accepted.jsonl"))
+        }
+        Origin::Run(id) => PathBuf::from(format!("{id}.accepted.jsonl")),
+    }
+}
+
+/// Re-records the trace of `outcome` (a divergence) and writes it beside the old one.
+pub fn accept(outcome: &Outcome, settings: &Settings, upstreams: &Upstreams) -> anyhow::Result<Accepted> {
+    let file = destination(outcome);
+    if file.exists() {
+        return Err(usage_hint(
+            format!("{} already exists; nothing was re-recorded", file.display()),
+            "review it and move it over the old trace, or delete it, then run the gate again",
+        ));
+    }
+    let temp = tempfile::Builder::new().prefix("retrace-accept-").tempdir()?;
+    let store = open_store(&StoreConfig::in_home(temp.path()))?;
+    let bytes = trace_bytes(&outcome.trace, settings)?;
+    let old = import_reader(&*store, &bytes[..], ImportOptions::default())
+        .map_err(|e| crate::output::failure(2, &e))?
+        .run_id()
+        .to_owned();
+    let source = launcher::source_run(&*store, &old)?;
+    let (argv, cwd) = launcher::command_for(&source, &settings.command)?;
+    let recorded_upstream = |provider: &str| source.upstreams.get(provider).cloned();
+    let plan = record::Plan {
+        store: store.clone(),
+        name: source.name.clone(),
+        labels: Default::default(),
+        chaos: source.chaos_seed,
+        argv,
+        cwd,
+        upstream_openai: upstreams.openai.clone().or_else(|| recorded_upstream("openai")),
+        upstream_anthropic: upstreams.anthropic.clone().or_else(|| recorded_upstream("anthropic")),
+        upstream_timeout: 600.0,
+        max_body: 32 << 20,
+        mask: settings.mask.clone(),
+        store_env: vec![
+            ("RETRACE_HOME".into(), temp.path().to_string_lossy().into_owned()),
+            ("PATH".into(), settings.path.clone()),
+        ],
+        remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"]
+            .map(String::from)
+            .to_vec(),
+        output: Some(temp.path().join("program-output.log")),
+    };
+    let log = temp.path().join("program-output.log");
+    let recorded = record::execute(plan, |_, _| {})?;
+    let expected_status = source.exit_status.unwrap_or(0);
+    if recorded.exit_status != expected_status {
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = output.lines().rev().take(8).collect();
+        let tail: String = tail.into_iter().rev().map(|l| format!("\n  | {l}")).collect();
+        return Err(usage_hint(
+            format!(
+                "the re-recording exited with status {} where the trace recorded {expected_status}; \
+                 nothing was written. The program's last output:{tail}",
+                recorded.exit_status
+            ),
+            "check the program, its API keys and the upstreams (--upstream-openai, --upstream-anthropic)",
+        ));
+    }
+    let written = export::write_atomically(&file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
+    written.map_err(|e| crate::output::failure(e.exit_code(), &e))?;
+    let options = DiffOptions { limit: 20, max_diff_lines: 12 };
+    let diff = diff::render(&diff_runs(&*store, &old, &recorded.id, &options)?);
+    Ok(Accepted { file, run_id: recorded.id, exit_status: recorded.exit_status, diff })
+}

@@ -1,0 +1,338 @@
+//! One trace through the gate: a temporary store, the trace imported into it, the program
+//! replayed against it with its output captured, and the outcome with its hygiene hints.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use retrace_core::export::ExportHeader;
+use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
+use retrace_store::export::{export_run, RunEvents};
+use retrace_store::import::{import_reader, ImportOptions};
+use retrace_store::{open_store, Durability, Store, StoreConfig};
+
+use super::discover::{Origin, Trace};
+use super::hygiene::{self, Evidence, Hint};
+use crate::commands::{replay, MaskSetup};
+use crate::exit::{usage, usage_hint, Failure};
+use crate::launcher;
+
+/// What every trace of one gate shares.
+pub struct Settings {
+    /// The program to run instead of each trace's recorded command.
+    pub command: Vec<String>,
+    /// Seconds without progress before a stall.
+    pub stall_timeout: f64,
+    /// The mask key (and rules) the replays check tokens under.
+    pub mask: MaskSetup,
+    /// The real store's `mask.key`, copied into each temporary store so that programs that
+    /// open the store themselves (`Session::from_env()`) use the same key.
+    pub key_file: Option<PathBuf>,
+    /// The real store, for traces given as run ids.
+    pub real: Option<Arc<dyn Store>>,
+    /// The runs of the trace files found, by id ([`super::discover::runs_of`]).
+    pub runs: std::collections::HashMap<String, Origin>,
+    /// `PATH` for the programs, with this executable's folder first, so that a recorded
+    /// `retrace …` command runs this build.
+    pub path: String,
+    /// This process's environment, for the hygiene report.
+    pub env: Vec<(String, String)>,
+}
+
+/// How a trace fared.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Every step, the final decisions and the exit status matched.
+    Ok,
+    /// The replay diverged.
+    Diverged {
+        /// The first divergence.
+        divergence: Box<Divergence>,
+        /// What was probably not captured, most likely first.
+        hints: Vec<Hint>,
+    },
+    /// The trace could not be replayed: a bad file, a program that can't be started, a run
+    /// holding tokens under another mask key (exit 2).
+    Error {
+        /// What went wrong.
+        message: String,
+        /// What to do about it.
+        hint: Option<String>,
+    },
+}
+
+/// One trace's result.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The trace.
+    pub trace: Trace,
+    /// The recorded run's id, once read.
+    pub run_id: Option<String>,
+    /// Events in the trace.
+    pub steps: u64,
+    /// Wall time for the whole trace (import, replay, report), seconds.
+    pub seconds: f64,
+    /// Of which the replayed program ran, seconds.
+    pub program_seconds: f64,
+    /// The program run.
+    pub command: Vec<String>,
+    /// The trace's content hash (the ledger counts each trace once per hash).
+    pub digest: Option<Digest>,
+    /// The agents that took steps in the trace.
+    pub agents: Vec<String>,
+    /// The last lines the program wrote (standard output and error), for a failed trace.
+    pub output_tail: Vec<String>,
+    /// How it fared.
+    pub verdict: Verdict,
+}
+
+/// Replays `trace` in its own temporary store.
+pub fn run(trace: &Trace, settings: &Settings) -> Outcome {
+    let started = Instant::now();
+    let mut out = Outcome {
+        trace: trace.clone(),
+        run_id: None,
+        steps: 0,
+        seconds: 0.0,
+        program_seconds: 0.0,
+        command: Vec::new(),
+        digest: None,
+        agents: Vec::new(),
+        output_tail: Vec::new(),
+        verdict: Verdict::Ok,
+    };
+    out.verdict = replay_trace(trace, settings, &mut out).unwrap_or_else(|e| error_verdict(&e));
+    out.seconds = started.elapsed().as_secs_f64();
+    out
+}
+
+fn error_verdict(err: &anyhow::Error) -> Verdict {
+    match err.downcast_ref::<Failure>() {
+        Some(f) => Verdict::Error { message: f.message.clone(), hint: f.hint.clone() },
+        None => Verdict::Error { message: format!("{err:#}"), hint: None },
+    }
+}
+
+fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow::Result<Verdict> {
+    let temp = tempfile::Builder::new().prefix("retrace-gate-").tempdir()?;
+    let bytes = trace_bytes(trace, settings)?;
+    out.digest = Some(Digest::of(&bytes));
+    let header = header(&bytes).map_err(|e| usage(format!("{}: {e}", trace.name)))?;
+    out.run_id = Some(header.run.id.clone());
+    out.steps = header.events;
+    if let Some(key) = &settings.key_file {
+        let copy = temp.path().join(retrace_runtime::masking::MASK_KEY_FILE);
+        std::fs::copy(key, &copy)?;
+        std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    }
+    // A throwaway store: nothing in it needs to survive a crash, so nothing waits for fsync.
+    let config = StoreConfig { durability: Durability::Os, ..StoreConfig::in_home(temp.path()) };
+    let store = open_store(&config)?;
+    let options = ImportOptions { file_name: Some(trace.name.clone()), ..ImportOptions::default() };
+    import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
+    import_sources(&*store, trace, &header, settings)?;
+    let source = launcher::source_run(&*store, &header.run.id)?;
+    let (argv, cwd) = launcher::command_for(&source, &settings.command)?;
+    out.command = argv.clone();
+    preflight(&argv, &cwd, &settings.path)?;
+    let log = temp.path().join("program-output.log");
+    let home = temp.path().to_string_lossy().into_owned();
+    let plan = replay::Plan {
+        store: store.clone(),
+        source: source.clone(),
+        argv,
+        cwd,
+        stall_timeout: settings.stall_timeout,
+        strict: false,
+        mask: settings.mask.clone(),
+        store_env: vec![
+            ("RETRACE_HOME".into(), home),
+            ("RETRACE_DURABILITY".into(), "os".into()),
+            ("PATH".into(), settings.path.clone()),
+        ],
+        remove_env: ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_TOKEN"]
+            .map(String::from)
+            .to_vec(),
+        output: Some(log.clone()),
+    };
+    let result = replay::execute(plan, |_, _| {});
+    out.output_tail = tail(&log, 8);
+    let replayed = result?;
+    out.program_seconds = replayed.program_seconds;
+    let divergence = replayed.outcome.divergence.map(|d| {
+        serde_json::from_value::<Divergence>(d.clone())
+            .unwrap_or_else(|_| Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string()))
+    });
+    let facts = read_run(&*store, &source.id, divergence.as_ref().and_then(|d| d.seq))?;
+    out.agents = facts.agents.into_iter().collect();
+    Ok(match divergence {
+        None => Verdict::Ok,
+        Some(d) => {
+            let hints =
+                facts.at.map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env)).unwrap_or_default();
+            Verdict::Diverged { divergence: Box::new(d), hints }
+        }
+    })
+}
+
+/// The trace's bytes: the file, or the run exported from the real store.
+pub(super) fn trace_bytes(trace: &Trace, settings: &Settings) -> anyhow::Result<Vec<u8>> {
+    match &trace.origin {
+        Origin::File(path) => {
+            std::fs::read(path).map_err(|e| usage(format!("cannot read {}: {e}", path.display())))
+        }
+        Origin::Run(id) => {
+            let store =
+                settings.real.as_ref().ok_or_else(|| usage(format!("{id}: the store is not open")))?;
+            let mut bytes = Vec::new();
+            export_run(&**store, id, &mut bytes, &mut |_| {}).map_err(|e| crate::output::failure(2, &e))?;
+            Ok(bytes)
+        }
+    }
+}
+
+/// Imports the run a fork (or a replay) re-executes, and its own source, and so on: from the
+/// trace files found beside it, or from the real store for a run id.
+fn import_sources(
+    store: &dyn Store,
+    trace: &Trace,
+    of: &ExportHeader,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let mut next = of.run.source_run.clone();
+    while let Some(id) = next.take() {
+        if store.run(&id).is_ok() {
+            break;
+        }
+        let origin = match (&trace.origin, settings.runs.get(&id)) {
+            (_, Some(found)) => found.clone(),
+            (Origin::Run(_), None) => Origin::Run(id.clone()),
+            (Origin::File(_), None) => {
+                return Err(usage_hint(
+                    format!(
+                        "{} is a {} of run {id}, whose trace is not among the traces gated",
+                        trace.name, of.run.mode
+                    ),
+                    format!("export it beside this one (`retrace export {id} -o FILE`) and gate both"),
+                ))
+            }
+        };
+        let source = Trace { name: format!("the source run {id}"), origin };
+        let bytes = trace_bytes(&source, settings)?;
+        let options = ImportOptions { file_name: Some(source.name.clone()), ..ImportOptions::default() };
+        import_reader(store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
+        next = header(&bytes)?.run.source_run;
+    }
+    Ok(())
+}
+
+fn header(bytes: &[u8]) -> anyhow::Result<ExportHeader> {
+    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    let value: serde_json::Value =
+        serde_json::from_slice(first).map_err(|e| anyhow::anyhow!("line 1 is not JSON: {e}"))?;
+    let format = value.get("format").and_then(|f| f.as_str()).unwrap_or("");
+    retrace_core::export::check_format(format)?;
+    Ok(serde_json::from_value(value)?)
+}
+
+/// Refuses a program that can't be started, before anything runs: a missing executable, a
+/// missing working directory, or an interpreter's missing script (exit 2, with the command).
+fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
+    let shown = || format!("`{}` (in {})", argv.join(" "), cwd.display());
+    let fix = "check the command, or pass another one after `--`";
+    if !cwd.is_dir() {
+        return Err(usage_hint(format!("the working directory of {} does not exist", shown()), fix));
+    }
+    let Some(program) = argv.first() else {
+        return Err(usage_hint("no command to run", "put the program after `--`"));
+    };
+    let found = match program.contains('/') {
+        true => cwd.join(program).is_file(),
+        false => std::env::split_paths(path).any(|dir| dir.join(program).is_file()),
+    };
+    if !found {
+        return Err(usage_hint(format!("program not found: {}", shown()), fix));
+    }
+    let name = Path::new(program).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let interpreter = ["python", "node", "bash", "sh", "ruby", "perl", "deno", "bun"].iter().any(|i| {
+        name == *i || name.strip_prefix(i).is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+    });
+    let script = argv[1..].iter().find(|a| !a.starts_with('-'));
+    let scripty =
+        |a: &str| [".py", ".js", ".mjs", ".ts", ".sh", ".rb", ".pl"].iter().any(|ext| a.ends_with(ext));
+    if let Some(script) = script.filter(|s| interpreter && scripty(s)) {
+        if !cwd.join(script).is_file() {
+            return Err(usage_hint(format!("script not found: {script} for {}", shown()), fix));
+        }
+    }
+    Ok(())
+}
+
+/// The last `n` lines of the program's output.
+fn tail(path: &Path, n: usize) -> Vec<String> {
+    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| l.to_string()).collect()
+}
+
+/// What the gate reads of the recorded run: its agents, the event a divergence is at, and the
+/// outputs its steps produced (for the hygiene report; only when there is a divergence).
+struct RunFacts {
+    agents: BTreeSet<String>,
+    at: Option<retrace_core::Event>,
+    outputs: Vec<Digest>,
+}
+
+/// Outputs read for the hygiene report, at most.
+const MAX_OUTPUTS: usize = 2_000;
+
+fn read_run(store: &dyn Store, run: &str, diverged_at: Option<u64>) -> anyhow::Result<RunFacts> {
+    let mut facts = RunFacts { agents: BTreeSet::new(), at: None, outputs: Vec::new() };
+    let mut pages = RunEvents::new(store, run)?;
+    while let Some(page) = pages.next_page()? {
+        for event in page {
+            if !facts.agents.contains(&event.agent_id) {
+                facts.agents.insert(event.agent_id.clone());
+            }
+            let Some(at) = diverged_at else { continue };
+            if let Some(output) = event.output_ref.filter(|_| facts.outputs.len() < MAX_OUTPUTS) {
+                facts.outputs.push(output);
+            }
+            if event.seq == at {
+                facts.at = Some(event);
+            }
+        }
+    }
+    Ok(facts)
+}
+
+/// The hygiene hints for a step that didn't match: both requests compared whole.
+fn hints(
+    store: &dyn Store,
+    d: &Divergence,
+    at: &retrace_core::Event,
+    outputs: &[Digest],
+    env: &[(String, String)],
+) -> Vec<Hint> {
+    let json = |digest: Option<Digest>| -> Option<serde_json::Value> {
+        serde_json::from_slice(&store.get_blob(&digest?).ok()?).ok()
+    };
+    let (Some(expected), Some(got)) = (json(at.request_ref), json(d.got_request)) else {
+        return Vec::new();
+    };
+    let texts: Vec<String> = store
+        .get_blobs(outputs)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|b| b.len() <= 1 << 20)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .collect();
+    hygiene::diagnose(&Evidence {
+        model_call: at.kind == EventType::ModelCall,
+        expected: &expected,
+        got: &got,
+        snapshot_pinned: at.model.as_ref().map(|m| m.snapshot.is_some()),
+        env,
+        recorded_outputs: &texts,
+    })
+}

@@ -1,0 +1,378 @@
+//! `retrace gate` through the real binary: programs recorded with `retrace record` against
+//! `retrace simulate` (real processes, real SQLite stores, loopback HTTP), exported, then gated
+//! with the simulator stopped and the environment scrubbed of keys.
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_retrace");
+
+/// A program that asks the model twice over plain HTTP: no SDK, no `openai` package.
+/// `--variant X` asks differently; `--clock` puts the wall clock in the first prompt.
+const ASKER: &str = r#"
+import argparse, datetime, json, os, urllib.request
+p = argparse.ArgumentParser()
+p.add_argument("--variant", default="")
+p.add_argument("--clock", action="store_true")
+a = p.parse_args()
+
+def ask(text):
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}]}).encode()
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+                                 headers={"content-type": "application/json",
+                                          "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)["choices"][0]["message"]["content"]
+
+first = "Plan the migration of users.name" + (f" ({a.variant})" if a.variant else "")
+if a.clock:
+    first += " as of " + datetime.datetime.now().isoformat(timespec="microseconds")
+print("plan:", ask(first))
+print("review:", ask("Review the plan"))
+"#;
+
+/// A folder with the program, a recording store, a gating store and the exported traces.
+struct Bench {
+    dir: tempfile::TempDir,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let bench = Bench { dir: tempfile::tempdir().unwrap() };
+        std::fs::write(bench.path("asker.py"), ASKER).unwrap();
+        std::fs::create_dir(bench.path("traces")).unwrap();
+        bench
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `retrace ARGS` from the bench folder, with only PATH and HOME of the outer environment
+    /// (no API key, no proxy, no Retrace variable) plus `env`.
+    fn retrace(&self, args: &[&str], env: &[(&str, &str)]) -> Ran {
+        let mut command = Command::new(BIN);
+        command.args(args).current_dir(self.dir.path()).env_clear().stdin(Stdio::null());
+        for var in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(var) {
+                command.env(var, v);
+            }
+        }
+        command.env("RETRACE_HOME", self.path("gate-home"));
+        command.envs(env.iter().copied());
+        Ran(command.output().unwrap())
+    }
+
+    /// Records `python3 asker.py ARGS` against `sim` and exports it as `traces/NAME.jsonl`.
+    fn record(&self, sim: &Simulator, name: &str, args: &[&str]) -> String {
+        let home = self.path("record-home");
+        let home = home.to_str().unwrap();
+        let mut argv = vec!["record", "--upstream-openai", &sim.url, "--", "python3", "asker.py"];
+        argv.extend(args);
+        let ran =
+            self.retrace(&argv, &[("RETRACE_HOME", home), ("OPENAI_API_KEY", "sk-test-gate-never-stored")]);
+        ran.expect(0, &["plan:"], &[]);
+        let run = ran.stdout().lines().last().unwrap().to_owned();
+        let file = self.path(&format!("traces/{name}.jsonl"));
+        self.retrace(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]).expect(
+            0,
+            &[],
+            &[],
+        );
+        run
+    }
+}
+
+/// `retrace simulate` on a free loopback port, stopped on drop.
+struct Simulator {
+    child: Child,
+    url: String,
+}
+
+impl Simulator {
+    fn start() -> Simulator {
+        let mut child = Command::new(BIN)
+            .args(["simulate", "--addr", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        Simulator { child, url: format!("{}/v1", line.trim()) }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Ran(Output);
+
+impl Ran {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.0.stderr).into_owned()
+    }
+    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
+    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
+        let context = format!(
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.0.status.code(),
+            self.stdout(),
+            self.stderr()
+        );
+        assert_eq!(self.0.status.code(), Some(code), "{context}");
+        for needle in out {
+            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
+        }
+        for needle in err {
+            assert!(self.stderr().contains(needle), "stderr lacks {needle:?}\n{context}");
+        }
+        assert!(!self.stderr().contains("panicked"), "{context}");
+        self
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn good_traces_pass_with_no_api_key_and_no_upstream() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    let run = bench.record(&sim, "asker", &[]);
+    // A Rust program on the runtime's Session::from_env (its recorded command is `retrace demo
+    // run single ...`: the gate puts its own folder first on PATH).
+    let home = bench.path("record-home");
+    let home = home.to_str().unwrap();
+    bench.retrace(&["demo", "single", "--runs", "1", "--replays", "0"], &[("RETRACE_HOME", home)]).expect(
+        0,
+        &[],
+        &[],
+    );
+    let runs = bench.retrace(&["runs", "--json"], &[("RETRACE_HOME", home)]);
+    let runs: serde_json::Value = serde_json::from_str(&runs.stdout()).unwrap();
+    let single = runs.as_array().unwrap().iter().find(|r| r["id"] != run.as_str()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let single_file = bench.path("traces/sub/single.jsonl");
+    std::fs::create_dir(single_file.parent().unwrap()).unwrap();
+    bench
+        .retrace(&["export", &single, "-o", single_file.to_str().unwrap()], &[("RETRACE_HOME", home)])
+        .expect(0, &[], &[]);
+    std::fs::write(bench.path("traces/notes.jsonl"), "{\"not\": \"a trace\"}\n").unwrap();
+    drop(sim);
+
+    let junit = bench.path("gate.xml");
+    bench.retrace(&["gate", "traces", "--jobs", "2", "--junit", junit.to_str().unwrap()], &[]).expect(
+        0,
+        &[
+            "ok        traces/asker.jsonl (2 steps",
+            "ok        traces/sub/single.jsonl (",
+            "gate: 2 traces, 2 ok, 0 diverged, 0 errors",
+        ],
+        &[],
+    );
+    let xml = read(&junit);
+    assert!(xml.contains("tests=\"2\" failures=\"0\" errors=\"0\"") && !xml.contains("<failure"), "{xml}");
+
+    let json = bench.retrace(&["gate", "traces/asker.jsonl", "--json"], &[]);
+    json.expect(0, &[], &["ok        traces/asker.jsonl"]);
+    let json: serde_json::Value = serde_json::from_str(&json.stdout()).unwrap();
+    assert_eq!(json["summary"]["ok"], 1);
+    assert_eq!(json["traces"][0]["status"], "ok");
+    assert_eq!(json["traces"][0]["run"], run.as_str());
+
+    // A run id of the real store: exported into a temporary store, replayed there.
+    bench.retrace(&["gate", &run[..10]], &[("RETRACE_HOME", home)]).expect(
+        0,
+        &[&format!("ok        {run}")],
+        &[],
+    );
+    // The gate stored nothing in the real store: its replays ran in temporary ones.
+    let after = bench.retrace(&["runs", "--json"], &[("RETRACE_HOME", home)]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&after.stdout()).unwrap().as_array().unwrap().len(),
+        2
+    );
+}
+
+#[test]
+fn a_changed_program_fails_at_its_first_divergent_step() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    let junit = bench.path("gate.xml");
+    bench
+        .retrace(
+            &[
+                "gate",
+                "traces",
+                "--junit",
+                junit.to_str().unwrap(),
+                "--",
+                "python3",
+                "asker.py",
+                "--variant",
+                "terse",
+            ],
+            &[],
+        )
+        .expect(
+            1,
+            &[
+                "DIVERGED  traces/asker.jsonl at seq 1: agent default, expected sha256:",
+                "first differing path $.messages[0].content",
+                "replayed $.messages[0].content = \"Plan the migration of users.name (terse)\"",
+                "gate: 1 traces, 0 ok, 1 diverged, 0 errors",
+            ],
+            &["1 of 1 traces diverged"],
+        );
+    let xml = read(&junit);
+    assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
+    assert!(xml.contains("<failure type=\"divergence\" message=\"at seq 1: agent default"), "{xml}");
+}
+
+#[test]
+fn a_wall_clock_read_without_the_sdk_is_named_in_a_hint() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "clock", &["--clock"]);
+    drop(sim);
+    let ran = bench.retrace(&["gate", "traces/clock.jsonl"], &[]);
+    ran.expect(
+        1,
+        &[
+            "DIVERGED  traces/clock.jsonl at seq 1",
+            "hint: seq 1, agent default, model_call openai/v1/chat/completions: probably a clock read without the SDK",
+            "agent.now()",
+        ],
+        &[],
+    );
+    let json = bench.retrace(&["gate", "traces/clock.jsonl", "--json"], &[]);
+    let json: serde_json::Value = serde_json::from_str(&json.stdout()).unwrap();
+    assert_eq!(json["traces"][0]["hints"][0]["kind"], "clock", "{json:#}");
+}
+
+#[test]
+fn a_program_that_cannot_start_is_an_input_error() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    bench.retrace(&["gate", "traces", "--", "python3", "gone.py"], &[]).expect(
+        2,
+        &["ERROR     traces/asker.jsonl: script not found: gone.py for `python3 gone.py`"],
+        &["1 of 1 traces could not be replayed"],
+    );
+    bench.retrace(&["gate", "traces", "--", "/no/such/agent", "--run"], &[]).expect(
+        2,
+        &["program not found: `/no/such/agent --run`"],
+        &[],
+    );
+    std::fs::write(bench.path("notes.jsonl"), "hello\n").unwrap();
+    bench.retrace(&["gate", "notes.jsonl"], &[]).expect(2, &[], &["notes.jsonl is not a trace file"]);
+    bench.retrace(&["gate", "nothing-here"], &[]).expect(
+        2,
+        &[],
+        &["nothing-here: no such file, folder or run"],
+    );
+}
+
+#[test]
+fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    let changed = ["--", "python3", "asker.py", "--variant", "terse"];
+    let mut argv = vec!["gate", "traces", "--accept"];
+    argv.extend(changed);
+    bench.retrace(&argv, &[("CI", "true")]).expect(
+        2,
+        &[],
+        &["refusing to run --accept under CI=true", "--force"],
+    );
+    assert!(!bench.path("traces/asker.accepted.jsonl").exists());
+
+    // Without an API key the re-recorded program fails: nothing is written.
+    bench.retrace(&argv, &[]).expect(1, &["not accepted traces/asker.jsonl", "exited with status 1"], &[]);
+    assert!(!bench.path("traces/asker.accepted.jsonl").exists());
+    let key = [("OPENAI_API_KEY", "sk-test-gate-never-stored")];
+    bench.retrace(&argv, &key).expect(
+        1,
+        &[
+            "DIVERGED  traces/asker.jsonl at seq 1",
+            "accepted traces/asker.jsonl -> traces/asker.accepted.jsonl",
+            "steps: ",
+            "changed (",
+        ],
+        &["re-recording traces/asker.jsonl against live services"],
+    );
+    let old = read(&bench.path("traces/asker.jsonl"));
+    assert!(read(&bench.path("traces/asker.accepted.jsonl")).contains("users.name (terse)"));
+    // Never over an existing file.
+    bench.retrace(&argv, &key).expect(1, &["not accepted traces/asker.jsonl", "already exists"], &[]);
+    assert_eq!(read(&bench.path("traces/asker.jsonl")), old, "the old trace is untouched");
+    drop(sim);
+
+    // The accepted trace passes against the changed program, with the upstream gone; --force
+    // lets --accept run under CI (nothing diverges here, so nothing is re-recorded).
+    let mut argv = vec!["gate", "traces/asker.accepted.jsonl", "--accept", "--force"];
+    argv.extend(changed);
+    bench.retrace(&argv, &[("CI", "true")]).expect(0, &["ok        traces/asker.accepted.jsonl"], &[]);
+}
+
+#[test]
+fn a_trace_holding_tokens_under_another_mask_key_is_an_input_error() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    // The header as a run recorded under another key, holding tokens, would have it.
+    let file = bench.path("traces/asker.jsonl");
+    let text = read(&file);
+    let (first, rest) = text.split_once('\n').unwrap();
+    let mut header: serde_json::Value = serde_json::from_str(first).unwrap();
+    for pointer in ["", "/run"] {
+        let place = header.pointer_mut(pointer).unwrap();
+        place["holds_tokens"] = true.into();
+        place["mask_key_fingerprint"] = "mk_00000000deadbeef".into();
+    }
+    std::fs::write(&file, format!("{header}\n{rest}")).unwrap();
+    bench.retrace(&["gate", "traces"], &[]).expect(
+        2,
+        &[
+            "ERROR     traces/asker.jsonl: run ",
+            "holds masked tokens made under mask key mk_00000000deadbeef",
+        ],
+        &["1 of 1 traces could not be replayed"],
+    );
+}
+
+#[test]
+fn gate_help_teaches_with_examples() {
+    let bench = Bench::new();
+    bench.retrace(&["gate", "--help"], &[]).expect(
+        0,
+        &[
+            "Usage: retrace gate",
+            "Examples:\n  retrace gate tests/traces",
+            "--accept",
+            "CI=true",
+            "Exit codes",
+        ],
+        &[],
+    );
+    bench.retrace(&["gate"], &[]).expect(2, &[], &["PATH"]);
+    bench.retrace(&["gate", "x", "--force"], &[]).expect(2, &[], &["--accept"]);
+}
