@@ -12,134 +12,17 @@
 //! values); header, pattern and JSON-path rules extend [`RuleMatch`].
 use std::borrow::Cow;
 
-use base64::Engine as _;
-use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+pub mod detect;
+mod header;
+mod key;
+mod rules;
+mod token;
 
-use crate::digest::Digest;
-
-/// The token prefix.
-pub const TOKEN_PREFIX: &str = "rtk_";
-/// Number of base32 characters in a token's tail.
-pub const TOKEN_TAIL_LEN: usize = 26;
-
-/// The HMAC key tokens are made with (32 bytes).
-#[derive(Clone)]
-pub struct MaskKey([u8; 32]);
-
-impl std::fmt::Debug for MaskKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MaskKey({})", self.fingerprint())
-    }
-}
-
-/// A mask key that is not 32 bytes of base64.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the mask key must be 32 bytes, base64-encoded: {0}")]
-pub struct BadMaskKey(String);
-
-impl MaskKey {
-    /// A key from its 32 raw bytes.
-    pub fn from_bytes(bytes: [u8; 32]) -> MaskKey {
-        MaskKey(bytes)
-    }
-
-    /// A key from its base64 text (the form of `RETRACE_MASK_KEY` and `mask.key`).
-    pub fn from_base64(text: &str) -> Result<MaskKey, BadMaskKey> {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(text.trim())
-            .map_err(|e| BadMaskKey(e.to_string()))?;
-        let arr: [u8; 32] =
-            bytes.try_into().map_err(|b: Vec<u8>| BadMaskKey(format!("got {} bytes", b.len())))?;
-        Ok(MaskKey(arr))
-    }
-
-    /// The base64 text form.
-    pub fn to_base64(&self) -> String {
-        base64::engine::general_purpose::STANDARD.encode(self.0)
-    }
-
-    /// A public fingerprint that names the key without revealing it: `mk_<16 hex>`.
-    pub fn fingerprint(&self) -> String {
-        let mac = self.mac(b"retrace/mask-key-fingerprint");
-        format!("mk_{}", &hex::encode(mac)[..16])
-    }
-
-    fn mac(&self, message: &[u8]) -> [u8; 32] {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("hmac takes any key length");
-        mac.update(message);
-        mac.finalize().into_bytes().into()
-    }
-
-    /// The token for `secret` of `kind` (`[a-z0-9]+`).
-    pub fn token(&self, kind: &str, secret: &str) -> String {
-        let mut message = Vec::with_capacity(kind.len() + 1 + secret.len());
-        message.extend_from_slice(kind.as_bytes());
-        message.push(0);
-        message.extend_from_slice(secret.as_bytes());
-        let mac = self.mac(&message);
-        let tail = data_encoding::BASE32_NOPAD.encode(&mac[..17]).to_ascii_lowercase();
-        format!("{TOKEN_PREFIX}{kind}_{}", &tail[..TOKEN_TAIL_LEN])
-    }
-}
-
-/// What a rule matches.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "match", rename_all = "snake_case")]
-pub enum RuleMatch {
-    /// An exact secret value, wherever it occurs inside a string.
-    Literal {
-        /// The value to mask.
-        value: String,
-    },
-}
-
-/// What replay hands the program where a secret was (SPEC §7).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplayAs {
-    /// The token.
-    #[default]
-    Token,
-    /// The original, from the vault.
-    Original,
-}
-
-/// One masking rule.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MaskRule {
-    /// The rule's name, for reports.
-    pub name: String,
-    /// The token kind it produces (`[a-z0-9]+`).
-    pub kind: String,
-    /// What it matches.
-    #[serde(flatten)]
-    pub matcher: RuleMatch,
-    /// What replay hands the program.
-    #[serde(default)]
-    pub replay: ReplayAs,
-}
-
-/// A run's masking rule set, recorded with the run and in its export header.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MaskRules {
-    /// The rules, applied in order.
-    pub rules: Vec<MaskRule>,
-}
-
-impl MaskRules {
-    /// True when no rule is set.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
-    }
-
-    /// Digest of the canonical rule set.
-    pub fn digest(&self) -> Digest {
-        let value = serde_json::to_value(self).expect("rules serialize");
-        Digest::of(&crate::canonical::canonical_value(&value).expect("rules are canonical JSON"))
-    }
-}
+pub use detect::Detector;
+pub use key::{BadMaskKey, MaskKey};
+pub use rules::{MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
+use token::token_spans;
+pub use token::{contains_token, token_len_at, TOKEN_PREFIX, TOKEN_TAIL_LEN};
 
 /// The masking stage could not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -274,7 +157,9 @@ impl Masker {
         let mut found: Vec<Found> = Vec::new();
         let mut protected: Option<Vec<std::ops::Range<usize>>> = None;
         for rule in &self.rules.rules {
-            let RuleMatch::Literal { value } = &rule.matcher;
+            let RuleMatch::Literal { value } = &rule.matcher else {
+                continue;
+            };
             if value.is_empty() || !text.contains(value.as_str()) {
                 continue;
             }
@@ -302,41 +187,6 @@ pub struct Found {
     pub token: String,
     /// The name of the rule that found it.
     pub rule: String,
-}
-
-/// The byte ranges of every token inside `text`.
-fn token_spans(text: &str) -> Vec<std::ops::Range<usize>> {
-    text.match_indices(TOKEN_PREFIX)
-        .filter_map(|(pos, _)| token_len_at(&text[pos..]).map(|len| pos..pos + len))
-        .collect()
-}
-
-/// If `s` starts with a token, its length.
-pub fn token_len_at(s: &str) -> Option<usize> {
-    let rest = s.strip_prefix(TOKEN_PREFIX)?;
-    let kind_len = rest.bytes().take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit()).count();
-    if kind_len == 0 || rest.as_bytes().get(kind_len) != Some(&b'_') {
-        return None;
-    }
-    let tail = &rest.as_bytes()[kind_len + 1..];
-    let tail_len = tail.iter().take_while(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(b)).count();
-    (tail_len == TOKEN_TAIL_LEN).then_some(TOKEN_PREFIX.len() + kind_len + 1 + TOKEN_TAIL_LEN)
-}
-
-/// True when `bytes` hold at least one token.
-pub fn contains_token(bytes: &[u8]) -> bool {
-    let prefix = TOKEN_PREFIX.as_bytes();
-    bytes.windows(prefix.len()).enumerate().any(|(at, w)| {
-        w == prefix && {
-            let end = (at + 80).min(bytes.len());
-            let window = &bytes[at..end];
-            let valid = match std::str::from_utf8(window) {
-                Ok(s) => s,
-                Err(e) => std::str::from_utf8(&window[..e.valid_up_to()]).unwrap_or(""),
-            };
-            token_len_at(valid).is_some()
-        }
-    })
 }
 
 /// The byte spans (quotes included) of every JSON string token in `raw`, keys and values alike.
@@ -428,12 +278,5 @@ mod tests {
         let raw = format!(r#"{{"k":"{token}"}}"#);
         let m = masker(tail).mask_json(raw.as_bytes());
         assert_eq!(m.tokens, 0);
-    }
-
-    #[test]
-    fn key_text_form_round_trips() {
-        let k = key();
-        assert_eq!(MaskKey::from_base64(&k.to_base64()).unwrap().fingerprint(), k.fingerprint());
-        assert!(MaskKey::from_base64("c2hvcnQ=").is_err());
     }
 }
