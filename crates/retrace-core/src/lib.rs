@@ -33,6 +33,7 @@ pub mod json_diff;
 pub mod key;
 pub mod lamport;
 pub mod mask;
+pub mod mask_stream;
 pub mod prices;
 pub mod run;
 

@@ -1,0 +1,230 @@
+//! Masking a recorded server-sent event stream, chunk by chunk, without losing its shape.
+//!
+//! A secret in a model's streamed output rarely sits in one chunk: the model emits it as
+//! several deltas, and the network may cut anywhere, even inside an escape sequence. So the
+//! chunks are reassembled, the stream is read as SSE events, and each event's `data:` JSON is
+//! read for its delta strings ([`parts`]). The deltas of one output part (a choice's content,
+//! a tool call's arguments, an Anthropic content block, ...) are decoded and concatenated, and
+//! [`Masker::find`] runs on that text. A secret's token goes into the delta where the secret
+//! starts; later deltas lose the secret's remaining characters. Every other JSON string of an
+//! event (full texts in `response.completed` or `message_start`, tool names, ...) is masked on
+//! its own as [`Masker::mask_json`] would, and so is every string of a line that is not JSON
+//! data (an unparseable or truncated event, a comment).
+//!
+//! Each rewritten string is spliced into the stream bytes at its own span; every other byte
+//! stays as received. The new stream is cut back into as many chunks as came in: a boundary
+//! outside rewritten strings stays where it was, one that fell inside a rewritten string moves
+//! to that string's nearer end, so a token is never split across chunks.
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ops::Range;
+
+use crate::mask::Masker;
+
+mod parts;
+mod sse;
+
+/// A masked stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaskedStream<'a> {
+    /// The chunks, as many as came in; unchanged ones are borrowed.
+    pub chunks: Vec<Cow<'a, [u8]>>,
+    /// How many secrets were replaced by tokens.
+    pub tokens: usize,
+}
+
+/// A string to write over `range` of the reassembled stream.
+struct Splice {
+    range: Range<usize>,
+    bytes: Vec<u8>,
+}
+
+/// A delta's place in the stream and in its part's text.
+struct PartDelta {
+    span: Range<usize>,
+    text: String,
+}
+
+impl Masker {
+    /// Masks an SSE stream given as the chunks it arrived in (boundaries anywhere, even inside
+    /// a line, a string or a UTF-8 character). Returns as many chunks as it was given.
+    pub fn mask_stream<'a, C: AsRef<[u8]>>(&self, chunks: &'a [C]) -> MaskedStream<'a> {
+        let borrowed = || chunks.iter().map(|c| Cow::Borrowed(c.as_ref())).collect();
+        if self.rules().is_empty() {
+            return MaskedStream { chunks: borrowed(), tokens: 0 };
+        }
+        let stream: Vec<u8> = chunks.iter().flat_map(|c| c.as_ref().iter().copied()).collect();
+        let (mut splices, tokens) = self.stream_splices(&stream);
+        if tokens == 0 {
+            return MaskedStream { chunks: borrowed(), tokens: 0 };
+        }
+        splices.sort_by_key(|s| s.range.start);
+        let mut last_end = 0;
+        splices.retain(|s| {
+            let keep = s.range.start >= last_end;
+            last_end = last_end.max(s.range.end);
+            keep
+        });
+        let cuts = recut(chunks.iter().map(|c| c.as_ref().len()), &splices);
+        let new_stream = apply(&stream, &splices);
+        let mut out = Vec::with_capacity(chunks.len());
+        let mut from = 0;
+        for (chunk, to) in chunks.iter().zip(cuts) {
+            let piece = &new_stream[from..to];
+            out.push(if piece == chunk.as_ref() {
+                Cow::Borrowed(chunk.as_ref())
+            } else {
+                Cow::Owned(piece.to_vec())
+            });
+            from = to;
+        }
+        MaskedStream { chunks: out, tokens }
+    }
+
+    /// The strings to rewrite in `stream`, and how many tokens they hold.
+    fn stream_splices(&self, stream: &[u8]) -> (Vec<Splice>, usize) {
+        let mut splices = Vec::new();
+        let mut tokens = 0;
+        let mut parts: HashMap<parts::PartKey, Vec<PartDelta>> = HashMap::new();
+        let mut order: Vec<parts::PartKey> = Vec::new();
+        for event in sse::events(stream) {
+            for line in &event.other {
+                tokens +=
+                    self.mask_strings(&stream[line.clone()], &[], &|r| shift(r, line.start), &mut splices);
+            }
+            if event.data.is_empty() {
+                continue;
+            }
+            let data = event.data(stream);
+            if serde_json::from_slice::<serde::de::IgnoredAny>(&data.bytes).is_err() {
+                for line in &event.data {
+                    tokens += self.mask_strings(
+                        &stream[line.clone()],
+                        &[],
+                        &|r| shift(r, line.start),
+                        &mut splices,
+                    );
+                }
+                continue;
+            }
+            let deltas = parts::deltas(&data.bytes);
+            let skip: Vec<Range<usize>> = deltas.iter().map(|d| d.span.clone()).collect();
+            tokens += self.mask_strings(&data.bytes, &skip, &|r| data.to_stream(r), &mut splices);
+            for d in deltas {
+                let delta = PartDelta { span: data.to_stream(&d.span), text: d.text };
+                match parts.get_mut(&d.part) {
+                    Some(list) => list.push(delta),
+                    None => {
+                        order.push(d.part.clone());
+                        parts.insert(d.part, vec![delta]);
+                    }
+                }
+            }
+        }
+        for key in order {
+            if let Some(deltas) = parts.get(&key) {
+                tokens += self.mask_part(deltas, &mut splices);
+            }
+        }
+        (splices, tokens)
+    }
+
+    /// Masks each JSON string of `bytes` (but those in `skip`) as `mask_json` would; `place`
+    /// maps a span of `bytes` to the stream.
+    fn mask_strings(
+        &self,
+        bytes: &[u8],
+        skip: &[Range<usize>],
+        place: &dyn Fn(&Range<usize>) -> Range<usize>,
+        splices: &mut Vec<Splice>,
+    ) -> usize {
+        let mut tokens = 0;
+        for span in sse::string_spans(bytes) {
+            if skip.iter().any(|s| s.start < span.end && span.start < s.end) {
+                continue;
+            }
+            let masked = self.mask_json(&bytes[span.clone()]);
+            if masked.tokens > 0 {
+                tokens += masked.tokens;
+                splices.push(Splice { range: place(&span), bytes: masked.bytes.into_owned() });
+            }
+        }
+        tokens
+    }
+
+    /// Masks one part's text and rewrites the deltas its secrets touch.
+    fn mask_part(&self, deltas: &[PartDelta], splices: &mut Vec<Splice>) -> usize {
+        let text: String = deltas.iter().map(|d| d.text.as_str()).collect();
+        let found = self.find(&text);
+        if found.is_empty() {
+            return 0;
+        }
+        let mut start = 0;
+        for delta in deltas {
+            let range = start..start + delta.text.len();
+            start = range.end;
+            let touching = found.iter().filter(|f| f.range.start < range.end && range.start < f.range.end);
+            let mut new_text = String::with_capacity(delta.text.len());
+            let mut pos = range.start;
+            let mut changed = false;
+            for f in touching {
+                changed = true;
+                if f.range.start >= range.start {
+                    new_text.push_str(&text[pos..f.range.start]);
+                    new_text.push_str(&f.token);
+                }
+                pos = f.range.end.min(range.end);
+            }
+            if changed {
+                new_text.push_str(&text[pos..range.end]);
+                let bytes = serde_json::to_vec(&new_text).expect("a string serializes");
+                splices.push(Splice { range: delta.span.clone(), bytes });
+            }
+        }
+        found.len()
+    }
+}
+
+fn shift(r: &Range<usize>, by: usize) -> Range<usize> {
+    r.start + by..r.end + by
+}
+
+/// The stream with `splices` (sorted, disjoint) written over it.
+fn apply(stream: &[u8], splices: &[Splice]) -> Vec<u8> {
+    let grow: usize = splices.iter().map(|s| s.bytes.len()).sum();
+    let mut out = Vec::with_capacity(stream.len() + grow);
+    let mut copied = 0;
+    for s in splices {
+        out.extend_from_slice(&stream[copied..s.range.start]);
+        out.extend_from_slice(&s.bytes);
+        copied = s.range.end;
+    }
+    out.extend_from_slice(&stream[copied..]);
+    out
+}
+
+/// Where each chunk ends in the spliced stream, given the old chunks' lengths. A boundary
+/// inside a splice moves to its nearer end (ties: the start).
+fn recut(lengths: impl Iterator<Item = usize>, splices: &[Splice]) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut old = 0;
+    let mut next = 0; // the first splice not wholly before `old`
+    let mut growth: isize = 0; // size change of the splices wholly before `old`
+    for len in lengths {
+        old += len;
+        while let Some(s) = splices.get(next).filter(|s| s.range.end <= old) {
+            growth += s.bytes.len() as isize - s.range.len() as isize;
+            next += 1;
+        }
+        let new = match splices.get(next).filter(|s| s.range.start < old) {
+            Some(s) if old - s.range.start <= s.range.end - old => s.range.start as isize + growth,
+            Some(s) => s.range.start as isize + growth + s.bytes.len() as isize,
+            None => old as isize + growth,
+        };
+        cuts.push(new as usize);
+    }
+    cuts
+}
+
+#[cfg(test)]
+mod tests;
