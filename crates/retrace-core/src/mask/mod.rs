@@ -8,21 +8,43 @@
 //! so every byte outside masked strings stays as received. Masking never matches inside a token,
 //! so masking twice equals masking once.
 //!
-//! The rule set is recorded with each run. Today's matcher kind is `literal` (known secret
-//! values); header, pattern and JSON-path rules extend [`RuleMatch`].
+//! The rule set is recorded with each run. Rules ([`RuleMatch`]) are `literal` (known secret
+//! values), `pattern` (a built-in [`Detector`]), `regex`, `header` ([`Masker::mask_header`]) and
+//! `json_path` ([`jsonpath`]); [`MaskRules::defaults`] is the recommended set and
+//! [`config::parse_toml`] reads the `[mask]` table of `retrace.toml`.
+//!
+//! ```
+//! use retrace_core::mask::{MaskKey, MaskRules, Masker};
+//!
+//! let masker = Masker::new(MaskRules::defaults(), Some(MaskKey::from_bytes([7; 32])))?;
+//! let masked = masker.mask_json(br#"{"to": "ada@example.com", "n": 1}"#);
+//! assert_eq!(masked.tokens, 1);
+//! assert!(std::str::from_utf8(&masked.bytes)?.starts_with(r#"{"to": "rtk_email_"#));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 use std::borrow::Cow;
 
+pub mod config;
 pub mod detect;
+mod detect_keys;
+mod detect_pii;
+mod engine;
 mod header;
+mod json;
+pub mod jsonpath;
 mod key;
 mod rules;
+mod scan;
 mod token;
+mod unescape;
 
+pub use config::MaskConfigError;
 pub use detect::Detector;
 pub use key::{BadMaskKey, MaskKey};
 pub use rules::{MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
-use token::token_spans;
 pub use token::{contains_token, token_len_at, TOKEN_PREFIX, TOKEN_TAIL_LEN};
+
+use engine::{Candidate, Engine};
 
 /// The masking stage could not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +55,28 @@ pub enum MaskError {
     /// A rule's kind is not `[a-z0-9]+`.
     #[error("masking rule {0:?}: kind must be lower-case letters and digits")]
     BadKind(String),
+    /// A `regex` rule's expression does not compile.
+    #[error("masking rule {rule:?}: bad regex: {error}")]
+    BadRegex {
+        /// The rule's name.
+        rule: String,
+        /// What the regex compiler said.
+        error: String,
+    },
+    /// A `json_path` rule's path does not parse.
+    #[error("masking rule {rule:?}: {error}")]
+    BadPath {
+        /// The rule's name.
+        rule: String,
+        /// What is wrong with the path.
+        error: String,
+    },
+    /// A `literal` rule with an empty value would match everywhere.
+    #[error("masking rule {0:?}: the literal value is empty")]
+    EmptyLiteral(String),
+    /// The literal values could not be compiled into one automaton.
+    #[error("masking literals: {0}")]
+    BadLiteral(String),
 }
 
 /// The output of the masking stage.
@@ -49,133 +93,7 @@ pub struct Masked<'a> {
 pub struct Masker {
     rules: MaskRules,
     key: Option<MaskKey>,
-}
-
-impl Masker {
-    /// A stage that masks nothing.
-    pub fn empty() -> Masker {
-        Masker::default()
-    }
-
-    /// A stage with `rules`, making tokens under `key`.
-    pub fn new(rules: MaskRules, key: Option<MaskKey>) -> Result<Masker, MaskError> {
-        for rule in &rules.rules {
-            if rule.kind.is_empty()
-                || !rule.kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            {
-                return Err(MaskError::BadKind(rule.name.clone()));
-            }
-        }
-        if !rules.is_empty() && key.is_none() {
-            return Err(MaskError::NoKey);
-        }
-        Ok(Masker { rules, key })
-    }
-
-    /// The rule set.
-    pub fn rules(&self) -> &MaskRules {
-        &self.rules
-    }
-
-    /// The key's fingerprint, if a key is set.
-    pub fn key_fingerprint(&self) -> Option<String> {
-        self.key.as_ref().map(MaskKey::fingerprint)
-    }
-
-    /// Masks every string (keys and values) of a JSON document, splicing tokens into the raw bytes.
-    /// Bytes that are not a JSON document are masked as text.
-    pub fn mask_json<'a>(&self, raw: &'a [u8]) -> Masked<'a> {
-        if self.rules.is_empty() {
-            return Masked { bytes: Cow::Borrowed(raw), tokens: 0 };
-        }
-        let mut out: Option<Vec<u8>> = None;
-        let mut copied = 0;
-        let mut tokens = 0;
-        for span in string_spans(raw) {
-            let inner = &raw[span.start + 1..span.end - 1];
-            let decoded: Cow<'_, str> = if inner.contains(&b'\\') {
-                match serde_json::from_slice::<String>(&raw[span.clone()]) {
-                    Ok(s) => Cow::Owned(s),
-                    Err(_) => continue,
-                }
-            } else {
-                match std::str::from_utf8(inner) {
-                    Ok(s) => Cow::Borrowed(s),
-                    Err(_) => continue,
-                }
-            };
-            let (masked, n) = self.mask_str(&decoded);
-            if n == 0 {
-                continue;
-            }
-            tokens += n;
-            let buf = out.get_or_insert_with(|| Vec::with_capacity(raw.len()));
-            buf.extend_from_slice(&raw[copied..span.start]);
-            serde_json::to_writer(&mut *buf, masked.as_ref()).expect("writing to a vec");
-            copied = span.end;
-        }
-        match out {
-            None => Masked { bytes: Cow::Borrowed(raw), tokens: 0 },
-            Some(mut buf) => {
-                buf.extend_from_slice(&raw[copied..]);
-                Masked { bytes: Cow::Owned(buf), tokens }
-            }
-        }
-    }
-
-    /// Masks free text (log lines, error messages, env values).
-    pub fn mask_text<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
-        if self.rules.is_empty() {
-            return (Cow::Borrowed(text), 0);
-        }
-        self.mask_str(text)
-    }
-
-    fn mask_str<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
-        let found = self.find(text);
-        if found.is_empty() {
-            return (Cow::Borrowed(text), 0);
-        }
-        let mut out = String::with_capacity(text.len());
-        let mut copied = 0;
-        for m in &found {
-            out.push_str(&text[copied..m.range.start]);
-            out.push_str(&m.token);
-            copied = m.range.end;
-        }
-        out.push_str(&text[copied..]);
-        (Cow::Owned(out), found.len())
-    }
-
-    /// Every secret the rules find in `text` (a decoded string value or free text): sorted,
-    /// non-overlapping byte ranges with the token each becomes. Never a range inside a token.
-    /// The stream masker maps these ranges back onto the chunks that carried them.
-    pub fn find(&self, text: &str) -> Vec<Found> {
-        let Some(key) = &self.key else {
-            return Vec::new();
-        };
-        let mut found: Vec<Found> = Vec::new();
-        let mut protected: Option<Vec<std::ops::Range<usize>>> = None;
-        for rule in &self.rules.rules {
-            let RuleMatch::Literal { value } = &rule.matcher else {
-                continue;
-            };
-            if value.is_empty() || !text.contains(value.as_str()) {
-                continue;
-            }
-            let protected = protected.get_or_insert_with(|| token_spans(text));
-            for (pos, _) in text.match_indices(value.as_str()) {
-                let range = pos..pos + value.len();
-                let overlaps = |r: &std::ops::Range<usize>| r.start < range.end && range.start < r.end;
-                if protected.iter().any(overlaps) || found.iter().any(|f| overlaps(&f.range)) {
-                    continue;
-                }
-                found.push(Found { range, token: key.token(&rule.kind, value), rule: rule.name.clone() });
-            }
-        }
-        found.sort_by_key(|f| f.range.start);
-        found
-    }
+    engine: Engine,
 }
 
 /// One secret found in a text.
@@ -189,94 +107,89 @@ pub struct Found {
     pub rule: String,
 }
 
-/// The byte spans (quotes included) of every JSON string token in `raw`, keys and values alike.
-/// The scan is lexical: it needs no valid document, only balanced quotes.
-fn string_spans(raw: &[u8]) -> Vec<std::ops::Range<usize>> {
-    let mut spans = Vec::new();
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] != b'"' {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        i += 1;
-        while i < raw.len() && raw[i] != b'"' {
-            i += if raw[i] == b'\\' { 2 } else { 1 };
-        }
-        if i >= raw.len() {
-            break;
-        }
-        i += 1;
-        spans.push(start..i);
+impl Masker {
+    /// A stage that masks nothing.
+    pub fn empty() -> Masker {
+        Masker::default()
     }
-    spans
+
+    /// A stage with `rules`, making tokens under `key`. Regexes and JSON paths are compiled
+    /// here, so a bad one is an error now rather than a miss later.
+    pub fn new(rules: MaskRules, key: Option<MaskKey>) -> Result<Masker, MaskError> {
+        for rule in &rules.rules {
+            if rule.kind.is_empty()
+                || !rule.kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            {
+                return Err(MaskError::BadKind(rule.name.clone()));
+            }
+        }
+        let engine = Engine::compile(&rules)?;
+        if !rules.is_empty() && key.is_none() {
+            return Err(MaskError::NoKey);
+        }
+        Ok(Masker { rules, key, engine })
+    }
+
+    /// The rule set.
+    pub fn rules(&self) -> &MaskRules {
+        &self.rules
+    }
+
+    /// The key's fingerprint, if a key is set.
+    pub fn key_fingerprint(&self) -> Option<String> {
+        self.key.as_ref().map(MaskKey::fingerprint)
+    }
+
+    /// Masks free text (log lines, error messages, env values).
+    pub fn mask_text<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
+        if !self.engine.looks_in_bodies {
+            return (Cow::Borrowed(text), 0);
+        }
+        let found = self.find(text);
+        (splice(text, &found), found.len())
+    }
+
+    /// Every secret the text rules find in `text` (a decoded string value or free text): sorted,
+    /// non-overlapping byte ranges with the token each becomes. Never a range inside a token.
+    /// The stream masker maps these ranges back onto the chunks that carried them.
+    /// `json_path` and `header` rules do not apply to free text.
+    pub fn find(&self, text: &str) -> Vec<Found> {
+        if self.key.is_none() || !self.engine.looks_in_bodies {
+            return Vec::new();
+        }
+        self.found(text, self.engine.find(text))
+    }
+
+    fn found(&self, text: &str, candidates: Vec<Candidate>) -> Vec<Found> {
+        let Some(key) = &self.key else {
+            return Vec::new();
+        };
+        candidates
+            .into_iter()
+            .map(|c| {
+                let rule = &self.rules.rules[c.rule];
+                Found {
+                    token: key.token(&rule.kind, &text[c.range.clone()]),
+                    range: c.range,
+                    rule: rule.name.clone(),
+                }
+            })
+            .collect()
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key() -> MaskKey {
-        MaskKey::from_bytes([7; 32])
+/// `text` with each found range replaced by its token; borrowed when nothing was found.
+fn splice<'a>(text: &'a str, found: &[Found]) -> Cow<'a, str> {
+    if found.is_empty() {
+        return Cow::Borrowed(text);
     }
-
-    fn masker(value: &str) -> Masker {
-        let rules = MaskRules {
-            rules: vec![MaskRule {
-                name: "canary".into(),
-                kind: "secret".into(),
-                matcher: RuleMatch::Literal { value: value.into() },
-                replay: ReplayAs::Token,
-            }],
-        };
-        Masker::new(rules, Some(key())).unwrap()
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for f in found {
+        out.push_str(&text[copied..f.range.start]);
+        out.push_str(&f.token);
+        copied = f.range.end;
     }
-
-    #[test]
-    fn empty_rules_borrow_the_input() {
-        let raw = br#"{"a": "sk-123"}"#;
-        let m = Masker::empty().mask_json(raw);
-        assert!(matches!(m.bytes, Cow::Borrowed(_)));
-        assert_eq!(m.tokens, 0);
-    }
-
-    #[test]
-    fn tokens_have_the_contract_shape_and_are_stable() {
-        let t = key().token("email", "a@b.c");
-        assert_eq!(token_len_at(&t), Some(t.len()));
-        assert!(t.starts_with("rtk_email_"));
-        assert_eq!(t.len(), "rtk_email_".len() + 26);
-        assert_eq!(t, key().token("email", "a@b.c"));
-        assert_ne!(t, MaskKey::from_bytes([8; 32]).token("email", "a@b.c"));
-    }
-
-    #[test]
-    fn a_match_is_spliced_and_other_bytes_stay() {
-        let raw = br#"{ "k" : "x sk-123 y",  "n": 1 }"#;
-        let m = masker("sk-123").mask_json(raw);
-        let text = String::from_utf8(m.bytes.to_vec()).unwrap();
-        let token = key().token("secret", "sk-123");
-        assert_eq!(text, format!(r#"{{ "k" : "x {token} y",  "n": 1 }}"#));
-        assert_eq!(m.tokens, 1);
-    }
-
-    #[test]
-    fn escaped_secrets_are_found_and_masking_is_idempotent() {
-        let raw = br#"{"k":"sk\u002d123"}"#;
-        let once = masker("sk-123").mask_json(raw).bytes.into_owned();
-        assert!(!String::from_utf8_lossy(&once).contains("sk"));
-        let twice = masker("sk-123").mask_json(&once).bytes.into_owned();
-        assert_eq!(once, twice);
-        assert!(contains_token(&once));
-    }
-
-    #[test]
-    fn never_matches_inside_a_token() {
-        let token = key().token("secret", "whatever");
-        let tail = &token[token.len() - 5..];
-        let raw = format!(r#"{{"k":"{token}"}}"#);
-        let m = masker(tail).mask_json(raw.as_bytes());
-        assert_eq!(m.tokens, 0);
-    }
+    out.push_str(&text[copied..]);
+    Cow::Owned(out)
 }
