@@ -14,7 +14,8 @@ use std::ops::Range;
 use base64::Engine as _;
 
 use crate::http_doc::{self, BodySpan, ChunkSpan};
-use crate::mask::{token_len_at, Masked, Masker, TOKEN_PREFIX};
+use crate::mask::{Masked, Masker};
+use crate::mask_stream::count_tokens;
 
 impl Masker {
     /// Masks a step's output: a `retrace-http/1` document part by part (headers, body, stream
@@ -30,9 +31,9 @@ impl Masker {
             let named = self.mask_header(&header.name, &header.value);
             let value = named.as_deref().unwrap_or(&header.value);
             let (masked, n) = self.mask_text(value);
-            let count = n + named
-                .as_deref()
-                .map_or(0, |v| count_tokens(v).saturating_sub(count_tokens(&header.value)));
+            let added =
+                |v: &str| count_tokens(v.as_bytes()).saturating_sub(count_tokens(header.value.as_bytes()));
+            let count = n + named.as_deref().map_or(0, added);
             if masked != header.value.as_str() {
                 tokens += count.max(1);
                 splices.push((header.span.clone(), json_string(&masked)));
@@ -110,11 +111,6 @@ impl Masker {
 
 fn json_string(text: &str) -> Vec<u8> {
     serde_json::to_vec(text).expect("a string serializes")
-}
-
-/// How many tokens `text` holds.
-fn count_tokens(text: &str) -> usize {
-    text.match_indices(TOKEN_PREFIX).filter(|(at, _)| token_len_at(&text[*at..]).is_some()).count()
 }
 
 #[cfg(test)]

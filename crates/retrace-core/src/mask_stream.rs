@@ -6,10 +6,10 @@
 //! read for its delta strings ([`parts`]). The deltas of one output part (a choice's content,
 //! a tool call's arguments, an Anthropic content block, ...) are decoded and concatenated, and
 //! [`Masker::find`] runs on that text. A secret's token goes into the delta where the secret
-//! starts; later deltas lose the secret's remaining characters. Every other JSON string of an
-//! event (full texts in `response.completed` or `message_start`, tool names, ...) is masked on
-//! its own as [`Masker::mask_json`] would, and so is every string of a line that is not JSON
-//! data (an unparseable or truncated event, a comment).
+//! starts; later deltas lose the secret's remaining characters. The rest of an event's JSON
+//! (full texts in `response.completed` or `message_start`, tool names, ...) is masked as
+//! [`Masker::mask_json`] masks a document, and every string of a line that is not JSON data
+//! (an unparseable or truncated event, a comment) as `mask_json` masks that string.
 //!
 //! Each rewritten string is spliced into the stream bytes at its own span; every other byte
 //! stays as received. The new stream is cut back into as many chunks as came in: a boundary
@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::mask::Masker;
+use crate::mask::{token_len_at, Masker, TOKEN_PREFIX};
 
 mod parts;
 mod sse;
@@ -107,9 +107,9 @@ impl Masker {
                 }
                 continue;
             }
-            let deltas = parts::deltas(&data.bytes);
-            let skip: Vec<Range<usize>> = deltas.iter().map(|d| d.span.clone()).collect();
-            tokens += self.mask_strings(&data.bytes, &skip, &|r| data.to_stream(r), &mut splices);
+            let (deltas, n) =
+                self.mask_data(&data.bytes, parts::deltas(&data.bytes), &|r| data.to_stream(r), &mut splices);
+            tokens += n;
             for d in deltas {
                 let delta = PartDelta { span: data.to_stream(&d.span), text: d.text };
                 match parts.get_mut(&d.part) {
@@ -127,6 +127,50 @@ impl Masker {
             }
         }
         (splices, tokens)
+    }
+
+    /// Masks one event's JSON data as `mask_json` masks a document (so structural rules such
+    /// as JSON paths see the event's shape), but for its delta strings, which are masked as
+    /// parts of their output part. A delta that a structural rule masks on its own (what
+    /// `mask_json` does to it in place differs from what it does to the string alone) is
+    /// masked that way and leaves its part. Returns the deltas left to their parts.
+    fn mask_data(
+        &self,
+        data: &[u8],
+        mut deltas: Vec<parts::Delta>,
+        place: &dyn Fn(&Range<usize>) -> Range<usize>,
+        splices: &mut Vec<Splice>,
+    ) -> (Vec<parts::Delta>, usize) {
+        let whole = self.mask_json(data);
+        if whole.tokens == 0 {
+            return (deltas, 0);
+        }
+        let (old, new) = (sse::string_spans(data), sse::string_spans(&whole.bytes));
+        if old.len() != new.len() {
+            let skip: Vec<Range<usize>> = deltas.iter().map(|d| d.span.clone()).collect();
+            return (deltas, self.mask_strings(data, &skip, place, splices));
+        }
+        deltas.sort_by_key(|d| d.span.start);
+        let mut owned_by_rule = Vec::new();
+        let mut tokens = 0;
+        for (o, n) in old.iter().zip(&new) {
+            let (before, after) = (&data[o.clone()], &whole.bytes[n.clone()]);
+            if before == after {
+                continue;
+            }
+            if let Ok(at) = deltas.binary_search_by_key(&o.start, |d| d.span.start) {
+                if self.mask_json(before).bytes.as_ref() == after {
+                    continue;
+                }
+                owned_by_rule.push(at);
+            }
+            tokens += count_tokens(after).saturating_sub(count_tokens(before)).max(1);
+            splices.push(Splice { range: place(o), bytes: after.to_vec() });
+        }
+        for at in owned_by_rule.into_iter().rev() {
+            deltas.remove(at);
+        }
+        (deltas, tokens)
     }
 
     /// Masks each JSON string of `bytes` (but those in `skip`) as `mask_json` would; `place`
@@ -183,6 +227,12 @@ impl Masker {
         }
         found.len()
     }
+}
+
+/// How many tokens `bytes` hold.
+pub(crate) fn count_tokens(bytes: &[u8]) -> usize {
+    let text = String::from_utf8_lossy(bytes);
+    text.match_indices(TOKEN_PREFIX).filter(|(at, _)| token_len_at(&text[*at..]).is_some()).count()
 }
 
 fn shift(r: &Range<usize>, by: usize) -> Range<usize> {
