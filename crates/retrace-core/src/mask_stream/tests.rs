@@ -265,3 +265,44 @@ proptest! {
         prop_assert_eq!(out.chunks.concat(), chunks.concat());
     }
 }
+
+fn path_masker(path: &str) -> Masker {
+    let mut rules = masker().rules().clone();
+    rules.rules.push(MaskRule {
+        name: "path".into(),
+        kind: "field".into(),
+        matcher: RuleMatch::JsonPath { json_path: path.into() },
+        replay: ReplayAs::Token,
+    });
+    Masker::new(rules, Some(MaskKey::from_bytes([7; 32]))).unwrap()
+}
+
+#[test]
+fn json_path_rules_see_each_events_shape() {
+    let stream = [
+        "data: {\"type\":\"response.completed\",\"response\":{\"password\":\"hunter2\",\"text\":\"hunter2\"}}\n\n".to_owned(),
+        chat_event("hunter2"),
+    ]
+    .concat();
+    let chunks = cut(&stream, &[30]);
+    let out = path_masker("$..password").mask_stream(&chunks);
+    let text = String::from_utf8(out.chunks.concat()).unwrap();
+    assert_eq!(out.tokens, 1);
+    assert_eq!(text.matches("hunter2").count(), 2, "{text}");
+    assert!(text.contains("\"password\":\"rtk_field_"));
+}
+
+#[test]
+fn a_json_path_rule_on_deltas_masks_each_delta_and_leaves_literals_to_parts() {
+    let tool = |args: &str| {
+        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{{\"index\":0,\"function\":{{\"arguments\":\"{args}\"}}}}]}}}}]}}\n\n")
+    };
+    let stream =
+        [tool("{\\\"a\\\":1"), tool("}"), chat_event("x sk-Zq7/W"), chat_event("x@Vq9Jk.io")].concat();
+    let whole = [stream.as_bytes()];
+    let out = path_masker("$..arguments").mask_stream(&whole);
+    let text = String::from_utf8(out.chunks.concat()).unwrap();
+    assert_eq!(out.tokens, 3, "{text}");
+    assert_eq!(text.matches("rtk_field_").count(), 2);
+    assert_eq!(reassembled(&text, &["choices", "0", "delta", "content"]), format!("x {}", token()));
+}
