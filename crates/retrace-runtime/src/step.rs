@@ -311,7 +311,7 @@ impl Agent {
         };
         event.error = error.clone();
         if let Some(canonical) = raw_output.or(canonical) {
-            let masked = inner.masker.mask_json(&canonical);
+            let masked = inner.masker.mask_output(&canonical);
             if masked.tokens > 0 {
                 inner.holds_tokens.store(true, Ordering::Relaxed);
             }
