@@ -203,15 +203,18 @@ impl Masker {
         if found.is_empty() {
             return 0;
         }
-        let mut start = 0;
+        let (mut start, mut first) = (0, 0);
         for delta in deltas {
             let range = start..start + delta.text.len();
             start = range.end;
-            let touching = found.iter().filter(|f| f.range.start < range.end && range.start < f.range.end);
+            while found.get(first).is_some_and(|f| f.range.end <= range.start) {
+                first += 1;
+            }
+            let touching = found[first..].iter().take_while(|f| f.range.start < range.end);
             let mut new_text = String::with_capacity(delta.text.len());
             let mut pos = range.start;
             let mut changed = false;
-            for f in touching {
+            for f in touching.filter(|_| !range.is_empty()) {
                 changed = true;
                 if f.range.start >= range.start {
                     new_text.push_str(&text[pos..f.range.start]);
