@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|all> [--quick]
+//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|mask|all> [--quick]
 //! ```
 //!
 //! Every measurement is the median of `--repeats` (default 5) runs and prints one line: name,
@@ -18,6 +18,7 @@ mod env;
 mod floor;
 mod fork;
 mod knew;
+mod mask;
 mod payload;
 mod proxy;
 mod proxy_load;
@@ -51,6 +52,7 @@ const BENCHES: &[(&str, Bench, &str)] = &[
     ("knew", knew::run, "causal query `knew`: 1,000 deliveries in a 1M-event run, and 1k vs 1M"),
     ("fork", fork::run, "fork at the midpoint, 1 edit reaching 1%, 20 ms model; diff of 100k steps"),
     ("proxy", proxy::run, "proxy TTFB and chunk delay added, 64 replays under wrk, vs VCR.py"),
+    ("mask", mask::run, "masking with the default rules: chat JSON without secrets and dense text, MB/s"),
     ("breakdown", breakdown::run, "(not in all) a step's parts timed alone, for profiling"),
 ];
 
