@@ -95,9 +95,17 @@ pub enum LayoutError {
     Base64(usize),
 }
 
+/// The document's fields. Unknown fields are refused, so a document with more in it than this
+/// is masked as plain JSON (every string) rather than only where a document holds secrets.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Doc<'a> {
     format: String,
+    #[allow(dead_code)]
+    status: serde::de::IgnoredAny,
+    #[allow(dead_code)]
+    #[serde(default)]
+    end: Option<serde::de::IgnoredAny>,
     #[serde(borrow, default)]
     headers: Vec<(String, &'a RawValue)>,
     #[serde(borrow, default)]
@@ -139,6 +147,15 @@ pub fn layout(doc: &[u8]) -> Result<Layout, LayoutError> {
         let value =
             serde_json::from_str::<String>(raw.get()).map_err(|e| LayoutError::Shape(e.to_string()))?;
         headers.push(HeaderSpan { name, value, span: string(raw)? });
+    }
+    let bodies = [
+        parsed.stream.is_some(),
+        parsed.body.is_some(),
+        parsed.body_text.is_some(),
+        parsed.body_b64.is_some(),
+    ];
+    if bodies.iter().filter(|b| **b).count() > 1 {
+        return Err(LayoutError::Shape("more than one body".into()));
     }
     let body = if let Some(stream) = parsed.stream {
         let mut chunks = Vec::with_capacity(stream.len());
@@ -204,10 +221,16 @@ mod tests {
         let doc = br#"{"format":"retrace-http/1","status":200,"headers":[],"body":{"a": [1]}}"#;
         let Some(BodySpan::Json(span)) = layout(doc).unwrap().body else { panic!("a JSON body") };
         assert_eq!(&doc[span], br#"{"a": [1]}"#);
-        assert!(matches!(layout(br#"{"format":"other/1"}"#), Err(LayoutError::Format(_))));
+        assert!(matches!(layout(br#"{"format":"other/1","status":200}"#), Err(LayoutError::Format(_))));
         assert!(matches!(layout(br#"{"a":1}"#), Err(LayoutError::Shape(_))));
         assert!(matches!(layout(b"not json"), Err(LayoutError::Shape(_))));
         let bad = br#"{"format":"retrace-http/1","status":200,"headers":[],"stream":[[0,{"b64":"!"}]],"end":"complete"}"#;
         assert_eq!(layout(bad), Err(LayoutError::Base64(0)));
+        for odd in [
+            &br#"{"format":"retrace-http/1","status":200,"headers":[],"body":1,"body_text":"x"}"#[..],
+            br#"{"format":"retrace-http/1","status":200,"headers":[],"note":"x"}"#,
+        ] {
+            assert!(matches!(layout(odd), Err(LayoutError::Shape(_))));
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! In a document, each header value goes through the header rules
 //! ([`Masker::mask_header`]) and then the value rules; a JSON `body` is masked as
 //! [`Masker::mask_json`] masks a document, a `body_text` as text (its quoted strings decoded
-//! first, so an escaped secret in a JSON body with trailing whitespace is found too), a
+//! first, so an escaped secret in a JSON body with trailing whitespace is found too; one that
+//! is a whole event stream as a one-chunk stream), a
 //! `body_b64` is left alone, and a `stream` is masked by [`Masker::mask_stream`], each chunk
 //! written back the way it was (a string, or `{"b64": ...}` when it is not UTF-8). Each
 //! rewritten value is spliced in at its span: every other byte of the document stays.
@@ -42,7 +43,18 @@ impl Masker {
         match &layout.body {
             Some(BodySpan::Json(span)) => self.splice_json(raw, span, &mut splices, &mut tokens),
             Some(BodySpan::Text(span)) => {
-                if let Ok(text) = serde_json::from_slice::<String>(&raw[span.clone()]) {
+                let text = serde_json::from_slice::<String>(&raw[span.clone()]).ok();
+                if let Some(events) = text.as_deref().filter(|t| looks_like_sse(t)) {
+                    let one = [events.as_bytes()];
+                    let masked = self.mask_stream(&one);
+                    if masked.tokens > 0 {
+                        tokens += masked.tokens;
+                        splices.push((
+                            span.clone(),
+                            json_string(&String::from_utf8_lossy(&masked.chunks.concat())),
+                        ));
+                    }
+                } else if let Some(text) = text {
                     let inner = self.mask_json(text.as_bytes());
                     let inner_text = String::from_utf8_lossy(&inner.bytes);
                     let (masked, n) = self.mask_text(&inner_text);
@@ -107,6 +119,11 @@ impl Masker {
         }
         masked.tokens
     }
+}
+
+/// Whether a text body is a server-sent event stream (a stream answered whole).
+fn looks_like_sse(text: &str) -> bool {
+    ["data:", "event:", ":", "id:"].iter().any(|p| text.starts_with(p))
 }
 
 fn json_string(text: &str) -> Vec<u8> {

@@ -161,3 +161,25 @@ fn other_outputs_are_masked_as_json() {
         assert_eq!(masker().mask_output(raw).tokens, 1);
     }
 }
+
+#[test]
+fn an_event_stream_answered_whole_is_masked_as_a_stream() {
+    let event =
+        |c: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}}}}]}}\n\n");
+    let text = [event("sk-Zq7"), event("/Wx@Vq9"), event("Jk.io")].concat();
+    let doc = format!(
+        r#"{{"format":"retrace-http/1","status":200,"headers":[],"body_text":{}}}"#,
+        serde_json::to_string(&text).unwrap()
+    );
+    let out = masked(doc.as_bytes(), 1);
+    assert_eq!(String::from_utf8(out).unwrap().matches(&token()).count(), 1);
+}
+
+#[test]
+fn documents_with_more_than_the_format_are_masked_as_json() {
+    let doc =
+        br#"{"format":"retrace-http/1","status":200,"headers":[],"body":{},"extra":"sk-Zq7/Wx@Vq9Jk.io"}"#;
+    let out = masker().mask_output(doc);
+    assert_eq!(out.tokens, 1);
+    assert_eq!(out, masker().mask_json(doc));
+}
