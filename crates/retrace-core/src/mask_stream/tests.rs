@@ -290,6 +290,7 @@ fn json_path_rules_see_each_events_shape() {
     assert_eq!(out.tokens, 1);
     assert_eq!(text.matches("hunter2").count(), 2, "{text}");
     assert!(text.contains("\"password\":\"rtk_field_"));
+    assert_eq!(path_masker("$..password").mask_stream(&out.chunks).tokens, 0, "masking twice equals once");
 }
 
 #[test]
@@ -305,4 +306,6 @@ fn a_json_path_rule_on_deltas_masks_each_delta_and_leaves_literals_to_parts() {
     assert_eq!(out.tokens, 3, "{text}");
     assert_eq!(text.matches("rtk_field_").count(), 2);
     assert_eq!(reassembled(&text, &["choices", "0", "delta", "content"]), format!("x {}", token()));
+    let again = path_masker("$..arguments").mask_stream(&out.chunks);
+    assert_eq!((again.tokens, again.chunks), (0, out.chunks), "masking twice equals once");
 }
