@@ -307,5 +307,6 @@ fn a_json_path_rule_on_deltas_masks_each_delta_and_leaves_literals_to_parts() {
     assert_eq!(text.matches("rtk_field_").count(), 2);
     assert_eq!(reassembled(&text, &["choices", "0", "delta", "content"]), format!("x {}", token()));
     let again = path_masker("$..arguments").mask_stream(&out.chunks);
-    assert_eq!((again.tokens, again.chunks), (0, out.chunks), "masking twice equals once");
+    assert_eq!(again.tokens, 0);
+    assert_eq!(again.chunks, out.chunks, "masking twice equals once");
 }
