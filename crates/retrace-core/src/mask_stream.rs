@@ -3,7 +3,7 @@
 //! A secret in a model's streamed output rarely sits in one chunk: the model emits it as
 //! several deltas, and the network may cut anywhere, even inside an escape sequence. So the
 //! chunks are reassembled, the stream is read as SSE events, and each event's `data:` JSON is
-//! read for its delta strings ([`parts`]). The deltas of one output part (a choice's content,
+//! read for its delta strings (`parts.rs`). The deltas of one output part (a choice's content,
 //! a tool call's arguments, an Anthropic content block, ...) are decoded and concatenated, and
 //! [`Masker::find`] runs on that text. A secret's token goes into the delta where the secret
 //! starts; later deltas lose the secret's remaining characters. The rest of an event's JSON
