@@ -310,3 +310,21 @@ fn a_json_path_rule_on_deltas_masks_each_delta_and_leaves_literals_to_parts() {
     assert_eq!(again.tokens, 0);
     assert_eq!(again.chunks, out.chunks, "masking twice equals once");
 }
+
+#[test]
+fn the_email_detector_finds_an_address_split_across_deltas() {
+    let masker = Masker::new(MaskRules::defaults(), Some(MaskKey::from_bytes([7; 32]))).unwrap();
+    let delta = |d: &str| {
+        format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{d}\"}}}}\n\n")
+    };
+    let stream = [delta("write to ada.lo"), delta("velace\\u0040ana"), delta("lytical.org today")].concat();
+    let chunks = cut(&stream, &[offset_of(&stream, "\\u0040") + 3, offset_of(&stream, "lytical")]);
+    let out = masker.mask_stream(&chunks);
+    assert_eq!((out.tokens, out.chunks.len()), (1, 3));
+    let text = String::from_utf8(out.chunks.concat()).unwrap();
+    let token = MaskKey::from_bytes([7; 32]).token("email", "ada.lovelace@analytical.org");
+    assert_eq!(reassembled(&text, &["delta", "text"]), format!("write to {token} today"));
+    for fragment in ["lovelace", "velace", "analytical", "lytical", "ada.lo"] {
+        assert!(!text.contains(fragment), "{fragment} in {text}");
+    }
+}
