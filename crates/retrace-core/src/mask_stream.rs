@@ -214,16 +214,21 @@ impl Masker {
             let mut new_text = String::with_capacity(delta.text.len());
             let mut pos = range.start;
             let mut changed = false;
-            for f in touching.filter(|_| !range.is_empty()) {
+            // `find` promises sorted, disjoint ranges on character boundaries; `get` keeps a
+            // broken promise from panicking.
+            for f in touching {
+                if range.is_empty() || f.range.end <= pos {
+                    continue;
+                }
                 changed = true;
-                if f.range.start >= range.start {
-                    new_text.push_str(&text[pos..f.range.start]);
+                if f.range.start >= pos {
+                    new_text.push_str(text.get(pos..f.range.start).unwrap_or_default());
                     new_text.push_str(&f.token);
                 }
                 pos = f.range.end.min(range.end);
             }
             if changed {
-                new_text.push_str(&text[pos..range.end]);
+                new_text.push_str(text.get(pos..range.end).unwrap_or_default());
                 let bytes = serde_json::to_vec(&new_text).expect("a string serializes");
                 splices.push(Splice { range: delta.span.clone(), bytes });
             }
