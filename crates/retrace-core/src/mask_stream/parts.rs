@@ -183,6 +183,31 @@ mod tests {
     }
 
     #[test]
+    fn every_listed_field_is_a_part() {
+        let chat = r#"{"choices":[{"index":1,"delta":{"refusal":"r","reasoning_content":"t","function_call":{"arguments":"a"}}}]}"#;
+        let kinds: Vec<String> = deltas(chat.as_bytes()).into_iter().map(|d| d.part.kind).collect();
+        assert_eq!(kinds, ["chat.refusal", "chat.reasoning_content", "chat.function_call"]);
+        for (kind, extra) in [
+            ("response.refusal.delta", r#""content_index":0"#),
+            ("response.function_call_arguments.delta", r#""item_id":"fc_1""#),
+            ("response.reasoning_summary_text.delta", r#""summary_index":2"#),
+        ] {
+            let data = format!(r#"{{"type":"{kind}","output_index":3,{extra},"delta":"x"}}"#);
+            assert_eq!(texts(&data), [(kind.to_owned(), "x".to_owned())]);
+        }
+        let thinking =
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#;
+        assert_eq!(texts(thinking), [("anthropic".into(), "hm".into())]);
+        let a = deltas(
+            br#"{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":"x"}"#,
+        );
+        let b = deltas(
+            br#"{"type":"response.output_text.delta","output_index":0,"content_index":1,"delta":"x"}"#,
+        );
+        assert_ne!(a[0].part, b[0].part, "content parts are separate parts");
+    }
+
+    #[test]
     fn other_shapes_have_none() {
         for data in [
             "[DONE]",
