@@ -23,7 +23,7 @@ pub enum Detector {
     SlackToken,
     /// Stripe live keys: `sk_live_…`, `rk_live_…`.
     StripeKey,
-    /// The credential after `Bearer ` (at least 12 characters, one a digit).
+    /// The credential after `Bearer ` or `BEARER ` (at least 12 characters, one a digit).
     Bearer,
     /// An email address.
     Email,

@@ -3,6 +3,10 @@
 //! Each runs at one occurrence of its anchor (found by the engine's prefilter) and returns the
 //! secret's byte range, or `None`. A secret must start at a word boundary: the byte before it
 //! is not an ASCII letter or digit.
+//!
+//! Every anchor holds a *trigger*: a byte of [`TRIGGERS`], all rare in prose (`-`, `_`, `J`,
+//! `A`, `B`). The engine's prefilter stops only at trigger bytes and checks the anchors that
+//! hold that byte, so common letters never cost a look.
 use std::ops::Range;
 
 use super::detect::Detector;
@@ -31,9 +35,17 @@ pub(crate) const ANCHORS: &[(&str, Detector)] = &[
     ("sk_live_", Detector::StripeKey),
     ("rk_live_", Detector::StripeKey),
     ("Bearer ", Detector::Bearer),
-    ("bearer ", Detector::Bearer),
     ("BEARER ", Detector::Bearer),
 ];
+
+/// The bytes the prefilter stops at for the anchors: each anchor holds one.
+pub(crate) const TRIGGERS: &[u8] = b"-_JAB";
+
+/// Where an anchor's trigger is: its first byte in [`TRIGGERS`].
+pub(crate) fn trigger(anchor: &str) -> (u8, usize) {
+    let at = anchor.bytes().position(|b| TRIGGERS.contains(&b)).expect("every anchor holds a trigger byte");
+    (anchor.as_bytes()[at], at)
+}
 
 pub(crate) fn at_boundary(text: &[u8], at: usize) -> bool {
     at == 0 || !text[at - 1].is_ascii_alphanumeric()
@@ -173,6 +185,14 @@ mod tests {
     }
 
     #[test]
+    fn every_anchor_has_a_trigger() {
+        for (anchor, _) in ANCHORS {
+            let (byte, at) = trigger(anchor);
+            assert_eq!(anchor.as_bytes()[at], byte);
+        }
+    }
+
+    #[test]
     fn provider_keys() {
         let cases: &[(Detector, &str, Option<&str>)] = &[
             (
@@ -229,6 +249,7 @@ mod tests {
         let cases: &[(Detector, &str, Option<&str>)] = &[
             (Detector::Bearer, "Authorization: Bearer abc123def456ghi", Some("abc123def456ghi")),
             (Detector::Bearer, "the bearer instrument is fine", None),
+            (Detector::Bearer, "bearer abc123def456ghi", None),
             (Detector::Bearer, "Bearer short1", None),
             (Detector::Jwt, &format!("token={jwt};"), Some(jwt)),
             (Detector::Jwt, "eyJhbGciOiJIUzI1NiJ9 only one part", None),

@@ -2,15 +2,16 @@
 //! resolution. This is the hot path of masking; most strings leave it after one prefilter pass
 //! without allocating.
 //!
-//! One Aho-Corasick pass finds the anchors of the credential detectors and `@` (emails); one
-//! SWAR pass finds digit runs (cards, IBANs); a detector runs only where its anchor occurs.
-//! Literal rules share a second automaton; user regexes run on their own (the `regex` crate
-//! has its own literal prefilters). Strings shorter than the shortest possible secret are
-//! skipped.
+//! One pass over each string, eight bytes at a time through a byte-class table, stops only at
+//! bytes that can start a detector's work: the trigger bytes of the credential anchors (`-`,
+//! `_`, `J`, `A`, `B`; see [`detect_keys::TRIGGERS`]), `@` (emails) and the first digit of a run
+//! (cards, IBANs). A detector runs only where its anchor occurs. Literal rules share one
+//! Aho-Corasick automaton; user regexes run on their own (the `regex` crate has its own literal
+//! prefilters). Strings shorter than the shortest possible secret are skipped.
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::AhoCorasick;
 use regex::Regex;
 
 use super::detect::Detector;
@@ -26,11 +27,33 @@ pub(crate) struct Candidate {
     pub rule: usize,
 }
 
+const NONE: u8 = 0;
+const TRIGGER: u8 = 1;
+const DIGIT: u8 = 2;
+const AT: u8 = 3;
+
+#[derive(Clone)]
+struct ByteClasses([u8; 256]);
+
+impl Default for ByteClasses {
+    fn default() -> Self {
+        ByteClasses([NONE; 256])
+    }
+}
+
+impl std::fmt::Debug for ByteClasses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stops: String = (0..=255u8).filter(|b| self.0[*b as usize] != NONE).map(char::from).collect();
+        write!(f, "ByteClasses({stops:?})")
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Engine {
-    /// Anchors of the detectors in use, and for each pattern id its detector and length.
-    anchors: Option<AhoCorasick>,
-    anchor_of: Vec<(Detector, usize)>,
+    /// What each byte starts: nothing, a trigger of an anchor, a digit run, an email.
+    classes: ByteClasses,
+    /// The anchors of the credential detectors in use: text, trigger byte and its offset, detector.
+    anchors: Vec<(&'static str, u8, usize, Detector)>,
     /// Rule indices of each pattern detector in use.
     detector_rules: Vec<(Detector, usize)>,
     cards: Vec<usize>,
@@ -94,20 +117,20 @@ impl Engine {
             }
             engine.looks_in_bodies = true;
         }
-        let mut anchors = Vec::new();
         for (anchor, detector) in detect_keys::ANCHORS {
             if engine.detector_rules.iter().any(|(d, _)| d == detector) {
-                anchors.push(*anchor);
-                engine.anchor_of.push((*detector, anchor.len()));
+                let (byte, offset) = detect_keys::trigger(anchor);
+                engine.anchors.push((anchor, byte, offset, *detector));
+                engine.classes.0[byte as usize] = TRIGGER;
             }
         }
         if engine.detector_rules.iter().any(|(d, _)| *d == Detector::Email) {
-            anchors.push("@");
-            engine.anchor_of.push((Detector::Email, 1));
+            engine.classes.0[b'@' as usize] = AT;
         }
-        if !anchors.is_empty() {
-            let ac = AhoCorasick::builder().match_kind(MatchKind::LeftmostFirst).build(&anchors);
-            engine.anchors = Some(ac.expect("the anchors are a small fixed set"));
+        if !engine.cards.is_empty() || !engine.ibans.is_empty() {
+            for digit in b'0'..=b'9' {
+                engine.classes.0[digit as usize] = DIGIT;
+            }
         }
         if !literal_values.is_empty() {
             let ac = AhoCorasick::builder().build(&literal_values);
@@ -138,38 +161,7 @@ impl Engine {
         }
         let bytes = text.as_bytes();
         let mut found = Vec::new();
-        if let Some(ac) = &self.anchors {
-            for m in ac.find_iter(bytes) {
-                let (detector, len) = self.anchor_of[m.pattern().as_usize()];
-                let range = match detector {
-                    Detector::Email => detect_pii::email_at(bytes, m.start()),
-                    _ => detect_keys::find_at(detector, bytes, m.start(), len),
-                };
-                if let Some(range) = range {
-                    for (_, rule) in self.detector_rules.iter().filter(|(d, _)| *d == detector) {
-                        found.push(Candidate { range: range.clone(), rule: *rule });
-                    }
-                }
-            }
-        }
-        if !self.cards.is_empty() || !self.ibans.is_empty() {
-            detect_pii::digit_runs(bytes, |at| {
-                if let Some(range) =
-                    (!self.cards.is_empty()).then(|| detect_pii::card_at(bytes, at)).flatten()
-                {
-                    found.extend(
-                        self.cards.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }),
-                    );
-                }
-                if let Some(range) =
-                    (!self.ibans.is_empty()).then(|| detect_pii::iban_at(bytes, at)).flatten()
-                {
-                    found.extend(
-                        self.ibans.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }),
-                    );
-                }
-            });
-        }
+        self.prefiltered(bytes, &mut found);
         if let Some(ac) = &self.literals {
             for m in ac.find_overlapping_iter(bytes) {
                 let rule = self.literal_rules[m.pattern().as_usize()];
@@ -186,6 +178,86 @@ impl Engine {
             return found;
         }
         resolve(text, found)
+    }
+
+    /// Runs the detectors wherever the byte-class prefilter stops.
+    fn prefiltered(&self, bytes: &[u8], found: &mut Vec<Candidate>) {
+        let classes = &self.classes.0;
+        let class = |b: u8| classes[b as usize];
+        let n = bytes.len();
+        let mut i = 0;
+        while i < n {
+            while i + 8 <= n {
+                let w = &bytes[i..i + 8];
+                let any = class(w[0])
+                    | class(w[1])
+                    | class(w[2])
+                    | class(w[3])
+                    | class(w[4])
+                    | class(w[5])
+                    | class(w[6])
+                    | class(w[7]);
+                if any != NONE {
+                    break;
+                }
+                i += 8;
+            }
+            while i < n && class(bytes[i]) == NONE {
+                i += 1;
+            }
+            if i >= n {
+                return;
+            }
+            match class(bytes[i]) {
+                DIGIT => {
+                    self.digit_run(bytes, i, found);
+                    while i < n && bytes[i].is_ascii_digit() {
+                        i += 1;
+                    }
+                    continue;
+                }
+                AT => {
+                    if let Some(range) = detect_pii::email_at(bytes, i) {
+                        self.push(Detector::Email, range, found);
+                    }
+                }
+                _ => self.anchor_at(bytes, i, found),
+            }
+            i += 1;
+        }
+    }
+
+    /// The cards and IBANs that start at the digit run at `at`.
+    fn digit_run(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
+        if !self.cards.is_empty() {
+            if let Some(range) = detect_pii::card_at(bytes, at) {
+                found.extend(self.cards.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }));
+            }
+        }
+        if !self.ibans.is_empty() {
+            if let Some(range) = detect_pii::iban_at(bytes, at) {
+                found.extend(self.ibans.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }));
+            }
+        }
+    }
+
+    /// The first anchor holding the trigger byte at `at`, and its detector's secret.
+    fn anchor_at(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
+        let byte = bytes[at];
+        let hit = self.anchors.iter().find(|(anchor, trigger, offset, _)| {
+            *trigger == byte && at >= *offset && bytes[at - offset..].starts_with(anchor.as_bytes())
+        });
+        if let Some((anchor, _, offset, detector)) = hit {
+            if let Some(range) = detect_keys::find_at(*detector, bytes, at - offset, anchor.len()) {
+                self.push(*detector, range, found);
+            }
+        }
+    }
+
+    fn push(&self, detector: Detector, range: Range<usize>, found: &mut Vec<Candidate>) {
+        for (_, rule) in self.detector_rules.iter().filter(|(d, _)| *d == detector) {
+            found.push(Candidate { range: range.clone(), rule: *rule });
+        }
     }
 
     /// The whole of `text` as one match of path rule `rule`, unless it is empty or a token.

@@ -105,7 +105,10 @@ impl Masker {
         if candidates.is_empty() {
             return;
         }
-        let found = self.found(decoded, candidates);
+        let mut found = self.found(decoded, candidates);
+        if path_rule.is_none() {
+            self.settle(decoded, &mut found);
+        }
         let masked = splice(decoded, &found);
         splicer.replace(s.span.clone(), &masked, found.len());
     }

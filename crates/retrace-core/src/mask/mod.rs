@@ -157,7 +157,57 @@ impl Masker {
         if self.key.is_none() || !self.engine.looks_in_bodies {
             return Vec::new();
         }
-        self.found(text, self.engine.find(text))
+        let candidates = self.engine.find(text);
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        let mut found = self.found(text, candidates);
+        self.settle(text, &mut found);
+        found
+    }
+
+    /// Makes masking a fixpoint. A detector's verdict may depend on the bytes next to a secret
+    /// (a card number glued to a longer digit run, a boundary), and those bytes change when a
+    /// neighbour becomes a token. So the text rules run again over the masked text, and what
+    /// they find there (outside tokens) joins `found`, until nothing new appears.
+    fn settle(&self, text: &str, found: &mut Vec<Found>) {
+        for _ in 0..4 {
+            let masked = splice(text, found);
+            let again = self.engine.find(&masked);
+            if again.is_empty() {
+                return;
+            }
+            let mut added = Vec::new();
+            let (mut next, mut shift) = (0, 0isize);
+            for c in again {
+                // Advance over our tokens that end before this candidate, tracking how far the
+                // masked text has moved from the original.
+                let mut overlaps = false;
+                while next < found.len() {
+                    let f = &found[next];
+                    let start = (f.range.start as isize + shift) as usize;
+                    let end = start + f.token.len();
+                    if end <= c.range.start {
+                        shift += f.token.len() as isize - f.range.len() as isize;
+                        next += 1;
+                    } else {
+                        overlaps = start < c.range.end;
+                        break;
+                    }
+                }
+                if overlaps {
+                    continue;
+                }
+                let start = (c.range.start as isize - shift) as usize;
+                let range = start..start + c.range.len();
+                added.extend(self.found(text, vec![Candidate { range, rule: c.rule }]));
+            }
+            if added.is_empty() {
+                return;
+            }
+            found.extend(added);
+            found.sort_by_key(|f| f.range.start);
+        }
     }
 
     fn found(&self, text: &str, candidates: Vec<Candidate>) -> Vec<Found> {

@@ -12,13 +12,25 @@ pub fn token_len_at(s: &str) -> Option<usize> {
 }
 
 fn token_len_at_bytes(s: &[u8]) -> Option<usize> {
+    let len = token_prefix_len(s)?;
+    let more = s.get(len).is_some_and(|b| base32(*b));
+    (!more).then_some(len)
+}
+
+fn base32(b: u8) -> bool {
+    b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)
+}
+
+/// The length of the token `s` starts with, whatever follows it (a token glued to a following
+/// word is still a token to protect).
+fn token_prefix_len(s: &[u8]) -> Option<usize> {
     let rest = s.strip_prefix(TOKEN_PREFIX.as_bytes())?;
     let kind_len = rest.iter().take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit()).count();
     if kind_len == 0 || rest.get(kind_len) != Some(&b'_') {
         return None;
     }
     let tail = &rest[kind_len + 1..];
-    let tail_len = tail.iter().take_while(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(b)).count();
+    let tail_len = tail.iter().take(TOKEN_TAIL_LEN).take_while(|b| base32(**b)).count();
     (tail_len == TOKEN_TAIL_LEN).then_some(TOKEN_PREFIX.len() + kind_len + 1 + TOKEN_TAIL_LEN)
 }
 
@@ -27,11 +39,13 @@ pub fn contains_token(bytes: &[u8]) -> bool {
     memchr::memmem::find_iter(bytes, TOKEN_PREFIX).any(|at| token_len_at_bytes(&bytes[at..]).is_some())
 }
 
-/// The byte ranges of every token inside `text`, in order.
+/// The byte ranges of every token inside `text`, in order: the ranges masking must not touch.
+/// A token directly followed by more base32 letters counts here (masking glues tokens to
+/// the words around them), though [`token_len_at`] does not call that a token.
 pub(crate) fn token_spans(text: &str) -> Vec<Range<usize>> {
     let bytes = text.as_bytes();
     memchr::memmem::find_iter(bytes, TOKEN_PREFIX)
-        .filter_map(|pos| token_len_at_bytes(&bytes[pos..]).map(|len| pos..pos + len))
+        .filter_map(|pos| token_prefix_len(&bytes[pos..]).map(|len| pos..pos + len))
         .collect()
 }
 
@@ -48,5 +62,6 @@ mod tests {
         assert!(contains_token(format!("x {t} y").as_bytes()));
         assert!(!contains_token(b"rtk_email_short"));
         assert_eq!(token_spans(&format!("a{t}-{t}")), vec![1..1 + t.len(), 2 + t.len()..2 + 2 * t.len()]);
+        assert_eq!(token_spans(&format!("{t}{t}")), vec![0..t.len(), t.len()..2 * t.len()]);
     }
 }
