@@ -12,12 +12,12 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use aho_corasick::AhoCorasick;
-use regex::Regex;
+use regex::bytes::Regex;
 
 use super::detect::Detector;
 use super::jsonpath::{JsonPath, Step};
 use super::rules::{MaskRules, RuleMatch};
-use super::token::{token_len_at, token_spans};
+use super::token::{token_len_at_bytes, token_spans};
 use super::{detect_keys, detect_pii, MaskError};
 
 /// A match before overlaps are resolved: its range and the index of its rule.
@@ -153,13 +153,14 @@ impl Engine {
         !self.paths.is_empty()
     }
 
-    /// The sorted, non-overlapping matches of the text rules in `text`, never inside or across a
-    /// token. Where matches overlap, the earlier rule wins, then the earlier start.
-    pub(crate) fn find(&self, text: &str) -> Vec<Candidate> {
-        if text.len() < self.min_len {
+    /// The sorted, non-overlapping matches of the text rules in `bytes` (a decoded string, not
+    /// yet checked to be UTF-8: that is done only where something matched), never inside or
+    /// across a token, each on character boundaries. Where matches overlap, the earlier rule
+    /// wins, then the earlier start.
+    pub(crate) fn find(&self, bytes: &[u8]) -> Vec<Candidate> {
+        if bytes.len() < self.min_len {
             return Vec::new();
         }
-        let bytes = text.as_bytes();
         let mut found = Vec::new();
         self.prefiltered(bytes, &mut found);
         if let Some(ac) = &self.literals {
@@ -169,15 +170,15 @@ impl Engine {
             }
         }
         for (rule, regex) in &self.regexes {
-            found.extend(regex.find_iter(text).map(|m| Candidate { range: m.range(), rule: *rule }));
+            found.extend(regex.find_iter(bytes).map(|m| Candidate { range: m.range(), rule: *rule }));
         }
         found.retain(|c| {
-            !c.range.is_empty() && text.is_char_boundary(c.range.start) && text.is_char_boundary(c.range.end)
+            !c.range.is_empty() && char_boundary(bytes, c.range.start) && char_boundary(bytes, c.range.end)
         });
         if found.is_empty() {
             return found;
         }
-        resolve(text, found)
+        resolve(bytes, found)
     }
 
     /// Runs the detectors wherever the byte-class prefilter stops.
@@ -229,12 +230,16 @@ impl Engine {
 
     /// The cards and IBANs that start at the digit run at `at`.
     fn digit_run(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
-        if !self.cards.is_empty() {
+        // The detectors' first checks, inline: a card starts 2–6 after a non-word byte, an IBAN's
+        // check digits follow two capitals.
+        let card = (b'2'..=b'6').contains(&bytes[at]) && (at == 0 || !bytes[at - 1].is_ascii_alphanumeric());
+        let iban = at >= 2 && bytes[at - 1].is_ascii_uppercase() && bytes[at - 2].is_ascii_uppercase();
+        if card && !self.cards.is_empty() {
             if let Some(range) = detect_pii::card_at(bytes, at) {
                 found.extend(self.cards.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }));
             }
         }
-        if !self.ibans.is_empty() {
+        if iban && !self.ibans.is_empty() {
             if let Some(range) = detect_pii::iban_at(bytes, at) {
                 found.extend(self.ibans.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }));
             }
@@ -245,7 +250,10 @@ impl Engine {
     fn anchor_at(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
         let byte = bytes[at];
         let hit = self.anchors.iter().find(|(anchor, trigger, offset, _)| {
-            *trigger == byte && at >= *offset && bytes[at - offset..].starts_with(anchor.as_bytes())
+            *trigger == byte
+                && at >= *offset
+                && bytes[at - offset] == anchor.as_bytes()[0]
+                && bytes[at - offset..].starts_with(anchor.as_bytes())
         });
         if let Some((anchor, _, offset, detector)) = hit {
             if let Some(range) = detect_keys::find_at(*detector, bytes, at - offset, anchor.len()) {
@@ -261,17 +269,22 @@ impl Engine {
     }
 
     /// The whole of `text` as one match of path rule `rule`, unless it is empty or a token.
-    pub(crate) fn whole(text: &str, rule: usize) -> Vec<Candidate> {
-        if text.is_empty() || token_len_at(text) == Some(text.len()) {
+    pub(crate) fn whole(text: &[u8], rule: usize) -> Vec<Candidate> {
+        if text.is_empty() || token_len_at_bytes(text) == Some(text.len()) {
             return Vec::new();
         }
         vec![Candidate { range: 0..text.len(), rule }]
     }
 }
 
+/// True when `at` does not split a UTF-8 sequence.
+fn char_boundary(bytes: &[u8], at: usize) -> bool {
+    bytes.get(at).is_none_or(|b| (*b as i8) >= -0x40)
+}
+
 /// Drops every candidate that overlaps a token or a candidate of an earlier rule (or an earlier
 /// start within the same rule), and sorts the rest by position.
-fn resolve(text: &str, mut found: Vec<Candidate>) -> Vec<Candidate> {
+fn resolve(text: &[u8], mut found: Vec<Candidate>) -> Vec<Candidate> {
     found.sort_by_key(|c| (c.rule, c.range.start, std::cmp::Reverse(c.range.end)));
     // start -> (end, rule); tokens are taken with rule usize::MAX and never reported.
     let mut taken: BTreeMap<usize, (usize, usize)> =

@@ -46,7 +46,7 @@ impl Masker {
             return Masked { bytes: Cow::Borrowed(raw), tokens: 0 };
         }
         let mut splicer = Splicer { raw, out: None, copied: 0, tokens: 0 };
-        let mut buf = String::new();
+        let mut buf = Vec::new();
         let paths = self.engine.has_paths();
         let scanned = scan::scan(raw, |s, frames| {
             let path_rule =
@@ -79,24 +79,21 @@ impl Masker {
         &self,
         s: &JsonString,
         path_rule: Option<usize>,
-        buf: &mut String,
+        buf: &mut Vec<u8>,
         splicer: &mut Splicer<'_>,
     ) {
         let inner = &splicer.raw[s.span.start + 1..s.span.end - 1];
         if path_rule.is_none() && inner.len() < self.engine.min_len() {
             return;
         }
-        let decoded: &str = if s.escaped {
+        let decoded: &[u8] = if s.escaped {
             buf.clear();
             if !unescape(inner, buf) {
                 return;
             }
             buf
         } else {
-            match std::str::from_utf8(inner) {
-                Ok(text) => text,
-                Err(_) => return,
-            }
+            inner
         };
         let candidates = match path_rule {
             Some(rule) => Engine::whole(decoded, rule),
@@ -105,6 +102,10 @@ impl Masker {
         if candidates.is_empty() {
             return;
         }
+        // Only now, with something to mask, must the string be UTF-8.
+        let Ok(decoded) = std::str::from_utf8(decoded) else {
+            return;
+        };
         let mut found = self.found(decoded, candidates);
         if path_rule.is_none() {
             self.settle(decoded, &mut found);

@@ -157,7 +157,7 @@ impl Masker {
         if self.key.is_none() || !self.engine.looks_in_bodies {
             return Vec::new();
         }
-        let candidates = self.engine.find(text);
+        let candidates = self.engine.find(text.as_bytes());
         if candidates.is_empty() {
             return Vec::new();
         }
@@ -173,7 +173,7 @@ impl Masker {
     fn settle(&self, text: &str, found: &mut Vec<Found>) {
         for _ in 0..4 {
             let masked = splice(text, found);
-            let again = self.engine.find(&masked);
+            let again = self.engine.find(masked.as_bytes());
             if again.is_empty() {
                 return;
             }

@@ -46,9 +46,9 @@ pub(crate) fn location<'a>(raw: &'a [u8], frames: &[Frame]) -> Vec<Step<'a>> {
             }
             let inner = &raw[f.key.clone()];
             let key = if f.key_escaped {
-                let mut decoded = String::new();
+                let mut decoded = Vec::new();
                 super::unescape::unescape(inner, &mut decoded);
-                Cow::Owned(decoded)
+                Cow::Owned(String::from_utf8_lossy(&decoded).into_owned())
             } else {
                 String::from_utf8_lossy(inner)
             };

@@ -11,7 +11,7 @@ pub fn token_len_at(s: &str) -> Option<usize> {
     token_len_at_bytes(s.as_bytes())
 }
 
-fn token_len_at_bytes(s: &[u8]) -> Option<usize> {
+pub(crate) fn token_len_at_bytes(s: &[u8]) -> Option<usize> {
     let len = token_prefix_len(s)?;
     let more = s.get(len).is_some_and(|b| base32(*b));
     (!more).then_some(len)
@@ -42,8 +42,7 @@ pub fn contains_token(bytes: &[u8]) -> bool {
 /// The byte ranges of every token inside `text`, in order: the ranges masking must not touch.
 /// A token directly followed by more base32 letters counts here (masking glues tokens to
 /// the words around them), though [`token_len_at`] does not call that a token.
-pub(crate) fn token_spans(text: &str) -> Vec<Range<usize>> {
-    let bytes = text.as_bytes();
+pub(crate) fn token_spans(bytes: &[u8]) -> Vec<Range<usize>> {
     memchr::memmem::find_iter(bytes, TOKEN_PREFIX)
         .filter_map(|pos| token_prefix_len(&bytes[pos..]).map(|len| pos..pos + len))
         .collect()
@@ -61,7 +60,10 @@ mod tests {
         assert_eq!(token_len_at("rtk__aaaaaaaaaaaaaaaaaaaaaaaaaa"), None);
         assert!(contains_token(format!("x {t} y").as_bytes()));
         assert!(!contains_token(b"rtk_email_short"));
-        assert_eq!(token_spans(&format!("a{t}-{t}")), vec![1..1 + t.len(), 2 + t.len()..2 + 2 * t.len()]);
-        assert_eq!(token_spans(&format!("{t}{t}")), vec![0..t.len(), t.len()..2 * t.len()]);
+        assert_eq!(
+            token_spans(format!("a{t}-{t}").as_bytes()),
+            vec![1..1 + t.len(), 2 + t.len()..2 + 2 * t.len()]
+        );
+        assert_eq!(token_spans(format!("{t}{t}").as_bytes()), vec![0..t.len(), t.len()..2 * t.len()]);
     }
 }
