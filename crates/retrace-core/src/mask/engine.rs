@@ -17,7 +17,7 @@ use regex::bytes::Regex;
 use super::detect::Detector;
 use super::jsonpath::{JsonPath, Step};
 use super::rules::{MaskRules, RuleMatch};
-use super::token::{token_len_at_bytes, token_spans};
+use super::token::{token_len_at_bytes, token_prefix_len, token_spans, TOKEN_PREFIX};
 use super::{detect_keys, detect_pii, MaskError};
 
 /// A match before overlaps are resolved: its range and the index of its rule.
@@ -222,7 +222,17 @@ impl Engine {
                         self.push(Detector::Email, range, found);
                     }
                 }
-                _ => self.anchor_at(bytes, i, found),
+                _ => {
+                    // A token holds `_` and digits, all stops: step over it whole (tokens are
+                    // never matched, and masked text is full of them when masking settles).
+                    if bytes[i] == b'_' && i >= 3 && &bytes[i - 3..i] == b"rtk" {
+                        if let Some(len) = token_prefix_len(&bytes[i - 3..]) {
+                            i += len - 3;
+                            continue;
+                        }
+                    }
+                    self.anchor_at(bytes, i, found)
+                }
             }
             i += 1;
         }
@@ -285,6 +295,12 @@ fn char_boundary(bytes: &[u8], at: usize) -> bool {
 /// Drops every candidate that overlaps a token or a candidate of an earlier rule (or an earlier
 /// start within the same rule), and sorts the rest by position.
 fn resolve(text: &[u8], mut found: Vec<Candidate>) -> Vec<Candidate> {
+    // Common case first: no two candidates overlap and none touches a token.
+    found.sort_by_key(|c| (c.range.start, c.rule));
+    let disjoint = found.windows(2).all(|w| w[0].range.end <= w[1].range.start);
+    if disjoint && memchr::memmem::find(text, TOKEN_PREFIX.as_bytes()).is_none() {
+        return found;
+    }
     found.sort_by_key(|c| (c.rule, c.range.start, std::cmp::Reverse(c.range.end)));
     // start -> (end, rule); tokens are taken with rule usize::MAX and never reported.
     let mut taken: BTreeMap<usize, (usize, usize)> =

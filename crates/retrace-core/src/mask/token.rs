@@ -23,7 +23,7 @@ fn base32(b: u8) -> bool {
 
 /// The length of the token `s` starts with, whatever follows it (a token glued to a following
 /// word is still a token to protect).
-fn token_prefix_len(s: &[u8]) -> Option<usize> {
+pub(crate) fn token_prefix_len(s: &[u8]) -> Option<usize> {
     let rest = s.strip_prefix(TOKEN_PREFIX.as_bytes())?;
     let kind_len = rest.iter().take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit()).count();
     if kind_len == 0 || rest.get(kind_len) != Some(&b'_') {
