@@ -287,6 +287,20 @@ impl Engine {
     }
 }
 
+/// True when some candidate overlaps some token; both are sorted by start and disjoint.
+fn overlaps_any(found: &[Candidate], tokens: &[Range<usize>]) -> bool {
+    let mut t = 0;
+    for c in found {
+        while t < tokens.len() && tokens[t].end <= c.range.start {
+            t += 1;
+        }
+        if t < tokens.len() && tokens[t].start < c.range.end {
+            return true;
+        }
+    }
+    false
+}
+
 /// True when `at` does not split a UTF-8 sequence.
 fn char_boundary(bytes: &[u8], at: usize) -> bool {
     bytes.get(at).is_none_or(|b| (*b as i8) >= -0x40)
@@ -298,13 +312,18 @@ fn resolve(text: &[u8], mut found: Vec<Candidate>) -> Vec<Candidate> {
     // Common case first: no two candidates overlap and none touches a token.
     found.sort_by_key(|c| (c.range.start, c.rule));
     let disjoint = found.windows(2).all(|w| w[0].range.end <= w[1].range.start);
-    if disjoint && memchr::memmem::find(text, TOKEN_PREFIX.as_bytes()).is_none() {
+    let tokens = if memchr::memmem::find(text, TOKEN_PREFIX.as_bytes()).is_some() {
+        token_spans(text)
+    } else {
+        Vec::new()
+    };
+    if disjoint && !overlaps_any(&found, &tokens) {
         return found;
     }
     found.sort_by_key(|c| (c.rule, c.range.start, std::cmp::Reverse(c.range.end)));
     // start -> (end, rule); tokens are taken with rule usize::MAX and never reported.
     let mut taken: BTreeMap<usize, (usize, usize)> =
-        token_spans(text).into_iter().map(|r| (r.start, (r.end, usize::MAX))).collect();
+        tokens.into_iter().map(|r| (r.start, (r.end, usize::MAX))).collect();
     for c in found {
         let clashes =
             taken.range(..c.range.end).next_back().is_some_and(|(_, (end, _))| *end > c.range.start);

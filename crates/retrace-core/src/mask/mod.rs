@@ -233,7 +233,7 @@ fn splice<'a>(text: &'a str, found: &[Found]) -> Cow<'a, str> {
     if found.is_empty() {
         return Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(text.len());
+    let mut out = String::with_capacity(text.len() + found.len() * (TOKEN_PREFIX.len() + 8 + TOKEN_TAIL_LEN));
     let mut copied = 0;
     for f in found {
         out.push_str(&text[copied..f.range.start]);

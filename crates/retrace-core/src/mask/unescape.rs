@@ -7,9 +7,7 @@
 pub(crate) fn unescape(inner: &[u8], out: &mut Vec<u8>) -> bool {
     let mut i = 0;
     while i < inner.len() {
-        // Short runs between escapes are common (`\n` in prose and code): a plain loop beats a
-        // memchr call there.
-        let run = inner[i..].iter().take_while(|b| **b != b'\\').count();
+        let run = memchr::memchr(b'\\', &inner[i..]).unwrap_or(inner.len() - i);
         out.extend_from_slice(&inner[i..i + run]);
         i += run;
         if i >= inner.len() {
