@@ -162,7 +162,7 @@ impl Engine {
             return Vec::new();
         }
         let mut found = Vec::new();
-        self.prefiltered(bytes, &mut found);
+        self.prefiltered(bytes, 0, bytes.len(), &mut found);
         if let Some(ac) = &self.literals {
             for m in ac.find_overlapping_iter(bytes) {
                 let rule = self.literal_rules[m.pattern().as_usize()];
@@ -182,11 +182,12 @@ impl Engine {
     }
 
     /// Runs the detectors wherever the byte-class prefilter stops.
-    fn prefiltered(&self, bytes: &[u8], found: &mut Vec<Candidate>) {
+    /// Only stops at `from..to` are looked at; detectors see all of `bytes`.
+    fn prefiltered(&self, bytes: &[u8], from: usize, to: usize, found: &mut Vec<Candidate>) {
         let classes = &self.classes.0;
         let class = |b: u8| classes[b as usize];
-        let n = bytes.len();
-        let mut i = 0;
+        let n = to.min(bytes.len());
+        let mut i = from;
         while i < n {
             while i + 8 <= n {
                 let w = &bytes[i..i + 8];
@@ -278,6 +279,28 @@ impl Engine {
         }
     }
 
+    /// True when settling may look again only near what changed: every text rule is a
+    /// detector (see [`insulated`]). Literal and regex rules can match anything anywhere, so
+    /// with them settling rescans whole strings.
+    pub(crate) fn settles_locally(&self) -> bool {
+        self.literals.is_none() && self.regexes.is_empty()
+    }
+
+    /// [`Engine::find`] for the detector stops inside the given windows of `bytes` only.
+    pub(crate) fn find_in_windows(&self, bytes: &[u8], windows: &[Range<usize>]) -> Vec<Candidate> {
+        let mut found = Vec::new();
+        for w in windows {
+            self.prefiltered(bytes, w.start, w.end, &mut found);
+        }
+        found.retain(|c| {
+            !c.range.is_empty() && char_boundary(bytes, c.range.start) && char_boundary(bytes, c.range.end)
+        });
+        if found.is_empty() {
+            return found;
+        }
+        resolve(bytes, found)
+    }
+
     /// The whole of `text` as one match of path rule `rule`, unless it is empty or a token.
     pub(crate) fn whole(text: &[u8], rule: usize) -> Vec<Candidate> {
         if text.is_empty() || token_len_at_bytes(text) == Some(text.len()) {
@@ -285,6 +308,45 @@ impl Engine {
         }
         vec![Candidate { range: 0..text.len(), rule }]
     }
+}
+
+/// Bytes no detector reads across: a secret bounded by them can't change what a detector
+/// decides outside it.
+const WALLS: &[u8] = b",;\"\n\r\t()[]{}<>'|";
+
+fn upper_or_digit(b: u8) -> bool {
+    b.is_ascii_uppercase() || b.is_ascii_digit()
+}
+
+/// True when no built-in detector, looking from outside `range` of `text`, reads a byte of it.
+/// Then turning it into a token changes no verdict outside it, and settling can skip it.
+///
+/// Detectors read across letters, digits and `.-_%+/=~@` (keys, emails, JWTs) and across
+/// spaces only between two capitals-or-digits (card and IBAN groups, PEM labels, and a card's
+/// look back at a `digit, space` before it). So a range is insulated when each side is the
+/// text's end, a [`WALLS`] byte, or spaces whose far side and the range's edge are not both
+/// capitals-or-digits. (`Bearer` reads across spaces too, but only into the credential, which
+/// as a token it never matches.)
+pub(crate) fn insulated(text: &[u8], range: &Range<usize>) -> bool {
+    let left = match range.start.checked_sub(1).map(|i| text[i]) {
+        None => true,
+        Some(b) if WALLS.contains(&b) => true,
+        Some(b' ') => {
+            let far = text[..range.start].iter().rev().find(|b| **b != b' ');
+            !far.is_some_and(|b| upper_or_digit(*b) && upper_or_digit(text[range.start]))
+        }
+        Some(_) => false,
+    };
+    let right = match text.get(range.end) {
+        None => true,
+        Some(b) if WALLS.contains(b) => true,
+        Some(b' ') => {
+            let far = text[range.end..].iter().find(|b| **b != b' ');
+            !far.is_some_and(|b| upper_or_digit(*b) && upper_or_digit(text[range.end - 1]))
+        }
+        Some(_) => false,
+    };
+    left && right
 }
 
 /// True when some candidate overlaps some token; both are sorted by start and disjoint.
@@ -336,4 +398,32 @@ fn resolve(text: &[u8], mut found: Vec<Candidate>) -> Vec<Candidate> {
         .filter(|(_, (_, rule))| *rule != usize::MAX)
         .map(|(start, (end, rule))| Candidate { range: start..end, rule })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::insulated;
+
+    fn check(text: &str, secret: &str) -> bool {
+        let start = text.find(secret).unwrap();
+        insulated(text.as_bytes(), &(start..start + secret.len()))
+    }
+
+    #[test]
+    fn insulation_is_walls_or_spaces_between_words() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("mail ada@x.io, then", "ada@x.io", true),
+            ("(4111111111111111)", "4111111111111111", true),
+            ("ada@x.io", "ada@x.io", true),
+            ("word 4111 1111 1111 1111, ok", "4111 1111 1111 1111", true),
+            ("no 2041 4111 1111 1111 1111, ok", "4111 1111 1111 1111", false),
+            ("key abc123def456ghi789 4111", "abc123def456ghi789", false),
+            ("x-ada@x.io", "ada@x.io", false),
+            ("ada@x.io.", "ada@x.io", false),
+            ("IBAN GB82WEST12345698765432 X", "GB82WEST12345698765432", false),
+        ];
+        for (text, secret, want) in cases {
+            assert_eq!(check(text, secret), *want, "{secret} in {text}");
+        }
+    }
 }

@@ -23,6 +23,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 use std::borrow::Cow;
+use std::ops::Range;
 
 pub mod config;
 pub mod detect;
@@ -172,8 +173,20 @@ impl Masker {
     /// they find there (outside tokens) joins `found`, until nothing new appears.
     fn settle(&self, text: &str, found: &mut Vec<Found>) {
         for _ in 0..4 {
-            let masked = splice(text, found);
-            let again = self.engine.find(masked.as_bytes());
+            let again = if self.engine.settles_locally() {
+                // Only the stretches between insulated secrets that hold one that isn't can
+                // decide differently once masked.
+                let stretches = fragile_stretches(text.as_bytes(), found);
+                if stretches.is_empty() {
+                    return;
+                }
+                let masked = splice(text, found);
+                let windows = masked_windows(found, stretches);
+                self.engine.find_in_windows(masked.as_bytes(), &windows)
+            } else {
+                let masked = splice(text, found);
+                self.engine.find(masked.as_bytes())
+            };
             if again.is_empty() {
                 return;
             }
@@ -226,6 +239,48 @@ impl Masker {
             })
             .collect()
     }
+}
+
+/// The stretches of `text` around each found secret that is not [`engine::insulated`]: from the
+/// end of the insulated secret before it (or the start) to the start of the insulated secret
+/// after it (or the end), merged. Outside them, no detector's verdict can change.
+fn fragile_stretches(text: &[u8], found: &[Found]) -> Vec<Range<usize>> {
+    let insulated: Vec<bool> = found.iter().map(|f| engine::insulated(text, &f.range)).collect();
+    let mut stretches: Vec<Range<usize>> = Vec::new();
+    let mut last_wall = 0;
+    let mut i = 0;
+    while i < found.len() {
+        if insulated[i] {
+            last_wall = found[i].range.end;
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < found.len() && !insulated[j] {
+            j += 1;
+        }
+        let end = found.get(j).map_or(text.len(), |f| f.range.start);
+        match stretches.last_mut() {
+            Some(last) if last.end >= last_wall => last.end = end,
+            _ => stretches.push(last_wall..end),
+        }
+        i = j;
+    }
+    stretches
+}
+
+/// The stretches (bounded by found ranges' edges or the text's ends) where they lie once each
+/// found range has become its token.
+fn masked_windows(found: &[Found], stretches: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    let (mut next, mut shift) = (0, 0isize);
+    let mut at = |pos: usize| {
+        while next < found.len() && found[next].range.end <= pos {
+            shift += found[next].token.len() as isize - found[next].range.len() as isize;
+            next += 1;
+        }
+        (pos as isize + shift) as usize
+    };
+    stretches.into_iter().map(|s| at(s.start)..at(s.end)).collect()
 }
 
 /// `text` with each found range replaced by its token; borrowed when nothing was found.
