@@ -107,10 +107,8 @@ impl Masker {
             return;
         };
         let mut found = self.found(decoded, candidates);
-        if path_rule.is_none() {
-            self.settle(decoded, &mut found);
-        }
-        let masked = splice(decoded, &found);
+        let settled = if path_rule.is_none() { self.settle(decoded, &mut found) } else { None };
+        let masked = settled.map_or_else(|| splice(decoded, &found), Cow::Owned);
         splicer.replace(s.span.clone(), &masked, found.len());
     }
 }

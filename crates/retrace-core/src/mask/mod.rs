@@ -146,8 +146,17 @@ impl Masker {
         if !self.engine.looks_in_bodies {
             return (Cow::Borrowed(text), 0);
         }
-        let found = self.find(text);
-        (splice(text, &found), found.len())
+        if self.key.is_none() {
+            return (Cow::Borrowed(text), 0);
+        }
+        let candidates = self.engine.find(text.as_bytes());
+        if candidates.is_empty() {
+            return (Cow::Borrowed(text), 0);
+        }
+        let mut found = self.found(text, candidates);
+        let masked = self.settle(text, &mut found);
+        let n = found.len();
+        (masked.map_or_else(|| splice(text, &found), Cow::Owned), n)
     }
 
     /// Every secret the text rules find in `text` (a decoded string value or free text): sorted,
@@ -171,24 +180,27 @@ impl Masker {
     /// (a card number glued to a longer digit run, a boundary), and those bytes change when a
     /// neighbour becomes a token. So the text rules run again over the masked text, and what
     /// they find there (outside tokens) joins `found`, until nothing new appears.
-    fn settle(&self, text: &str, found: &mut Vec<Found>) {
+    /// Returns the masked text when it was built for the final `found` (so callers needn't
+    /// build it again).
+    fn settle(&self, text: &str, found: &mut Vec<Found>) -> Option<String> {
         for _ in 0..4 {
             let again = if self.engine.settles_locally() {
                 // Only the stretches between insulated secrets that hold one that isn't can
                 // decide differently once masked.
                 let stretches = fragile_stretches(text.as_bytes(), found);
                 if stretches.is_empty() {
-                    return;
+                    return None;
                 }
-                let masked = splice(text, found);
+                let masked = splice(text, found).into_owned();
                 let windows = masked_windows(found, stretches);
-                self.engine.find_in_windows(masked.as_bytes(), &windows)
+                (self.engine.find_in_windows(masked.as_bytes(), &windows), masked)
             } else {
-                let masked = splice(text, found);
-                self.engine.find(masked.as_bytes())
+                let masked = splice(text, found).into_owned();
+                (self.engine.find(masked.as_bytes()), masked)
             };
+            let (again, masked) = again;
             if again.is_empty() {
-                return;
+                return Some(masked);
             }
             let mut added = Vec::new();
             let (mut next, mut shift) = (0, 0isize);
@@ -216,11 +228,12 @@ impl Masker {
                 added.extend(self.found(text, vec![Candidate { range, rule: c.rule }]));
             }
             if added.is_empty() {
-                return;
+                return Some(masked);
             }
             found.extend(added);
             found.sort_by_key(|f| f.range.start);
         }
+        None
     }
 
     fn found(&self, text: &str, candidates: Vec<Candidate>) -> Vec<Found> {
