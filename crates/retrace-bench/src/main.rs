@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|gate|all> [--quick]
+//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|gate|mask|mask-stream|all> [--quick]
 //! ```
 //!
 //! Every measurement is the median of `--repeats` (default 5) runs and prints one line: name,
@@ -19,6 +19,8 @@ mod floor;
 mod fork;
 mod gate;
 mod knew;
+mod mask;
+mod mask_stream;
 mod payload;
 mod proxy;
 mod proxy_load;
@@ -53,6 +55,8 @@ const BENCHES: &[(&str, Bench, &str)] = &[
     ("fork", fork::run, "fork at the midpoint, 1 edit reaching 1%, 20 ms model; diff of 100k steps"),
     ("proxy", proxy::run, "proxy TTFB and chunk delay added, 64 replays under wrk, vs VCR.py"),
     ("gate", gate::run, "retrace gate: 100 traces of 1,000 steps; overhead per trace, --jobs 2 vs 1"),
+    ("mask", mask::run, "masking with the default rules: chat JSON without secrets and dense text, MB/s"),
+    ("mask-stream", mask_stream::run, "a 2 MB stream document masked per output part, vs mask_json"),
     ("breakdown", breakdown::run, "(not in all) a step's parts timed alone, for profiling"),
 ];
 

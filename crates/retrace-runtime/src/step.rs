@@ -312,7 +312,7 @@ impl Agent {
         // A failure's message is persisted like any output: masked.
         event.error = error.as_deref().map(|e| inner.masker.mask_text(e).0.into_owned());
         if let Some(canonical) = raw_output.or(canonical) {
-            let masked = inner.masker.mask_json(&canonical);
+            let masked = inner.masker.mask_output(&canonical);
             if masked.tokens > 0 {
                 inner.holds_tokens.store(true, Ordering::Relaxed);
             }

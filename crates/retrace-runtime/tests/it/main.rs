@@ -1,6 +1,7 @@
 //! Integration tests of the runtime: one binary, one module per feature.
 mod fork;
 mod fork_props;
+mod masking;
 mod messages;
 mod replay;
 mod resolve;

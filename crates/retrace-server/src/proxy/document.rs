@@ -11,32 +11,15 @@
 //!   response head) or `[t_ms, {"b64": "..."}]` for a chunk that splits a UTF-8 character, and
 //!   `end`: `complete` or `truncated` (the upstream broke off; `error` says how).
 //!
-//! Bodies are never re-serialized: decoding gives back the recorded bytes.
+//! Bodies are never re-serialized: decoding gives back the recorded bytes. The format tag, the
+//! header policy and the document's span view (for masking) are `retrace_core::http_doc`.
 use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The format tag of a recorded response document.
-pub const FORMAT: &str = "retrace-http/1";
-
-/// Response headers that are never recorded nor replayed.
-const DROPPED_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "content-length",
-    "content-encoding",
-    "set-cookie",
-    "proxy-connection",
-    "upgrade",
-    "trailer",
-];
-
-/// Whether a response header is recorded.
-pub fn keeps_header(name: &str) -> bool {
-    !DROPPED_HEADERS.iter().any(|d| name.eq_ignore_ascii_case(d))
-}
+/// The format and its header policy live in core, beside the masker that reads the document.
+pub use retrace_core::http_doc::{keeps_header, FORMAT};
 
 /// How a stream ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,5 +268,63 @@ mod tests {
             },
         };
         roundtrip(&r);
+    }
+
+    #[test]
+    fn mask_output_masks_what_this_encoder_writes() {
+        use retrace_core::mask::{MaskKey, MaskRule, MaskRules, Masker, ReplayAs, RuleMatch};
+        let secret = "sk-Zq7/Wx@Vq9Jk.io";
+        let rule = |name: &str, matcher| MaskRule {
+            name: name.into(),
+            kind: "secret".into(),
+            matcher,
+            replay: ReplayAs::Token,
+        };
+        let rules = MaskRules {
+            rules: vec![
+                rule("x-api-key", RuleMatch::Header { header: "x-api-key".into() }),
+                rule("canary", RuleMatch::Literal { value: secret.into() }),
+            ],
+        };
+        let key = MaskKey::from_bytes([9; 32]);
+        let masker = Masker::new(rules, Some(key.clone())).unwrap();
+        let event = |c: &str| {
+            format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}}}}]}}\n\n")
+        };
+        let stream =
+            [event("é sk\\u002dZq"), event("7\\/Wx\\u0040V"), event("q9Jk.io"), "data: [DONE]\n\n".into()]
+                .concat();
+        let split = stream.find('é').unwrap() + 1;
+        let cuts = [0, split, split + 40, split + 90, stream.len() - 14, stream.len()];
+        let chunks: Vec<(u64, Bytes)> = cuts
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| (i as u64 * 3, Bytes::copy_from_slice(&stream.as_bytes()[w[0]..w[1]])))
+            .collect();
+        let recorded = Recorded {
+            status: 200,
+            headers: vec![
+                ("content-type".into(), "text/event-stream".into()),
+                ("x-api-key".into(), "k-1".into()),
+            ],
+            body: RecordedBody::Stream { chunks: chunks.clone(), end: StreamEnd::Complete, error: None },
+        };
+        let encoded = recorded.encode();
+        let masked = masker.mask_output(&encoded);
+        assert_eq!(masked.tokens, 2);
+        let back = Recorded::decode(&masked.bytes).unwrap();
+        let token = key.token("secret", secret);
+        assert_eq!(back.header("x-api-key"), Some(key.token("secret", "k-1").as_str()));
+        let RecordedBody::Stream { chunks: got, end: StreamEnd::Complete, error: None } = &back.body else {
+            panic!("a complete stream")
+        };
+        assert_eq!(got.len(), chunks.len());
+        assert!(got.iter().zip(&chunks).all(|((a, _), (b, _))| a == b), "times kept");
+        let text = String::from_utf8(got.iter().flat_map(|(_, c)| c.iter().copied()).collect()).unwrap();
+        assert_eq!(text.matches(&token).count(), 1);
+        for fragment in ["Zq7", "Wx", "Vq9", "Jk.io"] {
+            assert!(!text.contains(fragment), "{fragment} in {text}");
+        }
+        assert_eq!(masker.mask_output(&masked.bytes).bytes, masked.bytes, "masking twice equals once");
     }
 }

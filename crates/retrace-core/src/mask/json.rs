@@ -1,0 +1,209 @@
+//! Masking a JSON document in place: decoded strings are matched, tokens are spliced into the
+//! raw bytes, and every byte outside a masked string stays as received.
+use std::borrow::Cow;
+use std::ops::Range;
+
+use super::engine::Engine;
+use super::scan::{self, JsonString};
+use super::unescape::unescape;
+use super::{splice, Masked, Masker};
+
+/// The output being built: untouched until the first masked string.
+struct Splicer<'a> {
+    raw: &'a [u8],
+    out: Option<Vec<u8>>,
+    copied: usize,
+    tokens: usize,
+}
+
+impl<'a> Splicer<'a> {
+    fn replace(&mut self, span: Range<usize>, masked: &str, tokens: usize) {
+        let out = self.out.get_or_insert_with(|| Vec::with_capacity(self.raw.len() + 64));
+        out.extend_from_slice(&self.raw[self.copied..span.start]);
+        serde_json::to_writer(&mut *out, masked).expect("writing to a vec");
+        self.copied = span.end;
+        self.tokens += tokens;
+    }
+
+    fn finish(self) -> Masked<'a> {
+        match self.out {
+            None => Masked { bytes: Cow::Borrowed(self.raw), tokens: 0 },
+            Some(mut out) => {
+                out.extend_from_slice(&self.raw[self.copied..]);
+                Masked { bytes: Cow::Owned(out), tokens: self.tokens }
+            }
+        }
+    }
+}
+
+impl Masker {
+    /// Masks every string (keys and values) of a JSON document (or a sequence of them, as in
+    /// JSON Lines), splicing tokens into the raw bytes; `json_path` rules mask whole values at
+    /// their paths. In bytes that are not JSON, whatever looks like a JSON string is masked as
+    /// one, then the whole as text when it is UTF-8.
+    pub fn mask_json<'a>(&self, raw: &'a [u8]) -> Masked<'a> {
+        if !self.engine.looks_in_bodies || self.key.is_none() {
+            return Masked { bytes: Cow::Borrowed(raw), tokens: 0 };
+        }
+        let mut splicer = Splicer { raw, out: None, copied: 0, tokens: 0 };
+        let mut buf = Vec::new();
+        let paths = self.engine.has_paths();
+        let scanned = scan::scan(raw, |s, frames| {
+            let path_rule =
+                if paths && !s.is_key { self.engine.path_rule(&scan::location(raw, frames)) } else { None };
+            self.mask_string(&s, path_rule, &mut buf, &mut splicer);
+        });
+        if scanned.is_ok() {
+            return splicer.finish();
+        }
+        // Not JSON: mask what looks like JSON strings (so escaped secrets are still found),
+        // then the whole as text.
+        let mut splicer = Splicer { raw, out: None, copied: 0, tokens: 0 };
+        for span in string_spans(raw) {
+            let escaped = raw[span.clone()].contains(&b'\\');
+            self.mask_string(&JsonString { span, escaped, is_key: false }, None, &mut buf, &mut splicer);
+        }
+        let strings = splicer.finish();
+        let Ok(text) = std::str::from_utf8(&strings.bytes) else {
+            return strings;
+        };
+        let (masked, more) = self.mask_text(text);
+        if more == 0 {
+            return strings;
+        }
+        let bytes = Cow::Owned(masked.into_owned().into_bytes());
+        Masked { bytes, tokens: strings.tokens + more }
+    }
+
+    fn mask_string(
+        &self,
+        s: &JsonString,
+        path_rule: Option<usize>,
+        buf: &mut Vec<u8>,
+        splicer: &mut Splicer<'_>,
+    ) {
+        let inner = &splicer.raw[s.span.start + 1..s.span.end - 1];
+        if path_rule.is_none() && inner.len() < self.engine.min_len() {
+            return;
+        }
+        let decoded: &[u8] = if s.escaped {
+            buf.clear();
+            if !unescape(inner, buf) {
+                return;
+            }
+            buf
+        } else {
+            inner
+        };
+        let candidates = match path_rule {
+            Some(rule) => Engine::whole(decoded, rule),
+            None => self.engine.find(decoded),
+        };
+        if candidates.is_empty() {
+            return;
+        }
+        // Only now, with something to mask, must the string be UTF-8.
+        let Ok(decoded) = std::str::from_utf8(decoded) else {
+            return;
+        };
+        let mut found = self.found(decoded, candidates);
+        let settled = if path_rule.is_none() { self.settle(decoded, &mut found) } else { None };
+        let masked = settled.map_or_else(|| splice(decoded, &found), Cow::Owned);
+        splicer.replace(s.span.clone(), &masked, found.len());
+    }
+}
+
+/// The byte spans (quotes included) of every quoted run in `raw` that could be a JSON string
+/// (no raw control characters): the fallback for bytes that are not JSON. The scan is lexical.
+fn string_spans(raw: &[u8]) -> Vec<Range<usize>> {
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'"' {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        i += 1;
+        while i < raw.len() && raw[i] != b'"' {
+            i += if raw[i] == b'\\' { 2 } else { 1 };
+        }
+        if i >= raw.len() {
+            break;
+        }
+        i += 1;
+        if !raw[start..i].iter().any(|b| *b < 0x20) {
+            spans.push(start..i);
+        }
+    }
+    spans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mask::{contains_token, token_len_at, MaskKey, MaskRule, MaskRules, ReplayAs, RuleMatch};
+
+    fn key() -> MaskKey {
+        MaskKey::from_bytes([7; 32])
+    }
+
+    fn masker(value: &str) -> Masker {
+        let rules = MaskRules {
+            rules: vec![MaskRule {
+                name: "canary".into(),
+                kind: "secret".into(),
+                matcher: RuleMatch::Literal { value: value.into() },
+                replay: ReplayAs::Token,
+            }],
+        };
+        Masker::new(rules, Some(key())).unwrap()
+    }
+
+    #[test]
+    fn empty_rules_borrow_the_input() {
+        let raw = br#"{"a": "sk-123"}"#;
+        let m = Masker::empty().mask_json(raw);
+        assert!(matches!(m.bytes, Cow::Borrowed(_)));
+        assert_eq!(m.tokens, 0);
+    }
+
+    #[test]
+    fn tokens_have_the_contract_shape_and_are_stable() {
+        let t = key().token("email", "a@b.c");
+        assert_eq!(token_len_at(&t), Some(t.len()));
+        assert!(t.starts_with("rtk_email_"));
+        assert_eq!(t.len(), "rtk_email_".len() + 26);
+        assert_eq!(t, key().token("email", "a@b.c"));
+        assert_ne!(t, MaskKey::from_bytes([8; 32]).token("email", "a@b.c"));
+    }
+
+    #[test]
+    fn a_match_is_spliced_and_other_bytes_stay() {
+        let raw = br#"{ "k" : "x sk-123 y",  "n": 1 }"#;
+        let m = masker("sk-123").mask_json(raw);
+        let text = String::from_utf8(m.bytes.to_vec()).unwrap();
+        let token = key().token("secret", "sk-123");
+        assert_eq!(text, format!(r#"{{ "k" : "x {token} y",  "n": 1 }}"#));
+        assert_eq!(m.tokens, 1);
+    }
+
+    #[test]
+    fn escaped_secrets_are_found_and_masking_is_idempotent() {
+        let raw = br#"{"k":"sk\u002d123"}"#;
+        let once = masker("sk-123").mask_json(raw).bytes.into_owned();
+        assert!(!String::from_utf8_lossy(&once).contains("sk"));
+        let twice = masker("sk-123").mask_json(&once).bytes.into_owned();
+        assert_eq!(once, twice);
+        assert!(contains_token(&once));
+    }
+
+    #[test]
+    fn never_matches_inside_a_token() {
+        let token = key().token("secret", "whatever");
+        let tail = &token[token.len() - 5..];
+        let raw = format!(r#"{{"k":"{token}"}}"#);
+        let m = masker(tail).mask_json(raw.as_bytes());
+        assert_eq!(m.tokens, 0);
+    }
+}

@@ -1,0 +1,139 @@
+//! Masking rules: what a rule matches, what replay hands back, and the default rule set.
+use serde::{Deserialize, Serialize};
+
+use super::detect::Detector;
+use crate::digest::Digest;
+
+/// What a rule matches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "match", rename_all = "snake_case")]
+pub enum RuleMatch {
+    /// An exact secret value, wherever it occurs inside a string.
+    Literal {
+        /// The value to mask.
+        value: String,
+    },
+    /// A built-in detector ([`Detector`]): provider API keys, bearer credentials, JWTs, private
+    /// keys, emails, card numbers (Luhn-checked), IBANs (mod-97-checked).
+    Pattern {
+        /// The detector.
+        pattern: Detector,
+    },
+    /// A user regular expression (the `regex` crate's syntax); every match is masked.
+    Regex {
+        /// The expression.
+        regex: String,
+    },
+    /// An HTTP header, by name (case-insensitive); see [`super::Masker::mask_header`]. Header
+    /// rules never match inside bodies.
+    Header {
+        /// The header name.
+        header: String,
+    },
+    /// The string values at a JSON path (`$.a.b`, `$.items[*].c`, `$.a[0]`, `$..password`),
+    /// each masked whole; see [`super::jsonpath`].
+    JsonPath {
+        /// The path.
+        json_path: String,
+    },
+}
+
+/// What replay hands the program where a secret was (SPEC §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayAs {
+    /// The token.
+    #[default]
+    Token,
+    /// The original, from the vault.
+    Original,
+}
+
+/// One masking rule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskRule {
+    /// The rule's name, for reports and `rules_off`.
+    pub name: String,
+    /// The token kind it produces (`[a-z0-9]+`).
+    pub kind: String,
+    /// What it matches.
+    #[serde(flatten)]
+    pub matcher: RuleMatch,
+    /// What replay hands the program.
+    #[serde(default)]
+    pub replay: ReplayAs,
+}
+
+/// The header rules of [`MaskRules::defaults`]: header name and token kind.
+pub const DEFAULT_HEADERS: &[(&str, &str)] = &[
+    ("authorization", "bearer"),
+    ("proxy-authorization", "bearer"),
+    ("x-api-key", "apikey"),
+    ("api-key", "apikey"),
+    ("cookie", "cookie"),
+    ("set-cookie", "cookie"),
+];
+
+/// A run's masking rule set, recorded with the run and in its export header.
+///
+/// `MaskRules::default()` is the empty set (it serializes as `{"rules":[]}`, which golden digests
+/// pin); [`MaskRules::defaults`] is the recommended set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskRules {
+    /// The rules, applied in order: where two matches overlap, the earlier rule's wins.
+    pub rules: Vec<MaskRule>,
+}
+
+impl MaskRules {
+    /// True when no rule is set.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Digest of the canonical rule set.
+    pub fn digest(&self) -> Digest {
+        let value = serde_json::to_value(self).expect("rules serialize");
+        Digest::of(&crate::canonical::canonical_value(&value).expect("rules are canonical JSON"))
+    }
+
+    /// The recommended rule set: a header rule for each of [`DEFAULT_HEADERS`] (named after the
+    /// header), then every built-in detector (named after it, in [`Detector::ALL`] order).
+    pub fn defaults() -> MaskRules {
+        let headers = DEFAULT_HEADERS.iter().map(|(header, kind)| MaskRule {
+            name: (*header).to_owned(),
+            kind: (*kind).to_owned(),
+            matcher: RuleMatch::Header { header: (*header).to_owned() },
+            replay: ReplayAs::Token,
+        });
+        let patterns = Detector::ALL.iter().map(|d| MaskRule {
+            name: d.name().to_owned(),
+            kind: d.kind().to_owned(),
+            matcher: RuleMatch::Pattern { pattern: *d },
+            replay: ReplayAs::Token,
+        });
+        MaskRules { rules: headers.chain(patterns).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_empty_set_serializes_as_before() {
+        assert_eq!(serde_json::to_string(&MaskRules::default()).unwrap(), r#"{"rules":[]}"#);
+    }
+
+    #[test]
+    fn rules_round_trip_through_json() {
+        let rules = MaskRules::defaults();
+        let text = serde_json::to_string(&rules).unwrap();
+        assert!(text.contains(r#""match":"pattern","pattern":"email""#), "{text}");
+        assert!(text.contains(r#""match":"header","header":"authorization""#), "{text}");
+        assert_eq!(serde_json::from_str::<MaskRules>(&text).unwrap(), rules);
+        let literal = r#"{"rules":[{"name":"n","kind":"secret","match":"literal","value":"v"}]}"#;
+        let parsed: MaskRules = serde_json::from_str(literal).unwrap();
+        assert_eq!(parsed.rules[0].matcher, RuleMatch::Literal { value: "v".into() });
+        assert_eq!(parsed.rules[0].replay, ReplayAs::Token);
+    }
+}
