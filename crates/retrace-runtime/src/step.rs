@@ -322,6 +322,9 @@ impl Agent {
             blobs.push(output);
         }
         let (causal_parent, output_ref) = (event.causal_parent, event.output_ref);
+        if let Some(originals) = &inner.originals {
+            originals.flush(inner.store.as_ref())?;
+        }
         let cache = self.cache_entry(&event);
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
         let seq = ticket.seq;

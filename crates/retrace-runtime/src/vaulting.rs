@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use parking_lot::Mutex;
-use retrace_core::mask::{token_len_at, MaskRules, ReplayAs, TOKEN_PREFIX};
+use retrace_core::mask::{token_len_at, MaskRules, OriginalsSink, ReplayAs, TOKEN_PREFIX};
 use retrace_core::vault::VaultKey;
 use retrace_store::vault::{audit_replay_original, open_original, store_originals, Revealer};
 use retrace_store::Store;
@@ -18,16 +18,28 @@ use crate::error::{RuntimeError, RuntimeResult};
 #[derive(Debug)]
 pub(crate) struct Originals {
     key: VaultKey,
+    sink: OriginalsSink,
     stored: Mutex<HashSet<String>>,
 }
 
 impl Originals {
+    /// Originals sealed under `key`; the masking stage reports to [`Originals::sink`].
     pub(crate) fn new(key: VaultKey) -> Originals {
-        Originals { key, stored: Mutex::new(HashSet::new()) }
+        Originals { key, sink: OriginalsSink::new(), stored: Mutex::new(HashSet::new()) }
     }
 
-    /// Puts the `(token, original)` pairs not stored yet by this session into the vault.
-    pub(crate) fn store(&self, store: &dyn Store, found: Vec<(String, String)>) -> RuntimeResult<()> {
+    /// Where the masking stage reports what it replaced.
+    pub(crate) fn sink(&self) -> OriginalsSink {
+        self.sink.clone()
+    }
+
+    /// Puts the originals reported since the last call, and not stored yet by this session,
+    /// into the vault: before the event holding their tokens is appended.
+    pub(crate) fn flush(&self, store: &dyn Store) -> RuntimeResult<()> {
+        let found = self.sink.take();
+        if found.is_empty() {
+            return Ok(());
+        }
         let fresh: Vec<(String, String)> = {
             let mut stored = self.stored.lock();
             found.into_iter().filter(|(token, _)| stored.insert(token.clone())).collect()

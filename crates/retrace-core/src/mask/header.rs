@@ -27,7 +27,7 @@ impl Masker {
         if token_len_at(secret) == Some(secret.len()) {
             return Some(trimmed.to_owned());
         }
-        Some(format!("{head}{}", key.token(kind, secret)))
+        Some(format!("{head}{}", self.mint(key, kind, secret)))
     }
 }
 

@@ -34,6 +34,7 @@ mod header;
 mod json;
 pub mod jsonpath;
 mod key;
+mod originals;
 mod rules;
 mod scan;
 mod token;
@@ -42,6 +43,7 @@ mod unescape;
 pub use config::MaskConfigError;
 pub use detect::Detector;
 pub use key::{BadMaskKey, MaskKey};
+pub use originals::OriginalsSink;
 pub use rules::{MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
 pub use token::{contains_token, token_len_at, TOKEN_PREFIX, TOKEN_TAIL_LEN};
 
@@ -95,6 +97,7 @@ pub struct Masker {
     rules: MaskRules,
     key: Option<MaskKey>,
     engine: Engine,
+    sink: Option<OriginalsSink>,
 }
 
 /// One secret found in a text.
@@ -128,7 +131,22 @@ impl Masker {
         if !rules.is_empty() && key.is_none() {
             return Err(MaskError::NoKey);
         }
-        Ok(Masker { rules, key, engine })
+        Ok(Masker { rules, key, engine, sink: None })
+    }
+
+    /// This stage, reporting every secret it replaces (with its token) to `sink`.
+    pub fn with_sink(mut self, sink: OriginalsSink) -> Masker {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Makes the token of `secret` for `kind`, reporting the pair to the sink, if any.
+    pub(crate) fn mint(&self, key: &MaskKey, kind: &str, secret: &str) -> String {
+        let token = key.token(kind, secret);
+        if let Some(sink) = &self.sink {
+            sink.push(&token, secret);
+        }
+        token
     }
 
     /// The rule set.
@@ -245,7 +263,7 @@ impl Masker {
             .map(|c| {
                 let rule = &self.rules.rules[c.rule];
                 Found {
-                    token: key.token(&rule.kind, &text[c.range.clone()]),
+                    token: self.mint(key, &rule.kind, &text[c.range.clone()]),
                     range: c.range,
                     rule: rule.name.clone(),
                 }

@@ -262,6 +262,15 @@ impl Session {
         masker: Masker,
         options: SessionOptions,
     ) -> Session {
+        // Record and fork seal what masking replaced into the vault, when there is a vault key.
+        let originals = match (mode, &options.vault_key) {
+            (Mode::Record | Mode::Fork, Some(key)) => Some(crate::vaulting::Originals::new(key.clone())),
+            _ => None,
+        };
+        let masker = match &originals {
+            Some(o) => masker.with_sink(o.sink()),
+            None => masker,
+        };
         let bus = matches!(mode, Mode::Record | Mode::Off)
             .then(|| Bus::new(options.chaos_seed, options.chaos_max_delay));
         Session {
@@ -272,12 +281,7 @@ impl Session {
                 scheduler,
                 bus,
                 plan: None,
-                originals: match (mode, &options.vault_key) {
-                    (Mode::Record | Mode::Fork, Some(key)) => {
-                        Some(crate::vaulting::Originals::new(key.clone()))
-                    }
-                    _ => None,
-                },
+                originals,
                 reveal: None,
                 prompts_dir: options.prompts_dir,
                 prices: options.prices,
