@@ -10,7 +10,7 @@ use retrace_core::run::RunStatus;
 use retrace_core::vault::VaultKey;
 use retrace_runtime::{Outcome, RuntimeError, Session, SessionOptions, ToolSpec};
 use retrace_store::open::StoreConfig;
-use retrace_store::vault::{AuditAction, VaultStore};
+use retrace_store::vault::AuditAction;
 use retrace_store::Store;
 use serde_json::{json, Value};
 
