@@ -195,6 +195,16 @@ pub fn fork_rules(recorded: &MaskRules, today: &MaskRules) -> (MaskRules, Vec<St
     (rules, added)
 }
 
+/// `RETRACE_VAULT_KEY`, when set.
+pub fn vault_key_from_env() -> RuntimeResult<Option<retrace_core::vault::VaultKey>> {
+    match std::env::var(retrace_core::vault::VAULT_KEY_ENV).ok().filter(|v| !v.trim().is_empty()) {
+        None => Ok(None),
+        Some(text) => retrace_core::vault::VaultKey::from_base64(&text)
+            .map(Some)
+            .map_err(|e| RuntimeError::Usage(format!("{}: {e}", retrace_core::vault::VAULT_KEY_ENV))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,15 +247,5 @@ mod tests {
         let (union, added) = fork_rules(&MaskRules::default(), &rules);
         assert_eq!(union, rules);
         assert_eq!(added.len(), rules.rules.len());
-    }
-}
-
-/// `RETRACE_VAULT_KEY`, when set.
-pub fn vault_key_from_env() -> RuntimeResult<Option<retrace_core::vault::VaultKey>> {
-    match std::env::var(retrace_core::vault::VAULT_KEY_ENV).ok().filter(|v| !v.trim().is_empty()) {
-        None => Ok(None),
-        Some(text) => retrace_core::vault::VaultKey::from_base64(&text)
-            .map(Some)
-            .map_err(|e| RuntimeError::Usage(format!("{}: {e}", retrace_core::vault::VAULT_KEY_ENV))),
     }
 }
