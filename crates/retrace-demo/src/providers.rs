@@ -256,7 +256,8 @@ fn sse(ask: &Ask, events: Vec<String>) -> Response {
 /// For `…-echo` models: the last user text in an `x-echo` response header too.
 fn echoed(ask: &Ask, mut response: Response) -> Response {
     if ask.echoes() {
-        if let Ok(value) = ask.echo.parse() {
+        // A header holds no control characters: they become spaces.
+        if let Ok(value) = ask.echo.replace(|c: char| c.is_control(), " ").parse() {
             response.headers_mut().insert("x-echo", value);
         }
     }

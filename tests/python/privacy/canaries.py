@@ -5,6 +5,8 @@ from __future__ import annotations
 
 EMAIL = "canary.alice@example.org"
 EMAIL_ESCAPED_SOURCE = "canary.bob@corp.example"  # sent JSON-escaped as canary.bob\u0040corp.example
+# A private key whose body holds escaped slashes (\/), sent only JSON-escaped.
+ESCAPED_KEY_PART = "canaryEscapedKey"
 OPENAI_KEY = "sk-proj-CanaryQ7v2XbLk9TnWp4ZrYd8HsMf3GjUe6Ac"
 ANTHROPIC_KEY = "sk-ant-api03-CanaryR5tYu8IoP2aSdF4gHjK6lZxC9vBnM1qW3eRt"
 AWS_KEY = "AKIACANARY7Q2W3E4R5T"
@@ -23,7 +25,7 @@ ENV_SECRET = "ghp_CanaryEnvValue9z8y7x6w5v4u3t2s1r0qPON"  # an env value the pro
 # What the scan looks for: a distinctive part of each canary (the whole value, and for values
 # that could be stored escaped or split, the parts that survive any of that).
 NEEDLES = [
-    "canary.alice", "example.org", "canary.bob", "corp.example", "CanaryQ7v2XbLk9TnWp4ZrYd8HsMf3GjUe6Ac",
+    "canary.alice", "example.org", "canary.bob", "canaryEscapedKey", "CanaryQ7v2XbLk9TnWp4ZrYd8HsMf3GjUe6Ac",
     "CanaryR5tYu8IoP2aSdF4gHjK6lZxC9vBnM1qW3eRt", "AKIACANARY7Q2W3E4R5T", "Canary1a2b3c4d5e6f7g8h9i0jKLMNOPQRSTu",
     "eyJzdWIiOiJjYW5hcnktdXNlci00MiJ9", "Q2FuYXJ5U2lnbmF0dXJlVmFsdWVGb3JUZXN0czQy", "CanaryBearerTokenZ8x7c6v5b4n3m2",
     "4539 1488 0343 6467", "4539148803436467", "DE89370400440532013000", "078-05-1120", "canaryKeyBody0123",

@@ -69,7 +69,8 @@ def main() -> None:
     # A hand-written request whose secrets are JSON-escaped (\u0040, \u002d, \/), as some
     # clients send them.
     body = ('{"model":"sim-echo","messages":[{"role":"user","content":"mail canary.bob\\u0040corp.example '
-            'key sk\\u002dproj\\u002dCanaryQ7v2XbLk9TnWp4ZrYd8HsMf3GjUe6Ac url https:\\/\\/corp.example\\/x"}]}')
+            'key sk\\u002dproj\\u002dCanaryQ7v2XbLk9TnWp4ZrYd8HsMf3GjUe6Ac deploy key '
+            '-----BEGIN PRIVATE KEY-----\\nMIIBVQ\\/canaryEscapedKey\\/0123+xyz=\\n-----END PRIVATE KEY-----"}]}')
     req = urllib.request.Request(alpha._proxy("openai") + "/v1/chat/completions", data=body.encode(),
                                  headers={"content-type": "application/json",
                                           "authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'x')}"})
