@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|gate|mask|mask-stream|all> [--quick]
+//! cargo run --release -p retrace-bench -- <record|durable|replay|export|storage|proxy|gate|mask|mask-record|mask-stream|all> [--quick]
 //! ```
 //!
 //! Every measurement is the median of `--repeats` (default 5) runs and prints one line: name,
@@ -20,6 +20,7 @@ mod fork;
 mod gate;
 mod knew;
 mod mask;
+mod mask_record;
 mod mask_stream;
 mod payload;
 mod proxy;
@@ -56,6 +57,11 @@ const BENCHES: &[(&str, Bench, &str)] = &[
     ("proxy", proxy::run, "proxy TTFB and chunk delay added, 64 replays under wrk, vs VCR.py"),
     ("gate", gate::run, "retrace gate: 100 traces of 1,000 steps; overhead per trace, --jobs 2 vs 1"),
     ("mask", mask::run, "masking with the default rules: chat JSON without secrets and dense text, MB/s"),
+    (
+        "mask-record",
+        mask_record::run,
+        "record overhead of the default masking rules on realistic chat steps, vs none",
+    ),
     ("mask-stream", mask_stream::run, "a 2 MB stream document masked per output part, vs mask_json"),
     ("breakdown", breakdown::run, "(not in all) a step's parts timed alone, for profiling"),
 ];

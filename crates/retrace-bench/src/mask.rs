@@ -29,7 +29,7 @@ const PROSE: &[&str] = &[
 
 const CODE: &str = "```python\ndef backoff(attempt: int, base: float = 0.5) -> float:\n    \"\"\"Seconds to wait before `attempt` (1-based).\"\"\"\n    return min(30.0, base * 2 ** (attempt - 1))\n\nfor i in range(1, 6):\n    print(f\"attempt {i}: wait {backoff(i):.1f}s\")\n```";
 
-fn prose(rng: &mut Rng, len: usize) -> String {
+pub(crate) fn prose(rng: &mut Rng, len: usize) -> String {
     let mut s = String::with_capacity(len + 128);
     while s.len() < len {
         match rng.below(4) {
@@ -47,7 +47,7 @@ fn prose(rng: &mut Rng, len: usize) -> String {
 
 /// A chat-completions request of a multi-turn conversation: system prompt, user and assistant
 /// turns of prose and code, tool calls with JSON arguments and tool results full of numbers.
-fn request(rng: &mut Rng, turns: usize) -> Vec<u8> {
+pub(crate) fn request(rng: &mut Rng, turns: usize) -> Vec<u8> {
     let mut messages = vec![json!({"role": "system", "content": prose(rng, 2_000)})];
     for turn in 0..turns {
         let n = 300 + rng.below(1_500) as usize;
