@@ -26,6 +26,8 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+mod approval;
+pub mod autonomy;
 mod bus;
 pub mod env_sources;
 pub mod error;

@@ -182,6 +182,9 @@ impl Session {
         if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
             options.strict = true;
         }
+        if options.autonomy.is_none() {
+            options.autonomy = crate::autonomy::from_cwd()?;
+        }
         let config = StoreConfig::from_env()?;
         let store = retrace_store::open_store(&config)?;
         masking::fill_from_env(&mut options, &config)?;
@@ -284,6 +287,8 @@ impl Session {
                 keys: options.keys,
                 masker,
                 wait_for_ack: options.wait_for_ack,
+                autonomy: if mode == Mode::Record { options.autonomy.clone() } else { None },
+                spent: Default::default(),
                 clock: options.clock,
                 run: Mutex::new(run),
                 agents: Mutex::new(HashMap::new()),
