@@ -51,10 +51,14 @@ impl Agent {
         let key = self.approval_key(template, &prepared.key)?;
         let tool = template.name.clone().unwrap_or_default();
         let run = self.session.run_id();
-        // A decision given since an earlier attempt of this same call.
+        // A decision given since an earlier attempt of this same call, or its hold still pending.
+        let mut pending = None;
         if let Some(record) = inner.store.approval_for(&run, &self.id, &key)? {
             if record.decision.is_some() && inner.spent.0.lock().insert(record.id.clone()) {
                 return self.decided(template, key, &record).await;
+            }
+            if record.decision.is_none() {
+                pending = Some(record.id);
             }
         }
         let standing = governor.standing(&self.id);
@@ -70,19 +74,11 @@ impl Agent {
             self.append_approval(template, key, ApprovalOutcome::Refused, &detail)?;
             return Err(not_permitted(&self.id, &tool, &detail));
         }
-        let id = format!("ap_{:016x}", rand::random::<u64>());
-        let record = ApprovalRecord {
-            id: id.clone(),
-            run: run.clone(),
-            agent: self.id.clone(),
-            tool: tool.clone(),
-            key,
-            rung: standing.rung.as_str().into(),
-            why: format!("{}; the bar is {}", standing.why, standing.bar),
-            requested_at_ms: inner.clock.now_ms(),
-            decision: None,
+        let id = match pending {
+            Some(id) => id,
+            None => self.hold(template, key, &standing)?,
         };
-        inner.store.approval_request(&record)?;
+        let tool = template.name.clone().unwrap_or_default();
         let timeout = Duration::from_secs(governor.policy.approval_timeout_s);
         if !timeout.is_zero() {
             eprintln!(
@@ -106,6 +102,31 @@ impl Agent {
         detail["id"] = json!(id);
         self.append_approval(template, key, ApprovalOutcome::TimedOut, &detail)?;
         Err(approval_required(&self.id, &tool, &detail))
+    }
+
+    /// Stores a pending approval for this call; returns its id.
+    fn hold(
+        &self,
+        template: &Event,
+        key: Digest,
+        standing: &retrace_core::autonomy::Standing,
+    ) -> RuntimeResult<String> {
+        let inner = &self.session.inner;
+        let tool = template.name.clone().unwrap_or_default();
+        let id = format!("ap_{:016x}", rand::random::<u64>());
+        let record = ApprovalRecord {
+            id: id.clone(),
+            run: self.session.run_id(),
+            agent: self.id.clone(),
+            tool: tool.clone(),
+            key,
+            rung: standing.rung.as_str().into(),
+            why: format!("{}; the bar is {}", standing.why, standing.bar),
+            requested_at_ms: inner.clock.now_ms(),
+            decision: None,
+        };
+        inner.store.approval_request(&record)?;
+        Ok(id)
     }
 
     /// Records a person's decision; `Ok` when it released the call.
