@@ -260,3 +260,36 @@ fn a_forged_or_unsigned_ledger_counts_as_none() {
     assert!(none.warning.is_some());
     assert!(!none.standing("ops").side_effects_allowed);
 }
+
+#[test]
+fn a_fork_reproduces_the_recorded_hold_and_approval_wherever_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = Session::record(store.clone(), options(Governor::new(policy(Below::Hold, 0), "billing", None)))
+        .unwrap();
+    let ran = AtomicUsize::new(0);
+    let RuntimeError::ApprovalRequired { id, .. } = send(&s, &ran).unwrap_err() else { panic!("held") };
+    let yes = ApprovalDecision { approved: true, by: "ada".into(), reason: "ok".into(), at_ms: 1 };
+    open(dir.path()).approval_decide(&id, &yes).unwrap();
+    send(&s, &ran).unwrap();
+    let run = s.run_id();
+    s.finish(Outcome::default()).unwrap();
+    let last = store.last_seq(&run).unwrap();
+    for at in [1, last] {
+        // No policy in the fork: what it hands back comes from the source's log.
+        let f = Session::fork_new(store.clone(), &run, Some(at), vec![], SessionOptions::default()).unwrap();
+        let first = send(&f, &ran).unwrap_err();
+        assert!(
+            matches!(&first, RuntimeError::ApprovalRequired { id: again, .. } if *again == id),
+            "at {at}: {first}"
+        );
+        assert_eq!(send(&f, &ran).unwrap(), json!({"sent": true}), "at {at}");
+        let fork = f.run_id();
+        let report = f.finish(Outcome::default()).unwrap();
+        assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "at {at}: {report:?}");
+        if at == 1 {
+            assert_eq!(approvals(&store, &fork), [ApprovalOutcome::TimedOut, ApprovalOutcome::Approved]);
+        }
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "only the recording ran the side effect");
+}
