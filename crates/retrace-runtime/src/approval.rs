@@ -245,7 +245,7 @@ fn text(detail: &Value, field: &str) -> String {
 }
 
 fn not_permitted(agent: &str, tool: &str, detail: &Value) -> RuntimeError {
-    RuntimeError::NotPermitted {
+    RuntimeError::NotPermitted(Box::new(crate::error::Refusal {
         agent: agent.into(),
         tool: tool.into(),
         rung: text(detail, "rung"),
@@ -253,7 +253,7 @@ fn not_permitted(agent: &str, tool: &str, detail: &Value) -> RuntimeError {
         why: text(detail, "why"),
         by: text(detail, "by"),
         reason: text(detail, "reason"),
-    }
+    }))
 }
 
 fn approval_required(agent: &str, tool: &str, detail: &Value) -> RuntimeError {
@@ -261,8 +261,10 @@ fn approval_required(agent: &str, tool: &str, detail: &Value) -> RuntimeError {
         id: text(detail, "id"),
         agent: agent.into(),
         tool: tool.into(),
-        rung: text(detail, "rung"),
-        bar: text(detail, "bar"),
+        standing: match text(detail, "bar") {
+            bar if bar.is_empty() => format!("rung {}: {}", text(detail, "rung"), text(detail, "why")),
+            bar => format!("rung {}; the bar is {bar}", text(detail, "rung")),
+        },
     }
 }
 

@@ -48,7 +48,7 @@ pub mod template;
 pub mod vaulting;
 
 pub use agent::{Agent, ModelCall, ModelReply, ToolSpec};
-pub use error::{RuntimeError, RuntimeResult};
+pub use error::{Refusal, RuntimeError, RuntimeResult};
 pub use http_model::{HttpModelCall, HttpModelOutput, HttpModelReply};
 pub use messaging::Message;
 pub use remote::{RemoteKind, RemoteStep};

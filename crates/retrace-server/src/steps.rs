@@ -99,7 +99,7 @@ pub fn answer(result: StepResult, app: &AppState, run: &str) -> Response {
         Err(RuntimeError::DryRun { tool, args }) => {
             Json(json!({"status": "dry_run", "tool": tool, "args": args})).into_response()
         }
-        Err(e @ RuntimeError::NotPermitted { .. }) => {
+        Err(e @ RuntimeError::NotPermitted(_)) => {
             Json(json!({"status": "refused", "error": e.to_string()})).into_response()
         }
         Err(ref e @ RuntimeError::ApprovalRequired { ref id, .. }) => {
