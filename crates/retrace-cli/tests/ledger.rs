@@ -166,3 +166,17 @@ fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
     let warned = p.retrace(&["agents"], &[]);
     assert!(text(&warned.stderr).contains("ignored"), "{}", text(&warned.stderr));
 }
+
+#[test]
+fn approve_needs_a_known_id_and_a_reason() {
+    let p = Project::new("");
+    let unknown = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));
+    assert!(text(&unknown.stderr).contains("no held side effect ap_nope"), "{}", text(&unknown.stderr));
+    let blank = p.retrace(&["approve", "ap_nope", "--reason", " "], &[]);
+    assert_eq!(blank.status.code(), Some(2));
+    let missing = p.retrace(&["approve", "ap_nope"], &[]);
+    assert_eq!(missing.status.code(), Some(2));
+    let agents = p.ok(&["agents"], &[]);
+    assert!(agents.contains("not governed") && agents.contains("tool(cls=\"side_effect\")"), "{agents}");
+}

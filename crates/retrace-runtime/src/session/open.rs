@@ -182,13 +182,14 @@ impl Session {
         if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
             options.strict = true;
         }
-        if options.autonomy.is_none() {
-            options.autonomy = crate::autonomy::from_cwd()?;
-        }
         let config = StoreConfig::from_env()?;
         let store = retrace_store::open_store(&config)?;
         masking::fill_from_env(&mut options, &config)?;
         let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
+        // The policy is read only to record (SPEC §7); replay and fork answer from the log.
+        if options.autonomy.is_none() && mode == "record" {
+            options.autonomy = crate::autonomy::from_cwd()?;
+        }
         let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
         match mode.as_str() {
             "record" => match run {
