@@ -70,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Err(e) if e.kind == StoreErrorKind::NotFound => Err(usage_hint(
             format!("no held side effect {}", args.id),
-            "the id is printed by the held call (ApprovalRequired) and by `retrace agents`",
+            "the id is in the held call's ApprovalRequired error, and on the recording's standard error while it waits",
         )),
         Err(e) if e.kind == StoreErrorKind::Conflict => {
             Err(Failure { code: 1, message: e.to_string(), hint: None }.into())
