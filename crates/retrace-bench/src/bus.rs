@@ -278,6 +278,39 @@ impl retrace_store::GcStore for Counting {
     }
 }
 
+impl retrace_store::LedgerStore for Counting {
+    fn ledger_record(
+        &self,
+        o: &retrace_store::ledger::ReplayOutcome,
+    ) -> StoreResult<retrace_core::ledger::LedgerEntry> {
+        self.inner.ledger_record(o)
+    }
+    fn ledger_entries(&self, project: Option<&str>) -> StoreResult<Vec<retrace_core::ledger::LedgerEntry>> {
+        self.inner.ledger_entries(project)
+    }
+    fn approval_request(&self, r: &retrace_store::ledger::ApprovalRecord) -> StoreResult<()> {
+        self.inner.approval_request(r)
+    }
+    fn approval_decide(
+        &self,
+        id: &str,
+        d: &retrace_store::ledger::ApprovalDecision,
+    ) -> StoreResult<retrace_store::ledger::ApprovalRecord> {
+        self.inner.approval_decide(id, d)
+    }
+    fn approval(&self, id: &str) -> StoreResult<Option<retrace_store::ledger::ApprovalRecord>> {
+        self.inner.approval(id)
+    }
+    fn approval_for(
+        &self,
+        run: &str,
+        agent: &str,
+        key: &retrace_core::Digest,
+    ) -> StoreResult<Option<retrace_store::ledger::ApprovalRecord>> {
+        self.inner.approval_for(run, agent, key)
+    }
+}
+
 impl Store for Counting {
     fn backend(&self) -> &'static str {
         self.inner.backend()

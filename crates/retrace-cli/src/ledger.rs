@@ -1,14 +1,14 @@
-//! The replay ledger's hook (issue 8, item 4: not built yet).
+//! The replay ledger's hook (issue 8, item 4).
 //!
 //! `retrace gate` calls [`record_outcome`] once per trace it replayed, with the *real* store
 //! (`RETRACE_HOME` / `RETRACE_STORE`, never the trace's temporary store), the project, the
-//! trace's content hash and how each of its agents fared. The ledger will add to its rows keyed
-//! by (project, agent id) there: traces replayed (each content hash counted once), clean streak,
-//! last divergence. Until then this function does nothing; it is the one place the ledger plugs
-//! into, so the gate's flow does not change when it lands.
+//! trace's content hash and how each of its agents fared. Each agent's row keyed by (project,
+//! agent id) is updated there ([`retrace_store::LedgerStore::ledger_record`]): traces replayed
+//! (each content hash counted once), clean streak, distinct traces, last divergence.
 use std::path::Path;
 
 use retrace_core::Digest;
+use retrace_store::ledger::ReplayOutcome;
 use retrace_store::StoreConfig;
 
 /// How one agent fared in one replayed trace.
@@ -20,21 +20,45 @@ pub struct AgentOutcome {
     pub clean: bool,
     /// The divergence code and seq when this agent diverged, e.g. `step_mismatch at seq 7`.
     pub divergence: Option<String>,
+    /// The seq this agent diverged at, when known.
+    pub seq: Option<u64>,
 }
 
-/// Adds one replayed trace to the ledger in the real store. Does nothing yet (issue 8, item 4).
+/// Adds one replayed trace to the ledger in the real store, one row per agent.
 pub fn record_outcome(
-    _real_store: &StoreConfig,
-    _project: &str,
-    _trace_digest: &Digest,
-    _agents: &[AgentOutcome],
+    real_store: &StoreConfig,
+    project: &str,
+    trace_digest: &Digest,
+    agents: &[AgentOutcome],
 ) -> anyhow::Result<()> {
+    if agents.is_empty() {
+        return Ok(());
+    }
+    let store = retrace_store::open_store(real_store)?;
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    for a in agents {
+        store.ledger_record(&ReplayOutcome {
+            project: project.into(),
+            agent: a.agent.clone(),
+            trace: *trace_digest,
+            clean: a.clean,
+            seq: a.seq,
+            detail: match (&a.divergence, a.clean) {
+                (Some(d), _) => Some(d.clone()),
+                (None, false) => Some("the trace diverged at another agent".into()),
+                (None, true) => None,
+            },
+            at_ms,
+        })?;
+    }
     Ok(())
 }
 
-/// The project a gate runs for: the name of the git top-level folder above `dir` (or of `dir`
-/// outside git). `[project] name` in `retrace.toml` will override it when the ledger lands.
+/// The project a gate runs for: `[project] name` in `dir/retrace.toml`, else the name of the
+/// git top-level folder above `dir` (or of `dir` outside git).
 pub fn project(dir: &Path) -> String {
-    let top = crate::launcher::git_toplevel(dir).unwrap_or_else(|| dir.to_path_buf());
-    top.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into())
+    retrace_runtime::autonomy::project(dir)
 }

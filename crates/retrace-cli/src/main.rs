@@ -57,6 +57,12 @@ enum Command {
     Vault(commands::vault::Args),
     /// Replay recorded traces as tests, each in a temporary store; exit 1 if any diverges.
     Gate(commands::gate::Args),
+    /// The replay ledger: show it, or export it signed under RETRACE_LEDGER_KEY.
+    Ledger(commands::ledger::Args),
+    /// Release (or refuse) a side effect held by the autonomy policy.
+    Approve(commands::approve::Args),
+    /// Each agent's replay record and autonomy rung, and why.
+    Agents(commands::agents::Args),
 }
 
 fn main() -> ExitCode {
@@ -87,6 +93,9 @@ fn main() -> ExitCode {
         Command::Gc(args) => commands::gc::run(args),
         Command::Vault(args) => commands::vault::run(args),
         Command::Gate(args) => commands::gate::run(args),
+        Command::Ledger(args) => commands::ledger::run(args),
+        Command::Approve(args) => commands::approve::run(args),
+        Command::Agents(args) => commands::agents::run(args),
     };
     exit::finish(result)
 }

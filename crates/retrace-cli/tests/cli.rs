@@ -79,7 +79,7 @@ const RUN: &str = "01clirun00000000000000000a";
 #[test]
 fn every_command_teaches_with_help() {
     let home = Home::new();
-    for command in ["runs", "show", "verify", "export", "import"] {
+    for command in ["runs", "show", "verify", "export", "import", "ledger", "approve", "agents"] {
         home.run(&[command, "--help"]).expect(0, &["Usage: retrace", "Examples:\n  retrace"], &[]);
     }
     home.run(&["show"]).expect(2, &[], &["RUN"]);

@@ -22,6 +22,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autonomy;
 pub mod canonical;
 pub mod chain;
 pub mod digest;
@@ -34,6 +35,7 @@ pub mod json;
 pub mod json_diff;
 pub mod key;
 pub mod lamport;
+pub mod ledger;
 pub mod mask;
 pub mod mask_http;
 pub mod mask_stream;

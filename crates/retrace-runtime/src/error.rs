@@ -50,6 +50,22 @@ pub enum RuntimeError {
         /// Its arguments.
         args: serde_json::Value,
     },
+    /// The autonomy policy (or a person, through `retrace approve`) refused a side effect.
+    #[error("{0}")]
+    NotPermitted(Box<Refusal>),
+    /// A side effect is held for a person's approval (`retrace approve ID --reason TEXT`); ask
+    /// again with the same request once it is approved.
+    #[error("approval required ({id}): side effect {tool} of agent {agent:?} is held by the autonomy policy ({standing}); release it with `retrace approve {id} --reason TEXT`, then call it again")]
+    ApprovalRequired {
+        /// The approval's id.
+        id: String,
+        /// The agent.
+        agent: String,
+        /// The side effect's tool.
+        tool: String,
+        /// The agent's rung and the bar, in words.
+        standing: String,
+    },
     /// The session was used wrongly (finished twice, unknown run, bad environment...).
     #[error("{0}")]
     Usage(String),
@@ -67,6 +83,45 @@ impl RuntimeError {
         match self {
             RuntimeError::Divergence(d) => Some(d),
             _ => None,
+        }
+    }
+}
+
+/// A side effect the autonomy policy or a person refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The agent.
+    pub agent: String,
+    /// The side effect's tool.
+    pub tool: String,
+    /// The agent's rung when it asked (`unproven`, `probation`).
+    pub rung: String,
+    /// The bar the policy sets, in words.
+    pub bar: String,
+    /// Why the agent stands where it does.
+    pub why: String,
+    /// `policy`, or the person who refused it.
+    pub by: String,
+    /// The person's reason, if one refused it.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Refusal { agent, tool, rung, bar, why, by, reason } = self;
+        if by == "policy" || by.is_empty() {
+            write!(
+                f,
+                "side effect {tool} of agent {agent:?} refused by the autonomy policy: the agent is on rung {rung} \
+                 ({why}) and the bar is {bar}; earn it with clean `retrace gate` replays, or set [autonomy] \
+                 below = \"hold\" so a person can release such calls with `retrace approve ID --reason TEXT`"
+            )
+        } else {
+            write!(
+                f,
+                "side effect {tool} of agent {agent:?} refused by {by} through `retrace approve`: {reason} \
+                 (rung {rung}: {why})"
+            )
         }
     }
 }

@@ -26,6 +26,8 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+mod approval;
+pub mod autonomy;
 mod bus;
 pub mod env_sources;
 pub mod error;
@@ -46,7 +48,7 @@ pub mod template;
 pub mod vaulting;
 
 pub use agent::{Agent, ModelCall, ModelReply, ToolSpec};
-pub use error::{RuntimeError, RuntimeResult};
+pub use error::{Refusal, RuntimeError, RuntimeResult};
 pub use http_model::{HttpModelCall, HttpModelOutput, HttpModelReply};
 pub use messaging::Message;
 pub use remote::{RemoteKind, RemoteStep};

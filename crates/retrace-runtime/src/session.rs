@@ -80,6 +80,9 @@ pub struct SessionOptions {
     pub prompts_dir: std::path::PathBuf,
     /// Prices that give model calls their estimated cost when the live call reported none.
     pub prices: Arc<retrace_core::prices::PriceTable>,
+    /// Record: the autonomy policy side effects answer to (`None`: not governed).
+    /// [`Session::from_env`] loads it from `./retrace.toml` when unset.
+    pub autonomy: Option<Arc<crate::autonomy::Governor>>,
 }
 
 impl Default for SessionOptions {
@@ -101,6 +104,7 @@ impl Default for SessionOptions {
             chaos_max_delay: Duration::from_millis(20),
             prompts_dir: crate::template::default_prompts_dir(),
             prices: Arc::new(retrace_core::prices::PriceTable::builtin()),
+            autonomy: None,
         }
     }
 }
@@ -159,6 +163,10 @@ pub(crate) struct Inner {
     /// Replay and fork: hands the program originals where a rule says `replay = "original"`.
     pub(crate) reveal: Option<crate::vaulting::Reveal>,
     pub(crate) wait_for_ack: bool,
+    /// Record: the autonomy policy (SPEC §7: never read in replay or fork).
+    pub(crate) autonomy: Option<Arc<crate::autonomy::Governor>>,
+    /// Approvals already spent by this session's calls.
+    pub(crate) spent: crate::approval::Spent,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) run: Mutex<RunMeta>,
     pub(crate) agents: Mutex<HashMap<String, Arc<Mutex<AgentState>>>>,

@@ -180,9 +180,24 @@ impl Agent {
                 let out = live().await?;
                 self.program_value(&label, out).map(|(v, _)| v)
             }
-            Mode::Record => self.record(input, prepared, &label, live).await.map(|r| r.value),
-            Mode::Fork => self.fork(input, prepared, &label, live).await.map(|r| r.value),
-            Mode::Replay => self.replay(input, prepared, &label, None).await.map(|(v, _)| v),
+            Mode::Record => {
+                if input.intent {
+                    self.govern(&input.template, &prepared).await?;
+                }
+                self.record(input, prepared, &label, live).await.map(|r| r.value)
+            }
+            Mode::Fork => {
+                if input.intent {
+                    self.replay_approval(&input.template, &prepared, &label).await?;
+                }
+                self.fork(input, prepared, &label, live).await.map(|r| r.value)
+            }
+            Mode::Replay => {
+                if input.intent {
+                    self.replay_approval(&input.template, &prepared, &label).await?;
+                }
+                self.replay(input, prepared, &label, None).await.map(|(v, _)| v)
+            }
         }
     }
 

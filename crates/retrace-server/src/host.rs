@@ -42,6 +42,7 @@ pub struct RunHost {
     stall_timeout: Duration,
     mask_key: Option<MaskKey>,
     vault_key: Option<VaultKey>,
+    autonomy: Option<Arc<retrace_runtime::autonomy::Governor>>,
     runs: Mutex<HashMap<String, Slot>>,
     opening: Mutex<()>,
 }
@@ -70,9 +71,17 @@ impl RunHost {
             stall_timeout,
             mask_key,
             vault_key,
+            autonomy: None,
             runs: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
         }
+    }
+
+    /// The autonomy policy the side effects of recorded runs answer to (SPEC §7: only in
+    /// record; the runtime reads no policy in replay or fork).
+    pub fn with_autonomy(mut self, governor: Option<Arc<retrace_runtime::autonomy::Governor>>) -> RunHost {
+        self.autonomy = governor;
+        self
     }
 
     /// The store.
@@ -109,6 +118,7 @@ impl RunHost {
             chaos_seed: meta.chaos_seed,
             mask_key: self.mask_key.clone(),
             vault_key: self.vault_key.clone(),
+            autonomy: self.autonomy.clone(),
             ..SessionOptions::default()
         };
         let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;

@@ -55,6 +55,9 @@ pub struct ServerConfig {
     pub vault_key: Option<retrace_core::vault::VaultKey>,
     /// The tokens callers must present ([`auth`]); none: every call is allowed.
     pub tokens: auth::Tokens,
+    /// The autonomy policy side effects of recorded runs answer to (`./retrace.toml`'s
+    /// `[autonomy]` where the daemon runs); `None`: not governed.
+    pub autonomy: Option<Arc<retrace_runtime::autonomy::Governor>>,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             mask_rules: MaskRules::default(),
             vault_key: None,
             tokens: auth::Tokens::none(),
+            autonomy: None,
         }
     }
 }
@@ -94,12 +98,10 @@ impl AppState {
     /// State over `store`.
     pub fn new(store: Arc<dyn Store>, config: ServerConfig) -> Arc<AppState> {
         Arc::new(AppState {
-            host: Arc::new(RunHost::new(
-                store,
-                config.stall_timeout,
-                config.mask_key.clone(),
-                config.vault_key.clone(),
-            )),
+            host: Arc::new(
+                RunHost::new(store, config.stall_timeout, config.mask_key.clone(), config.vault_key.clone())
+                    .with_autonomy(config.autonomy.clone()),
+            ),
             processes: Arc::default(),
             upstreams: Upstreams::new(
                 &config.upstream_openai,

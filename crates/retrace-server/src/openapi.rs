@@ -120,8 +120,9 @@ pub fn document() -> Value {
                 "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}}},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
             "StepAnswer": {"type": "object", "required": ["status"], "properties": {
-                "status": {"type": "string", "enum": ["done", "error", "run", "dry_run"]},
-                "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {}}},
+                "status": {"type": "string", "enum": ["done", "error", "run", "dry_run", "refused", "approval_required"]},
+                "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {},
+                "approval": {"type": "string", "description": "approval_required: the id `retrace approve` takes"}}},
         }},
     })
 }

@@ -6,7 +6,10 @@
 //! `{"status": "done", "output": …}`, `{"status": "error", "error": …}` (a recorded failure,
 //! raised again), or `{"status": "run", "step": ID}`: the program must run the step now and post
 //! `{"step": ID, "output" | "error"}` (a side effect in record, after its intent is stored; a
-//! changed or new step of a fork). A divergence is HTTP 409 with the report.
+//! changed or new step of a fork). A divergence is HTTP 409 with the report. A side effect the
+//! autonomy policy refuses is `{"status": "refused", "error"}`; one held for `retrace approve`
+//! past its wait is `{"status": "approval_required", "approval": ID, "error"}` (the SDK raises
+//! `ApprovalRequired(ID)`); both are recorded `approval` events, answered alike in replay.
 //! `send`, `recv`, `decide` and `exit` are the agent's messages, decisions and ending.
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -95,6 +98,13 @@ pub fn answer(result: StepResult, app: &AppState, run: &str) -> Response {
         }
         Err(RuntimeError::DryRun { tool, args }) => {
             Json(json!({"status": "dry_run", "tool": tool, "args": args})).into_response()
+        }
+        Err(e @ RuntimeError::NotPermitted(_)) => {
+            Json(json!({"status": "refused", "error": e.to_string()})).into_response()
+        }
+        Err(ref e @ RuntimeError::ApprovalRequired { ref id, .. }) => {
+            Json(json!({"status": "approval_required", "approval": id, "error": e.to_string()}))
+                .into_response()
         }
         Err(e) => runtime_failure(&e, app, run),
     }

@@ -18,6 +18,7 @@ mod cache;
 mod events;
 mod gc;
 mod leases;
+mod ledger;
 mod runs;
 mod vault;
 mod writer;
@@ -40,6 +41,7 @@ pub use gc::{
     gc_keeps_what_kept_manifests_name, record_with_outputs,
 };
 pub use leases::{dead_holder_is_recovered, leases_acquire_renew_release};
+pub use ledger::{approvals_are_decided_once, ledger_counts_traces_once_per_hash};
 pub use runs::{
     duplicate_run_conflicts, runs_create_get_update, runs_find_by_prefix, runs_list_oldest_first,
 };
@@ -87,6 +89,8 @@ pub fn run_all(make: MakeStore<'_>) {
         ("vault_put_is_idempotent", vault_put_is_idempotent),
         ("audit_appends_in_order", audit_appends_in_order),
         ("reveal_audits_every_attempt", reveal_audits_every_attempt),
+        ("ledger_counts_traces_once_per_hash", ledger_counts_traces_once_per_hash),
+        ("approvals_are_decided_once", approvals_are_decided_once),
         ("gc_deletes_expired_runs_and_their_blobs", gc_deletes_expired_runs_and_their_blobs),
         ("gc_keeps_recent_blobs_and_running_runs", gc_keeps_recent_blobs_and_running_runs),
         ("gc_keeps_what_kept_manifests_name", gc_keeps_what_kept_manifests_name),

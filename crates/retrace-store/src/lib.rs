@@ -13,6 +13,8 @@
 //!
 //! - [`vault::VaultStore`]: the token vault (originals of masked values, sealed under the vault
 //!   key) and its append-only audit log; [`vault::store_originals`] and [`vault::reveal`].
+//! - [`ledger::LedgerStore`]: the replay ledger per (project, agent) and the approvals of side
+//!   effects held by the autonomy policy.
 //! - [`gc::GcStore`]: retention and garbage collection ([`gc::collect`]): expired runs, then
 //!   blobs nothing references, in one atomic step.
 //!
@@ -32,6 +34,7 @@ pub mod export;
 pub mod gc;
 pub mod head;
 pub mod import;
+pub mod ledger;
 pub mod manifest;
 pub mod memory;
 pub mod open;
@@ -50,6 +53,7 @@ pub use cache::{Cache, CacheEntry};
 pub use error::{StoreError, StoreErrorKind, StoreResult};
 pub use gc::{GcReport, GcRequest, GcStore};
 pub use head::EventHead;
+pub use ledger::LedgerStore;
 pub use open::{open_store, Durability, StoreConfig};
 pub use summary::EventSummary;
 pub use vault::VaultStore;
@@ -183,8 +187,8 @@ pub trait EventStore: Send + Sync {
     fn recover_interrupted(&self) -> StoreResult<Vec<String>>;
 }
 
-/// A whole store: events, blobs, caches, the vault and garbage collection.
-pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore {
+/// A whole store: events, blobs, caches, the vault, garbage collection and the ledger.
+pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerStore {
     /// The backend's name (`sqlite`, `memory`, ...).
     fn backend(&self) -> &'static str;
     /// Runs `f` with every read this thread makes of the store served from one consistent

@@ -5,6 +5,7 @@
 //! The checks every backend shares (digests of a batch, run prefixes) live here too. The vault
 //! and garbage collection are in `memory/vault.rs` and `memory/gc.rs`.
 mod gc;
+mod ledger;
 mod vault;
 
 use std::collections::HashMap;
@@ -38,6 +39,10 @@ struct Inner {
     cache: HashMap<Digest, CacheEntry>,
     vault: HashMap<String, crate::vault::VaultEntry>,
     audit: Vec<crate::vault::AuditRecord>,
+    ledger: HashMap<(String, String), retrace_core::ledger::LedgerEntry>,
+    /// Per ((project, agent), trace): whether the trace counts in the current clean streak.
+    ledger_traces: HashMap<((String, String), Digest), bool>,
+    approvals: Vec<crate::ledger::ApprovalRecord>,
 }
 
 #[derive(Debug)]

@@ -18,6 +18,7 @@ mod events;
 mod files;
 mod gc;
 mod heads;
+mod ledger;
 mod pack;
 mod rows;
 mod runs;

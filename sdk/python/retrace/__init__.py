@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 __all__ = [
     "connect", "Run", "Agent", "Message", "Divergence", "DryRun", "StepError", "RetraceError",
+    "ApprovalRequired", "NotPermitted",
 ]
 
 
@@ -62,6 +63,21 @@ class DryRun(Exception):
     def __init__(self, tool: str, args: Any):
         super().__init__(f"dry run: side effect {tool} was not executed in this fork (args {args!r})")
         self.tool, self.args = tool, args
+
+
+class ApprovalRequired(Exception):
+    """A side effect is held by the autonomy policy until a person runs
+    ``retrace approve ID --reason TEXT``; call it again with the same arguments afterwards.
+    ``.id`` is the approval's id. Recorded, so replay raises it again at the same call."""
+
+    def __init__(self, id: str, message: str):
+        super().__init__(message)
+        self.id = id
+
+
+class NotPermitted(Exception):
+    """The autonomy policy (or a person, through ``retrace approve --refuse``) refused a side
+    effect: the message names the agent's rung and the bar. Recorded, so replay refuses again."""
 
 
 class StepError(Exception):
@@ -207,6 +223,10 @@ class Agent:
             return answer["output"]
         if status == "error":
             raise StepError(answer["error"])
+        if status == "approval_required":
+            raise ApprovalRequired(answer["approval"], answer["error"])
+        if status == "refused":
+            raise NotPermitted(answer["error"])
         if status == "dry_run":
             if dry_run is not None:
                 return dry_run(answer["args"])

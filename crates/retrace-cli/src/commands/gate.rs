@@ -288,6 +288,7 @@ fn agent_outcomes(outcome: &Outcome) -> Vec<AgentOutcome> {
                 Some(seq) => format!("{} at seq {seq}", d.code),
                 None => d.code.to_string(),
             }),
+            seq: diverged.filter(|d| &d.agent == agent).and_then(|d| d.seq),
         })
         .collect()
 }

@@ -1,4 +1,6 @@
 //! One module per subcommand.
+pub mod agents;
+pub mod approve;
 pub mod demo;
 pub mod diff;
 pub mod export;
@@ -7,6 +9,7 @@ pub mod gate;
 pub mod gc;
 pub mod import;
 pub mod knew;
+pub mod ledger;
 pub mod record;
 pub mod replay;
 pub mod resolve;

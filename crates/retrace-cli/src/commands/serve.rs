@@ -93,6 +93,7 @@ pub fn config_masked(
         mask_key: Some(mask.key),
         mask_rules: mask.rules,
         vault_key: retrace_runtime::masking::vault_key_from_env()?,
+        autonomy: retrace_runtime::autonomy::from_cwd()?,
         ..ServerConfig::default()
     })
 }

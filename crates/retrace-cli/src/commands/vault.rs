@@ -96,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The OS user: `$USER`, else `$LOGNAME`, else `uid <n>` (the owner of this process).
-fn os_user() -> String {
+pub(crate) fn os_user() -> String {
     use std::os::unix::fs::MetadataExt as _;
     ["USER", "LOGNAME"]
         .iter()

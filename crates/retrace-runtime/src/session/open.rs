@@ -186,6 +186,10 @@ impl Session {
         let store = retrace_store::open_store(&config)?;
         masking::fill_from_env(&mut options, &config)?;
         let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
+        // The policy is read only to record (SPEC §7); replay and fork answer from the log.
+        if options.autonomy.is_none() && mode == "record" {
+            options.autonomy = crate::autonomy::from_cwd()?;
+        }
         let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
         match mode.as_str() {
             "record" => match run {
@@ -288,6 +292,8 @@ impl Session {
                 keys: options.keys,
                 masker,
                 wait_for_ack: options.wait_for_ack,
+                autonomy: if mode == Mode::Record { options.autonomy.clone() } else { None },
+                spent: Default::default(),
                 clock: options.clock,
                 run: Mutex::new(run),
                 agents: Mutex::new(HashMap::new()),

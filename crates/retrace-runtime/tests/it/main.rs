@@ -1,4 +1,5 @@
 //! Integration tests of the runtime: one binary, one module per feature.
+mod autonomy;
 mod fork;
 mod fork_props;
 mod masking;

@@ -2,6 +2,7 @@
 //! stand-in (`retrace_demo::providers`): record, replay, bad input, upstream failures, access
 //! control and the API's read routes.
 mod auth;
+mod autonomy;
 mod bad_input;
 mod reads;
 mod record_replay;

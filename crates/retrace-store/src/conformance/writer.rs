@@ -262,6 +262,39 @@ impl crate::GcStore for Flaky {
     }
 }
 
+impl crate::LedgerStore for Flaky {
+    fn ledger_record(
+        &self,
+        o: &crate::ledger::ReplayOutcome,
+    ) -> StoreResult<retrace_core::ledger::LedgerEntry> {
+        self.inner.ledger_record(o)
+    }
+    fn ledger_entries(&self, project: Option<&str>) -> StoreResult<Vec<retrace_core::ledger::LedgerEntry>> {
+        self.inner.ledger_entries(project)
+    }
+    fn approval_request(&self, r: &crate::ledger::ApprovalRecord) -> StoreResult<()> {
+        self.inner.approval_request(r)
+    }
+    fn approval_decide(
+        &self,
+        id: &str,
+        d: &crate::ledger::ApprovalDecision,
+    ) -> StoreResult<crate::ledger::ApprovalRecord> {
+        self.inner.approval_decide(id, d)
+    }
+    fn approval(&self, id: &str) -> StoreResult<Option<crate::ledger::ApprovalRecord>> {
+        self.inner.approval(id)
+    }
+    fn approval_for(
+        &self,
+        run: &str,
+        agent: &str,
+        key: &retrace_core::Digest,
+    ) -> StoreResult<Option<crate::ledger::ApprovalRecord>> {
+        self.inner.approval_for(run, agent, key)
+    }
+}
+
 impl Store for Flaky {
     fn backend(&self) -> &'static str {
         self.inner.backend()

@@ -27,11 +27,18 @@
 //!   reused; triggers refuse every `UPDATE` and `DELETE`; indexed by subject (token or run);
 //! - `blobs.stored_at` (since version 3): Unix milliseconds when the row was inserted, so
 //!   garbage collection keeps what a running recording may still reference ([`crate::gc`]);
-//!   `NULL` in rows older than version 3, meaning "old".
+//!   `NULL` in rows older than version 3, meaning "old";
+//! - `ledger` (since version 4): the replay ledger, one row per (project, agent) without a
+//!   rowid; `ledger_traces`: which trace hashes each agent replayed, and whether each counts in
+//!   the current clean streak ([`crate::ledger`]);
+//! - `approvals` (since version 4): side effects held by the autonomy policy, decided once by
+//!   `retrace approve`; indexed by (run, agent, key).
 //!
-//! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`.
+//! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
+//! 3 had no `ledger`, `ledger_traces` or `approvals`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
-//! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column). A store of a newer version
+//! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
+//! the approvals). A store of a newer version
 //! than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -39,7 +46,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -154,6 +161,39 @@ CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 ";
 
+/// What version 4 added to version 3 (also part of a new store's schema).
+const DDL_V4: &str = "
+CREATE TABLE IF NOT EXISTS ledger (
+    project TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    replays INTEGER NOT NULL,
+    traces_replayed INTEGER NOT NULL,
+    clean_streak INTEGER NOT NULL,
+    distinct_traces INTEGER NOT NULL,
+    last_divergence TEXT,
+    PRIMARY KEY (project, agent)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_traces (
+    project TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    trace BLOB NOT NULL,
+    in_streak INTEGER NOT NULL,
+    PRIMARY KEY (project, agent, trace)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    key BLOB NOT NULL,
+    rung TEXT NOT NULL,
+    why TEXT NOT NULL,
+    requested_at INTEGER NOT NULL,
+    decision TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_step ON approvals (run, agent, key, requested_at);
+";
+
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
     let present: i64 = conn.query_row(
@@ -230,6 +270,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         if version < 3 {
             add_stored_at(conn).ctx(what)?;
             conn.execute_batch(DDL_V3).ctx(what)?;
+        }
+        if version < 4 {
+            conn.execute_batch(DDL_V4).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

@@ -4,4 +4,5 @@ mod knew;
 mod memory;
 mod sqlite;
 mod sqlite_v3;
+mod sqlite_v4;
 mod storage;

@@ -1,0 +1,154 @@
+//! `retrace ledger`: the replay ledger (per project and agent, how its traces replayed under
+//! `retrace gate`), shown, or exported as a file signed under `RETRACE_LEDGER_KEY`.
+use std::path::PathBuf;
+
+use retrace_core::ledger::{signing_key, LedgerEntry, LedgerFile};
+
+use crate::commands::store_from_env;
+use crate::exit::usage_hint;
+use crate::output::{print_json, table, utc_time};
+
+/// The environment variable holding the ledger's signing key.
+pub const LEDGER_KEY_ENV: &str = "RETRACE_LEDGER_KEY";
+
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace gate tests/traces            # adds every replay to the ledger\n  \
+         retrace ledger show\n  \
+         RETRACE_LEDGER_KEY=$(cat ledger.key) retrace ledger export -o ci/ledger.json\n  \
+         head -c 32 /dev/urandom | base64    # a new key, for CI's secrets"
+    };
+}
+
+/// The replay ledger: how each agent's traces replayed, and the signed file policies load.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Every `retrace gate` adds each replayed trace to the ledger in the real store, per \
+(project, agent): replays, traces replayed (each trace file counted once per content hash), the \
+clean streak (consecutive clean replays), distinct traces in that streak, and the last divergence. \
+The project is `[project] name` in ./retrace.toml, else the git top-level folder's name.\n\n\
+`retrace ledger export` writes it as a file signed with Ed25519 under RETRACE_LEDGER_KEY (a \
+base64 32-byte seed, held by CI and not by the agents). A policy names that file and the public \
+key the export prints ([autonomy] ledger, ledger_pubkey in retrace.toml); a file signed by any \
+other key counts as no ledger, so agents can't grant themselves autonomy.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The ledger's subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Write the ledger as a JSON file signed under RETRACE_LEDGER_KEY.
+    Export(ExportArgs),
+    /// Print the ledger.
+    Show(ShowArgs),
+}
+
+/// Export the signed ledger.
+#[derive(Debug, clap::Args)]
+#[command(after_help = examples!())]
+pub struct ExportArgs {
+    /// Where to write the file (`retrace-ledger/1` JSON).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Only this project's entries (default: every project).
+    #[arg(long, value_name = "NAME")]
+    pub project: Option<String>,
+}
+
+/// Show the ledger.
+#[derive(Debug, clap::Args)]
+#[command(after_help = examples!())]
+pub struct ShowArgs {
+    /// Print a JSON array of `{project, agent, replays, traces_replayed, clean_streak,
+    /// distinct_traces, last_divergence?}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `retrace ledger`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Export(a) => export(a),
+        Command::Show(a) => show(a),
+    }
+}
+
+fn export(args: ExportArgs) -> anyhow::Result<()> {
+    let seed = std::env::var(LEDGER_KEY_ENV).ok().filter(|s| !s.trim().is_empty()).ok_or_else(|| {
+        usage_hint(
+            format!("{LEDGER_KEY_ENV} is not set: the ledger is signed with it"),
+            "set it to a base64 32-byte Ed25519 seed held by CI (head -c 32 /dev/urandom | base64)",
+        )
+    })?;
+    let key = signing_key(&seed).map_err(|e| usage_hint(e.to_string(), format!("check {LEDGER_KEY_ENV}")))?;
+    let entries = store_from_env()?.ledger_entries(args.project.as_deref())?;
+    let file = LedgerFile::sign(entries, now_ms(), &key);
+    let mut text = serde_json::to_vec_pretty(&file)?;
+    text.push(b'\n');
+    std::fs::write(&args.output, text).map_err(|e| {
+        usage_hint(format!("cannot write {}: {e}", args.output.display()), "check the -o path")
+    })?;
+    eprintln!(
+        "wrote {} ({} entries), signed by {}\nin retrace.toml where the agents run:\n  [autonomy]\n  ledger = \"{}\"\n  ledger_pubkey = \"{}\"",
+        args.output.display(),
+        file.entries.len(),
+        file.public_key,
+        args.output.display(),
+        file.public_key
+    );
+    Ok(())
+}
+
+fn show(args: ShowArgs) -> anyhow::Result<()> {
+    let entries = store_from_env()?.ledger_entries(None)?;
+    if args.json {
+        return print_json(&serde_json::to_value(&entries)?);
+    }
+    if entries.is_empty() {
+        eprintln!("the ledger is empty: `retrace gate PATH...` adds the traces it replays");
+        return Ok(());
+    }
+    print!(
+        "{}",
+        table(
+            &["PROJECT", "AGENT", "REPLAYS", "TRACES", "STREAK", "DISTINCT", "LAST DIVERGENCE"],
+            &rows(&entries)
+        )
+    );
+    Ok(())
+}
+
+fn rows(entries: &[LedgerEntry]) -> Vec<Vec<String>> {
+    entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.project.clone(),
+                e.agent.clone(),
+                e.replays.to_string(),
+                e.traces_replayed.to_string(),
+                e.clean_streak.to_string(),
+                e.distinct_traces.to_string(),
+                e.last_divergence
+                    .as_ref()
+                    .map_or("-".into(), |d| format!("{} {}", utc_time(d.at_ms), d.detail)),
+            ]
+        })
+        .collect()
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}

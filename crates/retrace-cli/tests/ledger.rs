@@ -1,0 +1,182 @@
+//! The replay ledger and the autonomy ladder through the real binary: `retrace gate` filling
+//! the ledger (a trace file counted once per content hash), `retrace ledger export` signing it,
+//! and `retrace agents` trusting only a ledger signed by the policy's key.
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use retrace_core::ledger::LedgerFile;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_retrace");
+const KEY: &str = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
+const OTHER_KEY: &str = "CAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAg=";
+
+/// One agent reading the clock twice through the daemon's SDK route (plain HTTP, no SDK).
+const STEPPER: &str = r#"
+import json, os, urllib.request
+def step(body):
+    url = f"{os.environ['RETRACE_URL']}/api/runs/{os.environ['RETRACE_RUN']}/agents/planner/steps"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+for n in (1, 2):
+    print(step({"type": "clock", "name": "wall", "request": {}, "output": {"unix_ms": n}})["output"])
+"#;
+
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    fn new(toml: &str) -> Project {
+        let p = Project { dir: tempfile::tempdir().unwrap() };
+        std::fs::write(p.path("stepper.py"), STEPPER).unwrap();
+        std::fs::write(p.path("retrace.toml"), toml).unwrap();
+        std::fs::create_dir(p.path("traces")).unwrap();
+        p
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn retrace(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut command = Command::new(BIN);
+        command.args(args).current_dir(self.dir.path()).env_clear().stdin(Stdio::null());
+        for var in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(var) {
+                command.env(var, v);
+            }
+        }
+        command.env("RETRACE_HOME", self.path("home"));
+        command.envs(env.iter().copied());
+        command.output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str], env: &[(&str, &str)]) -> String {
+        let out = self.retrace(args, env);
+        assert!(out.status.success(), "retrace {args:?}: {}\n{}", text(&out.stdout), text(&out.stderr));
+        text(&out.stdout)
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// Records the stepper into its own store and exports it as `traces/NAME.jsonl`.
+fn record(p: &Project, name: &str) -> PathBuf {
+    let home = p.path("record-home");
+    let home = home.to_str().unwrap();
+    let out = p.ok(&["record", "--", "python3", "stepper.py"], &[("RETRACE_HOME", home)]);
+    let run = out.lines().last().unwrap().to_owned();
+    let file = p.path(&format!("traces/{name}.jsonl"));
+    p.ok(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]);
+    file
+}
+
+fn planner(p: &Project) -> Value {
+    let entries = json(&p.ok(&["ledger", "show", "--json"], &[]));
+    entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["agent"] == "planner")
+        .cloned()
+        .expect("planner in the ledger")
+}
+
+#[test]
+fn gate_counts_a_trace_file_once_per_content_hash() {
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    let file = record(&p, "a");
+    std::fs::copy(&file, p.path("traces/a-copy.jsonl")).unwrap();
+    p.ok(&["gate", "traces"], &[]);
+    let e = planner(&p);
+    assert_eq!(e["project"], "billing", "[project] name names the project: {e}");
+    assert_eq!((e["replays"].as_u64(), e["traces_replayed"].as_u64()), (Some(2), Some(1)), "{e}");
+    assert_eq!((e["clean_streak"].as_u64(), e["distinct_traces"].as_u64()), (Some(2), Some(1)), "{e}");
+    p.ok(&["gate", "traces/a.jsonl"], &[]);
+    let e = planner(&p);
+    assert_eq!(
+        (e["replays"].as_u64(), e["traces_replayed"].as_u64(), e["clean_streak"].as_u64()),
+        (Some(3), Some(1), Some(3))
+    );
+    assert!(p.ok(&["ledger", "show"], &[]).contains("billing"));
+}
+
+#[test]
+fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    record(&p, "a");
+    p.ok(&["gate", "traces"], &[]);
+    p.ok(&["gate", "traces"], &[]);
+
+    let unsigned = p.retrace(&["ledger", "export", "-o", "ledger.json"], &[]);
+    assert_eq!(unsigned.status.code(), Some(2), "{}", text(&unsigned.stderr));
+    assert!(text(&unsigned.stderr).contains("RETRACE_LEDGER_KEY"), "{}", text(&unsigned.stderr));
+    let bad = p.retrace(&["ledger", "export", "-o", "ledger.json"], &[("RETRACE_LEDGER_KEY", "short")]);
+    assert_eq!(bad.status.code(), Some(2));
+
+    let exported = p.retrace(&["ledger", "export", "-o", "ledger.json"], &[("RETRACE_LEDGER_KEY", KEY)]);
+    assert!(exported.status.success(), "{}", text(&exported.stderr));
+    let file = LedgerFile::parse(&std::fs::read(p.path("ledger.json")).unwrap()).unwrap();
+    let pubkey = file.public_key.clone();
+    file.verify(&pubkey).unwrap();
+    assert!(
+        text(&exported.stderr).contains(&format!("ledger_pubkey = \"{pubkey}\"")),
+        "{}",
+        text(&exported.stderr)
+    );
+    assert_eq!(file.entry("billing", "planner").unwrap().clean_streak, 2);
+
+    let policy = |traces: u64| {
+        format!(
+            "[project]\nname = \"billing\"\n[autonomy]\nledger = \"ledger.json\"\nledger_pubkey = \"{pubkey}\"\n\
+             side_effect_min_clean = 2\nside_effect_min_traces = {traces}\nbelow = \"hold\"\n"
+        )
+    };
+    let rung = |p: &Project| {
+        let agents = json(&p.ok(&["agents", "--json"], &[]));
+        let planner =
+            agents["agents"].as_array().unwrap().iter().find(|a| a["agent"] == "planner").cloned().unwrap();
+        (planner["rung"].as_str().unwrap().to_owned(), agents)
+    };
+    std::fs::write(p.path("retrace.toml"), policy(1)).unwrap();
+    assert_eq!(rung(&p).0, "autonomous");
+    std::fs::write(p.path("retrace.toml"), policy(2)).unwrap();
+    let (probation, agents) = rung(&p);
+    assert_eq!(probation, "probation");
+    assert!(agents["scope"].as_str().unwrap().contains("tool(cls=\"side_effect\")"), "{agents}");
+    let plain = p.ok(&["agents"], &[]);
+    assert!(plain.contains("probation") && plain.contains("tool(cls=\"side_effect\")"), "{plain}");
+
+    // An agent re-signs a better ledger with its own key: ignored, with a warning.
+    let mut forged = file.clone();
+    forged.entries.iter_mut().for_each(|e| e.distinct_traces = 99);
+    let forged = LedgerFile::sign(forged.entries, 1, &retrace_core::ledger::signing_key(OTHER_KEY).unwrap());
+    std::fs::write(p.path("ledger.json"), serde_json::to_vec(&forged).unwrap()).unwrap();
+    let (lowest, agents) = rung(&p);
+    assert_eq!(lowest, "unproven");
+    assert!(agents["ledger_warning"].as_str().unwrap().contains("another key"), "{agents}");
+    let warned = p.retrace(&["agents"], &[]);
+    assert!(text(&warned.stderr).contains("ignored"), "{}", text(&warned.stderr));
+}
+
+#[test]
+fn approve_needs_a_known_id_and_a_reason() {
+    let p = Project::new("");
+    let unknown = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));
+    assert!(text(&unknown.stderr).contains("no held side effect ap_nope"), "{}", text(&unknown.stderr));
+    let blank = p.retrace(&["approve", "ap_nope", "--reason", " "], &[]);
+    assert_eq!(blank.status.code(), Some(2));
+    let missing = p.retrace(&["approve", "ap_nope"], &[]);
+    assert_eq!(missing.status.code(), Some(2));
+    let agents = p.ok(&["agents"], &[]);
+    assert!(agents.contains("not governed") && agents.contains("tool(cls=\"side_effect\")"), "{agents}");
+}
