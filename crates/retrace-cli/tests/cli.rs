@@ -248,3 +248,32 @@ fn a_closed_pipe_ends_export_quietly() {
     out.expect(0, &[], &[]);
     assert_eq!(out.stderr(), "");
 }
+
+#[test]
+fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vault_key() {
+    let home = Home::new();
+    let project = tempfile::tempdir().unwrap();
+    let record = |vault: Option<&str>| {
+        let mut c = home.command(&["record", "--", "true"]);
+        c.current_dir(project.path()).env_remove("RETRACE_MASK_KEY").env_remove("RETRACE_VAULT_KEY");
+        if let Some(key) = vault {
+            c.env("RETRACE_VAULT_KEY", key);
+        }
+        Result(c.stdin(Stdio::null()).output().unwrap())
+    };
+    // No key anywhere: one is generated into RETRACE_HOME/mask.key, mode 0600, with a notice.
+    record(None).expect(0, &[], &["generated a mask key", "RETRACE_MASK_KEY"]);
+    let key_file = home.file("mask.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777, 0o600);
+    let key = std::fs::read_to_string(&key_file).unwrap();
+    record(None).expect(0, &[], &[]);
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key, "the key is generated once");
+
+    // A rule that replays the original needs the vault.
+    let config = "[[mask.rules]]\nname = \"acct\"\nkind = \"acct\"\njson_path = \"$..account\"\nreplay = \"original\"\n";
+    std::fs::write(project.path().join("retrace.toml"), config).unwrap();
+    record(None).expect(2, &[], &["acct", "RETRACE_VAULT_KEY"]);
+    let vault_key = "dmF1bHQta2V5LWZvci10aGUtY2xpLXRlc3Qtb2YtMzI=";
+    record(Some(vault_key)).expect(0, &[], &[]);
+}
