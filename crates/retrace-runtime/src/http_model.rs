@@ -97,6 +97,8 @@ impl Agent {
         self.apply_raw_model_edits(&mut call);
         let name = call.step_name();
         let mut template = self.event(EventType::ModelCall, Some(&name));
+        // The agent's prompt template (set by `template()`), as on in-process model calls.
+        template.prompt_template = self.state.lock().prompt.clone();
         let body: Option<Value> = serde_json::from_slice(&call.body).ok();
         let model_name = body.as_ref().and_then(|b| b.get("model")).and_then(Value::as_str);
         template.model = Some(ModelRef {

@@ -93,6 +93,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/api/runs/{run}/agents/{agent}/send", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/recv", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/decide", Access::AtLeast(Role::Debugger)),
+    ("POST", "/api/runs/{run}/agents/{agent}/template", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/exit", Access::AtLeast(Role::Debugger)),
     ("*", "/proxy/openai/v1/{*rest}", Access::AtLeast(Role::Debugger)),
     ("*", "/proxy/anthropic/{*rest}", Access::AtLeast(Role::Debugger)),

@@ -16,6 +16,7 @@ pub mod processes;
 pub mod proxy;
 pub mod reads;
 pub mod steps;
+pub mod template;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -132,6 +133,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/runs/{run}/agents/{agent}/send", post(steps::send))
         .route("/api/runs/{run}/agents/{agent}/recv", post(steps::recv))
         .route("/api/runs/{run}/agents/{agent}/decide", post(steps::decide))
+        .route("/api/runs/{run}/agents/{agent}/template", post(template::template))
         .route("/api/runs/{run}/agents/{agent}/exit", post(steps::exit))
         .route("/proxy/openai/v1/{*rest}", any(proxy::openai))
         .route("/proxy/anthropic/{*rest}", any(proxy::anthropic))

@@ -85,7 +85,7 @@ pub struct StepBody {
 }
 
 /// An SDK error answer: `{"error": {"code", "message", "divergence"?}}`.
-fn fail(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+pub(crate) fn fail(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     (status, Json(json!({"error": {"code": code, "message": message.to_string()}}))).into_response()
 }
 
@@ -134,7 +134,12 @@ pub fn runtime_failure(e: &RuntimeError, app: &AppState, run: &str) -> Response 
 }
 
 /// The agent a request speaks for; its process (`X-Retrace-Process`) must own it.
-fn agent(app: &AppState, run: &str, agent: &str, headers: &HeaderMap) -> Result<Agent, Box<Response>> {
+pub(crate) fn agent(
+    app: &AppState,
+    run: &str,
+    agent: &str,
+    headers: &HeaderMap,
+) -> Result<Agent, Box<Response>> {
     let found =
         app.host.agent(run, agent).map_err(|e| Box::new(fail(StatusCode::NOT_FOUND, "unknown_run", e)))?;
     let pid = headers.get("x-retrace-process").and_then(|v| v.to_str().ok()).map(str::parse::<u32>);

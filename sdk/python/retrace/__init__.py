@@ -233,6 +233,18 @@ class Agent:
             raise DryRun(answer["tool"], answer["args"])
         raise RetraceError(0, "protocol", f"unexpected answer {answer!r}")
 
+    def template(self, vars: Optional[dict] = None, template: Optional[str] = None) -> str:
+        """The text of this agent's prompt template (``prompt_template`` of :meth:`Run.agent`, or
+        ``template``, as ``name@version``), read from ``prompts/<name>/<version>.txt`` (or
+        ``RETRACE_PROMPTS``) where the daemon runs, with ``{name}`` placeholders filled from
+        ``vars``. The agent's following model calls carry the template's id and digest, and a
+        fork's ``prompt:AGENT=VERSION`` edit hands back that version's text instead."""
+        chosen = template or self.prompt_template
+        if not chosen:
+            raise RetraceError(0, "usage", f"agent {self.id!r} has no prompt template: "
+                               "pass prompt_template= to run.agent() or template= here")
+        return self._post("template", {"template": chosen, "vars": vars or {}})["text"]
+
     def tool(self, name: str, args: Any, fn: Callable[..., Any], cls: str = "deterministic", version: str = "1",
              ttl_s: Optional[int] = None, dry_run: Optional[Callable[[Any], Any]] = None) -> Any:
         """Calls a tool: in record runs ``fn()`` and records its result (or error); in replay

@@ -1,0 +1,65 @@
+"""`Agent.template()` (SPEC §6) against a real daemon: the prompt comes from
+prompts/<name>/<version>.txt where the program runs, its model call carries the template's id,
+replay hands back the same text with nothing live, and a fork's `prompt:planner=v2` edit hands
+the planner version 2 (the model call then runs live: it changed)."""
+import os
+import subprocess
+import sys
+import time
+import socket
+from pathlib import Path
+
+HERE = Path(__file__).parent
+BIN = os.environ.get("RETRACE_BIN", str(HERE.parents[2] / "target" / "release" / "retrace"))
+PROG = [sys.executable, str(HERE / "template_prog.py")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def retrace(home, cwd, *args, check=True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRACE_") and not k.startswith("OPENAI_")}
+    env.update(RETRACE_HOME=str(home), OPENAI_API_KEY="sk-test-template-never-stored",
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    r = subprocess.run([BIN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    if check and r.returncode != 0:
+        raise AssertionError(f"retrace {' '.join(args)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def test_template_versions_replay_and_fork(tmp_path):
+    project, home = tmp_path / "project", tmp_path / "home"
+    (project / "prompts" / "planner").mkdir(parents=True)
+    (project / "prompts" / "planner" / "v1.txt").write_text("Plan the rename of {table}.full_name.")
+    (project / "prompts" / "planner" / "v2.txt").write_text("Plan the rename of {table}.full_name in batches.")
+    port = free_port()
+    sim = subprocess.Popen([BIN, "simulate", "--addr", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "simulate did not start"
+                time.sleep(0.05)
+        upstream = f"http://127.0.0.1:{port}/v1"
+        rec = retrace(home, project, "record", "--upstream-openai", upstream, "--", *PROG)
+        *printed, run = rec.stdout.strip().splitlines()
+        assert printed == ["Plan the rename of users.full_name."], rec.stdout
+        show = retrace(home, project, "show", run, "--json").stdout
+        assert "planner@v1" in show, show
+
+        fork = retrace(home, project, "fork", run, "--edit", "prompt:planner=v2", "--upstream-openai", upstream)
+        assert "Plan the rename of users.full_name in batches." in fork.stdout, fork.stdout + fork.stderr
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+
+    rep = retrace(home, project, "replay", run)
+    assert rep.stdout.strip().splitlines() == printed, rep.stdout + rep.stderr
