@@ -28,6 +28,7 @@ import canaries as C  # noqa: E402
 
 APP = HERE / "canary_app.py"
 VAULT_KEY = "dmF1bHQta2V5LWZvci10aGUtY2FuYXJ5LXRlc3QtMzI="  # 32 bytes, base64
+OTHER_MASK_KEY = "b3RoZXItbWFzay1rZXktb2YtYW5vdGhlci1tYWNoaW4="  # 32 bytes: a machine without the key
 
 # The project's config for this test: the default rules plus an application field and a
 # response header of the simulator.
@@ -141,6 +142,21 @@ def test_no_canary_reaches_anything_retrace_writes(project: Project, tmp_path: P
         ex = project("export", rid, "-o", str(exports / f"{rid}.jsonl"))
         assert ex.returncode == 0, ex.explain()
 
+    # Another machine: a fresh store holding only the exported trace. Under the same mask key it
+    # replays offline; under another key it is refused before anything runs, naming both keys.
+    machines = tmp_path / "machines"
+    for name, key, status in (("same-key", h.MASK_KEY, 0), ("other-key", OTHER_MASK_KEY, 2)):
+        project.retrace = h.Retrace(machines / name)
+        imported = project("import", str(exports / f"{run}.jsonl"), RETRACE_MASK_KEY=key)
+        assert imported.returncode == 0, imported.explain()
+        elsewhere = project("replay", run, RETRACE_MASK_KEY=key)
+        assert elsewhere.returncode == status, elsewhere.explain()
+        if status == 0:
+            assert app_output(elsewhere) == replayed, elsewhere.explain()
+        else:
+            assert "mask key" in elsewhere.stderr and "mk_" in elsewhere.stderr, elsewhere.explain()
+    project.retrace = h.Retrace(project.home)
+
     # Served through the API: whatever it answers must be masked too.
     port = h.free_port()
     import subprocess
@@ -174,7 +190,7 @@ def test_no_canary_reaches_anything_retrace_writes(project: Project, tmp_path: P
         server.wait(timeout=10)
         serve_log.close()
 
-    hits = scan([project.home, exports, project.logs], answers)
+    hits = scan([project.home, exports, project.logs, machines], answers)
     assert not hits, "canaries found in what Retrace wrote:\n" + "\n".join(hits)
     # The scan saw the real thing: a store with a WAL-mode database, blobs and tokens.
     db = project.home / "retrace.db"
