@@ -114,8 +114,9 @@ impl Masker {
 }
 
 /// The byte spans (quotes included) of every quoted run in `raw` that could be a JSON string
-/// (no raw control characters): the fallback for bytes that are not JSON. The scan is lexical.
-fn string_spans(raw: &[u8]) -> Vec<Range<usize>> {
+/// (no raw control characters): the fallback for bytes that are not JSON, and the strings of a
+/// stream event's data. The scan is lexical: balanced quotes, no valid document needed.
+pub(crate) fn string_spans(raw: &[u8]) -> Vec<Range<usize>> {
     let mut spans = Vec::new();
     let mut i = 0;
     while i < raw.len() {

@@ -42,6 +42,7 @@ mod unescape;
 
 pub use config::MaskConfigError;
 pub use detect::Detector;
+pub(crate) use json::string_spans;
 pub use key::{BadMaskKey, MaskKey};
 pub use originals::OriginalsSink;
 pub use rules::{MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};

@@ -95,29 +95,7 @@ fn data_value(line: &[u8]) -> Option<Range<usize>> {
     }
 }
 
-/// The byte spans (quotes included) of every JSON string in `raw`, found lexically: no valid
-/// document is needed, only balanced quotes; an unterminated string ends the scan.
-pub(super) fn string_spans(raw: &[u8]) -> Vec<Range<usize>> {
-    let mut spans = Vec::new();
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] != b'"' {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        i += 1;
-        while i < raw.len() && raw[i] != b'"' {
-            i += if raw[i] == b'\\' { 2 } else { 1 };
-        }
-        if i >= raw.len() {
-            break;
-        }
-        i += 1;
-        spans.push(start..i);
-    }
-    spans
-}
+pub(super) use crate::mask::string_spans;
 
 #[cfg(test)]
 mod tests {
