@@ -13,7 +13,7 @@
 
 Every task sleeps random, unrecorded times, and several steps are plain blocking SDK calls made
 from inside a coroutine (they block the whole loop while they run): in replay those are answered
-at once from the log, so the loop never deadlocks; only `arecv` waits, in a thread.
+at once from the log, so the loop never deadlocks; only `arecv` waits, on the loop (no thread).
 
 Prints one line per agent (sorted, JSON) with what it got; a replay prints the same lines.
 """

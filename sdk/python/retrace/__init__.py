@@ -19,7 +19,7 @@ Pure Python, standard library only.
 from __future__ import annotations
 
 import asyncio
-import http.client
+import functools
 import inspect
 import json
 import os
@@ -28,60 +28,15 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generator, Optional
 
 __all__ = [
     "connect", "Run", "Agent", "Message", "Divergence", "DryRun", "StepError", "RetraceError",
     "ApprovalRequired", "NotPermitted",
 ]
 
-
-class RetraceError(Exception):
-    """The daemon refused a request (bad input, unknown run, store failure...)."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.status, self.code, self.message = status, code, message
-
-
-class Divergence(RetraceError):
-    """Replay found the program asking for something other than what the log holds."""
-
-    def __init__(self, status: int, message: str, report: dict):
-        super().__init__(status, report.get("code", "divergence"), message)
-        self.report = report
-        self.seq: Optional[int] = report.get("seq")
-        self.agent: Optional[str] = report.get("agent")
-        self.expected: Optional[str] = report.get("expected")
-        self.got: Optional[str] = report.get("got")
-        self.path: Optional[str] = report.get("path")
-
-
-class DryRun(Exception):
-    """A fork reached a changed or new side effect that has no ``dry_run``: it did not run."""
-
-    def __init__(self, tool: str, args: Any):
-        super().__init__(f"dry run: side effect {tool} was not executed in this fork (args {args!r})")
-        self.tool, self.args = tool, args
-
-
-class ApprovalRequired(Exception):
-    """A side effect is held by the autonomy policy until a person runs
-    ``retrace approve ID --reason TEXT``; call it again with the same arguments afterwards.
-    ``.id`` is the approval's id. Recorded, so replay raises it again at the same call."""
-
-    def __init__(self, id: str, message: str):
-        super().__init__(message)
-        self.id = id
-
-
-class NotPermitted(Exception):
-    """The autonomy policy (or a person, through ``retrace approve --refuse``) refused a side
-    effect: the message names the agent's rung and the bar. Recorded, so replay refuses again."""
-
-
-class StepError(Exception):
-    """The step's function failed (live), or failed when it was recorded (replay)."""
+from ._errors import ApprovalRequired, Divergence, DryRun, NotPermitted, RetraceError, StepError
+from ._http import Http as _Http
 
 
 @dataclass(frozen=True)
@@ -94,53 +49,6 @@ class Message:
     body: Any
     parent: Optional[int] = None
     kind: Optional[str] = None
-
-
-class _Http:
-    """One keep-alive connection per thread to the daemon."""
-
-    def __init__(self, url: str):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"RETRACE_URL must be http://HOST:PORT, not {url!r}")
-        self.url = url.rstrip("/")
-        self.host, self.port = parsed.hostname, parsed.port or 80
-        self.token = os.environ.get("RETRACE_TOKEN")
-        self.local = threading.local()
-
-    def _conn(self) -> http.client.HTTPConnection:
-        conn = getattr(self.local, "conn", None)
-        if conn is None:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=None)
-            self.local.conn = conn
-        return conn
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        # The daemon ties each agent to one process, and declares a replay stalled at once
-        # when the process that owes the awaited step has exited.
-        headers = {"content-type": "application/json", "x-retrace-process": str(os.getpid())}
-        if self.token:
-            headers["authorization"] = f"Bearer {self.token}"
-        for attempt in (0, 1):
-            conn = self._conn()
-            try:
-                conn.request(method, path, body=data, headers=headers)
-                response = conn.getresponse()
-                raw = response.read()
-                break
-            except (ConnectionError, http.client.HTTPException):
-                conn.close()
-                self.local.conn = None
-                if attempt:
-                    raise
-        payload = json.loads(raw) if raw else None
-        if response.status >= 400:
-            error = (payload or {}).get("error", {}) if isinstance(payload, dict) else {}
-            if response.status == 409 and error.get("divergence") is not None:
-                raise Divergence(response.status, error.get("message", ""), error["divergence"])
-            raise RetraceError(response.status, error.get("code", "error"), error.get("message", raw.decode(errors="replace")))
-        return payload
 
 
 def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional[str] = None) -> "Run":
@@ -182,9 +90,51 @@ class Run:
             return {"run_id": self.id}
         return self._http.call("POST", f"/api/runs/{self.id}/finish", {"exit_status": exit_status})
 
+    async def afinish(self, exit_status: int = 0) -> dict:
+        """:meth:`finish` on the event loop; then closes the loop's idle connections."""
+        aio = self._http.aio
+        try:
+            for a in self._agents.values():
+                await a.aexit()
+            if not self._owned:
+                return {"run_id": self.id}
+            return await aio.call("POST", f"/api/runs/{self.id}/finish", {"exit_status": exit_status})
+        finally:
+            await aio.aclose()
+
+
+# A step is written once, as a flow: a generator that yields what it needs done (a request to
+# the daemon, or the program's own function run) and gets the result sent back. `Agent._drive`
+# runs a flow with blocking calls, `Agent._adrive` on the event loop: the sync API and its
+# async twins take the same steps by the same rules.
+class _Post:
+    def __init__(self, route: str, body: Any):
+        self.route, self.body = route, body
+
+
+class _Run:
+    """Run the program's function: the flow gets ``{"output": ...}`` or ``{"error": ...}``.
+    ``inline``: a cheap built-in read (clock, random, env) that never needs a thread."""
+
+    def __init__(self, fn: Callable[[], Any], inline: bool = False):
+        self.fn, self.inline = fn, inline
+
+
+_Flow = Generator[Any, Any, Any]
+
+
+def _outcome(value: Any) -> dict:
+    return {"output": _json_roundtrip(value)}
+
+
+def _failure(e: Exception) -> dict:
+    return {"error": f"{type(e).__name__}: {e}"}
+
 
 class Agent:
-    """One agent of a run. Safe to use from several threads."""
+    """One agent of a run. Safe to use from several threads, and from several tasks of one
+    event loop through the async twins (``atool``, ``arecv``, ...), which take the same steps
+    without a thread: an agent awaiting ``arecv`` holds a connection, not a thread."""
 
     def __init__(self, run: Run, agent_id: str, role: Optional[str], prompt_template: Optional[str]):
         self.run, self.id, self.role, self.prompt_template = run, agent_id, role, prompt_template
@@ -192,28 +142,63 @@ class Agent:
         self._occurrences: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def _post(self, route: str, body: Any) -> Any:
-        return self.run._http.call("POST", f"{self._base}/{route}", body)
+    # ---- the two drivers -------------------------------------------------------------------
 
-    def _step(self, kind: str, name: str, request: Any, fn: Callable[[], Any], tool: Optional[dict] = None,
-              dry_run: Optional[Callable[[Any], Any]] = None) -> Any:
+    def _drive(self, flow: _Flow) -> Any:
+        sent: Any = None
+        while True:
+            try:
+                op = flow.send(sent)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, _Post):
+                sent = self.run._http.call("POST", f"{self._base}/{op.route}", op.body)
+            else:
+                try:
+                    sent = _outcome(op.fn())
+                except Exception as e:  # the failure is recorded, then raised again
+                    sent = _failure(e)
+
+    async def _adrive(self, flow: _Flow) -> Any:
+        sent: Any = None
+        while True:
+            try:
+                op = flow.send(sent)
+            except StopIteration as done:
+                value = done.value
+                # Only a dry_run callable can hand back an awaitable: a recorded output is JSON.
+                return await value if inspect.isawaitable(value) else value
+            if isinstance(op, _Post):
+                sent = await self.run._http.aio.call("POST", f"{self._base}/{op.route}", op.body)
+                continue
+            try:
+                if op.inline:
+                    value = op.fn()
+                elif inspect.iscoroutinefunction(op.fn):
+                    value = await op.fn()
+                else:  # a plain (maybe blocking) function must not stall the loop
+                    value = await asyncio.to_thread(op.fn)
+                if inspect.isawaitable(value):
+                    value = await value
+                sent = _outcome(value)
+            except Exception as e:
+                sent = _failure(e)
+
+    # ---- the flows -------------------------------------------------------------------------
+
+    def _step_flow(self, kind: str, name: str, request: Any, fn: Callable[[], Any], tool: Optional[dict] = None,
+                   dry_run: Optional[Callable[[Any], Any]] = None, inline: bool = False) -> _Flow:
         body: dict = {"type": kind, "name": name, "request": request}
         if tool is not None:
             body["tool"] = tool
         side_effect = tool is not None and tool.get("class") == "side_effect"
         if self.run.mode == "record" and not side_effect:
-            try:
-                body["output"] = _json_roundtrip(fn())
-            except Exception as e:  # the failure is recorded, then raised again
-                body["error"] = f"{type(e).__name__}: {e}"
-        answer = self._post("steps", body)
-        if answer["status"] == "run":
+            body.update((yield _Run(fn, inline)))
+        answer = yield _Post("steps", body)
+        if answer["status"] == "run":  # a side effect after its intent, a changed step of a fork
             done: dict = {"step": answer["step"]}
-            try:
-                done["output"] = _json_roundtrip(fn())
-            except Exception as e:
-                done["error"] = f"{type(e).__name__}: {e}"
-            answer = self._post("steps", done)
+            done.update((yield _Run(fn, inline)))
+            answer = yield _Post("steps", done)
         return self._result(answer, dry_run)
 
     @staticmethod
@@ -233,17 +218,67 @@ class Agent:
             raise DryRun(answer["tool"], answer["args"])
         raise RetraceError(0, "protocol", f"unexpected answer {answer!r}")
 
+    def _tool_flow(self, name: str, args: Any, fn: Callable[..., Any], cls: str, version: str,
+                   ttl_s: Optional[int], dry_run: Optional[Callable[[Any], Any]]) -> _Flow:
+        call = fn
+        if cls == "side_effect" and "idempotency_key" in _params(fn):
+            with self._lock:
+                n = self._occurrences.get(name, 0) + 1
+                self._occurrences[name] = n
+            call = functools.partial(fn, idempotency_key=f"{self.run.id}/{self.id}/{name}#{n}")
+        tool = {"version": str(version), "class": cls, "ttl_s": ttl_s}
+        return self._step_flow("tool_call", name, _json_roundtrip(args), call, tool, dry_run)
+
+    def _now_flow(self) -> _Flow:
+        out = yield from self._step_flow("clock", "wall", {}, lambda: {"unix_ms": int(time.time() * 1000)},
+                                         inline=True)
+        return out["unix_ms"] / 1000.0
+
+    def _random_id_flow(self) -> _Flow:
+        out = yield from self._step_flow("random", "id", {}, lambda: {"id": f"{random.getrandbits(128):032x}"},
+                                         inline=True)
+        return out["id"]
+
+    def _env_flow(self, name: str) -> _Flow:
+        out = yield from self._step_flow("env", name, {"name": name}, lambda: {"value": os.environ.get(name)},
+                                         inline=True)
+        return out["value"]
+
+    def _template_flow(self, vars: Optional[dict], template: Optional[str]) -> _Flow:
+        chosen = template or self.prompt_template
+        if not chosen:
+            raise RetraceError(0, "usage", f"agent {self.id!r} has no prompt template: "
+                               "pass prompt_template= to run.agent() or template= here")
+        return (yield _Post("template", {"template": chosen, "vars": vars or {}}))["text"]
+
+    def _send_flow(self, to: str, body: Any, kind: str, parent: Optional[int]) -> _Flow:
+        answer = yield _Post("send", {"to": to, "kind": kind, "body": _json_roundtrip(body), "parent": parent})
+        return answer["seq"]
+
+    @staticmethod
+    def _recv_flow(timeout: Optional[float]) -> _Flow:
+        m = (yield _Post("recv", {"timeout_s": timeout}))["message"]
+        if m is None:
+            return None
+        return Message(m["seq"], m["sender"], m["body"], parent=m.get("parent"), kind=m.get("kind"))
+
+    @staticmethod
+    def _decide_flow(action: str, target: Optional[str]) -> _Flow:
+        yield _Post("decide", {"action": action, "target": target})
+
+    @staticmethod
+    def _exit_flow() -> _Flow:
+        yield _Post("exit", {})
+
+    # ---- the steps -------------------------------------------------------------------------
+
     def template(self, vars: Optional[dict] = None, template: Optional[str] = None) -> str:
         """The text of this agent's prompt template (``prompt_template`` of :meth:`Run.agent`, or
         ``template``, as ``name@version``), read from ``prompts/<name>/<version>.txt`` (or
         ``RETRACE_PROMPTS``) where the daemon runs, with ``{name}`` placeholders filled from
         ``vars``. The agent's following model calls carry the template's id and digest, and a
         fork's ``prompt:AGENT=VERSION`` edit hands back that version's text instead."""
-        chosen = template or self.prompt_template
-        if not chosen:
-            raise RetraceError(0, "usage", f"agent {self.id!r} has no prompt template: "
-                               "pass prompt_template= to run.agent() or template= here")
-        return self._post("template", {"template": chosen, "vars": vars or {}})["text"]
+        return self._drive(self._template_flow(vars, template))
 
     def tool(self, name: str, args: Any, fn: Callable[..., Any], cls: str = "deterministic", version: str = "1",
              ttl_s: Optional[int] = None, dry_run: Optional[Callable[[Any], Any]] = None) -> Any:
@@ -252,49 +287,71 @@ class Agent:
         ``time_bound`` (with ``ttl_s``) or ``side_effect`` (whose intent is stored before it runs;
         never run by replay or fork; a fork hands back ``dry_run(args)``). A side-effect ``fn``
         that accepts ``idempotency_key`` gets a stable one: ``run/agent/occurrence``."""
-        call = fn
-        if cls == "side_effect" and "idempotency_key" in _params(fn):
-            with self._lock:
-                n = self._occurrences.get(name, 0) + 1
-                self._occurrences[name] = n
-            key = f"{self.run.id}/{self.id}/{name}#{n}"
-            call = lambda: fn(idempotency_key=key)  # noqa: E731
-        tool = {"version": str(version), "class": cls, "ttl_s": ttl_s}
-        return self._step("tool_call", name, _json_roundtrip(args), call, tool, dry_run)
+        return self._drive(self._tool_flow(name, args, fn, cls, version, ttl_s, dry_run))
 
     def now(self) -> float:
         """The wall clock (Unix seconds): live in record, recorded in replay."""
-        out = self._step("clock", "wall", {}, lambda: {"unix_ms": int(time.time() * 1000)})
-        return out["unix_ms"] / 1000.0
+        return self._drive(self._now_flow())
 
     def random_id(self) -> str:
         """A random id (32 hex digits): live in record, recorded in replay."""
-        return self._step("random", "id", {}, lambda: {"id": f"{random.getrandbits(128):032x}"})["id"]
+        return self._drive(self._random_id_flow())
 
     def env(self, name: str) -> Optional[str]:
         """An environment variable: live in record, recorded in replay."""
-        return self._step("env", name, {"name": name}, lambda: {"value": os.environ.get(name)})["value"]
+        return self._drive(self._env_flow(name))
 
     def send(self, to: str, body: Any, kind: str = "message", parent: Optional[int] = None) -> int:
-        """Sends a message to agent ``to``; returns the seq of its ``send`` event."""
-        return self._post("send", {"to": to, "kind": kind, "body": _json_roundtrip(body), "parent": parent})["seq"]
+        """Sends a message to agent ``to``; returns the seq of its ``send`` event. ``parent`` names
+        the event that caused it (the receiver's ``Message.parent``)."""
+        return self._drive(self._send_flow(to, body, kind, parent))
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message for this agent (``Message(seq, sender, body, parent, kind)``), or None
-        when ``timeout`` seconds pass (a recorded
-        timeout, which replay reproduces at once)."""
-        m = self._post("recv", {"timeout_s": timeout})["message"]
-        if m is None:
-            return None
-        return Message(m["seq"], m["sender"], m["body"], parent=m.get("parent"), kind=m.get("kind"))
+        when ``timeout`` seconds pass (a recorded timeout, which replay reproduces at once)."""
+        return self._drive(self._recv_flow(timeout))
 
     def decide(self, action: str, target: Optional[str] = None) -> None:
         """Records a decision; in replay a different decision is a divergence."""
-        self._post("decide", {"action": action, "target": target})
+        self._drive(self._decide_flow(action, target))
 
     def exit(self) -> None:
         """Says this agent takes no more steps (a replay waiting on it stalls at once)."""
-        self._post("exit", {})
+        self._drive(self._exit_flow())
+
+    # Async twins: the same flows on the event loop, over the asyncio transport. No thread,
+    # except while a plain (not `async def`) tool function runs: that goes to a worker thread
+    # so a blocking tool doesn't stall the loop. An `async def` tool is awaited on the loop.
+    async def atemplate(self, vars: Optional[dict] = None, template: Optional[str] = None) -> str:
+        return await self._adrive(self._template_flow(vars, template))
+
+    async def atool(self, name: str, args: Any, fn: Callable[..., Any], cls: str = "deterministic",
+                    version: str = "1", ttl_s: Optional[int] = None,
+                    dry_run: Optional[Callable[[Any], Any]] = None) -> Any:
+        return await self._adrive(self._tool_flow(name, args, fn, cls, version, ttl_s, dry_run))
+
+    async def anow(self) -> float:
+        return await self._adrive(self._now_flow())
+
+    async def arandom_id(self) -> str:
+        return await self._adrive(self._random_id_flow())
+
+    async def aenv(self, name: str) -> Optional[str]:
+        return await self._adrive(self._env_flow(name))
+
+    async def asend(self, to: str, body: Any, kind: str = "message", parent: Optional[int] = None) -> int:
+        return await self._adrive(self._send_flow(to, body, kind, parent))
+
+    async def arecv(self, timeout: Optional[float] = None) -> Optional[Message]:
+        return await self._adrive(self._recv_flow(timeout))
+
+    async def adecide(self, action: str, target: Optional[str] = None) -> None:
+        await self._adrive(self._decide_flow(action, target))
+
+    async def aexit(self) -> None:
+        await self._adrive(self._exit_flow())
+
+    # ---- model clients ---------------------------------------------------------------------
 
     def _proxy(self, provider: str) -> str:
         run, agent = urllib.parse.quote(self.run.id), urllib.parse.quote(self.id)
@@ -312,31 +369,21 @@ class Agent:
         kwargs.setdefault("api_key", os.environ.get("ANTHROPIC_API_KEY", "retrace-placeholder"))
         return anthropic.Anthropic(base_url=self._proxy("anthropic"), default_headers=self._headers(), **kwargs)
 
+    def aopenai(self, **kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` client whose calls are this agent's model steps."""
+        import openai
+        kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY", "retrace-placeholder"))
+        return openai.AsyncOpenAI(base_url=self._proxy("openai") + "/v1", default_headers=self._headers(), **kwargs)
+
+    def aanthropic(self, **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` client whose calls are this agent's model steps."""
+        import anthropic
+        kwargs.setdefault("api_key", os.environ.get("ANTHROPIC_API_KEY", "retrace-placeholder"))
+        return anthropic.AsyncAnthropic(base_url=self._proxy("anthropic"), default_headers=self._headers(), **kwargs)
+
     def _headers(self) -> dict:
         token = self.run._http.token
         return {"X-Retrace-Token": token} if token else {}
-
-    # Async twins: the blocking call runs in a thread, so other tasks on the loop keep running.
-    async def atool(self, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(self.tool, *args, **kwargs)
-
-    async def anow(self) -> float:
-        return await asyncio.to_thread(self.now)
-
-    async def arandom_id(self) -> str:
-        return await asyncio.to_thread(self.random_id)
-
-    async def aenv(self, name: str) -> Optional[str]:
-        return await asyncio.to_thread(self.env, name)
-
-    async def asend(self, *args: Any, **kwargs: Any) -> int:
-        return await asyncio.to_thread(self.send, *args, **kwargs)
-
-    async def arecv(self, timeout: Optional[float] = None) -> Optional[Message]:
-        return await asyncio.to_thread(self.recv, timeout)
-
-    async def adecide(self, action: str, target: Optional[str] = None) -> None:
-        return await asyncio.to_thread(self.decide, action, target)
 
 
 def _json_roundtrip(value: Any) -> Any:

@@ -1,0 +1,52 @@
+"""The exceptions the SDK raises (re-exported by ``retrace``)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class RetraceError(Exception):
+    """The daemon refused a request (bad input, unknown run, store failure...)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class Divergence(RetraceError):
+    """Replay found the program asking for something other than what the log holds."""
+
+    def __init__(self, status: int, message: str, report: dict):
+        super().__init__(status, report.get("code", "divergence"), message)
+        self.report = report
+        self.seq: Optional[int] = report.get("seq")
+        self.agent: Optional[str] = report.get("agent")
+        self.expected: Optional[str] = report.get("expected")
+        self.got: Optional[str] = report.get("got")
+        self.path: Optional[str] = report.get("path")
+
+
+class DryRun(Exception):
+    """A fork reached a changed or new side effect that has no ``dry_run``: it did not run."""
+
+    def __init__(self, tool: str, args: Any):
+        super().__init__(f"dry run: side effect {tool} was not executed in this fork (args {args!r})")
+        self.tool, self.args = tool, args
+
+
+class ApprovalRequired(Exception):
+    """A side effect is held by the autonomy policy until a person runs
+    ``retrace approve ID --reason TEXT``; call it again with the same arguments afterwards.
+    ``.id`` is the approval's id. Recorded, so replay raises it again at the same call."""
+
+    def __init__(self, id: str, message: str):
+        super().__init__(message)
+        self.id = id
+
+
+class NotPermitted(Exception):
+    """The autonomy policy (or a person, through ``retrace approve --refuse``) refused a side
+    effect: the message names the agent's rung and the bar. Recorded, so replay refuses again."""
+
+
+class StepError(Exception):
+    """The step's function failed (live), or failed when it was recorded (replay)."""

@@ -1,0 +1,119 @@
+"""The async twins are native asyncio (an HTTP/1.1 keep-alive client over
+`asyncio.open_connection`): fifty agents awaiting `arecv` on one event loop hold no thread
+each, record, and replay exactly. A cancelled request closes its connection, and the daemon
+drops the wait with it: the message goes to the next `arecv`. `aopenai()` and `aanthropic()`
+are the official async clients, routed through the proxy like their blocking twins."""
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import retrace
+from test_sdk import BIN, retrace as cli
+
+HERE = Path(__file__).parent
+PROG = [sys.executable, str(HERE / "async_many_prog.py")]
+
+
+def test_fifty_waiters_on_one_loop_hold_no_thread_and_replay_exactly(tmp_path):
+    r = cli(tmp_path, "record", "--", *PROG)
+    *printed, run = r.stdout.strip().splitlines()
+    # Sampled while all fifty awaited arecv: the main thread alone (no executor worker).
+    assert printed[0] == "threads 1 plain tool off the loop: True", printed[0]
+    heard = [line.split() for line in printed[1:]]
+    assert len(heard) == 50
+    for n, (name, sender, got, rid, doubled, stamped) in enumerate(heard):
+        assert (name, sender, got, doubled, stamped) == (f"r{n}", "sender", str(n), str(2 * n), "True")
+        assert len(rid) == 32
+    for _ in range(3):
+        rep = cli(tmp_path, "replay", run)
+        assert rep.stdout.strip().splitlines() == printed, rep.stdout + rep.stderr
+        assert "ok: every step matched" in rep.stderr, rep.stderr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def started(args, port, env):
+    proc = subprocess.Popen([BIN, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, f"retrace {args[0]} did not start"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def daemon(tmp_path, monkeypatch):
+    """`retrace serve` on a fresh store, its upstreams a `retrace simulate`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RETRACE_", "OPENAI_", "ANTHROPIC_"))}
+    env["RETRACE_HOME"] = str(tmp_path / "home")
+    sim_port, port = free_port(), free_port()
+    sim = started(["simulate", "--addr", f"127.0.0.1:{sim_port}"], sim_port, env)
+    serve = started(["serve", "--addr", f"127.0.0.1:{port}", "--upstream-openai", f"http://127.0.0.1:{sim_port}/v1",
+                     "--upstream-anthropic", f"http://127.0.0.1:{sim_port}"], port, env)
+    for var in ("RETRACE_URL", "RETRACE_RUN", "RETRACE_MODE", "RETRACE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for proc in (serve, sim):
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_a_cancelled_arecv_closes_its_connection_and_takes_no_message(daemon):
+    async def main():
+        run = retrace.connect(url=daemon, name="cancel")
+        r, s = run.agent("r"), run.agent("s")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(r.arecv(timeout=30), 0.3)
+        await asyncio.sleep(0.2)  # the daemon notices the closed connection and drops the wait
+        seq = await s.asend("r", {"x": 1})
+        m = await r.arecv(timeout=5)
+        assert (m.seq, m.sender, m.body) == (seq, "s", {"x": 1})
+        assert await r.arecv(timeout=0.05) is None
+        # Sequential calls reuse one kept-alive connection.
+        await s.aenv("HOME")
+        idle = run._http.aio._idle[asyncio.get_running_loop()]
+        assert len(idle) == 1, idle
+        outcome = await run.afinish()
+        assert outcome["status"] == "ok", outcome
+        assert not run._http.aio._idle.get(asyncio.get_running_loop())
+
+    asyncio.run(main())
+
+
+def test_aopenai_and_aanthropic_are_the_async_clients_routed_through_the_proxy(daemon):
+    async def main():
+        run = retrace.connect(url=daemon, name="async-clients")
+        agent = run.agent("planner")
+        oa = agent.aopenai(api_key="sk-provider-key-for-the-simulator")
+        an = agent.aanthropic(api_key="sk-ant-provider-key-for-the-simulator")
+        o, a = await asyncio.gather(
+            oa.chat.completions.create(model="gpt-sim", messages=[{"role": "user", "content": "hi"}]),
+            an.messages.create(model="claude-sim", max_tokens=16, messages=[{"role": "user", "content": "hi"}]))
+        assert o.choices[0].message.content and a.content[0].text
+        await oa.close()
+        await an.close()
+        await run.afinish()
+        return run.id
+
+    run_id = asyncio.run(main())
+    with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}/events", timeout=10) as r:
+        events = json.loads(r.read())["events"]
+    assert sorted(e["type"] for e in events) == ["model_call", "model_call"], events
