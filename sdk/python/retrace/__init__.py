@@ -14,6 +14,9 @@ daemon's proxy with the official clients (:meth:`Agent.openai`, :meth:`Agent.ant
     planner.decide("approve", target="step:backfill")
     run.finish()
 
+Async twins (``await planner.atool(...)``, ``arecv``, ``asend``, ...) take the same steps on the
+event loop over an asyncio keep-alive client: an agent awaiting ``arecv`` holds no thread.
+
 Pure Python, standard library only.
 """
 from __future__ import annotations

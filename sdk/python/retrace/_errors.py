@@ -50,3 +50,7 @@ class NotPermitted(Exception):
 
 class StepError(Exception):
     """The step's function failed (live), or failed when it was recorded (replay)."""
+
+
+for _error in (RetraceError, Divergence, DryRun, ApprovalRequired, NotPermitted, StepError):
+    _error.__module__ = "retrace"  # raised and shown as retrace.Divergence, ...
