@@ -154,7 +154,7 @@ fn the_earlier_rule_wins_an_overlap() {
     ]);
     assert_eq!(text(&m, "abcdefgh"), format!("{}gh", key().token("a", "abcdef")));
     let found = m.find("xx abcdef");
-    assert_eq!((found.len(), found[0].range.clone(), found[0].rule.as_str()), (1, 3..9, "whole"));
+    assert_eq!((found.len(), found[0].range.clone(), &*found[0].rule), (1, 3..9, "whole"));
 }
 
 #[test]

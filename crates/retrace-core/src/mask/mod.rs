@@ -24,6 +24,7 @@
 //! ```
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 pub mod config;
 pub mod detect;
@@ -98,6 +99,8 @@ pub struct Masker {
     rules: MaskRules,
     key: Option<MaskKey>,
     engine: Engine,
+    /// Each rule's name, shared by everything it finds.
+    names: Vec<Arc<str>>,
     sink: Option<OriginalsSink>,
 }
 
@@ -109,7 +112,7 @@ pub struct Found {
     /// The token that replaces it.
     pub token: String,
     /// The name of the rule that found it.
-    pub rule: String,
+    pub rule: Arc<str>,
 }
 
 impl Masker {
@@ -132,7 +135,8 @@ impl Masker {
         if !rules.is_empty() && key.is_none() {
             return Err(MaskError::NoKey);
         }
-        Ok(Masker { rules, key, engine, sink: None })
+        let names = rules.rules.iter().map(|r| Arc::from(r.name.as_str())).collect();
+        Ok(Masker { rules, key, engine, names, sink: None })
     }
 
     /// This stage, reporting every secret it replaces (with its token) to `sink`.
@@ -266,7 +270,7 @@ impl Masker {
                 Found {
                     token: self.mint(key, &rule.kind, &text[c.range.clone()]),
                     range: c.range,
-                    rule: rule.name.clone(),
+                    rule: self.names[c.rule].clone(),
                 }
             })
             .collect()
