@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use super::jsonpath::Step;
+use super::unescape::find_near;
 
 /// One open container.
 #[derive(Clone, Debug)]
@@ -180,8 +181,7 @@ fn string_end(raw: &[u8], start: usize) -> Result<(usize, bool), NotJson> {
     let mut i = start + 1;
     let mut escaped = false;
     loop {
-        let at = memchr::memchr2(b'"', b'\\', &raw[i..]).ok_or(NotJson)?;
-        i += at;
+        i = find_near(raw, i, b'"', b'\\').ok_or(NotJson)?;
         if raw[i] == b'"' {
             return Ok((i + 1, escaped));
         }
