@@ -52,8 +52,11 @@ impl std::fmt::Debug for ByteClasses {
 pub(crate) struct Engine {
     /// What each byte starts: nothing, a trigger of an anchor, a digit run, an email.
     classes: ByteClasses,
-    /// The anchors of the credential detectors in use: text, trigger byte and its offset, detector.
-    anchors: Vec<(&'static str, u8, usize, Detector)>,
+    /// The anchors of the credential detectors in use, grouped by trigger byte (in
+    /// [`detect_keys::ANCHORS`] order within a group): text, the trigger's offset, detector.
+    anchors: Vec<Vec<(&'static str, usize, Detector)>>,
+    /// For each byte, 1 + the index of its group in `anchors`, or 0.
+    anchor_group: ByteClasses,
     /// Rule indices of each pattern detector in use.
     detector_rules: Vec<(Detector, usize)>,
     cards: Vec<usize>,
@@ -120,7 +123,12 @@ impl Engine {
         for (anchor, detector) in detect_keys::ANCHORS {
             if engine.detector_rules.iter().any(|(d, _)| d == detector) {
                 let (byte, offset) = detect_keys::trigger(anchor);
-                engine.anchors.push((anchor, byte, offset, *detector));
+                if engine.anchor_group.0[byte as usize] == NONE {
+                    engine.anchors.push(Vec::new());
+                    engine.anchor_group.0[byte as usize] = engine.anchors.len() as u8;
+                }
+                engine.anchors[engine.anchor_group.0[byte as usize] as usize - 1]
+                    .push((anchor, offset, *detector));
                 engine.classes.0[byte as usize] = TRIGGER;
             }
         }
@@ -259,14 +267,16 @@ impl Engine {
 
     /// The first anchor holding the trigger byte at `at`, and its detector's secret.
     fn anchor_at(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
-        let byte = bytes[at];
-        let hit = self.anchors.iter().find(|(anchor, trigger, offset, _)| {
-            *trigger == byte
-                && at >= *offset
+        let group = self.anchor_group.0[bytes[at] as usize];
+        let Some(anchors) = group.checked_sub(1).and_then(|g| self.anchors.get(g as usize)) else {
+            return;
+        };
+        let hit = anchors.iter().find(|(anchor, offset, _)| {
+            at >= *offset
                 && bytes[at - offset] == anchor.as_bytes()[0]
                 && bytes[at - offset..].starts_with(anchor.as_bytes())
         });
-        if let Some((anchor, _, offset, detector)) = hit {
+        if let Some((anchor, offset, detector)) = hit {
             if let Some(range) = detect_keys::find_at(*detector, bytes, at - offset, anchor.len()) {
                 self.push(*detector, range, found);
             }
@@ -368,17 +378,51 @@ fn char_boundary(bytes: &[u8], at: usize) -> bool {
     bytes.get(at).is_none_or(|b| (*b as i8) >= -0x40)
 }
 
+/// The tokens of `text` that may overlap a candidate (`found` sorted by start), in order; others
+/// may be left out. A token holds only `[a-z0-9_]`, so one that overlaps a candidate starts
+/// within the run of such bytes just before it, or inside it: only those stretches are
+/// searched, not the whole text (settling a long text full of tokens would otherwise look at
+/// every token once per pass).
+fn tokens_near(text: &[u8], found: &[Candidate]) -> Vec<Range<usize>> {
+    /// A run longer than this before a candidate: search the whole text instead.
+    const MAX_RUN: usize = 512;
+    let token_byte = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_';
+    let mut stretches: Vec<Range<usize>> = Vec::with_capacity(found.len());
+    for c in found {
+        let run = text[..c.range.start].iter().rev().take(MAX_RUN + 1).take_while(|b| token_byte(b)).count();
+        if run > MAX_RUN {
+            return token_spans(text);
+        }
+        // A token starting just before the end still shows its prefix past it.
+        let end = (c.range.end + TOKEN_PREFIX.len() - 1).min(text.len());
+        stretches.push(c.range.start - run..end);
+    }
+    stretches.sort_by_key(|s| s.start);
+    let mut merged: Vec<Range<usize>> = Vec::with_capacity(stretches.len());
+    for s in stretches {
+        match merged.last_mut() {
+            Some(last) if s.start <= last.end => last.end = last.end.max(s.end),
+            _ => merged.push(s),
+        }
+    }
+    let mut tokens = Vec::new();
+    for s in merged {
+        for at in memchr::memmem::find_iter(&text[s.clone()], TOKEN_PREFIX) {
+            if let Some(len) = token_prefix_len(&text[s.start + at..]) {
+                tokens.push(s.start + at..s.start + at + len);
+            }
+        }
+    }
+    tokens
+}
+
 /// Drops every candidate that overlaps a token or a candidate of an earlier rule (or an earlier
 /// start within the same rule), and sorts the rest by position.
 fn resolve(text: &[u8], mut found: Vec<Candidate>) -> Vec<Candidate> {
     // Common case first: no two candidates overlap and none touches a token.
     found.sort_by_key(|c| (c.range.start, c.rule));
     let disjoint = found.windows(2).all(|w| w[0].range.end <= w[1].range.start);
-    let tokens = if memchr::memmem::find(text, TOKEN_PREFIX.as_bytes()).is_some() {
-        token_spans(text)
-    } else {
-        Vec::new()
-    };
+    let tokens = tokens_near(text, &found);
     if disjoint && !overlaps_any(&found, &tokens) {
         return found;
     }
