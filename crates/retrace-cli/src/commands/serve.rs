@@ -48,8 +48,9 @@ pub struct Args {
     /// Address to listen on (loopback by default; any other address needs tokens).
     #[arg(long, default_value = DEFAULT_ADDR)]
     addr: String,
-    /// A file of tokens, one `role TOKEN` per line (roles: viewer, debugger, admin), added to
-    /// those of RETRACE_SERVE_TOKENS. Must not be readable by others.
+    /// A file of tokens, one `role TOKEN [NAME]` per line (roles: viewer, debugger, admin; NAME
+    /// is who the audit log names), added to those of RETRACE_SERVE_TOKENS. Must not be
+    /// readable by others.
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
     /// Declare a replay stalled when its waiting calls make no progress for this many seconds.
