@@ -95,6 +95,10 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/api/runs/{run}/agents/{agent}/decide", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/template", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/exit", Access::AtLeast(Role::Debugger)),
+    ("POST", "/api/runs/{run}/retain", Access::AtLeast(Role::Admin)),
+    ("POST", "/api/gc", Access::AtLeast(Role::Admin)),
+    ("POST", "/api/vault/reveal", Access::AtLeast(Role::Admin)),
+    ("GET", "/api/vault/audit", Access::AtLeast(Role::Admin)),
     ("*", "/proxy/openai/v1/{*rest}", Access::AtLeast(Role::Debugger)),
     ("*", "/proxy/anthropic/{*rest}", Access::AtLeast(Role::Debugger)),
     ("*", "/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", Access::AtLeast(Role::Debugger)),
@@ -273,6 +277,10 @@ mod tests {
         assert!(!allows(Some(Role::Viewer), &post, Some("/api/runs")));
         assert!(allows(Some(Role::Debugger), &post, Some("/api/runs")));
         assert!(allows(Some(Role::Admin), &post, Some("/proxy/anthropic/{*rest}")));
+        assert!(!allows(Some(Role::Debugger), &post, Some("/api/vault/reveal")));
+        assert!(!allows(Some(Role::Debugger), &get, Some("/api/vault/audit")));
+        assert!(allows(Some(Role::Admin), &post, Some("/api/gc")));
+        assert!(!allows(Some(Role::Debugger), &Method::HEAD, Some("/api/vault/audit")));
         assert!(!allows(None, &Method::DELETE, Some("/api/runs")));
         assert!(allows(Some(Role::Viewer), &Method::DELETE, Some("/api/runs")));
         assert!(allows(None, &Method::HEAD, Some("/api/health")));
