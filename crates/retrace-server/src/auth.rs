@@ -25,7 +25,7 @@ use crate::AppState;
 
 mod tokens;
 
-pub use tokens::{Tokens, TokensError};
+pub use tokens::{Holder, Tokens, TokensError, MAX_NAME_LEN};
 
 /// What a token may do; each role may do everything the roles below it may.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -95,6 +95,10 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/api/runs/{run}/agents/{agent}/decide", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/template", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/exit", Access::AtLeast(Role::Debugger)),
+    ("POST", "/api/runs/{run}/retain", Access::AtLeast(Role::Admin)),
+    ("POST", "/api/gc", Access::AtLeast(Role::Admin)),
+    ("POST", "/api/vault/reveal", Access::AtLeast(Role::Admin)),
+    ("GET", "/api/vault/audit", Access::AtLeast(Role::Admin)),
     ("*", "/proxy/openai/v1/{*rest}", Access::AtLeast(Role::Debugger)),
     ("*", "/proxy/anthropic/{*rest}", Access::AtLeast(Role::Debugger)),
     ("*", "/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", Access::AtLeast(Role::Debugger)),
@@ -142,8 +146,10 @@ pub fn check_exposure(addrs: &[std::net::SocketAddr], tokens: &Tokens) -> Result
     }
 }
 
-/// Checks each request's token against the route's minimum role (see the module doc).
-pub async fn middleware(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// Checks each request's token against the route's minimum role (see the module doc). A request
+/// let through on a token carries its [`Holder`] in its extensions, for handlers that record
+/// who asked (the vault's audit log).
+pub async fn middleware(State(app): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
     let tokens = &app.config.tokens;
     if tokens.is_empty() {
         return next.run(request).await;
@@ -156,16 +162,18 @@ pub async fn middleware(State(app): State<Arc<AppState>>, request: Request, next
     let path = request.uri().path();
     let proxy = path.starts_with("/proxy/");
     let presented = if proxy { proxy_token(request.headers()) } else { bearer(request.headers()) };
-    let denied = match presented.map(|t| tokens.role_of(t)) {
-        None => Some(Denied::Missing { proxy }),
-        Some(None) => Some(Denied::Unknown),
-        Some(Some(role)) if role < min => Some(Denied::Role { role, min }),
-        Some(Some(_)) => None,
+    let denied = match presented.map(|t| tokens.holder_of(t)) {
+        None => Denied::Missing { proxy },
+        Some(None) => Denied::Unknown,
+        Some(Some(holder)) if holder.role < min => Denied::Role { role: holder.role, min },
+        Some(Some(holder)) => {
+            request.extensions_mut().insert(holder);
+            return next.run(request).await;
+        }
     };
-    match denied {
-        None => next.run(request).await,
-        Some(denied) if proxy => denied.proxy_reply(provider_of(path)),
-        Some(denied) => denied.api_reply(),
+    match proxy {
+        true => denied.proxy_reply(provider_of(path)),
+        false => denied.api_reply(),
     }
 }
 
@@ -269,6 +277,10 @@ mod tests {
         assert!(!allows(Some(Role::Viewer), &post, Some("/api/runs")));
         assert!(allows(Some(Role::Debugger), &post, Some("/api/runs")));
         assert!(allows(Some(Role::Admin), &post, Some("/proxy/anthropic/{*rest}")));
+        assert!(!allows(Some(Role::Debugger), &post, Some("/api/vault/reveal")));
+        assert!(!allows(Some(Role::Debugger), &get, Some("/api/vault/audit")));
+        assert!(allows(Some(Role::Admin), &post, Some("/api/gc")));
+        assert!(!allows(Some(Role::Debugger), &Method::HEAD, Some("/api/vault/audit")));
         assert!(!allows(None, &Method::DELETE, Some("/api/runs")));
         assert!(allows(Some(Role::Viewer), &Method::DELETE, Some("/api/runs")));
         assert!(allows(None, &Method::HEAD, Some("/api/health")));

@@ -8,6 +8,7 @@
 //! [`Session`]: retrace_runtime::Session
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod host;
@@ -59,6 +60,9 @@ pub struct ServerConfig {
     /// The autonomy policy side effects of recorded runs answer to (`./retrace.toml`'s
     /// `[autonomy]` where the daemon runs); `None`: not governed.
     pub autonomy: Option<Arc<retrace_runtime::autonomy::Governor>>,
+    /// When routine runs expire for `POST /api/gc` (`./retrace.toml`'s `[retention]` for
+    /// `retrace serve`).
+    pub retention: retrace_store::gc::RetentionConfig,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +79,7 @@ impl Default for ServerConfig {
             vault_key: None,
             tokens: auth::Tokens::none(),
             autonomy: None,
+            retention: retrace_store::gc::RetentionConfig::default(),
         }
     }
 }
@@ -135,6 +140,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/runs/{run}/agents/{agent}/decide", post(steps::decide))
         .route("/api/runs/{run}/agents/{agent}/template", post(template::template))
         .route("/api/runs/{run}/agents/{agent}/exit", post(steps::exit))
+        .route("/api/runs/{run}/retain", post(admin::retention::retain))
+        .route("/api/gc", post(admin::retention::gc))
+        .route("/api/vault/reveal", post(admin::vault::reveal))
+        .route("/api/vault/audit", get(admin::vault::audit))
         .route("/proxy/openai/v1/{*rest}", any(proxy::openai))
         .route("/proxy/anthropic/{*rest}", any(proxy::anthropic))
         .route("/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", any(proxy::openai_for))

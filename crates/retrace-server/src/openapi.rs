@@ -28,7 +28,7 @@ fn op(summary: &str, params: &[&str], request: Option<Value>, success: Value) ->
     let parameters: Vec<Value> = params
         .iter()
         .map(|p| match *p {
-            "run" => path_param("run", "a run id (or unique prefix, where reading)"),
+            "run" => path_param("run", "a run id (or unique prefix, where reading or retaining)"),
             "digest" => path_param("digest", "a blob digest: sha256: and 64 lowercase hex digits"),
             other => path_param(other, "an agent id"),
         })
@@ -58,6 +58,13 @@ fn get_with_query(summary: &str, params: &[&str], query: &[(&str, &str, u64, u64
     o
 }
 
+/// Adds an optional string query parameter to `o`.
+fn with_string_query(mut o: Value, name: &str, what: &str) -> Value {
+    let list = o["parameters"].as_array_mut().expect("parameters");
+    list.push(json!({"name": name, "in": "query", "required": false, "description": what, "schema": {"type": "string"}}));
+    o
+}
+
 fn raw(description: &str, content_type: &str) -> Value {
     json!({"description": description, "content": {content_type: {"schema": {"type": "string", "format": "binary"}}}})
 }
@@ -74,7 +81,7 @@ pub fn document() -> Value {
         "info": {
             "title": "Retrace daemon API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Runs, record and replay sessions, and the SDK's steps. The LLM proxy (SPEC §5) lives under /proxy/ and speaks the providers' own APIs. A daemon started with tokens wants `Authorization: Bearer TOKEN` on every route but /api/health and /api/openapi.json: reading needs the viewer role, recording, replaying and the SDK's steps the debugger role (401 without a known token, 403 below the role).",
+            "description": "Runs, record and replay sessions, and the SDK's steps. The LLM proxy (SPEC §5) lives under /proxy/ and speaks the providers' own APIs. A daemon started with tokens wants `Authorization: Bearer TOKEN` on every route but /api/health and /api/openapi.json: reading needs the viewer role, recording, replaying and the SDK's steps the debugger role, revealing masked values, the audit log, retention and garbage collection the admin role (401 without a known token, 403 below the role).",
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -106,6 +113,33 @@ pub fn document() -> Value {
             "/api/runs/{run}/agents/{agent}/template": {"post": op("the text of the agent's prompt template (SPEC §6 template())", &agent, Some(body(json!({"type": "object", "required": ["template"], "additionalProperties": false, "properties": {"template": {"type": "string", "description": "name@version"}, "vars": {"type": "object"}}}), true)), ok("the filled template", obj(json!({"status": {"type": "string"}, "text": {"type": "string"}}))))},
             "/api/runs/{run}/agents/{agent}/decide": {"post": op("record a decision", &agent, Some(body(json!({"type": "object", "required": ["action"], "properties": {"action": {"type": "string"}, "target": {"type": "string", "nullable": true}}}), true)), ok("done", obj(json!({"status": {"type": "string"}}))))},
             "/api/runs/{run}/agents/{agent}/exit": {"post": op("the agent takes no more steps", &agent, None, ok("done", obj(json!({"status": {"type": "string"}}))))},
+            "/api/runs/{run}/retain": {"post": op(
+                "set the run's retention tier (admin; `retrace retain`); a replay run has none (400)",
+                &["run"],
+                Some(body(json!({"type": "object", "required": ["tier"], "properties": {"tier": {"type": "string", "enum": ["routine", "incident", "pinned"]}}}), true)),
+                ok("the run's tier now and before; `warning` when it is still running", obj(json!({"run": {"type": "string"}, "retention": {"type": "string"}, "previous": {"type": "string"}, "warning": {"type": "string"}}))),
+            )},
+            "/api/gc": {"post": op(
+                "delete expired runs, then unreferenced blobs (admin; `retrace gc`); `dry_run` reports and deletes nothing",
+                &[],
+                Some(body(json!({"type": "object", "required": ["dry_run"], "properties": {"dry_run": {"type": "boolean"}, "older_than_days": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "description": "routine runs expire after this many days (default: the daemon's [retention] routine_days)"}}}), true)),
+                ok("what was (or would be) deleted", json!({"$ref": "#/components/schemas/GcReport"})),
+            )},
+            "/api/vault/reveal": {"post": op(
+                "the original of a masked value under the daemon's vault key (admin; `retrace vault reveal`); every attempt, refused or not, is in the audit log before the answer",
+                &[],
+                Some(body(json!({"type": "object", "required": ["token"], "properties": {"token": {"type": "string", "description": "rtk_<kind>_<26 characters>"}, "reason": {"type": "string", "description": "why (required: a reveal without one is refused, and audited)"}}}), true)),
+                ok("the original: text when it is UTF-8, else base64 with encoding: base64", obj(json!({"token": {"type": "string"}, "original": {"type": "string"}, "encoding": {"type": "string", "enum": ["base64"]}}))),
+            )},
+            "/api/vault/audit": {"get": with_string_query(
+                with_string_query(
+                    op("the audit log, oldest first (admin; `retrace vault audit --json`)", &[], None, ok("the entries", json!({"type": "array", "items": {"$ref": "#/components/schemas/AuditRecord"}}))),
+                    "token",
+                    "only the entries about this token",
+                ),
+                "run",
+                "only the entries about this replay run (not with token)",
+            )},
         },
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": {
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "divergence": {"type": "object"}}}}},
@@ -120,6 +154,15 @@ pub fn document() -> Value {
                 "name": {"type": "string"}, "request": {},
                 "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}}},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
+            "GcReport": {"type": "object", "required": ["dry_run", "runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"], "properties": {
+                "dry_run": {"type": "boolean"}, "runs_deleted": {"type": "array", "items": {"type": "string"}},
+                "events_deleted": {"type": "integer"}, "blobs_deleted": {"type": "integer"}, "bytes_freed": {"type": "integer"},
+                "cache_entries_dropped": {"type": "integer"}, "routine_days": {"type": "integer"}}},
+            "AuditRecord": {"type": "object", "required": ["id", "at_ms", "who", "role", "action", "subject", "reason", "outcome"], "properties": {
+                "id": {"type": "integer"}, "at_ms": {"type": "integer"}, "who": {"type": "string"}, "role": {"type": "string"},
+                "action": {"type": "string", "enum": ["reveal", "reveal_refused", "replay_original", "replay_original_refused"]},
+                "subject": {"type": "string", "description": "the token, or the replay run"}, "reason": {"type": "string"},
+                "outcome": {"type": "string", "description": "ok, or why it was refused"}}},
             "StepAnswer": {"type": "object", "required": ["status"], "properties": {
                 "status": {"type": "string", "enum": ["done", "error", "run", "dry_run", "refused", "approval_required"]},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {},

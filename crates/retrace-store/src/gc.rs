@@ -1,8 +1,9 @@
 //! Retention and garbage collection (SPEC §4 `retrace retain`, `retrace gc`; §7 "A fork's
 //! events").
 //!
-//! [`collect`] plans which runs go ([`plan`], over run metadata only), then asks the backend to
-//! delete them and sweep blobs in one atomic step ([`GcStore::collect_garbage`]):
+//! [`retain`] sets a run's tier (a replay has none). [`collect`] plans which runs go ([`plan`],
+//! over run metadata only), then asks the backend to delete them and sweep blobs in one atomic
+//! step ([`GcStore::collect_garbage`]):
 //!
 //! **Runs.** A `routine` run expires once it started more than the configured age ago;
 //! `incident` and `pinned` runs never do. A run stays while anything keeps it:
@@ -37,11 +38,13 @@
 //! since it was made still keeps its source.
 mod config;
 mod plan;
+mod retain;
 
 use crate::StoreResult;
 
 pub use config::{RetentionConfig, RetentionConfigError};
 pub use plan::{blob_cutoff, edit_blobs, plan, settle};
+pub use retain::{retain, RetainError, Retained};
 
 /// One day in milliseconds.
 pub const DAY_MS: u64 = 24 * 60 * 60 * 1000;
@@ -125,7 +128,8 @@ pub trait GcStore: Send + Sync {
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport>;
 }
 
-/// Plans and runs one collection over `store` (the whole of `retrace gc`).
+/// Plans and runs one collection over `store` (the whole of `retrace gc` and of the daemon's
+/// `POST /api/gc`).
 pub fn collect(store: &dyn crate::Store, config: &GcConfig) -> StoreResult<GcReport> {
     let runs = store.runs()?;
     let request = GcRequest {

@@ -8,8 +8,8 @@
 //!
 //! What the rest of Retrace calls:
 //! - the runtime, for originals it found while masking: [`store_originals`];
-//! - `retrace vault reveal` (and later the daemon's API): [`reveal`], which audits every attempt,
-//!   refused ones included, before it answers;
+//! - `retrace vault reveal` and the daemon's `POST /api/vault/reveal`: [`reveal`], which audits
+//!   every attempt, refused ones included, before it answers;
 //! - a replay run under a rule with `replay = "original"`: [`audit_replay_original`], once per
 //!   replay run, then [`open_original`] for each token it hands back.
 mod reveal;

@@ -56,8 +56,9 @@ pub struct Args {
     pub json: bool,
 }
 
-/// `[retention]` of ./retrace.toml, or the defaults when there is no such file.
-fn retention() -> anyhow::Result<RetentionConfig> {
+/// `[retention]` of ./retrace.toml, or the defaults when there is no such file (also what
+/// `retrace serve`'s `POST /api/gc` expires routine runs by).
+pub(crate) fn retention() -> anyhow::Result<RetentionConfig> {
     match std::fs::read_to_string(CONFIG) {
         Ok(text) => RetentionConfig::parse_toml(&text).map_err(|e| exit::usage(e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RetentionConfig::default()),

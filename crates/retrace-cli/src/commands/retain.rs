@@ -1,5 +1,6 @@
 //! `retrace retain`: set a run's retention tier (routine, incident, pinned).
-use retrace_core::run::{Retention, RunMode, RunStatus};
+use retrace_core::run::Retention;
+use retrace_store::gc::{retain, RetainError};
 
 use crate::commands::store_from_env;
 use crate::exit;
@@ -49,34 +50,31 @@ fn parse_tier(text: &str) -> Result<Retention, String> {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
-    let mut meta = crate::commands::runs::find(&*store, &args.run)?;
-    if meta.mode == RunMode::Replay {
-        let source = meta.source_run.as_deref().unwrap_or("its source");
-        return Err(exit::usage_hint(
-            format!(
-                "run {} is a replay: replay runs keep no tier of their own and go with their source",
-                meta.id
-            ),
-            format!("retain the source: retrace retain {source} {}", args.tier),
-        ));
-    }
-    let previous = meta.retention;
-    meta.retention = args.tier;
-    store.update_run(&meta)?;
-    if meta.status == RunStatus::Running {
+    let meta = crate::commands::runs::find(&*store, &args.run)?;
+    let retained = retain(&*store, meta, args.tier).map_err(|e| match &e {
+        RetainError::Replay { source_run: source, .. } => {
+            let source = source.as_deref().unwrap_or("its source");
+            exit::usage_hint(
+                e.to_string(),
+                format!("retain the source: retrace retain {source} {}", args.tier),
+            )
+        }
+        RetainError::Store(_) => anyhow::Error::from(e),
+    })?;
+    if retained.still_running {
         eprintln!(
             "warning: run {} is still running; its recorder writes the run's metadata when it ends, \
              which may undo this: run `retrace retain {} {}` again once it has",
-            meta.id, meta.id, args.tier
+            retained.run, retained.run, args.tier
         );
     }
     if args.json {
         return print_json(&serde_json::json!({
-            "run": meta.id,
-            "retention": args.tier.as_str(),
-            "previous": previous.as_str(),
+            "run": retained.run,
+            "retention": retained.retention.as_str(),
+            "previous": retained.previous.as_str(),
         }));
     }
-    println!("run {} is now {} (was {previous})", meta.id, args.tier);
+    println!("run {} is now {} (was {})", retained.run, retained.retention, retained.previous);
     Ok(())
 }

@@ -23,15 +23,19 @@ X-Retrace-Agent, or by path: /proxy/run/RUN/agent/AGENT/openai/v1/... Runs are c
 answered from RUN's log), and ended with `POST /api/runs/RUN/finish`.
 
 Access: on a loopback address with no tokens, every call is allowed. Tokens with roles come from \
-RETRACE_SERVE_TOKENS (`viewer:TOKEN,debugger:TOKEN,admin:TOKEN`) and/or --tokens FILE (one \
-`role TOKEN` per line, `#` comments; refused if other users can read it: chmod 600). A token is \
+RETRACE_SERVE_TOKENS (`viewer:TOKEN,debugger:TOKEN,admin:TOKEN`) and/or --tokens FILE (one `role \
+TOKEN [NAME]` per line, `#` comments; refused if other users can read it: chmod 600). A token is \
 at least 16 visible characters. With tokens, every route but /api/health and /api/openapi.json \
 needs one: `Authorization: Bearer TOKEN` on /api/, `X-Retrace-Token: TOKEN` on /proxy/ (there \
 Authorization and x-api-key belong to the provider and pass through untouched). Clients (the \
 Python SDK) read it from RETRACE_TOKEN. Roles: viewer reads runs, events, blobs and exports; \
-debugger also records, replays, and calls the SDK routes and the proxy; admin may do everything. \
-No token or an unknown one is 401, too low a role 403. A non-loopback --addr (0.0.0.0:7420) is \
-refused without tokens (exit 2).
+debugger also records, replays, and calls the SDK routes and the proxy; admin may do everything, \
+including the admin routes: POST /api/vault/reveal (under RETRACE_VAULT_KEY, audited), GET \
+/api/vault/audit, POST /api/runs/RUN/retain and POST /api/gc (routine runs expire after \
+./retrace.toml's [retention]). A tokens file line may name the token's holder (`admin TOKEN \
+alice`): the audit log then says who revealed what, else `api`. No token or an unknown one is \
+401, too low a role 403. A non-loopback --addr (0.0.0.0:7420) is refused without tokens \
+(exit 2).
 
 Examples:
   retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8000/v1
@@ -48,8 +52,9 @@ pub struct Args {
     /// Address to listen on (loopback by default; any other address needs tokens).
     #[arg(long, default_value = DEFAULT_ADDR)]
     addr: String,
-    /// A file of tokens, one `role TOKEN` per line (roles: viewer, debugger, admin), added to
-    /// those of RETRACE_SERVE_TOKENS. Must not be readable by others.
+    /// A file of tokens, one `role TOKEN [NAME]` per line (roles: viewer, debugger, admin; NAME
+    /// is who the audit log names), added to those of RETRACE_SERVE_TOKENS. Must not be
+    /// readable by others.
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
     /// Declare a replay stalled when its waiting calls make no progress for this many seconds.
@@ -144,6 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
     let mut config = config(args.upstream_openai, args.upstream_anthropic, args.stall_timeout)?;
     config.tokens = tokens;
+    config.retention = super::gc::retention()?;
     config.max_body = args.max_body;
     config.upstream_timeout = Duration::from_secs_f64(args.upstream_timeout.max(0.001));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

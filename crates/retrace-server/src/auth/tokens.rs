@@ -1,6 +1,7 @@
 //! The daemon's tokens: parsed from `RETRACE_SERVE_TOKENS` (`role:TOKEN,role:TOKEN`) and from a
-//! tokens file (`role TOKEN` per line, `#` comments), kept only as SHA-256 digests and compared
-//! in constant time.
+//! tokens file (`role TOKEN [NAME]` per line, `#` comments), kept only as SHA-256 digests and
+//! compared in constant time. A file's NAME says whose token it is: the audit log names them
+//! when they reveal an original.
 use std::fmt;
 
 use retrace_core::Digest;
@@ -10,17 +11,29 @@ use super::{same_digest, Role};
 /// The shortest token accepted: a guessable token would make the check pointless.
 pub const MIN_TOKEN_LEN: usize = 16;
 
+/// The longest name a tokens file may give a token's holder.
+pub const MAX_NAME_LEN: usize = 64;
+
 /// The tokens a daemon accepts, each with its role. Empty: every request is allowed.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    /// The digest of each token, and its role.
-    entries: Vec<(Digest, Role)>,
+    /// The digest of each token, its role, and its holder's name if the file gave one.
+    entries: Vec<(Digest, Role, Option<String>)>,
+}
+
+/// Who presented a known token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The token's role.
+    pub role: Role,
+    /// The name the tokens file gave it (`admin TOKEN alice`), if any.
+    pub name: Option<String>,
 }
 
 /// Why a token list was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum TokensError {
-    /// An entry is not `role:TOKEN` (env) or `role TOKEN` (file).
+    /// An entry is not `role:TOKEN` (env) or `role TOKEN [NAME]` (file).
     #[error("{at}: expected {shape}, found {found:?}")]
     Shape {
         /// Where: `RETRACE_SERVE_TOKENS entry 2`, `tokens.txt:3`.
@@ -46,6 +59,12 @@ pub enum TokensError {
         /// Where.
         at: String,
     },
+    /// A holder's name longer than [`MAX_NAME_LEN`] characters.
+    #[error("{at}: a name is at most {MAX_NAME_LEN} characters")]
+    LongName {
+        /// Where.
+        at: String,
+    },
     /// The same token twice (with the same role or not).
     #[error("{at}: this token is listed twice")]
     Duplicate {
@@ -67,7 +86,7 @@ impl Tokens {
 
     /// How many tokens there are of each role: `(viewer, debugger, admin)`.
     pub fn counts(&self) -> (usize, usize, usize) {
-        let count = |role| self.entries.iter().filter(|(_, r)| *r == role).count();
+        let count = |role| self.entries.iter().filter(|(_, r, _)| *r == role).count();
         (count(Role::Viewer), count(Role::Debugger), count(Role::Admin))
     }
 
@@ -79,13 +98,14 @@ impl Tokens {
             let Some((role, token)) = entry.split_once(':') else {
                 return Err(shape(at, "role:TOKEN", entry));
             };
-            self.add(&at, role.trim(), token.trim())?;
+            self.add(&at, role.trim(), token.trim(), None)?;
         }
         Ok(())
     }
 
-    /// Adds the lines of a tokens file named `name`: `role TOKEN`; blank lines and lines
-    /// starting with `#` are skipped.
+    /// Adds the lines of a tokens file named `name`: `role TOKEN`, or `role TOKEN NAME` to name
+    /// the token's holder (one word, such as `alice` or `ci-bot`); blank lines and lines starting
+    /// with `#` are skipped.
     pub fn add_file(&mut self, name: &str, text: &str) -> Result<(), TokensError> {
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -94,39 +114,48 @@ impl Tokens {
             }
             let at = format!("{name}:{}", i + 1);
             let mut words = line.split_whitespace();
-            match (words.next(), words.next(), words.next()) {
-                (Some(role), Some(token), None) => self.add(&at, role, token)?,
-                _ => return Err(shape(at, "role TOKEN", line)),
+            match (words.next(), words.next(), words.next(), words.next()) {
+                (Some(role), Some(token), holder, None) => self.add(&at, role, token, holder)?,
+                _ => return Err(shape(at, "role TOKEN [NAME]", line)),
             }
         }
         Ok(())
     }
 
-    fn add(&mut self, at: &str, role: &str, token: &str) -> Result<(), TokensError> {
+    fn add(&mut self, at: &str, role: &str, token: &str, holder: Option<&str>) -> Result<(), TokensError> {
         let role: Role = role.parse().map_err(|message| TokensError::Role { at: at.to_owned(), message })?;
         let visible = token.bytes().all(|b| b.is_ascii_graphic() && b != b',');
         if token.len() < MIN_TOKEN_LEN || !visible {
             return Err(TokensError::Weak { at: at.to_owned() });
         }
         let digest = Digest::of(token.as_bytes());
-        if self.entries.iter().any(|(d, _)| *d == digest) {
+        if holder.is_some_and(|name| name.chars().count() > MAX_NAME_LEN) {
+            return Err(TokensError::LongName { at: at.to_owned() });
+        }
+        if self.entries.iter().any(|(d, _, _)| *d == digest) {
             return Err(TokensError::Duplicate { at: at.to_owned() });
         }
-        self.entries.push((digest, role));
+        self.entries.push((digest, role, holder.map(str::to_owned)));
         Ok(())
     }
 
-    /// The role of `presented`, if it is one of the tokens. Every token is compared, each in
-    /// constant time, so the answer's timing says nothing about which one matched or how much.
+    /// The role of `presented`, if it is one of the tokens.
     pub fn role_of(&self, presented: &[u8]) -> Option<Role> {
+        self.holder_of(presented).map(|holder| holder.role)
+    }
+
+    /// The role and name of `presented`, if it is one of the tokens. Every token is compared,
+    /// each in constant time, so the answer's timing says nothing about which one matched or
+    /// how much.
+    pub fn holder_of(&self, presented: &[u8]) -> Option<Holder> {
         let digest = Digest::of(presented);
         let mut found = None;
-        for (known, role) in &self.entries {
+        for (known, role, name) in &self.entries {
             if same_digest(known, &digest) {
-                found = Some(*role);
+                found = Some((*role, name));
             }
         }
-        found
+        found.map(|(role, name)| Holder { role, name: name.clone() })
     }
 }
 
@@ -178,7 +207,20 @@ mod tests {
             .starts_with("RETRACE_SERVE_TOKENS entry 2: a token must be"));
         assert!(!err("secretsecretsecretsecret").contains("secretsecretsecretsecret"));
         assert!(err(&format!("viewer:{A},admin:{A}")).contains("listed twice"));
-        let file = Tokens::none().add_file("t.txt", &format!("viewer {A} extra")).unwrap_err();
-        assert_eq!(file.to_string(), "t.txt:1: expected role TOKEN, found \"viewer…\"");
+        let file = Tokens::none().add_file("t.txt", &format!("viewer {A} alice extra")).unwrap_err();
+        assert_eq!(file.to_string(), "t.txt:1: expected role TOKEN [NAME], found \"viewer…\"");
+        let long = Tokens::none().add_file("t.txt", &format!("viewer {A} {}", "n".repeat(65))).unwrap_err();
+        assert_eq!(long.to_string(), "t.txt:1: a name is at most 64 characters");
+    }
+
+    #[test]
+    fn a_file_may_name_a_token_s_holder() {
+        let mut tokens = Tokens::none();
+        tokens.add_env(&format!("admin:{A}")).unwrap();
+        tokens.add_file("t", &format!("admin {B} alice\n")).unwrap();
+        assert_eq!(tokens.holder_of(A.as_bytes()), Some(Holder { role: Role::Admin, name: None }));
+        let alice = Holder { role: Role::Admin, name: Some("alice".into()) };
+        assert_eq!(tokens.holder_of(B.as_bytes()), Some(alice));
+        assert_eq!(tokens.holder_of(b"cccccccccccccccccccc"), None);
     }
 }

@@ -11,9 +11,9 @@ use serde_json::{json, Value};
 
 use crate::support::{client, daemon_over, sqlite, Daemon, Reply};
 
-const VIEWER: &str = "viewer-token-0123456789";
-const DEBUGGER: &str = "debugger-token-0123456789";
-const ADMIN: &str = "admin-token-0123456789";
+pub const VIEWER: &str = "viewer-token-0123456789";
+pub const DEBUGGER: &str = "debugger-token-0123456789";
+pub const ADMIN: &str = "admin-token-0123456789";
 const PROVIDER_KEY: &str = "Bearer sk-provider-key-for-the-upstream";
 
 /// The callers: a name, the token they present, and the role it grants.
@@ -91,6 +91,8 @@ fn routes(run: &str, other: &str, blob: &str) -> Vec<(&'static str, String, Opti
     let agent = format!("/api/runs/{run}/agents/auth-agent");
     let v = Some(Role::Viewer);
     let d = Some(Role::Debugger);
+    let a = Some(Role::Admin);
+    let token = "rtk_email_0123456789abcdefghjkmnpq";
     vec![
         ("GET", "/api/health".into(), None, None),
         ("GET", "/api/openapi.json".into(), None, None),
@@ -119,6 +121,12 @@ fn routes(run: &str, other: &str, blob: &str) -> Vec<(&'static str, String, Opti
         ("POST", "/proxy/anthropic/v1/messages".into(), Some(chat.clone()), d),
         ("POST", format!("/proxy/run/{run}/agent/a/openai/v1/chat/completions"), Some(chat.clone()), d),
         ("POST", format!("/proxy/run/{run}/agent/a/anthropic/v1/messages"), Some(chat), d),
+        // The daemon has no vault key: an admin's reveal is refused (409) after the table let it in.
+        ("POST", "/api/vault/reveal".into(), Some(json!({"token": token, "reason": "auth test"})), a),
+        ("GET", "/api/vault/audit".into(), None, a),
+        ("GET", format!("/api/vault/audit?token={token}"), None, a),
+        ("POST", format!("/api/runs/{other}/retain"), Some(json!({"tier": "incident"})), a),
+        ("POST", "/api/gc".into(), Some(json!({"dry_run": true})), a),
     ]
 }
 

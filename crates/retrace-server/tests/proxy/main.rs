@@ -1,6 +1,7 @@
 //! The daemon and its proxy over real loopback HTTP, a real SQLite store and the local provider
 //! stand-in (`retrace_demo::providers`): record, replay, bad input, upstream failures, access
-//! control and the API's read routes.
+//! control, the API's read routes and its admin routes.
+mod admin;
 mod auth;
 mod autonomy;
 mod bad_input;

@@ -1,0 +1,103 @@
+//! `POST /api/runs/{run}/retain` and `POST /api/gc`: `retrace retain` and `retrace gc` over
+//! HTTP, through the same [`retrace_store::gc::retain`] and [`retrace_store::gc::collect`].
+//! Routine runs expire after the daemon's `[retention]` settings ([`crate::ServerConfig`]'s
+//! `retention`), or `older_than_days`.
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use retrace_core::run::Retention;
+use retrace_store::gc::{collect, retain as retain_run, GcConfig, RetainError};
+use retrace_store::StoreErrorKind;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{answer, blocking, now_ms, required_body, AdminError};
+use crate::AppState;
+
+/// The body of `POST /api/runs/{run}/retain`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetainBody {
+    /// `routine`, `incident` or `pinned`.
+    tier: String,
+}
+
+/// `POST /api/runs/{run}/retain`: sets the run's tier; `{run, retention, previous}`, with a
+/// `warning` when the run is still running (its recorder may write its metadata over this).
+pub async fn retain(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> Response {
+    let tier = match required_body::<RetainBody>(&body).and_then(|b| parse_tier(&b.tier)) {
+        Ok(tier) => tier,
+        Err(e) => return e.into_response(),
+    };
+    let store = app.host.store().clone();
+    answer(
+        blocking(move || {
+            let meta = store.find_run(&id).map_err(|e| match e.kind {
+                StoreErrorKind::NotFound => AdminError::UnknownRun(e.to_string()),
+                StoreErrorKind::Invalid => AdminError::BadRequest(e.to_string()),
+                _ => AdminError::from_store(&e),
+            })?;
+            let retained = retain_run(&*store, meta, tier).map_err(|e| match e {
+                RetainError::Replay { source_run: ref source, .. } => {
+                    let source = source.as_deref().unwrap_or("its source");
+                    AdminError::ReplayHasNoTier(format!("{e}: retain {source} instead"))
+                }
+                RetainError::Store(e) => AdminError::from_store(&e),
+            })?;
+            let mut out = json!({
+                "run": retained.run,
+                "retention": retained.retention.as_str(),
+                "previous": retained.previous.as_str(),
+            });
+            if retained.still_running {
+                out["warning"] = json!(
+                    "the run is still running; its recorder writes the run's metadata when it ends, \
+                     which may undo this: retain it again once it has"
+                );
+            }
+            Ok(out)
+        })
+        .await,
+    )
+}
+
+fn parse_tier(text: &str) -> Result<Retention, AdminError> {
+    text.parse().map_err(AdminError::BadRequest)
+}
+
+/// The body of `POST /api/gc`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcBody {
+    /// Report what would go, delete nothing (required: a collection is never implied).
+    dry_run: bool,
+    /// Routine runs expire after this many days (default: the daemon's `[retention]`).
+    older_than_days: Option<u64>,
+}
+
+/// `POST /api/gc`: expired runs, then unreferenced blobs; the report `retrace gc --json` prints
+/// (`dry_run`, `runs_deleted`, `events_deleted`, `blobs_deleted`, `bytes_freed`,
+/// `cache_entries_dropped`, `routine_days`).
+pub async fn gc(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    let body: GcBody = match required_body(&body) {
+        Ok(body) => body,
+        Err(e) => return e.into_response(),
+    };
+    let mut retention = app.config.retention;
+    if let Some(days) = body.older_than_days {
+        retention.routine_days = days;
+    }
+    let store = app.host.store().clone();
+    answer(
+        blocking(move || {
+            let config = GcConfig { dry_run: body.dry_run, ..GcConfig::from_retention(now_ms(), &retention) };
+            let report = collect(&*store, &config).map_err(|e| AdminError::from_store(&e))?;
+            let mut out = serde_json::to_value(&report).map_err(|e| AdminError::Internal(e.to_string()))?;
+            out["routine_days"] = retention.routine_days.into();
+            Ok(out)
+        })
+        .await,
+    )
+}

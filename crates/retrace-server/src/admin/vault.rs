@@ -1,0 +1,127 @@
+//! `POST /api/vault/reveal` and `GET /api/vault/audit`: `retrace vault reveal` and `retrace
+//! vault audit` over HTTP, through the same [`retrace_store::vault::reveal`], which writes the
+//! audit entry (refusals included) before it answers.
+//!
+//! The audit entry names the caller: the name the tokens file gives their token (`admin TOKEN
+//! alice`), else `api`; and their role, `admin` (the route's; a daemon without tokens lets
+//! everyone act as admin).
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use base64::Engine as _;
+use retrace_store::vault::{reveal as reveal_original, Reveal, RevealError, Revealer};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{answer, blocking, now_ms, required_body, AdminError};
+use crate::auth::{Holder, Role};
+use crate::AppState;
+
+/// Who the audit log names when the caller's token has no name, or there are no tokens.
+pub const ANONYMOUS: &str = "api";
+
+/// The body of `POST /api/vault/reveal`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevealBody {
+    token: String,
+    /// Missing is an empty reason: refused, and audited as such.
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /api/vault/reveal`: the original of a token, under the daemon's vault key.
+pub async fn reveal(
+    State(app): State<Arc<AppState>>,
+    holder: Option<Extension<Holder>>,
+    body: Bytes,
+) -> Response {
+    let body: RevealBody = match required_body(&body) {
+        Ok(body) => body,
+        Err(e) => return e.into_response(),
+    };
+    let by = revealer(holder.map(|Extension(h)| h));
+    let key = app.config.vault_key.as_ref().map(|k| k.to_base64());
+    let store = app.host.store().clone();
+    answer(
+        blocking(move || {
+            let request =
+                Reveal { token: &body.token, reason: &body.reason, key: key.as_deref(), at_ms: now_ms() };
+            let original = reveal_original(&*store, &by, &request).map_err(refusal)?;
+            Ok(revealed(body.token, original))
+        })
+        .await,
+    )
+}
+
+/// The audit log's `who` and `role` for a caller.
+fn revealer(holder: Option<Holder>) -> Revealer {
+    let (name, role) = match holder {
+        Some(Holder { role, name }) => (name, role),
+        None => (None, Role::Admin),
+    };
+    Revealer { who: name.unwrap_or_else(|| ANONYMOUS.to_owned()), role: role.as_str().to_owned() }
+}
+
+/// `{token, original}`: the original as text when it is UTF-8, else base64 with
+/// `encoding: "base64"`.
+fn revealed(token: String, original: Vec<u8>) -> Value {
+    match String::from_utf8(original) {
+        Ok(text) => json!({"token": token, "original": text}),
+        Err(e) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(e.into_bytes());
+            json!({"token": token, "original": encoded, "encoding": "base64"})
+        }
+    }
+}
+
+/// Each refusal's status (every one but a store failure is in the audit log already).
+fn refusal(e: RevealError) -> AdminError {
+    let audited = |m: String| format!("{m} (this attempt was written to the audit log)");
+    match e {
+        RevealError::NoKey | RevealError::BadKey(_) => AdminError::NoVaultKey(audited(
+            "this daemon has no usable vault key: start it with RETRACE_VAULT_KEY set to the key the \
+             originals were sealed with"
+                .into(),
+        )),
+        RevealError::NoReason => AdminError::MissingReason(audited(e.to_string())),
+        RevealError::Role { .. } => AdminError::Forbidden(audited(e.to_string())),
+        RevealError::UnknownToken { .. } => AdminError::UnknownToken(audited(e.to_string())),
+        RevealError::CannotOpen(_) => AdminError::CannotOpen(audited(e.to_string())),
+        RevealError::Store(ref source) => AdminError::Store(format!("{e}: {source}; nothing was revealed")),
+    }
+}
+
+/// The query of `GET /api/vault/audit`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Only the entries about this token.
+    token: Option<String>,
+    /// Only the entries about this replay run.
+    run: Option<String>,
+}
+
+/// `GET /api/vault/audit[?token=TOKEN | ?run=RUN]`: the audit log, oldest first, as
+/// `retrace vault audit --json` prints it.
+pub async fn audit(
+    State(app): State<Arc<AppState>>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
+) -> Response {
+    let subject = match query {
+        Ok(Query(AuditQuery { token: Some(_), run: Some(_) })) => {
+            return AdminError::BadRequest("name a token or a run, not both".into()).into_response()
+        }
+        Ok(Query(AuditQuery { token, run })) => token.or(run),
+        Err(e) => return AdminError::BadRequest(e.body_text()).into_response(),
+    };
+    let store = app.host.store().clone();
+    answer(
+        blocking(move || store.audit_list(subject.as_deref()).map_err(|e| AdminError::Store(e.to_string())))
+            .await,
+    )
+}
