@@ -432,6 +432,19 @@ mod properties {
         }
 
         #[test]
+        fn would_mask_value_says_whether_masking_the_canonical_form_changes_it(doc in value()) {
+            let mut raw = String::new();
+            render(&doc, &mut raw, false);
+            let value: serde_json::Value = serde_json::from_str(&raw).expect("the generator writes JSON");
+            let canonical = retrace_core::canonical::canonical_value(&value).expect("canonical");
+            // Exact without json_path rules; with them (the full set) it may only say "maybe".
+            let m = defaults();
+            prop_assert_eq!(m.would_mask_value(&value), m.mask_json(&canonical).tokens > 0);
+            let m = full_masker();
+            prop_assert!(m.would_mask_value(&value) || m.mask_json(&canonical).tokens == 0);
+        }
+
+        #[test]
         fn masking_text_is_idempotent(s in salted_string()) {
             let m = defaults();
             let once = text(&m, &s);

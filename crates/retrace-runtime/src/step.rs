@@ -10,6 +10,7 @@ use retrace_core::envelope::ToolClass;
 use retrace_core::envelope::Usage;
 use retrace_core::json::{self, Json};
 use retrace_core::json_diff::first_difference_bytes;
+use retrace_core::mask::Masked;
 use retrace_core::run::RunStatus;
 use retrace_core::{Digest, Divergence, DivergenceCode, Event, EventType, Source};
 use retrace_store::{BlobHint, BlobPut, CacheEntry};
@@ -210,7 +211,12 @@ impl Agent {
             return self.prepare_raw(input, raw).map_err(not_canonical);
         }
         let canonical = canonical_value(&input.request).map_err(not_canonical)?;
-        let masked = inner.masker.mask_json(&canonical);
+        // Most requests hold nothing to mask: their decoded strings say so without a scan.
+        let masked = if inner.masker.would_mask_value(&input.request) {
+            inner.masker.mask_json(&canonical)
+        } else {
+            Masked { bytes: Cow::Borrowed(&canonical[..]), tokens: 0 }
+        };
         let (kind, name, version) =
             (input.template.kind, input.template.name.as_deref(), input.version.as_deref());
         let key = if masked.tokens == 0 {
@@ -326,8 +332,15 @@ impl Agent {
         };
         // A failure's message is persisted like any output: masked.
         event.error = error.as_deref().map(|e| inner.masker.mask_text(e).0.into_owned());
+        // A plain value's strings say whether masking would change it; a raw output (an HTTP
+        // document) is masked per part.
+        let clean = raw_output.is_none() && !inner.masker.would_mask_value(&value);
         if let Some(canonical) = raw_output.or(canonical) {
-            let masked = inner.masker.mask_output(&canonical);
+            let masked = if clean {
+                Masked { bytes: Cow::Borrowed(&canonical[..]), tokens: 0 }
+            } else {
+                inner.masker.mask_output(&canonical)
+            };
             if masked.tokens > 0 {
                 inner.holds_tokens.store(true, Ordering::Relaxed);
             }

@@ -37,6 +37,38 @@ impl<'a> Splicer<'a> {
 }
 
 impl Masker {
+    /// False only when [`Masker::mask_json`] would leave the canonical form of `value`
+    /// unchanged: no string of it (keys included) holds anything a text rule finds, and no
+    /// `json_path` rule is set. It looks at the value's strings as they are, so the common case
+    /// of a request without secrets skips scanning and unescaping its canonical bytes.
+    pub fn would_mask_value(&self, value: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        if !self.engine.looks_in_bodies || self.key.is_none() {
+            return false;
+        }
+        if self.engine.has_paths() {
+            return true;
+        }
+        let finds = |s: &str| s.len() >= self.engine.min_len() && !self.engine.find(s.as_bytes()).is_empty();
+        let mut stack = vec![value];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::String(s) if finds(s) => return true,
+                Value::Array(items) => stack.extend(items),
+                Value::Object(fields) => {
+                    for (k, v) in fields {
+                        if finds(k) {
+                            return true;
+                        }
+                        stack.push(v);
+                    }
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
     /// Masks every string (keys and values) of a JSON document (or a sequence of them, as in
     /// JSON Lines), splicing tokens into the raw bytes; `json_path` rules mask whole values at
     /// their paths. In bytes that are not JSON, whatever looks like a JSON string is masked as
@@ -159,6 +191,24 @@ mod tests {
             }],
         };
         Masker::new(rules, Some(key())).unwrap()
+    }
+
+    #[test]
+    fn would_mask_value_agrees_with_mask_json() {
+        let m = Masker::new(MaskRules::defaults(), Some(key())).unwrap();
+        let cases = [
+            serde_json::json!({"q": "select 1", "n": 4111111111111111u64, "tags": ["a", "b"]}),
+            serde_json::json!({"to": "ada@example.com"}),
+            serde_json::json!({"ada@example.com": 1}),
+            serde_json::json!([{"deep": [{"k": "Bearer abcdef0123456789"}]}]),
+            serde_json::json!("line\nsk-proj-abcdefghij0123456789abcdefghij"),
+            serde_json::json!({"card": "4111 1111 1111 1111", "short": "x"}),
+        ];
+        for value in cases {
+            let canonical = crate::canonical::canonical_value(&value).unwrap();
+            assert_eq!(m.would_mask_value(&value), m.mask_json(&canonical).tokens > 0, "{value}");
+        }
+        assert!(!Masker::empty().would_mask_value(&serde_json::json!({"to": "ada@example.com"})));
     }
 
     #[test]
