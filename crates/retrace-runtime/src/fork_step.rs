@@ -163,6 +163,10 @@ impl Agent {
             input.source = Source::DryRun;
             let tool = input.template.name.clone().unwrap_or_default();
             let args = input.request.clone();
+            if input.program_dry_run {
+                // `live` asks the program for its dry run; its outcome is the fork's output.
+                return self.record(input, prepared, label, live).await;
+            }
             return match input.dry_run.clone() {
                 Some(dry_run) => {
                     let value = dry_run(&args);

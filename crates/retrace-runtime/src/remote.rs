@@ -37,6 +37,9 @@ pub struct RemoteStep {
     pub name: String,
     /// The request: tool arguments; `{}` for clock and random; `{"name": …}` for env.
     pub request: Value,
+    /// A side effect the program can dry-run itself: where a fork would not run it, `outcome`
+    /// is asked for the program's dry run instead, and what it reports is recorded.
+    pub program_dry_run: bool,
 }
 
 impl Agent {
@@ -73,6 +76,7 @@ impl Agent {
             None => StepInput::new(template, step.request),
         };
         input.dry_run = spec.and_then(|s| s.dry_run.clone());
+        input.program_dry_run = step.program_dry_run;
         self.run_step_async(input, || async {
             let started = Instant::now();
             let result = outcome().await;

@@ -36,6 +36,9 @@ pub(crate) struct StepInput {
     pub(crate) origin_seq: Option<u64>,
     /// A side-effect tool's dry run: what a fork hands the program instead of running it.
     pub(crate) dry_run: Option<crate::agent::DryRunFn>,
+    /// For a side effect of a program in another process: the program has a dry run of its
+    /// own, so a fork runs the step's live function as the dry run and records its outcome.
+    pub(crate) program_dry_run: bool,
     /// A request given as raw JSON bytes (the proxy's bodies): stored byte for byte (masked by
     /// splicing), keyed on its canonical form; `request` is then unused.
     pub(crate) raw_request: Option<RawRequest>,
@@ -61,6 +64,7 @@ impl StepInput {
             source: Source::Live,
             origin_seq: None,
             dry_run: None,
+            program_dry_run: false,
             raw_request: None,
         }
     }

@@ -152,7 +152,7 @@ pub fn document() -> Value {
             "Step": {"type": "object", "additionalProperties": false, "properties": {
                 "type": {"type": "string", "enum": ["tool_call", "clock", "random", "env"]},
                 "name": {"type": "string"}, "request": {},
-                "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}}},
+                "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}, "dry_run": {"type": "boolean", "description": "side_effect: the program can dry-run it; a fork asks for the dry run and records it"}}},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
             "GcReport": {"type": "object", "required": ["dry_run", "runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"], "properties": {
                 "dry_run": {"type": "boolean"}, "runs_deleted": {"type": "array", "items": {"type": "string"}},
@@ -166,6 +166,7 @@ pub fn document() -> Value {
             "StepAnswer": {"type": "object", "required": ["status"], "properties": {
                 "status": {"type": "string", "enum": ["done", "error", "run", "dry_run", "refused", "approval_required"]},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {},
+                "dry_run": {"type": "boolean", "description": "run: run the program's dry run of this side effect, not the side effect"},
                 "approval": {"type": "string", "description": "approval_required: the id `retrace approve` takes"}}},
         }},
     })

@@ -6,7 +6,8 @@
 //! `{"status": "done", "output": …}`, `{"status": "error", "error": …}` (a recorded failure,
 //! raised again), or `{"status": "run", "step": ID}`: the program must run the step now and post
 //! `{"step": ID, "output" | "error"}` (a side effect in record, after its intent is stored; a
-//! changed or new step of a fork). A divergence is HTTP 409 with the report. A side effect the
+//! changed or new step of a fork; with `"dry_run": true`, a side effect of a fork whose tool said
+//! `"dry_run": true`: the program runs its dry run, and what it reports is recorded). A divergence is HTTP 409 with the report. A side effect the
 //! autonomy policy refuses is `{"status": "refused", "error"}`; one held for `retrace approve`
 //! past its wait is `{"status": "approval_required", "approval": ID, "error"}` (the SDK raises
 //! `ApprovalRequired(ID)`); both are recorded `approval` events, answered alike in replay.
@@ -57,6 +58,10 @@ pub struct ToolBody {
     class: String,
     #[serde(default)]
     ttl_s: Option<u64>,
+    /// A side effect the program can dry-run: a fork asks for the dry run (`"run"` with
+    /// `"dry_run": true`) and records what it reports instead of answering `"dry_run"`.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 fn one() -> String {
@@ -191,6 +196,7 @@ pub async fn step(
         Ok(a) => a,
         Err(r) => return *r,
     };
+    let program_dry_run = body.tool.as_ref().is_some_and(|t| t.dry_run);
     let spec = match body.tool.map(|t| t.class.parse::<ToolClass>().map(|class| (t, class))).transpose() {
         Ok(t) => t.map(|(t, class)| ToolSpec { class, version: t.version, ttl_s: t.ttl_s, dry_run: None }),
         Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
@@ -223,7 +229,9 @@ pub async fn step(
             _ => Err("the program never reported this step's outcome".into()),
         }
     };
-    let step = RemoteStep { kind, name, request };
+    // Outside record a side effect is never run: when asked to, it is for the program's dry run.
+    let dry_run_asked = side_effect && !agent.runs_live();
+    let step = RemoteStep { kind, name, request, program_dry_run };
     let mut task = tokio::spawn(async move { agent.remote_step(step, live).await });
     tokio::select! {
         result = &mut task => match result {
@@ -234,7 +242,11 @@ pub async fn step(
             Ok(()) => {
                 let id = format!("{:032x}", rand_id());
                 app.pending.0.lock().insert(id.clone(), (outcome_tx, task));
-                Json(json!({"status": "run", "step": id})).into_response()
+                if dry_run_asked {
+                    Json(json!({"status": "run", "step": id, "dry_run": true})).into_response()
+                } else {
+                    Json(json!({"status": "run", "step": id})).into_response()
+                }
             }
             // The step finished without asking (replay): its answer is the task's.
             Err(_) => match task.await {

@@ -200,7 +200,10 @@ class Agent:
         answer = yield _Post("steps", body)
         if answer["status"] == "run":  # a side effect after its intent, a changed step of a fork
             done: dict = {"step": answer["step"]}
-            done.update((yield _Run(fn, inline)))
+            if answer.get("dry_run") and dry_run is not None:  # a fork's side effect: never run
+                done.update((yield _Run(lambda: dry_run(request), inline)))
+            else:
+                done.update((yield _Run(fn, inline)))
             answer = yield _Post("steps", done)
         return self._result(answer, dry_run)
 
@@ -230,6 +233,8 @@ class Agent:
                 self._occurrences[name] = n
             call = functools.partial(fn, idempotency_key=f"{self.run.id}/{self.id}/{name}#{n}")
         tool = {"version": str(version), "class": cls, "ttl_s": ttl_s}
+        if cls == "side_effect" and dry_run is not None:
+            tool["dry_run"] = True  # a fork asks for the dry run and records what it returns
         return self._step_flow("tool_call", name, _json_roundtrip(args), call, tool, dry_run)
 
     def _now_flow(self) -> _Flow:
@@ -288,7 +293,8 @@ class Agent:
         """Calls a tool: in record runs ``fn()`` and records its result (or error); in replay
         returns the recorded result and ``fn`` never runs. ``cls`` is ``deterministic``,
         ``time_bound`` (with ``ttl_s``) or ``side_effect`` (whose intent is stored before it runs;
-        never run by replay or fork; a fork hands back ``dry_run(args)``). A side-effect ``fn``
+        never run by replay or fork; a fork hands back ``dry_run(args)`` and records it as the
+        step's output, so replaying the fork hands back the same value without calling it). A side-effect ``fn``
         that accepts ``idempotency_key`` gets a stable one: ``run/agent/occurrence``."""
         return self._drive(self._tool_flow(name, args, fn, cls, version, ttl_s, dry_run))
 

@@ -1,0 +1,42 @@
+"""A fork of an SDK program never runs a changed side effect: it calls the program's
+``dry_run``, records what it returned as the step's output (source ``dry_run``), and replaying
+the fork hands the program that value without calling ``dry_run`` or the side effect."""
+import json
+import re
+import sys
+from pathlib import Path
+
+from test_sdk import retrace
+
+HERE = Path(__file__).parent
+PROG = [sys.executable, str(HERE / "dryrun_prog.py")]
+
+
+def test_a_forks_dry_run_is_recorded_and_replayed(tmp_path):
+    home = tmp_path / "home"
+    rec = retrace(home, "record", "--", *PROG)
+    *printed, run = rec.stdout.strip().splitlines()
+    assert json.loads(printed[-1]) == {"queued": True, "to": "ops"}
+    assert "SIDE EFFECT RAN" in rec.stderr
+
+    show = retrace(home, "show", run).stdout
+    lookup = re.search(r"^\s*(\d+)\s.*tool_call oncall\.lookup", show, re.M)
+    assert lookup, show
+    edit = tmp_path / "sre.json"
+    edit.write_text(json.dumps({"to": "sre"}))
+    fork = retrace(home, "fork", run, "--edit", f"tool-output:{lookup.group(1)}=@{edit}")
+    *printed, fork_id = fork.stdout.strip().splitlines()
+    assert json.loads(printed[-1]) == {"queued": False, "would_send_to": "sre"}
+    assert "DRY RUN CALLED" in fork.stderr and "SIDE EFFECT RAN" not in fork.stderr, fork.stderr
+
+    events = [json.loads(line) for line in retrace(home, "export", fork_id).stdout.splitlines()[1:]]
+    sent = [e for e in events if e.get("type") == "tool_call" and e.get("name") == "email.send"]
+    assert sent and sent[-1]["source"] == "dry_run", sent
+    assert sent[-1].get("error") is None, "the dry run is the step's output, not a failure"
+
+    for _ in range(2):
+        again = retrace(home, "replay", fork_id)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout.strip().splitlines()[0]) == {"queued": False, "would_send_to": "sre"}
+        assert "DRY RUN CALLED" not in again.stderr and "SIDE EFFECT RAN" not in again.stderr, again.stderr
+    assert retrace(home, "verify", fork_id).returncode == 0
