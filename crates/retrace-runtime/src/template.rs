@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use retrace_core::envelope::PromptRef;
 use retrace_core::Digest;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
@@ -33,6 +33,18 @@ impl Agent {
                 self.id
             ))
         })?;
+        if let Some(remote) = self.remote() {
+            // The daemon reads the file and stamps the agent's following model calls.
+            let answer =
+                remote.post_blocking(&self.id, "template", &json!({ "template": id, "vars": vars }))?;
+            return answer.get("text").and_then(Value::as_str).map(str::to_owned).ok_or_else(|| {
+                RuntimeError::Decode {
+                    agent: self.id.clone(),
+                    step: format!("template {id}"),
+                    message: format!("the daemon's answer has no text: {answer}"),
+                }
+            });
+        }
         let (name, mut version) = id
             .split_once('@')
             .map(|(n, v)| (n.to_owned(), v.to_owned()))

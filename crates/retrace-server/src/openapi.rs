@@ -116,13 +116,15 @@ pub fn document() -> Value {
                 "divergence": {"type": "object", "nullable": true}, "started_at_ms": {"type": "integer"},
                 "finished_at_ms": {"type": "integer", "nullable": true}, "error": {"type": "string"}}},
             "Step": {"type": "object", "additionalProperties": false, "properties": {
-                "type": {"type": "string", "enum": ["tool_call", "clock", "random", "env"]},
+                "type": {"type": "string", "enum": ["tool_call", "clock", "random", "env", "model_call"]},
+                "model": {"type": "object", "additionalProperties": false, "description": "model_call: provider and endpoint with the request; snapshot and usage with the outcome", "properties": {"provider": {"type": "string"}, "endpoint": {"type": "string"}, "snapshot": {"type": "string", "nullable": true}, "usage": {"type": "object", "nullable": true, "required": ["input_tokens", "output_tokens"], "properties": {"input_tokens": {"type": "integer", "minimum": 0}, "output_tokens": {"type": "integer", "minimum": 0}, "cost_usd": {"type": "number", "nullable": true}}}}},
                 "name": {"type": "string"}, "request": {},
                 "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}}},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
             "StepAnswer": {"type": "object", "required": ["status"], "properties": {
                 "status": {"type": "string", "enum": ["done", "error", "run", "dry_run", "refused", "approval_required"]},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {},
+                "request": {"description": "run: the request the program must send (a model call a fork's edits rewrote)"},
                 "approval": {"type": "string", "description": "approval_required: the id `retrace approve` takes"}}},
         }},
     })
