@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::error::{RuntimeError, RuntimeResult};
+use crate::remote_session::outcome;
 use crate::session::{AgentState, Mode, Session};
 use crate::step::{LiveOutput, StepInput};
 
@@ -161,6 +162,26 @@ impl Agent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let label = format!("tool_call {name}");
+        let args = to_json(args, &self.id, &label)?;
+        if let Some(remote) = self.remote() {
+            let body = json!({
+                "type": "tool_call",
+                "name": name,
+                "request": args,
+                "tool": {"version": spec.version, "class": spec.class.as_str(), "ttl_s": spec.ttl_s},
+            });
+            let out = remote
+                .step(self, object(body), spec.dry_run.as_ref(), |_| async {
+                    let result = live().await;
+                    outcome(match result {
+                        Ok(value) => to_json(&value, &self.id, &label).map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    })
+                })
+                .await?;
+            return self.decode(name, out);
+        }
         let mut template = self.event(EventType::ToolCall, Some(name));
         template.tool = Some(ToolRef {
             name: name.to_owned(),
@@ -168,8 +189,7 @@ impl Agent {
             class: spec.class,
             ttl_s: spec.ttl_s,
         });
-        let label = format!("tool_call {name}");
-        let input = StepInput::new(template, to_json(args, &self.id, &label)?).versioned(&spec.version);
+        let input = StepInput::new(template, args).versioned(&spec.version);
         let mut input = if spec.class == ToolClass::SideEffect { input.with_intent() } else { input };
         input.dry_run = spec.dry_run.clone();
         let out = self
@@ -204,6 +224,33 @@ impl Agent {
         Fut: Future<Output = Result<ModelReply, E>>,
     {
         let name = format!("{}/{}", call.provider, call.endpoint);
+        if let Some(remote) = self.remote() {
+            // The daemon runs it through this same function: same event, same key.
+            // `model` names the call; the completed step's `model` adds snapshot and usage.
+            let model = json!({"provider": call.provider, "endpoint": call.endpoint});
+            let body = json!({"type": "model_call", "name": name, "request": call.body, "model": model});
+            let out = remote
+                .step(self, object(body), None, |edited| async {
+                    let result = live(edited.unwrap_or_else(|| call.body.clone())).await;
+                    match result {
+                        Ok(reply) => {
+                            let mut fields = outcome(Ok(reply.body));
+                            let usage = reply.usage.map(|u| serde_json::to_value(u).unwrap_or_default());
+                            let model = json!({
+                                "provider": call.provider,
+                                "endpoint": call.endpoint,
+                                "snapshot": reply.snapshot,
+                                "usage": usage,
+                            });
+                            fields.insert("model".into(), model);
+                            fields
+                        }
+                        Err(e) => outcome(Err(e.to_string())),
+                    }
+                })
+                .await?;
+            return self.decode(&name, out);
+        }
         let mut template = self.event(EventType::ModelCall, Some(&name));
         let call = &self.apply_model_edits(call);
         let model_name = call.body.get("model").and_then(Value::as_str).unwrap_or_default();
@@ -237,26 +284,27 @@ impl Agent {
     /// The wall clock, in Unix milliseconds: live in record, recorded in replay.
     pub fn now_ms(&self) -> RuntimeResult<u64> {
         let clock = self.session.inner.clock.clone();
-        let input = StepInput::new(self.event(EventType::Clock, Some("wall")), json!({}));
-        let out = self.run_step(input, || Ok(LiveOutput::value(json!({ "unix_ms": clock.now_ms() }))))?;
+        let out = self.read(EventType::Clock, "wall", json!({}), || json!({ "unix_ms": clock.now_ms() }))?;
         field(&out, "unix_ms", "clock")
             .and_then(|v| v.as_u64().ok_or_else(|| self.bad_output("clock", "unix_ms is not an integer")))
     }
 
     /// A random 64-bit number: live in record, recorded in replay.
     pub fn random_u64(&self) -> RuntimeResult<u64> {
-        let input = StepInput::new(self.event(EventType::Random, Some("u64")), json!({}));
-        let out = self.run_step(input, || Ok(LiveOutput::value(json!({ "u64": rand::random::<u64>() }))))?;
+        let out =
+            self.read(EventType::Random, "u64", json!({}), || json!({ "u64": rand::random::<u64>() }))?;
         field(&out, "u64", "random")
             .and_then(|v| v.as_u64().ok_or_else(|| self.bad_output("random", "not a u64")))
     }
 
     /// A random id (32 hex digits): live in record, recorded in replay.
     pub fn random_id(&self) -> RuntimeResult<String> {
-        let input = StepInput::new(self.event(EventType::Random, Some("id")), json!({}));
-        let out = self.run_step(input, || {
-            Ok(LiveOutput::value(json!({ "id": format!("{:032x}", rand::random::<u128>()) })))
-        })?;
+        let out = self.read(
+            EventType::Random,
+            "id",
+            json!({}),
+            || json!({ "id": format!("{:032x}", rand::random::<u128>()) }),
+        )?;
         field(&out, "id", "random").and_then(|v| {
             v.as_str().map(str::to_owned).ok_or_else(|| self.bad_output("random", "not a string"))
         })
@@ -264,15 +312,43 @@ impl Agent {
 
     /// An environment variable: live in record (masked before it is stored), recorded in replay.
     pub fn env(&self, name: &str) -> RuntimeResult<Option<String>> {
-        let input = StepInput::new(self.event(EventType::Env, Some(name)), json!({ "name": name }));
-        let out =
-            self.run_step(input, || Ok(LiveOutput::value(json!({ "value": std::env::var(name).ok() }))))?;
+        let out = self.read(
+            EventType::Env,
+            name,
+            json!({ "name": name }),
+            || json!({ "value": std::env::var(name).ok() }),
+        )?;
         let v = field(&out, "value", "env")?;
         Ok(v.as_str().map(str::to_owned))
     }
 
+    /// A read of the world (clock, random, env) that replay answers from the log: in process
+    /// through the pipeline, or as a step of the daemon's run.
+    fn read(
+        &self,
+        kind: EventType,
+        name: &str,
+        request: Value,
+        live: impl FnOnce() -> Value,
+    ) -> RuntimeResult<Value> {
+        match self.remote() {
+            Some(remote) => {
+                let body = json!({ "type": kind.to_string(), "name": name, "request": request });
+                self.block_on(remote.step(self, object(body), None, |_| async { outcome(Ok(live())) }))
+            }
+            None => {
+                let input = StepInput::new(self.event(kind, Some(name)), request);
+                self.run_step(input, || Ok(LiveOutput::value(live())))
+            }
+        }
+    }
+
     /// Records a decision; in replay a different decision is a divergence.
     pub fn decide(&self, action: &str, target: Option<&str>) -> RuntimeResult<()> {
+        if let Some(remote) = self.remote() {
+            let body = json!({ "action": action, "target": target });
+            return remote.post_blocking(&self.id, "decide", &body).map(drop);
+        }
         let mut template = self.event(EventType::Decision, None);
         template.decision = Some(Decision { action: action.into(), target: target.map(str::to_owned) });
         let input = StepInput::new(template, json!({ "action": action, "target": target })).no_output();
@@ -321,14 +397,29 @@ impl Agent {
 
     /// Declares that this agent takes no more steps (replay can then tell a stall at once).
     pub fn exit(&self) {
-        if let Some(s) = &self.session.inner.scheduler {
-            s.agent_exited(&self.id);
+        match (&self.session.inner.remote, &self.session.inner.scheduler) {
+            (Some(remote), _) => remote.exit(&self.id),
+            (None, Some(s)) => s.agent_exited(&self.id),
+            (None, None) => {}
         }
+    }
+
+    /// The daemon's run this agent's steps go to, when the session is remote.
+    pub(crate) fn remote(&self) -> Option<&Arc<crate::remote_session::RemoteRun>> {
+        self.session.inner.remote.as_ref()
     }
 
     /// True when steps run live (record or off).
     pub fn is_live(&self) -> bool {
         self.session.mode() != Mode::Replay
+    }
+}
+
+/// A `json!` object literal as its map.
+fn object(value: Value) -> serde_json::Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
     }
 }
 

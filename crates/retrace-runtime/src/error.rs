@@ -66,6 +66,17 @@ pub enum RuntimeError {
         /// The agent's rung and the bar, in words.
         standing: String,
     },
+    /// The daemon a remote session talks to (`RETRACE_URL`) could not be reached, or refused a
+    /// request for a reason other than a divergence.
+    #[error("retrace daemon at {url}: {code}: {message}")]
+    Daemon {
+        /// The daemon's URL.
+        url: String,
+        /// The daemon's error code (`unreachable` when it could not be reached).
+        code: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The session was used wrongly (finished twice, unknown run, bad environment...).
     #[error("{0}")]
     Usage(String),

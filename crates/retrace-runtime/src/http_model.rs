@@ -92,6 +92,13 @@ impl Agent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = RuntimeResult<HttpModelOutput>>,
     {
+        if self.remote().is_some() {
+            return Err(RuntimeError::Usage(
+                "http_model is the proxy's step; a session of a daemon's run sends model calls through \
+                 the daemon's proxy (OPENAI_BASE_URL) or Agent::model"
+                    .into(),
+            ));
+        }
         let inner = &self.session.inner;
         let mut call = call;
         self.apply_raw_model_edits(&mut call);

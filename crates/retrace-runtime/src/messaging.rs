@@ -44,6 +44,17 @@ impl Agent {
     ) -> RuntimeResult<u64> {
         let body =
             serde_json::to_value(body).map_err(|e| RuntimeError::Usage(format!("message body: {e}")))?;
+        if let Some(remote) = self.remote() {
+            self.session.inner.steps.fetch_add(1, Ordering::Relaxed);
+            let sent = remote
+                .post(&self.id, "send", json!({ "to": to, "kind": kind, "body": body, "parent": parent }))
+                .await?;
+            return sent.get("seq").and_then(Value::as_u64).ok_or_else(|| RuntimeError::Decode {
+                agent: self.id.clone(),
+                step: format!("send {to}"),
+                message: format!("the daemon's answer has no seq: {sent}"),
+            });
+        }
         let mut template = Event::new(self.session.run_id(), self.id.clone(), EventType::Send);
         template.name = Some(to.to_owned());
         template.role = self.state.lock().role.clone();
@@ -103,6 +114,11 @@ impl Agent {
             return Err(d.into());
         }
         inner.steps.fetch_add(1, Ordering::Relaxed);
+        if let Some(remote) = self.remote() {
+            let timeout_s = timeout.map(|t| t.as_secs_f64());
+            let answer = remote.post(&self.id, "recv", json!({ "timeout_s": timeout_s })).await?;
+            return remote_message(&self.id, answer);
+        }
         match inner.mode {
             Mode::Replay => self.replay_recv().await,
             Mode::Fork => self.fork_recv(timeout).await,
@@ -270,4 +286,25 @@ impl Agent {
             }
         }
     }
+}
+
+/// A `recv` answer of the daemon: `{"message": {seq, sender, kind, body, parent} | null}`.
+fn remote_message(agent: &str, answer: Value) -> RuntimeResult<Option<Message>> {
+    let bad = |why: &str| RuntimeError::Decode {
+        agent: agent.to_owned(),
+        step: "recv".into(),
+        message: format!("{why}: {answer}"),
+    };
+    let m = match answer.get("message") {
+        None => return Err(bad("the daemon's answer has no message")),
+        Some(Value::Null) => return Ok(None),
+        Some(m) => m,
+    };
+    Ok(Some(Message {
+        seq: m.get("seq").and_then(Value::as_u64).ok_or_else(|| bad("a message without a seq"))?,
+        sender: m.get("sender").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        kind: m.get("kind").and_then(Value::as_str).map(str::to_owned),
+        body: m.get("body").cloned().unwrap_or(Value::Null),
+        parent: m.get("parent").and_then(Value::as_u64),
+    }))
 }

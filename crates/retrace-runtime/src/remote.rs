@@ -51,6 +51,11 @@ impl Agent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Value, String>>,
     {
+        if self.remote().is_some() {
+            return Err(RuntimeError::Usage(
+                "remote_step is the daemon's; this session's steps go to a daemon already".into(),
+            ));
+        }
         let (kind, spec) = match &step.kind {
             RemoteKind::Tool(spec) => (EventType::ToolCall, Some(spec)),
             RemoteKind::Clock => (EventType::Clock, None),

@@ -175,6 +175,10 @@ pub(crate) struct Inner {
     pub(crate) steps: AtomicUsize,
     pub(crate) live_calls: AtomicUsize,
     finished: AtomicBool,
+    /// With `RETRACE_URL`: the daemon's run every step goes to ([`crate::remote_session`]).
+    /// Such a session holds no store, writer or scheduler of its own: the daemon is the run's
+    /// one sequencer.
+    pub(crate) remote: Option<Arc<crate::remote_session::RemoteRun>>,
 }
 
 impl Inner {
@@ -216,17 +220,23 @@ impl Session {
         self.inner.run.lock().source_run.clone()
     }
 
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+    /// The store; `None` for a session of a daemon's run ([`Session::connect`]), whose store
+    /// is the daemon's.
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        match &self.inner.remote {
+            Some(_) => None,
+            None => Some(&self.inner.store),
+        }
     }
 
     /// A handle for agent `id`; steps taken through it are that agent's. The agent counts as
     /// running until [`Agent::exit`] (replay uses this to detect stalls at once).
     pub fn agent(&self, id: &str) -> Agent {
         let state = self.inner.agents.lock().entry(id.to_owned()).or_default().clone();
-        if let Some(s) = &self.inner.scheduler {
-            s.agent_started(id);
+        match (&self.inner.remote, &self.inner.scheduler) {
+            (Some(remote), _) => remote.agent_started(id),
+            (None, Some(s)) => s.agent_started(id),
+            (None, None) => {}
         }
         Agent::new(self.clone(), id.to_owned(), state)
     }
@@ -261,7 +271,10 @@ impl Session {
 
     /// The divergence found so far, if any.
     pub fn divergence(&self) -> Option<Divergence> {
-        self.inner.scheduler.as_ref().and_then(|s| s.divergence())
+        match &self.inner.remote {
+            Some(remote) => remote.divergence(),
+            None => self.inner.scheduler.as_ref().and_then(|s| s.divergence()),
+        }
     }
 
     /// Waits until every recorded event is acknowledged (record); a no-op otherwise.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use retrace_core::envelope::PromptRef;
 use retrace_core::Digest;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
@@ -27,12 +27,33 @@ impl Agent {
     /// (a JSON object; strings are inserted as they are, other values as JSON). Its digest is
     /// recorded on the agent's following model calls.
     pub fn template(&self, vars: &Value) -> RuntimeResult<String> {
+        self.template_in(vars, &self.session.inner.prompts_dir.clone())
+    }
+
+    /// [`Agent::template`] with the template files under `prompts_dir` (the daemon reads a
+    /// remote program's own folder this way).
+    pub fn template_in(&self, vars: &Value, prompts_dir: &std::path::Path) -> RuntimeResult<String> {
         let id = self.state.lock().template.clone().ok_or_else(|| {
             RuntimeError::Usage(format!(
                 "agent {:?} has no prompt template; set one with with_prompt_template",
                 self.id
             ))
         })?;
+        if let Some(remote) = self.remote() {
+            // The daemon reads the file and stamps the agent's following model calls; a daemon
+            // without tokens (loopback, the same user: the one `record`, `replay`, `fork` and
+            // `gate` embed) reads it in the program's own prompts folder.
+            let dir = std::path::absolute(prompts_dir).unwrap_or_else(|_| prompts_dir.to_owned());
+            let body = json!({ "template": id, "vars": vars, "prompts_dir": dir });
+            let answer = remote.post_blocking(&self.id, "template", &body)?;
+            return answer.get("text").and_then(Value::as_str).map(str::to_owned).ok_or_else(|| {
+                RuntimeError::Decode {
+                    agent: self.id.clone(),
+                    step: format!("template {id}"),
+                    message: format!("the daemon's answer has no text: {answer}"),
+                }
+            });
+        }
         let (name, mut version) = id
             .split_once('@')
             .map(|(n, v)| (n.to_owned(), v.to_owned()))
@@ -45,7 +66,7 @@ impl Agent {
                 }
             }
         }
-        let path = inner.prompts_dir.join(&name).join(format!("{version}.txt"));
+        let path = prompts_dir.join(&name).join(format!("{version}.txt"));
         let text = std::fs::read_to_string(&path).map_err(|e| {
             RuntimeError::Usage(format!("prompt template {name}@{version}: reading {}: {e}", path.display()))
         })?;

@@ -110,7 +110,7 @@ pub fn document() -> Value {
             )},
             "/api/runs/{run}/agents/{agent}/send": {"post": op("send a message", &agent, Some(body(json!({"type": "object", "required": ["to", "body"], "properties": {"to": {"type": "string"}, "kind": {"type": "string"}, "body": {}, "parent": {"type": "integer", "minimum": 0}}}), true)), ok("the send's seq", obj(json!({"seq": {"type": "integer"}}))))},
             "/api/runs/{run}/agents/{agent}/recv": {"post": op("take the agent's next message (replay: the recorded one, in recorded order)", &agent, Some(body(obj(json!({"timeout_s": {"type": "number", "minimum": 0}})), false)), ok("the message, or null on a timeout", obj(json!({"message": {"nullable": true, "type": "object", "properties": {"seq": {"type": "integer"}, "sender": {"type": "string"}, "kind": {"type": "string", "nullable": true}, "body": {}, "parent": {"type": "integer", "nullable": true}}}}))))},
-            "/api/runs/{run}/agents/{agent}/template": {"post": op("the text of the agent's prompt template (SPEC §6 template())", &agent, Some(body(json!({"type": "object", "required": ["template"], "additionalProperties": false, "properties": {"template": {"type": "string", "description": "name@version"}, "vars": {"type": "object"}}}), true)), ok("the filled template", obj(json!({"status": {"type": "string"}, "text": {"type": "string"}}))))},
+            "/api/runs/{run}/agents/{agent}/template": {"post": op("the text of the agent's prompt template (SPEC §6 template())", &agent, Some(body(json!({"type": "object", "required": ["template"], "additionalProperties": false, "properties": {"template": {"type": "string", "description": "name@version"}, "vars": {"type": "object"}, "prompts_dir": {"type": "string", "description": "the program's prompts folder; honoured only by a daemon without tokens"}}}), true)), ok("the filled template", obj(json!({"status": {"type": "string"}, "text": {"type": "string"}}))))},
             "/api/runs/{run}/agents/{agent}/decide": {"post": op("record a decision", &agent, Some(body(json!({"type": "object", "required": ["action"], "properties": {"action": {"type": "string"}, "target": {"type": "string", "nullable": true}}}), true)), ok("done", obj(json!({"status": {"type": "string"}}))))},
             "/api/runs/{run}/agents/{agent}/exit": {"post": op("the agent takes no more steps", &agent, None, ok("done", obj(json!({"status": {"type": "string"}}))))},
             "/api/runs/{run}/retain": {"post": op(
@@ -150,7 +150,8 @@ pub fn document() -> Value {
                 "divergence": {"type": "object", "nullable": true}, "started_at_ms": {"type": "integer"},
                 "finished_at_ms": {"type": "integer", "nullable": true}, "error": {"type": "string"}}},
             "Step": {"type": "object", "additionalProperties": false, "properties": {
-                "type": {"type": "string", "enum": ["tool_call", "clock", "random", "env"]},
+                "type": {"type": "string", "enum": ["tool_call", "clock", "random", "env", "model_call"]},
+                "model": {"type": "object", "additionalProperties": false, "description": "model_call: provider and endpoint with the request; snapshot and usage with the outcome", "properties": {"provider": {"type": "string"}, "endpoint": {"type": "string"}, "snapshot": {"type": "string", "nullable": true}, "usage": {"type": "object", "nullable": true, "required": ["input_tokens", "output_tokens"], "properties": {"input_tokens": {"type": "integer", "minimum": 0}, "output_tokens": {"type": "integer", "minimum": 0}, "cost_usd": {"type": "number", "nullable": true}}}}},
                 "name": {"type": "string"}, "request": {},
                 "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}, "dry_run": {"type": "boolean", "description": "side_effect: the program can dry-run it; a fork asks for the dry run and records it"}}},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
@@ -167,6 +168,7 @@ pub fn document() -> Value {
                 "status": {"type": "string", "enum": ["done", "error", "run", "dry_run", "refused", "approval_required"]},
                 "output": {}, "error": {"type": "string"}, "step": {"type": "string"}, "tool": {"type": "string"}, "args": {},
                 "dry_run": {"type": "boolean", "description": "run: run the program's dry run of this side effect, not the side effect"},
+                "request": {"description": "run: the request the program must send (a model call a fork's edits rewrote)"},
                 "approval": {"type": "string", "description": "approval_required: the id `retrace approve` takes"}}},
         }},
     })

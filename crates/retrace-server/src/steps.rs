@@ -11,6 +11,10 @@
 //! autonomy policy refuses is `{"status": "refused", "error"}`; one held for `retrace approve`
 //! past its wait is `{"status": "approval_required", "approval": ID, "error"}` (the SDK raises
 //! `ApprovalRequired(ID)`); both are recorded `approval` events, answered alike in replay.
+//! A `model_call` step (the Rust runtime's `Agent::model` under `RETRACE_URL`) also names
+//! `model: {provider, endpoint}` and runs through the runtime's own model step, so its event and
+//! key are those of an in-process model call; a completed one adds `model: {snapshot, usage}`,
+//! and a `run` answer carries the `request` to send (a fork's `model:` / `param:` edits applied).
 //! `send`, `recv`, `decide` and `exit` are the agent's messages, decisions and ending.
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parking_lot::Mutex;
 use retrace_core::envelope::ToolClass;
-use retrace_runtime::{Agent, RemoteKind, RemoteStep, RuntimeError, ToolSpec};
+use retrace_runtime::{Agent, ModelCall, ModelReply, RemoteKind, RemoteStep, RuntimeError, ToolSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -32,7 +36,9 @@ use crate::AppState;
 /// How long the daemon waits for a program to report a step it was told to run.
 const OUTCOME_TIMEOUT: Duration = Duration::from_secs(600);
 
-type Outcome = Result<Value, String>;
+/// What a program reports for a step it ran: its output or error, and for a model call the
+/// snapshot and usage the provider reported.
+type Outcome = (Result<Value, String>, Option<ModelBody>);
 
 /// A step waiting for its program's outcome: where to send it, and the step's task.
 type Waiting = (oneshot::Sender<Outcome>, tokio::task::JoinHandle<StepResult>);
@@ -68,6 +74,29 @@ fn one() -> String {
     "1".into()
 }
 
+/// The model of a `model_call` step (the Rust runtime's `Agent::model`): provider and endpoint
+/// with the request; the snapshot and usage with the outcome.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelBody {
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    snapshot: Option<String>,
+    #[serde(default)]
+    usage: Option<retrace_core::envelope::Usage>,
+}
+
+/// What a step request asks the runtime to run.
+enum Work {
+    /// A tool call, clock read, random value or env read.
+    Step(RemoteStep),
+    /// A model call.
+    Model(ModelCall),
+}
+
 /// The body of a step request.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,6 +109,8 @@ pub struct StepBody {
     request: Option<Value>,
     #[serde(default)]
     tool: Option<ToolBody>,
+    #[serde(default)]
+    model: Option<ModelBody>,
     #[serde(default)]
     output: Option<Value>,
     #[serde(default)]
@@ -186,7 +217,7 @@ pub async fn step(
             (Some(v), None) => Ok(v),
             (None, None) => Ok(Value::Null),
         };
-        let _ = tx.send(outcome);
+        let _ = tx.send((outcome, body.model));
         return match task.await {
             Ok(result) => answer(result, &app, &run),
             Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
@@ -202,14 +233,28 @@ pub async fn step(
         Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
     };
     let side_effect = spec.as_ref().is_some_and(|s| s.class == ToolClass::SideEffect);
-    let kind = match RemoteKind::parse(body.kind.as_deref().unwrap_or("tool_call"), spec) {
-        Ok(k) => k,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
-    };
+    let kind_name = body.kind.as_deref().unwrap_or("tool_call");
     let Some(name) = body.name else {
         return fail(StatusCode::BAD_REQUEST, "bad_request", "a step needs its name");
     };
     let request = body.request.unwrap_or_else(|| json!({}));
+    // A model call (the Rust runtime's `Agent::model`) runs through the runtime's own model step.
+    let work = match (kind_name, &body.model) {
+        ("model_call", Some(ModelBody { provider: Some(provider), endpoint: Some(endpoint), .. })) => {
+            Work::Model(ModelCall { provider: provider.clone(), endpoint: endpoint.clone(), body: request })
+        }
+        ("model_call", _) => {
+            return fail(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "a model_call step needs model: {provider, endpoint}",
+            )
+        }
+        _ => match RemoteKind::parse(kind_name, spec) {
+            Ok(kind) => Work::Step(RemoteStep { kind, name, request, program_dry_run }),
+            Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
+        },
+    };
     // A side effect's intent must be stored before it runs: its outcome always comes second.
     let reported = match (body.output, body.error) {
         _ if side_effect => None,
@@ -217,36 +262,54 @@ pub async fn step(
         (Some(v), None) => Some(Ok(v)),
         (None, None) => None,
     };
-    let (need_tx, need_rx) = oneshot::channel::<()>();
+    let reported = reported.map(|r| (r, body.model));
+    let (need_tx, need_rx) = oneshot::channel::<Option<Value>>();
     let (outcome_tx, outcome_rx) = oneshot::channel::<Outcome>();
-    let live = move || async move {
+    // The program's outcome: the one it posted, else asked for (with the request it must send,
+    // for a model call whose request a fork's edits rewrote).
+    let live = move |to_send: Option<Value>| async move {
         if let Some(outcome) = reported {
             return outcome;
         }
-        let _ = need_tx.send(());
+        let _ = need_tx.send(to_send);
         match tokio::time::timeout(OUTCOME_TIMEOUT, outcome_rx).await {
             Ok(Ok(outcome)) => outcome,
-            _ => Err("the program never reported this step's outcome".into()),
+            _ => (Err("the program never reported this step's outcome".into()), None),
         }
     };
     // Outside record a side effect is never run: when asked to, it is for the program's dry run.
     let dry_run_asked = side_effect && !agent.runs_live();
-    let step = RemoteStep { kind, name, request, program_dry_run };
-    let mut task = tokio::spawn(async move { agent.remote_step(step, live).await });
+    let mut task = match work {
+        Work::Step(step) => {
+            tokio::spawn(async move { agent.remote_step(step, || async { live(None).await.0 }).await })
+        }
+        Work::Model(call) => tokio::spawn(async move {
+            agent
+                .model_async(&call, |body| async move {
+                    let (outcome, model) = live(Some(body)).await;
+                    let model = model.unwrap_or_default();
+                    outcome.map(|body| ModelReply { body, snapshot: model.snapshot, usage: model.usage })
+                })
+                .await
+        }),
+    };
     tokio::select! {
         result = &mut task => match result {
             Ok(result) => answer(result, &app, &run),
             Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
         },
         needed = need_rx => match needed {
-            Ok(()) => {
+            Ok(to_send) => {
                 let id = format!("{:032x}", rand_id());
                 app.pending.0.lock().insert(id.clone(), (outcome_tx, task));
-                if dry_run_asked {
-                    Json(json!({"status": "run", "step": id, "dry_run": true})).into_response()
-                } else {
-                    Json(json!({"status": "run", "step": id})).into_response()
+                let mut answer = json!({"status": "run", "step": id});
+                if let Some(request) = to_send {
+                    answer["request"] = request;
                 }
+                if dry_run_asked {
+                    answer["dry_run"] = json!(true);
+                }
+                Json(answer).into_response()
             }
             // The step finished without asking (replay): its answer is the task's.
             Err(_) => match task.await {

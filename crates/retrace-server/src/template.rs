@@ -25,6 +25,10 @@ pub struct TemplateBody {
     /// Values for the `{name}` placeholders (a JSON object).
     #[serde(default)]
     vars: Option<Value>,
+    /// The program's prompts folder (the Rust runtime sends it): read instead of the daemon's
+    /// own only by a daemon without tokens, which listens on loopback for the same user.
+    #[serde(default)]
+    prompts_dir: Option<std::path::PathBuf>,
 }
 
 /// `POST /api/runs/{run}/agents/{agent}/template`: the text of the agent's prompt template.
@@ -54,9 +58,13 @@ pub async fn template(
         Err(r) => return *r,
     };
     let id = body.template.clone();
+    let prompts_dir = body.prompts_dir.filter(|_| app.config.tokens.is_empty());
     let filled = tokio::task::spawn_blocking(move || {
         let agent = agent.with_prompt_template(&id);
-        agent.template(&vars)
+        match prompts_dir {
+            Some(dir) => agent.template_in(&vars, &dir),
+            None => agent.template(&vars),
+        }
     })
     .await;
     match filled {

@@ -15,8 +15,8 @@ use retrace_store::Store;
 
 /// Run a program with recording on. An embedded daemon records every model call the program
 /// makes through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the official
-/// clients need no change) and every step it takes through the Rust runtime's
-/// `Session::from_env()`. Prints the run id and exits with the program's status; SIGINT and
+/// clients need no change) and every step it takes through the Python SDK or the Rust runtime's
+/// `Session::from_env()`, which are clients of that daemon (RETRACE_URL): one run, one sequencer. Prints the run id and exits with the program's status; SIGINT and
 /// SIGTERM are forwarded to the program. Replay it with `retrace replay RUN`.
 ///
 /// Examples:
@@ -139,7 +139,7 @@ pub struct Recorded {
 }
 
 /// Records `plan.argv` as a new run: an embedded daemon records its proxied model calls and
-/// serves its SDK steps; a `Session::from_env()` program records its own steps. `started` is
+/// serves its SDK steps, the Rust runtime's (`Session::from_env()` under `RETRACE_URL`) too. `started` is
 /// called with the run id just before the program starts. `record` and `gate --accept` both
 /// run through here.
 pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<Recorded> {

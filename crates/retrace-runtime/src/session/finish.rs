@@ -2,12 +2,17 @@
 use super::*;
 
 impl Session {
-    /// Ends the run. Record: flushes, stores status, final decisions and exit status. Replay:
+    /// Ends the run. A session of a daemon's run ([`Session::connect`]) says its agents exited,
+    /// ends the run if it created it (a launcher ends the run it started, with the program's
+    /// exit status), and returns the divergence the daemon found, if any. Record: flushes, stores status, final decisions and exit status. Replay:
     /// checks that every recorded step was consumed, that the final decisions and the exit status
     /// match, stores the outcome, and returns the first divergence as an error.
     pub fn finish(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
         if self.inner.finished.swap(true, Ordering::SeqCst) {
             return Err(RuntimeError::Usage("the session was already finished".into()));
+        }
+        if let Some(remote) = &self.inner.remote {
+            return self.finish_remote(remote, outcome);
         }
         match self.inner.mode {
             Mode::Record | Mode::Fork => self.finish_record(outcome),

@@ -1,5 +1,6 @@
 //! Opening sessions: record, replay, fork, off, and joining the run a launcher set up.
 use super::*;
+use crate::remote_session::{DaemonRun, RemoteRun};
 use crate::vaulting::Reveal;
 
 impl Session {
@@ -163,6 +164,12 @@ impl Session {
     /// Joins the run a launcher (`retrace record|replay -- CMD`) set up, from `RETRACE_MODE`
     /// (`record` default, `replay`, `off`), `RETRACE_RUN`, and `RETRACE_STORE` / `RETRACE_HOME`.
     ///
+    /// With `RETRACE_URL` set (as `retrace record|replay|fork` set it), the session is a client of
+    /// that daemon ([`Session::connect`]): it opens no store and holds no lease, and every step
+    /// goes to the daemon, the run's one sequencer. `RETRACE_RUN` is then the run to join (in
+    /// replay, a recorded run gets a new replay); without it, record creates a new run on the
+    /// daemon. `RETRACE_MODE=off` never talks to a daemon.
+    ///
     /// In record, `RETRACE_RUN` names the run to record into (created when absent). In replay it
     /// names the replay run that the launcher created, which names its source; naming a recorded
     /// run directly starts a new replay of it.
@@ -182,15 +189,31 @@ impl Session {
         if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
             options.strict = true;
         }
+        let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
+        let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
+        if let Some(url) = std::env::var("RETRACE_URL").ok().filter(|u| !u.is_empty() && mode != "off") {
+            let target = match (mode.as_str(), run) {
+                ("replay", Some(id)) => DaemonRun::Replay(id),
+                ("record" | "fork", Some(id)) => DaemonRun::Join(id),
+                ("record", None) => DaemonRun::New,
+                ("replay" | "fork", None) => {
+                    return Err(RuntimeError::Usage(format!("RETRACE_MODE={mode} needs RETRACE_RUN")))
+                }
+                (other, _) => {
+                    return Err(RuntimeError::Usage(format!(
+                        "RETRACE_MODE={other:?}: want record, replay, fork or off"
+                    )))
+                }
+            };
+            return Session::connect(&url, target, options);
+        }
         let config = StoreConfig::from_env()?;
         let store = retrace_store::open_store(&config)?;
         masking::fill_from_env(&mut options, &config)?;
-        let mode = std::env::var("RETRACE_MODE").unwrap_or_else(|_| "record".into());
         // The policy is read only to record (SPEC §7); replay and fork answer from the log.
         if options.autonomy.is_none() && mode == "record" {
             options.autonomy = crate::autonomy::from_cwd()?;
         }
-        let run = std::env::var("RETRACE_RUN").ok().filter(|s| !s.is_empty());
         match mode.as_str() {
             "record" => match run {
                 Some(id) => match store.run(&id) {
@@ -257,6 +280,23 @@ impl Session {
         }
     }
 
+    /// A session of a daemon's run: every step goes to `remote`. Its store is an empty one that
+    /// no step reaches ([`Session::store`] is `None`).
+    pub(crate) fn remote(
+        mode: Mode,
+        run: RunMeta,
+        remote: Arc<RemoteRun>,
+        options: SessionOptions,
+    ) -> Session {
+        let store: Arc<dyn Store> = Arc::new(retrace_store::memory::MemoryStore::new());
+        let mut session = Session::build(mode, store, None, None, run, Masker::empty(), options);
+        let inner = Arc::get_mut(&mut session.inner).expect("just built");
+        inner.remote = Some(remote);
+        inner.bus = None;
+        inner.autonomy = None;
+        session
+    }
+
     fn build(
         mode: Mode,
         store: Arc<dyn Store>,
@@ -302,6 +342,7 @@ impl Session {
                 steps: AtomicUsize::new(0),
                 live_calls: AtomicUsize::new(0),
                 finished: AtomicBool::new(false),
+                remote: None,
             }),
         }
     }

@@ -7,5 +7,6 @@ mod autonomy;
 mod bad_input;
 mod reads;
 mod record_replay;
+mod rust_sdk;
 mod support;
 mod upstream_failures;

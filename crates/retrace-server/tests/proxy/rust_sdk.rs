@@ -1,0 +1,129 @@
+//! The Rust runtime as a client of the daemon (`Session::connect`, what `Session::from_env`
+//! opens under `RETRACE_URL`): a two-agent program records through the daemon's scheduler (one
+//! sequencer, dense seqs), replays with zero live calls (no closure runs), and a changed tool
+//! argument is a divergence naming the step.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use retrace_core::EventType;
+use retrace_runtime::{
+    DaemonRun, ModelCall, ModelReply, Outcome, RuntimeError, RuntimeResult, Session, SessionOptions, ToolSpec,
+};
+use serde_json::{json, Value};
+
+use crate::support::{daemon_over, sqlite};
+
+/// The program: a tool of each class, a model call, a clock read, a random id, a message from
+/// planner to reviewer, and a decision. `calls` counts the program's own functions that ran.
+async fn program(session: &Session, calls: &Arc<AtomicUsize>, limit: u64) -> RuntimeResult<String> {
+    let planner = session.agent("planner");
+    let reviewer = session.agent("reviewer");
+    let c = calls.clone();
+    let rows: Vec<u64> = planner
+        .tool_async("sql.query", &json!({ "limit": limit }), ToolSpec::deterministic("1"), || async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(vec![1, 2, 3])
+        })
+        .await?;
+    let c = calls.clone();
+    let rate: f64 = reviewer.tool("fx.rate", "eur", ToolSpec::time_bound("1", 60), || {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(1.25)
+    })?;
+    let now = planner.now_ms()?;
+    let id = planner.random_id()?;
+    let call = ModelCall {
+        provider: "openai".into(),
+        endpoint: "chat.completions".into(),
+        body: json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "plan"}]}),
+    };
+    let c = calls.clone();
+    let reply = planner
+        .model_async(&call, |_body| async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(ModelReply {
+                body: json!({"choices": [{"message": {"content": "backfill"}}]}),
+                snapshot: Some("gpt-4o-mini-2024-07-18".into()),
+                usage: None,
+            })
+        })
+        .await?;
+    planner.send("reviewer", "plan", &json!({ "rows": rows, "id": id }), None).await?;
+    let heard = reviewer.recv(Some(Duration::from_secs(5))).await?.expect("the plan arrives");
+    let c = calls.clone();
+    let sent: Value =
+        reviewer.tool("email.send", &json!({"to": "ops"}), ToolSpec::side_effect("1"), || {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(json!({"queued": true}))
+        })?;
+    reviewer.decide("approve", Some("step:backfill"))?;
+    Ok(format!(
+        "rows={rows:?} rate={rate} now={now} id={id} reply={} heard={} sent={sent}",
+        reply["choices"][0]["message"]["content"], heard.body
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rust_program_records_and_replays_through_the_daemon() {
+    let (store, _home) = sqlite();
+    let nowhere = "http://127.0.0.1:9".to_owned();
+    let d = daemon_over(store.clone(), nowhere.clone(), nowhere, |_| {}).await;
+
+    // Record: every function runs once, and the daemon is the run's one sequencer.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let rec = Session::connect(&d.base, DaemonRun::New, SessionOptions::default()).unwrap();
+    let recorded = program(&rec, &calls, 10).await.unwrap();
+    let report = rec.finish(Outcome { exit_status: Some(0) }).unwrap();
+    assert_eq!(report.status.to_string(), "ok");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    let run = report.run_id;
+    let events = store.events(&run, 1, 100).unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "dense seqs");
+    let types: Vec<EventType> = events.iter().map(|e| e.kind).collect();
+    for kind in [
+        EventType::ToolCall,
+        EventType::Intent,
+        EventType::ModelCall,
+        EventType::Clock,
+        EventType::Random,
+        EventType::Send,
+        EventType::Deliver,
+        EventType::Decision,
+    ] {
+        assert!(types.contains(&kind), "{kind} in {types:?}");
+    }
+    let model = events.iter().find(|e| e.kind == EventType::ModelCall).unwrap();
+    assert_eq!(model.name.as_deref(), Some("openai/chat.completions"));
+    assert_eq!(model.model.as_ref().and_then(|m| m.snapshot.as_deref()), Some("gpt-4o-mini-2024-07-18"));
+
+    // Replay: the same answers, and not one function runs.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let replay =
+        Session::connect(&d.base, DaemonRun::Replay(run.clone()), SessionOptions::default()).unwrap();
+    assert_eq!(replay.source_run().as_deref(), Some(run.as_str()));
+    let replayed = program(&replay, &calls, 10).await.unwrap();
+    let report = replay.finish(Outcome { exit_status: Some(0) }).unwrap();
+    assert_eq!((replayed, calls.load(Ordering::SeqCst), report.live_calls), (recorded, 0, 0));
+    assert_eq!(report.status.to_string(), "ok");
+
+    // A changed argument: a divergence naming the step, and the first differing path.
+    let changed = Session::connect(&d.base, DaemonRun::Replay(run), SessionOptions::default()).unwrap();
+    let err = program(&changed, &calls, 11).await.unwrap_err();
+    let d = err.divergence().unwrap_or_else(|| panic!("a divergence, not {err}"));
+    assert_eq!(
+        (d.agent.as_str(), d.step.as_deref(), d.seq),
+        ("planner", Some("tool_call sql.query"), Some(1))
+    );
+    assert_eq!(d.path.as_deref(), Some("$.limit"));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(changed.finish(Outcome { exit_status: Some(0) }).unwrap_err().divergence().is_some());
+}
+
+#[test]
+fn an_unreachable_daemon_is_named() {
+    let err = Session::connect("http://127.0.0.1:9", DaemonRun::New, SessionOptions::default()).unwrap_err();
+    assert!(matches!(&err, RuntimeError::Daemon { code, .. } if code == "unreachable"), "{err}");
+    assert!(err.to_string().contains("http://127.0.0.1:9"), "{err}");
+}
