@@ -2,6 +2,7 @@
 decides. `--planner-dies` makes the planner's process exit before it sends."""
 import subprocess
 import sys
+import time
 
 import retrace
 
@@ -18,6 +19,7 @@ if role == "planner":
     a = run.agent("planner")
     a.tool("sql.query", {"q": "select 1"}, lambda: {"rows": 1})
     if dies:
+        print(f"planner exits at {time.time():.3f}", file=sys.stderr, flush=True)
         sys.exit(0)
     a.send("reviewer", {"ready": True}, kind="backfill_ready")
 else:
@@ -25,7 +27,8 @@ else:
     try:
         m = a.recv(timeout=20)
     except retrace.Divergence as d:
-        print("reviewer:", d.code, file=sys.stderr)
+        print(f"reviewer released at {time.time():.3f}", file=sys.stderr)
+        print("reviewer:", d.code, d, file=sys.stderr)
         sys.exit(1)
     a.decide("approve" if m and m.kind == "backfill_ready" else "reject")
     print("reviewer heard", m.kind)

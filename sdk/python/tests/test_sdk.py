@@ -1,6 +1,7 @@
 """The Python SDK against a real daemon: `retrace record -- python agents_prog.py`, then
 `retrace replay RUN` with nothing live, several times; a changed step is a Divergence."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,7 @@ def test_agents_in_several_processes_replay_and_an_exited_process_is_a_stall_at_
     assert r.returncode == 1, r.stdout + r.stderr
     assert "stall" in r.stderr, r.stderr
     assert elapsed < 10, f"the stall took {elapsed:.1f}s: it should be declared when the planner's process exits, not after the 30 s timeout"
+    exited = float(re.search(r"planner exits at ([0-9.]+)", r.stderr).group(1))
+    released = float(re.search(r"reviewer released at ([0-9.]+)", r.stderr).group(1))
+    assert 0 <= released - exited < 1.0, f"the waiting reviewer was released {released - exited:.2f}s after the planner's process exited"
+    assert 'agent "reviewer" waits for deliver from planner' in r.stderr, "the report names the awaited step"
