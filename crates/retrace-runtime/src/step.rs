@@ -19,6 +19,7 @@ use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::matcher::{RecordedStep, Resolution};
 use crate::session::Mode;
+use crate::vaulting::MaskedAs;
 
 /// A step about to run: its event template and its request.
 pub(crate) struct StepInput {
@@ -211,6 +212,10 @@ impl Agent {
         }
         let canonical = canonical_value(&input.request).map_err(not_canonical)?;
         let masked = inner.masker.mask_json(&canonical);
+        if let (Some(originals), true) = (&inner.originals, masked.tokens > 0) {
+            // A request is handed back to a program as a message's body.
+            originals.keep_form(&canonical, &masked.bytes, MaskedAs::Json);
+        }
         let (kind, name, version) =
             (input.template.kind, input.template.name.as_deref(), input.version.as_deref());
         let key = if masked.tokens == 0 {
@@ -330,6 +335,9 @@ impl Agent {
             let masked = inner.masker.mask_output(&canonical);
             if masked.tokens > 0 {
                 inner.holds_tokens.store(true, Ordering::Relaxed);
+                if let Some(originals) = &inner.originals {
+                    originals.keep_form(&canonical, &masked.bytes, MaskedAs::Output);
+                }
             }
             let output = BlobPut::new(masked.bytes.into_owned(), BlobHint::Raw);
             event.output_ref = Some(output.digest);
