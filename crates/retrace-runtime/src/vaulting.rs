@@ -31,12 +31,13 @@ use crate::error::{RuntimeError, RuntimeResult};
 pub(crate) struct Originals {
     key: VaultKey,
     sink: OriginalsSink,
-    /// Sealed, or waiting for the next flush: each token's original, and recorded forms by the
-    /// digest of the stored value. Held across a flush's write, so a flush that finds nothing
-    /// left returns only once what another took is in the vault.
+    /// Waiting for the next flush: originals by token, recorded forms by the digest of the
+    /// stored value. Held across a flush's write, so a flush that finds nothing left returns
+    /// only once what another flush took is in the vault.
     pending: Mutex<Vec<(String, Vec<u8>)>>,
-    /// The originals this session masked, by token; and the recorded forms it queued.
+    /// The originals this session masked, by token.
     known: Mutex<HashMap<String, String>>,
+    /// The recorded forms this session queued, by name.
     forms: Mutex<HashSet<String>>,
     /// The kinds whose rule replays the original.
     kinds: HashSet<String>,
@@ -62,8 +63,11 @@ impl Originals {
     pub(crate) fn new(key: VaultKey, masker: &Masker) -> Originals {
         let kinds = original_kinds(masker.rules());
         let all_original = masker.rules().rules.iter().all(|r| kinds.contains(&r.kind));
-        let token_only =
-            if all_original { None } else { masker.restricted(|r| !kinds.contains(&r.kind)).ok() };
+        // Only values holding a token of `kinds` have a recorded form.
+        let token_only = match kinds.is_empty() || all_original {
+            true => None,
+            false => masker.restricted(|r| !kinds.contains(&r.kind)).ok(),
+        };
         Originals {
             key,
             sink: OriginalsSink::new(),

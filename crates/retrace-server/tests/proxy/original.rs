@@ -54,6 +54,22 @@ fn calls() -> Vec<(&'static str, Value)> {
     ]
 }
 
+const EMAIL: &str = "ada@example.com";
+
+fn mixed_prompt() -> String {
+    format!("mail {EMAIL} the key:\n{PEM}")
+}
+
+/// A Chat Completions stream's content, deltas joined.
+fn content(stream: &str) -> String {
+    stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_hands_the_client_the_recorded_stream_bytes_where_a_rule_says_original() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
@@ -70,6 +86,10 @@ async fn replay_hands_the_client_the_recorded_stream_bytes_where_a_rule_says_ori
         assert_eq!(reply.status, 200, "{path}: {}", reply.text());
         live.push(reply);
     }
+    let mixed = json!({"model": "gpt-sim-echo", "stream": true,
+                       "messages": [{"role": "user", "content": mixed_prompt()}]});
+    let mixed_live = d.call(&run, "/proxy/openai/v1/chat/completions", &mixed).await;
+    assert_eq!(content(&mixed_live.text()), mixed_prompt());
     assert_eq!(d.finish(&run).await["status"], "ok");
     providers.stop().await;
 
@@ -83,15 +103,16 @@ async fn replay_hands_the_client_the_recorded_stream_bytes_where_a_rule_says_ori
     }
     assert!(live[3].text().contains(&escaped[1..escaped.len() - 1]), "{}", live[3].text());
     let events = d.store.events(&run, 1, 100).unwrap();
-    assert_eq!(events.len(), calls().len());
+    assert_eq!(events.len(), calls().len() + 1);
     for e in &events {
         for blob in [e.request_ref, e.output_ref].into_iter().flatten() {
             let bytes = String::from_utf8_lossy(&d.store.get_blob(&blob).unwrap()).into_owned();
-            for secret in ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw", "Zq7", "Vq9"] {
+            for secret in ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw", "Zq7", "Vq9", EMAIL] {
                 assert!(!bytes.contains(secret), "{secret} stored in {blob}: {bytes}");
             }
             if e.output_ref == Some(blob) {
-                assert!(bytes.contains("rtk_privkey_") && bytes.contains("rtk_dbpass_"), "{bytes}");
+                let password = e.seq as usize > calls().len() || bytes.contains("rtk_dbpass_");
+                assert!(bytes.contains("rtk_privkey_") && password, "{bytes}");
             }
         }
     }
@@ -103,6 +124,12 @@ async fn replay_hands_the_client_the_recorded_stream_bytes_where_a_rule_says_ori
         assert_eq!(reply.text(), recorded.text(), "{path}: not the bytes the client got in record");
         assert_eq!(reply.header("x-echo"), recorded.header("x-echo"), "{path}");
     }
+    // An email's rule replays the token: the client gets the recorded stream with the email
+    // masked and the key whole.
+    let reply = d.call(&replay, "/proxy/openai/v1/chat/completions", &mixed).await;
+    let email = MaskKey::from_bytes([5; 32]).token("email", EMAIL);
+    assert!(!reply.text().contains(EMAIL) && reply.text().contains(&email), "{}", reply.text());
+    assert_eq!(content(&reply.text()), mixed_prompt().replace(EMAIL, &email));
     let outcome = d.finish(&replay).await;
     assert_eq!(outcome["status"], "ok", "{outcome}");
 
