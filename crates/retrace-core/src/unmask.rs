@@ -75,13 +75,16 @@ pub fn token_kind(token: &str) -> Option<&str> {
     kind_and_tail.rsplit_once('_').map(|(kind, _)| kind)
 }
 
+/// New bytes for a range of a value.
+type Splice = (Range<usize>, Vec<u8>);
+
 /// A document part by part; `None` when nothing changed.
 fn unmask_document<E>(
     raw: &[u8],
     layout: &http_doc::Layout,
     original: &mut dyn FnMut(&str) -> Result<Option<String>, E>,
 ) -> Result<Option<Vec<u8>>, E> {
-    let mut splices: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+    let mut splices: Vec<Splice> = Vec::new();
     for header in &layout.headers {
         let value = header.value.as_bytes();
         if let Some(new) = substitute(value, &[], original)? {
@@ -150,7 +153,7 @@ fn unmask_events<E>(
 fn unmask_chunks<E>(
     chunks: &[ChunkSpan],
     original: &mut dyn FnMut(&str) -> Result<Option<String>, E>,
-) -> Result<Vec<(Range<usize>, Vec<u8>)>, E> {
+) -> Result<Vec<Splice>, E> {
     let stream: Vec<u8> = chunks.iter().flat_map(|c| c.bytes.iter().copied()).collect();
     let subs = substitutions(&stream, &event_strings(&stream), original)?;
     if subs.is_empty() {
@@ -222,7 +225,7 @@ fn substitutions<E>(
     bytes: &[u8],
     quoted: &[Range<usize>],
     original: &mut dyn FnMut(&str) -> Result<Option<String>, E>,
-) -> Result<Vec<(Range<usize>, Vec<u8>)>, E> {
+) -> Result<Vec<Splice>, E> {
     let mut subs = Vec::new();
     let mut after = 0;
     for at in memchr::memmem::find_iter(bytes, TOKEN_PREFIX.as_bytes()) {

@@ -93,9 +93,9 @@ impl Originals {
         }
         let mut known = self.known.lock();
         for (token, original) in found {
-            if !known.contains_key(&token) {
-                pending.push((token.clone(), original.clone().into_bytes()));
-                known.insert(token, original);
+            if let std::collections::hash_map::Entry::Vacant(slot) = known.entry(token) {
+                pending.push((slot.key().clone(), original.clone().into_bytes()));
+                slot.insert(original);
             }
         }
     }
