@@ -9,10 +9,12 @@
 #   tests/traces/record.sh            # then review `git diff --stat tests/traces` and commit
 #
 # Re-record when the stored bytes change on purpose (the canonical event, masking, the export
-# format) or when a program under tests/traces changes what it asks. Deterministic enough: fixed
-# seeds, the project's fixed test mask key, commands recorded from the git top level (so they
-# replay from any clone); the simulator's words and the schedulers' timing still vary, so the
-# files differ run to run but each replays exactly. Needs cargo and python3 (with venv); uses
+# format) or when a program under tests/traces changes what it asks. Every trace is recorded with
+# masking on, as a user's would be: the default rules (there is no retrace.toml at the top level)
+# under the project's fixed test mask key; the script checks each header says so. Deterministic
+# enough: fixed seeds, commands recorded from the git top level (so they replay from any clone);
+# the simulator's words and the schedulers' timing still vary, so the files differ run to run
+# but each replays exactly. Needs cargo and python3 (with venv); uses
 # $RETRACE_BIN or target/release/retrace (built when missing) and target/python-venv (made with
 # tests/python/requirements.txt and the SDK when missing).
 set -euo pipefail
@@ -86,6 +88,12 @@ APP_JITTER_SEED=7 record python-unmodified python examples/python/unmodified/app
 kill "$sim_pid"
 wait "$sim_pid" 2>/dev/null || true
 sim_pid=""
+
+say "checking that every trace was recorded with masking"
+for trace in "$out"/*.jsonl; do
+    head -1 "$trace" | python3 -c 'import json, sys; h = json.load(sys.stdin); sys.exit(not (h["masking_rules"]["rules"] and h["mask_key_fingerprint"]))' \
+        || { echo "error: $trace was recorded without masking (no rule set or no mask key)" >&2; exit 1; }
+done
 
 say "gating what was written (no upstream from here on)"
 RETRACE_HOME="$(mktemp -d)" retrace gate "$out"

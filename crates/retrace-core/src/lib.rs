@@ -8,7 +8,8 @@
 //! - Lamport clocks ([`lamport`]), runs ([`run`]), the export format ([`export`]);
 //! - the price table for model tokens ([`prices`]);
 //! - [`divergence::Divergence`], built in one place with a stable code;
-//! - the token vault's sealing of masked originals ([`vault`]).
+//! - the token vault's sealing of masked originals ([`vault`]), and handing originals back
+//!   into a masked value ([`unmask`]).
 //!
 //! ```
 //! use retrace_core::{envelope::EventType, json, key::KeyConfig, mask::Masker};
@@ -41,6 +42,7 @@ pub mod mask_http;
 pub mod mask_stream;
 pub mod prices;
 pub mod run;
+pub mod unmask;
 pub mod vault;
 
 pub use digest::Digest;

@@ -107,27 +107,32 @@ impl Masker {
             if new.as_ref() == chunk.bytes.as_slice() {
                 continue;
             }
-            let text = if chunk.b64 { None } else { std::str::from_utf8(new).ok() };
-            let written = match text {
-                Some(text) => json_string(text),
-                None => {
-                    let b64 = base64::engine::general_purpose::STANDARD.encode(new);
-                    serde_json::to_vec(&serde_json::json!({ "b64": b64 })).expect("a value serializes")
-                }
-            };
-            splices.push((chunk.span.clone(), written));
+            splices.push((chunk.span.clone(), write_chunk(new, chunk.b64)));
         }
         masked.tokens
     }
 }
 
 /// Whether a text body is a server-sent event stream (a stream answered whole).
-fn looks_like_sse(text: &str) -> bool {
+pub(crate) fn looks_like_sse(text: &str) -> bool {
     ["data:", "event:", ":", "id:"].iter().any(|p| text.starts_with(p))
 }
 
-fn json_string(text: &str) -> Vec<u8> {
+/// `text` as a JSON string, as the document's encoder writes it.
+pub(crate) fn json_string(text: &str) -> Vec<u8> {
     serde_json::to_vec(text).expect("a string serializes")
+}
+
+/// A stream chunk's value in the document: a string, or `{"b64": ...}` when it was written so
+/// or is not UTF-8.
+pub(crate) fn write_chunk(bytes: &[u8], b64: bool) -> Vec<u8> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !b64 => json_string(text),
+        _ => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+            serde_json::to_vec(&serde_json::json!({ "b64": b64 })).expect("a value serializes")
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! - [`pipeline`]: the 8-step pipeline (plan → … → publish) mixing model steps and tools of all
 //!   three determinism classes; [`pipeline_story`] records it, forks it at `critique` and
 //!   accounts for what the fork ran, reused and saved.
+//! - [`masking`]: the masking the caller gives a demo's sessions.
 //! - [`server`] / [`simulator`]: the demo's model simulator (OpenAI-compatible, clearly not a
 //!   real model); [`client`]: the HTTP client the agents use; [`providers`]: a stand-in for the
 //!   OpenAI and Anthropic HTTP APIs, streaming included, for the proxy's tests and examples.
@@ -15,6 +16,7 @@
 
 pub mod client;
 pub mod invariant;
+pub mod masking;
 pub mod pipeline;
 pub mod pipeline_story;
 pub mod providers;

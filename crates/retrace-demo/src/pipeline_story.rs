@@ -16,6 +16,7 @@ use retrace_store::{Store, StoreResult};
 use serde::Serialize;
 
 use crate::client::ChatClient;
+use crate::masking::DemoMasking;
 use crate::pipeline::{pipeline, Brief, Prompts, ToolCalls, STEPS};
 use crate::server::SimServer;
 
@@ -93,12 +94,14 @@ pub struct PipelineReport {
 }
 
 /// Records the pipeline once, then forks it with [`FORK_EDIT`] and compares the two. The model
-/// is the built-in simulator seeded with `seed`, or the OpenAI-compatible `upstream`.
+/// is the built-in simulator seeded with `seed`, or the OpenAI-compatible `upstream`; the
+/// sessions mask with `masking`.
 pub async fn run_pipeline(
     store: Arc<dyn Store>,
     seed: u64,
     upstream: Option<String>,
     prices: PriceTable,
+    masking: &DemoMasking,
 ) -> anyhow::Result<PipelineReport> {
     let prompts = Prompts::write().context("writing the pipeline's prompt templates")?;
     let server = match &upstream {
@@ -109,16 +112,16 @@ pub async fn run_pipeline(
     let client = ChatClient::new(&base).with_prices(prices);
 
     let tools_recorded = ToolCalls::default();
-    let session = Session::record(store.clone(), pipeline_options(seed, prompts.dir()))?;
+    let session = Session::record(store.clone(), masking.apply(pipeline_options(seed, prompts.dir())))?;
     let recorded = pipeline(&session, &client, &tools_recorded).await.context("recording the pipeline")?;
     let source = session.finish(Outcome { exit_status: Some(0) })?.run_id;
     let recorded_calls = client.calls();
 
     let edit: Edit = FORK_EDIT.parse()?;
-    let options = SessionOptions {
+    let options = masking.apply(SessionOptions {
         name: Some("demo: 8-step pipeline, stricter critic".into()),
         ..pipeline_options(seed, prompts.dir())
-    };
+    });
     let session = Session::fork_new(store.clone(), &source, None, vec![edit.clone()], options)
         .context("forking the pipeline")?;
     let tools_forked = ToolCalls::default();

@@ -6,6 +6,7 @@ use retrace_core::run::Command;
 use retrace_runtime::{Outcome, Session, SessionOptions};
 use retrace_store::Store;
 
+use crate::masking::DemoMasking;
 use crate::simulator::Simulator;
 use crate::single::{triage, LiveCounter, Transcript};
 
@@ -36,21 +37,22 @@ pub fn single_command(seed: u64) -> Command {
 
 /// Records the single-agent program `runs` times (the simulator seeded with `seed`, so answers
 /// vary between runs), and replays each recording `replays` times with nothing live, checking
-/// that every replay saw exactly what its recording saw.
+/// that every replay saw exactly what its recording saw. Every session masks with `masking`.
 pub fn run_single(
     store: Arc<dyn Store>,
     runs: usize,
     seed: u64,
     replays: usize,
+    masking: &DemoMasking,
 ) -> anyhow::Result<Vec<DemoRun>> {
     let mut out = Vec::new();
     for i in 0..runs {
         let run_seed = seed.wrapping_add(i as u64);
-        let options = SessionOptions {
+        let options = masking.apply(SessionOptions {
             name: Some(format!("demo: support triage #{}", i + 1)),
             command: Some(single_command(run_seed)),
             ..SessionOptions::default()
-        };
+        });
         let record = Session::record(store.clone(), options).context("starting the recording")?;
         let live = LiveCounter::default();
         let transcript =
@@ -60,8 +62,9 @@ pub fn run_single(
         let mut replay_ids = Vec::new();
         let replay_live = LiveCounter::default();
         for _ in 0..replays {
-            let replay = Session::replay(store.clone(), &report.run_id, SessionOptions::default())
-                .context("starting a replay")?;
+            let replay =
+                Session::replay(store.clone(), &report.run_id, masking.apply(SessionOptions::default()))
+                    .context("starting a replay")?;
             // A different seed: if anything were served live, the answers would differ.
             let again = triage(&replay, &replay_live, &Simulator::new(run_seed ^ 0x5eed))?;
             replay.finish(Outcome { exit_status: Some(0) })?;

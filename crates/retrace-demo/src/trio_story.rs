@@ -10,6 +10,7 @@ use retrace_store::Store;
 
 use crate::client::ChatClient;
 use crate::invariant::{check, Violation};
+use crate::masking::DemoMasking;
 use crate::server::SimServer;
 use crate::trio::trio;
 
@@ -103,13 +104,15 @@ pub fn plain_runs(runs: usize) -> usize {
 
 /// Records a few runs with the plain scheduler, then `runs` trio runs under chaos seeds
 /// `seed..`, and keeps going (up to 8× as many) until one breaks the invariant, then replays the first bad run `replays` times with the model
-/// server stopped. `upstream` replaces the built-in simulator with any OpenAI-compatible server.
+/// server stopped. `upstream` replaces the built-in simulator with any OpenAI-compatible server;
+/// every session masks with `masking`.
 pub async fn run_trio(
     store: Arc<dyn Store>,
     runs: usize,
     seed: u64,
     replays: usize,
     upstream: Option<String>,
+    masking: &DemoMasking,
 ) -> anyhow::Result<TrioReport> {
     let server = match &upstream {
         Some(_) => None,
@@ -124,8 +127,8 @@ pub async fn run_trio(
             break;
         }
         let chaos_seed = (i >= plain).then(|| seed.wrapping_add((i - plain) as u64));
-        let session =
-            Session::record(store.clone(), trio_options(chaos_seed)).context("starting a recording")?;
+        let session = Session::record(store.clone(), masking.apply(trio_options(chaos_seed)))
+            .context("starting a recording")?;
         let decision = trio(&session, client.clone()).await.context("running the trio live")?;
         let report = session.finish(Outcome { exit_status: Some(0) })?;
         let violation = check(store.as_ref(), &report.run_id)?;
@@ -144,7 +147,8 @@ pub async fn run_trio(
             let mut ids = Vec::new();
             let mut decisions = Vec::new();
             for _ in 0..replays {
-                let session = Session::replay(store.clone(), &bad.id, SessionOptions::default())?;
+                let session =
+                    Session::replay(store.clone(), &bad.id, masking.apply(SessionOptions::default()))?;
                 let decision = trio(&session, offline.clone()).await.context("replaying the bad run")?;
                 session.finish(Outcome { exit_status: Some(0) }).context("replay diverged")?;
                 ids.push(session.run_id());
@@ -154,7 +158,7 @@ pub async fn run_trio(
         }
     };
     let forked = match &replayed {
-        Some(r) => Some(fork_swapped(store.clone(), &r.run, seed, upstream.as_deref()).await?),
+        Some(r) => Some(fork_swapped(store.clone(), &r.run, seed, upstream.as_deref(), masking).await?),
         None => None,
     };
     Ok(TrioReport { runs: recorded, replayed, forked, live_calls_recorded })
@@ -167,6 +171,7 @@ async fn fork_swapped(
     run: &str,
     seed: u64,
     upstream: Option<&str>,
+    masking: &DemoMasking,
 ) -> anyhow::Result<TrioFork> {
     let heard: Vec<u64> = store
         .deliveries_to(run, "reviewer", u64::MAX)?
@@ -184,11 +189,11 @@ async fn fork_swapped(
     };
     let base = upstream.map(str::to_owned).unwrap_or_else(|| server.as_ref().expect("started").base_url());
     let client = Arc::new(ChatClient::new(&base));
-    let options = SessionOptions {
+    let options = masking.apply(SessionOptions {
         name: Some("demo: the bad run, deliveries swapped".into()),
         command: Some(trio_command(seed)),
         ..Default::default()
-    };
+    });
     let session =
         Session::fork_new(store, run, None, vec![edit.clone()], options).context("forking the bad run")?;
     let decision = trio(&session, client.clone()).await.context("running the fork")?;

@@ -6,6 +6,7 @@ use retrace_core::envelope::Usage;
 use retrace_core::prices::PriceTable;
 use retrace_core::run::RunStatus;
 use retrace_demo::client::{prices_from_config, ChatClient};
+use retrace_demo::masking::DemoMasking;
 use retrace_demo::pipeline::{pipeline, Prompts, ToolCalls};
 use retrace_demo::pipeline_story::{run_pipeline, PipelineReport};
 use retrace_runtime::{Outcome, Session, SessionOptions};
@@ -18,7 +19,7 @@ fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
 }
 
 async fn demo(store: &Arc<dyn Store>) -> PipelineReport {
-    run_pipeline(store.clone(), 11, None, PriceTable::builtin()).await.unwrap()
+    run_pipeline(store.clone(), 11, None, PriceTable::builtin(), &DemoMasking::default()).await.unwrap()
 }
 
 fn tokens(u: &Option<Usage>) -> u64 {

@@ -20,6 +20,7 @@ use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::matcher::{RecordedStep, Resolution};
 use crate::session::Mode;
+use crate::vaulting::MaskedAs;
 
 /// A step about to run: its event template and its request.
 pub(crate) struct StepInput {
@@ -221,6 +222,10 @@ impl Agent {
         } else {
             Masked { bytes: Cow::Borrowed(&canonical[..]), tokens: 0 }
         };
+        if let (Some(originals), true) = (&inner.originals, masked.tokens > 0) {
+            // A request is handed back to a program as a message's body.
+            originals.keep_form(&canonical, &masked.bytes, MaskedAs::Json);
+        }
         let (kind, name, version) =
             (input.template.kind, input.template.name.as_deref(), input.version.as_deref());
         let key = if masked.tokens == 0 {
@@ -347,6 +352,9 @@ impl Agent {
             };
             if masked.tokens > 0 {
                 inner.holds_tokens.store(true, Ordering::Relaxed);
+                if let Some(originals) = &inner.originals {
+                    originals.keep_form(&canonical, &masked.bytes, MaskedAs::Output);
+                }
             }
             let output = BlobPut::new(masked.bytes.into_owned(), BlobHint::Raw);
             event.output_ref = Some(output.digest);

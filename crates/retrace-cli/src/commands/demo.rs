@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use retrace_demo::client::ChatClient;
+use retrace_demo::masking::DemoMasking;
 use retrace_demo::server::SimServer;
 use retrace_demo::simulator::Simulator;
 use retrace_demo::single::{triage, LiveCounter};
@@ -152,9 +153,18 @@ async fn run_program(
     Ok(())
 }
 
+/// The masking of the demos' sessions: what `retrace record` would record with here (the
+/// store's mask key, `./retrace.toml`'s rules or the defaults, `RETRACE_VAULT_KEY`).
+pub(crate) fn masking() -> anyhow::Result<DemoMasking> {
+    let mask = super::mask_from_env()?;
+    super::record::refuse_original_without_vault(&mask.rules)?;
+    let vault_key = retrace_runtime::masking::vault_key_from_env()?;
+    Ok(DemoMasking { key: Some(mask.key), rules: mask.rules, vault_key })
+}
+
 fn single(runs: usize, seed: u64, replays: usize, json: bool) -> anyhow::Result<()> {
     let store = store_from_env()?;
-    let runs = run_single(store, runs, seed, replays)?;
+    let runs = run_single(store, runs, seed, replays, &masking()?)?;
     if json {
         let value = serde_json::json!({
             "runs": runs.iter().map(|r| serde_json::json!({
@@ -191,8 +201,10 @@ fn single(runs: usize, seed: u64, replays: usize, json: bool) -> anyhow::Result<
 
 async fn trio_demo(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
+    let masking = masking()?;
     let report =
-        run_trio(store.clone(), args.runs, args.seed, args.replays, args.upstream_openai.clone()).await?;
+        run_trio(store.clone(), args.runs, args.seed, args.replays, args.upstream_openai.clone(), &masking)
+            .await?;
     let knew = match &report.replayed {
         Some(r) => {
             let bad = report.runs.iter().find(|x| x.id == r.run).and_then(|x| x.violation.clone());

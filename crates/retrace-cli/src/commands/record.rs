@@ -211,7 +211,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
 }
 
 /// SPEC §7: a rule whose replay hands back the original needs the vault to hold originals.
-fn refuse_original_without_vault(rules: &retrace_core::mask::MaskRules) -> anyhow::Result<()> {
+pub(crate) fn refuse_original_without_vault(rules: &retrace_core::mask::MaskRules) -> anyhow::Result<()> {
     let original: Vec<&str> = rules
         .rules
         .iter()

@@ -47,6 +47,7 @@ pub(crate) use json::string_spans;
 pub use key::{BadMaskKey, MaskKey};
 pub use originals::OriginalsSink;
 pub use rules::{MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
+pub(crate) use token::token_prefix_len;
 pub use token::{contains_token, token_len_at, TOKEN_PREFIX, TOKEN_TAIL_LEN};
 
 use engine::{Candidate, Engine};
@@ -137,6 +138,14 @@ impl Masker {
         }
         let names = rules.rules.iter().map(|r| Arc::from(r.name.as_str())).collect();
         Ok(Masker { rules, key, engine, names, sink: None })
+    }
+
+    /// A stage with only the rules `keep` picks, under the same key and reporting to no sink:
+    /// what masks the value a program is handed when some rules replay the original and others
+    /// the token.
+    pub fn restricted(&self, keep: impl Fn(&MaskRule) -> bool) -> Result<Masker, MaskError> {
+        let rules = MaskRules { rules: self.rules.rules.iter().filter(|r| keep(r)).cloned().collect() };
+        Masker::new(rules, self.key.clone())
     }
 
     /// This stage, reporting every secret it replaces (with its token) to `sink`.

@@ -308,7 +308,9 @@ impl Session {
     ) -> Session {
         // Record and fork seal what masking replaced into the vault, when there is a vault key.
         let originals = match (mode, &options.vault_key) {
-            (Mode::Record | Mode::Fork, Some(key)) => Some(crate::vaulting::Originals::new(key.clone())),
+            (Mode::Record | Mode::Fork, Some(key)) => {
+                Some(crate::vaulting::Originals::new(key.clone(), &masker))
+            }
             _ => None,
         };
         let masker = match &originals {

@@ -141,3 +141,49 @@ fn a_run_holding_tokens_is_refused_under_another_mask_key() {
     assert!(err.contains(&MaskKey::from_bytes([3; 32]).fingerprint()), "{err}");
     assert!(err.contains(&MaskKey::from_bytes([4; 32]).fingerprint()), "{err}");
 }
+
+const PEM: &str = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----";
+
+/// The email rule replays the token, the private-key detector the original.
+fn mixed_options(vault: bool) -> SessionOptions {
+    let mut options = options(ReplayAs::Token, vault);
+    options.mask_rules.rules.push(MaskRule {
+        name: "private-key".into(),
+        kind: "privkey".into(),
+        matcher: RuleMatch::Pattern { pattern: retrace_core::mask::Detector::PrivateKey },
+        replay: ReplayAs::Original,
+    });
+    options
+}
+
+/// A tool output holding both secrets, the key also inside a string that holds JSON.
+fn deploy(session: &Session) -> Result<Value, RuntimeError> {
+    let agent = session.agent("deployer");
+    agent.tool("vault.fetch", &json!({"env": "prod"}), ToolSpec::deterministic("1"), || {
+        let config = json!({"owner": EMAIL, "key": PEM}).to_string();
+        Ok::<_, String>(json!({"owner": EMAIL, "key": PEM, "config": config, "note": "a \"quoted\" \\ path"}))
+    })
+}
+
+#[test]
+fn under_mixed_rules_the_program_gets_each_original_or_token_as_its_rule_says() {
+    let (_dir, store) = store();
+    let session = Session::record(store.clone(), mixed_options(true)).unwrap();
+    let live = deploy(&session).unwrap();
+    let run = session.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+    let stored = stored_bytes(&store, &run);
+    assert!(!contains(&stored, "MIIEvQ") && !contains(&stored, EMAIL));
+
+    let replay = Session::replay(store.clone(), &run, mixed_options(true)).unwrap();
+    let replay_id = replay.run_id();
+    let got = deploy(&replay).unwrap();
+    assert_eq!(replay.finish(Outcome { exit_status: Some(0) }).unwrap().status, RunStatus::Ok);
+    // The key comes back, escaped right at each level; the email stays a token.
+    let token = MaskKey::from_bytes([3; 32]).token("email", EMAIL);
+    let want: Value =
+        serde_json::from_str(&serde_json::to_string(&live).unwrap().replace(EMAIL, &token)).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(got["key"], PEM);
+    let audit = store.audit_list(Some(&replay_id)).unwrap();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+}

@@ -5,6 +5,7 @@ mod admin;
 mod auth;
 mod autonomy;
 mod bad_input;
+mod original;
 mod reads;
 mod record_replay;
 mod rust_sdk;

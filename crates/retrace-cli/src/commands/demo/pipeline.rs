@@ -22,7 +22,7 @@ pub async fn demo(seed: u64, upstream: Option<String>, json: bool) -> anyhow::Re
     let store = store_from_env()?;
     let prices = prices_from_config(Path::new(CONFIG))?;
     let model = upstream.clone().unwrap_or_else(|| "the built-in model simulator (not a real model)".into());
-    let report = run_pipeline(store, seed, upstream, prices).await?;
+    let report = run_pipeline(store, seed, upstream, prices, &super::masking()?).await?;
     if json {
         return print_json(&report_json(&report));
     }
