@@ -125,6 +125,21 @@ struct Binary {
     b64: String,
 }
 
+/// `doc` with each range replaced by its bytes (ranges disjoint, in any order): how masking and
+/// unmasking rewrite a document's parts in place, every other byte kept.
+pub(crate) fn splice(doc: &[u8], mut splices: Vec<(Range<usize>, Vec<u8>)>) -> Vec<u8> {
+    splices.sort_by_key(|(range, _)| range.start);
+    let mut out = Vec::with_capacity(doc.len() + splices.iter().map(|(_, b)| b.len()).sum::<usize>());
+    let mut copied = 0;
+    for (range, bytes) in splices {
+        out.extend_from_slice(&doc[copied..range.start]);
+        out.extend_from_slice(&bytes);
+        copied = range.end;
+    }
+    out.extend_from_slice(&doc[copied..]);
+    out
+}
+
 /// Where the parts of the document `doc` lie.
 pub fn layout(doc: &[u8]) -> Result<Layout, LayoutError> {
     let parsed: Doc<'_> = serde_json::from_slice(doc).map_err(|e| LayoutError::Shape(e.to_string()))?;

@@ -73,16 +73,7 @@ impl Masker {
         if splices.is_empty() {
             return Masked { bytes: Cow::Borrowed(raw), tokens: 0 };
         }
-        splices.sort_by_key(|(range, _)| range.start);
-        let mut out = Vec::with_capacity(raw.len() + 64 * splices.len());
-        let mut copied = 0;
-        for (range, bytes) in splices {
-            out.extend_from_slice(&raw[copied..range.start]);
-            out.extend_from_slice(&bytes);
-            copied = range.end;
-        }
-        out.extend_from_slice(&raw[copied..]);
-        Masked { bytes: Cow::Owned(out), tokens }
+        Masked { bytes: Cow::Owned(http_doc::splice(raw, splices)), tokens }
     }
 
     fn splice_json(

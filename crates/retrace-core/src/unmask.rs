@@ -119,16 +119,7 @@ fn unmask_document<E>(
     if splices.is_empty() {
         return Ok(None);
     }
-    splices.sort_by_key(|(range, _)| range.start);
-    let mut out = Vec::with_capacity(raw.len() + splices.iter().map(|(_, b)| b.len()).sum::<usize>());
-    let mut copied = 0;
-    for (range, bytes) in splices {
-        out.extend_from_slice(&raw[copied..range.start]);
-        out.extend_from_slice(&bytes);
-        copied = range.end;
-    }
-    out.extend_from_slice(&raw[copied..]);
-    Ok(Some(out))
+    Ok(Some(http_doc::splice(raw, splices)))
 }
 
 /// JSON (or bytes that are not): a token inside a string is one level deep, one outside any
