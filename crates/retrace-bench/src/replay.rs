@@ -168,6 +168,12 @@ fn session_replay(store: Arc<dyn Store>, run_id: &str, n: u64) -> Replayed {
         }
         next = end;
     }
+    // Of the peak, file pages (SQLite's read connections map the database) and the process's own.
+    note(&format!(
+        "replay process at the end: RssAnon {:.1} MB, RssFile {:.1} MB (mapped database pages)",
+        status_kb("RssAnon").unwrap_or(0) as f64 / 1024.0,
+        status_kb("RssFile").unwrap_or(0) as f64 / 1024.0
+    ));
     let clock = Instant::now();
     session.finish(Outcome::default()).expect("the replay matched");
     total += clock.elapsed();

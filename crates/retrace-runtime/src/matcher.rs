@@ -173,7 +173,10 @@ impl Slot {
 struct AgentLog {
     steps: Vec<Slot>,
     /// Per key: the first and last unconsumed slot with it (linked through [`Slot::next`]).
-    by_key: HashMap<Digest, (u32, u32)>,
+    /// Built only when a step is asked for out of recorded order: a replay that asks in order
+    /// (the common case) matches every step against the first unconsumed one and never pays
+    /// for the index, in memory or at load.
+    by_key: Option<HashMap<Digest, (u32, u32)>>,
     first_unconsumed: usize,
     deliveries: VecDeque<RecordedDelivery>,
 }
@@ -181,16 +184,33 @@ struct AgentLog {
 impl AgentLog {
     fn push(&mut self, slot: Slot) {
         let idx = u32::try_from(self.steps.len()).expect("fewer than 2^32 steps per agent");
-        match self.by_key.get_mut(&slot.key) {
-            Some((_, tail)) => {
-                self.steps[*tail as usize].next = idx;
-                *tail = idx;
-            }
-            None => {
-                self.by_key.insert(slot.key, (idx, idx));
-            }
-        }
+        let key = slot.key;
         self.steps.push(slot);
+        if let Some(by_key) = &mut self.by_key {
+            link(&mut self.steps, by_key, key, idx);
+        }
+    }
+
+    /// The index of unconsumed slots by key, built on first use.
+    fn index(&mut self) -> &mut HashMap<Digest, (u32, u32)> {
+        if self.by_key.is_none() {
+            let mut by_key = HashMap::new();
+            for idx in self.first_unconsumed..self.steps.len() {
+                self.steps[idx].next = NONE;
+                if !self.steps[idx].consumed {
+                    let key = self.steps[idx].key;
+                    link(&mut self.steps, &mut by_key, key, idx as u32);
+                }
+            }
+            self.by_key = Some(by_key);
+        }
+        self.by_key.as_mut().expect("just built")
+    }
+
+    /// True when the earliest unconsumed slot has `key`: it is then the one to take, and no
+    /// index is needed.
+    fn in_order(&self, key: &Digest) -> bool {
+        self.by_key.is_none() && self.steps.get(self.first_unconsumed).is_some_and(|s| s.key == *key)
     }
 
     fn consume(&mut self, idx: usize) -> RecordedStep {
@@ -202,12 +222,16 @@ impl AgentLog {
     }
 
     fn take(&mut self, key: &Digest) -> Option<RecordedStep> {
-        let (head, tail) = *self.by_key.get(key)?;
+        if self.in_order(key) {
+            return Some(self.consume(self.first_unconsumed));
+        }
+        let (head, tail) = *self.index().get(key)?;
         let next = self.steps[head as usize].next;
+        let by_key = self.index();
         if head == tail {
-            self.by_key.remove(key);
+            by_key.remove(key);
         } else {
-            self.by_key.insert(*key, (next, tail));
+            by_key.insert(*key, (next, tail));
         }
         Some(self.consume(head as usize))
     }
@@ -220,15 +244,16 @@ impl AgentLog {
         Some(self.consume(idx))
     }
 
-    /// Removes slot `idx` from its key's queue.
+    /// Removes slot `idx` from its key's queue (nothing to do without an index).
     fn unlink(&mut self, key: &Digest, idx: u32) {
-        let Some(&(head, tail)) = self.by_key.get(key) else { return };
+        let Some(by_key) = &mut self.by_key else { return };
+        let Some(&(head, tail)) = by_key.get(key) else { return };
         let next = self.steps[idx as usize].next;
         if head == idx {
             if tail == idx {
-                self.by_key.remove(key);
+                by_key.remove(key);
             } else {
-                self.by_key.insert(*key, (next, tail));
+                by_key.insert(*key, (next, tail));
             }
             return;
         }
@@ -238,7 +263,7 @@ impl AgentLog {
             if after == idx {
                 self.steps[prev as usize].next = next;
                 if tail == idx {
-                    self.by_key.insert(*key, (head, prev));
+                    by_key.insert(*key, (head, prev));
                 }
                 return;
             }
@@ -246,13 +271,29 @@ impl AgentLog {
         }
     }
 
-    fn peek(&self, key: &Digest) -> Option<&Slot> {
-        let (head, _) = self.by_key.get(key)?;
-        Some(&self.steps[*head as usize])
+    fn peek(&mut self, key: &Digest) -> Option<&Slot> {
+        if self.in_order(key) {
+            return Some(&self.steps[self.first_unconsumed]);
+        }
+        let (head, _) = *self.index().get(key)?;
+        Some(&self.steps[head as usize])
     }
 
     fn first_unconsumed(&self, pred: impl Fn(&Slot) -> bool) -> Option<&Slot> {
         self.steps[self.first_unconsumed..].iter().filter(|s| !s.consumed).find(|s| pred(s))
+    }
+}
+
+/// Appends slot `idx` (with `key`) to its key's queue in `by_key`.
+fn link(steps: &mut [Slot], by_key: &mut HashMap<Digest, (u32, u32)>, key: Digest, idx: u32) {
+    match by_key.get_mut(&key) {
+        Some((_, tail)) => {
+            steps[*tail as usize].next = idx;
+            *tail = idx;
+        }
+        None => {
+            by_key.insert(key, (idx, idx));
+        }
     }
 }
 
@@ -350,7 +391,7 @@ impl RecordedLog {
 
     /// `agent`'s earliest unconsumed step with `key`, without consuming it.
     pub fn peek_step(&self, agent: &str, key: &Digest) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().peek(key).map(Slot::step)
+        self.agents.get(agent)?.lock().peek(key).map(|s| s.step())
     }
 
     /// Where `agent`'s earliest unconsumed step with `key` got its output, without consuming it.
@@ -468,5 +509,63 @@ impl RecordedLog {
     /// Recorded seqs no program step consumes (resolutions), released from the start.
     pub fn unconsumable_seqs(&self) -> &[u64] {
         &self.unconsumable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent log of tool steps with these keys (seq = position + 1).
+    fn log(keys: &[u8]) -> AgentLog {
+        let mut names = HashMap::new();
+        let mut log = AgentLog::default();
+        for (i, k) in keys.iter().enumerate() {
+            let mut e = Event::new("run", "a", EventType::ToolCall);
+            e.seq = i as u64 + 1;
+            e.key = Digest::of(&[*k]);
+            log.push(Slot::new(&e, &mut names));
+        }
+        log
+    }
+
+    fn take(log: &mut AgentLog, k: u8) -> Option<u64> {
+        log.take(&Digest::of(&[k])).map(|s| s.seq)
+    }
+
+    #[test]
+    fn in_order_replay_never_builds_the_key_index() {
+        let mut l = log(&[1, 2, 1, 3]);
+        assert_eq!([1, 2, 1, 3].map(|k| take(&mut l, k)), [Some(1), Some(2), Some(3), Some(4)]);
+        assert!(l.by_key.is_none());
+        assert_eq!(take(&mut l, 1), None);
+    }
+
+    #[test]
+    fn out_of_order_steps_match_by_key_in_recorded_order() {
+        let mut l = log(&[1, 2, 1, 3, 2]);
+        assert_eq!(take(&mut l, 3), Some(4));
+        assert!(l.by_key.is_some());
+        assert_eq!(take(&mut l, 2), Some(2));
+        assert_eq!(take(&mut l, 1), Some(1));
+        assert_eq!(take(&mut l, 1), Some(3));
+        assert_eq!(take(&mut l, 1), None);
+        assert_eq!(take(&mut l, 2), Some(5));
+        assert_eq!(l.first_unconsumed, 5);
+    }
+
+    #[test]
+    fn an_index_built_late_skips_what_was_consumed() {
+        let mut l = log(&[1, 2, 3, 2, 1]);
+        assert_eq!(take(&mut l, 1), Some(1));
+        let middle = l.take_where(|s| s.seq == 3).map(|s| s.seq);
+        assert_eq!(middle, Some(3));
+        assert!(l.by_key.is_none());
+        // Key 1's next unconsumed slot is seq 5, not the consumed seq 1.
+        assert_eq!(l.peek(&Digest::of(&[1])).map(|s| s.seq), Some(5));
+        assert_eq!(take(&mut l, 2), Some(2));
+        assert_eq!(take(&mut l, 2), Some(4));
+        assert_eq!(take(&mut l, 1), Some(5));
+        assert_eq!(l.first_unconsumed, 5);
     }
 }
