@@ -140,7 +140,7 @@ impl Agent {
     pub fn tool<A, T, E, F>(&self, name: &str, args: &A, spec: ToolSpec, live: F) -> RuntimeResult<T>
     where
         A: Serialize + ?Sized,
-        T: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
         E: std::fmt::Display,
         F: FnOnce() -> Result<T, E>,
     {
@@ -157,7 +157,7 @@ impl Agent {
     ) -> RuntimeResult<T>
     where
         A: Serialize + ?Sized,
-        T: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
         E: std::fmt::Display,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -175,7 +175,7 @@ impl Agent {
                 .step(self, object(body), spec.dry_run.as_ref(), |_| async {
                     let result = live().await;
                     outcome(match result {
-                        Ok(value) => to_json(&value, &self.id, &label).map_err(|e| e.to_string()),
+                        Ok(value) => into_json(value, &self.id, &label).map_err(|e| e.to_string()),
                         Err(e) => Err(e.to_string()),
                     })
                 })
@@ -198,7 +198,7 @@ impl Agent {
                 let result = live().await;
                 let latency = started.elapsed().as_millis() as u64;
                 match result {
-                    Ok(value) => Ok(LiveOutput::value(to_json(&value, &self.id, &label)?).latency(latency)),
+                    Ok(value) => Ok(LiveOutput::value(into_json(value, &self.id, &label)?).latency(latency)),
                     Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
                 }
             })
@@ -361,7 +361,14 @@ impl Agent {
         Ok(())
     }
 
-    fn decode<T: DeserializeOwned>(&self, step: &str, value: Value) -> RuntimeResult<T> {
+    fn decode<T: DeserializeOwned + 'static>(&self, step: &str, value: Value) -> RuntimeResult<T> {
+        // A program that asks for a `Value` gets the decoded one itself, not a copy rebuilt node
+        // by node through serde.
+        let mut slot = Some(value);
+        if let Some(same) = (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<T>>() {
+            return Ok(same.take().expect("set just above"));
+        }
+        let value = slot.expect("taken only when T is Value");
         serde_json::from_value(value).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
             step: step.to_owned(),
@@ -445,6 +452,15 @@ fn to_json<T: Serialize + ?Sized>(value: &T, agent: &str, step: &str) -> Runtime
         }
     }
     Ok(json)
+}
+
+/// [`to_json`] of an owned value: a `Value` is taken as it is (it can't hold NaN or infinities).
+fn into_json<T: Serialize + 'static>(value: T, agent: &str, step: &str) -> RuntimeResult<Value> {
+    let mut slot = Some(value);
+    if let Some(json) = (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<Value>>() {
+        return Ok(json.take().expect("set just above"));
+    }
+    to_json(&slot.expect("taken only when T is Value"), agent, step)
 }
 
 fn holds_null(v: &Value) -> bool {
