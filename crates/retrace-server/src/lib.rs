@@ -194,5 +194,11 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(bound.listener, router(state)).with_graceful_shutdown(shutdown).await
+    // TCP_NODELAY: a proxied stream's chunks (and a terminal event released on its
+    // acknowledgment, right behind the chunk before it) go out as they are written, not when
+    // the client's delayed ACK lets Nagle's algorithm send the next small segment.
+    let listener = axum::serve::ListenerExt::tap_io(bound.listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }

@@ -128,6 +128,8 @@ pub(crate) struct Call {
     pub(crate) agent: String,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Vec<u8>,
+    /// The `model` the body asks for (empty when it names none).
+    pub(crate) model: String,
 }
 
 impl Call {
@@ -198,11 +200,14 @@ async fn handle(
         }
         Err(e) => return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}")),
     };
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
-        let msg = format!("retrace proxy: the request body is not valid JSON: {e}");
-        return error(provider, StatusCode::BAD_REQUEST, &msg);
-    }
-    let call = Call { provider, path: target.path, run, agent, headers, body };
+    let model = match asked_model(&body) {
+        Ok(model) => model,
+        Err(e) => {
+            let msg = format!("retrace proxy: the request body is not valid JSON: {e}");
+            return error(provider, StatusCode::BAD_REQUEST, &msg);
+        }
+    };
+    let call = Call { provider, path: target.path, run, agent, headers, body, model };
     let session = match app.host.session(&call.run) {
         Ok(s) => s,
         Err(e) => return host_error(provider, &e),
@@ -211,6 +216,26 @@ async fn handle(
         Mode::Record | Mode::Off | Mode::Fork => record::record(app, session, call).await,
         Mode::Replay => replay::replay(app, session, call).await,
     }
+}
+
+/// Checks that `body` is JSON and reads the `model` it asks for (empty when it names none), in
+/// one pass over a body that is an object.
+fn asked_model(body: &[u8]) -> Result<String, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Asked<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a serde_json::value::RawValue>,
+    }
+    let model_of = |raw: &serde_json::value::RawValue| serde_json::from_str::<String>(raw.get()).ok();
+    if body.first() == Some(&b'{') {
+        if let Ok(asked) = serde_json::from_slice::<Asked<'_>>(body) {
+            return Ok(asked.model.and_then(model_of).unwrap_or_default());
+        }
+    }
+    // Not an object, not JSON, or an object the struct refuses (a repeated `model`): the whole
+    // value says which, and its error is the one the caller is told.
+    let value = serde_json::from_slice::<serde_json::Value>(body)?;
+    Ok(value.get("model").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned())
 }
 
 fn too_large(provider: Provider, limit: usize) -> Response {

@@ -65,15 +65,10 @@ pub struct BadDocument(String);
 impl Recorded {
     /// The document's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(256 + self.body_len());
-        out.extend_from_slice(b"{\"format\":\"");
-        out.extend_from_slice(FORMAT.as_bytes());
-        out.extend_from_slice(b"\",\"status\":");
-        out.extend_from_slice(self.status.to_string().as_bytes());
-        out.extend_from_slice(b",\"headers\":");
-        serde_json::to_writer(&mut out, &self.headers).expect("writing to a vec");
         match &self.body {
             RecordedBody::Whole(body) => {
+                let mut out = Vec::with_capacity(256 + body.len());
+                write_head(&mut out, self.status, &self.headers);
                 if is_bare_json(body) {
                     out.extend_from_slice(b",\"body\":");
                     out.extend_from_slice(body);
@@ -84,36 +79,17 @@ impl Recorded {
                     out.extend_from_slice(b",\"body_b64\":");
                     serde_json::to_writer(&mut out, &b64(body)).expect("writing to a vec");
                 }
+                out.push(b'}');
+                out
             }
             RecordedBody::Stream { chunks, end, error } => {
-                out.extend_from_slice(b",\"stream\":[");
-                for (i, (t, chunk)) in chunks.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    out.push(b'[');
-                    out.extend_from_slice(t.to_string().as_bytes());
-                    out.push(b',');
-                    match std::str::from_utf8(chunk) {
-                        Ok(text) => serde_json::to_writer(&mut out, text).expect("writing to a vec"),
-                        Err(_) => serde_json::to_writer(&mut out, &serde_json::json!({ "b64": b64(chunk) }))
-                            .expect("writing to a vec"),
-                    }
-                    out.push(b']');
+                let mut doc = StreamDocument::with_capacity(self.status, &self.headers, self.body_len());
+                for (t, chunk) in chunks {
+                    doc.push(*t, chunk);
                 }
-                out.extend_from_slice(b"],\"end\":");
-                out.extend_from_slice(match end {
-                    StreamEnd::Complete => b"\"complete\"",
-                    StreamEnd::Truncated => b"\"truncated\"",
-                });
-                if let Some(e) = error {
-                    out.extend_from_slice(b",\"error\":");
-                    serde_json::to_writer(&mut out, e).expect("writing to a vec");
-                }
+                doc.finish(*end, error.as_deref())
             }
         }
-        out.push(b'}');
-        out
     }
 
     /// Decodes a document, giving back the recorded bytes exactly.
@@ -193,6 +169,73 @@ impl Recorded {
     }
 }
 
+/// A stream's document written as its chunks arrive, so that when the stream ends only its
+/// end is left to write. Its bytes are [`Recorded::encode`]'s for the same stream (which writes
+/// through it).
+#[derive(Debug)]
+pub struct StreamDocument {
+    out: Vec<u8>,
+    chunks: usize,
+}
+
+impl StreamDocument {
+    /// A stream's document, up to its first chunk.
+    pub fn new(status: u16, headers: &[(String, String)]) -> StreamDocument {
+        StreamDocument::with_capacity(status, headers, 4096)
+    }
+
+    fn with_capacity(status: u16, headers: &[(String, String)], body: usize) -> StreamDocument {
+        let mut out = Vec::with_capacity(256 + body);
+        write_head(&mut out, status, headers);
+        out.extend_from_slice(b",\"stream\":[");
+        StreamDocument { out, chunks: 0 }
+    }
+
+    /// Appends a chunk that arrived `t_ms` after the response head.
+    pub fn push(&mut self, t_ms: u64, chunk: &[u8]) {
+        let out = &mut self.out;
+        if self.chunks > 0 {
+            out.push(b',');
+        }
+        self.chunks += 1;
+        out.push(b'[');
+        out.extend_from_slice(t_ms.to_string().as_bytes());
+        out.push(b',');
+        match std::str::from_utf8(chunk) {
+            Ok(text) => serde_json::to_writer(&mut *out, text).expect("writing to a vec"),
+            Err(_) => serde_json::to_writer(&mut *out, &serde_json::json!({ "b64": b64(chunk) }))
+                .expect("writing to a vec"),
+        }
+        out.push(b']');
+    }
+
+    /// The whole document: the chunks so far, then how the stream ended.
+    pub fn finish(mut self, end: StreamEnd, error: Option<&str>) -> Vec<u8> {
+        let out = &mut self.out;
+        out.extend_from_slice(b"],\"end\":");
+        out.extend_from_slice(match end {
+            StreamEnd::Complete => b"\"complete\"",
+            StreamEnd::Truncated => b"\"truncated\"",
+        });
+        if let Some(e) = error {
+            out.extend_from_slice(b",\"error\":");
+            serde_json::to_writer(&mut *out, e).expect("writing to a vec");
+        }
+        out.push(b'}');
+        self.out
+    }
+}
+
+/// `{"format":...,"status":...,"headers":[...]`: what every document begins with.
+fn write_head(out: &mut Vec<u8>, status: u16, headers: &[(String, String)]) {
+    out.extend_from_slice(b"{\"format\":\"");
+    out.extend_from_slice(FORMAT.as_bytes());
+    out.extend_from_slice(b"\",\"status\":");
+    out.extend_from_slice(status.to_string().as_bytes());
+    out.extend_from_slice(b",\"headers\":");
+    serde_json::to_writer(&mut *out, headers).expect("writing to a vec");
+}
+
 /// Whether `body` is exactly one JSON value with nothing around it.
 fn is_bare_json(body: &[u8]) -> bool {
     match serde_json::from_slice::<&RawValue>(body) {
@@ -268,6 +311,36 @@ mod tests {
             },
         };
         roundtrip(&r);
+    }
+
+    #[test]
+    fn a_stream_written_as_it_arrives_is_the_encoded_document() {
+        let headers = vec![("content-type".to_owned(), "text/event-stream".to_owned())];
+        let chunks: Vec<(u64, Bytes)> = vec![
+            (0, Bytes::from_static(b"data: {\"x\":\"\\u00e9\"}\n\n")),
+            (2, Bytes::from_static(&[0xc3])),
+            (7, Bytes::from_static(b"data: [DONE]\n\n")),
+        ];
+        let mut doc = StreamDocument::new(200, &headers);
+        for (t, c) in &chunks {
+            doc.push(*t, c);
+        }
+        let written = doc.finish(StreamEnd::Truncated, Some("reset"));
+        let encoded = Recorded {
+            status: 200,
+            headers,
+            body: RecordedBody::Stream { chunks, end: StreamEnd::Truncated, error: Some("reset".into()) },
+        }
+        .encode();
+        assert_eq!(written, encoded);
+        // The bytes stored for a stream (golden traces hold them): pinned.
+        let want = r#"{"format":"retrace-http/1","status":200,"headers":[["content-type","text/event-stream"]],"stream":[[0,"data: {\"x\":\"\\u00e9\"}\n\n"],[2,{"b64":"ww=="}],[7,"data: [DONE]\n\n"]],"end":"truncated","error":"reset"}"#;
+        assert_eq!(String::from_utf8(written).unwrap(), want);
+        let empty = StreamDocument::new(200, &[]).finish(StreamEnd::Complete, None);
+        assert_eq!(
+            empty,
+            br#"{"format":"retrace-http/1","status":200,"headers":[],"stream":[],"end":"complete"}"#
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use retrace_runtime::{HttpModelOutput, RuntimeResult, Session};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::document::{keeps_header, Recorded, RecordedBody, StreamEnd};
+use super::document::{keeps_header, Recorded, RecordedBody, StreamDocument, StreamEnd};
 use super::replay::{break_off, respond};
 use super::reply::{error, error_body, Provider};
 use super::sse::{body_facts, snapshot_of, SseScanner};
@@ -114,10 +114,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
 /// The step's live function: calls the upstream and builds the output document.
 async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> RuntimeResult<HttpModelOutput> {
     let started = Instant::now();
-    let asked = serde_json::from_slice::<serde_json::Value>(&call.body)
-        .ok()
-        .and_then(|b| b.get("model").and_then(|m| m.as_str()).map(str::to_owned))
-        .unwrap_or_default();
+    let asked = &call.model;
     let upstreams = &app.upstreams;
     let response = match upstreams.send(call.provider, &call.path, &call.headers, call.body.clone()).await {
         Ok(r) => r,
@@ -157,7 +154,7 @@ async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> Runtime
         *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
         return Ok(HttpModelOutput {
             document,
-            snapshot: snapshot_of(&asked, model.as_deref()),
+            snapshot: snapshot_of(asked, model.as_deref()),
             usage,
             latency_ms: started.elapsed().as_millis() as u64,
         });
@@ -170,7 +167,10 @@ async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> Runtime
     reply.send_head(head);
     let since = Instant::now();
     let mut scanner = SseScanner::default();
-    let (mut chunks, mut held) = (Vec::new(), Vec::new());
+    // The document is written as the chunks pass, so the terminal event waits only for its end
+    // to be written, the append and the acknowledgment.
+    let mut document = StreamDocument::new(status, &headers);
+    let mut held = Vec::new();
     let mut client_gone = false;
     let mut broke_off = None;
     let mut stream = response.bytes_stream();
@@ -187,20 +187,23 @@ async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> Runtime
             }
             Ok(Some(Ok(chunk))) => chunk,
         };
-        chunks.push((since.elapsed().as_millis() as u64, chunk.clone()));
+        let t_ms = since.elapsed().as_millis() as u64;
         if scanner.feed(&chunk) || !held.is_empty() {
+            document.push(t_ms, &chunk);
             held.push(chunk);
-        } else if !client_gone && tx.send(Ok(chunk)).await.is_err() {
-            client_gone = true;
+        } else {
+            if !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
+                client_gone = true;
+            }
+            document.push(t_ms, &chunk);
         }
     }
     let end = if broke_off.is_some() { StreamEnd::Truncated } else { StreamEnd::Complete };
-    let doc =
-        Recorded { status, headers, body: RecordedBody::Stream { chunks, end, error: broke_off.clone() } };
+    let document = document.finish(end, broke_off.as_deref());
     *reply.pending.lock() = Some(Pending::Tail { tx, held, broke_off });
     Ok(HttpModelOutput {
-        document: doc.encode(),
-        snapshot: snapshot_of(&asked, scanner.model.as_deref()),
+        document,
+        snapshot: snapshot_of(asked, scanner.model.as_deref()),
         usage: scanner.usage(),
         latency_ms: started.elapsed().as_millis() as u64,
     })

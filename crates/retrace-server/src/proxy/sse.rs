@@ -2,7 +2,11 @@
 //! begins (SPEC §1: `data: [DONE]`; `response.completed`, `response.failed`,
 //! `response.incomplete`, `error`; `message_stop`), and the model and token counts it reports.
 //! The bytes themselves pass through untouched.
+use std::borrow::Cow;
+
 use retrace_core::envelope::Usage;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// Event types that end a stream.
@@ -29,16 +33,17 @@ pub struct SseScanner {
 impl SseScanner {
     /// Feeds one chunk; returns whether a terminal event has begun by the end of it.
     pub fn feed(&mut self, chunk: &[u8]) -> bool {
-        self.partial.extend_from_slice(chunk);
+        let mut partial = std::mem::take(&mut self.partial);
+        partial.extend_from_slice(chunk);
         let mut start = 0;
-        while let Some(nl) = self.partial[start..].iter().position(|&b| b == b'\n') {
+        while let Some(nl) = partial[start..].iter().position(|&b| b == b'\n') {
             let end = start + nl;
-            let line = self.partial[start..end].strip_suffix(b"\r").unwrap_or(&self.partial[start..end]);
-            let line = String::from_utf8_lossy(line).into_owned();
-            self.line(&line);
+            let line = partial[start..end].strip_suffix(b"\r").unwrap_or(&partial[start..end]);
+            self.line(&String::from_utf8_lossy(line));
             start = end + 1;
         }
-        self.partial.drain(..start);
+        partial.drain(..start);
+        self.partial = partial;
         self.terminal
     }
 
@@ -55,24 +60,25 @@ impl SseScanner {
             self.terminal = true;
             return;
         }
-        let Ok(json) = serde_json::from_str::<Value>(data) else { return };
-        if let Some(kind) = json.get("type").and_then(Value::as_str) {
-            if TERMINAL.contains(&kind) {
-                self.terminal = true;
-            }
+        // One pass over the event, borrowing: only the few fields read below are looked at.
+        let Some(event) = Fields::parse(data) else { return };
+        if event.kind.and_then(as_str).is_some_and(|kind| TERMINAL.contains(&kind.as_ref())) {
+            self.terminal = true;
         }
         // Chat Completions chunks carry `model` and, last, `usage`; Responses events nest the
         // response; Anthropic's `message_start` nests the message and `message_delta` carries
         // cumulative output tokens.
-        let holder = json.get("response").or_else(|| json.get("message")).unwrap_or(&json);
+        let nested = event.response.or(event.message).map(Fields::of);
+        let holder = nested.as_ref().unwrap_or(&event);
         if self.model.is_none() {
-            self.model = holder.get("model").and_then(Value::as_str).map(str::to_owned);
+            self.model = holder.model.and_then(as_str).map(Cow::into_owned);
         }
-        for usage in [holder.get("usage"), json.get("usage")].into_iter().flatten() {
-            if let Some(n) = tokens(usage, &["prompt_tokens", "input_tokens"]) {
+        for usage in [holder.usage, event.usage].into_iter().flatten() {
+            let Some(usage) = object::<Counts<'_>>(usage.get()) else { continue };
+            if let Some(n) = usage.count(&[usage.prompt_tokens, usage.input_tokens]) {
                 self.input_tokens = Some(n);
             }
-            if let Some(n) = tokens(usage, &["completion_tokens", "output_tokens"]) {
+            if let Some(n) = usage.count(&[usage.completion_tokens, usage.output_tokens]) {
                 self.output_tokens = Some(n);
             }
         }
@@ -86,6 +92,72 @@ impl SseScanner {
     /// The token counts the stream reported, if any.
     pub fn usage(&self) -> Option<Usage> {
         usage_of(self.input_tokens, self.output_tokens)
+    }
+}
+
+/// The fields of an event the scanner reads, each kept as its raw JSON. A field that is present
+/// is `Some` even when it is `null` (as `Value::get` would find it); an event that is not an
+/// object gives no fields.
+#[derive(Debug, Default, Deserialize)]
+struct Fields<'a> {
+    #[serde(borrow, rename = "type", default, deserialize_with = "present")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    response: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    message: Option<&'a RawValue>,
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of an event's JSON; `None` when it is not an object.
+    fn parse(json: &'a str) -> Option<Fields<'a>> {
+        object(json)
+    }
+
+    /// The fields of a nested value; none when it is not an object.
+    fn of(raw: &'a RawValue) -> Fields<'a> {
+        object(raw.get()).unwrap_or_default()
+    }
+}
+
+/// `json` read as `T` when it is an object (a derived struct would also take an array).
+fn object<'a, T: Deserialize<'a>>(json: &'a str) -> Option<T> {
+    json.starts_with('{').then(|| serde_json::from_str(json).ok()).flatten()
+}
+
+/// Token counts, as the providers name them.
+#[derive(Deserialize)]
+struct Counts<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    prompt_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    input_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    output_tokens: Option<&'a RawValue>,
+}
+
+impl Counts<'_> {
+    /// The first of `names` that holds a `u64`, as [`tokens`] reads a `Value`.
+    fn count(&self, names: &[Option<&RawValue>]) -> Option<u64> {
+        names.iter().flatten().find_map(|raw| serde_json::from_str::<u64>(raw.get()).ok())
+    }
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// A JSON string's text (escapes decoded); `None` for anything else.
+fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(text) => Some(Cow::Borrowed(text)),
+        Err(_) => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
     }
 }
 
@@ -183,6 +255,53 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("claude-x-20250929"));
         let u = s.usage().unwrap();
         assert_eq!((u.input_tokens, u.output_tokens), (12, 30));
+    }
+
+    /// What the scanner read from events when it parsed each into a whole `Value`.
+    fn read_as_values(events: &[&str]) -> (bool, Option<String>, Option<u64>, Option<u64>) {
+        let (mut terminal, mut model, mut input, mut output) = (false, None, None, None);
+        for data in events {
+            let Ok(json) = serde_json::from_str::<Value>(data) else { continue };
+            if json.get("type").and_then(Value::as_str).is_some_and(|k| TERMINAL.contains(&k)) {
+                terminal = true;
+            }
+            let holder = json.get("response").or_else(|| json.get("message")).unwrap_or(&json);
+            if model.is_none() {
+                model = holder.get("model").and_then(Value::as_str).map(str::to_owned);
+            }
+            for usage in [holder.get("usage"), json.get("usage")].into_iter().flatten() {
+                if let Some(n) = tokens(usage, &["prompt_tokens", "input_tokens"]) {
+                    input = Some(n);
+                }
+                if let Some(n) = tokens(usage, &["completion_tokens", "output_tokens"]) {
+                    output = Some(n);
+                }
+            }
+        }
+        (terminal, model, input, output)
+    }
+
+    #[test]
+    fn reads_events_as_a_whole_value_would() {
+        for events in [
+            &["{\"type\":\"resp\\u006fnse.completed\"}"][..],
+            &["{\"response\":null,\"model\":\"outer\"}"],
+            &["{\"response\":\"text\",\"message\":{\"model\":\"m\"}}"],
+            &["{\"message\":{\"model\":\"claude\\n\",\"usage\":{\"input_tokens\":3}}}"],
+            &["{\"usage\":{\"prompt_tokens\":1.5,\"input_tokens\":7,\"output_tokens\":-1}}"],
+            &["{\"usage\":{\"completion_tokens\":null,\"output_tokens\":9}}", "{\"usage\":[1]}"],
+            &["[\"error\",\"m\"]", "{\"response\":[\"x\",\"m\"]}", "[1,2]", "\"model\"", "42", "{\"model\":5}", "{\"model\":\"late\"}"],
+            &["{\"type\":null,\"model\":null}", "{\"type\":\"error\",\"usage\":{}}"],
+            &["{\"response\":{\"model\":\"r\",\"usage\":{\"input_tokens\":2}},\"usage\":{\"output_tokens\":4}}"],
+            &["{not json", "{\"model\":\"after-garbage\"}"],
+        ] {
+            let mut s = SseScanner::default();
+            for e in events {
+                s.feed(format!("data: {e}\n\n").as_bytes());
+            }
+            let got = (s.terminal(), s.model.clone(), s.input_tokens, s.output_tokens);
+            assert_eq!(got, read_as_values(events), "{events:?}");
+        }
     }
 
     #[test]
