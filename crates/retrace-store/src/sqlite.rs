@@ -318,7 +318,10 @@ impl EventStore for SqliteStore {
         self.runs_impl()
     }
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
-        self.commit_impl(batch)
+        self.commit_impl(batch, true)
+    }
+    fn commit_verified(&self, batch: &crate::VerifiedBatch) -> StoreResult<()> {
+        self.commit_impl(batch.batch(), false)
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)
