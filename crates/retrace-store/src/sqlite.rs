@@ -292,7 +292,7 @@ impl BlobStore for SqliteStore {
             if own {
                 conn.execute_batch("BEGIN").ctx(|| format!("reading blobs of {}", self.label))?;
             }
-            let blobs = digests.iter().map(|d| blobs::get(conn, &self.files, d)).collect();
+            let blobs = blobs::get_many(conn, &self.files, digests);
             if own {
                 conn.execute_batch("COMMIT").ctx(|| format!("reading blobs of {}", self.label))?;
             }

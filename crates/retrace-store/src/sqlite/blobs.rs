@@ -119,6 +119,40 @@ fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
     .ctx(|| format!("reading blob {digest}"))
 }
 
+/// The rows of `digests` in one query, in the order given (`None` for a digest not stored):
+/// the digests go in as one JSON array of hex strings, walked by `json_each` as the outer loop.
+fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> {
+    let mut list = String::with_capacity(2 + digests.len() * 67);
+    list.push('[');
+    for (i, digest) in digests.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push('"');
+        list.push_str(&digest.hex());
+        list.push('"');
+    }
+    list.push(']');
+    let mut found: Vec<Option<Row>> = (0..digests.len()).map(|_| None).collect();
+    let what = || format!("reading {} blobs", digests.len());
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT j.key, b.kind, b.size, b.data, CASE WHEN b.kind = 3 THEN \
+             (SELECT substr(s.data, (b.data & 65535) + 1, b.size) FROM segments s WHERE s.id = b.data >> 16) END \
+             FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)",
+        )
+        .ctx(what)?;
+    let mut rows = stmt.query([&list]).ctx(what)?;
+    while let Some(r) = rows.next().ctx(what)? {
+        let index: i64 = r.get(0).ctx(what)?;
+        let row = (r.get(1).ctx(what)?, r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?);
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| found.get_mut(i)) {
+            *slot = Some(row);
+        }
+    }
+    Ok(found)
+}
+
 fn bad_row(digest: &Digest) -> StoreError {
     StoreError::corrupt(format!("blob {digest} is corrupt: its row has an unknown kind or data"))
 }
@@ -128,8 +162,26 @@ pub(crate) fn get(conn: &Connection, files: &Files, digest: &Digest) -> StoreRes
     if let Some(bytes) = files.recent(digest) {
         return Ok(bytes.to_vec());
     }
-    let (kind, size, data, packed) =
-        row(conn, digest)?.ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
+    verified(conn, files, digest, row(conn, digest)?)
+}
+
+/// The verified bytes of each of `digests`, in order, their rows read in one query; the first
+/// missing or corrupt blob fails the whole call.
+pub(crate) fn get_many(conn: &Connection, files: &Files, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+    let rows = rows(conn, digests)?;
+    digests
+        .iter()
+        .zip(rows)
+        .map(|(digest, row)| match files.recent(digest) {
+            Some(bytes) => Ok(bytes.to_vec()),
+            None => verified(conn, files, digest, row),
+        })
+        .collect()
+}
+
+/// The bytes `row` (the row of `digest`, if stored) stands for, verified against `digest`.
+fn verified(conn: &Connection, files: &Files, digest: &Digest, row: Option<Row>) -> StoreResult<Vec<u8>> {
+    let (kind, size, data, packed) = row.ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
     let size = usize::try_from(size).map_err(|_| bad_row(digest))?;
     let (bytes, from) = match (kind, data) {
         (KIND_INLINE, Value::Blob(bytes)) => (bytes, "its stored bytes".to_string()),
