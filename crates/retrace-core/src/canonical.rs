@@ -43,6 +43,9 @@ use std::cmp::Ordering;
 
 use serde_json::Value;
 
+mod serializer;
+pub(crate) use serializer::write_serialized;
+
 use crate::json::{self, render_path, Json, JsonError, Number, PathSeg};
 
 /// Why a value has no canonical form.
