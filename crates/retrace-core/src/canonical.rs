@@ -217,11 +217,13 @@ pub(crate) fn write_escaped<S: Sink>(out: &mut S, s: &str) {
     let (mut start, mut i) = (0, 0);
     while i < bytes.len() {
         if let Some(chunk) = bytes.get(i..i + 8) {
-            let word = u64::from_le_bytes(chunk.try_into().expect("a chunk of eight bytes"));
-            if !word_needs_escape(word) {
+            let found = escape_bytes(u64::from_le_bytes(chunk.try_into().expect("a chunk of eight bytes")));
+            if found == 0 {
                 i += 8;
                 continue;
             }
+            // The lowest flagged byte is the first that needs escaping.
+            i += (found.trailing_zeros() / 8) as usize;
         }
         let escape = match bytes[i] {
             b'"' => "\\\"",
@@ -241,15 +243,14 @@ pub(crate) fn write_escaped<S: Sink>(out: &mut S, s: &str) {
     out.push_text("\"");
 }
 
-/// Whether any of the eight bytes of `word` is `"`, `\` or below U+0020. Each test is the exact
-/// "some byte less than n" bit trick (a borrow only runs on past a byte that already matched).
-fn word_needs_escape(word: u64) -> bool {
+/// The high bit of each of the eight bytes of `word` (little-endian) that is `"`, `\` or below
+/// U+0020, exact up to the first such byte: each test is the "some byte less than n" bit trick,
+/// whose borrow can only flag bytes above one that really matched. Zero when none needs escaping.
+fn escape_bytes(word: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let below = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS != 0;
-    below(word, 0x20)
-        || below(word ^ (ONES * u64::from(b'"')), 1)
-        || below(word ^ (ONES * u64::from(b'\\')), 1)
+    let below = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS;
+    below(word, 0x20) | below(word ^ (ONES * u64::from(b'"')), 1) | below(word ^ (ONES * u64::from(b'\\')), 1)
 }
 
 fn write_json(j: &Json, out: &mut Vec<u8>) -> Result<(), Bad> {

@@ -95,9 +95,13 @@ impl FromStr for Digest {
 
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(DIGEST_PREFIX)?;
-        let mut buf = [0u8; 64];
-        hex::encode_to_slice(self.0, &mut buf).map_err(|_| fmt::Error)?;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 7 + 64];
+        buf[..7].copy_from_slice(DIGEST_PREFIX.as_bytes());
+        for (pair, byte) in buf[7..].chunks_exact_mut(2).zip(self.0) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 15)];
+        }
         f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
     }
 }
