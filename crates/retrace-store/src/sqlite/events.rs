@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use retrace_core::run::RunMeta;
-use retrace_core::Event;
+use retrace_core::{Digest, Event};
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
@@ -60,6 +60,8 @@ impl SqliteStore {
             }
             check_batch(batch, |digest| blobs::has(tx, digest))?;
             let mut staged = Staged::new(&self.files);
+            let digests: Vec<Digest> = batch.blobs.iter().map(|b| b.digest).collect();
+            blobs::prefetch(tx, &mut staged, &digests)?;
             for blob in &batch.blobs {
                 blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }

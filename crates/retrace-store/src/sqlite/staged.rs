@@ -5,7 +5,7 @@
 //! time, so the waits overlap), renamed into place, and each folder synced once, however many
 //! files it received. A blob's file is durable before the commit that references it, as
 //! before; a batch of many large blobs just waits for the disk far fewer times.
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -36,12 +36,21 @@ pub(crate) struct Staged<'a> {
     created_folder: bool,
     /// The transaction's packed blobs.
     packer: Packer,
+    /// Blob row ids this transaction knows (`None`: not stored), looked up or inserted.
+    pub(crate) known: HashMap<Digest, Option<i64>>,
 }
 
 impl<'a> Staged<'a> {
     pub(crate) fn new(files: &'a Files) -> Staged<'a> {
         let packer = Packer::new(files.segment_bytes);
-        Staged { files, staged: Vec::new(), folders: BTreeSet::new(), created_folder: false, packer }
+        Staged {
+            files,
+            staged: Vec::new(),
+            folders: BTreeSet::new(),
+            created_folder: false,
+            packer,
+            known: HashMap::new(),
+        }
     }
 
     /// Packs `bytes` into the segments (see [`Packer`]) and returns their location.

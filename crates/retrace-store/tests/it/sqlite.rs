@@ -366,3 +366,25 @@ fn packed_blobs_fill_segments_across_batches() {
         conn.query_row("SELECT sum(size) FROM blobs WHERE kind = ?1", [KIND_PACKED], |r| r.get(0)).unwrap();
     assert_eq!(segments.iter().map(|(_, len)| len).sum::<i64>(), packed);
 }
+
+/// A batch may repeat a blob and carry blobs already stored: its one look-up of which blobs are
+/// stored is kept up to date as it inserts, so each is stored once.
+#[test]
+fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 5_000);
+    let run = sample_run("repeats", 1);
+    store.create_run(&run).unwrap();
+    let old = BlobPut::new(b"stored before the batch, long enough to be packed ".repeat(3), BlobHint::Raw);
+    put_in_run(&store, &run.id, &old);
+    let new = BlobPut::new(b"new in the batch, long enough to be packed as well ".repeat(3), BlobHint::Raw);
+    let tiny = BlobPut::new(&b"tiny"[..], BlobHint::Raw);
+    let blobs = vec![new.clone(), old.clone(), tiny.clone(), new.clone(), tiny.clone(), old.clone()];
+    store.commit(&Batch { run_id: run.id.clone(), events: Vec::new(), blobs, cache: Vec::new() }).unwrap();
+    for blob in [&old, &new, &tiny] {
+        assert_eq!(store.get_blob(&blob.digest).unwrap(), &blob.bytes[..]);
+    }
+    let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 3);
+}
