@@ -43,6 +43,9 @@ use std::cmp::Ordering;
 
 use serde_json::Value;
 
+mod serializer;
+pub(crate) use serializer::write_serialized;
+
 use crate::json::{self, render_path, Json, JsonError, Number, PathSeg};
 
 /// Why a value has no canonical form.
@@ -205,22 +208,49 @@ const CONTROL_ESCAPES: [&str; 32] = [
 ];
 
 /// Writes `s` as a quoted JSON string, escaping only `"`, `\` and U+0000..U+001F.
+///
+/// Text is skipped eight bytes at a time while none of them needs escaping (long blob texts and
+/// prompts are mostly plain), and looked at byte by byte only around the ones that do.
 pub(crate) fn write_escaped<S: Sink>(out: &mut S, s: &str) {
     out.push_text("\"");
-    let mut start = 0;
-    for (i, &b) in s.as_bytes().iter().enumerate() {
-        let escape = match b {
+    let bytes = s.as_bytes();
+    let (mut start, mut i) = (0, 0);
+    while i < bytes.len() {
+        if let Some(chunk) = bytes.get(i..i + 8) {
+            let found = escape_bytes(u64::from_le_bytes(chunk.try_into().expect("a chunk of eight bytes")));
+            if found == 0 {
+                i += 8;
+                continue;
+            }
+            // The lowest flagged byte is the first that needs escaping.
+            i += (found.trailing_zeros() / 8) as usize;
+        }
+        let escape = match bytes[i] {
             b'"' => "\\\"",
             b'\\' => "\\\\",
-            0..=0x1f => CONTROL_ESCAPES[usize::from(b)],
-            _ => continue,
+            b @ 0..=0x1f => CONTROL_ESCAPES[usize::from(b)],
+            _ => {
+                i += 1;
+                continue;
+            }
         };
         out.push_text(&s[start..i]);
         out.push_text(escape);
-        start = i + 1;
+        i += 1;
+        start = i;
     }
     out.push_text(&s[start..]);
     out.push_text("\"");
+}
+
+/// The high bit of each of the eight bytes of `word` (little-endian) that is `"`, `\` or below
+/// U+0020, exact up to the first such byte: each test is the "some byte less than n" bit trick,
+/// whose borrow can only flag bytes above one that really matched. Zero when none needs escaping.
+fn escape_bytes(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let below = |w: u64, n: u64| w.wrapping_sub(ONES * n) & !w & HIGHS;
+    below(word, 0x20) | below(word ^ (ONES * u64::from(b'"')), 1) | below(word ^ (ONES * u64::from(b'\\')), 1)
 }
 
 fn write_json(j: &Json, out: &mut Vec<u8>) -> Result<(), Bad> {

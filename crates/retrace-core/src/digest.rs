@@ -72,21 +72,36 @@ impl FromStr for Digest {
     type Err = BadDigest;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadDigest(s.chars().take(80).collect());
-        let hex_part = s.strip_prefix(DIGEST_PREFIX).ok_or_else(bad)?;
-        if hex_part.len() != 64 || !hex_part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        let hex_part = s.strip_prefix(DIGEST_PREFIX).ok_or_else(bad)?.as_bytes();
+        if hex_part.len() != 64 {
             return Err(bad());
         }
+        // One pass, lower-case hex only (every event line holds several digests).
+        let nibble = |b: u8| match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        };
         let mut out = [0u8; 32];
-        hex::decode_to_slice(hex_part, &mut out).map_err(|_| bad())?;
+        for (byte, pair) in out.iter_mut().zip(hex_part.chunks_exact(2)) {
+            match (nibble(pair[0]), nibble(pair[1])) {
+                (Some(high), Some(low)) => *byte = high << 4 | low,
+                _ => return Err(bad()),
+            }
+        }
         Ok(Digest(out))
     }
 }
 
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(DIGEST_PREFIX)?;
-        let mut buf = [0u8; 64];
-        hex::encode_to_slice(self.0, &mut buf).map_err(|_| fmt::Error)?;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 7 + 64];
+        buf[..7].copy_from_slice(DIGEST_PREFIX.as_bytes());
+        for (pair, byte) in buf[7..].chunks_exact_mut(2).zip(self.0) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 15)];
+        }
         f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
     }
 }
@@ -121,5 +136,10 @@ mod tests {
         assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
         assert!("sha256:BA78".parse::<Digest>().is_err());
         assert!("md5:00".parse::<Digest>().is_err());
+        let hex = d.hex();
+        assert!(format!("sha256:{}", hex.to_uppercase()).parse::<Digest>().is_err());
+        assert!(format!("sha256:{}g", &hex[..63]).parse::<Digest>().is_err());
+        assert!(format!("sha256:{hex}0").parse::<Digest>().is_err());
+        assert!(format!("sha256:é{}", &hex[2..]).parse::<Digest>().is_err());
     }
 }

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::canonical::{canonical_value, CanonError};
+use crate::canonical::CanonError;
 use crate::chain;
 use crate::digest::Digest;
 
@@ -335,16 +335,40 @@ impl Event {
 
     /// The canonical JSON of this event without its `hash` field: what the chain hashes.
     pub fn canonical_without_hash(&self) -> Result<Vec<u8>, CanonError> {
-        let mut value = serde_json::to_value(self).expect("an event always serializes");
-        if let serde_json::Value::Object(map) = &mut value {
-            map.remove("hash");
-        }
-        canonical_value(&value)
+        let mut out = Vec::with_capacity(1024);
+        self.write_canonical_omitting(Some("hash"), &mut out)?;
+        Ok(out)
     }
 
     /// The canonical JSON of the whole event, as written in exports.
     pub fn canonical(&self) -> Result<Vec<u8>, CanonError> {
-        canonical_value(&serde_json::to_value(self).expect("an event always serializes"))
+        let mut out = Vec::with_capacity(1024);
+        self.write_canonical(&mut out)?;
+        Ok(out)
+    }
+
+    /// Appends [`Event::canonical`] to `out`.
+    pub fn write_canonical(&self, out: &mut Vec<u8>) -> Result<(), CanonError> {
+        self.write_canonical_omitting(None, out)
+    }
+
+    /// The canonical JSON of the event without its member `omit`, written straight from the
+    /// event; through a `serde_json::Value` (the same bytes) should the direct writer give up.
+    fn write_canonical_omitting(
+        &self,
+        omit: Option<&'static str>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CanonError> {
+        let start = out.len();
+        if crate::canonical::write_serialized(self, omit, out).is_ok() {
+            return Ok(());
+        }
+        out.truncate(start);
+        let mut value = serde_json::to_value(self).expect("an event always serializes");
+        if let (Some(key), serde_json::Value::Object(map)) = (omit, &mut value) {
+            map.remove(key);
+        }
+        crate::canonical::write_canonical_value(&value, out)
     }
 
     /// The hash this event should carry given its `prev`.

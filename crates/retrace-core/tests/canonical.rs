@@ -480,3 +480,13 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Strings escape as serde_json (and JSON.stringify) escape them, wherever the characters
+    /// that need escaping fall relative to the eight-byte steps of the writer's scan.
+    #[test]
+    fn strings_escape_like_serde_json(s in "[\\x00-\\x21\"\\\\/a-z\u{7f}\u{e9}\u{2028}\u{1F600}]{0,40}") {
+        let ours = canonical_value(&Value::String(s.clone())).unwrap();
+        prop_assert_eq!(String::from_utf8(ours).unwrap(), serde_json::to_string(&s).unwrap());
+    }
+}

@@ -124,8 +124,7 @@ fn export_inner(
                 return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
             }
             line.clear();
-            let value = serde_json::to_value(event).expect("an event always serializes");
-            write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
+            event.write_canonical(&mut line).map_err(|source| ExportError::Canon {
                 run_id: run_id.to_owned(),
                 what: format!("seq {}", event.seq),
                 source,

@@ -269,7 +269,7 @@ impl BlobStore for SqliteStore {
         self.write(&format!("storing blob {digest}"), |tx| {
             let mut staged = staged::Staged::new(&self.files);
             blobs::put(tx, &mut staged, None, &digest, bytes, hint)?;
-            staged.finish()
+            staged.finish(tx)
         })?;
         Ok(digest)
     }
@@ -292,7 +292,7 @@ impl BlobStore for SqliteStore {
             if own {
                 conn.execute_batch("BEGIN").ctx(|| format!("reading blobs of {}", self.label))?;
             }
-            let blobs = digests.iter().map(|d| blobs::get(conn, &self.files, d)).collect();
+            let blobs = blobs::get_many(conn, &self.files, digests);
             if own {
                 conn.execute_batch("COMMIT").ctx(|| format!("reading blobs of {}", self.label))?;
             }
@@ -318,7 +318,10 @@ impl EventStore for SqliteStore {
         self.runs_impl()
     }
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
-        self.commit_impl(batch)
+        self.commit_impl(batch, true)
+    }
+    fn commit_verified(&self, batch: &crate::VerifiedBatch) -> StoreResult<()> {
+        self.commit_impl(batch.batch(), false)
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)

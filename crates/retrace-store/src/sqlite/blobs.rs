@@ -24,27 +24,89 @@ fn blob_id(conn: &Connection, digest: &Digest) -> StoreResult<Option<i64>> {
         .ctx(|| format!("looking up blob {digest}"))
 }
 
-fn insert(conn: &Connection, digest: &Digest, kind: i64, size: usize, data: Value) -> StoreResult<i64> {
+/// The row id of `digest` in the write transaction `tx`: from what the transaction already
+/// knows (prefetched or inserted, see [`prefetch`]) or else asked.
+fn stored_id(tx: &Connection, staged: &Staged<'_>, digest: &Digest) -> StoreResult<Option<i64>> {
+    match staged.known.get(digest) {
+        Some(known) => Ok(*known),
+        None => blob_id(tx, digest),
+    }
+}
+
+/// Looks up which of `digests` are stored in one query (the digests as a JSON array of hex
+/// strings walked by `json_each`), so that [`put`] asks nothing more about them.
+pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Digest]) -> StoreResult<()> {
+    if digests.len() < 2 {
+        return Ok(());
+    }
+    let what = || format!("looking up {} blobs", digests.len());
+    let found: Vec<(Vec<u8>, i64)> = tx
+        .prepare_cached(
+            "SELECT b.digest, b.id FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)",
+        )
+        .and_then(|mut s| s.query_map([hex_list(digests)], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .ctx(what)?;
+    staged.known.extend(digests.iter().map(|d| (*d, None)));
+    for (digest, id) in found {
+        let digest = Digest::from_slice(&digest)
+            .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
+        staged.known.insert(digest, Some(id));
+    }
+    Ok(())
+}
+
+/// `["<hex>",...]`: digests for `json_each`.
+fn hex_list(digests: &[Digest]) -> String {
+    let mut list = String::with_capacity(2 + digests.len() * 67);
+    list.push('[');
+    for (i, digest) in digests.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push('"');
+        list.push_str(&digest.hex());
+        list.push('"');
+    }
+    list.push(']');
+    list
+}
+
+fn insert(
+    conn: &Connection,
+    staged: &mut Staged<'_>,
+    digest: &Digest,
+    kind: i64,
+    size: usize,
+    data: Value,
+) -> StoreResult<i64> {
     let now = crate::writer::lease::now_ms() as i64;
-    conn.prepare_cached("INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5)")
+    let id = conn
+        .prepare_cached("INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5)")
         .and_then(|mut s| s.insert(params![digest.as_bytes(), kind, size as i64, data, now]))
-        .ctx(|| format!("storing blob {digest}"))
+        .ctx(|| format!("storing blob {digest}"))?;
+    staged.known.insert(*digest, Some(id));
+    Ok(id)
 }
 
 /// Stores `bytes` flat (in the row, packed or as a file) unless present; returns the row id.
 fn put_flat(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
-    if let Some(id) = blob_id(tx, digest)? {
-        return Ok(id);
+    match stored_id(tx, staged, digest)? {
+        Some(id) => Ok(id),
+        None => store_flat(tx, staged, digest, bytes),
     }
+}
+
+/// Stores `bytes`, not stored yet, flat.
+fn store_flat(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
     if bytes.len() > INLINE_BLOB_MAX {
         let relative = staged.write(digest, bytes)?;
-        return insert(tx, digest, KIND_FILE, bytes.len(), Value::Text(relative));
+        return insert(tx, staged, digest, KIND_FILE, bytes.len(), Value::Text(relative));
     }
     if bytes.len() > ROW_MAX {
-        let location = pack::append(tx, staged.files.segment_bytes, bytes)?;
-        return insert(tx, digest, KIND_PACKED, bytes.len(), Value::Integer(location));
+        let location = staged.pack(tx, bytes)?;
+        return insert(tx, staged, digest, KIND_PACKED, bytes.len(), Value::Integer(location));
     }
-    insert(tx, digest, KIND_INLINE, bytes.len(), Value::Blob(bytes.to_vec()))
+    insert(tx, staged, digest, KIND_INLINE, bytes.len(), Value::Blob(bytes.to_vec()))
 }
 
 fn remember_prefix(tx: &Connection, run_pk: i64, prefix: &Digest, blob: i64) -> StoreResult<()> {
@@ -78,7 +140,7 @@ pub(crate) fn put(
     hint: BlobHint,
 ) -> StoreResult<i64> {
     let request = hint == BlobHint::ModelRequest;
-    if let Some(id) = blob_id(tx, digest)? {
+    if let Some(id) = stored_id(tx, staged, digest)? {
         if let (true, Some(run)) = (request, run_pk) {
             if let Some(prefix) = manifest::prefix_of(bytes) {
                 remember_prefix(tx, run, &prefix, id)?;
@@ -93,14 +155,15 @@ pub(crate) fn put(
             for (element, element_bytes) in &plan.new_elements {
                 put_flat(tx, staged, element, element_bytes)?;
             }
-            let id = insert(tx, digest, KIND_MANIFEST, bytes.len(), Value::Blob(plan.manifest.encode()))?;
+            let id =
+                insert(tx, staged, digest, KIND_MANIFEST, bytes.len(), Value::Blob(plan.manifest.encode()))?;
             if let Some(run) = run_pk {
                 remember_prefix(tx, run, &plan.prefix, id)?;
             }
             return Ok(id);
         }
     }
-    put_flat(tx, staged, digest, bytes)
+    store_flat(tx, staged, digest, bytes)
 }
 
 /// A blob row: kind, size, data, and for packed blobs the bytes at its location when they
@@ -119,6 +182,30 @@ fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
     .ctx(|| format!("reading blob {digest}"))
 }
 
+/// The rows of `digests` in one query, in the order given (`None` for a digest not stored):
+/// the digests go in as one JSON array of hex strings, walked by `json_each` as the outer loop.
+fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> {
+    let list = hex_list(digests);
+    let mut found: Vec<Option<Row>> = (0..digests.len()).map(|_| None).collect();
+    let what = || format!("reading {} blobs", digests.len());
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT j.key, b.kind, b.size, b.data, CASE WHEN b.kind = 3 THEN \
+             (SELECT substr(s.data, (b.data & 65535) + 1, b.size) FROM segments s WHERE s.id = b.data >> 16) END \
+             FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)",
+        )
+        .ctx(what)?;
+    let mut rows = stmt.query([&list]).ctx(what)?;
+    while let Some(r) = rows.next().ctx(what)? {
+        let index: i64 = r.get(0).ctx(what)?;
+        let row = (r.get(1).ctx(what)?, r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?);
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| found.get_mut(i)) {
+            *slot = Some(row);
+        }
+    }
+    Ok(found)
+}
+
 fn bad_row(digest: &Digest) -> StoreError {
     StoreError::corrupt(format!("blob {digest} is corrupt: its row has an unknown kind or data"))
 }
@@ -128,8 +215,26 @@ pub(crate) fn get(conn: &Connection, files: &Files, digest: &Digest) -> StoreRes
     if let Some(bytes) = files.recent(digest) {
         return Ok(bytes.to_vec());
     }
-    let (kind, size, data, packed) =
-        row(conn, digest)?.ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
+    verified(conn, files, digest, row(conn, digest)?)
+}
+
+/// The verified bytes of each of `digests`, in order, their rows read in one query; the first
+/// missing or corrupt blob fails the whole call.
+pub(crate) fn get_many(conn: &Connection, files: &Files, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+    let rows = rows(conn, digests)?;
+    digests
+        .iter()
+        .zip(rows)
+        .map(|(digest, row)| match files.recent(digest) {
+            Some(bytes) => Ok(bytes.to_vec()),
+            None => verified(conn, files, digest, row),
+        })
+        .collect()
+}
+
+/// The bytes `row` (the row of `digest`, if stored) stands for, verified against `digest`.
+fn verified(conn: &Connection, files: &Files, digest: &Digest, row: Option<Row>) -> StoreResult<Vec<u8>> {
+    let (kind, size, data, packed) = row.ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
     let size = usize::try_from(size).map_err(|_| bad_row(digest))?;
     let (bytes, from) = match (kind, data) {
         (KIND_INLINE, Value::Blob(bytes)) => (bytes, "its stored bytes".to_string()),

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use retrace_core::run::RunMeta;
-use retrace_core::Event;
+use retrace_core::{Digest, Event};
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
@@ -34,8 +34,11 @@ fn fork_at(conn: &Connection, run: &str, pk: i64) -> StoreResult<Option<u64>> {
 }
 
 impl SqliteStore {
-    pub(crate) fn commit_impl(&self, batch: &Batch) -> StoreResult<()> {
-        check_blob_digests(batch)?;
+    /// Commits `batch`; `check_digests` hashes its blobs first (false: the caller verified them).
+    pub(crate) fn commit_impl(&self, batch: &Batch, check_digests: bool) -> StoreResult<()> {
+        if check_digests {
+            check_blob_digests(batch)?;
+        }
         let run = &batch.run_id;
         let (first, last) = match (batch.events.first(), batch.events.last()) {
             (Some(f), Some(l)) => (f.seq, l.seq),
@@ -57,10 +60,12 @@ impl SqliteStore {
             }
             check_batch(batch, |digest| blobs::has(tx, digest))?;
             let mut staged = Staged::new(&self.files);
+            let digests: Vec<Digest> = batch.blobs.iter().map(|b| b.digest).collect();
+            blobs::prefetch(tx, &mut staged, &digests)?;
             for blob in &batch.blobs {
                 blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }
-            staged.finish()?;
+            staged.finish(tx)?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
             }

@@ -8,34 +8,100 @@ use crate::{StoreError, StoreResult};
 
 const OFFSET_BITS: u32 = 16;
 
-/// Appends `bytes` (non-empty) after the last segment's bytes, inside the open transaction
-/// `tx`, and returns their location.
-pub(crate) fn append(tx: &Connection, segment_bytes: usize, bytes: &[u8]) -> StoreResult<i64> {
-    let what = || "packing a blob";
-    let tail: Option<(i64, i64)> = tx
-        .prepare_cached("SELECT id, length(data) FROM segments ORDER BY id DESC LIMIT 1")
-        .and_then(|mut s| s.query_row([], |r| Ok((r.get(0)?, r.get(1)?))).optional())
-        .ctx(what)?;
-    let (mut segment, mut used) = tail.map_or((0, segment_bytes), |(id, len)| (id, len as usize));
-    let mut start = None;
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        if used >= segment_bytes {
-            segment = tx
-                .prepare_cached("INSERT INTO segments (data) VALUES (x'')")
-                .and_then(|mut s| s.insert([]))
-                .ctx(what)?;
-            used = 0;
-        }
-        let take = rest.len().min(segment_bytes - used);
-        start.get_or_insert(segment << OFFSET_BITS | used as i64);
-        tx.prepare_cached("UPDATE segments SET data = CAST(data || ?2 AS BLOB) WHERE id = ?1")
-            .and_then(|mut s| s.execute(params![segment, &rest[..take]]))
-            .ctx(what)?;
-        used += take;
-        rest = &rest[take..];
+/// Packs the blobs of one write transaction: the last segment is read once, kept in memory
+/// while blobs are appended to it, and each segment's row is written once, when it fills up or
+/// at [`Packer::finish`], instead of rewriting the last segment's row for every blob.
+#[derive(Debug)]
+pub(crate) struct Packer {
+    segment_bytes: usize,
+    /// The segment being filled, once the first blob is packed.
+    tail: Option<Tail>,
+}
+
+/// The segment being filled: its id, its bytes, whether its row exists and whether the bytes
+/// changed since they were read or written.
+#[derive(Debug)]
+struct Tail {
+    id: i64,
+    data: Vec<u8>,
+    stored: bool,
+    dirty: bool,
+}
+
+impl Packer {
+    pub(crate) fn new(segment_bytes: usize) -> Packer {
+        Packer { segment_bytes, tail: None }
     }
-    start.ok_or_else(|| StoreError::invalid("an empty blob can't be packed"))
+
+    /// Appends `bytes` (non-empty) after the last segment's bytes, inside the open transaction
+    /// `tx`, and returns their location; they reach `tx` by [`Packer::finish`] at the latest.
+    pub(crate) fn append(&mut self, tx: &Connection, bytes: &[u8]) -> StoreResult<i64> {
+        if bytes.is_empty() {
+            return Err(StoreError::invalid("an empty blob can't be packed"));
+        }
+        let segment_bytes = self.segment_bytes;
+        let mut tail = match self.tail.take() {
+            Some(tail) => tail,
+            None => last_segment(tx, segment_bytes)?,
+        };
+        let mut start = None;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if tail.data.len() >= segment_bytes {
+                // Ids follow the last one: the write transaction holds the only writer, and a
+                // blob continues into the next id (see `read`).
+                write(tx, &tail)?;
+                tail = Tail {
+                    id: tail.id + 1,
+                    data: Vec::with_capacity(segment_bytes),
+                    stored: false,
+                    dirty: true,
+                };
+            }
+            let take = rest.len().min(segment_bytes - tail.data.len());
+            start.get_or_insert(tail.id << OFFSET_BITS | tail.data.len() as i64);
+            tail.data.extend_from_slice(&rest[..take]);
+            tail.dirty = true;
+            rest = &rest[take..];
+        }
+        self.tail = Some(tail);
+        Ok(start.expect("bytes is not empty"))
+    }
+
+    /// Writes the segment being filled, if it changed.
+    pub(crate) fn finish(self, tx: &Connection) -> StoreResult<()> {
+        match self.tail {
+            Some(tail) => write(tx, &tail),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The last segment, or a full one with id 0 when there is none (so the first blob starts
+/// segment 1).
+fn last_segment(tx: &Connection, segment_bytes: usize) -> StoreResult<Tail> {
+    let last: Option<(i64, Vec<u8>)> = tx
+        .prepare_cached("SELECT id, data FROM segments ORDER BY id DESC LIMIT 1")
+        .and_then(|mut s| s.query_row([], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .ctx(|| "packing a blob")?;
+    Ok(match last {
+        Some((id, data)) => Tail { id, data, stored: true, dirty: false },
+        None => Tail { id: 0, data: vec![0; segment_bytes], stored: true, dirty: false },
+    })
+}
+
+fn write(tx: &Connection, tail: &Tail) -> StoreResult<()> {
+    if !tail.dirty {
+        return Ok(());
+    }
+    let sql = match tail.stored {
+        true => "UPDATE segments SET data = ?2 WHERE id = ?1",
+        false => "INSERT INTO segments (id, data) VALUES (?1, ?2)",
+    };
+    tx.prepare_cached(sql)
+        .and_then(|mut s| s.execute(params![tail.id, &tail.data]))
+        .ctx(|| "packing a blob")?;
+    Ok(())
 }
 
 /// The `size` bytes at `location`; `Corrupt` naming `blob` when the segments don't hold them.

@@ -1,17 +1,20 @@
-//! What one write transaction stages besides its rows: the files of its large blobs. Each is
+//! What one write transaction stages besides its rows: its packed blobs' segments (written by
+//! [`Packer`] once each, see [`super::pack`]) and the files of its large blobs. Each file is
 //! written to a temporary file as its blob is put; [`Staged::finish`] then makes them all
 //! durable at once, before the transaction commits: every file's data synced (several at a
 //! time, so the waits overlap), renamed into place, and each folder synced once, however many
 //! files it received. A blob's file is durable before the commit that references it, as
 //! before; a batch of many large blobs just waits for the disk far fewer times.
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::path::PathBuf;
 
 use retrace_core::Digest;
+use rusqlite::Connection;
 use tempfile::NamedTempFile;
 
 use super::files::{sync_dir, Files};
+use super::pack::Packer;
 use crate::error::ResultExt;
 use crate::{StoreError, StoreResult};
 
@@ -31,11 +34,28 @@ pub(crate) struct Staged<'a> {
     staged: Vec<StagedFile>,
     folders: BTreeSet<PathBuf>,
     created_folder: bool,
+    /// The transaction's packed blobs.
+    packer: Packer,
+    /// Blob row ids this transaction knows (`None`: not stored), looked up or inserted.
+    pub(crate) known: HashMap<Digest, Option<i64>>,
 }
 
 impl<'a> Staged<'a> {
     pub(crate) fn new(files: &'a Files) -> Staged<'a> {
-        Staged { files, staged: Vec::new(), folders: BTreeSet::new(), created_folder: false }
+        let packer = Packer::new(files.segment_bytes);
+        Staged {
+            files,
+            staged: Vec::new(),
+            folders: BTreeSet::new(),
+            created_folder: false,
+            packer,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Packs `bytes` into the segments (see [`Packer`]) and returns their location.
+    pub(crate) fn pack(&mut self, tx: &Connection, bytes: &[u8]) -> StoreResult<i64> {
+        self.packer.append(tx, bytes)
     }
 
     /// Writes `bytes` to a temporary file beside the blob's file and returns the path of that
@@ -56,8 +76,10 @@ impl<'a> Staged<'a> {
         Ok(relative)
     }
 
-    /// Makes every staged file durable (when the store syncs) and puts it in place.
-    pub(crate) fn finish(self) -> StoreResult<()> {
+    /// Writes the packed segments into `tx`, then makes every staged file durable (when the
+    /// store syncs) and puts it in place.
+    pub(crate) fn finish(self, tx: &Connection) -> StoreResult<()> {
+        self.packer.finish(tx)?;
         let durable = self.files.durable;
         if durable {
             sync_all(&self.staged)?;

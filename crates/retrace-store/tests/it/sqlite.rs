@@ -306,3 +306,85 @@ fn with_snapshot_reads_one_snapshot() {
     assert_eq!(seen, (2, 2, 2));
     assert_eq!(store.last_seq("snap").unwrap(), 4);
 }
+
+/// Packed blobs put several to a batch (each segment written once per transaction) read back
+/// byte for byte after reopening, singly and together, and leave every segment but the last
+/// full, with ids one after another.
+#[test]
+fn packed_blobs_fill_segments_across_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 5_000);
+    let run = sample_run("packed", 1);
+    store.create_run(&run).unwrap();
+    let mut blobs = Vec::new();
+    // Sizes around and across the 4,048-byte segments, up to just under the file threshold.
+    let sizes = [65usize, 4048, 100, 3948, 4049, 9000, 1, 500, INLINE_BLOB_MAX, 777, 12_345];
+    for (batch, chunk) in sizes.chunks(3).enumerate() {
+        let puts: Vec<BlobPut> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let bytes: Vec<u8> = (0..*n).map(|k| (k * 7 + i * 13 + batch) as u8).collect();
+                BlobPut::new(bytes, BlobHint::Raw)
+            })
+            .collect();
+        store
+            .commit(&Batch {
+                run_id: run.id.clone(),
+                events: Vec::new(),
+                blobs: puts.clone(),
+                cache: Vec::new(),
+            })
+            .unwrap();
+        blobs.extend(puts);
+    }
+    drop(store);
+    let store = open(dir.path(), Durability::Os, 5_000);
+    for blob in &blobs {
+        assert_eq!(
+            store.get_blob(&blob.digest).unwrap(),
+            &blob.bytes[..],
+            "blob of {} bytes",
+            blob.bytes.len()
+        );
+    }
+    let digests: Vec<Digest> = blobs.iter().map(|b| b.digest).collect();
+    let together = store.get_blobs(&digests).unwrap();
+    assert!(together.iter().zip(&blobs).all(|(got, blob)| got[..] == blob.bytes[..]));
+    let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
+    let segments: Vec<(i64, i64)> = conn
+        .prepare("SELECT id, length(data) FROM segments ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let full = segments.iter().map(|(_, len)| *len).max().unwrap();
+    assert!(segments.iter().enumerate().all(|(i, (id, _))| *id == segments[0].0 + i as i64));
+    assert!(segments[..segments.len() - 1].iter().all(|(_, len)| *len == full));
+    let packed: i64 =
+        conn.query_row("SELECT sum(size) FROM blobs WHERE kind = ?1", [KIND_PACKED], |r| r.get(0)).unwrap();
+    assert_eq!(segments.iter().map(|(_, len)| len).sum::<i64>(), packed);
+}
+
+/// A batch may repeat a blob and carry blobs already stored: its one look-up of which blobs are
+/// stored is kept up to date as it inserts, so each is stored once.
+#[test]
+fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 5_000);
+    let run = sample_run("repeats", 1);
+    store.create_run(&run).unwrap();
+    let old = BlobPut::new(b"stored before the batch, long enough to be packed ".repeat(3), BlobHint::Raw);
+    put_in_run(&store, &run.id, &old);
+    let new = BlobPut::new(b"new in the batch, long enough to be packed as well ".repeat(3), BlobHint::Raw);
+    let tiny = BlobPut::new(&b"tiny"[..], BlobHint::Raw);
+    let blobs = vec![new.clone(), old.clone(), tiny.clone(), new.clone(), tiny.clone(), old.clone()];
+    store.commit(&Batch { run_id: run.id.clone(), events: Vec::new(), blobs, cache: Vec::new() }).unwrap();
+    for blob in [&old, &new, &tiny] {
+        assert_eq!(store.get_blob(&blob.digest).unwrap(), &blob.bytes[..]);
+    }
+    let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 3);
+}
