@@ -38,7 +38,7 @@
 //! - `heads` (since version 5): packed head blocks, one row per 256 consecutive seqs of a run
 //!   (`run_pk << 32 | seq >> 8`), each event's causal parent, agent, type and name as a
 //!   fixed-width record, written with the events: what causal queries follow
-//!   ([`super::head_blocks`]).
+//!   (`sqlite/head_blocks.rs`).
 //!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`.
@@ -202,7 +202,7 @@ CREATE INDEX IF NOT EXISTS approvals_step ON approvals (run, agent, key, request
 ";
 
 /// What version 5 added to version 4 (also part of a new store's schema); an upgrade fills
-/// `heads` for the events already stored ([`super::head_blocks::backfill`]).
+/// `heads` for the events already stored (`head_blocks::backfill`).
 const DDL_V5: &str = "
 CREATE TABLE IF NOT EXISTS names (
     pk INTEGER PRIMARY KEY,
