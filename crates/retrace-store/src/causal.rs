@@ -1,14 +1,17 @@
 //! Causal queries: what an agent knew when it acted (`retrace knew RUN SEQ`): the messages
 //! delivered to it before that step, in the order heard, each with its causal chain back to its
-//! origin. Answered from the deliveries index, batched reads of event heads (narrow rows) for
-//! the chains and one batched read of the messages' bodies, never by scanning the run.
-use std::collections::HashMap;
+//! origin. Answered from the deliveries index (narrow rows), [`EventStore::chain_heads`] for the
+//! chains (SQLite: packed head blocks, a row per 256 seqs) and one batched read of the
+//! messages' bodies, never by scanning the run.
+//!
+//! [`EventStore::chain_heads`]: crate::EventStore::chain_heads
 
 use retrace_core::{Digest, EventType};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{Store, StoreResult};
+use crate::head::SeqMap;
+use crate::{Chains, Store, StoreResult};
 
 /// Longest causal chain followed (a guard against malformed logs).
 pub const MAX_CHAIN: usize = 256;
@@ -67,12 +70,13 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 
 fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let step = store.event(run, seq)?;
-    let deliveries = store.deliveries_to(run, &step.agent_id, seq)?;
+    let deliveries = store.delivery_heads_to(run, &step.agent_id, seq)?;
     let mut sends: Vec<u64> = deliveries.iter().filter_map(|d| d.causal_parent).collect();
     sends.sort_unstable();
     sends.dedup();
-    let nodes = chains(store, run, &sends)?;
-    let bodies = bodies(store, run, &sends, &nodes)?;
+    let chains = store.chain_heads(run, &sends, MAX_CHAIN)?;
+    let bodies = bodies(store, run, &sends, &chains)?;
+    let mut links = Links::new(&chains);
     let mut heard = Vec::with_capacity(deliveries.len());
     for d in &deliveries {
         let message = d.message.as_ref();
@@ -82,7 +86,7 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
             from: message.and_then(|m| m.from.clone()),
             kind: message.and_then(|m| m.kind.clone()),
             body: d.causal_parent.and_then(|s| bodies.get(&s).cloned()),
-            chain: d.causal_parent.map(|s| chain_from(&nodes, s)).unwrap_or_default(),
+            chain: d.causal_parent.map(|s| links.chain_from(s)).unwrap_or_default(),
         });
     }
     let decision = step.decision.as_ref().map(|d| match &d.target {
@@ -92,57 +96,50 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
 }
 
-/// A chain link, whether its event is a send, and its causal parent.
-type Node = (Link, bool, Option<u64>);
-
-/// Every event on the causal chains of `starts`, fetched level by level as
-/// [`EventHead`](crate::EventHead)s (narrow rows), one batch a level.
-fn chains(store: &dyn Store, run: &str, starts: &[u64]) -> StoreResult<HashMap<u64, Node>> {
-    let mut nodes: HashMap<u64, Node> = HashMap::new();
-    let mut frontier: Vec<u64> = starts.to_vec();
-    for _ in 0..MAX_CHAIN {
-        frontier.retain(|s| !nodes.contains_key(s));
-        frontier.sort_unstable();
-        frontier.dedup();
-        if frontier.is_empty() {
-            break;
-        }
-        let heads = store.heads_at(run, &frontier)?;
-        frontier.clear();
-        for h in heads {
-            frontier.extend(h.causal_parent);
-            let link = Link { seq: h.seq, label: h.label(), agent: h.agent_id };
-            nodes.insert(h.seq, (link, h.kind == EventType::Send, h.causal_parent));
-        }
-    }
-    Ok(nodes)
+/// Builds [`Link`]s from [`Chains`], each distinct label formatted once.
+struct Links<'a> {
+    chains: &'a Chains,
+    /// `(type code << 32) | name id + 1` → label.
+    labels: SeqMap<u64, String>,
 }
 
-fn chain_from(nodes: &HashMap<u64, Node>, start: u64) -> Vec<Link> {
-    let mut out = Vec::new();
-    let mut cur = Some(start);
-    while let Some(seq) = cur {
-        let Some((link, _, parent)) = nodes.get(&seq) else { break };
-        out.push(link.clone());
-        if out.len() >= MAX_CHAIN {
-            break;
-        }
-        cur = *parent;
+impl<'a> Links<'a> {
+    fn new(chains: &'a Chains) -> Links<'a> {
+        Links { chains, labels: SeqMap::default() }
     }
-    out
+
+    /// The chain from `start` back to its origin, at most [`MAX_CHAIN`] links.
+    fn chain_from(&mut self, start: u64) -> Vec<Link> {
+        let mut out = Vec::new();
+        let mut cur = Some(start);
+        while let Some(seq) = cur {
+            let Some(h) = self.chains.get(seq) else { break };
+            let key = (u64::from(h.kind.code()) << 32) | h.name.map_or(0, |n| u64::from(n) + 1);
+            let chains = self.chains;
+            let label = self.labels.entry(key).or_insert_with(|| match h.name {
+                Some(n) => format!("{} {}", h.kind, chains.string(n)),
+                None => h.kind.to_string(),
+            });
+            out.push(Link { seq, agent: chains.string(h.agent).to_owned(), label: label.clone() });
+            if out.len() >= MAX_CHAIN {
+                break;
+            }
+            cur = h.causal_parent;
+        }
+        out
+    }
 }
 
 /// The message body of each of `sends` that is a send, from its request blob, read in one
 /// batch. A body that can't be read or parsed is left out, as is a missing or corrupt blob.
-fn bodies(
-    store: &dyn Store,
-    run: &str,
-    sends: &[u64],
-    nodes: &HashMap<u64, Node>,
-) -> StoreResult<HashMap<u64, Value>> {
-    let sends: Vec<u64> = sends.iter().copied().filter(|s| nodes.get(s).is_some_and(|n| n.1)).collect();
-    let refs: Vec<(u64, Digest)> =
-        store.events_at(run, &sends)?.into_iter().filter_map(|e| Some((e.seq, e.request_ref?))).collect();
+fn bodies(store: &dyn Store, run: &str, sends: &[u64], chains: &Chains) -> StoreResult<SeqMap<u64, Value>> {
+    let sends: Vec<u64> =
+        sends.iter().copied().filter(|s| chains.get(*s).is_some_and(|h| h.kind == EventType::Send)).collect();
+    let refs: Vec<(u64, Digest)> = sends
+        .iter()
+        .zip(store.request_refs_at(run, &sends)?)
+        .filter_map(|(seq, digest)| Some((*seq, digest?)))
+        .collect();
     let digests: Vec<Digest> = refs.iter().map(|(_, d)| *d).collect();
     let blobs: Vec<Option<Vec<u8>>> = match store.get_blobs(&digests) {
         Ok(all) => all.into_iter().map(Some).collect(),

@@ -52,7 +52,7 @@ use retrace_core::{Digest, Event, EventType};
 pub use cache::{Cache, CacheEntry};
 pub use error::{StoreError, StoreErrorKind, StoreResult};
 pub use gc::{GcReport, GcRequest, GcStore};
-pub use head::EventHead;
+pub use head::{ChainHead, Chains, DeliveryHead, EventHead};
 pub use ledger::LedgerStore;
 pub use open::{open_store, Durability, StoreConfig};
 pub use summary::EventSummary;
@@ -197,6 +197,26 @@ pub trait EventStore: Send + Sync {
     /// whole events.
     fn heads_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<EventHead>> {
         Ok(self.events_at(run, seqs)?.iter().map(EventHead::from).collect())
+    }
+    /// The heads of every event on the causal chains of `starts`: each start and its causal
+    /// parents, up to `depth` links from a start (the start is its chain's first link), each
+    /// once; `NotFound` for a seq on a chain that isn't there. What `retrace knew` follows.
+    /// SQLite reads its packed head blocks; the default follows the chains a level at a time
+    /// with [`EventStore::heads_at`].
+    fn chain_heads(&self, run: &str, starts: &[u64], depth: usize) -> StoreResult<Chains> {
+        let mut chains = Chains::default();
+        head::chain_heads_by_level(self, run, starts, depth, &mut chains)?;
+        Ok(chains)
+    }
+    /// [`EventStore::deliveries_to`] as [`DeliveryHead`]s: what `retrace knew` lists. Backends
+    /// read only what a delivery head holds; the default reads whole events.
+    fn delivery_heads_to(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<DeliveryHead>> {
+        Ok(self.deliveries_to(run, agent, before)?.iter().map(DeliveryHead::from).collect())
+    }
+    /// The `request_ref` of each event of `run` at `seqs`, in the order given (`NotFound` for a
+    /// seq that isn't there). Backends read only that column; the default reads whole events.
+    fn request_refs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Digest>>> {
+        Ok(self.events_at(run, seqs)?.into_iter().map(|e| e.request_ref).collect())
     }
     /// Takes the lease of `run` for `holder`; `Busy` naming the live holder when held.
     fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()>;

@@ -17,6 +17,7 @@ mod checkpoint;
 mod events;
 mod files;
 mod gc;
+mod head_blocks;
 mod heads;
 mod ledger;
 mod pack;
@@ -71,6 +72,8 @@ pub struct SqliteStore {
     readers: Mutex<Vec<Connection>>,
     /// Agent name → interned id (ids are never reused, so the cache never goes stale).
     agents: Mutex<HashMap<String, i64>>,
+    /// Step name → interned id in `names` (for the head blocks; never reused either).
+    names: Mutex<HashMap<String, i64>>,
     syncer: Option<sync::Syncer>,
     checkpointer: checkpoint::Checkpointer,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
@@ -139,6 +142,7 @@ impl SqliteStore {
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             agents: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
             syncer,
             checkpointer,
             _temp: temp,
@@ -346,6 +350,20 @@ impl EventStore for SqliteStore {
     }
     fn heads_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<crate::EventHead>> {
         self.heads_at_impl(run, seqs)
+    }
+    fn chain_heads(&self, run: &str, starts: &[u64], depth: usize) -> StoreResult<crate::Chains> {
+        self.chain_heads_impl(run, starts, depth)
+    }
+    fn delivery_heads_to(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+    ) -> StoreResult<Vec<crate::DeliveryHead>> {
+        self.delivery_heads_to_impl(run, agent, before)
+    }
+    fn request_refs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Digest>>> {
+        self.request_refs_at_impl(run, seqs)
     }
     fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
         self.acquire_lease_impl(run, holder, ttl_ms)

@@ -2,7 +2,8 @@
 use retrace_core::run::RunMode;
 
 use super::{batch, err_kind, full_event, raw, sample_events, sample_run, MakeStore};
-use crate::{Batch, StoreErrorKind};
+use crate::{Batch, Store, StoreErrorKind};
+use retrace_core::Digest;
 
 /// A batch must continue the run densely: a gap or a repeat is a `Conflict` naming the run.
 pub fn commit_requires_dense_seqs(make: MakeStore<'_>) {
@@ -190,4 +191,104 @@ pub fn summaries_match_events(make: MakeStore<'_>) {
     assert_eq!(store.summaries("summed", 4, 1).unwrap(), expected[3..4].to_vec());
     assert!(store.summaries("summed", 6, 10).unwrap().is_empty());
     assert_eq!(err_kind(store.summaries("ghost", 1, 1)), StoreErrorKind::NotFound);
+}
+
+/// A run of `n` events whose causal parents reach back 1..=300 seqs (so chains cross the
+/// 256-seq blocks SQLite packs heads into), every 5th a deliver with a message, every 7th with
+/// no parent, names and agents varied; committed in batches of 1..=9 events, as a recording
+/// commits them. The first seq is `first` (a fork's first own seq).
+fn causal_run(store: &dyn Store, run: &str, first: u64, n: u64) -> Vec<retrace_core::Event> {
+    use retrace_core::envelope::MessageRef;
+    use retrace_core::EventType;
+    let mut events: Vec<retrace_core::Event> = Vec::new();
+    let mut prev = None;
+    for seq in first..first + n {
+        let kind = if seq % 5 == 0 {
+            EventType::Deliver
+        } else {
+            [EventType::Send, EventType::ToolCall][seq as usize % 2]
+        };
+        let mut e = retrace_core::Event::new(run, format!("agent-{}", seq % 4), kind);
+        e.seq = seq;
+        e.name = (seq % 3 != 0).then(|| format!("name-{}", seq % 6));
+        e.causal_parent =
+            (seq % 7 != 0).then(|| seq.saturating_sub(1 + (seq * 37) % 300)).filter(|p| *p >= 1);
+        e.key = Digest::of(seq.to_string().as_bytes());
+        e.request_ref = (kind == EventType::Send).then(|| Digest::of(format!("request {seq}").as_bytes()));
+        e.message = (kind == EventType::Deliver).then(|| MessageRef {
+            from: Some(format!("agent-{}", seq % 3)),
+            to: Some(format!("agent-{}", seq % 4)),
+            kind: (seq % 2 == 0).then(|| "note".to_owned()),
+            timed_out: false,
+        });
+        e.seal(prev).unwrap();
+        prev = Some(e.hash);
+        events.push(e);
+    }
+    let mut at = 0;
+    while at < events.len() {
+        let end = (at + 1 + at % 9).min(events.len());
+        store.commit(&batch(run, events[at..end].to_vec())).unwrap();
+        at = end;
+    }
+    events
+}
+
+/// `chain_heads`, `delivery_heads_to` and `request_refs_at` answer what following
+/// [`crate::EventStore::heads_at`] level by level, `deliveries_to` and `events_at` answer,
+/// in a run and in a fork (whose chains reaching below its fork point are `NotFound`).
+pub fn causal_reads_match_events(make: MakeStore<'_>) {
+    let store = make();
+    store.create_run(&sample_run("causal", 1)).unwrap();
+    let events = causal_run(store.as_ref(), "causal", 1, 700);
+    for (starts, depth) in
+        [(vec![700], 256), (vec![699, 650, 400, 3], 256), (vec![700, 512, 257, 256], 3), (vec![1], 1)]
+    {
+        let mut expected = crate::Chains::default();
+        crate::head::chain_heads_by_level(store.as_ref(), "causal", &starts, depth, &mut expected).unwrap();
+        let got = store.chain_heads("causal", &starts, depth).unwrap();
+        assert_eq!(got.heads(), expected.heads(), "chains of {starts:?}, {depth} deep");
+        assert!(!got.is_empty());
+    }
+    assert!(store.chain_heads("causal", &[], 5).unwrap().is_empty());
+    assert_eq!(err_kind(store.chain_heads("causal", &[701], 5)), StoreErrorKind::NotFound);
+    for (agent, before) in [("agent-1", 701), ("agent-2", 300), ("agent-0", 1), ("nobody", 700)] {
+        let whole: Vec<crate::DeliveryHead> =
+            store.deliveries_to("causal", agent, before).unwrap().iter().map(Into::into).collect();
+        assert_eq!(
+            store.delivery_heads_to("causal", agent, before).unwrap(),
+            whole,
+            "{agent} before {before}"
+        );
+    }
+    let seqs = [12, 7, 12, 700, 1];
+    let refs: Vec<Option<Digest>> = seqs.iter().map(|s| events[*s as usize - 1].request_ref).collect();
+    assert_eq!(store.request_refs_at("causal", &seqs).unwrap(), refs);
+    assert!(refs.iter().any(Option::is_some) && refs.iter().any(Option::is_none));
+    assert_eq!(err_kind(store.request_refs_at("causal", &[3, 900])), StoreErrorKind::NotFound);
+
+    let mut fork = sample_run("causal-fork", 2);
+    fork.fork_at = Some(300);
+    store.create_run(&fork).unwrap();
+    causal_run(store.as_ref(), "causal-fork", 300, 300);
+    let (mut answered, mut below) = (0, 0);
+    for start in 300..600 {
+        let mut expected = crate::Chains::default();
+        let level =
+            crate::head::chain_heads_by_level(store.as_ref(), "causal-fork", &[start], 256, &mut expected);
+        match (store.chain_heads("causal-fork", &[start], 256), level) {
+            (Ok(got), Ok(())) => {
+                assert_eq!(got.heads(), expected.heads(), "fork chain of {start}");
+                answered += 1;
+            }
+            (Err(got), Err(want)) => {
+                assert_eq!((got.kind, want.kind), (StoreErrorKind::NotFound, StoreErrorKind::NotFound));
+                below += 1;
+            }
+            (got, want) => {
+                panic!("fork chain of {start}: {:?} but level by level {want:?}", got.map(|c| c.len()))
+            }
+        }
+    }
+    assert!(answered > 10 && below > 10, "{answered} chains answered, {below} reach below the fork");
 }

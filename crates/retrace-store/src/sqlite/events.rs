@@ -6,6 +6,7 @@ use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event};
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
+use super::head_blocks::{self, RawHead};
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
 use super::runs::run_pk;
 use super::staged::Staged;
@@ -46,6 +47,7 @@ impl SqliteStore {
         };
         let what = format!("committing seqs {first}..={last} of run {run}");
         let mut fresh_agents: HashMap<String, i64> = HashMap::new();
+        let mut fresh_names: HashMap<String, i64> = HashMap::new();
         self.write(&what, |tx| {
             let pk = match run_pk(tx, run) {
                 Ok(pk) => Some(pk),
@@ -77,15 +79,28 @@ impl SqliteStore {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 )
                 .ctx(|| what.clone())?;
+            let mut heads = Vec::with_capacity(batch.events.len());
             for event in &batch.events {
                 let agent = self.agent_pk(tx, &event.agent_id, &mut fresh_agents)?;
                 let values = event_values(run, event)?;
                 let all = [rusqlite::types::Value::Integer(pk), rusqlite::types::Value::Integer(agent)];
                 insert.execute(params_from_iter(all.iter().chain(values.iter()))).ctx(|| what.clone())?;
+                let name_pk = match &event.name {
+                    Some(name) => Some(self.name_pk(tx, name, &mut fresh_names).ctx(|| what.clone())?),
+                    None => None,
+                };
+                heads.push(RawHead {
+                    seq: event.seq,
+                    parent: event.causal_parent,
+                    agent_pk: agent,
+                    name_pk,
+                    code: event.kind.code(),
+                });
             }
-            Ok(())
+            head_blocks::put(tx, pk, &heads).ctx(|| what.clone())
         })?;
         self.agents.lock().extend(fresh_agents);
+        self.names.lock().extend(fresh_names);
         Ok(())
     }
 
@@ -105,6 +120,19 @@ impl SqliteStore {
             .ctx(what)?;
         fresh.insert(agent.to_string(), pk);
         Ok(pk)
+    }
+
+    /// The interned id of step name `name` (see [`SqliteStore::agent_pk`]).
+    fn name_pk(
+        &self,
+        tx: &Connection,
+        name: &str,
+        fresh: &mut HashMap<String, i64>,
+    ) -> rusqlite::Result<i64> {
+        if let Some(pk) = self.names.lock().get(name) {
+            return Ok(*pk);
+        }
+        head_blocks::intern_name(tx, fresh, name)
     }
 
     pub(crate) fn events_impl(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {

@@ -34,11 +34,18 @@
 //! - `approvals` (since version 4): side effects held by the autonomy policy, decided once by
 //!   `retrace approve`; indexed by (run, agent, key).
 //!
+//! - `names` (since version 5): step names interned to integers, for `heads`;
+//! - `heads` (since version 5): packed head blocks, one row per 256 consecutive seqs of a run
+//!   (`run_pk << 32 | seq >> 8`), each event's causal parent, agent, type and name as a
+//!   fixed-width record, written with the events: what causal queries follow
+//!   (`sqlite/head_blocks.rs`).
+//!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
-//! 3 had no `ledger`, `ledger_traces` or `approvals`.
+//! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
-//! the approvals). A store of a newer version
+//! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event). A
+//! store of a newer version
 //! than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -46,7 +53,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -194,6 +201,19 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_step ON approvals (run, agent, key, requested_at);
 ";
 
+/// What version 5 added to version 4 (also part of a new store's schema); an upgrade fills
+/// `heads` for the events already stored (`head_blocks::backfill`).
+const DDL_V5: &str = "
+CREATE TABLE IF NOT EXISTS names (
+    pk INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS heads (
+    id INTEGER PRIMARY KEY,
+    data BLOB NOT NULL
+);
+";
+
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
     let present: i64 = conn.query_row(
@@ -273,6 +293,12 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version < 4 {
             conn.execute_batch(DDL_V4).ctx(what)?;
+        }
+        if version < 5 {
+            conn.execute_batch(DDL_V5).ctx(what)?;
+            if version > 0 {
+                super::head_blocks::backfill(conn).ctx(what)?;
+            }
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

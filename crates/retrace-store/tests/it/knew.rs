@@ -1,13 +1,17 @@
-//! `knew` on SQLite (narrow head reads, batched bodies) answers exactly as on the in-memory
-//! store (whole events, one at a time): the same deliveries, bodies and chains.
+//! `knew` on SQLite (packed head blocks, narrow delivery reads, batched bodies) answers exactly
+//! as on the in-memory store (whole events, one at a time): the same deliveries, bodies and
+//! chains; in a store recorded before head blocks (version 4, filled by the upgrade), with
+//! blocks missing (read from `events` instead), and in a run still being recorded.
 use retrace_core::canonical::canonical_value;
 use retrace_core::envelope::MessageRef;
 use retrace_core::{Digest, Event, EventType};
 use retrace_store::causal::knew;
 use retrace_store::conformance::sample_run;
 use retrace_store::memory::MemoryStore;
+use retrace_store::sqlite::schema::SCHEMA_VERSION;
 use retrace_store::sqlite::SqliteStore;
-use retrace_store::{Batch, BlobHint, BlobPut, Store};
+use retrace_store::{Batch, BlobHint, BlobPut, Durability, EventStore, Store};
+use rusqlite::Connection;
 use serde_json::json;
 
 /// A run of `agents` agents messaging at random (seeded): each send's causal parent is its
@@ -83,4 +87,111 @@ fn knew_on_sqlite_equals_knew_on_memory() {
     assert!(k.heard.iter().any(|h| h.body.is_none()), "a send without its blob has no body");
     assert!(k.heard.iter().filter_map(|h| h.body.as_ref()).all(|b| b.get("n").is_some()), "bodies");
     assert!(k.heard.iter().any(|h| h.chain.len() > 5), "chains run back through several agents");
+}
+
+/// Commits `events` (and the blobs they reference) to `store` in batches of 1..=`max` events.
+fn commit_in_batches(store: &dyn Store, run: &str, events: &[Event], blobs: &[BlobPut], max: usize) {
+    let mut at = 0;
+    while at < events.len() {
+        let end = (at + 1 + (at * 7) % max).min(events.len());
+        let wanted: Vec<Digest> = events[at..end].iter().filter_map(|e| e.request_ref).collect();
+        let blobs = blobs.iter().filter(|b| wanted.contains(&b.digest)).cloned().collect();
+        store
+            .commit(&Batch { run_id: run.into(), events: events[at..end].to_vec(), blobs, cache: vec![] })
+            .unwrap();
+        at = end;
+    }
+}
+
+/// `knew` on both stores at several steps up to `last`, and at every decision.
+fn same_knew(sqlite: &dyn Store, memory: &dyn Store, run: &str, last: u64, events: &[Event]) {
+    let decisions = events.iter().filter(|e| e.seq <= last && e.kind == EventType::Decision).map(|e| e.seq);
+    for seq in [1, 2, 40, 257, 301, 513, last / 2, last - 1, last].into_iter().chain(decisions) {
+        if seq == 0 || seq > last {
+            continue;
+        }
+        let (on_sqlite, on_memory) = (knew(sqlite, run, seq).unwrap(), knew(memory, run, seq).unwrap());
+        assert_eq!(on_sqlite, on_memory, "knew at seq {seq} of {last}");
+    }
+}
+
+fn open(dir: &std::path::Path) -> SqliteStore {
+    SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), Durability::Os, 5_000).unwrap()
+}
+
+#[test]
+fn knew_in_a_store_recorded_before_head_blocks_equals_knew_on_memory() {
+    let (events, blobs) = messaging_run("old", 6, 400, 0x5eed_1234);
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryStore::new();
+    memory.create_run(&sample_run("old", 1)).unwrap();
+    commit_in_batches(&memory, "old", &events, &blobs, 50);
+    let half = 451;
+    {
+        let sqlite = open(dir.path());
+        sqlite.create_run(&sample_run("old", 1)).unwrap();
+        commit_in_batches(&sqlite, "old", &events[..half], &blobs, 50);
+    }
+    // What a version 4 store holds: no head blocks, no interned names.
+    let db = dir.path().join("retrace.db");
+    Connection::open(&db)
+        .unwrap()
+        .execute_batch("DROP TABLE heads; DROP TABLE names; PRAGMA user_version = 4;")
+        .unwrap();
+    let sqlite = open(dir.path());
+    let version: i64 =
+        Connection::open(&db).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let blocks: i64 =
+        Connection::open(&db).unwrap().query_row("SELECT count(*) FROM heads", [], |r| r.get(0)).unwrap();
+    assert_eq!(blocks, 2, "the upgrade filled the blocks of seqs 1..={half}");
+    same_knew(&sqlite, &memory, "old", half as u64, &events);
+    // The run goes on recording after the upgrade: its last block keeps growing.
+    commit_in_batches(&sqlite, "old", &events[half..], &blobs, 9);
+    same_knew(&sqlite, &memory, "old", events.len() as u64, &events);
+}
+
+#[test]
+fn knew_while_a_run_is_recorded_and_with_blocks_missing_equals_knew_on_memory() {
+    let (events, blobs) = messaging_run("live", 4, 350, 0xfeed_beef);
+    let (sqlite, memory) = (SqliteStore::temporary().unwrap(), MemoryStore::new());
+    for store in [&sqlite as &dyn Store, &memory] {
+        store.create_run(&sample_run("live", 1)).unwrap();
+    }
+    // Batches of a few events, asked after each of several: partial blocks, then full ones.
+    for stop in [3, 120, 255, 256, 257, 530, events.len()] {
+        let done = sqlite.last_seq("live").unwrap() as usize;
+        commit_in_batches(&sqlite, "live", &events[done..stop], &blobs, 5);
+        commit_in_batches(&memory, "live", &events[done..stop], &blobs, 64);
+        same_knew(&sqlite, &memory, "live", stop as u64, &events);
+    }
+    // A block gone (as if never written): its seqs are read from `events` instead.
+    Connection::open(sqlite.path()).unwrap().execute("DELETE FROM heads WHERE id % 2 = 1", []).unwrap();
+    same_knew(&sqlite, &memory, "live", events.len() as u64, &events);
+}
+
+#[test]
+fn garbage_collection_deletes_a_runs_head_blocks_and_only_its_own() {
+    use retrace_core::run::{RunMode, RunStatus};
+    use retrace_store::{GcRequest, GcStore};
+    let sqlite = SqliteStore::temporary().unwrap();
+    for run in ["gone", "kept"] {
+        let (events, blobs) = messaging_run(run, 3, 200, 7);
+        let mut meta = retrace_core::run::RunMeta::new(run, RunMode::Record, 1);
+        meta.status = RunStatus::Ok;
+        sqlite.create_run(&meta).unwrap();
+        commit_in_batches(&sqlite, run, &events, &blobs, 30);
+    }
+    let blocks = || -> i64 {
+        Connection::open(sqlite.path())
+            .unwrap()
+            .query_row("SELECT count(*) FROM heads", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(blocks(), 4, "two blocks a run");
+    let kept = knew(&sqlite, "kept", 403).unwrap();
+    let request = GcRequest { runs: vec!["gone".into()], blob_cutoff_ms: u64::MAX, dry_run: false };
+    assert_eq!(sqlite.collect_garbage(&request).unwrap().runs_deleted, ["gone"]);
+    assert_eq!(blocks(), 2);
+    assert_eq!(knew(&sqlite, "kept", 403).unwrap(), kept);
 }

@@ -1,0 +1,314 @@
+//! Packed head blocks: each event's causal parent, agent, type and name as a fixed-width record,
+//! 256 consecutive seqs of a run to one row of `heads`, so that following causal chains reads a
+//! block per few hundred seqs instead of a row per event ([`SqliteStore::chain_heads_impl`]).
+//!
+//! Events never change once appended, so a block only grows: [`put`] writes the records of a
+//! batch in the batch's own transaction (the one block that may already hold earlier seqs is
+//! read and rewritten), and the schema's upgrade fills the blocks of runs recorded before them.
+//!
+//! Row: `id` = `run_pk << 32 | seq >> 8`; `data` = one byte, the index in the block of its first
+//! record (a fork's first block starts at its fork point), then [`RECORD`]-byte records for
+//! consecutive seqs, little-endian: the distance back to the causal parent (`u32`, 0 = none),
+//! the agent's `agents.pk` (`u32`), the name's `names.pk` (`u32`, 0 = none), the type's code.
+//! A record whose values don't fit has the type byte [`UNFIT`]; readers then ask `events`.
+use std::collections::{BTreeMap, HashMap};
+
+use retrace_core::EventType;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::runs::run_pk;
+use super::SqliteStore;
+use crate::error::ResultExt;
+use crate::head::SeqMap;
+use crate::{ChainHead, Chains, StoreError, StoreResult};
+
+/// Seqs per block, as a shift.
+const SHIFT: u32 = 8;
+/// Bytes per record.
+const RECORD: usize = 13;
+/// Type byte of a record that couldn't hold its event's values.
+const UNFIT: u8 = 0xff;
+
+/// What a record holds, as `events` stores it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawHead {
+    pub seq: u64,
+    pub parent: Option<u64>,
+    pub agent_pk: i64,
+    pub name_pk: Option<i64>,
+    pub code: u8,
+}
+
+fn block_id(run_pk: i64, seq: u64) -> Option<i64> {
+    let block = seq >> SHIFT;
+    (block <= u32::MAX as u64 && (0..=i32::MAX as i64).contains(&run_pk))
+        .then_some(run_pk << 32 | block as i64)
+}
+
+fn encode(h: &RawHead, out: &mut Vec<u8>) {
+    let delta = h.parent.map_or(Some(0), |p| h.seq.checked_sub(p).filter(|d| *d > 0));
+    let fields = (
+        delta.and_then(|d| u32::try_from(d).ok()),
+        u32::try_from(h.agent_pk).ok(),
+        u32::try_from(h.name_pk.unwrap_or(0)).ok(),
+    );
+    match fields {
+        (Some(delta), Some(agent), Some(name)) if h.code != UNFIT => {
+            out.extend_from_slice(&delta.to_le_bytes());
+            out.extend_from_slice(&agent.to_le_bytes());
+            out.extend_from_slice(&name.to_le_bytes());
+            out.push(h.code);
+        }
+        _ => out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, UNFIT]),
+    }
+}
+
+/// The record of `seq` in a block's `data`, if the block holds a usable one.
+fn decode(data: &[u8], seq: u64) -> Option<Decoded> {
+    let first = *data.first()? as u64;
+    let index = (seq & ((1 << SHIFT) - 1)).checked_sub(first)? as usize;
+    let r = data.get(1 + index * RECORD..1 + (index + 1) * RECORD)?;
+    let word = |i: usize| u32::from_le_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
+    // UNFIT is no type's code.
+    let kind = EventType::from_code(r[12])?;
+    let delta = word(0) as u64;
+    Some(Decoded {
+        seq,
+        parent: seq.checked_sub(delta).filter(|_| delta > 0),
+        agent_pk: word(4) as i64,
+        name_pk: Some(word(8) as i64).filter(|n| *n != 0),
+        kind,
+    })
+}
+
+/// A record read back.
+#[derive(Clone, Copy, Debug)]
+struct Decoded {
+    seq: u64,
+    parent: Option<u64>,
+    agent_pk: i64,
+    name_pk: Option<i64>,
+    kind: EventType,
+}
+
+/// Writes the records of `heads` (consecutive seqs of run `run_pk`, ascending, continuing what
+/// the run's blocks hold) in `conn`'s transaction.
+pub(crate) fn put(conn: &Connection, run_pk: i64, heads: &[RawHead]) -> rusqlite::Result<()> {
+    let mut read = conn.prepare_cached("SELECT data FROM heads WHERE id = ?1")?;
+    let mut write = conn.prepare_cached("INSERT OR REPLACE INTO heads (id, data) VALUES (?1, ?2)")?;
+    let mut rest = heads;
+    while let Some(first) = rest.first() {
+        let end = rest.iter().position(|h| h.seq >> SHIFT != first.seq >> SHIFT).unwrap_or(rest.len());
+        let (block, tail) = rest.split_at(end);
+        rest = tail;
+        let Some(id) = block_id(run_pk, first.seq) else { continue };
+        let start = (first.seq & ((1 << SHIFT) - 1)) as u8;
+        let mut data: Vec<u8> = match read.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional()? {
+            // Only a block the run already wrote up to here is continued; anything else is
+            // rewritten from this batch's first seq (a gap is never papered over).
+            Some(d) if !d.is_empty() && d[0] as usize + (d.len() - 1) / RECORD == start as usize => d,
+            _ => vec![start],
+        };
+        data.reserve(block.len() * RECORD);
+        for h in block {
+            encode(h, &mut data);
+        }
+        write.execute(params![id, data])?;
+    }
+    Ok(())
+}
+
+/// Deletes the blocks of run `run_pk`.
+pub(crate) fn delete_run(conn: &Connection, run_pk: i64) -> rusqlite::Result<usize> {
+    conn.execute("DELETE FROM heads WHERE id >= ?1 AND id < ?2", params![run_pk << 32, (run_pk + 1) << 32])
+}
+
+/// Fills the blocks of every event stored (the upgrade to schema version 5), interning names.
+pub(crate) fn backfill(conn: &Connection) -> rusqlite::Result<()> {
+    let mut names: HashMap<String, i64> = HashMap::new();
+    let mut heads: Vec<RawHead> = Vec::new();
+    let mut run = None;
+    let mut select = conn.prepare(
+        "SELECT run_pk, seq, type, agent_pk, causal_parent, name FROM events ORDER BY run_pk, seq",
+    )?;
+    let mut rows = select.query([])?;
+    while let Some(row) = rows.next()? {
+        let (pk, seq): (i64, i64) = (row.get(0)?, row.get(1)?);
+        if run != Some(pk) || heads.len() >= 4096 || heads.last().is_some_and(|h| h.seq + 1 != seq as u64) {
+            if let Some(run) = run {
+                put(conn, run, &heads)?;
+            }
+            heads.clear();
+            run = Some(pk);
+        }
+        let name: Option<String> = row.get(5)?;
+        let name_pk = name.map(|n| intern_name(conn, &mut names, &n)).transpose()?;
+        heads.push(RawHead {
+            seq: seq as u64,
+            parent: row.get::<_, Option<i64>>(4)?.map(|p| p as u64),
+            agent_pk: row.get(3)?,
+            name_pk,
+            code: u8::try_from(row.get::<_, i64>(2)?).unwrap_or(UNFIT),
+        });
+    }
+    if let Some(run) = run {
+        put(conn, run, &heads)?;
+    }
+    Ok(())
+}
+
+/// The `names.pk` of `name`, inserting it when new; `cache` remembers what it has seen.
+pub(crate) fn intern_name(
+    conn: &Connection,
+    cache: &mut HashMap<String, i64>,
+    name: &str,
+) -> rusqlite::Result<i64> {
+    if let Some(pk) = cache.get(name) {
+        return Ok(*pk);
+    }
+    conn.prepare_cached("INSERT OR IGNORE INTO names (name) VALUES (?1)")?.execute([name])?;
+    let pk = conn.prepare_cached("SELECT pk FROM names WHERE name = ?1")?.query_row([name], |r| r.get(0))?;
+    cache.insert(name.to_owned(), pk);
+    Ok(pk)
+}
+
+/// `pk → name` of `table` for `pks`.
+fn resolve<'a>(
+    conn: &Connection,
+    table: &str,
+    pks: impl Iterator<Item = &'a i64>,
+) -> rusqlite::Result<SeqMap<i64, String>> {
+    let list = serde_json::to_string(&pks.collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into());
+    conn.prepare_cached(&format!(
+        "SELECT t.pk, t.name FROM json_each(?1) j CROSS JOIN {table} t ON t.pk = j.value"
+    ))?
+    .query_map([list], |r| Ok((r.get(0)?, r.get(1)?)))?
+    .collect()
+}
+
+impl SqliteStore {
+    /// Follows every chain at once, highest seq first: a seq's children all have higher seqs,
+    /// so when it comes up it is known with the most links any chain still follows from it,
+    /// and each block is read once, records decoded where SQLite holds them. A seq no block
+    /// answers for (a record that didn't fit) is read from `events`, with what lies above it,
+    /// a level at a time.
+    pub(crate) fn chain_heads_impl(&self, run: &str, starts: &[u64], depth: usize) -> StoreResult<Chains> {
+        let (walk, unanswered, agents, names) = self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let what = || format!("reading the causal chains of run {run}");
+            let mut select = conn.prepare_cached("SELECT data FROM heads WHERE id = ?1").ctx(what)?;
+            let mut walk = Walk::default();
+            // Seq → the most links still to follow from it.
+            let mut pending: BTreeMap<u64, usize> = starts.iter().map(|s| (*s, depth)).collect();
+            pending.retain(|_, left| *left > 0);
+            let mut unanswered: Vec<(u64, usize)> = Vec::new();
+            while let Some((&top, _)) = pending.last_key_value() {
+                let block_start = top >> SHIFT << SHIFT;
+                let mut in_block = |data: &[u8]| {
+                    while let Some(entry) = pending.last_entry().filter(|e| *e.key() >= block_start) {
+                        let (seq, left) = entry.remove_entry();
+                        let Some(raw) = decode(data, seq) else {
+                            unanswered.push((seq, left));
+                            continue;
+                        };
+                        walk.add(raw);
+                        if let Some(parent) = raw.parent.filter(|_| left > 1) {
+                            let most = pending.entry(parent).or_insert(0);
+                            *most = (*most).max(left - 1);
+                        }
+                    }
+                };
+                match block_id(pk, top) {
+                    Some(id) => {
+                        let found = select
+                            .query_row([id], |r| {
+                                in_block(r.get_ref(0)?.as_blob()?);
+                                Ok(())
+                            })
+                            .optional()
+                            .ctx(what)?;
+                        if found.is_none() {
+                            in_block(&[]);
+                        }
+                    }
+                    None => in_block(&[]),
+                }
+            }
+            let agents = resolve(conn, "agents", walk.agents.keys()).ctx(what)?;
+            let names = resolve(conn, "names", walk.names.keys()).ctx(what)?;
+            Ok((walk, unanswered, agents, names))
+        })?;
+        let offset = walk.agents.len() as u32;
+        let mut strings = vec![String::new(); walk.agents.len() + walk.names.len()];
+        let named = |table: &SeqMap<i64, String>, pk: &i64| {
+            table.get(pk).cloned().ok_or_else(|| {
+                StoreError::corrupt(format!("a head block of run {run} names a missing agent or name {pk}"))
+            })
+        };
+        for (pk, id) in &walk.agents {
+            strings[*id as usize] = named(&agents, pk)?;
+        }
+        for (pk, id) in &walk.names {
+            strings[(offset + *id) as usize] = named(&names, pk)?;
+        }
+        let heads = walk
+            .found
+            .into_iter()
+            .map(|(seq, mut head)| {
+                head.name = head.name.map(|n| n + offset);
+                (seq, head)
+            })
+            .collect();
+        let mut chains = Chains::from_parts(strings, heads);
+        for (seq, left) in unanswered {
+            crate::head::chain_heads_by_level(self, run, &[seq], left, &mut chains)?;
+        }
+        Ok(chains)
+    }
+}
+
+/// What a walk through the blocks found: each head, and agent and name pks given string ids.
+#[derive(Default)]
+struct Walk {
+    found: SeqMap<u64, ChainHead>,
+    agents: SeqMap<i64, u32>,
+    names: SeqMap<i64, u32>,
+}
+
+impl Walk {
+    /// Adds `raw`.
+    fn add(&mut self, raw: Decoded) {
+        // Names are numbered apart and put after the agents at the end.
+        let next = self.agents.len() as u32;
+        let agent = *self.agents.entry(raw.agent_pk).or_insert(next);
+        let name = raw.name_pk.map(|pk| {
+            let next = self.names.len() as u32;
+            *self.names.entry(pk).or_insert(next)
+        });
+        let head = ChainHead { kind: raw.kind, agent, name, causal_parent: raw.parent };
+        self.found.insert(raw.seq, head);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_and_what_does_not_fit_is_unanswered() {
+        let h = RawHead { seq: 300, parent: Some(17), agent_pk: 7, name_pk: Some(9), code: 5 };
+        let none = RawHead { seq: 301, parent: None, agent_pk: 8, name_pk: None, code: 1 };
+        let far = RawHead { seq: 302, parent: Some(1), agent_pk: 1 << 40, name_pk: None, code: 1 };
+        let mut data = vec![(300 & 255) as u8];
+        for r in [&h, &none, &far] {
+            encode(r, &mut data);
+        }
+        let back = decode(&data, 300).unwrap();
+        assert_eq!((back.parent, back.agent_pk, back.name_pk, back.kind.code()), (Some(17), 7, Some(9), 5));
+        let back = decode(&data, 301).unwrap();
+        assert_eq!((back.parent, back.agent_pk, back.name_pk, back.kind.code()), (None, 8, None, 1));
+        assert!(decode(&data, 302).is_none(), "an agent pk over u32 doesn't fit");
+        assert!(decode(&data, 303).is_none(), "past the block's end");
+        assert!(decode(&data, 299).is_none(), "before its first record");
+    }
+}
