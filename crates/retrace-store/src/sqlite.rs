@@ -269,7 +269,7 @@ impl BlobStore for SqliteStore {
         self.write(&format!("storing blob {digest}"), |tx| {
             let mut staged = staged::Staged::new(&self.files);
             blobs::put(tx, &mut staged, None, &digest, bytes, hint)?;
-            staged.finish()
+            staged.finish(tx)
         })?;
         Ok(digest)
     }

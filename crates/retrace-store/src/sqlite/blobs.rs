@@ -41,7 +41,7 @@ fn put_flat(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[
         return insert(tx, digest, KIND_FILE, bytes.len(), Value::Text(relative));
     }
     if bytes.len() > ROW_MAX {
-        let location = pack::append(tx, staged.files.segment_bytes, bytes)?;
+        let location = pack::append(tx, &mut staged.pack, staged.files.segment_bytes, bytes)?;
         return insert(tx, digest, KIND_PACKED, bytes.len(), Value::Integer(location));
     }
     insert(tx, digest, KIND_INLINE, bytes.len(), Value::Blob(bytes.to_vec()))

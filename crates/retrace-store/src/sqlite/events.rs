@@ -60,7 +60,7 @@ impl SqliteStore {
             for blob in &batch.blobs {
                 blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }
-            staged.finish()?;
+            staged.finish(tx)?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
             }

@@ -8,31 +8,64 @@ use crate::{StoreError, StoreResult};
 
 const OFFSET_BITS: u32 = 16;
 
+/// The last segment of an open transaction, held in memory while that transaction packs blobs
+/// into it and written once ([`Tail::flush`], from [`super::staged::Staged::finish`]): a batch
+/// of small blobs rewrites its segment's page once, not once per blob.
+pub(crate) struct Tail {
+    /// The segment's id; 0 before the first segment exists.
+    id: i64,
+    data: Vec<u8>,
+    dirty: bool,
+}
+
+impl Tail {
+    /// Writes the segment's bytes, if blobs were appended since the last flush.
+    pub(crate) fn flush(&mut self, tx: &Connection) -> StoreResult<()> {
+        if self.dirty {
+            tx.prepare_cached("UPDATE segments SET data = ?2 WHERE id = ?1")
+                .and_then(|mut s| s.execute(params![self.id, self.data]))
+                .ctx(|| "packing blobs")?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
 /// Appends `bytes` (non-empty) after the last segment's bytes, inside the open transaction
-/// `tx`, and returns their location.
-pub(crate) fn append(tx: &Connection, segment_bytes: usize, bytes: &[u8]) -> StoreResult<i64> {
+/// `tx` whose last segment is `tail` (read on first use), and returns their location.
+pub(crate) fn append(
+    tx: &Connection,
+    tail: &mut Option<Tail>,
+    segment_bytes: usize,
+    bytes: &[u8],
+) -> StoreResult<i64> {
     let what = || "packing a blob";
-    let tail: Option<(i64, i64)> = tx
-        .prepare_cached("SELECT id, length(data) FROM segments ORDER BY id DESC LIMIT 1")
-        .and_then(|mut s| s.query_row([], |r| Ok((r.get(0)?, r.get(1)?))).optional())
-        .ctx(what)?;
-    let (mut segment, mut used) = tail.map_or((0, segment_bytes), |(id, len)| (id, len as usize));
+    let tail = match tail {
+        Some(tail) => tail,
+        None => {
+            let last: Option<(i64, Vec<u8>)> = tx
+                .prepare_cached("SELECT id, data FROM segments ORDER BY id DESC LIMIT 1")
+                .and_then(|mut s| s.query_row([], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+                .ctx(what)?;
+            let (id, data) = last.unwrap_or_default();
+            tail.insert(Tail { id, data, dirty: false })
+        }
+    };
     let mut start = None;
     let mut rest = bytes;
     while !rest.is_empty() {
-        if used >= segment_bytes {
-            segment = tx
+        if tail.id == 0 || tail.data.len() >= segment_bytes {
+            tail.flush(tx)?;
+            let id = tx
                 .prepare_cached("INSERT INTO segments (data) VALUES (x'')")
                 .and_then(|mut s| s.insert([]))
                 .ctx(what)?;
-            used = 0;
+            *tail = Tail { id, data: Vec::with_capacity(segment_bytes), dirty: false };
         }
-        let take = rest.len().min(segment_bytes - used);
-        start.get_or_insert(segment << OFFSET_BITS | used as i64);
-        tx.prepare_cached("UPDATE segments SET data = CAST(data || ?2 AS BLOB) WHERE id = ?1")
-            .and_then(|mut s| s.execute(params![segment, &rest[..take]]))
-            .ctx(what)?;
-        used += take;
+        let take = rest.len().min(segment_bytes - tail.data.len());
+        start.get_or_insert(tail.id << OFFSET_BITS | tail.data.len() as i64);
+        tail.data.extend_from_slice(&rest[..take]);
+        tail.dirty = true;
         rest = &rest[take..];
     }
     start.ok_or_else(|| StoreError::invalid("an empty blob can't be packed"))

@@ -1,4 +1,5 @@
-//! What one write transaction stages besides its rows: the files of its large blobs. Each is
+//! What one write transaction stages besides its rows: the last packed segment (written once
+//! per transaction, see [`super::pack::Tail`]) and the files of its large blobs. Each is
 //! written to a temporary file as its blob is put; [`Staged::finish`] then makes them all
 //! durable at once, before the transaction commits: every file's data synced (several at a
 //! time, so the waits overlap), renamed into place, and each folder synced once, however many
@@ -12,6 +13,7 @@ use retrace_core::Digest;
 use tempfile::NamedTempFile;
 
 use super::files::{sync_dir, Files};
+use super::pack::Tail;
 use crate::error::ResultExt;
 use crate::{StoreError, StoreResult};
 
@@ -31,11 +33,13 @@ pub(crate) struct Staged<'a> {
     staged: Vec<StagedFile>,
     folders: BTreeSet<PathBuf>,
     created_folder: bool,
+    /// The segment small blobs are packed into, once one was.
+    pub(crate) pack: Option<Tail>,
 }
 
 impl<'a> Staged<'a> {
     pub(crate) fn new(files: &'a Files) -> Staged<'a> {
-        Staged { files, staged: Vec::new(), folders: BTreeSet::new(), created_folder: false }
+        Staged { files, staged: Vec::new(), folders: BTreeSet::new(), created_folder: false, pack: None }
     }
 
     /// Writes `bytes` to a temporary file beside the blob's file and returns the path of that
@@ -56,8 +60,12 @@ impl<'a> Staged<'a> {
         Ok(relative)
     }
 
-    /// Makes every staged file durable (when the store syncs) and puts it in place.
-    pub(crate) fn finish(self) -> StoreResult<()> {
+    /// Writes the packed segment into `tx`, makes every staged file durable (when the store
+    /// syncs) and puts it in place.
+    pub(crate) fn finish(mut self, tx: &rusqlite::Connection) -> StoreResult<()> {
+        if let Some(tail) = &mut self.pack {
+            tail.flush(tx)?;
+        }
         let durable = self.files.durable;
         if durable {
             sync_all(&self.staged)?;
