@@ -140,7 +140,7 @@ fn write_f64(f: f64, out: &mut Vec<u8>) -> Result<(), ()> {
     Ok(())
 }
 
-fn write_u64(mut n: u64, out: &mut Vec<u8>) {
+pub(crate) fn write_u64(mut n: u64, out: &mut Vec<u8>) {
     let mut buf = [0u8; 20];
     let mut start = buf.len();
     loop {

@@ -5,6 +5,7 @@
 //! so that old events keep their hashes.
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -298,6 +299,120 @@ pub struct Event {
     pub hash: Digest,
 }
 
+/// An event's canonical form without `hash`, missing only `seq` and `prev`: the members before
+/// `"prev"`, between `"prev"` and `"seq"`, and after `"seq"` ([`Event::unsealed`]).
+#[derive(Clone, Debug)]
+pub struct Unsealed {
+    low: Vec<u8>,
+    mid: Vec<u8>,
+    high: Vec<u8>,
+}
+
+/// Writes a canonical JSON object whose members come in canonical key order.
+struct Members<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> Members<'a> {
+    fn open(out: &'a mut Vec<u8>) -> Members<'a> {
+        out.push(b'{');
+        Members { out, first: true }
+    }
+
+    /// Starts member `key` (ASCII, nothing to escape); returns where it starts.
+    fn key(&mut self, key: &str) -> usize {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        let start = self.out.len();
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+        start
+    }
+
+    fn text(&mut self, key: &str, text: &str) -> Range<usize> {
+        let start = self.key(key);
+        crate::canonical::write_escaped(self.out, text);
+        start..self.out.len()
+    }
+
+    fn optional_text(&mut self, key: &str, text: Option<&str>) {
+        match text {
+            Some(text) => {
+                self.text(key, text);
+            }
+            None => {
+                self.key(key);
+                self.out.extend_from_slice(b"null");
+            }
+        }
+    }
+
+    fn number(&mut self, key: &str, n: Option<u64>) -> Range<usize> {
+        let start = self.key(key);
+        match n {
+            Some(n) => crate::canonical::write_u64(n, self.out),
+            None => self.out.extend_from_slice(b"null"),
+        }
+        start..self.out.len()
+    }
+
+    fn digest(&mut self, key: &str, digest: Option<&Digest>) -> Range<usize> {
+        let start = self.key(key);
+        match digest {
+            Some(d) => {
+                self.out.push(b'"');
+                self.out.extend_from_slice(d.to_string().as_bytes());
+                self.out.push(b'"');
+            }
+            None => self.out.extend_from_slice(b"null"),
+        }
+        start..self.out.len()
+    }
+
+    /// A member whose value serde writes (the nested structs, maps, lists and enums).
+    fn value<T: Serialize>(&mut self, key: &str, value: &T) -> Result<(), CanonError> {
+        self.key(key);
+        let value = serde_json::to_value(value).expect("an event's fields always serialize");
+        crate::canonical::write_canonical_value(&value, self.out)
+    }
+
+    fn close(self) {
+        self.out.push(b'}');
+    }
+}
+
+impl Unsealed {
+    /// The chain hash of the event with `seq`, after `prev`: `chain::link` of its canonical form.
+    pub fn hash(&self, seq: u64, prev: Option<&Digest>) -> Digest {
+        let prev_text = prev.map(Digest::to_string);
+        let mut canonical = Vec::with_capacity(self.low.len() + self.mid.len() + self.high.len() + 120);
+        canonical.push(b'{');
+        let mut member = |bytes: &[u8]| {
+            if bytes.is_empty() {
+                return;
+            }
+            if canonical.len() > 1 {
+                canonical.push(b',');
+            }
+            canonical.extend_from_slice(bytes);
+        };
+        member(&self.low);
+        match &prev_text {
+            Some(text) => member(format!("\"prev\":\"{text}\"").as_bytes()),
+            None => member(b"\"prev\":null"),
+        }
+        member(&self.mid);
+        member(format!("\"seq\":{seq}").as_bytes());
+        member(&self.high);
+        canonical.push(b'}');
+        chain::link(prev, &canonical)
+    }
+}
+
 impl Event {
     /// A blank event of `kind` with the zero digest in `key` and `hash`; fill it, then [`Event::seal`].
     pub fn new(run_id: impl Into<String>, agent_id: impl Into<String>, kind: EventType) -> Event {
@@ -340,6 +455,53 @@ impl Event {
         Ok(out)
     }
 
+    /// [`Event::canonical_without_hash`] through a `serde_json::Value` of the whole event: the
+    /// definition the direct writer is held to.
+    fn canonical_without_hash_via_value(&self) -> Result<Vec<u8>, CanonError> {
+        let mut value = serde_json::to_value(self).expect("an event always serializes");
+        if let serde_json::Value::Object(map) = &mut value {
+            map.remove("hash");
+        }
+        crate::canonical::canonical_value(&value)
+    }
+
+    /// Writes the canonical form without `hash` member by member, in canonical (sorted) key
+    /// order, with no intermediate `Value` of the event; returns where the `prev` and `seq`
+    /// members lie in `out`.
+    fn write_canonical_without_hash(&self, out: &mut Vec<u8>) -> Result<[Range<usize>; 2], CanonError> {
+        let mut m = Members::open(out);
+        m.text("agent_id", &self.agent_id);
+        m.value("approval", &self.approval)?;
+        m.number("causal_parent", self.causal_parent);
+        m.value("decision", &self.decision)?;
+        if let Some(error) = &self.error {
+            m.text("error", error);
+        }
+        m.value("inbound", &self.inbound)?;
+        m.digest("key", Some(&self.key));
+        m.number("lamport", Some(self.lamport));
+        m.number("latency_ms", self.latency_ms);
+        m.value("message", &self.message)?;
+        m.value("model", &self.model)?;
+        m.optional_text("name", self.name.as_deref());
+        m.number("origin_seq", self.origin_seq);
+        m.digest("output_hash", self.output_hash.as_ref());
+        m.digest("output_ref", self.output_ref.as_ref());
+        m.value("params", &self.params)?;
+        let prev = m.digest("prev", self.prev.as_ref());
+        m.value("prompt_template", &self.prompt_template)?;
+        m.digest("request_ref", self.request_ref.as_ref());
+        m.optional_text("role", self.role.as_deref());
+        m.text("run_id", &self.run_id);
+        let seq = m.number("seq", Some(self.seq));
+        m.value("source", &self.source)?;
+        m.value("tool", &self.tool)?;
+        m.text("type", self.kind.as_str());
+        m.value("usage", &self.usage)?;
+        m.close();
+        Ok([prev, seq])
+    }
+
     /// The canonical JSON of the whole event, as written in exports.
     pub fn canonical(&self) -> Result<Vec<u8>, CanonError> {
         let mut out = Vec::with_capacity(1024);
@@ -378,9 +540,39 @@ impl Event {
 
     /// Sets `prev` and computes `hash`.
     pub fn seal(&mut self, prev: Option<Digest>) -> Result<(), CanonError> {
-        self.prev = prev;
-        self.hash = self.compute_hash()?;
+        let unsealed = self.unsealed()?;
+        self.seal_with(&unsealed, self.seq, prev);
         Ok(())
+    }
+
+    /// This event's canonical form without `hash`, with `seq` and `prev` left open: the costly
+    /// part of [`Event::seal`], done before a sequencer knows the seq, so that its critical
+    /// section only hashes ([`Event::seal_with`]).
+    pub fn unsealed(&self) -> Result<Unsealed, CanonError> {
+        let mut canonical = Vec::with_capacity(1024);
+        let [prev, seq] = match self.write_canonical_without_hash(&mut canonical) {
+            Ok(members) => members,
+            Err(e) => return Err(self.canonical_without_hash_via_value().err().unwrap_or(e)),
+        };
+        // The members around `prev` and `seq`, without the commas that joined them.
+        let part = |range: Range<usize>| {
+            let bytes = &canonical[range];
+            let bytes = bytes.strip_prefix(b",").unwrap_or(bytes);
+            bytes.strip_suffix(b",").unwrap_or(bytes).to_vec()
+        };
+        Ok(Unsealed {
+            low: part(1..prev.start),
+            mid: part(prev.end..seq.start),
+            high: part(seq.end..canonical.len() - 1),
+        })
+    }
+
+    /// Sets `seq` and `prev` and the `hash` they give with `unsealed` (this event's
+    /// [`Event::unsealed`], taken while nothing else about it changed).
+    pub fn seal_with(&mut self, unsealed: &Unsealed, seq: u64, prev: Option<Digest>) {
+        self.seq = seq;
+        self.prev = prev;
+        self.hash = unsealed.hash(seq, prev.as_ref());
     }
 
     /// A one-line label: `tool_call sql.query`.
@@ -388,6 +580,72 @@ impl Event {
         match &self.name {
             Some(name) => format!("{} {name}", self.kind),
             None => self.kind.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events of every shape the log holds: blank, every optional field set (nested objects
+    /// holding `prev` and `seq` keys of their own), a failure, a fork step.
+    fn shapes() -> Vec<Event> {
+        let blank = Event::new("run-1", "a", EventType::Clock);
+        let mut full = Event::new("run-ü", "agent \"q\"", EventType::ModelCall);
+        full.lamport = 7;
+        full.role = Some("planner".into());
+        full.name = Some("chat.completions".into());
+        full.causal_parent = Some(3);
+        full.inbound = vec![2, 3];
+        full.key = Digest::of(b"key");
+        full.request_ref = Some(Digest::of(b"request"));
+        full.output_ref = Some(Digest::of(b"output"));
+        full.output_hash = Some(Digest::of(b"output"));
+        full.model = Some(ModelRef { provider: "openai".into(), name: "m".into(), snapshot: None });
+        full.params = Some(BTreeMap::from([
+            ("prev".to_owned(), serde_json::json!(null)),
+            ("seq".to_owned(), serde_json::json!({"seq": 1.5, "prev": [1, "x"]})),
+        ]));
+        full.prompt_template = Some(PromptRef { id: "p@v1".into(), digest: Digest::of(b"tpl") });
+        full.tool = Some(ToolRef {
+            name: "t".into(),
+            version: "1".into(),
+            class: ToolClass::TimeBound,
+            ttl_s: Some(9),
+        });
+        full.message = Some(MessageRef { from: Some("a".into()), to: None, kind: None, timed_out: true });
+        full.decision = Some(Decision { action: "approve".into(), target: None });
+        full.approval = Some(Approval { outcome: ApprovalOutcome::TimedOut });
+        full.usage = Some(Usage { input_tokens: 1, output_tokens: 2, cost_usd: Some(0.25) });
+        full.latency_ms = Some(12);
+        let mut failed = Event::new("r", "b", EventType::ToolCall);
+        failed.error = Some("boom \u{1F4A5} \"prev\":null,}]\\\"seq\":1\n".into());
+        let mut forked = Event::new("f", "c", EventType::Send);
+        forked.source = Source::Recorded;
+        forked.origin_seq = Some(40);
+        vec![blank, full, failed, forked]
+    }
+
+    #[test]
+    fn sealing_from_the_unsealed_form_hashes_the_canonical_event() {
+        for event in shapes() {
+            let unsealed = event.unsealed().unwrap();
+            for (seq, prev) in [(0, None), (1, Some(Digest::of(b"p"))), (u64::MAX, Some(Digest::of(b"q")))] {
+                let mut sealed = event.clone();
+                sealed.seal_with(&unsealed, seq, prev);
+                let mut reference = event.clone();
+                reference.seq = seq;
+                reference.prev = prev;
+                assert_eq!(
+                    reference.canonical_without_hash().unwrap(),
+                    reference.canonical_without_hash_via_value().unwrap(),
+                    "{event:?} at {seq}"
+                );
+                assert_eq!(sealed.hash, reference.compute_hash().unwrap(), "{event:?} at {seq}");
+                reference.seal(prev).unwrap();
+                assert_eq!(sealed, reference);
+            }
         }
     }
 }

@@ -103,10 +103,11 @@ impl Agent {
                 let lamport = message.lamport;
                 let source = if origin.is_some() { Source::Recorded } else { Source::Live };
                 self.append_delivery(Some((to_message(message), lamport)), origin.map(|d| d.seq), source)
+                    .await
             }
             ForkDelivery::TimedOut { origin } => {
                 let source = if origin.is_some() { Source::Recorded } else { Source::Live };
-                self.append_delivery(None, origin.map(|d| d.seq), source)
+                self.append_delivery(None, origin.map(|d| d.seq), source).await
             }
         }
     }

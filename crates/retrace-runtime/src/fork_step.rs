@@ -72,7 +72,7 @@ impl Agent {
                     intent.origin_seq = Some(step.seq);
                     self.take_inbound(&mut intent);
                     let (ticket, _) = self.append_stamped(intent, Vec::new(), None, None)?;
-                    input.template.causal_parent = Some(ticket.wait()?.seq);
+                    input.template.causal_parent = Some(ticket.acked().await?.seq);
                 }
                 Some(ForkMatch::Matched(step)) if !step.completed => {
                     let d = Divergence::new(DivergenceCode::PendingIntent, self.id.clone())

@@ -137,12 +137,12 @@ impl Agent {
                         Taken::TimedOut => None,
                     });
                 }
-                self.record_delivery(taken)
+                self.record_delivery(taken).await
             }
         }
     }
 
-    fn record_delivery(&self, taken: Taken) -> RuntimeResult<Option<Message>> {
+    async fn record_delivery(&self, taken: Taken) -> RuntimeResult<Option<Message>> {
         let heard = match taken {
             Taken::Message(p) => Some((
                 Message { seq: p.send_seq, sender: p.from, kind: p.kind, body: p.body, parent: p.parent },
@@ -150,12 +150,12 @@ impl Agent {
             )),
             Taken::TimedOut => None,
         };
-        self.append_delivery(heard, None, Source::Live)
+        self.append_delivery(heard, None, Source::Live).await
     }
 
     /// Appends the `deliver` event of a message heard (with its sender's Lamport clock), or of
     /// a timeout; `origin` is the source delivery it takes the place of, in a fork.
-    pub(crate) fn append_delivery(
+    pub(crate) async fn append_delivery(
         &self,
         heard: Option<(Message, u64)>,
         origin: Option<u64>,
@@ -192,7 +192,7 @@ impl Agent {
         let message = message.map(|(m, _)| m);
         let seq = ticket.seq;
         if inner.wait_for_ack {
-            crate::step::wait_acked(ticket)?;
+            ticket.acked().await?;
         }
         let mut state = self.state.lock();
         state.pending_inbound.push(seq);

@@ -309,7 +309,7 @@ impl Agent {
             intent.kind = EventType::Intent;
             intent.key = self.intent_key(&event)?;
             let (ticket, _) = self.append_stamped(intent, std::mem::take(&mut blobs), None, None)?;
-            event.causal_parent = Some(ticket.wait()?.seq);
+            event.causal_parent = Some(ticket.acked().await?.seq);
         }
         if input.source == Source::Live {
             inner.live_calls.fetch_add(1, Ordering::Relaxed);
@@ -369,7 +369,7 @@ impl Agent {
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {
-            crate::step::wait_acked(ticket)?;
+            ticket.acked().await?;
         }
         match error {
             Some(message) => {
@@ -588,17 +588,6 @@ impl Agent {
 
 /// `pollster::block_on`, inside `block_in_place` when `may_wait` (for other tasks) and running
 /// on a worker of a multi-thread tokio runtime.
-/// Waits for an event's acknowledgment. On a multi-thread tokio runtime the wait moves off the
-/// worker (`block_in_place`), so other agents' steps keep running and join the same group commit.
-pub(crate) fn wait_acked(ticket: retrace_store::Ticket) -> retrace_store::StoreResult<Event> {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    if Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread) {
-        tokio::task::block_in_place(|| ticket.wait())
-    } else {
-        ticket.wait()
-    }
-}
-
 pub(crate) fn block_on<F: Future>(may_wait: bool, fut: F) -> F::Output {
     use tokio::runtime::{Handle, RuntimeFlavor};
     if may_wait && Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread) {

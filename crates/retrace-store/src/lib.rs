@@ -57,7 +57,7 @@ pub use ledger::LedgerStore;
 pub use open::{open_store, Durability, StoreConfig};
 pub use summary::EventSummary;
 pub use vault::VaultStore;
-pub use writer::{RunWriter, Ticket};
+pub use writer::{Acked, RunWriter, Ticket};
 
 /// Blobs of at most this many bytes are stored inside the event's transaction; larger ones are
 /// files, written atomically and fsynced before the transaction commits.

@@ -1,19 +1,24 @@
 //! [`RunWriter`]: the single sequencer of one run, with group commit.
 //!
 //! `append` (and `append_cached`, which adds the cache entry the step produced, committed in the
-//! same transaction) takes one short lock to assign `seq = last + 1`, seal the event onto the hash chain
-//! and queue it; a dedicated thread commits everything waiting as one batch
+//! same transaction) writes the event's canonical form, then takes one short lock to assign
+//! `seq = last + 1`, hash the event onto the chain and queue it; a dedicated thread commits everything waiting as one batch
 //! ([`crate::EventStore::commit`]) and then resolves the [`Ticket`]s: an event is acknowledged once
-//! its batch committed. If a commit fails, the writer is poisoned: every pending and future
+//! its batch committed; [`Ticket::acked`] waits for that as a future (no thread blocked), so
+//! agents on an async runtime keep appending while a batch commits and land in the next one.
+//! If a commit fails, the writer is poisoned: every pending and future
 //! append gets that error, naming the seqs that were lost (recording fails closed).
 //!
 //! The writer holds the run's lease for its whole life and renews it from the commit thread.
 pub(crate) mod lease;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -79,6 +84,8 @@ struct State {
     committed: u64,
     poison: Option<StoreError>,
     closing: bool,
+    /// Tasks awaiting an acknowledgment, by the seq they wait for.
+    wakers: BTreeMap<u64, Waker>,
 }
 
 impl RunWriter {
@@ -111,6 +118,7 @@ impl RunWriter {
             committed: last_seq,
             poison: None,
             closing: false,
+            wakers: BTreeMap::new(),
         };
         let shared = Arc::new(Shared {
             store,
@@ -177,6 +185,16 @@ impl RunWriter {
                 )));
             }
         }
+        // The canonical form, the costly part of sealing, is written before the lock: all the
+        // critical section does is hash it after the seq and the chain's head.
+        let unsealed = event.unsealed().map_err(|e| {
+            StoreError::invalid(format!(
+                "an event of run {run} ({} by agent {}) can't be hashed: {e}",
+                event.label(),
+                event.agent_id
+            ))
+            .with_source(e)
+        })?;
         let mut st = self.shared.state.lock();
         if let Some(poison) = &st.poison {
             return Err(poison.clone());
@@ -185,15 +203,7 @@ impl RunWriter {
             return Err(StoreError::invalid(format!("the writer of run {run} is closed")));
         }
         let seq = st.last_seq + 1;
-        event.seq = seq;
-        event.seal(st.head).map_err(|e| {
-            StoreError::invalid(format!(
-                "event {seq} of run {run} ({} by agent {}) can't be hashed: {e}",
-                event.label(),
-                event.agent_id
-            ))
-            .with_source(e)
-        })?;
+        event.seal_with(&unsealed, seq, st.head);
         st.last_seq = seq;
         st.head = Some(event.hash);
         st.queue.push_back((event.clone(), blobs, cache));
@@ -205,6 +215,12 @@ impl RunWriter {
     /// [`RunWriter::append`], then waits until the event is acknowledged.
     pub fn append_sync(&self, event: Event, blobs: Vec<BlobPut>) -> StoreResult<Event> {
         self.append(event, blobs)?.wait()
+    }
+
+    /// A future that resolves once event `seq` (appended earlier) is acknowledged, or with the
+    /// error that poisoned the writer.
+    pub fn acked(&self, seq: u64) -> Acked {
+        Acked { seq, shared: Arc::clone(&self.shared) }
     }
 
     /// Waits until everything appended so far is acknowledged.
@@ -278,6 +294,49 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    /// [`Ticket::wait`] as a future: resolves once the batch holding this event committed,
+    /// without blocking a thread meanwhile.
+    pub async fn acked(self) -> StoreResult<Event> {
+        Acked { seq: self.seq, shared: self.shared }.await?;
+        Ok(self.event)
+    }
+}
+
+/// Resolves once its seq is acknowledged ([`RunWriter::acked`], [`Ticket::acked`]).
+pub struct Acked {
+    seq: u64,
+    shared: Arc<Shared>,
+}
+
+impl Future for Acked {
+    type Output = StoreResult<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<StoreResult<()>> {
+        let mut st = self.shared.state.lock();
+        if st.committed >= self.seq {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(poison) = &st.poison {
+            return Poll::Ready(Err(poison.clone()));
+        }
+        match st.wakers.get_mut(&self.seq) {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            Some(w) => w.clone_from(cx.waker()),
+            None => {
+                st.wakers.insert(self.seq, cx.waker().clone());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl fmt::Debug for Acked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acked").field("seq", &self.seq).finish_non_exhaustive()
+    }
+}
+
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ticket").field("seq", &self.seq).finish_non_exhaustive()
@@ -337,7 +396,10 @@ fn renew(shared: &Shared) {
             let e = e.context(format!("recording run {} lost its lease", shared.run_id));
             st.poison.get_or_insert(e);
             st.queue.clear();
+            let woken = std::mem::take(&mut st.wakers);
             shared.done.notify_all();
+            drop(st);
+            woken.into_values().for_each(Waker::wake);
         }
     }
 }
@@ -358,16 +420,23 @@ fn commit(shared: &Shared, pending: Vec<Pending>) {
     let result = catch_unwind(AssertUnwindSafe(|| shared.store.commit(&batch)))
         .unwrap_or_else(|_| Err(StoreError::io("the store panicked while committing")));
     let mut st = shared.state.lock();
-    match result {
-        Ok(()) => st.committed = last,
+    let woken = match result {
+        Ok(()) => {
+            st.committed = last;
+            let later = st.wakers.split_off(&(last + 1));
+            std::mem::replace(&mut st.wakers, later)
+        }
         Err(e) => {
             let run = &shared.run_id;
             let e = e.context(format!("recording run {run} failed at seqs {first}..={last}"));
             st.poison.get_or_insert(e);
             st.queue.clear();
+            std::mem::take(&mut st.wakers)
         }
-    }
+    };
     shared.done.notify_all();
+    drop(st);
+    woken.into_values().for_each(Waker::wake);
 }
 
 /// Where a writer continues: the run's last stored event, or for a fork with no events of its
