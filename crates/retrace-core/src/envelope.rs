@@ -308,83 +308,6 @@ pub struct Unsealed {
     high: Vec<u8>,
 }
 
-/// Writes a canonical JSON object whose members come in canonical key order.
-struct Members<'a> {
-    out: &'a mut Vec<u8>,
-    first: bool,
-}
-
-impl<'a> Members<'a> {
-    fn open(out: &'a mut Vec<u8>) -> Members<'a> {
-        out.push(b'{');
-        Members { out, first: true }
-    }
-
-    /// Starts member `key` (ASCII, nothing to escape); returns where it starts.
-    fn key(&mut self, key: &str) -> usize {
-        if !self.first {
-            self.out.push(b',');
-        }
-        self.first = false;
-        let start = self.out.len();
-        self.out.push(b'"');
-        self.out.extend_from_slice(key.as_bytes());
-        self.out.extend_from_slice(b"\":");
-        start
-    }
-
-    fn text(&mut self, key: &str, text: &str) -> Range<usize> {
-        let start = self.key(key);
-        crate::canonical::write_escaped(self.out, text);
-        start..self.out.len()
-    }
-
-    fn optional_text(&mut self, key: &str, text: Option<&str>) {
-        match text {
-            Some(text) => {
-                self.text(key, text);
-            }
-            None => {
-                self.key(key);
-                self.out.extend_from_slice(b"null");
-            }
-        }
-    }
-
-    fn number(&mut self, key: &str, n: Option<u64>) -> Range<usize> {
-        let start = self.key(key);
-        match n {
-            Some(n) => crate::canonical::write_u64(n, self.out),
-            None => self.out.extend_from_slice(b"null"),
-        }
-        start..self.out.len()
-    }
-
-    fn digest(&mut self, key: &str, digest: Option<&Digest>) -> Range<usize> {
-        let start = self.key(key);
-        match digest {
-            Some(d) => {
-                self.out.push(b'"');
-                self.out.extend_from_slice(d.to_string().as_bytes());
-                self.out.push(b'"');
-            }
-            None => self.out.extend_from_slice(b"null"),
-        }
-        start..self.out.len()
-    }
-
-    /// A member whose value serde writes (the nested structs, maps, lists and enums).
-    fn value<T: Serialize>(&mut self, key: &str, value: &T) -> Result<(), CanonError> {
-        self.key(key);
-        let value = serde_json::to_value(value).expect("an event's fields always serialize");
-        crate::canonical::write_canonical_value(&value, self.out)
-    }
-
-    fn close(self) {
-        self.out.push(b'}');
-    }
-}
-
 impl Unsealed {
     /// The chain hash of the event with `seq`, after `prev`: `chain::link` of its canonical form.
     pub fn hash(&self, seq: u64, prev: Option<&Digest>) -> Digest {
@@ -457,49 +380,13 @@ impl Event {
 
     /// [`Event::canonical_without_hash`] through a `serde_json::Value` of the whole event: the
     /// definition the direct writer is held to.
+    #[cfg(test)]
     fn canonical_without_hash_via_value(&self) -> Result<Vec<u8>, CanonError> {
         let mut value = serde_json::to_value(self).expect("an event always serializes");
         if let serde_json::Value::Object(map) = &mut value {
             map.remove("hash");
         }
         crate::canonical::canonical_value(&value)
-    }
-
-    /// Writes the canonical form without `hash` member by member, in canonical (sorted) key
-    /// order, with no intermediate `Value` of the event; returns where the `prev` and `seq`
-    /// members lie in `out`.
-    fn write_canonical_without_hash(&self, out: &mut Vec<u8>) -> Result<[Range<usize>; 2], CanonError> {
-        let mut m = Members::open(out);
-        m.text("agent_id", &self.agent_id);
-        m.value("approval", &self.approval)?;
-        m.number("causal_parent", self.causal_parent);
-        m.value("decision", &self.decision)?;
-        if let Some(error) = &self.error {
-            m.text("error", error);
-        }
-        m.value("inbound", &self.inbound)?;
-        m.digest("key", Some(&self.key));
-        m.number("lamport", Some(self.lamport));
-        m.number("latency_ms", self.latency_ms);
-        m.value("message", &self.message)?;
-        m.value("model", &self.model)?;
-        m.optional_text("name", self.name.as_deref());
-        m.number("origin_seq", self.origin_seq);
-        m.digest("output_hash", self.output_hash.as_ref());
-        m.digest("output_ref", self.output_ref.as_ref());
-        m.value("params", &self.params)?;
-        let prev = m.digest("prev", self.prev.as_ref());
-        m.value("prompt_template", &self.prompt_template)?;
-        m.digest("request_ref", self.request_ref.as_ref());
-        m.optional_text("role", self.role.as_deref());
-        m.text("run_id", &self.run_id);
-        let seq = m.number("seq", Some(self.seq));
-        m.value("source", &self.source)?;
-        m.value("tool", &self.tool)?;
-        m.text("type", self.kind.as_str());
-        m.value("usage", &self.usage)?;
-        m.close();
-        Ok([prev, seq])
     }
 
     /// The canonical JSON of the whole event, as written in exports.
@@ -549,11 +436,10 @@ impl Event {
     /// part of [`Event::seal`], done before a sequencer knows the seq, so that its critical
     /// section only hashes ([`Event::seal_with`]).
     pub fn unsealed(&self) -> Result<Unsealed, CanonError> {
-        let mut canonical = Vec::with_capacity(1024);
-        let [prev, seq] = match self.write_canonical_without_hash(&mut canonical) {
-            Ok(members) => members,
-            Err(e) => return Err(self.canonical_without_hash_via_value().err().unwrap_or(e)),
-        };
+        let canonical = self.canonical_without_hash()?;
+        let [prev, seq] = prev_and_seq(&canonical).ok_or_else(|| CanonError::DuplicateKey {
+            path: "$ (an event's canonical form without a top-level prev or seq)".into(),
+        })?;
         // The members around `prev` and `seq`, without the commas that joined them.
         let part = |range: Range<usize>| {
             let bytes = &canonical[range];
@@ -582,6 +468,56 @@ impl Event {
             None => self.kind.to_string(),
         }
     }
+}
+
+/// Where the top-level members `"prev"` and `"seq"` (key through value, no comma) lie in the
+/// canonical JSON object `canonical`; nested members of those names are not theirs.
+fn prev_and_seq(canonical: &[u8]) -> Option<[Range<usize>; 2]> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let (mut member, mut prev, mut seq) = (None::<usize>, None, None);
+    let mut close = |start: usize, end: usize| {
+        let bytes = &canonical[start..end];
+        if bytes.starts_with(b"\"prev\":") {
+            prev = Some(start..end);
+        } else if bytes.starts_with(b"\"seq\":") {
+            seq = Some(start..end);
+        }
+    };
+    for (i, &b) in canonical.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                if depth == 1 && member.is_none() {
+                    member = Some(i);
+                }
+                in_string = true;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    if let Some(start) = member.take() {
+                        close(start, i);
+                    }
+                }
+            }
+            b',' if depth == 1 => {
+                if let Some(start) = member.take() {
+                    close(start, i);
+                }
+            }
+            _ => {}
+        }
+    }
+    Some([prev?, seq?])
 }
 
 #[cfg(test)]
