@@ -285,4 +285,4 @@ fn recut(lengths: impl Iterator<Item = usize>, splices: &[Splice]) -> Vec<usize>
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -199,15 +199,7 @@ fn substitute<E>(
     if subs.is_empty() {
         return Ok(None);
     }
-    let mut out = Vec::with_capacity(bytes.len() + subs.iter().map(|(_, b)| b.len()).sum::<usize>());
-    let mut copied = 0;
-    for (range, new) in subs {
-        out.extend_from_slice(&bytes[copied..range.start]);
-        out.extend_from_slice(&new);
-        copied = range.end;
-    }
-    out.extend_from_slice(&bytes[copied..]);
-    Ok(Some(out))
+    Ok(Some(http_doc::splice(bytes, subs)))
 }
 
 /// Each token of `bytes` that `original` answers, with what replaces it: the original,

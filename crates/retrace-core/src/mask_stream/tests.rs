@@ -68,8 +68,9 @@ fn masked(chunks: &[Vec<u8>], secrets: usize) -> String {
     text
 }
 
-/// The decoded text of every delta an event line's JSON carries at `path`.
-fn reassembled(text: &str, path: &[&str]) -> String {
+/// The decoded text of every delta an event line's JSON carries at `path` (shared with the
+/// unmasking tests).
+pub(crate) fn reassembled(text: &str, path: &[&str]) -> String {
     let mut out = String::new();
     for line in text.lines() {
         let Some(Ok(v)) = line.strip_prefix("data: ").map(serde_json::from_str::<serde_json::Value>) else {

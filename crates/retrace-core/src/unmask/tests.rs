@@ -98,20 +98,7 @@ fn stream_of(doc: &[u8]) -> String {
 
 /// The decoded text at `path` of every `data:` line's JSON, concatenated.
 fn deltas(stream: &str, path: &[&str]) -> String {
-    let mut out = String::new();
-    for line in stream.lines() {
-        let Some(data) = line.strip_prefix("data: ").filter(|d| *d != "[DONE]") else { continue };
-        let v: serde_json::Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
-        let mut at = &v;
-        for p in path {
-            at = match p.parse::<usize>() {
-                Ok(i) => &at[i],
-                Err(_) => &at[*p],
-            };
-        }
-        out.push_str(at.as_str().unwrap_or(""));
-    }
-    out
+    crate::mask_stream::tests::reassembled(stream, path)
 }
 
 fn chat_event(content: &str) -> String {
