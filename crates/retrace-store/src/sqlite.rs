@@ -8,8 +8,9 @@
 //! One write connection (behind a mutex; every write is one `BEGIN IMMEDIATE` transaction)
 //! and a small pool of read connections. Several processes may share a store: writers wait
 //! up to the busy timeout for each other, then fail with `Busy`. Durability (see
-//! [`Durability`]): `event` runs SQLite with `synchronous=FULL`; `batch` with `NORMAL` plus a
-//! thread that fdatasyncs the WAL at most every 10 ms after commits; `os` never syncs.
+//! [`Durability`] and [`sync`]): SQLite runs at `synchronous=NORMAL`, and `event` fdatasyncs the
+//! WAL after each commit before it returns; `batch` has a thread fdatasync it at most every
+//! 10 ms after commits; `os` never syncs.
 //! Schema: [`schema`].
 mod blobs;
 mod cache;
@@ -75,6 +76,8 @@ pub struct SqliteStore {
     /// Step name → interned id in `names` (for the head blocks; never reused either).
     names: Mutex<HashMap<String, i64>>,
     syncer: Option<sync::Syncer>,
+    /// `Durability::Event`: the WAL, synced after every commit.
+    wal_sync: Option<sync::WalSync>,
     checkpointer: checkpoint::Checkpointer,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
@@ -115,13 +118,13 @@ impl SqliteStore {
         let writer = open_connection(path, durability, busy_timeout_ms)?;
         let segment_bytes = schema::migrate(&writer, &label)?;
         let syncer = match durability {
-            Durability::Batch => {
-                let mut wal = path.as_os_str().to_owned();
-                wal.push("-wal");
-                Some(sync::Syncer::start(wal.into()).ctx(|| format!("starting the WAL syncer of {label}"))?)
-            }
+            Durability::Batch => Some(
+                sync::Syncer::start(sync::wal_path(path))
+                    .ctx(|| format!("starting the WAL syncer of {label}"))?,
+            ),
             Durability::Event | Durability::Os => None,
         };
+        let wal_sync = (durability == Durability::Event).then(|| sync::WalSync::new(path));
         writer
             .query_row(
                 &format!("PRAGMA wal_autocheckpoint = {}", checkpoint::WRITER_AUTOCHECKPOINT_PAGES),
@@ -144,6 +147,7 @@ impl SqliteStore {
             agents: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             syncer,
+            wal_sync,
             checkpointer,
             _temp: temp,
         })
@@ -188,6 +192,10 @@ impl SqliteStore {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| what)?;
         let value = f(&tx)?;
         tx.commit().ctx(|| what)?;
+        if let Some(wal) = &self.wal_sync {
+            // Committed but not yet durable: the caller must not acknowledge it.
+            wal.sync().ctx(|| format!("{what}: syncing the WAL {}-wal", self.label))?;
+        }
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }

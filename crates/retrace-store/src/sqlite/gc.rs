@@ -44,6 +44,11 @@ impl GcStore for SqliteStore {
             }
             return Err(StoreError::from_sqlite(e, WHAT));
         }
+        if let Some(wal) = &self.wal_sync {
+            // Until the deletions are on disk, the trashed files stay (the next run restores
+            // the ones whose rows survived).
+            wal.sync().ctx(|| format!("{WHAT}: syncing the WAL"))?;
+        }
         for (_, to) in &trashed {
             let _ = std::fs::remove_file(to);
         }
