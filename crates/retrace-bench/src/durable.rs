@@ -22,8 +22,8 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     drive::record(warm.store.clone(), &data[..50], 1, true);
     drop(warm);
 
-    let (mut fsync, mut raw, mut latency, mut rate_one, mut rate_many) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut fsync, mut raw, mut latency, mut rate_one, mut rate_many, mut unsynced) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut tails = vec![];
     for _ in 0..cfg.repeats {
         let dir = cfg.temp_dir("fsync");
@@ -37,6 +37,11 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         latency.push(median_us(&rec.latencies));
         tails.push(percentiles(&rec.latencies));
         rate_one.push(single as f64 / rec.wall.as_secs_f64());
+        drop(store);
+
+        // The same acknowledged steps with no sync at all: what the latency holds besides it.
+        let store = cfg.store("os1", Durability::Os);
+        unsynced.push(median_us(&drive::record(store.store.clone(), &data[..single], 1, true).latencies));
         drop(store);
 
         let store = cfg.store("event16", Durability::Event);
@@ -64,6 +69,10 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             Some(fsync),
             Target::RatioAtMost(1.5),
         ),
+    );
+    print(
+        lines,
+        Line::new("record.os (no sync) 1 writer latency p50", median(&unsynced), "us", None, Target::Info),
     );
     print(lines, Line::new("record.event 1 writer rate", one, "ev/s", None, Target::Info));
     print(

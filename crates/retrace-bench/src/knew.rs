@@ -336,7 +336,7 @@ impl Builder<'_> {
         send.name = Some(to.to_owned());
         send.message = Some(envelope.clone());
         send.causal_parent = parent;
-        send.request_ref = Some(blob.digest);
+        send.request_ref = Some(blob.digest());
         sender.lamport += 1;
         send.lamport = sender.lamport;
         self.blobs.push(blob);

@@ -37,7 +37,7 @@ fn fork(source: &Fixture) -> (Fixture, BlobPut) {
     let revised = BlobPut::new(revised, BlobHint::Raw);
     let call = &mut run.events[4];
     (call.output_ref, call.output_hash, call.source) =
-        (Some(revised.digest), Some(revised.digest), Source::Live);
+        (Some(revised.digest()), Some(revised.digest()), Source::Live);
     call.usage = Some(Usage { input_tokens: 2100, output_tokens: 90, cost_usd: Some(0.5) });
     let decision = &mut run.events[8];
     decision.key = Digest::of(b"reject step:backfill");

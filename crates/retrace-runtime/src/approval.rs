@@ -161,8 +161,8 @@ impl Agent {
         event.causal_parent = None;
         let canonical = retrace_core::canonical::canonical_value(detail).expect("an approval is canonical");
         let output = BlobPut::new(inner.masker.mask_json(&canonical).bytes.into_owned(), BlobHint::Raw);
-        event.output_ref = Some(output.digest);
-        event.output_hash = Some(output.digest);
+        event.output_ref = Some(output.digest());
+        event.output_hash = Some(output.digest());
         let (ticket, _) = self.append_stamped(event, vec![output], None, None)?;
         Ok(ticket.wait()?.seq)
     }

@@ -301,7 +301,7 @@ impl Agent {
         let request = BlobPut::new(prepared.masked, input.hint);
         let mut event = input.template;
         event.key = prepared.key;
-        event.request_ref = Some(request.digest);
+        event.request_ref = Some(request.digest());
         self.take_inbound(&mut event);
         let mut blobs = vec![request];
         if input.intent {
@@ -357,8 +357,8 @@ impl Agent {
                 }
             }
             let output = BlobPut::new(masked.bytes.into_owned(), BlobHint::Raw);
-            event.output_ref = Some(output.digest);
-            event.output_hash = Some(output.digest);
+            event.output_ref = Some(output.digest());
+            event.output_hash = Some(output.digest());
             blobs.push(output);
         }
         let (causal_parent, output_ref) = (event.causal_parent, event.output_ref);

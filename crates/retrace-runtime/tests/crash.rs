@@ -85,10 +85,10 @@ fn record_through_the_writer(store: Arc<dyn Store>, run: &str) {
                     let mut e = Event::new(run, format!("agent-{t}"), EventType::ToolCall);
                     e.name = Some("work".into());
                     e.lamport = i + 1;
-                    e.key = request.digest;
-                    e.request_ref = Some(request.digest);
-                    e.output_ref = Some(output.digest);
-                    e.output_hash = Some(output.digest);
+                    e.key = request.digest();
+                    e.request_ref = Some(request.digest());
+                    e.output_ref = Some(output.digest());
+                    e.output_hash = Some(output.digest());
                     let acked = writer.append_sync(e, vec![request, output]).unwrap();
                     say(&format!("ack {} {}", acked.seq, acked.hash));
                 }

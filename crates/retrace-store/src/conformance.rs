@@ -23,10 +23,7 @@ mod runs;
 mod vault;
 mod writer;
 
-pub use blobs::{
-    blob_digest_mismatch_is_invalid, blobs_small_and_large, model_request_manifests,
-    request_shapes_round_trip,
-};
+pub use blobs::{blobs_small_and_large, model_request_manifests, request_shapes_round_trip};
 pub use cache::{
     cache_entries_commit_with_their_batch, cache_get_put_overwrite, cache_usable_at_by_class,
     writer_append_cached,
@@ -74,7 +71,6 @@ pub fn run_all(make: MakeStore<'_>) {
         ("fork_starts_at_fork_point", fork_starts_at_fork_point),
         ("summaries_match_events", summaries_match_events),
         ("blobs_small_and_large", blobs_small_and_large),
-        ("blob_digest_mismatch_is_invalid", blob_digest_mismatch_is_invalid),
         ("model_request_manifests", model_request_manifests),
         ("request_shapes_round_trip", request_shapes_round_trip),
         ("leases_acquire_renew_release", leases_acquire_renew_release),

@@ -73,15 +73,20 @@ pub enum BlobHint {
     ModelRequest,
 }
 
-/// A blob to store with a batch.
+/// A blob to store with a batch. Its digest is the digest of its bytes by construction: the
+/// fields are private and only [`BlobPut::new`] (which hashes) makes one outside this crate, so
+/// a store never hashes a batch's blobs a second time.
+///
+/// ```compile_fail
+/// # use retrace_store::{BlobHint, BlobPut};
+/// let mut put = BlobPut::new(&b"real bytes"[..], BlobHint::Raw);
+/// put.digest = retrace_core::Digest::of(b"other bytes"); // private: no lying about a digest
+/// ```
 #[derive(Clone, Debug)]
 pub struct BlobPut {
-    /// Digest of `bytes` (the caller computed it; the store checks it).
-    pub digest: Digest,
-    /// The bytes.
-    pub bytes: Arc<[u8]>,
-    /// How to store it.
-    pub hint: BlobHint,
+    digest: Digest,
+    bytes: Arc<[u8]>,
+    hint: BlobHint,
 }
 
 impl BlobPut {
@@ -89,6 +94,26 @@ impl BlobPut {
     pub fn new(bytes: impl Into<Arc<[u8]>>, hint: BlobHint) -> BlobPut {
         let bytes = bytes.into();
         BlobPut { digest: Digest::of(&bytes), bytes, hint }
+    }
+
+    /// A blob whose `digest` this crate has just checked against `bytes` (an import).
+    pub(crate) fn checked(digest: Digest, bytes: Arc<[u8]>, hint: BlobHint) -> BlobPut {
+        BlobPut { digest, bytes, hint }
+    }
+
+    /// The digest of the bytes.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &Arc<[u8]> {
+        &self.bytes
+    }
+
+    /// How to store it.
+    pub fn hint(&self) -> BlobHint {
+        self.hint
     }
 }
 

@@ -330,10 +330,10 @@ impl EventStore for SqliteStore {
         self.runs_impl()
     }
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
-        self.commit_impl(batch, true)
+        self.commit_impl(batch)
     }
     fn commit_verified(&self, batch: &crate::VerifiedBatch) -> StoreResult<()> {
-        self.commit_impl(batch.batch(), false)
+        self.commit_impl(batch.batch())
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)

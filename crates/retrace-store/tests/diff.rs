@@ -25,7 +25,7 @@ fn parse(run: &str, first: u64, lines: &str) -> (Vec<Event>, Vec<BlobPut>) {
         e.key = Digest::of(words[2].as_bytes());
         if words[3] != "-" {
             let blob = BlobPut::new(format!(r#"{{"out":"{}"}}"#, words[3]).into_bytes(), BlobHint::Raw);
-            (e.output_ref, e.output_hash) = (Some(blob.digest), Some(blob.digest));
+            (e.output_ref, e.output_hash) = (Some(blob.digest()), Some(blob.digest()));
             blobs.push(blob);
         }
         for word in &words[4..] {

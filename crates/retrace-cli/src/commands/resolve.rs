@@ -82,8 +82,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let bytes = std::fs::read(path).map_err(|e| usage(format!("reading {path}: {e}")))?;
         let canonical = canonicalize(&bytes).map_err(|e| usage(format!("{path} is not JSON: {e}")))?;
         let blob = BlobPut::new(canonical, BlobHint::Raw);
-        event.output_ref = Some(blob.digest);
-        event.output_hash = Some(blob.digest);
+        event.output_ref = Some(blob.digest());
+        event.output_hash = Some(blob.digest());
         event.name = Some("executed".into());
         blobs.push(blob);
     } else {

@@ -46,7 +46,7 @@ fn resolve(store: &Arc<dyn Store>, run: &str, intent_seq: u64, outcome: Option<V
     match outcome {
         Some(v) => {
             let b = BlobPut::new(serde_json::to_vec(&v).unwrap(), BlobHint::Raw);
-            e.output_ref = Some(b.digest);
+            e.output_ref = Some(b.digest());
             e.name = Some("executed".into());
             blobs.push(b);
         }

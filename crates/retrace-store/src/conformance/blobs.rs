@@ -42,22 +42,6 @@ pub fn blobs_small_and_large(make: MakeStore<'_>) {
     assert!(!store.has_blob(&missing).unwrap());
 }
 
-/// A blob whose stated digest doesn't match its bytes is refused (`Invalid`), with its batch.
-pub fn blob_digest_mismatch_is_invalid(make: MakeStore<'_>) {
-    let store = make();
-    store.create_run(&sample_run("lying", 1)).unwrap();
-    let mut lie = raw(b"real bytes");
-    lie.digest = Digest::of(b"other bytes");
-    let events = super::sample_events("lying", 1, 1, None);
-    let err = store
-        .commit(&Batch { run_id: "lying".into(), events, blobs: vec![lie.clone()], cache: Vec::new() })
-        .unwrap_err();
-    assert_eq!(err.kind, StoreErrorKind::Invalid);
-    assert!(err.message.contains(&lie.digest.to_string()), "{err}");
-    assert_eq!(store.last_seq("lying").unwrap(), 0);
-    assert!(!store.has_blob(&lie.digest).unwrap());
-}
-
 /// A 200-turn conversation whose requests carry the whole history: every request rebuilds
 /// byte for byte, and any manifest the store hands out rebuilds through [`manifest::rebuild`].
 pub fn model_request_manifests(make: MakeStore<'_>) {

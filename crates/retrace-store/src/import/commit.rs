@@ -39,7 +39,7 @@ pub(super) fn store_trace(
         .into_iter()
         .map(|b| {
             let hint = hints.get(&b.digest).copied().unwrap_or(BlobHint::Raw);
-            Some(BlobPut { digest: b.digest, bytes: b.bytes, hint })
+            Some(BlobPut::checked(b.digest, b.bytes, hint))
         })
         .collect();
     for members in chunks {

@@ -13,7 +13,6 @@ use super::staged::Staged;
 use super::{blobs, cache, SqliteStore};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
-use crate::memory::check_blob_digests;
 use crate::writer::check_seqs;
 use crate::{Batch, StoreError, StoreResult};
 
@@ -36,10 +35,8 @@ fn fork_at(conn: &Connection, run: &str, pk: i64) -> StoreResult<Option<u64>> {
 
 impl SqliteStore {
     /// Commits `batch`; `check_digests` hashes its blobs first (false: the caller verified them).
-    pub(crate) fn commit_impl(&self, batch: &Batch, check_digests: bool) -> StoreResult<()> {
-        if check_digests {
-            check_blob_digests(batch)?;
-        }
+    /// Commits `batch` in one transaction (its blobs' digests hold by construction: [`crate::BlobPut`]).
+    pub(crate) fn commit_impl(&self, batch: &Batch) -> StoreResult<()> {
         let run = &batch.run_id;
         let (first, last) = match (batch.events.first(), batch.events.last()) {
             (Some(f), Some(l)) => (f.seq, l.seq),

@@ -137,7 +137,7 @@ fn build(store: &dyn Store, specs: &[Spec]) -> World {
 }
 
 fn pool_digests() -> Vec<Digest> {
-    (0..10).map(|i| pool(i).digest).collect()
+    (0..10).map(|i| pool(i).digest()).collect()
 }
 
 fn add_run(
@@ -179,10 +179,10 @@ fn add_run(
             let output = pool(*blob);
             let mut e = Event::new(&id, "a0", EventType::ModelCall);
             (e.seq, e.lamport, e.key) = (seq, seq, Digest::of(format!("{id} {seq}").as_bytes()));
-            e.output_ref = Some(output.digest);
+            e.output_ref = Some(output.digest());
             if i % 2 == 0 {
                 let req = request(spec.topic, (seq as usize) / 2);
-                e.request_ref = Some(req.digest);
+                e.request_ref = Some(req.digest());
                 blobs.push(req);
             }
             e.seal(prev).unwrap();

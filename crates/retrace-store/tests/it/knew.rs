@@ -47,7 +47,7 @@ fn messaging_run(run: &str, agents: usize, messages: usize, mut seed: u64) -> (V
         send.message = Some(message.clone());
         send.causal_parent = last[from];
         if i % 7 != 3 {
-            send.request_ref = Some(blob.digest);
+            send.request_ref = Some(blob.digest());
             blobs.push(blob);
         }
         let send_seq = push(&mut events, send);
@@ -95,7 +95,7 @@ fn commit_in_batches(store: &dyn Store, run: &str, events: &[Event], blobs: &[Bl
     while at < events.len() {
         let end = (at + 1 + (at * 7) % max).min(events.len());
         let wanted: Vec<Digest> = events[at..end].iter().filter_map(|e| e.request_ref).collect();
-        let blobs = blobs.iter().filter(|b| wanted.contains(&b.digest)).cloned().collect();
+        let blobs = blobs.iter().filter(|b| wanted.contains(&b.digest())).cloned().collect();
         store
             .commit(&Batch { run_id: run.into(), events: events[at..end].to_vec(), blobs, cache: vec![] })
             .unwrap();

@@ -83,22 +83,22 @@ fn altered_bytes_are_corrupt_naming_the_digest() {
     for blob in [&packed, &tiny, &first, &second] {
         put_in_run(&store, "r", blob);
     }
-    assert!(store.manifest_of(&second.digest).unwrap().is_some());
+    assert!(store.manifest_of(&second.digest()).unwrap().is_some());
     for blob in [&packed, &tiny] {
-        alter_stored_bytes(store.path(), &blob.digest);
-        let err = store.get_blob(&blob.digest).unwrap_err();
+        alter_stored_bytes(store.path(), &blob.digest());
+        let err = store.get_blob(&blob.digest()).unwrap_err();
         assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
-        assert!(err.message.contains(&blob.digest.to_string()), "{err}");
+        assert!(err.message.contains(&blob.digest().to_string()), "{err}");
     }
     let element = Digest::of(b"{\"role\":\"user\",\"content\":\"message 2\"}");
     alter_stored_bytes(store.path(), &element);
-    let err = store.get_blob(&second.digest).unwrap_err();
+    let err = store.get_blob(&second.digest()).unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
     assert!(
-        err.message.contains(&second.digest.to_string()) && err.message.contains(&element.to_string()),
+        err.message.contains(&second.digest().to_string()) && err.message.contains(&element.to_string()),
         "{err}"
     );
-    assert_eq!(store.get_blob(&first.digest).unwrap(), first.bytes.to_vec(), "other requests still read");
+    assert_eq!(store.get_blob(&first.digest()).unwrap(), first.bytes().to_vec(), "other requests still read");
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn a_reopened_store_keeps_everything_and_recovers_dead_recorders() {
     std::thread::sleep(std::time::Duration::from_millis(5));
     let store = open_store(&config).unwrap();
     assert_eq!(store.events("kept", 1, 10).unwrap(), events);
-    assert_eq!(store.get_blob(&big.digest).unwrap(), big.bytes.to_vec());
+    assert_eq!(store.get_blob(&big.digest()).unwrap(), big.bytes().to_vec());
     assert_eq!(store.run("crashed").unwrap().status, RunStatus::Interrupted);
     assert_eq!(store.run("kept").unwrap().status, RunStatus::Running, "its recorder is alive");
 }
@@ -250,10 +250,10 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
     });
     assert_eq!(version(&db), SCHEMA_VERSION);
     assert_eq!(a.events("old", 1, 10).unwrap(), events);
-    assert_eq!(b.get_blob(&blob.digest).unwrap(), blob.bytes.to_vec());
+    assert_eq!(b.get_blob(&blob.digest()).unwrap(), blob.bytes().to_vec());
     let key = Digest::of(b"key");
     let entry =
-        CacheEntry { output_ref: blob.digest, usage: None, stored_at_ms: 7, class: None, ttl_s: None };
+        CacheEntry { output_ref: blob.digest(), usage: None, stored_at_ms: 7, class: None, ttl_s: None };
     a.cache_put(&key, &entry).unwrap();
     assert_eq!(b.cache_get(&key).unwrap(), Some(entry));
     drop((a, b));
@@ -342,15 +342,15 @@ fn packed_blobs_fill_segments_across_batches() {
     let store = open(dir.path(), Durability::Os, 5_000);
     for blob in &blobs {
         assert_eq!(
-            store.get_blob(&blob.digest).unwrap(),
-            &blob.bytes[..],
+            store.get_blob(&blob.digest()).unwrap(),
+            &blob.bytes()[..],
             "blob of {} bytes",
-            blob.bytes.len()
+            blob.bytes().len()
         );
     }
-    let digests: Vec<Digest> = blobs.iter().map(|b| b.digest).collect();
+    let digests: Vec<Digest> = blobs.iter().map(|b| b.digest()).collect();
     let together = store.get_blobs(&digests).unwrap();
-    assert!(together.iter().zip(&blobs).all(|(got, blob)| got[..] == blob.bytes[..]));
+    assert!(together.iter().zip(&blobs).all(|(got, blob)| got[..] == blob.bytes()[..]));
     let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
     let segments: Vec<(i64, i64)> = conn
         .prepare("SELECT id, length(data) FROM segments ORDER BY id")
@@ -382,7 +382,7 @@ fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
     let blobs = vec![new.clone(), old.clone(), tiny.clone(), new.clone(), tiny.clone(), old.clone()];
     store.commit(&Batch { run_id: run.id.clone(), events: Vec::new(), blobs, cache: Vec::new() }).unwrap();
     for blob in [&old, &new, &tiny] {
-        assert_eq!(store.get_blob(&blob.digest).unwrap(), &blob.bytes[..]);
+        assert_eq!(store.get_blob(&blob.digest()).unwrap(), &blob.bytes()[..]);
     }
     let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
     let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();

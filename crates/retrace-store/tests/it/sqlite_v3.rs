@@ -53,10 +53,10 @@ fn a_version_2_store_gains_the_vault_audit_and_blob_times_and_keeps_its_data() {
     let store = open(dir.path());
     assert_eq!(version(&db), SCHEMA_VERSION);
     assert_eq!(store.events("old", 1, 10).unwrap(), events);
-    assert_eq!(store.get_blob(&blob.digest).unwrap(), blob.bytes.to_vec());
+    assert_eq!(store.get_blob(&blob.digest()).unwrap(), blob.bytes().to_vec());
     let stored_at: Option<i64> = Connection::open(&db)
         .unwrap()
-        .query_row("SELECT stored_at FROM blobs WHERE digest = ?1", [blob.digest.as_bytes()], |r| r.get(0))
+        .query_row("SELECT stored_at FROM blobs WHERE digest = ?1", [blob.digest().as_bytes()], |r| r.get(0))
         .unwrap();
     assert_eq!(stored_at, None, "rows from before version 3 carry no time: they count as old");
     let key = VaultKey::from_bytes([1; 32]);
@@ -77,7 +77,7 @@ fn a_version_2_store_gains_the_vault_audit_and_blob_times_and_keeps_its_data() {
         .collect_garbage(&GcRequest { runs: vec!["old".into()], blob_cutoff_ms: 1, dry_run: false })
         .unwrap();
     assert_eq!((report.runs_deleted.len(), report.blobs_deleted), (1, 1), "{report:?}");
-    assert!(store.has_blob(&raw(b"new and unreferenced").digest).unwrap());
+    assert!(store.has_blob(&raw(b"new and unreferenced").digest()).unwrap());
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn gc_gives_back_blob_files_and_packed_segments() {
     record_with_outputs(&store, &aged_run("old", RunMode::Record, 90, Retention::Routine, None), &outputs);
     let kept = raw(&[b'k'; 500]);
     record_with_outputs(&store, &aged_run("new", RunMode::Record, 1, Retention::Routine, None), &[&kept]);
-    let file = store.blob_file(&big.digest);
+    let file = store.blob_file(&big.digest());
     assert!(file.exists());
     let segments = |db: &Path| -> i64 {
         Connection::open(db).unwrap().query_row("SELECT count(*) FROM segments", [], |r| r.get(0)).unwrap()
@@ -124,19 +124,27 @@ fn gc_gives_back_blob_files_and_packed_segments() {
     config.blob_grace_ms = 0;
     let report = collect(&store, &config).unwrap();
     assert_eq!((report.runs_deleted.len(), report.blobs_deleted), (1, 41), "{report:?}");
-    assert!(report.bytes_freed >= big.bytes.len() as u64 + 30 * 1000, "{report:?}");
+    assert!(report.bytes_freed >= big.bytes().len() as u64 + 30 * 1000, "{report:?}");
     assert!(!file.exists(), "the blob file is removed");
     assert!(!dir.path().join("blobs/.trash").read_dir().unwrap().any(|_| true), "the trash is emptied");
     assert!(segments(store.path()) < before - 5, "segments only the deleted run used are gone");
-    assert_eq!(store.get_blob(&kept.digest).unwrap(), kept.bytes.to_vec());
+    assert_eq!(store.get_blob(&kept.digest()).unwrap(), kept.bytes().to_vec());
     let again = raw(&vec![7; 1000]);
     record_with_outputs(
         &store,
         &aged_run("later", RunMode::Record, 0, Retention::Routine, None),
         &[&again, &big],
     );
-    assert_eq!(store.get_blob(&again.digest).unwrap(), again.bytes.to_vec(), "packing resumes after a sweep");
-    assert_eq!(store.get_blob(&big.digest).unwrap(), big.bytes.to_vec(), "a swept blob can be stored again");
+    assert_eq!(
+        store.get_blob(&again.digest()).unwrap(),
+        again.bytes().to_vec(),
+        "packing resumes after a sweep"
+    );
+    assert_eq!(
+        store.get_blob(&big.digest()).unwrap(),
+        big.bytes().to_vec(),
+        "a swept blob can be stored again"
+    );
 }
 
 #[test]
@@ -145,13 +153,13 @@ fn a_trashed_file_whose_row_survived_a_crash_is_put_back() {
     let store = open(dir.path());
     let big = raw(&vec![b'c'; retrace_store::INLINE_BLOB_MAX + 1]);
     record_with_outputs(&store, &aged_run("r", RunMode::Record, 1, Retention::Pinned, None), &[&big]);
-    let file = store.blob_file(&big.digest);
+    let file = store.blob_file(&big.digest());
     let trash = dir.path().join("blobs/.trash");
     std::fs::create_dir_all(&trash).unwrap();
-    std::fs::rename(&file, trash.join(big.digest.hex())).unwrap();
+    std::fs::rename(&file, trash.join(big.digest().hex())).unwrap();
     std::fs::write(trash.join("leftover"), b"junk").unwrap();
     store.collect_garbage(&GcRequest { runs: vec![], blob_cutoff_ms: 0, dry_run: false }).unwrap();
-    assert_eq!(store.get_blob(&big.digest).unwrap(), big.bytes.to_vec());
+    assert_eq!(store.get_blob(&big.digest()).unwrap(), big.bytes().to_vec());
     assert!(!trash.join("leftover").exists());
 }
 

@@ -59,10 +59,10 @@ fn a_long_conversation_costs_its_unique_bytes() {
         let output = BlobPut::new(assistant.clone().into_bytes(), BlobHint::Raw);
         let mut event = Event::new("budget", "agent", EventType::ModelCall);
         event.name = Some("/v1/chat/completions".into());
-        event.key = request.digest;
-        event.request_ref = Some(request.digest);
-        event.output_ref = Some(output.digest);
-        event.output_hash = Some(output.digest);
+        event.key = request.digest();
+        event.request_ref = Some(request.digest());
+        event.output_ref = Some(output.digest());
+        event.output_hash = Some(output.digest());
         requests.push(request.clone());
         writer.append(event, vec![request, output]).unwrap();
         history.push(assistant);
@@ -85,8 +85,8 @@ fn a_long_conversation_costs_its_unique_bytes() {
     assert!(total <= budget, "{total} bytes stored, budget {budget}");
     // Every 10th request, and the last ones in order (the cache of rebuilt requests at work).
     for request in requests.iter().step_by(10).chain(&requests[190..]) {
-        assert_eq!(store.get_blob(&request.digest).unwrap(), request.bytes.to_vec());
-        assert!(store.manifest_of(&request.digest).unwrap().is_some());
+        assert_eq!(store.get_blob(&request.digest()).unwrap(), request.bytes().to_vec());
+        assert!(store.manifest_of(&request.digest()).unwrap().is_some());
     }
     let events = store.events("budget", 1, usize::MAX).unwrap();
     assert_eq!(events.len() as u64, turns);

@@ -52,14 +52,14 @@ impl Builder {
         e.key = Digest::of(format!("{kind} {name:?} {}", e.seq).as_bytes());
         if let Some((bytes, hint)) = request {
             let put = BlobPut::new(bytes, hint);
-            e.key = Digest::of(&put.bytes);
-            e.request_ref = Some(put.digest);
+            e.key = Digest::of(&put.bytes());
+            e.request_ref = Some(put.digest());
             self.blobs.push(put);
         }
         if let Some(bytes) = output {
             let put = BlobPut::new(bytes, BlobHint::Raw);
-            e.output_ref = Some(put.digest);
-            e.output_hash = Some(put.digest);
+            e.output_ref = Some(put.digest());
+            e.output_hash = Some(put.digest());
             self.blobs.push(put);
         }
         edit(&mut e);
@@ -159,7 +159,7 @@ impl Fixture {
     /// Creates the run and commits its events in batches of 7.
     pub fn commit(&self, store: &dyn Store) {
         store.create_run(&self.meta).unwrap();
-        let by_digest: HashMap<Digest, &BlobPut> = self.blobs.iter().map(|b| (b.digest, b)).collect();
+        let by_digest: HashMap<Digest, &BlobPut> = self.blobs.iter().map(|b| (b.digest(), b)).collect();
         for chunk in self.events.chunks(7) {
             let wanted = chunk.iter().flat_map(|e| [e.request_ref, e.output_ref]).flatten();
             let blobs = wanted.filter_map(|d| by_digest.get(&d).map(|b| (*b).clone())).collect();
