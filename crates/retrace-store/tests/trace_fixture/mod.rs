@@ -52,7 +52,7 @@ impl Builder {
         e.key = Digest::of(format!("{kind} {name:?} {}", e.seq).as_bytes());
         if let Some((bytes, hint)) = request {
             let put = BlobPut::new(bytes, hint);
-            e.key = Digest::of(&put.bytes());
+            e.key = Digest::of(put.bytes());
             e.request_ref = Some(put.digest());
             self.blobs.push(put);
         }
