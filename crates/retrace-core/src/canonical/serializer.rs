@@ -2,7 +2,8 @@
 //! `write_canonical_value(&serde_json::to_value(v))` writes, without building the `Value` (its
 //! maps, key strings and number boxes were most of the cost of hashing and exporting an event).
 //!
-//! Members are written as they come and put in key order when their object ends. Anything this
+//! Members are written as they come and put in key order when their object ends (a struct's
+//! order is found once per thread and remembered, see `KeyOrders`). Anything this
 //! writer doesn't handle exactly as `serde_json::to_value` would (128-bit and `f32` numbers,
 //! non-string map keys, raw values, a repeated key) makes it give up; callers then take the
 //! `Value` path, so the bytes never depend on which path wrote them.
