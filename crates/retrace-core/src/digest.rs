@@ -35,7 +35,7 @@ impl Digest {
 
     /// The 64 hex digits without the `sha256:` prefix.
     pub fn hex(&self) -> String {
-        hex::encode(self.0)
+        self.text(&mut [0; 7 + 64])[DIGEST_PREFIX.len()..].to_owned()
     }
 
     /// A short form for terminals: `sha256:` and the first 12 hex digits.
@@ -93,16 +93,22 @@ impl FromStr for Digest {
     }
 }
 
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Digest {
+    /// The text form, `sha256:<hex>`, written into `buf`.
+    fn text<'b>(&self, buf: &'b mut [u8; 7 + 64]) -> &'b str {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut buf = [0u8; 7 + 64];
         buf[..7].copy_from_slice(DIGEST_PREFIX.as_bytes());
         for (pair, byte) in buf[7..].chunks_exact_mut(2).zip(self.0) {
             pair[0] = HEX[usize::from(byte >> 4)];
             pair[1] = HEX[usize::from(byte & 15)];
         }
-        f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+        std::str::from_utf8(&buf[..]).expect("a prefix and hex digits are ASCII")
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text(&mut [0; 7 + 64]))
     }
 }
 
@@ -114,7 +120,8 @@ impl fmt::Debug for Digest {
 
 impl Serialize for Digest {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        // The text form as a plain string (no formatting machinery): every event holds several.
+        s.serialize_str(self.text(&mut [0; 7 + 64]))
     }
 }
 

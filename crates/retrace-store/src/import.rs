@@ -4,6 +4,8 @@
 //! 1. **Read and verify** (`import/read.rs`): line by line, the header's format and counts,
 //!    every event's seq, hash and chain link, every blob's digest (a manifest is rebuilt into its
 //!    request first), that every referenced blob is present and nothing follows the last blob.
+//!    Worker threads parse lines and hash them ahead of these checks (`import/prepare.rs`);
+//!    the checks and their errors stay in file order on the calling thread.
 //! 2. **Store** (`import/commit.rs`): if the run already exists it must hold the same events
 //!    (then the import is a no-op); otherwise the run is created and its events and blobs are
 //!    committed in chunks. Nothing is stored unless the whole file verified.
@@ -13,6 +15,7 @@
 //! (`retrace import --force`) verification failures and truncation are reported and the rest is
 //! stored, for `retrace verify` to examine.
 mod commit;
+mod prepare;
 mod read;
 
 use std::fmt;

@@ -2,7 +2,8 @@
 //! `write_canonical_value(&serde_json::to_value(v))` writes, without building the `Value` (its
 //! maps, key strings and number boxes were most of the cost of hashing and exporting an event).
 //!
-//! Members are written as they come and put in key order when their object ends. Anything this
+//! Members are written as they come and put in key order when their object ends (a struct's
+//! order is found once per thread and remembered, see `KeyOrders`). Anything this
 //! writer doesn't handle exactly as `serde_json::to_value` would (128-bit and `f32` numbers,
 //! non-string map keys, raw values, a repeated key) makes it give up; callers then take the
 //! `Value` path, so the bytes never depend on which path wrote them.
@@ -79,25 +80,86 @@ impl<'s, 'o> Object<'s, 'o> {
     }
 
     /// Writes `{`, the members in key order, `}` where the values were; gives the writer back.
-    fn finish(mut self) -> Result<&'s mut Ser<'o>, GiveUp> {
+    fn finish(self) -> Result<&'s mut Ser<'o>, GiveUp> {
         let values = self.ser.out.split_off(self.start);
-        self.members.sort_by(|a, b| key_order(&a.0, &b.0));
-        if self.members.windows(2).any(|w| w[0].0 == w[1].0) {
-            return Err(GiveUp);
-        }
         let Object { ser, start, members, .. } = self;
         let out = &mut *ser.out;
-        out.push(b'{');
-        for (i, (key, from, to)) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
+        let write =
+            |out: &mut Vec<u8>, order: &mut dyn Iterator<Item = &(Cow<'static, str>, usize, usize)>| {
+                out.push(b'{');
+                for (i, (key, from, to)) in order.enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_escaped(out, key);
+                    out.push(b':');
+                    out.extend_from_slice(&values[from - start..to - start]);
+                }
+                out.push(b'}');
+            };
+        let known = KEY_ORDERS.with_borrow_mut(|orders| match orders.of(&members) {
+            Some(order) => {
+                write(out, &mut order.iter().map(|&i| &members[usize::from(i)]));
+                true
             }
-            write_escaped(out, key);
-            out.push(b':');
-            out.extend_from_slice(&values[from - start..to - start]);
+            None => false,
+        });
+        if !known {
+            let mut order: Vec<u16> = (0..members.len()).filter_map(|i| u16::try_from(i).ok()).collect();
+            order.sort_by(|&a, &b| key_order(&members[usize::from(a)].0, &members[usize::from(b)].0));
+            if order.len() != members.len()
+                || order.windows(2).any(|w| members[usize::from(w[0])].0 == members[usize::from(w[1])].0)
+            {
+                return Err(GiveUp);
+            }
+            write(out, &mut order.iter().map(|&i| &members[usize::from(i)]));
+            KEY_ORDERS.with_borrow_mut(|orders| orders.remember(&members, order));
         }
-        out.push(b'}');
         Ok(ser)
+    }
+}
+
+/// How many members' orders [`KeyOrders`] remembers, at most.
+const KEY_ORDERS_KEPT: usize = 64;
+
+thread_local! {
+    /// The key order of the structs this thread wrote.
+    static KEY_ORDERS: std::cell::RefCell<KeyOrders> = const { std::cell::RefCell::new(KeyOrders(Vec::new())) };
+}
+
+/// The key order of a struct's members, by the exact `&'static str` keys it gave, in the order
+/// it gave them (a struct that skips a field gives another list): sorting the same keys again
+/// gives the same order, so a struct written many times (every event) is sorted once.
+struct KeyOrders(Vec<(Vec<&'static str>, Vec<u16>)>);
+
+impl KeyOrders {
+    /// The order of `members` if they are a struct's keys seen before: same strings, same place.
+    fn of(&self, members: &[(Cow<'static, str>, usize, usize)]) -> Option<&[u16]> {
+        let same = |keys: &[&'static str]| {
+            keys.len() == members.len()
+                && keys.iter().zip(members).all(|(key, (member, _, _))| match member {
+                    Cow::Borrowed(member) => std::ptr::eq(*key, *member),
+                    Cow::Owned(_) => false,
+                })
+        };
+        self.0.iter().find(|(keys, _)| same(keys)).map(|(_, order)| &order[..])
+    }
+
+    /// Remembers the (sorted, duplicate-free) `order` of a struct's `members`.
+    fn remember(&mut self, members: &[(Cow<'static, str>, usize, usize)], order: Vec<u16>) {
+        if self.0.len() >= KEY_ORDERS_KEPT {
+            return;
+        }
+        let keys: Option<Vec<&'static str>> = members
+            .iter()
+            .map(|(key, _, _)| match key {
+                Cow::Borrowed(key) => Some(*key),
+                Cow::Owned(_) => None,
+            })
+            .collect();
+        if let Some(keys) = keys {
+            self.0.push((keys, order));
+        }
     }
 }
 
@@ -582,9 +644,8 @@ mod tests {
         ch: char,
     }
 
-    #[test]
-    fn structs_enums_and_omit_match_the_value_path() {
-        let record = Record {
+    fn record() -> Record {
+        Record {
             zeta: vec![
                 Shape::Unit,
                 Shape::Newtype(7),
@@ -600,11 +661,28 @@ mod tests {
             map: [("b".to_owned(), Value::from(1.5)), ("a".to_owned(), Value::from(u64::MAX))].into(),
             unit: (),
             ch: '\n',
-        };
+        }
+    }
+
+    #[test]
+    fn structs_enums_and_omit_match_the_value_path() {
+        let record = record();
         assert_eq!(direct(&record, None), through_value(&record, None));
         assert_eq!(direct(&record, Some("hash")), through_value(&record, Some("hash")));
         // Only a top-level object loses the member, not one inside an array.
         assert_eq!(direct(&[&record], Some("hash")), through_value(&[&record], None));
+    }
+
+    /// A struct's key order is remembered from its first write; one that skips a field gives
+    /// other keys, and another order, and every write still equals the value path's.
+    #[test]
+    fn remembered_key_orders_match_the_value_path() {
+        let mut record = record();
+        for round in 0..3u8 {
+            record.skipped = (round == 1).then_some(round);
+            assert_eq!(direct(&record, None), through_value(&record, None), "round {round}");
+            assert_eq!(direct(&record, Some("hash")), through_value(&record, Some("hash")), "round {round}");
+        }
     }
 
     /// An event takes the direct path (it never gives up), hash left out or not.

@@ -1,14 +1,15 @@
 //! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory.
+//! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
+//! spans lines, and every error, is made here in file order.
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::Arc;
 
-use base64::Engine as _;
 use retrace_core::canonical::canonical_value;
 use retrace_core::export::{check_format, ExportHeader, FormatError};
 use retrace_core::{Digest, Event};
-use serde::Deserialize;
 
+use super::prepare::{Body, Line, ParsedBlob, ParsedEvent, Pipeline, Prepared};
 use super::{ImportError, ImportOptions, Location};
 
 /// A verified trace, ready to store.
@@ -27,24 +28,11 @@ pub(super) struct ReadBlob {
     pub names: Option<Vec<Digest>>,
 }
 
-/// A blob line: exactly one of `text`, `base64`, `manifest`.
-#[derive(Deserialize)]
-struct BlobLine {
-    blob: Digest,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    base64: Option<String>,
-    #[serde(default)]
-    manifest: Option<serde_json::Value>,
-}
-
-/// Lines of the input, numbered from 1, without their `\n`.
+/// Lines of the input after the header, numbered from 2, parsed and hashed ahead by the
+/// pipeline's workers.
 struct Lines<'o, 'p, R> {
-    reader: R,
-    buf: Vec<u8>,
+    pipe: Pipeline<R>,
     number: u64,
-    bytes: u64,
     /// Whether the current line ended with `\n` (the last line of a file may not).
     complete: bool,
     opts: &'o mut ImportOptions<'p>,
@@ -56,23 +44,18 @@ impl<R: BufRead> Lines<'_, '_, R> {
     }
 
     /// The next line, or `None` at the end of the input.
-    fn next(&mut self) -> Result<Option<&[u8]>, ImportError> {
-        self.buf.clear();
-        let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|source| {
-            let at = Location { file: self.opts.file_name.clone(), line: self.number + 1 };
+    fn next(&mut self) -> Result<Option<Line>, ImportError> {
+        let line = self.pipe.next().map_err(|(number, source)| {
+            let at = Location { file: self.opts.file_name.clone(), line: number };
             ImportError::Io { at, source }
         })?;
-        if n == 0 {
-            return Ok(None);
-        }
+        let Some(line) = line else { return Ok(None) };
         self.number += 1;
-        self.bytes += n as u64;
         if let Some(progress) = self.opts.progress.as_mut() {
-            progress(self.bytes);
+            progress(line.read);
         }
-        self.complete = self.buf.last() == Some(&b'\n');
-        let len = self.buf.len() - usize::from(self.complete);
-        Ok(Some(&self.buf[..len]))
+        self.complete = line.complete;
+        Ok(Some(line))
     }
 
     fn malformed(&self, message: impl Into<String>) -> ImportError {
@@ -81,11 +64,7 @@ impl<R: BufRead> Lines<'_, '_, R> {
 
     /// A line that failed to parse: truncated when the file ends inside it.
     fn unparsable(&self, what: &str, err: &serde_json::Error) -> ImportError {
-        if !self.complete && err.is_eof() {
-            let message = format!("the file ends inside line {}", self.number);
-            return ImportError::Truncated { at: self.at(), message };
-        }
-        self.malformed(format!("{what}: {}", json_message(err)))
+        unparsable(self.at(), self.complete, what, err)
     }
 
     fn verification(&self, seq: Option<u64>, digest: Option<Digest>, message: String) -> ImportError {
@@ -105,6 +84,15 @@ impl<R: BufRead> Lines<'_, '_, R> {
     }
 }
 
+/// A line at `at` that failed to parse: truncated when the file ends inside it.
+fn unparsable(at: Location, complete: bool, what: &str, err: &serde_json::Error) -> ImportError {
+    if !complete && err.is_eof() {
+        let message = format!("the file ends inside line {}", at.line);
+        return ImportError::Truncated { at, message };
+    }
+    ImportError::Malformed { at, message: format!("{what}: {}", json_message(err)) }
+}
+
 /// A serde_json error without its "at line 1 column N" (every line is parsed on its own).
 fn json_message(err: &serde_json::Error) -> String {
     let text = err.to_string();
@@ -114,12 +102,33 @@ fn json_message(err: &serde_json::Error) -> String {
     }
 }
 
-/// Reads and verifies a whole trace.
-pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> Result<Trace, ImportError> {
-    let mut lines =
-        Lines { reader, buf: Vec::with_capacity(1 << 16), number: 0, bytes: 0, complete: true, opts };
-    let header = read_header(&mut lines)?;
-    let events = read_events(&mut lines, &header)?;
+/// Reads and verifies a whole trace; worker threads parse and hash lines ahead of the checks.
+pub(super) fn read_trace(
+    mut reader: impl BufRead,
+    opts: &mut ImportOptions<'_>,
+) -> Result<Trace, ImportError> {
+    let header_at = Location { file: opts.file_name.clone(), line: 1 };
+    let mut first = Vec::new();
+    let read = reader
+        .read_until(b'\n', &mut first)
+        .map_err(|source| ImportError::Io { at: header_at.clone(), source })? as u64;
+    if read == 0 {
+        return Err(ImportError::Truncated { at: header_at, message: "the file is empty".into() });
+    }
+    if let Some(progress) = opts.progress.as_mut() {
+        progress(read);
+    }
+    let complete = first.last() == Some(&b'\n');
+    let header = read_header(&first[..first.len() - usize::from(complete)], complete, header_at)?;
+    std::thread::scope(|scope| {
+        let pipe = Pipeline::start(scope, reader, 2, read, header.events);
+        let mut lines = Lines { pipe, number: 1, complete, opts };
+        read_body(&mut lines, header)
+    })
+}
+
+fn read_body<R: BufRead>(lines: &mut Lines<'_, '_, R>, header: ExportHeader) -> Result<Trace, ImportError> {
+    let events = read_events(lines, &header)?;
     let mut needed: HashMap<Digest, u64> = HashMap::new();
     for event in events.iter().rev() {
         for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
@@ -128,7 +137,7 @@ pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> 
     }
     // A forced import of a file cut among its events has no blob lines left to read.
     let cut = (events.len() as u64) < header.events;
-    let blobs = if cut { Vec::new() } else { read_blobs(&mut lines, &header, &needed)? };
+    let blobs = if cut { Vec::new() } else { read_blobs(lines, &header, &needed)? };
     if lines.next()?.is_some() {
         let message = format!(
             "unexpected line after the last blob (the header announces {} events and {} blobs)",
@@ -136,7 +145,7 @@ pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> 
         );
         return Err(lines.malformed(message));
     }
-    check_references(&mut lines, &header, &needed, &blobs)?;
+    check_references(lines, &header, &needed, &blobs)?;
     let last = events.last().map(|e| e.hash);
     if let Some(head) = header.run.head.filter(|head| Some(*head) != last) {
         let found = last.map_or("no events".to_owned(), |d| d.to_string());
@@ -147,28 +156,23 @@ pub(super) fn read_trace(reader: impl BufRead, opts: &mut ImportOptions<'_>) -> 
     Ok(Trace { header, events, blobs })
 }
 
-fn read_header<R: BufRead>(lines: &mut Lines<'_, '_, R>) -> Result<ExportHeader, ImportError> {
-    let Some(line) = lines.next()? else {
-        let at = Location { file: lines.opts.file_name.clone(), line: 1 };
-        return Err(ImportError::Truncated { at, message: "the file is empty".into() });
-    };
-    let value: serde_json::Value =
-        serde_json::from_slice(line).map_err(|e| lines.unparsable("the header is not JSON", &e))?;
+fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
+    let malformed = |message: String| ImportError::Malformed { at: at.clone(), message };
+    let value: serde_json::Value = serde_json::from_slice(line)
+        .map_err(|e| unparsable(at.clone(), complete, "the header is not JSON", &e))?;
     let Some(format) = value.get("format").and_then(|f| f.as_str()) else {
-        return Err(lines.malformed("not a retrace trace: the first line has no \"format\""));
+        return Err(malformed("not a retrace trace: the first line has no \"format\"".into()));
     };
     match check_format(format) {
         Ok(()) => {}
-        Err(FormatError::UnknownMajor { found }) => {
-            return Err(ImportError::UnknownFormat { at: lines.at(), found })
-        }
-        Err(e @ FormatError::NotATrace(_)) => return Err(lines.malformed(e.to_string())),
+        Err(FormatError::UnknownMajor { found }) => return Err(ImportError::UnknownFormat { at, found }),
+        Err(e @ FormatError::NotATrace(_)) => return Err(malformed(e.to_string())),
     }
-    let header: ExportHeader = serde_json::from_value(value)
-        .map_err(|e| lines.malformed(format!("bad header: {}", json_message(&e))))?;
+    let header: ExportHeader =
+        serde_json::from_value(value).map_err(|e| malformed(format!("bad header: {}", json_message(&e))))?;
     let run = &header.run;
     if run.id.is_empty() || run.id.len() > 200 || run.id.chars().any(char::is_control) {
-        return Err(lines.malformed(format!("bad run id {:?}", run.id)));
+        return Err(malformed(format!("bad run id {:?}", run.id)));
     }
     let agrees = header.holds_tokens == run.holds_tokens
         && header.mask_key_fingerprint == run.mask_key_fingerprint
@@ -176,7 +180,7 @@ fn read_header<R: BufRead>(lines: &mut Lines<'_, '_, R>) -> Result<ExportHeader,
     if !agrees {
         let message =
             "the header's holds_tokens, mask_key_fingerprint or masking_rules disagree with its run";
-        return Err(lines.malformed(message));
+        return Err(malformed(message.into()));
     }
     Ok(header)
 }
@@ -195,9 +199,13 @@ fn read_events<R: BufRead>(
             lines.forgive(ImportError::Truncated { at: lines.at(), message })?;
             break;
         };
-        let event: Event = match serde_json::from_slice(line) {
-            Ok(event) => event,
-            Err(e) if looks_like(line, "blob") => {
+        let parsed = match line.prepared {
+            Prepared::Event(parsed) => parsed,
+            Prepared::Blob(_) => unreachable!("the pipeline prepares event lines as events"),
+        };
+        let ParsedEvent { event, hash } = match parsed {
+            Ok(parsed) => *parsed,
+            Err(e) if looks_like(&line.unparsed, "blob") => {
                 let message = format!(
                     "expected event {expected} of the {} the header announces, found a blob line ({})",
                     header.events,
@@ -227,7 +235,7 @@ fn read_events<R: BufRead>(
             let message = format!("seq {} names run {}, not {}", event.seq, event.run_id, run.id);
             lines.forgive(lines.verification(seq, None, message))?;
         }
-        match event.compute_hash() {
+        match hash {
             Ok(hash) if hash == event.hash => {}
             Ok(hash) => {
                 let message = format!(
@@ -282,9 +290,13 @@ fn read_blobs<R: BufRead>(
             lines.forgive(ImportError::Truncated { at: lines.at(), message })?;
             break;
         };
-        let parsed: BlobLine = match serde_json::from_slice(line) {
-            Ok(parsed) => parsed,
-            Err(e) if looks_like(line, "seq") => {
+        let parsed = match line.prepared {
+            Prepared::Blob(parsed) => parsed,
+            Prepared::Event(_) => unreachable!("the pipeline prepares blob lines as blobs"),
+        };
+        let parsed = match parsed {
+            Ok(parsed) => *parsed,
+            Err(e) if looks_like(&line.unparsed, "seq") => {
                 let message = format!(
                     "expected blob {number} of the {}, found an event line \
                      (the header announces {} events; {})",
@@ -302,7 +314,7 @@ fn read_blobs<R: BufRead>(
                 err => return Err(err),
             },
         };
-        let digest = parsed.blob;
+        let digest = parsed.digest;
         if let Some(&first) = index.get(&digest) {
             let first_line = 2 + header.events + first as u64;
             return Err(lines.malformed(format!("blob {digest} appears twice (first on line {first_line})")));
@@ -323,20 +335,15 @@ fn read_blobs<R: BufRead>(
 
 fn decode_blob<R: BufRead>(
     lines: &Lines<'_, '_, R>,
-    line: BlobLine,
+    line: ParsedBlob,
     blobs: &[ReadBlob],
     index: &HashMap<Digest, usize>,
 ) -> Result<ReadBlob, ImportError> {
-    let digest = line.blob;
-    let (what, bytes, names): (&str, Vec<u8>, _) = match (line.text, line.base64, line.manifest) {
-        (Some(text), None, None) => ("text", text.into_bytes(), None),
-        (None, Some(encoded), None) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(encoded.as_bytes())
-                .map_err(|e| lines.malformed(format!("blob {digest}: bad base64: {e}")))?;
-            ("base64", bytes, None)
-        }
-        (None, None, Some(manifest)) => {
+    let digest = line.digest;
+    let (what, bytes, actual, names): (&str, Arc<[u8]>, Digest, _) = match line.body {
+        Body::Bytes { what, bytes, actual } => (what, bytes, actual, None),
+        Body::BadBase64(e) => return Err(lines.malformed(format!("blob {digest}: bad base64: {e}"))),
+        Body::Manifest(manifest) => {
             let manifest = canonical_value(&manifest)
                 .map_err(|e| lines.malformed(format!("blob {digest}: bad manifest: {e}")))?;
             let names = crate::manifest::references(&manifest)
@@ -355,19 +362,19 @@ fn decode_blob<R: BufRead>(
                     format!("blob {digest}: the manifest can't be rebuilt: {e}"),
                 )
             })?;
-            ("manifest", bytes, Some(names))
+            let actual = Digest::of(&bytes);
+            ("manifest", bytes.into(), actual, Some(names))
         }
-        _ => {
+        Body::NotOne => {
             let message = format!("blob {digest}: a blob line holds exactly one of text, base64 or manifest");
             return Err(lines.malformed(message));
         }
     };
-    let actual = Digest::of(&bytes);
     if actual != digest {
         let message = format!("digest mismatch for blob {digest}: its {what} hashes to {actual}");
         return Err(lines.verification(None, Some(digest), message));
     }
-    Ok(ReadBlob { digest, bytes: bytes.into(), names })
+    Ok(ReadBlob { digest, bytes, names })
 }
 
 /// Every blob an event references is present, and every blob is referenced.

@@ -81,6 +81,41 @@ fn a_blob_that_does_not_match_its_digest_names_the_digest() {
     assert!(matches!(err, ImportError::Verification { digest: Some(d), .. } if d == digest));
 }
 
+/// A reader that gives its bytes, then fails.
+struct FailsAfter<'a>(&'a [u8]);
+
+impl std::io::Read for FailsAfter<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.0.is_empty() {
+            return Err(std::io::Error::other("the disk went away"));
+        }
+        let n = self.0.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
+}
+
+/// Lines are read ahead of the checks; a read error is still reported at the line it cut, and
+/// only once every line before it has verified.
+#[test]
+fn a_read_error_names_its_line_after_the_lines_before_it() {
+    let lines = good();
+    let failing = |lines: &[String]| {
+        let file = join(lines);
+        let cut = join(&lines[..6]).len();
+        let store = MemoryStore::new();
+        let opts = ImportOptions { file_name: Some("t.jsonl".into()), ..ImportOptions::default() };
+        let err = import_reader(&store, std::io::BufReader::new(FailsAfter(&file[..cut])), opts).unwrap_err();
+        assert!(store.runs().unwrap().is_empty(), "a refused import stored something: {err}");
+        err
+    };
+    check(&failing(&lines), ImportErrorKind::Io, 2, &["t.jsonl:7", "cannot read"]);
+    let mut tampered = lines.clone();
+    tampered[4] = tampered[4].replace("\"agent_id\":\"reviewer\"", "\"agent_id\":\"reviewes\"");
+    check(&failing(&tampered), ImportErrorKind::Verification, 1, &["t.jsonl:5", "hash mismatch at seq 4"]);
+}
+
 #[test]
 fn out_of_order_and_duplicated_seqs() {
     let mut lines = good();
