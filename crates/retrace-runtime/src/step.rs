@@ -180,6 +180,8 @@ impl Agent {
         inner.steps.fetch_add(1, Ordering::Relaxed);
         let label = input.template.label();
         let prepared = self.prepare(&input, &label)?;
+        // Each mode's future is boxed: held inline, the largest of them (a fork's) sized every
+        // step's future, which is copied whole each time it moves (into `block_on`, say).
         match inner.mode {
             Mode::Off => {
                 inner.live_calls.fetch_add(1, Ordering::Relaxed);
@@ -188,21 +190,21 @@ impl Agent {
             }
             Mode::Record => {
                 if input.intent {
-                    self.govern(&input.template, &prepared).await?;
+                    Box::pin(self.govern(&input.template, &prepared)).await?;
                 }
-                self.record(input, prepared, &label, live).await.map(|r| r.value)
+                Box::pin(self.record(input, prepared, &label, live)).await.map(|r| r.value)
             }
             Mode::Fork => {
                 if input.intent {
-                    self.replay_approval(&input.template, &prepared, &label).await?;
+                    Box::pin(self.replay_approval(&input.template, &prepared, &label)).await?;
                 }
-                self.fork(input, prepared, &label, live).await.map(|r| r.value)
+                Box::pin(self.fork(input, prepared, &label, live)).await.map(|r| r.value)
             }
             Mode::Replay => {
                 if input.intent {
-                    self.replay_approval(&input.template, &prepared, &label).await?;
+                    Box::pin(self.replay_approval(&input.template, &prepared, &label)).await?;
                 }
-                self.replay(input, prepared, &label, None).await.map(|(v, _)| v)
+                Box::pin(self.replay(input, prepared, &label, None)).await.map(|(v, _)| v)
             }
         }
     }
