@@ -513,6 +513,12 @@ impl Agent {
             return Ok((Value::Null, step));
         }
         let Some(output_ref) = step.output_ref else { return Ok((Value::Null, step)) };
+        let mut step = step;
+        // Read, verified and decoded ahead by the log's reader (only where the program gets
+        // the output as stored).
+        if let Some(value) = step.output.take() {
+            return Ok((value, step));
+        }
         let bytes = inner.for_program(inner.store.get_blob(&output_ref)?)?;
         let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
@@ -534,6 +540,10 @@ impl Agent {
         let scheduler = inner.scheduler.as_ref().expect("replay sessions have a scheduler");
         let log = scheduler.log();
         let expected = log.expected(&self.id, kind, event.name.as_deref());
+        // The log may lack the step only because the recording could not be read to its end.
+        if let Some(e) = log.failure() {
+            return e.into();
+        }
         let interrupted = inner.run.lock().labels.get("source_status").map(String::as_str)
             == Some(RunStatus::Interrupted.as_str());
         let d = match expected {
