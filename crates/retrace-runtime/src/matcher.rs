@@ -3,14 +3,29 @@
 //!
 //! This is the part of replay every mode shares: exact replay, forks and the scheduler all consume
 //! recorded steps through a [`RecordedLog`].
-use std::collections::{HashMap, HashSet, VecDeque};
+//!
+//! A fork loads the whole recorded run up front ([`RecordedLog::load`]). A replay streams it
+//! ([`RecordedLog::stream`]): a reader thread reads pages ahead, with their outputs, and the log
+//! takes in the next page only when a question can't be answered from what it holds. Pages
+//! arrive in seq order, so the earliest loaded match is the earliest recorded one; an answer of
+//! "none" (no step with that key, no delivery left) is only given once the whole run is loaded.
+//! Consumed steps are dropped, so an in-order replay holds a page or so of the run at a time.
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use retrace_core::envelope::Decision;
-use retrace_core::{Digest, Event, EventType};
-use retrace_store::export::RunEvents;
-use retrace_store::{Store, StoreResult};
+use retrace_core::{Digest, EventType};
+use retrace_store::{Store, StoreError, StoreResult};
+use serde_json::Value;
+
+mod agent_log;
+mod feed;
+
+use agent_log::{AgentLog, Slot};
+use feed::{Fed, Item, Page, Reader};
 
 /// What replay needs of one recorded step.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +58,10 @@ pub struct RecordedStep {
     pub resolution: Option<Resolution>,
     /// The recorded message envelope (sends).
     pub to: Option<String>,
+    /// The recorded output, read, verified and decoded ahead of the step (a streaming replay
+    /// whose program gets outputs as stored): the value `serde_json::from_slice` gives of the
+    /// output blob's bytes.
+    pub(crate) output: Option<Value>,
 }
 
 impl RecordedStep {
@@ -79,224 +98,6 @@ pub struct RecordedDelivery {
     pub timed_out: bool,
 }
 
-/// "No slot" in [`Slot::next`] links.
-const NONE: u32 = u32::MAX;
-
-/// One recorded step as the log keeps it: fixed-size fields inline, the name shared with every
-/// other step of that name, and the rarely present fields boxed.
-#[derive(Debug)]
-struct Slot {
-    seq: u64,
-    lamport: u64,
-    causal_parent: Option<u64>,
-    key: Digest,
-    request_ref: Option<Digest>,
-    output_ref: Option<Digest>,
-    name: Option<Arc<str>>,
-    rare: Option<Box<Rare>>,
-    /// The next slot with the same key, or [`NONE`].
-    next: u32,
-    kind: EventType,
-    source: retrace_core::Source,
-    completed: bool,
-    consumed: bool,
-}
-
-/// The fields most steps lack.
-#[derive(Debug, Default)]
-struct Rare {
-    error: Option<String>,
-    decision: Option<Decision>,
-    resolution: Option<Resolution>,
-    to: Option<String>,
-}
-
-impl Slot {
-    fn new(e: &Event, names: &mut HashMap<String, Arc<str>>) -> Slot {
-        let name = e.name.as_deref().map(|n| match names.get(n) {
-            Some(a) => a.clone(),
-            None => {
-                let a: Arc<str> = Arc::from(n);
-                names.insert(n.to_owned(), a.clone());
-                a
-            }
-        });
-        let to = e.message.as_ref().and_then(|m| m.to.clone());
-        let rare = (e.error.is_some() || e.decision.is_some() || to.is_some()).then(|| {
-            Box::new(Rare { error: e.error.clone(), decision: e.decision.clone(), resolution: None, to })
-        });
-        Slot {
-            seq: e.seq,
-            lamport: e.lamport,
-            causal_parent: e.causal_parent,
-            key: e.key,
-            request_ref: e.request_ref,
-            output_ref: e.output_ref,
-            name,
-            rare,
-            next: NONE,
-            kind: e.kind,
-            source: e.source,
-            completed: true,
-            consumed: false,
-        }
-    }
-
-    fn set_resolution(&mut self, resolution: Option<Resolution>) {
-        if let Some(r) = resolution {
-            self.rare.get_or_insert_with(Box::default).resolution = Some(r);
-        }
-    }
-
-    fn step(&self) -> RecordedStep {
-        let rare = self.rare.as_deref();
-        RecordedStep {
-            seq: self.seq,
-            kind: self.kind,
-            name: self.name.as_deref().map(str::to_owned),
-            key: self.key,
-            request_ref: self.request_ref,
-            output_ref: self.output_ref,
-            error: rare.and_then(|r| r.error.clone()),
-            decision: rare.and_then(|r| r.decision.clone()),
-            completed: self.completed,
-            causal_parent: self.causal_parent,
-            lamport: self.lamport,
-            source: self.source,
-            resolution: rare.and_then(|r| r.resolution.clone()),
-            to: rare.and_then(|r| r.to.clone()),
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct AgentLog {
-    steps: Vec<Slot>,
-    /// Per key: the first and last unconsumed slot with it (linked through [`Slot::next`]).
-    /// Built only when a step is asked for out of recorded order: a replay that asks in order
-    /// (the common case) matches every step against the first unconsumed one and never pays
-    /// for the index, in memory or at load.
-    by_key: Option<HashMap<Digest, (u32, u32)>>,
-    first_unconsumed: usize,
-    deliveries: VecDeque<RecordedDelivery>,
-}
-
-impl AgentLog {
-    fn push(&mut self, slot: Slot) {
-        let idx = u32::try_from(self.steps.len()).expect("fewer than 2^32 steps per agent");
-        let key = slot.key;
-        self.steps.push(slot);
-        if let Some(by_key) = &mut self.by_key {
-            link(&mut self.steps, by_key, key, idx);
-        }
-    }
-
-    /// The index of unconsumed slots by key, built on first use.
-    fn index(&mut self) -> &mut HashMap<Digest, (u32, u32)> {
-        if self.by_key.is_none() {
-            let mut by_key = HashMap::new();
-            for idx in self.first_unconsumed..self.steps.len() {
-                self.steps[idx].next = NONE;
-                if !self.steps[idx].consumed {
-                    let key = self.steps[idx].key;
-                    link(&mut self.steps, &mut by_key, key, idx as u32);
-                }
-            }
-            self.by_key = Some(by_key);
-        }
-        self.by_key.as_mut().expect("just built")
-    }
-
-    /// True when the earliest unconsumed slot has `key`: it is then the one to take, and no
-    /// index is needed.
-    fn in_order(&self, key: &Digest) -> bool {
-        self.by_key.is_none() && self.steps.get(self.first_unconsumed).is_some_and(|s| s.key == *key)
-    }
-
-    fn consume(&mut self, idx: usize) -> RecordedStep {
-        self.steps[idx].consumed = true;
-        while self.first_unconsumed < self.steps.len() && self.steps[self.first_unconsumed].consumed {
-            self.first_unconsumed += 1;
-        }
-        self.steps[idx].step()
-    }
-
-    fn take(&mut self, key: &Digest) -> Option<RecordedStep> {
-        if self.in_order(key) {
-            return Some(self.consume(self.first_unconsumed));
-        }
-        let (head, tail) = *self.index().get(key)?;
-        let next = self.steps[head as usize].next;
-        let by_key = self.index();
-        if head == tail {
-            by_key.remove(key);
-        } else {
-            by_key.insert(*key, (next, tail));
-        }
-        Some(self.consume(head as usize))
-    }
-
-    fn take_where(&mut self, pred: impl Fn(&RecordedStep) -> bool) -> Option<RecordedStep> {
-        let idx = (self.first_unconsumed..self.steps.len())
-            .find(|&i| !self.steps[i].consumed && pred(&self.steps[i].step()))?;
-        let key = self.steps[idx].key;
-        self.unlink(&key, idx as u32);
-        Some(self.consume(idx))
-    }
-
-    /// Removes slot `idx` from its key's queue (nothing to do without an index).
-    fn unlink(&mut self, key: &Digest, idx: u32) {
-        let Some(by_key) = &mut self.by_key else { return };
-        let Some(&(head, tail)) = by_key.get(key) else { return };
-        let next = self.steps[idx as usize].next;
-        if head == idx {
-            if tail == idx {
-                by_key.remove(key);
-            } else {
-                by_key.insert(*key, (next, tail));
-            }
-            return;
-        }
-        let mut prev = head;
-        while prev != NONE {
-            let after = self.steps[prev as usize].next;
-            if after == idx {
-                self.steps[prev as usize].next = next;
-                if tail == idx {
-                    by_key.insert(*key, (head, prev));
-                }
-                return;
-            }
-            prev = after;
-        }
-    }
-
-    fn peek(&mut self, key: &Digest) -> Option<&Slot> {
-        if self.in_order(key) {
-            return Some(&self.steps[self.first_unconsumed]);
-        }
-        let (head, _) = *self.index().get(key)?;
-        Some(&self.steps[head as usize])
-    }
-
-    fn first_unconsumed(&self, pred: impl Fn(&Slot) -> bool) -> Option<&Slot> {
-        self.steps[self.first_unconsumed..].iter().filter(|s| !s.consumed).find(|s| pred(s))
-    }
-}
-
-/// Appends slot `idx` (with `key`) to its key's queue in `by_key`.
-fn link(steps: &mut [Slot], by_key: &mut HashMap<Digest, (u32, u32)>, key: Digest, idx: u32) {
-    match by_key.get_mut(&key) {
-        Some((_, tail)) => {
-            steps[*tail as usize].next = idx;
-            *tail = idx;
-        }
-        None => {
-            by_key.insert(key, (idx, idx));
-        }
-    }
-}
-
 /// The first step an agent left unconsumed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leftover {
@@ -308,182 +109,345 @@ pub struct Leftover {
     pub key: Option<Digest>,
 }
 
+/// Prefetched outputs a streaming log holds at most in steps not yet consumed; past it, the
+/// outputs of further pages are dropped as they are taken in (the replay reads those itself).
+const HELD_OUTPUTS: usize = 8192;
+
 /// The recorded steps of a run, per agent, with what has been consumed so far.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RecordedLog {
-    agents: HashMap<String, Mutex<AgentLog>>,
+    loaded: Mutex<Loaded>,
     last_seq: u64,
+    /// How many unconsumable seqs have been loaded (read without the lock by the scheduler).
+    unconsumable: AtomicUsize,
+}
+
+/// What has been loaded, and where the rest comes from.
+#[derive(Debug, Default)]
+struct Loaded {
+    agents: HashMap<String, AgentLog>,
     decisions: Vec<(String, Decision)>,
     unconsumable: Vec<u64>,
+    /// Intents whose completion has not been loaded yet: their agent and slot.
+    open_intents: HashMap<u64, (Arc<str>, usize)>,
+    /// Every seq up to this one has been taken in.
+    loaded_to: u64,
+    /// The reader of the rest (`None`: everything is loaded, or loading failed).
+    feed: Option<Feed>,
+    /// Why loading stopped early.
+    failure: Option<StoreError>,
+    held_outputs: usize,
+}
+
+/// The reader thread's pages.
+struct Feed(Receiver<Fed>);
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Feed")
+    }
+}
+
+impl Loaded {
+    fn integrate(&mut self, page: Page) {
+        for item in page.items {
+            match item {
+                Item::Step { agent, mut slot } => {
+                    let intent = slot.kind == EventType::Intent;
+                    let seq = slot.seq;
+                    if slot.output.is_some() {
+                        if self.held_outputs < HELD_OUTPUTS {
+                            self.held_outputs += 1;
+                        } else {
+                            slot.output = None;
+                        }
+                    }
+                    let idx = self.agent(&agent).push(slot);
+                    if intent {
+                        self.open_intents.insert(seq, (agent, idx));
+                    }
+                }
+                Item::Delivery { agent, delivery } => self.agent(&agent).deliveries.push_back(delivery),
+                Item::Completes { intent, resolution } => {
+                    if let Some((agent, idx)) = self.open_intents.remove(&intent) {
+                        let slot = self.agents.get_mut(&*agent).and_then(|log| log.slot_mut(idx));
+                        if let Some(slot) = slot.filter(|s| s.seq == intent) {
+                            slot.complete(resolution);
+                        }
+                    }
+                }
+                Item::Decision { agent, decision } => self.decisions.push((agent.to_string(), decision)),
+                Item::Unconsumable(seq) => self.unconsumable.push(seq),
+            }
+        }
+        self.loaded_to = self.loaded_to.max(page.last_seq);
+    }
+
+    fn agent(&mut self, agent: &str) -> &mut AgentLog {
+        if !self.agents.contains_key(agent) {
+            self.agents.insert(agent.to_owned(), AgentLog::default());
+        }
+        self.agents.get_mut(agent).expect("just inserted")
+    }
+
+    /// Takes in the next page from the reader; false when there is none left (or loading
+    /// failed: see `failure`).
+    fn more(&mut self) -> bool {
+        let Some(Feed(rx)) = &self.feed else { return false };
+        match rx.recv() {
+            Ok(Fed::Page(page)) => {
+                self.integrate(page);
+                true
+            }
+            Ok(Fed::End) => {
+                self.feed = None;
+                false
+            }
+            Ok(Fed::Failed(e)) => {
+                self.failure = Some(e);
+                self.feed = None;
+                false
+            }
+            Err(_) => {
+                self.failure = Some(StoreError::io("the thread reading the recorded run stopped"));
+                self.feed = None;
+                false
+            }
+        }
+    }
+
+    fn load_all(&mut self) {
+        while self.more() {}
+    }
+
+    /// The first `Some` that `f` gives, taking in pages until it gives one or none are left.
+    fn until<T>(&mut self, mut f: impl FnMut(&mut Loaded) -> Option<T>) -> Option<T> {
+        loop {
+            if let Some(found) = f(self) {
+                return Some(found);
+            }
+            if !self.more() {
+                return None;
+            }
+        }
+    }
+
+    /// The absolute index of `agent`'s earliest unconsumed step with `key`, its completion
+    /// loaded if it is an intent.
+    fn find(&mut self, agent: &str, key: &Digest) -> Option<usize> {
+        let idx = self.until(|l| l.agents.get_mut(agent)?.find(key))?;
+        self.settle(agent, idx);
+        Some(idx)
+    }
+
+    /// The absolute index of `agent`'s earliest unconsumed step for which `pred` holds.
+    fn first(&mut self, agent: &str, pred: impl Fn(&Slot) -> bool) -> Option<usize> {
+        let idx = self.until(|l| l.agents.get(agent)?.first_unconsumed(&pred))?;
+        self.settle(agent, idx);
+        Some(idx)
+    }
+
+    /// Takes in pages until slot `idx` of `agent`, if an intent, knows whether it completed.
+    fn settle(&mut self, agent: &str, idx: usize) {
+        while self.slot(agent, idx).is_some_and(|s| !s.completed) && self.more() {}
+    }
+
+    fn slot(&self, agent: &str, idx: usize) -> Option<&Slot> {
+        self.agents.get(agent)?.slot(idx)
+    }
+
+    fn take(&mut self, agent: &str, idx: usize) -> Option<RecordedStep> {
+        let step = self.agents.get_mut(agent)?.take(idx);
+        if step.output.is_some() {
+            self.held_outputs -= 1;
+        }
+        Some(step)
+    }
+
+    fn next_delivery(&mut self, agent: &str) -> Option<&mut VecDeque<RecordedDelivery>> {
+        self.until(|l| l.agents.get(agent).is_some_and(|log| !log.deliveries.is_empty()).then_some(()))?;
+        self.agents.get_mut(agent).map(|log| &mut log.deliveries)
+    }
 }
 
 impl RecordedLog {
-    /// Loads `run`'s steps from the store, streaming page by page.
+    /// Loads `run`'s steps from the store, all of them, page by page.
     pub fn load(store: &dyn Store, run: &str) -> StoreResult<RecordedLog> {
-        let mut agents: HashMap<String, AgentLog> = HashMap::new();
-        let mut completed_intents = HashSet::new();
-        let mut resolutions: HashMap<u64, Resolution> = HashMap::new();
-        let mut intents: Vec<(String, usize)> = Vec::new();
-        let mut decisions = Vec::new();
-        let mut unconsumable = Vec::new();
-        let mut last_seq = 0;
-        let mut names = HashMap::new();
-        let mut pages = RunEvents::new(store, run)?;
-        while let Some(page) = pages.next_page()? {
-            for e in &page {
-                last_seq = e.seq;
-                if matches!(e.kind, EventType::ToolCall | EventType::Resolution) {
-                    if let Some(parent) = e.causal_parent {
-                        completed_intents.insert(parent);
-                    }
-                }
-                if let (EventType::Decision, Some(d)) = (e.kind, &e.decision) {
-                    decisions.push((e.agent_id.clone(), d.clone()));
-                }
-                if let (EventType::Resolution, Some(intent)) = (e.kind, e.causal_parent) {
-                    let resolution = match (e.output_ref, e.name.as_deref()) {
-                        (_, Some("not_executed")) | (None, _) => Resolution::NotExecuted,
-                        (Some(out), _) => Resolution::Outcome(out),
-                    };
-                    resolutions.insert(intent, resolution);
-                }
-                if e.kind == EventType::Resolution {
-                    // A person's answer, not a program step: replay never asks for it.
-                    unconsumable.push(e.seq);
-                    continue;
-                }
-                let log = agents.entry(e.agent_id.clone()).or_default();
-                if e.kind == EventType::Deliver {
-                    let message = e.message.as_ref();
-                    log.deliveries.push_back(RecordedDelivery {
-                        seq: e.seq,
-                        send_seq: e.causal_parent,
-                        from: message.and_then(|m| m.from.clone()),
-                        kind: message.and_then(|m| m.kind.clone()),
-                        timed_out: message.is_some_and(|m| m.timed_out),
-                    });
-                    continue;
-                }
-                if e.kind == EventType::Intent {
-                    intents.push((e.agent_id.clone(), log.steps.len()));
-                }
-                log.push(Slot::new(e, &mut names));
-            }
+        let mut reader = Reader::new(store, run)?;
+        let last_seq = reader.last_seq();
+        let mut loaded = Loaded::default();
+        while let Some(page) = reader.next_page(store, retrace_store::export::PAGE)? {
+            loaded.integrate(page);
         }
-        for (agent, idx) in intents {
-            let log = agents.get_mut(&agent).expect("intent's agent was loaded");
-            let step = &mut log.steps[idx];
-            step.completed = completed_intents.contains(&step.seq);
-            step.set_resolution(resolutions.remove(&step.seq));
-        }
-        Ok(RecordedLog {
-            agents: agents.into_iter().map(|(k, v)| (k, Mutex::new(v))).collect(),
-            last_seq,
-            decisions,
-            unconsumable,
-        })
+        Ok(RecordedLog::new(loaded, last_seq))
+    }
+
+    /// Streams `run`'s steps from the store: a reader thread reads ahead of the replay, and
+    /// with `outputs` also reads, verifies and decodes each step's output (for a replay that
+    /// hands the program its outputs as stored). Where the run's events are is resolved here, so
+    /// a missing run fails at once; a store failure later ends the log early, and is reported
+    /// by [`RecordedLog::failure`].
+    pub fn stream(store: Arc<dyn Store>, run: &str, outputs: bool) -> StoreResult<RecordedLog> {
+        let reader = Reader::new(store.as_ref(), run)?;
+        let last_seq = reader.last_seq();
+        let feed = Feed(feed::spawn(store, reader, outputs));
+        Ok(RecordedLog::new(Loaded { feed: Some(feed), ..Loaded::default() }, last_seq))
+    }
+
+    fn new(loaded: Loaded, last_seq: u64) -> RecordedLog {
+        let unconsumable = AtomicUsize::new(loaded.unconsumable.len());
+        RecordedLog { loaded: Mutex::new(loaded), last_seq, unconsumable }
+    }
+
+    /// Runs `f` on what is loaded, then publishes how many unconsumable seqs are known.
+    fn with<T>(&self, f: impl FnOnce(&mut Loaded) -> T) -> T {
+        let mut loaded = self.loaded.lock();
+        let out = f(&mut loaded);
+        self.unconsumable.store(loaded.unconsumable.len(), Ordering::Release);
+        out
+    }
+
+    /// Why loading the recorded run stopped before its end, if it did: answers given since
+    /// (no such step, nothing left) may be wrong, and the replay must fail with this instead.
+    pub fn failure(&self) -> Option<StoreError> {
+        self.loaded.lock().failure.clone()
     }
 
     /// Consumes `agent`'s earliest unconsumed step with `key`.
     pub fn take(&self, agent: &str, key: &Digest) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().take(key)
+        self.with(|l| {
+            let idx = l.find(agent, key)?;
+            l.take(agent, idx)
+        })
     }
 
     /// `agent`'s earliest unconsumed step with `key`, without consuming it.
     pub fn peek_step(&self, agent: &str, key: &Digest) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().peek(key).map(|s| s.step())
+        self.with(|l| {
+            let idx = l.find(agent, key)?;
+            l.slot(agent, idx).map(Slot::step)
+        })
     }
 
     /// Where `agent`'s earliest unconsumed step with `key` got its output, without consuming it.
     pub fn peek_source(&self, agent: &str, key: &Digest) -> Option<retrace_core::Source> {
-        self.agents.get(agent)?.lock().peek(key).map(|s| s.source)
+        self.with(|l| {
+            let idx = l.find(agent, key)?;
+            l.slot(agent, idx).map(|s| s.source)
+        })
     }
 
     /// The seq of `agent`'s earliest unconsumed step with `key`, without consuming it.
     pub fn peek(&self, agent: &str, key: &Digest) -> Option<u64> {
-        self.agents.get(agent)?.lock().peek(key).map(|s| s.seq)
+        self.with(|l| {
+            let idx = l.find(agent, key)?;
+            l.slot(agent, idx).map(|s| s.seq)
+        })
     }
 
     /// `agent`'s next recorded delivery, without consuming it.
     pub fn next_delivery(&self, agent: &str) -> Option<RecordedDelivery> {
-        self.agents.get(agent)?.lock().deliveries.front().cloned()
+        self.with(|l| l.next_delivery(agent)?.front().cloned())
     }
 
     /// Consumes `agent`'s next recorded delivery.
     pub fn take_delivery(&self, agent: &str) -> Option<RecordedDelivery> {
-        self.agents.get(agent)?.lock().deliveries.pop_front()
+        self.with(|l| l.next_delivery(agent)?.pop_front())
     }
 
     /// Consumes `agent`'s earliest unconsumed step for which `pred` holds (a fork's pairing of a
     /// changed step with the source step it replaces).
     pub fn take_where(&self, agent: &str, pred: impl Fn(&RecordedStep) -> bool) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().take_where(pred)
+        self.with(|l| {
+            let idx = l.first(agent, |s| pred(&s.step()))?;
+            l.take(agent, idx)
+        })
     }
 
     /// Whether `agent` still has an unconsumed step or delivery with seq < `at`.
     pub fn has_unconsumed_before(&self, agent: &str, at: u64) -> bool {
-        let Some(log) = self.agents.get(agent) else { return false };
-        let log = log.lock();
-        log.first_unconsumed(|_| true).is_some_and(|s| s.seq < at)
-            || log.deliveries.front().is_some_and(|d| d.seq < at)
+        self.with(|l| {
+            l.until(|l| {
+                let log = l.agents.get(agent);
+                let step = log.and_then(|log| log.unconsumed().next()).is_some_and(|s| s.seq < at);
+                let delivery = log.and_then(|log| log.deliveries.front()).is_some_and(|d| d.seq < at);
+                // Once every seq before `at` is loaded, what is loaded answers.
+                (step || delivery || l.loaded_to + 1 >= at).then_some(step || delivery)
+            })
+            .unwrap_or(false)
+        })
     }
 
     /// Moves every agent's recorded deliveries out (a fork orders deliveries itself).
     pub fn take_all_deliveries(&self) -> HashMap<String, VecDeque<RecordedDelivery>> {
-        self.agents.iter().map(|(a, log)| (a.clone(), std::mem::take(&mut log.lock().deliveries))).collect()
+        self.with(|l| {
+            l.load_all();
+            l.agents.iter_mut().map(|(a, log)| (a.clone(), std::mem::take(&mut log.deliveries))).collect()
+        })
     }
 
-    /// The sender of every recorded send, by seq.
+    /// The sender of every recorded send not yet consumed, by seq (all of them, before a fork
+    /// consumes any).
     pub fn senders(&self) -> HashMap<u64, String> {
-        let mut out = HashMap::new();
-        for (agent, log) in &self.agents {
-            for s in log.lock().steps.iter().filter(|s| s.kind == EventType::Send) {
-                out.insert(s.seq, agent.clone());
+        self.with(|l| {
+            l.load_all();
+            let mut out = HashMap::new();
+            for (agent, log) in &l.agents {
+                for s in log.unconsumed().filter(|s| s.kind == EventType::Send) {
+                    out.insert(s.seq, agent.clone());
+                }
             }
-        }
-        out
+            out
+        })
     }
 
     /// `agent`'s earliest unconsumed step of `kind` named `name` (what a divergence "expected").
     pub fn expected(&self, agent: &str, kind: EventType, name: Option<&str>) -> Option<RecordedStep> {
-        let log = self.agents.get(agent)?.lock();
-        log.first_unconsumed(|s| s.kind == kind && s.name.as_deref() == name).map(Slot::step)
+        self.with(|l| {
+            let idx = l.first(agent, |s| s.kind == kind && s.name.as_deref() == name)?;
+            l.slot(agent, idx).map(Slot::step)
+        })
     }
 
     /// `agent`'s earliest unconsumed step of any kind.
     pub fn next_of(&self, agent: &str) -> Option<RecordedStep> {
-        self.agents.get(agent)?.lock().first_unconsumed(|_| true).map(Slot::step)
+        self.with(|l| {
+            let idx = l.first(agent, |_| true)?;
+            l.slot(agent, idx).map(Slot::step)
+        })
     }
 
     /// The earliest unconsumed step or delivery of every agent that has one, in seq order.
     pub fn leftovers(&self) -> Vec<(String, Leftover)> {
-        let mut out: Vec<_> = self
-            .agents
-            .iter()
-            .filter_map(|(a, log)| {
-                let log = log.lock();
-                let step = log.first_unconsumed(|_| true).map(|s| Leftover {
-                    seq: s.seq,
-                    label: s.step().label(),
-                    key: Some(s.key),
-                });
-                let delivery = log.deliveries.front().map(|d| Leftover {
-                    seq: d.seq,
-                    label: match &d.from {
-                        Some(from) => format!("deliver from {from}"),
-                        None => "deliver (a recv timeout)".into(),
-                    },
-                    key: None,
-                });
-                let first = match (step, delivery) {
-                    (Some(s), Some(d)) => Some(if s.seq < d.seq { s } else { d }),
-                    (s, d) => s.or(d),
-                };
-                first.map(|f| (a.clone(), f))
-            })
-            .collect();
-        out.sort_by_key(|(_, s)| s.seq);
-        out
+        self.with(|l| {
+            l.load_all();
+            let mut out: Vec<_> = l
+                .agents
+                .iter()
+                .filter_map(|(a, log)| {
+                    let step = log.unconsumed().next().map(|s| Leftover {
+                        seq: s.seq,
+                        label: s.step().label(),
+                        key: Some(s.key),
+                    });
+                    let delivery = log.deliveries.front().map(|d| Leftover {
+                        seq: d.seq,
+                        label: match &d.from {
+                            Some(from) => format!("deliver from {from}"),
+                            None => "deliver (a recv timeout)".into(),
+                        },
+                        key: None,
+                    });
+                    let first = match (step, delivery) {
+                        (Some(s), Some(d)) => Some(if s.seq < d.seq { s } else { d }),
+                        (s, d) => s.or(d),
+                    };
+                    first.map(|f| (a.clone(), f))
+                })
+                .collect();
+            out.sort_by_key(|(_, s)| s.seq);
+            out
+        })
     }
 
     /// The recorded run's last seq.
@@ -492,80 +456,50 @@ impl RecordedLog {
     }
 
     /// The recorded decisions, in seq order.
-    pub fn decisions(&self) -> &[(String, Decision)] {
-        &self.decisions
+    pub fn decisions(&self) -> Vec<(String, Decision)> {
+        self.with(|l| {
+            l.load_all();
+            l.decisions.clone()
+        })
     }
 
     /// Number of agents with recorded steps.
     pub fn agent_count(&self) -> usize {
-        self.agents.len()
+        self.with(|l| {
+            l.load_all();
+            l.agents.len()
+        })
     }
 
     /// The agents with recorded steps.
-    pub fn agents(&self) -> impl Iterator<Item = &str> {
-        self.agents.keys().map(String::as_str)
+    pub fn agents(&self) -> Vec<String> {
+        self.with(|l| {
+            l.load_all();
+            l.agents.keys().cloned().collect()
+        })
     }
 
-    /// Recorded seqs no program step consumes (resolutions), released from the start.
-    pub fn unconsumable_seqs(&self) -> &[u64] {
-        &self.unconsumable
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An agent log of tool steps with these keys (seq = position + 1).
-    fn log(keys: &[u8]) -> AgentLog {
-        let mut names = HashMap::new();
-        let mut log = AgentLog::default();
-        for (i, k) in keys.iter().enumerate() {
-            let mut e = Event::new("run", "a", EventType::ToolCall);
-            e.seq = i as u64 + 1;
-            e.key = Digest::of(&[*k]);
-            log.push(Slot::new(&e, &mut names));
-        }
-        log
+    /// Whether some agent with recorded steps is not `started`: answered from the agents loaded
+    /// so far when one of them isn't, else once the whole run is loaded.
+    pub fn any_agent_not(&self, started: impl Fn(&str) -> bool) -> bool {
+        self.with(|l| {
+            if l.agents.keys().any(|a| !started(a)) {
+                return true;
+            }
+            l.load_all();
+            l.agents.keys().any(|a| !started(a))
+        })
     }
 
-    fn take(log: &mut AgentLog, k: u8) -> Option<u64> {
-        log.take(&Digest::of(&[k])).map(|s| s.seq)
+    /// How many recorded seqs no program step consumes (resolutions) have been loaded so far.
+    pub fn unconsumable_count(&self) -> usize {
+        self.unconsumable.load(Ordering::Acquire)
     }
 
-    #[test]
-    fn in_order_replay_never_builds_the_key_index() {
-        let mut l = log(&[1, 2, 1, 3]);
-        assert_eq!([1, 2, 1, 3].map(|k| take(&mut l, k)), [Some(1), Some(2), Some(3), Some(4)]);
-        assert!(l.by_key.is_none());
-        assert_eq!(take(&mut l, 1), None);
-    }
-
-    #[test]
-    fn out_of_order_steps_match_by_key_in_recorded_order() {
-        let mut l = log(&[1, 2, 1, 3, 2]);
-        assert_eq!(take(&mut l, 3), Some(4));
-        assert!(l.by_key.is_some());
-        assert_eq!(take(&mut l, 2), Some(2));
-        assert_eq!(take(&mut l, 1), Some(1));
-        assert_eq!(take(&mut l, 1), Some(3));
-        assert_eq!(take(&mut l, 1), None);
-        assert_eq!(take(&mut l, 2), Some(5));
-        assert_eq!(l.first_unconsumed, 5);
-    }
-
-    #[test]
-    fn an_index_built_late_skips_what_was_consumed() {
-        let mut l = log(&[1, 2, 3, 2, 1]);
-        assert_eq!(take(&mut l, 1), Some(1));
-        let middle = l.take_where(|s| s.seq == 3).map(|s| s.seq);
-        assert_eq!(middle, Some(3));
-        assert!(l.by_key.is_none());
-        // Key 1's next unconsumed slot is seq 5, not the consumed seq 1.
-        assert_eq!(l.peek(&Digest::of(&[1])).map(|s| s.seq), Some(5));
-        assert_eq!(take(&mut l, 2), Some(2));
-        assert_eq!(take(&mut l, 2), Some(4));
-        assert_eq!(take(&mut l, 1), Some(5));
-        assert_eq!(l.first_unconsumed, 5);
+    /// The recorded seqs no program step consumes (resolutions) loaded so far, from the
+    /// `from`th on: released from the start, they are known once loaded, which is before any
+    /// later seq is.
+    pub fn unconsumable_seqs(&self, from: usize) -> Vec<u64> {
+        self.with(|l| l.unconsumable.get(from..).unwrap_or_default().to_vec())
     }
 }

@@ -206,6 +206,9 @@ impl Agent {
         match scheduler.take_delivery(&self.id).await? {
             None => {
                 let log = scheduler.log();
+                if let Some(e) = log.failure() {
+                    return Err(e.into());
+                }
                 let mut d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone()).step("recv");
                 d = match log.next_of(&self.id) {
                     Some(next) => d.detail(format!(

@@ -98,6 +98,8 @@ struct Sent {
 pub(crate) struct State {
     released: Vec<bool>,
     next_release: u64,
+    /// How many of the log's unconsumable seqs have been marked released.
+    absorbed: usize,
     sent: HashMap<u64, Sent>,
     pub(crate) phases: HashMap<String, Phase>,
     pub(crate) waiters: HashMap<String, Waiter>,
@@ -150,12 +152,10 @@ impl Scheduler {
         let last = log.last_seq() as usize;
         let mut released = vec![false; last + 2];
         released[0] = true;
-        for &seq in log.unconsumable_seqs() {
-            released[seq as usize] = true;
-        }
         let mut state = State {
             released,
             next_release: 1,
+            absorbed: 0,
             sent: HashMap::new(),
             phases: HashMap::new(),
             waiters: HashMap::new(),
@@ -164,6 +164,7 @@ impl Scheduler {
             trace: Vec::new(),
             fork,
         };
+        absorb(&log, &mut state);
         advance(&mut state);
         let scheduler = Arc::new(Scheduler { log, config, state: Mutex::new(state), hook: Mutex::new(None) });
         spawn_watchdog(Arc::downgrade(&scheduler));
@@ -248,6 +249,7 @@ impl Scheduler {
         if self.config.strict {
             loop {
                 let Some(seq) = self.log.peek(agent, key) else { return Ok(None) };
+                self.absorb_unconsumable();
                 self.wait(agent, Need::Turn(seq), what).await?;
                 let mut st = self.state.lock();
                 if self.log.peek(agent, key) == Some(seq) {
@@ -261,7 +263,13 @@ impl Scheduler {
         }
         let step = self.log.take(agent, key);
         if let Some(step) = &step {
-            release(&mut self.state.lock(), step.seq);
+            let mut st = self.state.lock();
+            release(&mut st, step.seq);
+            if self.log.unconsumable_count() > st.absorbed {
+                absorb(&self.log, &mut st);
+                advance(&mut st);
+                self.wake_ready(&mut st);
+            }
         }
         Ok(step)
     }
@@ -289,6 +297,7 @@ impl Scheduler {
     pub async fn take_delivery(&self, agent: &str) -> Result<Option<Delivery>, Divergence> {
         self.fail_if_diverged()?;
         let Some(next) = self.log.next_delivery(agent) else { return Ok(None) };
+        self.absorb_unconsumable();
         let what = match (&next.from, next.send_seq) {
             (Some(from), Some(send)) => {
                 format!("deliver from {from} (seq {}, its send is seq {send})", next.seq)
@@ -312,6 +321,19 @@ impl Scheduler {
             let (body, parent) = sent.map(|s| (s.body, s.parent)).unwrap_or((None, None));
             Delivery::Message { delivery, body, parent }
         }))
+    }
+
+    /// Marks released the unconsumable seqs (resolutions) the log has loaded since last asked:
+    /// a step about to wait for its turn has loaded every seq before its own, so the turn
+    /// passes over them.
+    fn absorb_unconsumable(&self) {
+        if self.log.unconsumable_count() == self.state.lock().absorbed {
+            return;
+        }
+        let mut st = self.state.lock();
+        absorb(&self.log, &mut st);
+        advance(&mut st);
+        self.wake_ready(&mut st);
     }
 
     #[allow(clippy::result_large_err)]
@@ -370,8 +392,7 @@ impl Scheduler {
             return None;
         }
         let someone_runs = st.phases.values().any(|p| *p == Phase::Running);
-        let someone_unstarted = self.log.agents().any(|a| !st.phases.contains_key(a));
-        if someone_runs || someone_unstarted {
+        if someone_runs || self.log.any_agent_not(|a| st.phases.contains_key(a)) {
             return None;
         }
         if crate::fork_sched::settle_quiescent(st) {
@@ -392,6 +413,16 @@ pub(crate) fn release(st: &mut State, seq: u64) {
     st.trace.push(seq);
     st.last_progress = Instant::now();
     advance(st);
+}
+
+/// Marks released the log's unconsumable seqs not marked yet.
+fn absorb(log: &RecordedLog, st: &mut State) {
+    for seq in log.unconsumable_seqs(st.absorbed) {
+        st.absorbed += 1;
+        if let Some(released) = st.released.get_mut(seq as usize) {
+            *released = true;
+        }
+    }
 }
 
 fn advance(st: &mut State) {

@@ -180,6 +180,8 @@ impl Agent {
         inner.steps.fetch_add(1, Ordering::Relaxed);
         let label = input.template.label();
         let prepared = self.prepare(&input, &label)?;
+        // Each mode's future is boxed: held inline, the largest of them (a fork's) sized every
+        // step's future, which is copied whole each time it moves (into `block_on`, say).
         match inner.mode {
             Mode::Off => {
                 inner.live_calls.fetch_add(1, Ordering::Relaxed);
@@ -188,21 +190,21 @@ impl Agent {
             }
             Mode::Record => {
                 if input.intent {
-                    self.govern(&input.template, &prepared).await?;
+                    Box::pin(self.govern(&input.template, &prepared)).await?;
                 }
-                self.record(input, prepared, &label, live).await.map(|r| r.value)
+                Box::pin(self.record(input, prepared, &label, live)).await.map(|r| r.value)
             }
             Mode::Fork => {
                 if input.intent {
-                    self.replay_approval(&input.template, &prepared, &label).await?;
+                    Box::pin(self.replay_approval(&input.template, &prepared, &label)).await?;
                 }
-                self.fork(input, prepared, &label, live).await.map(|r| r.value)
+                Box::pin(self.fork(input, prepared, &label, live)).await.map(|r| r.value)
             }
             Mode::Replay => {
                 if input.intent {
-                    self.replay_approval(&input.template, &prepared, &label).await?;
+                    Box::pin(self.replay_approval(&input.template, &prepared, &label)).await?;
                 }
-                self.replay(input, prepared, &label, None).await.map(|(v, _)| v)
+                Box::pin(self.replay(input, prepared, &label, None)).await.map(|(v, _)| v)
             }
         }
     }
@@ -511,6 +513,12 @@ impl Agent {
             return Ok((Value::Null, step));
         }
         let Some(output_ref) = step.output_ref else { return Ok((Value::Null, step)) };
+        let mut step = step;
+        // Read, verified and decoded ahead by the log's reader (only where the program gets
+        // the output as stored).
+        if let Some(value) = step.output.take() {
+            return Ok((value, step));
+        }
         let bytes = inner.for_program(inner.store.get_blob(&output_ref)?)?;
         let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
@@ -532,6 +540,10 @@ impl Agent {
         let scheduler = inner.scheduler.as_ref().expect("replay sessions have a scheduler");
         let log = scheduler.log();
         let expected = log.expected(&self.id, kind, event.name.as_deref());
+        // The log may lack the step only because the recording could not be read to its end.
+        if let Some(e) = log.failure() {
+            return e.into();
+        }
         let interrupted = inner.run.lock().labels.get("source_status").map(String::as_str)
             == Some(RunStatus::Interrupted.as_str());
         let d = match expected {

@@ -177,6 +177,11 @@ pub fn original_kinds(rules: &MaskRules) -> HashSet<String> {
 }
 
 impl Reveal {
+    /// Whether `rules` hand any original back (so a replay under them opens a `Reveal`).
+    pub(crate) fn needed(rules: &MaskRules) -> bool {
+        !original_kinds(rules).is_empty()
+    }
+
     /// The reveal of run `run_id` masked with `rules`: none when no rule says `original`.
     /// Otherwise it needs `key` and a role that may see originals, and audits the run once
     /// (a refusal too) before anything runs.

@@ -47,8 +47,10 @@ use crate::{Batch, BlobHint, BlobStore, Durability, EventStore, LeaseHolder, Sto
 const READ_POOL: usize = 8;
 
 /// Bytes of the database file a read connection maps into memory (`PRAGMA mmap_size`): reads
-/// of mapped pages skip a `pread` each.
-const READ_MMAP_BYTES: u64 = 1 << 30;
+/// of mapped pages skip a `pread` each. Mapped pages a process has touched count in its
+/// resident set, once per connection that touched them, so the map is kept small: a replay
+/// reading a long run from start to end would otherwise hold up to this much per connection.
+const READ_MMAP_BYTES: u64 = 64 << 20;
 
 /// Distinguishes stores for [`PINNED`].
 static STORE_IDS: AtomicU64 = AtomicU64::new(1);

@@ -70,8 +70,14 @@ impl Session {
                 scheduler.diverge(d);
             }
         }
+        // A recording that could not be read to its end judges nothing: the replay failed.
+        let failure = scheduler.log().failure();
         let divergence = scheduler.divergence();
-        let status = if divergence.is_some() { RunStatus::Diverged } else { RunStatus::Ok };
+        let status = match (&failure, &divergence) {
+            (Some(_), _) => RunStatus::Failed,
+            (None, Some(_)) => RunStatus::Diverged,
+            (None, None) => RunStatus::Ok,
+        };
         let meta = {
             let mut run = self.inner.run.lock();
             run.status = status;
@@ -82,6 +88,9 @@ impl Session {
             run.clone()
         };
         self.inner.store.update_run(&meta)?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
         match divergence {
             Some(d) => Err(d.into()),
             None => Ok(self.report(status)),
@@ -90,6 +99,9 @@ impl Session {
 
     fn ending_divergence(&self, log: &RecordedLog, outcome: &Outcome) -> Option<Divergence> {
         let leftovers = log.leftovers();
+        if log.failure().is_some() {
+            return None;
+        }
         if let Some((agent, first)) = leftovers.first() {
             let mut d = Divergence::new(DivergenceCode::StepsLeft, agent.clone())
                 .at(first.seq)

@@ -40,7 +40,10 @@ impl Session {
         masking::check_key(&source_meta, options.mask_key.as_ref())?;
         // Replay masks with the recorded rule set: a change of rules is never a divergence.
         let masker = masking::masker(source_meta.masking_rules.clone(), options.mask_key.as_ref())?;
-        let log = RecordedLog::load(store.as_ref(), &source_meta.id)?;
+        // Outputs are read ahead, verified and decoded on the log's reader thread when the
+        // program gets them as stored (no rule hands originals back).
+        let outputs = !Reveal::needed(&source_meta.masking_rules);
+        let log = RecordedLog::stream(store.clone(), &source_meta.id, outputs)?;
         let id = options.run_id.clone().unwrap_or_else(new_run_id);
         let mut meta = match store.run(&id) {
             Ok(existing) if existing.mode == RunMode::Replay => existing,

@@ -217,3 +217,44 @@ fn record_hands_back_the_canonical_round_trip() {
         .unwrap();
     assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"a":[1,"x"],"b":2}"#);
 }
+
+/// A replay streams the recorded run a page at a time: a step asked for far ahead of the
+/// agent's next recorded one still matches by key, a side effect whose intent and completion
+/// lie on two pages replays its output, and another agent's steps loaded on the way still
+/// match after them.
+#[test]
+fn a_replay_streams_long_runs_and_matches_across_pages() {
+    let store = store();
+    let spec = || ToolSpec::deterministic("1");
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let (a, b) = (s.agent("a"), s.agent("b"));
+    let mut recorded = Vec::new();
+    for i in 0..2_500u64 {
+        // Seqs 1024 and 1025 (a reader's page boundary) are a side effect's intent and call.
+        if i == 1_023 {
+            let sent: Value = a
+                .tool("send", &json!({"n": i}), ToolSpec::side_effect("1"), || Ok::<_, String>(json!(i)))
+                .unwrap();
+            assert_eq!(sent, json!(i));
+        }
+        let agent = if i % 100 == 7 { &b } else { &a };
+        recorded.push(agent.tool("t", &json!({"i": i}), spec(), || Ok::<_, String>(i * 3)).unwrap());
+    }
+    s.finish(Outcome::default()).unwrap();
+
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let (a, b) = (r.agent("a"), r.agent("b"));
+    let not_live = || Err::<u64, _>("not live");
+    // Far ahead of the agent's next recorded step first, then everything else in order.
+    assert_eq!(a.tool("t", &json!({"i": 2_400}), spec(), not_live).unwrap(), 2_400 * 3);
+    for i in (0..2_500u64).filter(|&i| i != 2_400) {
+        if i == 1_023 {
+            let spec = ToolSpec::side_effect("1");
+            let sent: Value = a.tool("send", &json!({"n": i}), spec, || Err::<Value, _>("not live")).unwrap();
+            assert_eq!(sent, json!(i));
+        }
+        let agent = if i % 100 == 7 { &b } else { &a };
+        assert_eq!(agent.tool("t", &json!({"i": i}), spec(), not_live).unwrap(), recorded[i as usize]);
+    }
+    r.finish(Outcome::default()).unwrap();
+}

@@ -1,0 +1,207 @@
+//! Reading a recorded run into what the matcher keeps, a page at a time: each event becomes the
+//! items the log integrates (a step's slot, a delivery, an intent's completion...). A replay
+//! reads ahead on a thread of its own, which also reads, verifies and decodes the pages' outputs
+//! so that the replaying program's thread finds them ready.
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+
+use retrace_core::envelope::Decision;
+use retrace_core::{Digest, Event, EventType};
+use retrace_store::export::{RunEvents, Segment};
+use retrace_store::{Store, StoreResult};
+use serde_json::Value;
+
+use super::agent_log::{intern, Slot};
+use super::{RecordedDelivery, Resolution};
+
+/// Events a replay's reader reads (and outputs it prefetches) at a time.
+const FEED_PAGE: usize = 1024;
+
+/// Pages the reader may be ahead of the replay, beyond the one it is reading.
+const FEED_AHEAD: usize = 2;
+
+/// What one recorded event contributes to the log.
+#[derive(Debug)]
+pub(super) enum Item {
+    /// A step the program will ask for.
+    Step { agent: Arc<str>, slot: Slot },
+    /// A delivery the agent heard.
+    Delivery { agent: Arc<str>, delivery: RecordedDelivery },
+    /// A tool call or resolution whose causal parent is `intent` (when that is an intent, it
+    /// completes it).
+    Completes { intent: u64, resolution: Option<Resolution> },
+    /// A decision taken.
+    Decision { agent: Arc<str>, decision: Decision },
+    /// A seq no program step consumes (a resolution).
+    Unconsumable(u64),
+}
+
+/// The items of consecutive events.
+#[derive(Debug, Default)]
+pub(super) struct Page {
+    pub(super) items: Vec<Item>,
+    /// The last seq the page covers.
+    pub(super) last_seq: u64,
+}
+
+/// What the reader thread sends.
+pub(super) enum Fed {
+    Page(Page),
+    End,
+    Failed(retrace_store::StoreError),
+}
+
+/// Reads a run's events (a fork's inherited ones included) page by page into [`Page`]s.
+#[derive(Debug)]
+pub(super) struct Reader {
+    segments: Vec<Segment>,
+    index: usize,
+    next: u64,
+    names: HashMap<String, Arc<str>>,
+    agents: HashMap<String, Arc<str>>,
+}
+
+impl Reader {
+    /// Resolves where `run`'s events are stored (`NotFound` for a missing run or fork source).
+    pub(super) fn new(store: &dyn Store, run: &str) -> StoreResult<Reader> {
+        let segments = RunEvents::new(store, run)?.segments().to_vec();
+        let next = segments.first().map_or(1, |s| s.from);
+        Ok(Reader { segments, index: 0, next, names: HashMap::new(), agents: HashMap::new() })
+    }
+
+    /// The run's last seq.
+    pub(super) fn last_seq(&self) -> u64 {
+        self.segments.last().map_or(0, |s| s.to)
+    }
+
+    /// The next at most `limit` events, or `None` after the last.
+    fn events(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Vec<Event>>> {
+        while let Some(segment) = self.segments.get(self.index) {
+            if self.next > segment.to {
+                self.index += 1;
+                self.next = self.segments.get(self.index).map_or(0, |s| s.from);
+                continue;
+            }
+            let want = usize::try_from(segment.to - self.next + 1).unwrap_or(limit).min(limit);
+            let page = store.events(&segment.run, self.next, want)?;
+            let Some(last) = page.last() else {
+                return Err(retrace_store::StoreError::corrupt(format!(
+                    "run {} holds no events from seq {} though its last seq is {}",
+                    segment.run, self.next, segment.to
+                )));
+            };
+            self.next = last.seq + 1;
+            return Ok(Some(page));
+        }
+        Ok(None)
+    }
+
+    /// The next page of at most `limit` events as items, or `None` after the last.
+    pub(super) fn next_page(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Page>> {
+        let Some(events) = self.events(store, limit)? else { return Ok(None) };
+        let mut page = Page { items: Vec::with_capacity(events.len()), last_seq: 0 };
+        for e in &events {
+            self.items(e, &mut page.items);
+            page.last_seq = e.seq;
+        }
+        Ok(Some(page))
+    }
+
+    /// What `e` contributes, appended to `items`.
+    fn items(&mut self, e: &Event, items: &mut Vec<Item>) {
+        if matches!(e.kind, EventType::ToolCall | EventType::Resolution) {
+            if let Some(intent) = e.causal_parent {
+                let resolution =
+                    (e.kind == EventType::Resolution).then_some(match (e.output_ref, e.name.as_deref()) {
+                        (_, Some("not_executed")) | (None, _) => Resolution::NotExecuted,
+                        (Some(out), _) => Resolution::Outcome(out),
+                    });
+                items.push(Item::Completes { intent, resolution });
+            }
+        }
+        let agent = intern(&mut self.agents, &e.agent_id);
+        if let (EventType::Decision, Some(d)) = (e.kind, &e.decision) {
+            items.push(Item::Decision { agent: agent.clone(), decision: d.clone() });
+        }
+        match e.kind {
+            // A person's answer, not a program step: replay never asks for it.
+            EventType::Resolution => items.push(Item::Unconsumable(e.seq)),
+            EventType::Deliver => {
+                let message = e.message.as_ref();
+                let delivery = RecordedDelivery {
+                    seq: e.seq,
+                    send_seq: e.causal_parent,
+                    from: message.and_then(|m| m.from.clone()),
+                    kind: message.and_then(|m| m.kind.clone()),
+                    timed_out: message.is_some_and(|m| m.timed_out),
+                };
+                items.push(Item::Delivery { agent, delivery });
+            }
+            _ => items.push(Item::Step { agent, slot: Slot::new(e, &mut self.names) }),
+        }
+    }
+}
+
+/// Starts reading `reader`'s run on a thread of its own, [`FEED_AHEAD`] pages ahead of the
+/// receiver; with `outputs`, each page's step outputs are read (one query per page), verified
+/// and decoded too. The thread ends after the last page, or once the receiver is dropped.
+pub(super) fn spawn(store: Arc<dyn Store>, mut reader: Reader, outputs: bool) -> Receiver<Fed> {
+    let (tx, rx) = sync_channel(FEED_AHEAD);
+    let spawned = std::thread::Builder::new().name("retrace-replay-reader".into()).spawn({
+        let tx = tx.clone();
+        move || feed(store.as_ref(), &mut reader, outputs, &tx)
+    });
+    if let Err(e) = spawned {
+        let _ = tx.send(Fed::Failed(retrace_store::StoreError::io(format!(
+            "starting the thread that reads the recorded run: {e}"
+        ))));
+    }
+    rx
+}
+
+fn feed(store: &dyn Store, reader: &mut Reader, outputs: bool, tx: &SyncSender<Fed>) {
+    loop {
+        let fed = match reader.next_page(store, FEED_PAGE) {
+            Ok(Some(mut page)) => {
+                if outputs {
+                    prefetch_outputs(store, &mut page);
+                }
+                Fed::Page(page)
+            }
+            Ok(None) => Fed::End,
+            Err(e) => Fed::Failed(e),
+        };
+        let last = !matches!(fed, Fed::Page(_));
+        if tx.send(fed).is_err() || last {
+            return;
+        }
+    }
+}
+
+/// Reads the outputs of the page's steps in one query (the store verifies each digest) and
+/// decodes them. Any failure leaves the page's outputs unread: the replay then reads each
+/// itself, and meets the failure at the step it belongs to.
+fn prefetch_outputs(store: &dyn Store, page: &mut Page) {
+    let mut wanted: Vec<(usize, Digest)> = Vec::new();
+    for (i, item) in page.items.iter().enumerate() {
+        if let Item::Step { slot, .. } = item {
+            if let (Some(digest), false, false) =
+                (slot.output_ref, slot.failed(), slot.kind == EventType::Intent)
+            {
+                wanted.push((i, digest));
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return;
+    }
+    let digests: Vec<Digest> = wanted.iter().map(|(_, d)| *d).collect();
+    let Ok(blobs) = store.get_blobs(&digests) else { return };
+    for ((i, _), bytes) in wanted.into_iter().zip(blobs) {
+        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else { continue };
+        if let Some(Item::Step { slot, .. }) = page.items.get_mut(i) {
+            slot.output = Some(value);
+        }
+    }
+}
