@@ -2,13 +2,13 @@
 //! delivered to it before that step, in the order heard, each with its causal chain back to its
 //! origin. Answered from the deliveries index (narrow rows), [`EventStore::chain_heads`] for the
 //! chains (SQLite: packed head blocks, a row per 256 seqs) and one batched read of the
-//! messages' bodies, never by scanning the run.
+//! messages' bodies ([`Store::request_blobs_at`]), never by scanning the run.
 //!
 //! [`EventStore::chain_heads`]: crate::EventStore::chain_heads
 
 use std::sync::Arc;
 
-use retrace_core::{Digest, EventType};
+use retrace_core::EventType;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -160,17 +160,8 @@ impl<'a> Links<'a> {
 fn bodies(store: &dyn Store, run: &str, sends: &[u64], chains: &Chains) -> StoreResult<SeqMap<u64, Value>> {
     let sends: Vec<u64> =
         sends.iter().copied().filter(|s| chains.get(*s).is_some_and(|h| h.kind == EventType::Send)).collect();
-    let refs: Vec<(u64, Digest)> = sends
-        .iter()
-        .zip(store.request_refs_at(run, &sends)?)
-        .filter_map(|(seq, digest)| Some((*seq, digest?)))
-        .collect();
-    let digests: Vec<Digest> = refs.iter().map(|(_, d)| *d).collect();
-    let blobs: Vec<Option<Vec<u8>>> = match store.get_blobs(&digests) {
-        Ok(all) => all.into_iter().map(Some).collect(),
-        Err(_) => digests.iter().map(|d| store.get_blob(d).ok()).collect(),
-    };
-    Ok(refs.iter().zip(blobs).filter_map(|((seq, _), bytes)| Some((*seq, message_body(&bytes?)?))).collect())
+    let blobs = store.request_blobs_at(run, &sends)?;
+    Ok(sends.iter().zip(blobs).filter_map(|(seq, bytes)| Some((*seq, message_body(&bytes?)?))).collect())
 }
 
 /// The `body` member of a send's request.
