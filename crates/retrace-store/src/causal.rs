@@ -2,29 +2,39 @@
 //! delivered to it before that step, in the order heard, each with its causal chain back to its
 //! origin. Answered from the deliveries index (narrow rows), [`EventStore::chain_heads`] for the
 //! chains (SQLite: packed head blocks, a row per 256 seqs) and one batched read of the
-//! messages' bodies, never by scanning the run.
+//! messages' bodies ([`Store::request_blobs_at`]), never by scanning the run.
 //!
 //! [`EventStore::chain_heads`]: crate::EventStore::chain_heads
 
-use retrace_core::{Digest, EventType};
+use std::sync::Arc;
+
+use retrace_core::EventType;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::head::SeqMap;
+use crate::head::{SeqMap, SeqSet};
 use crate::{Chains, Store, StoreResult};
 
 /// Longest causal chain followed (a guard against malformed logs).
 pub const MAX_CHAIN: usize = 256;
 
-/// One link of a causal chain.
+/// One link of a causal chain. Its strings are shared: a run has few agents and labels, and an
+/// answer may hold tens of thousands of links.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Link {
     /// The event's seq.
     pub seq: u64,
     /// Its agent.
-    pub agent: String,
+    #[serde(serialize_with = "shared_str")]
+    pub agent: Arc<str>,
     /// `send reviewer`, `model_call openai/chat.completions`...
-    pub label: String,
+    #[serde(serialize_with = "shared_str")]
+    pub label: Arc<str>,
+}
+
+/// Serializes a shared string as the string.
+fn shared_str<S: serde::Serializer>(s: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(s)
 }
 
 /// A message the agent had heard.
@@ -73,19 +83,25 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let deliveries = store.delivery_heads_to(run, &step.agent_id, seq)?;
     let mut sends: Vec<u64> = deliveries.iter().filter_map(|d| d.causal_parent).collect();
     sends.sort_unstable();
+    // A send delivered more than once (as none is in a well-formed log) lends its body out.
+    let repeated: SeqSet<u64> = sends.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
     sends.dedup();
     let chains = store.chain_heads(run, &sends, MAX_CHAIN)?;
-    let bodies = bodies(store, run, &sends, &chains)?;
+    let mut bodies = bodies(store, run, &sends, &chains)?;
     let mut links = Links::new(&chains);
     let mut heard = Vec::with_capacity(deliveries.len());
-    for d in &deliveries {
-        let message = d.message.as_ref();
+    for d in deliveries {
+        let (from, kind) = d.message.map_or((None, None), |m| (m.from, m.kind));
+        let body = d.causal_parent.and_then(|s| match repeated.contains(&s) {
+            true => bodies.get(&s).cloned(),
+            false => bodies.remove(&s),
+        });
         heard.push(Heard {
             deliver_seq: d.seq,
             send_seq: d.causal_parent,
-            from: message.and_then(|m| m.from.clone()),
-            kind: message.and_then(|m| m.kind.clone()),
-            body: d.causal_parent.and_then(|s| bodies.get(&s).cloned()),
+            from,
+            kind,
+            body,
             chain: d.causal_parent.map(|s| links.chain_from(s)).unwrap_or_default(),
         });
     }
@@ -96,31 +112,40 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
 }
 
-/// Builds [`Link`]s from [`Chains`], each distinct label formatted once.
+/// Builds [`Link`]s from [`Chains`], each agent's name and each distinct label made once and
+/// shared by every link that shows it.
 struct Links<'a> {
     chains: &'a Chains,
+    /// String id → the agent of that name.
+    agents: Vec<Option<Arc<str>>>,
     /// `(type code << 32) | name id + 1` → label.
-    labels: SeqMap<u64, String>,
+    labels: SeqMap<u64, Arc<str>>,
 }
 
 impl<'a> Links<'a> {
     fn new(chains: &'a Chains) -> Links<'a> {
-        Links { chains, labels: SeqMap::default() }
+        Links { chains, agents: Vec::new(), labels: SeqMap::default() }
     }
 
     /// The chain from `start` back to its origin, at most [`MAX_CHAIN`] links.
     fn chain_from(&mut self, start: u64) -> Vec<Link> {
+        let chains = self.chains;
         let mut out = Vec::new();
         let mut cur = Some(start);
         while let Some(seq) = cur {
-            let Some(h) = self.chains.get(seq) else { break };
+            let Some(h) = chains.get(seq) else { break };
             let key = (u64::from(h.kind.code()) << 32) | h.name.map_or(0, |n| u64::from(n) + 1);
-            let chains = self.chains;
             let label = self.labels.entry(key).or_insert_with(|| match h.name {
-                Some(n) => format!("{} {}", h.kind, chains.string(n)),
-                None => h.kind.to_string(),
+                Some(n) => format!("{} {}", h.kind, chains.string(n)).into(),
+                None => h.kind.to_string().into(),
             });
-            out.push(Link { seq, agent: chains.string(h.agent).to_owned(), label: label.clone() });
+            let label = label.clone();
+            let id = h.agent as usize;
+            if self.agents.len() <= id {
+                self.agents.resize(id + 1, None);
+            }
+            let agent = self.agents[id].get_or_insert_with(|| chains.string(h.agent).into()).clone();
+            out.push(Link { seq, agent, label });
             if out.len() >= MAX_CHAIN {
                 break;
             }
@@ -135,17 +160,8 @@ impl<'a> Links<'a> {
 fn bodies(store: &dyn Store, run: &str, sends: &[u64], chains: &Chains) -> StoreResult<SeqMap<u64, Value>> {
     let sends: Vec<u64> =
         sends.iter().copied().filter(|s| chains.get(*s).is_some_and(|h| h.kind == EventType::Send)).collect();
-    let refs: Vec<(u64, Digest)> = sends
-        .iter()
-        .zip(store.request_refs_at(run, &sends)?)
-        .filter_map(|(seq, digest)| Some((*seq, digest?)))
-        .collect();
-    let digests: Vec<Digest> = refs.iter().map(|(_, d)| *d).collect();
-    let blobs: Vec<Option<Vec<u8>>> = match store.get_blobs(&digests) {
-        Ok(all) => all.into_iter().map(Some).collect(),
-        Err(_) => digests.iter().map(|d| store.get_blob(d).ok()).collect(),
-    };
-    Ok(refs.iter().zip(blobs).filter_map(|((seq, _), bytes)| Some((*seq, message_body(&bytes?)?))).collect())
+    let blobs = store.request_blobs_at(run, &sends)?;
+    Ok(sends.iter().zip(blobs).filter_map(|(seq, bytes)| Some((*seq, message_body(&bytes?)?))).collect())
 }
 
 /// The `body` member of a send's request.

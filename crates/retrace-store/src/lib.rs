@@ -259,6 +259,22 @@ pub trait EventStore: Send + Sync {
 pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerStore {
     /// The backend's name (`sqlite`, `memory`, ...).
     fn backend(&self) -> &'static str;
+    /// The bytes of the request blob of each event of `run` at `seqs`, in the order given, each
+    /// verified: `None` for an event with no request or whose blob is missing or corrupt;
+    /// `NotFound` for a seq that isn't there. What `retrace knew` reads message bodies from.
+    /// SQLite reads the events and their blobs in one query; the default asks
+    /// [`EventStore::request_refs_at`], then [`BlobStore::get_blobs`] (each blob alone when that
+    /// fails).
+    fn request_blobs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Vec<u8>>>> {
+        let refs = self.request_refs_at(run, seqs)?;
+        let digests: Vec<Digest> = refs.iter().flatten().copied().collect();
+        let blobs: Vec<Option<Vec<u8>>> = match self.get_blobs(&digests) {
+            Ok(all) => all.into_iter().map(Some).collect(),
+            Err(_) => digests.iter().map(|d| self.get_blob(d).ok()).collect(),
+        };
+        let mut blobs = blobs.into_iter();
+        Ok(refs.iter().map(|r| r.and_then(|_| blobs.next().flatten())).collect())
+    }
     /// Runs `f` with every read this thread makes of the store served from one consistent
     /// snapshot (one read transaction), as a long read such as an export wants. Writes from
     /// other threads or processes proceed; `f` doesn't see them. The default just runs `f`.

@@ -397,6 +397,10 @@ impl Store for SqliteStore {
         "sqlite"
     }
 
+    fn request_blobs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Vec<u8>>>> {
+        self.request_blobs_at_impl(run, seqs)
+    }
+
     fn with_snapshot(&self, f: &mut dyn FnMut()) {
         if PINNED.with(|p| p.borrow().is_some()) {
             return f();

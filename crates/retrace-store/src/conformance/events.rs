@@ -193,6 +193,66 @@ pub fn summaries_match_events(make: MakeStore<'_>) {
     assert_eq!(err_kind(store.summaries("ghost", 1, 1)), StoreErrorKind::NotFound);
 }
 
+/// `request_blobs_at` answers what `request_refs_at` and `get_blob` answer, for requests stored
+/// in every way (in the row, packed, a file, a manifest over an earlier request), a request
+/// whose blob isn't stored and an event with none, asked in any order and more than once.
+pub fn request_blobs_match_blob_reads(make: MakeStore<'_>) {
+    use crate::{BlobHint, BlobPut};
+    use retrace_core::EventType;
+    let store = make();
+    store.create_run(&sample_run("bodies", 1)).unwrap();
+    let mut seed = 5;
+    let turns: Vec<String> = (0..4)
+        .map(|i| format!("{{\"role\":\"user\",\"content\":\"{}\"}}", super::text(&mut seed, 40 + i * 30)))
+        .collect();
+    let chat = |n: usize| format!("{{\"model\":\"m\",\"messages\":[{}]}}", turns[..n].join(",")).into_bytes();
+    let requests: Vec<(EventType, Option<BlobPut>)> = vec![
+        (EventType::Send, Some(BlobPut::new(b"{\"body\":1}".to_vec(), BlobHint::Raw))),
+        (EventType::Send, Some(BlobPut::new(super::text(&mut seed, 300).into_bytes(), BlobHint::Raw))),
+        (EventType::ModelCall, Some(BlobPut::new(chat(1), BlobHint::ModelRequest))),
+        (
+            EventType::ToolCall,
+            Some(BlobPut::new(
+                super::text(&mut seed, crate::INLINE_BLOB_MAX + 10).into_bytes(),
+                BlobHint::Raw,
+            )),
+        ),
+        (EventType::ModelCall, Some(BlobPut::new(chat(3), BlobHint::ModelRequest))),
+        (EventType::ModelCall, Some(BlobPut::new(chat(4), BlobHint::ModelRequest))),
+        (EventType::Send, None),
+        (EventType::Send, Some(BlobPut::new(b"never stored".to_vec(), BlobHint::Raw))),
+    ];
+    let mut prev = None;
+    for (i, (kind, request)) in requests.iter().enumerate() {
+        let mut e = retrace_core::Event::new("bodies", "agent", *kind);
+        e.seq = i as u64 + 1;
+        e.key = Digest::of(e.seq.to_string().as_bytes());
+        e.request_ref = request.as_ref().map(|b| b.digest);
+        e.seal(prev).unwrap();
+        prev = Some(e.hash);
+        let blobs = request.iter().filter(|b| b.bytes.as_ref() != b"never stored").cloned().collect();
+        store.commit(&Batch { run_id: "bodies".into(), events: vec![e], blobs, cache: Vec::new() }).unwrap();
+    }
+    let seqs = [8, 2, 6, 1, 2, 7, 3, 5, 4];
+    let expected: Vec<Option<Vec<u8>>> = store
+        .request_refs_at("bodies", &seqs)
+        .unwrap()
+        .iter()
+        .map(|r| r.and_then(|d| store.get_blob(&d).ok()))
+        .collect();
+    assert_eq!(store.request_blobs_at("bodies", &seqs).unwrap(), expected);
+    let stored: Vec<Option<Vec<u8>>> = seqs
+        .iter()
+        .map(|s| {
+            requests[*s as usize - 1].1.as_ref().map(|b| b.bytes.to_vec()).filter(|b| b != b"never stored")
+        })
+        .collect();
+    assert_eq!(expected, stored, "every stored request comes back, byte for byte");
+    assert!(store.request_blobs_at("bodies", &[]).unwrap().is_empty());
+    assert_eq!(err_kind(store.request_blobs_at("bodies", &[1, 9])), StoreErrorKind::NotFound);
+    assert_eq!(err_kind(store.request_blobs_at("ghost", &[1])), StoreErrorKind::NotFound);
+}
+
 /// A run of `n` events whose causal parents reach back 1..=300 seqs (so chains cross the
 /// 256-seq blocks SQLite packs heads into), every 5th a deliver with a message, every 7th with
 /// no parent, names and agents varied; committed in batches of 1..=9 events, as a recording

@@ -168,7 +168,7 @@ pub(crate) fn put(
 
 /// A blob row: kind, size, data, and for packed blobs the bytes at its location when they
 /// lie within one segment (fetched in the same query).
-type Row = (i64, i64, Value, Option<Vec<u8>>);
+pub(crate) type Row = (i64, i64, Value, Option<Vec<u8>>);
 
 fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
     conn.prepare_cached(
@@ -267,6 +267,23 @@ fn verified(conn: &Connection, files: &Files, digest: &Digest, row: Option<Row>)
         files.remember(*digest, Arc::from(bytes.as_slice()));
     }
     Ok(bytes)
+}
+
+/// The columns of a [`Row`] of `blobs b`, for a query that joins the blobs it reads.
+pub(crate) const ROW_COLUMNS: &str = "b.kind, b.size, b.data, CASE WHEN b.kind = 3 THEN \
+     (SELECT substr(s.data, (b.data & 65535) + 1, b.size) FROM segments s WHERE s.id = b.data >> 16) END";
+
+/// The verified bytes of `digest` from its row (read by such a query), as [`get`] answers.
+pub(crate) fn from_row(
+    conn: &Connection,
+    files: &Files,
+    digest: &Digest,
+    row: Option<Row>,
+) -> StoreResult<Vec<u8>> {
+    match files.recent(digest) {
+        Some(bytes) => Ok(bytes.to_vec()),
+        None => verified(conn, files, digest, row),
+    }
 }
 
 /// Whether `digest` is stored.

@@ -11,7 +11,7 @@
 //! consecutive seqs, little-endian: the distance back to the causal parent (`u32`, 0 = none),
 //! the agent's `agents.pk` (`u32`), the name's `names.pk` (`u32`, 0 = none), the type's code.
 //! A record whose values don't fit has the type byte [`UNFIT`]; readers then ask `events`.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 
 use retrace_core::EventType;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -186,57 +186,50 @@ fn resolve<'a>(
     .collect()
 }
 
+/// Blocks a downward scan steps over rather than seeking again: a step to the previous row costs
+/// a fraction of a seek from the root, so a walk that needs most blocks of a range reads them in
+/// one pass, and one that needs blocks far apart seeks each.
+const MAX_SKIP: i64 = 4;
+
 impl SqliteStore {
     /// Follows every chain at once, highest seq first: a seq's children all have higher seqs,
     /// so when it comes up it is known with the most links any chain still follows from it,
-    /// and each block is read once, records decoded where SQLite holds them. A seq no block
-    /// answers for (a record that didn't fit) is read from `events`, with what lies above it,
-    /// a level at a time.
+    /// and each block is read once, records decoded where SQLite holds them. Blocks come from
+    /// one scan down the run's blocks, sought again only across a gap. A seq no block answers
+    /// for (a record that didn't fit) is read from `events`, with what lies above it, a level
+    /// at a time.
     pub(crate) fn chain_heads_impl(&self, run: &str, starts: &[u64], depth: usize) -> StoreResult<Chains> {
-        let (walk, unanswered, agents, names) = self.read(|conn| {
+        let (walk, agents, names) = self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let what = || format!("reading the causal chains of run {run}");
-            let mut select = conn.prepare_cached("SELECT data FROM heads WHERE id = ?1").ctx(what)?;
-            let mut walk = Walk::default();
-            // Seq → the most links still to follow from it.
-            let mut pending: BTreeMap<u64, usize> = starts.iter().map(|s| (*s, depth)).collect();
-            pending.retain(|_, left| *left > 0);
-            let mut unanswered: Vec<(u64, usize)> = Vec::new();
-            while let Some((&top, _)) = pending.last_key_value() {
-                let block_start = top >> SHIFT << SHIFT;
-                let mut in_block = |data: &[u8]| {
-                    while let Some(entry) = pending.last_entry().filter(|e| *e.key() >= block_start) {
-                        let (seq, left) = entry.remove_entry();
-                        let Some(raw) = decode(data, seq) else {
-                            unanswered.push((seq, left));
-                            continue;
-                        };
-                        walk.add(raw);
-                        if let Some(parent) = raw.parent.filter(|_| left > 1) {
-                            let most = pending.entry(parent).or_insert(0);
-                            *most = (*most).max(left - 1);
-                        }
+            let mut walk = Walk::new(pk, starts, depth);
+            let mut select = conn
+                .prepare_cached("SELECT id, data FROM heads WHERE id BETWEEN ?1 AND ?2 ORDER BY id DESC")
+                .ctx(what)?;
+            while let Some(id) = walk.next_block() {
+                // A scan down from `id`, kept while the blocks needed lie close below its row.
+                let mut rows = select.query(params![pk << 32, id]).ctx(what)?;
+                let mut exhausted = true;
+                while let Some(row) = rows.next().ctx(what)? {
+                    let at: i64 = row.get(0).ctx(what)?;
+                    walk.missing_above(at);
+                    if walk.next_block() == Some(at) {
+                        let data = row.get_ref(1).and_then(|v| Ok(v.as_blob()?)).ctx(what)?;
+                        walk.in_block(data);
                     }
-                };
-                match block_id(pk, top) {
-                    Some(id) => {
-                        let found = select
-                            .query_row([id], |r| {
-                                in_block(r.get_ref(0)?.as_blob()?);
-                                Ok(())
-                            })
-                            .optional()
-                            .ctx(what)?;
-                        if found.is_none() {
-                            in_block(&[]);
-                        }
+                    if walk.next_block().is_none_or(|next| at - next > MAX_SKIP) {
+                        exhausted = false;
+                        break;
                     }
-                    None => in_block(&[]),
+                }
+                if exhausted {
+                    // The run has no other block at or below `id`.
+                    walk.missing_above((pk << 32) - 1);
                 }
             }
             let agents = resolve(conn, "agents", walk.agents.keys()).ctx(what)?;
             let names = resolve(conn, "names", walk.names.keys()).ctx(what)?;
-            Ok((walk, unanswered, agents, names))
+            Ok((walk, agents, names))
         })?;
         let offset = walk.agents.len() as u32;
         let mut strings = vec![String::new(); walk.agents.len() + walk.names.len()];
@@ -251,31 +244,129 @@ impl SqliteStore {
         for (pk, id) in &walk.names {
             strings[(offset + *id) as usize] = named(&names, pk)?;
         }
-        let heads = walk
-            .found
-            .into_iter()
-            .map(|(seq, mut head)| {
-                head.name = head.name.map(|n| n + offset);
-                (seq, head)
-            })
-            .collect();
+        let mut heads = SeqMap::with_capacity_and_hasher(walk.found.len(), Default::default());
+        heads.extend(walk.found.into_iter().map(|(seq, mut head)| {
+            head.name = head.name.map(|n| n + offset);
+            (seq, head)
+        }));
         let mut chains = Chains::from_parts(strings, heads);
-        for (seq, left) in unanswered {
+        for (seq, left) in walk.unanswered {
             crate::head::chain_heads_by_level(self, run, &[seq], left, &mut chains)?;
         }
         Ok(chains)
     }
 }
 
-/// What a walk through the blocks found: each head, and agent and name pks given string ids.
-#[derive(Default)]
+/// A walk down all chains at once: what is still to follow, and what the blocks answered, agent
+/// and name pks given string ids.
 struct Walk {
-    found: SeqMap<u64, ChainHead>,
+    run_pk: i64,
+    /// Blocks (seq >> [`SHIFT`]) with seqs to follow, highest first; each once.
+    blocks: BinaryHeap<u64>,
+    /// Block → (seq, links still to follow from it), a seq possibly more than once.
+    pending: SeqMap<u64, Vec<(u64, usize)>>,
+    /// The block being read: links still to follow from each of its seqs (0: none), and which
+    /// are set, as bits.
+    left: Vec<usize>,
+    set: [u64; BLOCK_WORDS],
+    /// Seqs no block answered for, with their links left.
+    unanswered: Vec<(u64, usize)>,
+    found: Vec<(u64, ChainHead)>,
     agents: SeqMap<i64, u32>,
     names: SeqMap<i64, u32>,
 }
 
+/// Words of a bit per seq of a block.
+const BLOCK_WORDS: usize = (1 << SHIFT) / 64;
+
 impl Walk {
+    fn new(run_pk: i64, starts: &[u64], depth: usize) -> Walk {
+        let mut walk = Walk {
+            run_pk,
+            blocks: BinaryHeap::new(),
+            pending: SeqMap::default(),
+            left: vec![0; 1 << SHIFT],
+            set: [0; BLOCK_WORDS],
+            unanswered: Vec::new(),
+            found: Vec::new(),
+            agents: SeqMap::default(),
+            names: SeqMap::default(),
+        };
+        if depth > 0 {
+            for start in starts {
+                walk.follow_later(*start, depth);
+            }
+        }
+        walk
+    }
+
+    /// Follows `seq` (in a block below the one being read) with `left` links.
+    fn follow_later(&mut self, seq: u64, left: usize) {
+        let blocks = &mut self.blocks;
+        self.pending
+            .entry(seq >> SHIFT)
+            .or_insert_with(|| {
+                blocks.push(seq >> SHIFT);
+                Vec::new()
+            })
+            .push((seq, left));
+    }
+
+    /// Follows `seq` of the block being read with `left` links, unless it is already followed
+    /// with as many.
+    fn follow_here(&mut self, seq: u64, left: usize) {
+        let i = (seq & ((1 << SHIFT) - 1)) as usize;
+        self.left[i] = self.left[i].max(left);
+        self.set[i / 64] |= 1 << (i % 64);
+    }
+
+    /// The id of the highest block with seqs to follow; a block that can have no id is taken
+    /// with nothing on the way.
+    fn next_block(&mut self) -> Option<i64> {
+        while let Some(&block) = self.blocks.peek() {
+            match block_id(self.run_pk, block << SHIFT) {
+                Some(id) => return Some(id),
+                None => self.in_block(&[]),
+            }
+        }
+        None
+    }
+
+    /// Every block needed above `id` is missing.
+    fn missing_above(&mut self, id: i64) {
+        while self.next_block().is_some_and(|next| next > id) {
+            self.in_block(&[]);
+        }
+    }
+
+    /// Takes every seq to follow in the highest such block, its records in `data`, highest
+    /// first; a parent in the same block is followed in this pass.
+    fn in_block(&mut self, data: &[u8]) {
+        let Some(block) = self.blocks.pop() else { return };
+        for (seq, left) in self.pending.remove(&block).unwrap_or_default() {
+            self.follow_here(seq, left);
+        }
+        for word in (0..BLOCK_WORDS).rev() {
+            while self.set[word] != 0 {
+                let bit = 63 - self.set[word].leading_zeros() as usize;
+                self.set[word] &= !(1 << bit);
+                let i = word * 64 + bit;
+                let left = std::mem::take(&mut self.left[i]);
+                let seq = block << SHIFT | i as u64;
+                let Some(raw) = decode(data, seq) else {
+                    self.unanswered.push((seq, left));
+                    continue;
+                };
+                self.add(raw);
+                match raw.parent.filter(|_| left > 1) {
+                    Some(parent) if parent >> SHIFT == block => self.follow_here(parent, left - 1),
+                    Some(parent) => self.follow_later(parent, left - 1),
+                    None => {}
+                }
+            }
+        }
+    }
+
     /// Adds `raw`.
     fn add(&mut self, raw: Decoded) {
         // Names are numbered apart and put after the agents at the end.
@@ -286,7 +377,7 @@ impl Walk {
             *self.names.entry(pk).or_insert(next)
         });
         let head = ChainHead { kind: raw.kind, agent, name, causal_parent: raw.parent };
-        self.found.insert(raw.seq, head);
+        self.found.push((raw.seq, head));
     }
 }
 

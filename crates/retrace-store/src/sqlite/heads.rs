@@ -4,6 +4,7 @@ use retrace_core::envelope::MessageRef;
 use retrace_core::{Digest, EventType};
 use rusqlite::{params, Row};
 
+use super::blobs;
 use super::runs::run_pk;
 use super::SqliteStore;
 use crate::error::ResultExt;
@@ -120,5 +121,51 @@ impl SqliteStore {
                 None => Ok(None),
             })
             .collect()
+    }
+}
+
+impl SqliteStore {
+    /// One query for any number of seqs, as [`SqliteStore::heads_at_impl`]: each event's
+    /// request ref and its blob's row (the packed bytes with it), read in the order asked; each
+    /// blob verified as [`blobs::get`] does.
+    pub(crate) fn request_blobs_at_impl(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Vec<u8>>>> {
+        let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".to_string());
+        let what = || format!("reading {} request blobs of run {run}", seqs.len());
+        self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let mut select = conn
+                .prepare_cached(&format!(
+                    "SELECT j.key, e.request_ref, {} FROM json_each(?2) j \
+                     CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                     LEFT JOIN blobs b ON b.digest = e.request_ref",
+                    blobs::ROW_COLUMNS
+                ))
+                .ctx(what)?;
+            let mut rows = select.query(params![pk, list]).ctx(what)?;
+            // None: the event wasn't found.
+            let mut found: Vec<Option<Option<Vec<u8>>>> = vec![None; seqs.len()];
+            while let Some(r) = rows.next().ctx(what)? {
+                let index: usize = r.get(0).ctx(what)?;
+                let Some(slot) = found.get_mut(index) else { continue };
+                let Some(digest) = r.get_ref(1).and_then(|v| Ok(v.as_blob_or_null()?)).ctx(what)? else {
+                    *slot = Some(None);
+                    continue;
+                };
+                let digest = Digest::from_slice(digest).ok_or_else(|| {
+                    StoreError::corrupt(format!("event {} of run {run} has a bad request_ref", seqs[index]))
+                })?;
+                let row = match r.get::<_, Option<i64>>(2).ctx(what)? {
+                    Some(kind) => Some((kind, r.get(3).ctx(what)?, r.get(4).ctx(what)?, r.get(5).ctx(what)?)),
+                    None => None,
+                };
+                *slot = Some(blobs::from_row(conn, &self.files, &digest, row).ok());
+            }
+            seqs.iter()
+                .zip(found)
+                .map(|(seq, blob)| {
+                    blob.ok_or_else(|| StoreError::not_found(format!("run {run} has no event {seq}")))
+                })
+                .collect()
+        })
     }
 }

@@ -195,3 +195,32 @@ fn garbage_collection_deletes_a_runs_head_blocks_and_only_its_own() {
     assert_eq!(blocks(), 2);
     assert_eq!(knew(&sqlite, "kept", 403).unwrap(), kept);
 }
+
+#[test]
+fn a_corrupt_body_is_left_out_on_sqlite_as_on_memory_where_it_is_missing() {
+    let (events, blobs) = messaging_run("bad", 4, 120, 0xbad);
+    let (sqlite, memory) = (SqliteStore::temporary().unwrap(), MemoryStore::new());
+    let last = events.len() as u64;
+    let sends: Vec<u64> = events.iter().filter(|e| e.request_ref.is_some()).map(|e| e.seq).collect();
+    // One stored body made corrupt on SQLite (its row's bytes changed) and left out of memory.
+    let (corrupt, digest) = (sends[sends.len() - 1], events[sends[sends.len() - 1] as usize - 1].request_ref);
+    let digest = digest.unwrap();
+    for store in [&sqlite as &dyn Store, &memory] {
+        store.create_run(&sample_run("bad", 1)).unwrap();
+    }
+    let batch = Batch { run_id: "bad".into(), events: events.clone(), blobs: blobs.clone(), cache: vec![] };
+    sqlite.commit(&batch).unwrap();
+    let kept: Vec<BlobPut> = blobs.iter().filter(|b| b.digest != digest).cloned().collect();
+    memory.commit(&Batch { blobs: kept, ..batch }).unwrap();
+    let changed = Connection::open(sqlite.path())
+        .unwrap()
+        .execute(
+            "UPDATE blobs SET data = CAST(upper(CAST(data AS TEXT)) AS BLOB) WHERE digest = ?1 AND kind = 0",
+            [digest.as_bytes()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1, "the body is stored in its row");
+    let read = sqlite.request_blobs_at("bad", &[corrupt, sends[0]]).unwrap();
+    assert!(read[0].is_none() && read[1].is_some(), "only the corrupt blob is left out");
+    same_knew(&sqlite, &memory, "bad", last, &events);
+}
