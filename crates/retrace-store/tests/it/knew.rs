@@ -210,7 +210,7 @@ fn a_corrupt_body_is_left_out_on_sqlite_as_on_memory_where_it_is_missing() {
     }
     let batch = Batch { run_id: "bad".into(), events: events.clone(), blobs: blobs.clone(), cache: vec![] };
     sqlite.commit(&batch).unwrap();
-    let kept: Vec<BlobPut> = blobs.iter().filter(|b| b.digest != digest).cloned().collect();
+    let kept: Vec<BlobPut> = blobs.iter().filter(|b| b.digest() != digest).cloned().collect();
     memory.commit(&Batch { blobs: kept, ..batch }).unwrap();
     let changed = Connection::open(sqlite.path())
         .unwrap()
