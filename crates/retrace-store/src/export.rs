@@ -19,7 +19,6 @@ use retrace_core::canonical::{write_canonical, write_canonical_value, CanonError
 use retrace_core::export::{ExportHeader, FORMAT};
 use retrace_core::json::{self, Json};
 use retrace_core::{Digest, Event, EventType};
-use tempfile::SpooledData;
 
 use crate::manifest::Manifest;
 use crate::{Store, StoreError, StoreErrorKind};
@@ -116,7 +115,7 @@ fn export_inner(
     let run = store.run(run_id).map_err(stored)?;
     let mut pages = RunEvents::new(store, run_id).map_err(stored)?;
     let count = pages.count();
-    let (spool, refs, requests) = spool_events(run_id, &mut pages, progress)?;
+    let (mut spool, refs, requests) = spool_events(run_id, &mut pages, progress)?;
 
     let plan = plan_blobs(store, run_id, &refs, requests)?;
     let header = ExportHeader {
@@ -128,8 +127,7 @@ fn export_inner(
         events: count,
         blobs: plan.len() as u64,
     };
-    // Small enough that a chunk of lines (the spool, a read of blobs) bypasses it uncopied.
-    let mut w = CountingWriter { inner: BufWriter::with_capacity(64 << 10, out), bytes: 0 };
+    let mut w = CountingWriter { inner: BufWriter::with_capacity(1 << 20, out), bytes: 0 };
     let mut line = Vec::new();
     let value = serde_json::to_value(&header).expect("a header always serializes");
     write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
@@ -139,13 +137,9 @@ fn export_inner(
     })?;
     line.push(b'\n');
     w.write_all(&line)?;
-    match spool.into_inner() {
-        SpooledData::InMemory(lines) => w.write_all(lines.get_ref())?,
-        SpooledData::OnDisk(mut file) => {
-            file.seek(io::SeekFrom::Start(0))?;
-            io::copy(&mut file, &mut w)?;
-        }
-    }
+    spool.seek(io::SeekFrom::Start(0))?;
+    io::copy(&mut spool, &mut w)?;
+    drop(spool);
     write_blobs(store, run_id, &plan, &mut w)?;
     w.flush()?;
     Ok(ExportStats { events: count, blobs: plan.len() as u64, bytes: w.bytes })
