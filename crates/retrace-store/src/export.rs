@@ -6,19 +6,14 @@
 //! expanded so that every blob a manifest names comes before it. Then the header (which needs
 //! both counts), the spooled events and the blob lines go out. Every line is canonical JSON, so
 //! exporting a run, importing it elsewhere and exporting it again gives the same bytes.
-//!
-//! The calling thread reads the store (the snapshot is its own) while a second thread turns
-//! what it read into lines: the event pages, then the blobs read a chunk at a time. The bytes
-//! don't depend on it, and a failure is reported as a single thread would meet it first.
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Seek, Write};
-use std::sync::mpsc::{sync_channel, Receiver};
 
 use base64::Engine as _;
 use retrace_core::canonical::{write_canonical, write_canonical_value, CanonError};
 use retrace_core::export::{ExportHeader, FORMAT};
 use retrace_core::json::{self, Json};
-use retrace_core::{Digest, Event, EventType};
+use retrace_core::{Digest, EventType};
 
 use crate::manifest::Manifest;
 use crate::{Store, StoreError, StoreErrorKind};
@@ -115,7 +110,43 @@ fn export_inner(
     let run = store.run(run_id).map_err(stored)?;
     let mut pages = RunEvents::new(store, run_id).map_err(stored)?;
     let count = pages.count();
-    let (mut spool, refs, requests) = spool_events(run_id, &mut pages, progress)?;
+
+    let mut spool = tempfile::SpooledTempFile::new(SPOOL_IN_MEMORY);
+    let mut refs = Vec::new();
+    let mut referenced = HashSet::new();
+    let mut requests = HashSet::new();
+    let mut line = Vec::with_capacity(4096);
+    let mut next = 1u64;
+    while let Some(page) = pages.next_page().map_err(stored)? {
+        for event in &page {
+            if event.seq != next {
+                let message = format!("expected seq {next}, the store has seq {}", event.seq);
+                return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+            }
+            line.clear();
+            event.write_canonical(&mut line).map_err(|source| ExportError::Canon {
+                run_id: run_id.to_owned(),
+                what: format!("seq {}", event.seq),
+                source,
+            })?;
+            line.push(b'\n');
+            spool.write_all(&line)?;
+            for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
+                if referenced.insert(digest) {
+                    refs.push(digest);
+                }
+            }
+            if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
+                requests.insert(request);
+            }
+            next += 1;
+        }
+        progress(next - 1);
+    }
+    if next - 1 != count {
+        let message = format!("expected {count} events, the store gave {}", next - 1);
+        return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+    }
 
     let plan = plan_blobs(store, run_id, &refs, requests)?;
     let header = ExportHeader {
@@ -128,7 +159,7 @@ fn export_inner(
         blobs: plan.len() as u64,
     };
     let mut w = CountingWriter { inner: BufWriter::with_capacity(1 << 20, out), bytes: 0 };
-    let mut line = Vec::new();
+    line.clear();
     let value = serde_json::to_value(&header).expect("a header always serializes");
     write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
         run_id: run_id.to_owned(),
@@ -140,167 +171,26 @@ fn export_inner(
     spool.seek(io::SeekFrom::Start(0))?;
     io::copy(&mut spool, &mut w)?;
     drop(spool);
-    write_blobs(store, run_id, &plan, &mut w)?;
+
+    for chunk in plan.chunks(BLOBS_PER_READ) {
+        let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
+        let mut fetched = store.get_blobs(&plain).map_err(stored)?.into_iter();
+        for (digest, manifest) in chunk {
+            line.clear();
+            match manifest {
+                Some(manifest) => manifest_line(run_id, digest, manifest, &mut line)?,
+                None => {
+                    let bytes = fetched.next().ok_or_else(|| {
+                        stored(StoreError::corrupt(format!("the store gave no bytes for blob {digest}")))
+                    })?;
+                    blob_line(digest, bytes, &mut line)
+                }
+            }
+            w.write_all(&line)?;
+        }
+    }
     w.flush()?;
     Ok(ExportStats { events: count, blobs: plan.len() as u64, bytes: w.bytes })
-}
-
-/// Event pages in flight between the reading thread and the writing one.
-const PAGES_AHEAD: usize = 2;
-
-/// The canonical lines of every event, spooled, with the blobs they reference in order of first
-/// reference and the model-call requests among them.
-///
-/// This thread reads the pages (a snapshot is the reading thread's) and checks their seqs; a
-/// second one writes the lines. A failure the writer meets is about an earlier event than any
-/// the reader meets after it, so it is the one reported.
-fn spool_events(
-    run_id: &str,
-    pages: &mut RunEvents<'_>,
-    progress: &mut dyn FnMut(u64),
-) -> Result<(tempfile::SpooledTempFile, Vec<Digest>, HashSet<Digest>), ExportError> {
-    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
-    let count = pages.count();
-    let mut refs = Vec::new();
-    let mut referenced = HashSet::new();
-    let mut requests = HashSet::new();
-    std::thread::scope(|scope| {
-        let (to_writer, from_reader) = sync_channel::<Vec<Event>>(PAGES_AHEAD);
-        let writer = scope.spawn(move || write_events(run_id, from_reader));
-        let mut read = || -> Result<(), ExportError> {
-            let mut next = 1u64;
-            while let Some(mut page) = pages.next_page().map_err(stored)? {
-                let gap = page.iter().zip(next..).position(|(event, want)| event.seq != want);
-                let inconsistent = gap.map(|i| {
-                    let message =
-                        format!("expected seq {}, the store has seq {}", next + i as u64, page[i].seq);
-                    ExportError::Inconsistent { run_id: run_id.to_owned(), message }
-                });
-                page.truncate(gap.unwrap_or(page.len()));
-                for event in &page {
-                    for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
-                        if referenced.insert(digest) {
-                            refs.push(digest);
-                        }
-                    }
-                    if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
-                        requests.insert(request);
-                    }
-                }
-                next += page.len() as u64;
-                // The writer hung up: it failed, and says why when joined.
-                if to_writer.send(page).is_err() {
-                    return Ok(());
-                }
-                if let Some(err) = inconsistent {
-                    return Err(err);
-                }
-                progress(next - 1);
-            }
-            if next - 1 != count {
-                let message = format!("expected {count} events, the store gave {}", next - 1);
-                return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
-            }
-            Ok(())
-        };
-        let read = read();
-        drop(to_writer);
-        let written = writer.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let spool = written?;
-        read?;
-        Ok((spool, refs, requests))
-    })
-}
-
-/// Writes the canonical line of every event of every page received to a spool.
-fn write_events(run_id: &str, pages: Receiver<Vec<Event>>) -> Result<tempfile::SpooledTempFile, ExportError> {
-    let mut spool = tempfile::SpooledTempFile::new(SPOOL_IN_MEMORY);
-    let mut lines = Vec::with_capacity(1 << 20);
-    for page in pages {
-        lines.clear();
-        for event in &page {
-            event.write_canonical(&mut lines).map_err(|source| ExportError::Canon {
-                run_id: run_id.to_owned(),
-                what: format!("seq {}", event.seq),
-                source,
-            })?;
-            lines.push(b'\n');
-        }
-        spool.write_all(&lines)?;
-    }
-    Ok(spool)
-}
-
-/// Writes the blob lines of `plan` to `w`: this thread reads the blobs, `BLOBS_PER_READ` at a
-/// time, while a second one writes the lines of the previous read.
-fn write_blobs(
-    store: &dyn Store,
-    run_id: &str,
-    plan: &[Planned],
-    w: &mut dyn Write,
-) -> Result<(), ExportError> {
-    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
-    std::thread::scope(|scope| {
-        let (to_writer, jobs) = sync_channel::<(&[Planned], Vec<Vec<u8>>)>(1);
-        let (to_reader, written) = sync_channel::<Result<Vec<u8>, ExportError>>(2);
-        scope.spawn(move || {
-            for (chunk, fetched) in jobs {
-                let lines = blob_lines(run_id, chunk, fetched);
-                let failed = lines.is_err();
-                if to_reader.send(lines).is_err() || failed {
-                    break;
-                }
-            }
-        });
-        let mut pending = 0usize;
-        let mut failure = None;
-        for chunk in plan.chunks(BLOBS_PER_READ) {
-            let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
-            let fetched = match store.get_blobs(&plain) {
-                Ok(fetched) => fetched,
-                Err(e) => {
-                    failure = Some(stored(e));
-                    break;
-                }
-            };
-            if to_writer.send((chunk, fetched)).is_err() {
-                break;
-            }
-            pending += 1;
-            if pending > 1 {
-                match written.recv() {
-                    Ok(lines) => w.write_all(&lines?)?,
-                    Err(_) => break,
-                }
-                pending -= 1;
-            }
-        }
-        drop(to_writer);
-        // The lines of every blob before a failure here come first, and so may a failure there.
-        for lines in written {
-            w.write_all(&lines?)?;
-        }
-        failure.map_or(Ok(()), Err)
-    })
-}
-
-/// The lines of one chunk of the plan, given the bytes of its plain blobs in order.
-fn blob_lines(run_id: &str, chunk: &[Planned], fetched: Vec<Vec<u8>>) -> Result<Vec<u8>, ExportError> {
-    let mut fetched = fetched.into_iter();
-    let mut lines = Vec::new();
-    for (digest, manifest) in chunk {
-        match manifest {
-            Some(manifest) => manifest_line(run_id, digest, manifest, &mut lines)?,
-            None => {
-                let bytes = fetched.next().ok_or_else(|| ExportError::Store {
-                    run_id: run_id.to_owned(),
-                    source: StoreError::corrupt(format!("the store gave no bytes for blob {digest}")),
-                })?;
-                blob_line(digest, bytes, &mut lines)
-            }
-        }
-    }
-    Ok(lines)
 }
 
 /// A blob to write: a manifest carries its bytes, a plain blob `None`.
