@@ -8,7 +8,7 @@
 //! One write connection (behind a mutex; every write is one `BEGIN IMMEDIATE` transaction)
 //! and a small pool of read connections. Several processes may share a store: writers wait
 //! up to the busy timeout for each other, then fail with `Busy`. Durability (see
-//! [`Durability`] and [`sync`]): SQLite runs at `synchronous=NORMAL`, and `event` fdatasyncs the
+//! [`Durability`] and `sqlite/sync.rs`): SQLite runs at `synchronous=NORMAL`, and `event` fdatasyncs the
 //! WAL after each commit before it returns; `batch` has a thread fdatasync it at most every
 //! 10 ms after commits; `os` never syncs.
 //! Schema: [`schema`].
