@@ -20,7 +20,7 @@ use crate::{Store, StoreError, StoreErrorKind};
 
 mod events;
 
-pub use events::{RunEvents, Segment, PAGE};
+pub use events::{EventCursor, RunEvents, Segment, PAGE};
 
 /// Spooled event lines stay in memory up to this many bytes.
 pub const SPOOL_IN_MEMORY: usize = 256 << 20;

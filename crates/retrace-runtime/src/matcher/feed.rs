@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use retrace_core::envelope::Decision;
 use retrace_core::{Digest, Event, EventType};
-use retrace_store::export::{RunEvents, Segment};
+use retrace_store::export::EventCursor;
 use retrace_store::{Store, StoreResult};
 use serde_json::Value;
 
@@ -55,9 +55,7 @@ pub(super) enum Fed {
 /// Reads a run's events (a fork's inherited ones included) page by page into [`Page`]s.
 #[derive(Debug)]
 pub(super) struct Reader {
-    segments: Vec<Segment>,
-    index: usize,
-    next: u64,
+    cursor: EventCursor,
     names: HashMap<String, Arc<str>>,
     agents: HashMap<String, Arc<str>>,
 }
@@ -65,41 +63,17 @@ pub(super) struct Reader {
 impl Reader {
     /// Resolves where `run`'s events are stored (`NotFound` for a missing run or fork source).
     pub(super) fn new(store: &dyn Store, run: &str) -> StoreResult<Reader> {
-        let segments = RunEvents::new(store, run)?.segments().to_vec();
-        let next = segments.first().map_or(1, |s| s.from);
-        Ok(Reader { segments, index: 0, next, names: HashMap::new(), agents: HashMap::new() })
+        Ok(Reader { cursor: EventCursor::new(store, run)?, names: HashMap::new(), agents: HashMap::new() })
     }
 
     /// The run's last seq.
     pub(super) fn last_seq(&self) -> u64 {
-        self.segments.last().map_or(0, |s| s.to)
-    }
-
-    /// The next at most `limit` events, or `None` after the last.
-    fn events(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Vec<Event>>> {
-        while let Some(segment) = self.segments.get(self.index) {
-            if self.next > segment.to {
-                self.index += 1;
-                self.next = self.segments.get(self.index).map_or(0, |s| s.from);
-                continue;
-            }
-            let want = usize::try_from(segment.to - self.next + 1).unwrap_or(limit).min(limit);
-            let page = store.events(&segment.run, self.next, want)?;
-            let Some(last) = page.last() else {
-                return Err(retrace_store::StoreError::corrupt(format!(
-                    "run {} holds no events from seq {} though its last seq is {}",
-                    segment.run, self.next, segment.to
-                )));
-            };
-            self.next = last.seq + 1;
-            return Ok(Some(page));
-        }
-        Ok(None)
+        self.cursor.count()
     }
 
     /// The next page of at most `limit` events as items, or `None` after the last.
     pub(super) fn next_page(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Page>> {
-        let Some(events) = self.events(store, limit)? else { return Ok(None) };
+        let Some(events) = self.cursor.next_page(store, limit)? else { return Ok(None) };
         let mut page = Page { items: Vec::with_capacity(events.len()), last_seq: 0 };
         for e in &events {
             self.items(e, &mut page.items);

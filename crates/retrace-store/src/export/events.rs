@@ -23,27 +23,22 @@ pub struct Segment {
     pub to: u64,
 }
 
-/// The events of a run in seq order, a page at a time, inherited ones included.
-pub struct RunEvents<'a> {
-    store: &'a dyn Store,
+/// Where a walk over a run's events stands: the stretches that hold them and the next seq.
+/// It borrows no store, so a reader on a thread of its own can keep one.
+#[derive(Clone, Debug)]
+pub struct EventCursor {
     segments: Vec<Segment>,
     index: usize,
     next: u64,
 }
 
-impl std::fmt::Debug for RunEvents<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunEvents").field("segments", &self.segments).field("next", &self.next).finish()
-    }
-}
-
-impl<'a> RunEvents<'a> {
+impl EventCursor {
     /// Resolves where `run`'s events are stored; `NotFound` when the run, or a fork's source, is
     /// missing.
-    pub fn new(store: &'a dyn Store, run: &str) -> StoreResult<RunEvents<'a>> {
+    pub fn new(store: &dyn Store, run: &str) -> StoreResult<EventCursor> {
         let segments = segments(store, run)?;
         let next = segments.first().map_or(1, |s| s.from);
-        Ok(RunEvents { store, segments, index: 0, next })
+        Ok(EventCursor { segments, index: 0, next })
     }
 
     /// The stretches, first to last.
@@ -56,16 +51,16 @@ impl<'a> RunEvents<'a> {
         self.segments.last().map_or(0, |s| s.to)
     }
 
-    /// The next page of at most [`PAGE`] events, or `None` after the last.
-    pub fn next_page(&mut self) -> StoreResult<Option<Vec<Event>>> {
+    /// The next page of at most `limit` events read from `store`, or `None` after the last.
+    pub fn next_page(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Vec<Event>>> {
         while let Some(segment) = self.segments.get(self.index) {
             if self.next > segment.to {
                 self.index += 1;
                 self.next = self.segments.get(self.index).map_or(0, |s| s.from);
                 continue;
             }
-            let want = usize::try_from(segment.to - self.next + 1).unwrap_or(PAGE).min(PAGE);
-            let page = self.store.events(&segment.run, self.next, want)?;
+            let want = usize::try_from(segment.to - self.next + 1).unwrap_or(limit).min(limit);
+            let page = store.events(&segment.run, self.next, want)?;
             let Some(last) = page.last() else {
                 return Err(StoreError::corrupt(format!(
                     "run {} holds no events from seq {} though its last seq is {}",
@@ -76,6 +71,41 @@ impl<'a> RunEvents<'a> {
             return Ok(Some(page));
         }
         Ok(None)
+    }
+}
+
+/// The events of a run in seq order, [`PAGE`] at a time, inherited ones included.
+pub struct RunEvents<'a> {
+    store: &'a dyn Store,
+    cursor: EventCursor,
+}
+
+impl std::fmt::Debug for RunEvents<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunEvents").field("cursor", &self.cursor).finish()
+    }
+}
+
+impl<'a> RunEvents<'a> {
+    /// Resolves where `run`'s events are stored; `NotFound` when the run, or a fork's source, is
+    /// missing.
+    pub fn new(store: &'a dyn Store, run: &str) -> StoreResult<RunEvents<'a>> {
+        Ok(RunEvents { store, cursor: EventCursor::new(store, run)? })
+    }
+
+    /// The stretches, first to last.
+    pub fn segments(&self) -> &[Segment] {
+        self.cursor.segments()
+    }
+
+    /// How many events the run has, inherited ones included (the last seq).
+    pub fn count(&self) -> u64 {
+        self.cursor.count()
+    }
+
+    /// The next page of at most [`PAGE`] events, or `None` after the last.
+    pub fn next_page(&mut self) -> StoreResult<Option<Vec<Event>>> {
+        self.cursor.next_page(self.store, PAGE)
     }
 }
 
