@@ -131,23 +131,6 @@ pub struct Batch {
     pub cache: Vec<(Digest, CacheEntry)>,
 }
 
-/// A [`Batch`] whose every blob digest was checked against its bytes; only this crate makes
-/// one (see [`EventStore::commit_verified`]).
-#[derive(Debug)]
-pub struct VerifiedBatch(Batch);
-
-impl VerifiedBatch {
-    /// `batch`, whose blobs the caller has verified.
-    pub(crate) fn new(batch: Batch) -> VerifiedBatch {
-        VerifiedBatch(batch)
-    }
-
-    /// The batch.
-    pub fn batch(&self) -> &Batch {
-        &self.0
-    }
-}
-
 /// Who holds a run's lease: `host:pid:start-time`, so a dead holder on this host is seen at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseHolder(pub String);
@@ -187,12 +170,6 @@ pub trait EventStore: Send + Sync {
     /// files first; a side effect's cache entry is `Invalid`, one whose output blob is neither in
     /// the batch nor stored is `NotFound` (and the whole batch is refused).
     fn commit(&self, batch: &Batch) -> StoreResult<()>;
-    /// [`EventStore::commit`] of a batch whose blob digests this crate has just checked against
-    /// their bytes (an import verifies every blob line before storing): backends may skip
-    /// hashing the blobs again. The default commits as usual.
-    fn commit_verified(&self, batch: &VerifiedBatch) -> StoreResult<()> {
-        self.commit(batch.batch())
-    }
     /// Events of `run` with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>>;
     /// [`EventStore::events`] as [`EventSummary`]s: what comparing runs reads. Backends read

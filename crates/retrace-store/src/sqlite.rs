@@ -334,9 +334,6 @@ impl EventStore for SqliteStore {
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
         self.commit_impl(batch)
     }
-    fn commit_verified(&self, batch: &crate::VerifiedBatch) -> StoreResult<()> {
-        self.commit_impl(batch.batch())
-    }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)
     }

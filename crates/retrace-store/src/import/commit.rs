@@ -6,7 +6,7 @@ use retrace_core::{Digest, Event};
 
 use super::read::Trace;
 use super::{ImportError, ImportOutcome};
-use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind, VerifiedBatch};
+use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
 
 /// Events compared per page when the run (or a fork's source) is already stored.
 const PAGE: usize = 4096;
@@ -49,8 +49,8 @@ pub(super) fn store_trace(
             blobs: members.into_iter().filter_map(|i| blobs[i].take()).collect(),
             cache: Vec::new(),
         };
-        // Every blob's digest was checked against its bytes as its line was read.
-        store.commit_verified(&VerifiedBatch::new(batch)).map_err(stored)?;
+        // Every blob's digest was checked against its bytes as its line was read (`checked`).
+        store.commit(&batch).map_err(stored)?;
     }
     Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count })
 }
