@@ -15,6 +15,7 @@
 mod blobs;
 mod cache;
 mod checkpoint;
+mod deliveries;
 mod events;
 mod files;
 mod gc;
@@ -230,7 +231,12 @@ impl SqliteStore {
             Some(conn) => Ok(conn),
             None => {
                 let conn = open_connection(&self.path, self.durability, self.busy_timeout_ms)?;
-                conn.query_row(&format!("PRAGMA mmap_size = {READ_MMAP_BYTES}"), [], |_| Ok(()))
+                let mmap: u64 =
+                    std::env::var("XMMAP").ok().and_then(|v| v.parse().ok()).unwrap_or(READ_MMAP_BYTES);
+                if let Ok(c) = std::env::var("XCACHE") {
+                    conn.execute_batch(&format!("PRAGMA cache_size = {c}")).ok();
+                }
+                conn.query_row(&format!("PRAGMA mmap_size = {mmap}"), [], |_| Ok(()))
                     .optional()
                     .ctx(|| format!("configuring a read connection of {}", self.label))?;
                 Ok(conn)
@@ -370,7 +376,7 @@ impl EventStore for SqliteStore {
         agent: &str,
         before: u64,
     ) -> StoreResult<Vec<crate::DeliveryHead>> {
-        self.delivery_heads_to_impl(run, agent, before)
+        self.delivery_heads_impl(run, agent, before)
     }
     fn request_refs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Digest>>> {
         self.request_refs_at_impl(run, seqs)
@@ -399,6 +405,15 @@ impl Store for SqliteStore {
 
     fn request_blobs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Vec<u8>>>> {
         self.request_blobs_at_impl(run, seqs)
+    }
+
+    fn heard_by(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+    ) -> StoreResult<Vec<(crate::DeliveryHead, Option<Vec<u8>>)>> {
+        self.heard_impl(run, agent, before)
     }
 
     fn with_snapshot(&self, f: &mut dyn FnMut()) {
