@@ -38,7 +38,8 @@
 //! - `heads` (since version 5): packed head blocks, one row per 256 consecutive seqs of a run
 //!   (`run_pk << 32 | seq >> 8`), each event's causal parent, agent, type and name as a
 //!   fixed-width record, written with the events: what causal queries follow
-//!   (`sqlite/head_blocks.rs`);
+//!   (`sqlite/head_blocks.rs`); since version 6 a block's second byte names its format, and
+//!   records are 7 bytes where their values fit (13 before);
 //! - `deliveries` (since version 6): each `deliver` event keyed by `(run_pk, agent_pk, seq)`
 //!   without a rowid, with its causal parent, the row id of its parent's request blob and its
 //!   `extra` column: what `retrace knew` lists, an agent's deliveries together on a few pages
@@ -50,7 +51,8 @@
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
-//! 5 → 6 adds `deliveries` and fills it from the stored deliveries). A store of a newer version than this build's is refused, never altered.
+//! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
+//! deliveries). A store of a newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
@@ -318,6 +320,11 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
             if version > 0 {
                 super::head_blocks::backfill(conn).ctx(what)?;
             }
+        }
+        if version == 5 {
+            // Version 6 packs head blocks narrower: rewrite them.
+            conn.execute_batch("DELETE FROM heads").ctx(what)?;
+            super::head_blocks::backfill(conn).ctx(what)?;
         }
         if version < 6 {
             conn.execute_batch(DDL_V6).ctx(what)?;
