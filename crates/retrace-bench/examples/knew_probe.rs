@@ -25,7 +25,7 @@ fn main() {
     let links: usize = k.heard.iter().map(|h| h.chain.len()).sum();
     eprintln!("{} heard, {links} links", k.heard.len());
     let mut total = Vec::new();
-    let mut phases = vec![Vec::new(); 4];
+    let mut phases = vec![Vec::new(); 2];
     for _ in 0..n {
         let t = Instant::now();
         std::hint::black_box(knew(&store, run, seq).expect("knew"));
@@ -33,17 +33,15 @@ fn main() {
         if std::env::var_os("PHASES").is_some() {
             let t = Instant::now();
             let step = store.event(run, seq).expect("event");
-            let d = store.delivery_heads_to(run, &step.agent_id, seq).expect("deliveries");
+            let d = store.heard_by(run, &step.agent_id, seq).expect("deliveries");
             phases[0].push(t.elapsed().as_secs_f64() * 1e3);
-            let mut sends: Vec<u64> = d.iter().filter_map(|d| d.causal_parent).collect();
+            let mut sends: Vec<u64> = d.iter().filter_map(|(d, _)| d.causal_parent).collect();
             sends.sort_unstable();
             sends.dedup();
             let t = Instant::now();
             let c = store.chain_heads(run, &sends, MAX_CHAIN).expect("chains");
             phases[1].push(t.elapsed().as_secs_f64() * 1e3);
-            let t = Instant::now();
-            let b = store.request_blobs_at(run, &sends).expect("blobs");
-            phases[2].push(t.elapsed().as_secs_f64() * 1e3);
+            let b = d;
             std::hint::black_box((c, b));
         }
     }
@@ -52,7 +50,7 @@ fn main() {
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
     eprintln!("knew median {:.2} ms (min {:.2})", median(&mut total), total[0]);
-    for (name, v) in ["step+deliveries", "chain_heads", "request_blobs"].iter().zip(&mut phases) {
+    for (name, v) in ["step+heard_by (deliveries and bodies)", "chain_heads"].iter().zip(&mut phases) {
         if !v.is_empty() {
             eprintln!("  {name}: {:.2} ms", median(v));
         }
