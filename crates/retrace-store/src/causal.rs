@@ -1,8 +1,9 @@
 //! Causal queries: what an agent knew when it acted (`retrace knew RUN SEQ`): the messages
 //! delivered to it before that step, in the order heard, each with its causal chain back to its
-//! origin. Answered from the deliveries index (narrow rows), [`EventStore::chain_heads`] for the
-//! chains (SQLite: packed head blocks, a row per 256 seqs) and one batched read of the
-//! messages' bodies ([`Store::request_blobs_at`]), never by scanning the run.
+//! origin. Answered from [`Store::heard_by`] for the deliveries and their messages' bodies
+//! (SQLite: one table clustered by receiving agent, each row naming its body's blob by row id)
+//! and [`EventStore::chain_heads`] for the chains (SQLite: packed head blocks, a row per 256
+//! seqs), never by scanning the run.
 //!
 //! [`EventStore::chain_heads`]: crate::EventStore::chain_heads
 
@@ -12,7 +13,7 @@ use retrace_core::EventType;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::head::{SeqMap, SeqSet};
+use crate::head::SeqMap;
 use crate::{Chains, Store, StoreResult};
 
 /// Longest causal chain followed (a guard against malformed logs).
@@ -80,22 +81,18 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 
 fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let step = store.event(run, seq)?;
-    let deliveries = store.delivery_heads_to(run, &step.agent_id, seq)?;
-    let mut sends: Vec<u64> = deliveries.iter().filter_map(|d| d.causal_parent).collect();
+    let deliveries = store.heard_by(run, &step.agent_id, seq)?;
+    let mut sends: Vec<u64> = deliveries.iter().filter_map(|(d, _)| d.causal_parent).collect();
     sends.sort_unstable();
-    // A send delivered more than once (as none is in a well-formed log) lends its body out.
-    let repeated: SeqSet<u64> = sends.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
     sends.dedup();
     let chains = store.chain_heads(run, &sends, MAX_CHAIN)?;
-    let mut bodies = bodies(store, run, &sends, &chains)?;
     let mut links = Links::new(&chains);
     let mut heard = Vec::with_capacity(deliveries.len());
-    for d in deliveries {
+    for (d, request) in deliveries {
         let (from, kind) = d.message.map_or((None, None), |m| (m.from, m.kind));
-        let body = d.causal_parent.and_then(|s| match repeated.contains(&s) {
-            true => bodies.get(&s).cloned(),
-            false => bodies.remove(&s),
-        });
+        // Only a send's request holds a message body.
+        let is_send = |s: &u64| chains.get(*s).is_some_and(|h| h.kind == EventType::Send);
+        let body = d.causal_parent.filter(is_send).and_then(|_| message_body(&request?));
         heard.push(Heard {
             deliver_seq: d.seq,
             send_seq: d.causal_parent,
@@ -153,15 +150,6 @@ impl<'a> Links<'a> {
         }
         out
     }
-}
-
-/// The message body of each of `sends` that is a send, from its request blob, read in one
-/// batch. A body that can't be read or parsed is left out, as is a missing or corrupt blob.
-fn bodies(store: &dyn Store, run: &str, sends: &[u64], chains: &Chains) -> StoreResult<SeqMap<u64, Value>> {
-    let sends: Vec<u64> =
-        sends.iter().copied().filter(|s| chains.get(*s).is_some_and(|h| h.kind == EventType::Send)).collect();
-    let blobs = store.request_blobs_at(run, &sends)?;
-    Ok(sends.iter().zip(blobs).filter_map(|(seq, bytes)| Some((*seq, message_body(&bytes?)?))).collect())
 }
 
 /// The `body` member of a send's request.

@@ -252,6 +252,31 @@ pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerS
         let mut blobs = blobs.into_iter();
         Ok(refs.iter().map(|r| r.and_then(|_| blobs.next().flatten())).collect())
     }
+    /// The deliveries to `agent` in `run` before seq `before`, as
+    /// [`EventStore::delivery_heads_to`], each with the request blob of the event it delivered
+    /// as [`Store::request_blobs_at`] reads it (`None` for a delivery with no causal parent).
+    /// What `retrace knew` lists. SQLite reads both from one table clustered by agent; the
+    /// default asks those two methods.
+    fn heard_by(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+    ) -> StoreResult<Vec<(DeliveryHead, Option<Vec<u8>>)>> {
+        let heads = self.delivery_heads_to(run, agent, before)?;
+        let mut sends: Vec<u64> = heads.iter().filter_map(|d| d.causal_parent).collect();
+        sends.sort_unstable();
+        sends.dedup();
+        let blobs = self.request_blobs_at(run, &sends)?;
+        let by_send: std::collections::HashMap<u64, Option<Vec<u8>>> = sends.into_iter().zip(blobs).collect();
+        Ok(heads
+            .into_iter()
+            .map(|d| {
+                let blob = d.causal_parent.and_then(|s| by_send.get(&s).cloned().flatten());
+                (d, blob)
+            })
+            .collect())
+    }
     /// Runs `f` with every read this thread makes of the store served from one consistent
     /// snapshot (one read transaction), as a long read such as an export wants. Writes from
     /// other threads or processes proceed; `f` doesn't see them. The default just runs `f`.

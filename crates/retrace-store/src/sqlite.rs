@@ -15,6 +15,7 @@
 mod blobs;
 mod cache;
 mod checkpoint;
+mod deliveries;
 mod events;
 mod files;
 mod gc;
@@ -387,7 +388,7 @@ impl EventStore for SqliteStore {
         agent: &str,
         before: u64,
     ) -> StoreResult<Vec<crate::DeliveryHead>> {
-        self.delivery_heads_to_impl(run, agent, before)
+        self.delivery_heads_impl(run, agent, before)
     }
     fn request_refs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Digest>>> {
         self.request_refs_at_impl(run, seqs)
@@ -416,6 +417,15 @@ impl Store for SqliteStore {
 
     fn request_blobs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Vec<u8>>>> {
         self.request_blobs_at_impl(run, seqs)
+    }
+
+    fn heard_by(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+    ) -> StoreResult<Vec<(crate::DeliveryHead, Option<Vec<u8>>)>> {
+        self.heard_impl(run, agent, before)
     }
 
     fn with_snapshot(&self, f: &mut dyn FnMut()) {

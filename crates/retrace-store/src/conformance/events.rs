@@ -352,3 +352,86 @@ pub fn causal_reads_match_events(make: MakeStore<'_>) {
     }
     assert!(answered > 10 && below > 10, "{answered} chains answered, {below} reach below the fork");
 }
+
+/// `heard_by` answers what `delivery_heads_to` and `request_blobs_at` of the delivered events
+/// answer: for sends whose request is stored in the same batch or an earlier one, not stored,
+/// stored only after the delivery was committed, or absent, and for a delivery of no event.
+pub fn heard_by_matches_its_parts(make: MakeStore<'_>) {
+    use crate::{BlobHint, BlobPut};
+    use retrace_core::envelope::MessageRef;
+    use retrace_core::EventType;
+    let store = make();
+    store.create_run(&sample_run("heard", 1)).unwrap();
+    let late = BlobPut::new(b"{\"body\":\"stored late\"}".to_vec(), BlobHint::Raw);
+    let bodies: Vec<BlobPut> = (0..3)
+        .map(|i| BlobPut::new(format!("{{\"body\":{{\"n\":{i}}}}}").into_bytes(), BlobHint::Raw))
+        .collect();
+    // (type, agent, parent, request); batches split after seqs 2, 5 and 8.
+    let plan: Vec<(EventType, &str, Option<u64>, Option<Digest>)> = vec![
+        (EventType::Send, "a", None, Some(bodies[0].digest)),
+        (EventType::Deliver, "hub", Some(1), None),
+        (EventType::Send, "b", Some(2), Some(bodies[1].digest)),
+        (EventType::Send, "a", None, Some(Digest::of(b"never stored"))),
+        (EventType::Deliver, "hub", Some(4), None),
+        (EventType::Deliver, "hub", Some(3), None),
+        (EventType::Deliver, "hub", None, None),
+        (EventType::Deliver, "hub", Some(6), None),
+        (EventType::Send, "b", None, Some(late.digest)),
+        (EventType::Deliver, "hub", Some(9), None),
+        (EventType::Deliver, "b", Some(1), None),
+        (EventType::Send, "a", Some(11), Some(bodies[2].digest)),
+        (EventType::Deliver, "hub", Some(12), None),
+    ];
+    let mut prev = None;
+    let mut events = Vec::new();
+    for (i, (kind, agent, parent, request)) in plan.iter().enumerate() {
+        let mut e = retrace_core::Event::new("heard", *agent, *kind);
+        e.seq = i as u64 + 1;
+        e.key = Digest::of(e.seq.to_string().as_bytes());
+        e.causal_parent = *parent;
+        e.request_ref = *request;
+        e.message = (*kind == EventType::Deliver).then(|| MessageRef {
+            from: Some("a".into()),
+            to: Some((*agent).into()),
+            kind: Some("note".into()),
+            timed_out: false,
+        });
+        e.seal(prev).unwrap();
+        prev = Some(e.hash);
+        events.push(e);
+    }
+    let blobs_of = |seqs: std::ops::Range<usize>| -> Vec<BlobPut> {
+        bodies
+            .iter()
+            .filter(|b| events[seqs.clone()].iter().any(|e| e.request_ref == Some(b.digest)))
+            .cloned()
+            .collect()
+    };
+    for range in [0..2, 2..5, 5..8, 8..13] {
+        let batch = Batch {
+            run_id: "heard".into(),
+            events: events[range.clone()].to_vec(),
+            blobs: blobs_of(range),
+            cache: Vec::new(),
+        };
+        store.commit(&batch).unwrap();
+    }
+    store.put_blob(&late.bytes, BlobHint::Raw).unwrap();
+    for (agent, before) in [("hub", 14), ("hub", 6), ("b", 14), ("a", 14), ("nobody", 14)] {
+        let heads = store.delivery_heads_to("heard", agent, before).unwrap();
+        let expected: Vec<(crate::DeliveryHead, Option<Vec<u8>>)> = heads
+            .into_iter()
+            .map(|d| {
+                let blob = d
+                    .causal_parent
+                    .and_then(|s| store.request_blobs_at("heard", &[s]).unwrap().pop().flatten());
+                (d, blob)
+            })
+            .collect();
+        assert_eq!(store.heard_by("heard", agent, before).unwrap(), expected, "{agent} before {before}");
+    }
+    let heard = store.heard_by("heard", "hub", 14).unwrap();
+    let found = heard.iter().filter(|(_, b)| b.is_some()).count();
+    assert_eq!((heard.len(), found), (7, 4), "the bodies of sends 1, 3, 9 (stored late) and 12");
+    assert_eq!(err_kind(store.heard_by("ghost", "hub", 14)), StoreErrorKind::NotFound);
+}

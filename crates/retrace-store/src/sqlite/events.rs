@@ -6,6 +6,7 @@ use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event};
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
+use super::deliveries;
 use super::head_blocks::{self, RawHead};
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
 use super::runs::run_pk;
@@ -64,6 +65,7 @@ impl SqliteStore {
             for blob in &batch.blobs {
                 blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }
+            let known = std::mem::take(&mut staged.known);
             staged.finish(tx)?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
@@ -77,11 +79,20 @@ impl SqliteStore {
                 )
                 .ctx(|| what.clone())?;
             let mut heads = Vec::with_capacity(batch.events.len());
+            let mut delivered = Vec::new();
             for event in &batch.events {
                 let agent = self.agent_pk(tx, &event.agent_id, &mut fresh_agents)?;
                 let values = event_values(run, event)?;
                 let all = [rusqlite::types::Value::Integer(pk), rusqlite::types::Value::Integer(agent)];
                 insert.execute(params_from_iter(all.iter().chain(values.iter()))).ctx(|| what.clone())?;
+                if event.kind == retrace_core::EventType::Deliver {
+                    delivered.push(deliveries::Row {
+                        agent_pk: agent,
+                        seq: event.seq,
+                        send: event.causal_parent,
+                        extra: values[12].clone(),
+                    });
+                }
                 let name_pk = match &event.name {
                     Some(name) => Some(self.name_pk(tx, name, &mut fresh_names).ctx(|| what.clone())?),
                     None => None,
@@ -93,6 +104,11 @@ impl SqliteStore {
                     name_pk,
                     code: event.kind.code(),
                 });
+            }
+            if !delivered.is_empty() {
+                let requests: HashMap<u64, Option<Digest>> =
+                    batch.events.iter().map(|e| (e.seq, e.request_ref)).collect();
+                deliveries::put(tx, pk, &delivered, &requests, &known).ctx(|| what.clone())?;
             }
             head_blocks::put(tx, pk, &heads).ctx(|| what.clone())
         })?;

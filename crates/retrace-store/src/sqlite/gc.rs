@@ -80,6 +80,7 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
     for (pk, meta) in runs.iter().filter(|(_, m)| gone.contains(m.id.as_str())) {
         events_deleted += tx.execute("DELETE FROM events WHERE run_pk = ?1", [pk]).ctx(|| WHAT)? as u64;
         super::head_blocks::delete_run(tx, *pk).ctx(|| WHAT)?;
+        super::deliveries::delete_run(tx, *pk).ctx(|| WHAT)?;
         for table in ["leases", "prefixes"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_pk = ?1"), [pk]).ctx(|| WHAT)?;
         }

@@ -7,10 +7,13 @@
 //! read and rewritten), and the schema's upgrade fills the blocks of runs recorded before them.
 //!
 //! Row: `id` = `run_pk << 32 | seq >> 8`; `data` = one byte, the index in the block of its first
-//! record (a fork's first block starts at its fork point), then [`RECORD`]-byte records for
-//! consecutive seqs, little-endian: the distance back to the causal parent (`u32`, 0 = none),
-//! the agent's `agents.pk` (`u32`), the name's `names.pk` (`u32`, 0 = none), the type's code.
-//! A record whose values don't fit has the type byte [`UNFIT`]; readers then ask `events`.
+//! record (a fork's first block starts at its fork point), one byte, the block's format, then a
+//! fixed-width record for each consecutive seq, little-endian: the distance back to the causal
+//! parent (0 = none), the agent's `agents.pk`, the name's `names.pk` (0 = none), the type's
+//! code. Format [`NARROW`] (since schema version 6): `u16` distances and pks, [`NARROW_RECORD`]
+//! bytes a record, so that a page holds two blocks and a walk reads half the pages; a block with
+//! a value too large for that is [`WIDE`]: `u32`s, [`WIDE_RECORD`] bytes. A record whose values
+//! don't fit even so has the type byte [`UNFIT`]; readers then ask `events`.
 use std::collections::{BinaryHeap, HashMap};
 
 use retrace_core::EventType;
@@ -24,8 +27,16 @@ use crate::{ChainHead, Chains, StoreError, StoreResult};
 
 /// Seqs per block, as a shift.
 const SHIFT: u32 = 8;
-/// Bytes per record.
-const RECORD: usize = 13;
+/// Block format: `u16` fields.
+const NARROW: u8 = 0;
+/// Block format: `u32` fields.
+const WIDE: u8 = 1;
+/// Bytes per record of a [`NARROW`] block.
+const NARROW_RECORD: usize = 7;
+/// Bytes per record of a [`WIDE`] block.
+const WIDE_RECORD: usize = 13;
+/// Bytes before a block's first record: its index and the format.
+const HEADER: usize = 2;
 /// Type byte of a record that couldn't hold its event's values.
 const UNFIT: u8 = 0xff;
 
@@ -45,38 +56,106 @@ fn block_id(run_pk: i64, seq: u64) -> Option<i64> {
         .then_some(run_pk << 32 | block as i64)
 }
 
-fn encode(h: &RawHead, out: &mut Vec<u8>) {
-    let delta = h.parent.map_or(Some(0), |p| h.seq.checked_sub(p).filter(|d| *d > 0));
-    let fields = (
-        delta.and_then(|d| u32::try_from(d).ok()),
-        u32::try_from(h.agent_pk).ok(),
-        u32::try_from(h.name_pk.unwrap_or(0)).ok(),
-    );
-    match fields {
-        (Some(delta), Some(agent), Some(name)) if h.code != UNFIT => {
-            out.extend_from_slice(&delta.to_le_bytes());
-            out.extend_from_slice(&agent.to_le_bytes());
-            out.extend_from_slice(&name.to_le_bytes());
-            out.push(h.code);
+/// A record's values: the distance back to the parent (0 = none), agent pk, name pk (0 = none)
+/// and type code ([`UNFIT`], the rest 0, when they don't fit in `u32`s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Record {
+    delta: u32,
+    agent: u32,
+    name: u32,
+    code: u8,
+}
+
+const UNFIT_RECORD: Record = Record { delta: 0, agent: 0, name: 0, code: UNFIT };
+
+impl Record {
+    fn of(h: &RawHead) -> Record {
+        let delta = h.parent.map_or(Some(0), |p| h.seq.checked_sub(p).filter(|d| *d > 0));
+        let fields = (
+            delta.and_then(|d| u32::try_from(d).ok()),
+            u32::try_from(h.agent_pk).ok(),
+            u32::try_from(h.name_pk.unwrap_or(0)).ok(),
+        );
+        match fields {
+            (Some(delta), Some(agent), Some(name)) if h.code != UNFIT => {
+                Record { delta, agent, name, code: h.code }
+            }
+            _ => UNFIT_RECORD,
         }
-        _ => out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, UNFIT]),
     }
+
+    fn narrow(&self) -> bool {
+        self.delta <= 0xffff && self.agent <= 0xffff && self.name <= 0xffff
+    }
+}
+
+/// A block's `data` for records of consecutive seqs from index `first`: [`NARROW`] when every
+/// record fits.
+fn encode(first: u8, records: &[Record]) -> Vec<u8> {
+    let narrow = records.iter().all(Record::narrow);
+    let width = if narrow { NARROW_RECORD } else { WIDE_RECORD };
+    let mut out = Vec::with_capacity(HEADER + records.len() * width);
+    out.push(first);
+    out.push(if narrow { NARROW } else { WIDE });
+    for r in records {
+        if narrow {
+            for v in [r.delta, r.agent, r.name] {
+                out.extend_from_slice(&(v as u16).to_le_bytes());
+            }
+        } else {
+            for v in [r.delta, r.agent, r.name] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out.push(r.code);
+    }
+    out
+}
+
+/// A block's first index, record width and records, if its header is good.
+fn parts(data: &[u8]) -> Option<(u8, usize, &[u8])> {
+    let width = match *data.get(1)? {
+        NARROW => NARROW_RECORD,
+        WIDE => WIDE_RECORD,
+        _ => return None,
+    };
+    Some((data[0], width, &data[HEADER..]))
+}
+
+/// Record `index` (counted from the block's first record) of `records`, `width` bytes each.
+fn record(records: &[u8], width: usize, index: usize) -> Option<Record> {
+    let r = records.get(index * width..(index + 1) * width)?;
+    Some(if width == NARROW_RECORD {
+        let half = |i: usize| u32::from(u16::from_le_bytes([r[i], r[i + 1]]));
+        Record { delta: half(0), agent: half(2), name: half(4), code: r[6] }
+    } else {
+        let word = |i: usize| u32::from_le_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
+        Record { delta: word(0), agent: word(4), name: word(8), code: r[12] }
+    })
+}
+
+/// Every record of a block, with its first index; `None` for a block that isn't well formed.
+fn records(data: &[u8]) -> Option<(u8, Vec<Record>)> {
+    let (first, width, body) = parts(data)?;
+    if body.len() % width != 0 {
+        return None;
+    }
+    Some((first, (0..body.len() / width).filter_map(|i| record(body, width, i)).collect()))
 }
 
 /// The record of `seq` in a block's `data`, if the block holds a usable one.
 fn decode(data: &[u8], seq: u64) -> Option<Decoded> {
-    let first = *data.first()? as u64;
-    let index = (seq & ((1 << SHIFT) - 1)).checked_sub(first)? as usize;
-    let r = data.get(1 + index * RECORD..1 + (index + 1) * RECORD)?;
-    let word = |i: usize| u32::from_le_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
+    let (first, width, body) = parts(data)?;
+    let index = (seq & ((1 << SHIFT) - 1)).checked_sub(first as u64)? as usize;
+    let r = record(body, width, index)?;
     // UNFIT is no type's code.
-    let kind = EventType::from_code(r[12])?;
-    let delta = word(0) as u64;
+    let kind = EventType::from_code(r.code)?;
+    let delta = r.delta as u64;
     Some(Decoded {
         seq,
         parent: seq.checked_sub(delta).filter(|_| delta > 0),
-        agent_pk: word(4) as i64,
-        name_pk: Some(word(8) as i64).filter(|n| *n != 0),
+        agent_pk: r.agent as i64,
+        name_pk: Some(r.name as i64).filter(|n| *n != 0),
         kind,
     })
 }
@@ -103,16 +182,15 @@ pub(crate) fn put(conn: &Connection, run_pk: i64, heads: &[RawHead]) -> rusqlite
         rest = tail;
         let Some(id) = block_id(run_pk, first.seq) else { continue };
         let start = (first.seq & ((1 << SHIFT) - 1)) as u8;
-        let mut data: Vec<u8> = match read.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional()? {
+        let stored = read.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional()?;
+        let (first, mut all) = match stored.as_deref().and_then(records) {
             // Only a block the run already wrote up to here is continued; anything else is
             // rewritten from this batch's first seq (a gap is never papered over).
-            Some(d) if !d.is_empty() && d[0] as usize + (d.len() - 1) / RECORD == start as usize => d,
-            _ => vec![start],
+            Some((first, rs)) if first as usize + rs.len() == start as usize => (first, rs),
+            _ => (start, Vec::new()),
         };
-        data.reserve(block.len() * RECORD);
-        for h in block {
-            encode(h, &mut data);
-        }
+        all.extend(block.iter().map(Record::of));
+        let data = encode(first, &all);
         write.execute(params![id, data])?;
     }
     Ok(())
@@ -390,10 +468,11 @@ mod tests {
         let h = RawHead { seq: 300, parent: Some(17), agent_pk: 7, name_pk: Some(9), code: 5 };
         let none = RawHead { seq: 301, parent: None, agent_pk: 8, name_pk: None, code: 1 };
         let far = RawHead { seq: 302, parent: Some(1), agent_pk: 1 << 40, name_pk: None, code: 1 };
-        let mut data = vec![(300 & 255) as u8];
-        for r in [&h, &none, &far] {
-            encode(r, &mut data);
-        }
+        let wide = RawHead { seq: 303, parent: Some(2), agent_pk: 1 << 20, name_pk: Some(3), code: 2 };
+        let narrow: Vec<Record> = [&h, &none, &far].into_iter().map(Record::of).collect();
+        let data = encode((300 & 255) as u8, &narrow);
+        assert_eq!((data[1], data.len()), (NARROW, HEADER + 3 * NARROW_RECORD), "small values pack narrow");
+        assert_eq!(records(&data), Some(((300 & 255) as u8, narrow.clone())), "a block reads back whole");
         let back = decode(&data, 300).unwrap();
         assert_eq!((back.parent, back.agent_pk, back.name_pk, back.kind.code()), (Some(17), 7, Some(9), 5));
         let back = decode(&data, 301).unwrap();
@@ -401,5 +480,18 @@ mod tests {
         assert!(decode(&data, 302).is_none(), "an agent pk over u32 doesn't fit");
         assert!(decode(&data, 303).is_none(), "past the block's end");
         assert!(decode(&data, 299).is_none(), "before its first record");
+
+        let mut all = narrow;
+        all.push(Record::of(&wide));
+        let data = encode((300 & 255) as u8, &all);
+        assert_eq!((data[1], data.len()), (WIDE, HEADER + 4 * WIDE_RECORD), "a pk over u16 widens the block");
+        let back = decode(&data, 303).unwrap();
+        assert_eq!(
+            (back.parent, back.agent_pk, back.name_pk, back.kind.code()),
+            (Some(2), 1 << 20, Some(3), 2)
+        );
+        let back = decode(&data, 300).unwrap();
+        assert_eq!((back.parent, back.agent_pk, back.name_pk), (Some(17), 7, Some(9)));
+        assert!(decode(&data, 302).is_none(), "still unfit when wide");
     }
 }

@@ -1,6 +1,5 @@
-//! [`EventHead`]s, [`DeliveryHead`]s and request refs from SQLite: the columns each holds,
+//! [`EventHead`]s, request refs and request blobs from SQLite: the columns each holds,
 //! nothing else decoded.
-use retrace_core::envelope::MessageRef;
 use retrace_core::{Digest, EventType};
 use rusqlite::{params, Row};
 
@@ -8,7 +7,7 @@ use super::blobs;
 use super::runs::run_pk;
 use super::SqliteStore;
 use crate::error::ResultExt;
-use crate::{DeliveryHead, EventHead, StoreError, StoreResult};
+use crate::{EventHead, StoreError, StoreResult};
 
 fn head_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<StoreResult<EventHead>> {
     let seq = row.get::<_, i64>(0)? as u64;
@@ -48,53 +47,7 @@ impl SqliteStore {
     }
 }
 
-/// The `msg` member of an event's `extra` column, the rest left unread.
-#[derive(serde::Deserialize)]
-struct MessageOnly {
-    msg: Option<MessageRef>,
-}
-
 impl SqliteStore {
-    /// Served by the partial index `events_deliver`, as [`SqliteStore::deliveries_to_impl`].
-    pub(crate) fn delivery_heads_to_impl(
-        &self,
-        run: &str,
-        agent: &str,
-        before: u64,
-    ) -> StoreResult<Vec<DeliveryHead>> {
-        let rows: Vec<(i64, Option<i64>, Option<String>)> = self.read(|conn| {
-            let pk = run_pk(conn, run)?;
-            let before = i64::try_from(before).unwrap_or(i64::MAX);
-            conn.prepare_cached(
-                "SELECT e.seq, e.causal_parent, e.extra FROM events e INDEXED BY events_deliver \
-                 WHERE e.run_pk = ?1 AND e.agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
-                 AND e.type = 5 AND e.seq < ?3 ORDER BY e.seq",
-            )
-            .and_then(|mut s| {
-                s.query_map(params![pk, agent, before], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect()
-            })
-            .ctx(|| format!("reading the deliveries to agent {agent} in run {run}"))
-        })?;
-        rows.into_iter()
-            .map(|(seq, parent, extra)| {
-                let message = match extra {
-                    // Plain serde_json: a message envelope holds no numbers to keep exact.
-                    Some(json) => {
-                        serde_json::from_str::<MessageOnly>(&json)
-                            .map_err(|e| {
-                                StoreError::corrupt(format!(
-                                    "event {seq} of run {run} has a bad extra column: {e}"
-                                ))
-                            })?
-                            .msg
-                    }
-                    None => None,
-                };
-                Ok(DeliveryHead { seq: seq as u64, causal_parent: parent.map(|p| p as u64), message })
-            })
-            .collect()
-    }
-
     /// One query for any number of seqs, as [`SqliteStore::heads_at_impl`].
     pub(crate) fn request_refs_at_impl(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Digest>>> {
         let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".to_string());

@@ -38,22 +38,28 @@
 //! - `heads` (since version 5): packed head blocks, one row per 256 consecutive seqs of a run
 //!   (`run_pk << 32 | seq >> 8`), each event's causal parent, agent, type and name as a
 //!   fixed-width record, written with the events: what causal queries follow
-//!   (`sqlite/head_blocks.rs`).
+//!   (`sqlite/head_blocks.rs`); since version 6 a block's second byte names its format, and
+//!   records are 7 bytes where their values fit (13 before);
+//! - `deliveries` (since version 6): each `deliver` event keyed by `(run_pk, agent_pk, seq)`
+//!   without a rowid, with its causal parent, the row id of its parent's request blob and its
+//!   `extra` column: what `retrace knew` lists, an agent's deliveries together on a few pages
+//!   (`sqlite/deliveries.rs`).
 //!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
-//! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`.
+//! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
+//! `deliveries`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
-//! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event). A
-//! store of a newer version
-//! than this build's is refused, never altered.
+//! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
+//! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
+//! deliveries). A store of a newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -214,6 +220,20 @@ CREATE TABLE IF NOT EXISTS heads (
 );
 ";
 
+/// What version 6 added to version 5 (also part of a new store's schema); an upgrade fills it
+/// (`deliveries::backfill`).
+const DDL_V6: &str = "
+CREATE TABLE IF NOT EXISTS deliveries (
+    run_pk INTEGER NOT NULL,
+    agent_pk INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    send INTEGER,
+    blob INTEGER,
+    extra TEXT,
+    PRIMARY KEY (run_pk, agent_pk, seq)
+) WITHOUT ROWID;
+";
+
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
     let present: i64 = conn.query_row(
@@ -299,6 +319,17 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
             conn.execute_batch(DDL_V5).ctx(what)?;
             if version > 0 {
                 super::head_blocks::backfill(conn).ctx(what)?;
+            }
+        }
+        if version == 5 {
+            // Version 6 packs head blocks narrower: rewrite them.
+            conn.execute_batch("DELETE FROM heads").ctx(what)?;
+            super::head_blocks::backfill(conn).ctx(what)?;
+        }
+        if version < 6 {
+            conn.execute_batch(DDL_V6).ctx(what)?;
+            if version > 0 {
+                super::deliveries::backfill(conn).ctx(what)?;
             }
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
