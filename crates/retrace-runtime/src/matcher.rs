@@ -11,7 +11,7 @@
 //! "none" (no step with that key, no delivery left) is only given once the whole run is loaded.
 //! Consumed steps are dropped, so an in-order replay holds a page or so of the run at a time.
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
@@ -110,8 +110,12 @@ pub struct Leftover {
 }
 
 /// Prefetched outputs a streaming log holds at most in steps not yet consumed; past it, the
-/// outputs of further pages are dropped as they are taken in (the replay reads those itself).
+/// outputs of further pages are dropped as they are taken in (the replay reads those itself),
+/// and the reader stops prefetching until the held ones are down to [`RESUME_PREFETCH`].
 const HELD_OUTPUTS: usize = 8192;
+
+/// Held prefetched outputs at or below which a paused reader prefetches again.
+const RESUME_PREFETCH: usize = HELD_OUTPUTS / 2;
 
 /// The recorded steps of a run, per agent, with what has been consumed so far.
 #[derive(Debug)]
@@ -137,6 +141,11 @@ struct Loaded {
     /// Why loading stopped early.
     failure: Option<StoreError>,
     held_outputs: usize,
+    /// Whether the reader prefetches outputs (`None`: it never does). Cleared once outputs are
+    /// dropped: agents consuming far out of recorded order (each agent's task running to its
+    /// end, say) leave most of them unused, and the reader's work on them, on a thread that
+    /// competes with the program's for the cores, would be wasted.
+    prefetch: Option<Arc<AtomicBool>>,
 }
 
 /// The reader thread's pages.
@@ -160,6 +169,7 @@ impl Loaded {
                             self.held_outputs += 1;
                         } else {
                             slot.output = None;
+                            self.set_prefetch(false);
                         }
                     }
                     let idx = self.agent(&agent).push(slot);
@@ -181,6 +191,15 @@ impl Loaded {
             }
         }
         self.loaded_to = self.loaded_to.max(page.last_seq);
+    }
+
+    /// Tells the reader to prefetch outputs, or not; a no-op when it never does.
+    fn set_prefetch(&self, on: bool) {
+        if let Some(flag) = &self.prefetch {
+            if flag.load(Ordering::Relaxed) != on {
+                flag.store(on, Ordering::Relaxed);
+            }
+        }
     }
 
     fn agent(&mut self, agent: &str) -> &mut AgentLog {
@@ -260,6 +279,9 @@ impl Loaded {
         let step = self.agents.get_mut(agent)?.take(idx);
         if step.output.is_some() {
             self.held_outputs -= 1;
+            if self.held_outputs == RESUME_PREFETCH {
+                self.set_prefetch(true);
+            }
         }
         Some(step)
     }
@@ -290,8 +312,10 @@ impl RecordedLog {
     pub fn stream(store: Arc<dyn Store>, run: &str, outputs: bool) -> StoreResult<RecordedLog> {
         let reader = Reader::new(store.as_ref(), run)?;
         let last_seq = reader.last_seq();
-        let feed = Feed(feed::spawn(store, reader, outputs));
-        Ok(RecordedLog::new(Loaded { feed: Some(feed), ..Loaded::default() }, last_seq))
+        let prefetch = outputs.then(|| Arc::new(AtomicBool::new(true)));
+        let flag = prefetch.clone().unwrap_or_default();
+        let feed = Feed(feed::spawn(store, reader, flag));
+        Ok(RecordedLog::new(Loaded { feed: Some(feed), prefetch, ..Loaded::default() }, last_seq))
     }
 
     fn new(loaded: Loaded, last_seq: u64) -> RecordedLog {

@@ -451,7 +451,8 @@ impl Agent {
         let mut event = input.template;
         event.key = prepared.key;
         // A fork's dry-run side effect was recorded without an intent: nothing was about to run.
-        let dry_run = scheduler.log().peek_source(&self.id, &prepared.key) == Some(Source::DryRun);
+        let dry_run =
+            input.intent && scheduler.log().peek_source(&self.id, &prepared.key) == Some(Source::DryRun);
         if input.intent && !dry_run {
             let intent_key = self.intent_key(&event)?;
             match scheduler.take_step(&self.id, &intent_key, label).await? {

@@ -3,6 +3,7 @@
 //! reads ahead on a thread of its own, which also reads, verifies and decodes the pages' outputs
 //! so that the replaying program's thread finds them ready.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 
@@ -118,9 +119,9 @@ impl Reader {
 }
 
 /// Starts reading `reader`'s run on a thread of its own, [`FEED_AHEAD`] pages ahead of the
-/// receiver; with `outputs`, each page's step outputs are read (one query per page), verified
-/// and decoded too. The thread ends after the last page, or once the receiver is dropped.
-pub(super) fn spawn(store: Arc<dyn Store>, mut reader: Reader, outputs: bool) -> Receiver<Fed> {
+/// receiver; while `outputs` is set, each page's step outputs are read (one query per page),
+/// verified and decoded too. The thread ends after the last page, or once the receiver is dropped.
+pub(super) fn spawn(store: Arc<dyn Store>, mut reader: Reader, outputs: Arc<AtomicBool>) -> Receiver<Fed> {
     let (tx, rx) = sync_channel(FEED_AHEAD);
     let spawned = std::thread::Builder::new().name("retrace-replay-reader".into()).spawn({
         let tx = tx.clone();
@@ -134,11 +135,11 @@ pub(super) fn spawn(store: Arc<dyn Store>, mut reader: Reader, outputs: bool) ->
     rx
 }
 
-fn feed(store: &dyn Store, reader: &mut Reader, outputs: bool, tx: &SyncSender<Fed>) {
+fn feed(store: &dyn Store, reader: &mut Reader, outputs: Arc<AtomicBool>, tx: &SyncSender<Fed>) {
     loop {
         let fed = match reader.next_page(store, FEED_PAGE) {
             Ok(Some(mut page)) => {
-                if outputs {
+                if outputs.load(Ordering::Relaxed) {
                     prefetch_outputs(store, &mut page);
                 }
                 Fed::Page(page)
