@@ -59,11 +59,13 @@ const READ_MMAP_BYTES: u64 = 64 << 20;
 /// events) did, at a third of its time. The cache fills only as pages are used.
 const WRITER_CACHE_BYTES: u64 = 32 << 20;
 
-/// The map of a read connection inside [`Store::with_snapshot`] (an export, `knew`): a long
-/// or scattered read that would otherwise `pread` most pages of a large store (an export of a
-/// 270 MB store spends about a fifth of its time there). Set when the snapshot begins and put
-/// back to [`READ_MMAP_BYTES`] before the connection returns to the pool. SQLite caps it at its
-/// compile-time maximum (2 GB by default).
+/// The map of the snapshot connection, the one [`Store::with_snapshot`] (an export, `knew`)
+/// reads through: a long or scattered read would otherwise `pread` most pages of a large store
+/// (an export of a 270 MB store spent about a fifth of its time there). The store keeps that
+/// connection apart from the pool, so its map lasts from one snapshot to the next (setting
+/// `mmap_size` again on each would unmap it and make every snapshot fault its pages in anew:
+/// `knew` on a 1M-event store took twice as long). SQLite caps it at its compile-time maximum
+/// (2 GB by default).
 const SNAPSHOT_MMAP_BYTES: u64 = 2 << 30;
 
 /// Distinguishes stores for [`PINNED`].
@@ -87,6 +89,8 @@ pub struct SqliteStore {
     files: files::Files,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    /// The snapshot connection ([`SNAPSHOT_MMAP_BYTES`]), when no snapshot holds it.
+    snapshots: Mutex<Option<Connection>>,
     /// Agent name → interned id (ids are never reused, so the cache never goes stale).
     agents: Mutex<HashMap<String, i64>>,
     /// Step name → interned id in `names` (for the head blocks; never reused either).
@@ -163,6 +167,7 @@ impl SqliteStore {
             files,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
+            snapshots: Mutex::new(None),
             agents: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             syncer,
@@ -276,8 +281,11 @@ impl Drop for Unpin<'_> {
         let taken = PINNED.with(|p| p.borrow_mut().take());
         if let Some((id, conn)) = taken {
             debug_assert_eq!(id, self.store.id);
-            if conn.execute_batch("COMMIT").is_ok() && set_mmap(&conn, READ_MMAP_BYTES).is_ok() {
-                self.store.release_reader(conn);
+            if conn.execute_batch("COMMIT").is_ok() {
+                let mut kept = self.store.snapshots.lock();
+                if kept.is_none() {
+                    *kept = Some(conn);
+                }
             }
         }
     }
@@ -432,11 +440,19 @@ impl Store for SqliteStore {
         if PINNED.with(|p| p.borrow().is_some()) {
             return f();
         }
-        let Ok(conn) = self.reader() else { return f() };
-        // A failed pragma only loses the speed-up; the snapshot is what matters.
-        let _ = set_mmap(&conn, SNAPSHOT_MMAP_BYTES);
+        let kept = self.snapshots.lock().take();
+        let conn = match kept {
+            Some(conn) => conn,
+            None => {
+                let Ok(conn) = open_connection(&self.path, self.durability, self.busy_timeout_ms) else {
+                    return f();
+                };
+                // A failed pragma only loses the speed-up; the snapshot is what matters.
+                let _ = set_mmap(&conn, SNAPSHOT_MMAP_BYTES);
+                conn
+            }
+        };
         if conn.execute_batch("BEGIN").is_err() {
-            let _ = set_mmap(&conn, READ_MMAP_BYTES);
             return f();
         }
         PINNED.with(|p| *p.borrow_mut() = Some((self.id, conn)));
