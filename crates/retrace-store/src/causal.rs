@@ -88,10 +88,10 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let chains = store.chain_heads(run, &sends, MAX_CHAIN)?;
     let mut links = Links::new(&chains);
     let mut heard = Vec::with_capacity(deliveries.len());
+    // Only a send's request holds a message body.
+    let is_send = |s: &u64| chains.get(*s).is_some_and(|h| h.kind == EventType::Send);
     for (d, request) in deliveries {
         let (from, kind) = d.message.map_or((None, None), |m| (m.from, m.kind));
-        // Only a send's request holds a message body.
-        let is_send = |s: &u64| chains.get(*s).is_some_and(|h| h.kind == EventType::Send);
         let body = d.causal_parent.filter(is_send).and_then(|_| message_body(&request?));
         heard.push(Heard {
             deliver_seq: d.seq,

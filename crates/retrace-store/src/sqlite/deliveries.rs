@@ -120,6 +120,18 @@ fn message(
     }
 }
 
+/// The head of a delivery from a row whose first columns are `seq`, `send` and `extra`.
+fn head_from_row(run: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoreResult<DeliveryHead>> {
+    let seq: i64 = r.get(0)?;
+    let send: Option<i64> = r.get(1)?;
+    let extra = r.get_ref(2).and_then(|v| Ok(v.as_str_or_null()?))?;
+    Ok(message(run, seq, extra).map(|message| DeliveryHead {
+        seq: seq as u64,
+        causal_parent: send.map(|s| s as u64),
+        message,
+    }))
+}
+
 impl SqliteStore {
     /// The deliveries to `agent` before `before`, in seq order, from `deliveries` alone.
     pub(crate) fn delivery_heads_impl(
@@ -141,14 +153,7 @@ impl SqliteStore {
             let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
             let mut out = Vec::new();
             while let Some(r) = rows.next().ctx(what)? {
-                let seq: i64 = r.get(0).ctx(what)?;
-                let send: Option<i64> = r.get(1).ctx(what)?;
-                let extra = r.get_ref(2).and_then(|v| Ok(v.as_str_or_null()?)).ctx(what)?;
-                out.push(DeliveryHead {
-                    seq: seq as u64,
-                    causal_parent: send.map(|s| s as u64),
-                    message: message(run, seq, extra)?,
-                });
+                out.push(head_from_row(run, r).ctx(what)??);
             }
             Ok(out)
         })
@@ -180,23 +185,19 @@ impl SqliteStore {
             let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
             let mut out = Vec::new();
             while let Some(r) = rows.next().ctx(what)? {
-                let seq: i64 = r.get(0).ctx(what)?;
-                let send: Option<u64> = r.get::<_, Option<i64>>(1).ctx(what)?.map(|s| s as u64);
-                let extra = r.get_ref(2).and_then(|v| Ok(v.as_str_or_null()?)).ctx(what)?;
-                let head =
-                    DeliveryHead { seq: seq as u64, causal_parent: send, message: message(run, seq, extra)? };
+                let head = head_from_row(run, r).ctx(what)??;
                 let blob_id: Option<i64> = r.get(3).ctx(what)?;
-                let bytes = match (send, blob_id) {
+                let bytes = match (head.causal_parent, blob_id) {
                     (None, _) | (_, Some(0)) => None,
                     (Some(send), None) => {
                         unresolved.push((out.len(), send));
                         None
                     }
-                    (Some(_), Some(_)) => {
+                    (Some(send), Some(_)) => {
                         match r.get_ref(4).and_then(|v| Ok(v.as_blob_or_null()?)).ctx(what)? {
                             // No such row (a blob an event references is never collected).
                             None => {
-                                unresolved.push((out.len(), send.unwrap_or_default()));
+                                unresolved.push((out.len(), send));
                                 None
                             }
                             Some(digest) => {

@@ -187,15 +187,16 @@ impl SqliteStore {
         })
     }
 
-    /// Served by the partial index `events_deliver` (its `type = 5` is `EventType::Deliver`).
+    /// The seqs from `deliveries` (an agent's on a few pages), each event then by its key.
     pub(crate) fn deliveries_to_impl(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
         self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let sql = format!(
-                "SELECT {EVENT_COLUMNS} FROM events e INDEXED BY events_deliver \
+                "SELECT {EVENT_COLUMNS} FROM deliveries d \
+                 CROSS JOIN events e ON e.run_pk = d.run_pk AND e.seq = d.seq \
                  JOIN agents a ON a.pk = e.agent_pk \
-                 WHERE e.run_pk = ?1 AND e.agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
-                 AND e.type = 5 AND e.seq < ?3 ORDER BY e.seq"
+                 WHERE d.run_pk = ?1 AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
+                 AND d.seq < ?3 ORDER BY d.seq"
             );
             let before = i64::try_from(before).unwrap_or(i64::MAX);
             conn.prepare_cached(&sql)

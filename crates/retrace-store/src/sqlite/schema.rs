@@ -43,23 +43,25 @@
 //! - `deliveries` (since version 6): each `deliver` event keyed by `(run_pk, agent_pk, seq)`
 //!   without a rowid, with its causal parent, the row id of its parent's request blob and its
 //!   `extra` column: what `retrace knew` lists, an agent's deliveries together on a few pages
-//!   (`sqlite/deliveries.rs`).
+//!   (`sqlite/deliveries.rs`);
+//! - version 7 drops the index `events_deliver`: `deliveries` answers everything it did, and
+//!   each commit of a many-agent run dirtied a leaf page of it per receiving agent.
 //!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
-//! `deliveries`.
+//! `deliveries`; 6 had the index `events_deliver`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
-//! deliveries). A store of a newer version than this build's is refused, never altered.
+//! deliveries; 6 → 7 drops `events_deliver`). A store of a newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -111,7 +113,6 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (run_pk, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_agent ON events (run_pk, agent_pk, seq);
-CREATE INDEX IF NOT EXISTS events_deliver ON events (run_pk, agent_pk, seq) WHERE type = 5;
 CREATE TABLE IF NOT EXISTS blobs (
     id INTEGER PRIMARY KEY,
     digest BLOB NOT NULL UNIQUE,
@@ -234,6 +235,9 @@ CREATE TABLE IF NOT EXISTS deliveries (
 ) WITHOUT ROWID;
 ";
 
+/// What version 7 changed: the partial index on deliveries is gone (`deliveries` serves it).
+const DDL_V7: &str = "DROP INDEX IF EXISTS events_deliver;";
+
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
     let present: i64 = conn.query_row(
@@ -331,6 +335,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
             if version > 0 {
                 super::deliveries::backfill(conn).ctx(what)?;
             }
+        }
+        if version < 7 {
+            conn.execute_batch(DDL_V7).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();
