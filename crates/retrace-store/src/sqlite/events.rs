@@ -236,15 +236,20 @@ impl SqliteStore {
         self.read(|conn| last_seq(conn, run, run_pk(conn, run)?))
     }
 
+    /// From the head blocks: no index by agent is kept, as nothing on a hot path asks this and
+    /// each such index costs every commit a page per agent.
     pub(crate) fn agent_seqs_impl(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
+        let what = || format!("reading the seqs of agent {agent} in run {run}");
         self.read(|conn| {
             let pk = run_pk(conn, run)?;
-            conn.prepare_cached(
-                "SELECT e.seq FROM events e WHERE e.run_pk = ?1 \
-                 AND e.agent_pk = (SELECT pk FROM agents WHERE name = ?2) ORDER BY e.seq",
-            )
-            .and_then(|mut s| s.query_map(params![pk, agent], |r| Ok(r.get::<_, i64>(0)? as u64))?.collect())
-            .ctx(|| format!("reading the seqs of agent {agent} in run {run}"))
+            let agent_pk: Option<i64> = conn
+                .prepare_cached("SELECT pk FROM agents WHERE name = ?1")
+                .and_then(|mut s| s.query_row([agent], |r| r.get(0)).optional())
+                .ctx(what)?;
+            match agent_pk {
+                None => Ok(Vec::new()),
+                Some(agent_pk) => head_blocks::agent_seqs(conn, pk, agent_pk).ctx(what),
+            }
         })
     }
 }

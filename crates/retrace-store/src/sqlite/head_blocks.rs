@@ -196,6 +196,37 @@ pub(crate) fn put(conn: &Connection, run_pk: i64, heads: &[RawHead]) -> rusqlite
     Ok(())
 }
 
+/// The seqs of agent `agent_pk`'s events in run `run_pk`, ascending, read from the run's blocks
+/// (a few bytes per event); a record that couldn't hold its values, or a block that isn't well
+/// formed, is answered from `events`.
+pub(crate) fn agent_seqs(conn: &Connection, run_pk: i64, agent_pk: i64) -> rusqlite::Result<Vec<u64>> {
+    let mut blocks =
+        conn.prepare_cached("SELECT id, data FROM heads WHERE id >= ?1 AND id < ?2 ORDER BY id")?;
+    let mut from_events = conn.prepare_cached(
+        "SELECT seq FROM events WHERE run_pk = ?1 AND seq >= ?2 AND seq <= ?3 AND agent_pk = ?4 ORDER BY seq",
+    )?;
+    let mut rows = blocks.query(params![run_pk << 32, (run_pk + 1) << 32])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let base = ((row.get::<_, i64>(0)? as u64) & u64::from(u32::MAX)) << SHIFT;
+        let data = row.get_ref(1)?.as_blob().unwrap_or_default();
+        let (first, records) = records(data).unwrap_or((0, vec![UNFIT_RECORD; 1 << SHIFT]));
+        for (i, r) in records.iter().enumerate() {
+            let seq = base + u64::from(first) + i as u64;
+            if r.code == UNFIT {
+                let found = from_events
+                    .query_map(params![run_pk, seq as i64, seq as i64, agent_pk], |r| r.get::<_, i64>(0))?;
+                for found in found {
+                    out.push(found? as u64);
+                }
+            } else if i64::from(r.agent) == agent_pk {
+                out.push(seq);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Deletes the blocks of run `run_pk`.
 pub(crate) fn delete_run(conn: &Connection, run_pk: i64) -> rusqlite::Result<usize> {
     conn.execute("DELETE FROM heads WHERE id >= ?1 AND id < ?2", params![run_pk << 32, (run_pk + 1) << 32])
@@ -493,5 +524,40 @@ mod tests {
         let back = decode(&data, 300).unwrap();
         assert_eq!((back.parent, back.agent_pk, back.name_pk), (Some(17), 7, Some(9)));
         assert!(decode(&data, 302).is_none(), "still unfit when wide");
+    }
+
+    #[test]
+    fn an_agents_seqs_come_from_its_records_and_from_events_where_a_record_cant_tell() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE heads (id INTEGER PRIMARY KEY, data BLOB NOT NULL); \
+             CREATE TABLE events (run_pk INTEGER, seq INTEGER, agent_pk INTEGER, PRIMARY KEY (run_pk, seq));",
+        )
+        .unwrap();
+        let far = 1i64 << 40;
+        // Seqs 1..=700 of run 1 over agents 1, 2 and 3, seq 300 by an agent whose pk doesn't fit
+        // a record; seqs 5..=9 of run 2 all by agent 2.
+        let agent = |seq: u64| if seq == 300 { far } else { (seq % 3) as i64 + 1 };
+        let heads: Vec<RawHead> = (1..=700)
+            .map(|seq| RawHead { seq, parent: None, agent_pk: agent(seq), name_pk: None, code: 1 })
+            .collect();
+        for h in &heads {
+            conn.execute("INSERT INTO events VALUES (1, ?1, ?2)", params![h.seq as i64, h.agent_pk]).unwrap();
+        }
+        put(&conn, 1, &heads[..450]).unwrap();
+        put(&conn, 1, &heads[450..]).unwrap();
+        let other: Vec<RawHead> =
+            (5..=9).map(|seq| RawHead { seq, parent: None, agent_pk: 2, name_pk: None, code: 1 }).collect();
+        put(&conn, 2, &other).unwrap();
+        // The block of seqs 512..=700 is damaged: its seqs are read from `events`.
+        conn.execute("UPDATE heads SET data = x'00ff' WHERE id = ?1", [1i64 << 32 | 2]).unwrap();
+
+        let want = |a: i64| (1..=700).filter(|s| agent(*s) == a).collect::<Vec<u64>>();
+        for a in [1, 2, 3, far] {
+            assert_eq!(agent_seqs(&conn, 1, a).unwrap(), want(a), "agent {a}");
+        }
+        assert_eq!(agent_seqs(&conn, 1, far).unwrap(), [300]);
+        assert_eq!(agent_seqs(&conn, 2, 2).unwrap(), [5, 6, 7, 8, 9]);
+        assert!(agent_seqs(&conn, 3, 2).unwrap().is_empty(), "a run without blocks");
     }
 }

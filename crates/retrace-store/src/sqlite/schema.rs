@@ -44,17 +44,18 @@
 //!   without a rowid, with its causal parent, the row id of its parent's request blob and its
 //!   `extra` column: what `retrace knew` lists, an agent's deliveries together on a few pages
 //!   (`sqlite/deliveries.rs`);
-//! - version 7 drops the index `events_deliver`: `deliveries` answers everything it did, and
-//!   each commit of a many-agent run dirtied a leaf page of it per receiving agent.
+//! - version 7 drops the indexes `events_agent` and `events_deliver`: each commit of a
+//!   many-agent run dirtied a leaf page of each per agent, and `deliveries` (for deliveries)
+//!   and the head blocks (for an agent's seqs, a few bytes per event) answer what they did.
 //!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
-//! `deliveries`; 6 had the index `events_deliver`.
+//! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
-//! deliveries; 6 → 7 drops `events_deliver`). A store of a newer version than this build's is refused, never altered.
+//! deliveries; 6 → 7 drops the two indexes). A store of a newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
@@ -112,7 +113,6 @@ CREATE TABLE IF NOT EXISTS events (
     extra TEXT,
     PRIMARY KEY (run_pk, seq)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS events_agent ON events (run_pk, agent_pk, seq);
 CREATE TABLE IF NOT EXISTS blobs (
     id INTEGER PRIMARY KEY,
     digest BLOB NOT NULL UNIQUE,
@@ -235,8 +235,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
 ) WITHOUT ROWID;
 ";
 
-/// What version 7 changed: the partial index on deliveries is gone (`deliveries` serves it).
-const DDL_V7: &str = "DROP INDEX IF EXISTS events_deliver;";
+/// What version 7 changed: `events` has no secondary indexes (see the module's notes).
+const DDL_V7: &str = "DROP INDEX IF EXISTS events_agent; DROP INDEX IF EXISTS events_deliver;";
 
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
