@@ -527,3 +527,57 @@ impl RecordedLog {
         self.with(|l| l.unconsumable.get(from..).unwrap_or_default().to_vec())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use retrace_core::Event;
+    use serde_json::json;
+
+    use super::*;
+
+    /// A page of `n` tool steps of `agent` from seq `from`, each with its output prefetched.
+    fn page(agent: &str, from: u64, n: usize) -> Page {
+        let mut names = HashMap::new();
+        let agent: Arc<str> = Arc::from(agent);
+        let items = (from..from + n as u64)
+            .map(|seq| {
+                let mut e = Event::new("run", &*agent, EventType::ToolCall);
+                e.seq = seq;
+                e.key = Digest::of(&seq.to_le_bytes());
+                e.output_ref = Some(Digest::of(b"out"));
+                let mut slot = Slot::new(&e, &mut names);
+                slot.output = Some(json!(seq));
+                Item::Step { agent: Arc::clone(&agent), slot }
+            })
+            .collect();
+        Page { items, last_seq: from + n as u64 - 1 }
+    }
+
+    #[test]
+    fn prefetch_pauses_while_outputs_are_dropped_and_resumes_at_half() {
+        let flag = Arc::new(AtomicBool::new(true));
+        let mut loaded = Loaded { prefetch: Some(Arc::clone(&flag)), ..Loaded::default() };
+        // Agent `a` is never asked for while its outputs pile up to the cap: still prefetching.
+        loaded.integrate(page("a", 1, HELD_OUTPUTS));
+        assert_eq!(loaded.held_outputs, HELD_OUTPUTS);
+        assert!(flag.load(Ordering::Relaxed), "at the cap, nothing dropped yet");
+        // One more page: its outputs are dropped, and the reader is told to stop reading them.
+        let next = HELD_OUTPUTS as u64 + 1;
+        loaded.integrate(page("b", next, 10));
+        assert_eq!(loaded.held_outputs, HELD_OUTPUTS);
+        assert!(!flag.load(Ordering::Relaxed), "outputs dropped: prefetch paused");
+        let dropped = loaded.take("b", 0).expect("b's first step");
+        assert_eq!((dropped.seq, dropped.output), (next, None), "the replay reads this one itself");
+        // Consuming `a` keeps the pause until the held outputs are down to half the cap.
+        for idx in 0..HELD_OUTPUTS - RESUME_PREFETCH {
+            assert!(!flag.load(Ordering::Relaxed), "still paused with {} held", loaded.held_outputs);
+            let step = loaded.take("a", idx).expect("a's step");
+            assert_eq!(step.output, Some(json!(idx as u64 + 1)), "a held output is handed over");
+        }
+        assert_eq!(loaded.held_outputs, RESUME_PREFETCH);
+        assert!(flag.load(Ordering::Relaxed), "resumed at half the cap");
+        // Later pages keep their outputs again.
+        loaded.integrate(page("c", next + 10, 1));
+        assert_eq!(loaded.take("c", 0).expect("c's step").output, Some(json!(next + 10)));
+    }
+}

@@ -35,7 +35,6 @@ fn fork_at(conn: &Connection, run: &str, pk: i64) -> StoreResult<Option<u64>> {
 }
 
 impl SqliteStore {
-    /// Commits `batch`; `check_digests` hashes its blobs first (false: the caller verified them).
     /// Commits `batch` in one transaction (its blobs' digests hold by construction: [`crate::BlobPut`]).
     pub(crate) fn commit_impl(&self, batch: &Batch) -> StoreResult<()> {
         let run = &batch.run_id;
