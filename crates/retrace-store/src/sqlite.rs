@@ -53,11 +53,20 @@ const READ_POOL: usize = 8;
 /// reading a long run from start to end would otherwise hold up to this much per connection.
 const READ_MMAP_BYTES: u64 = 64 << 20;
 
-/// Page cache of the write connection (`PRAGMA cache_size`; SQLite's default is 2 MB). A
-/// transaction whose dirty pages outgrow the cache spills them into the WAL before it commits
-/// and reads index pages back with `pread`: an import's 4,096-event chunk (about 13 MB of 1 KB
-/// events) did, at a third of its time. The cache fills only as pages are used.
-const WRITER_CACHE_BYTES: u64 = 32 << 20;
+/// Page cache of the write connection (`PRAGMA cache_size`), SQLite's default. Kept small
+/// because every commit pays for its size: ending a write transaction, SQLite drops cached
+/// pages past the database's end by scanning the whole page hash table, which grows with the
+/// pages cached (with 32 MB, about 7% of the commit thread's time on the 16-agent bus).
+const WRITER_CACHE_BYTES: u64 = 2 << 20;
+
+/// Page cache of the write connection during a large transaction ([`LARGE_WRITE_BYTES`] or
+/// more): one whose dirty pages outgrow the cache spills them into the WAL before it commits
+/// and reads index pages back with `pread`, as an import's 4,096-event chunk (about 13 MB of
+/// 1 KB events) did, at a third of its time. The cache fills only as pages are used.
+const LARGE_WRITE_CACHE_BYTES: u64 = 32 << 20;
+
+/// Estimated bytes written from which a transaction counts as large.
+const LARGE_WRITE_BYTES: usize = 1 << 20;
 
 /// The map of the snapshot connection, the one [`Store::with_snapshot`] (an export, `knew`)
 /// reads through: a long or scattered read would otherwise `pread` most pages of a large store
@@ -212,10 +221,36 @@ impl SqliteStore {
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction on the write connection; `what` names the
     /// operation in errors (lower case, naming the run/seqs).
     fn write<T>(&self, what: &str, f: impl FnOnce(&Connection) -> StoreResult<T>) -> StoreResult<T> {
+        self.write_sized(what, 0, f)
+    }
+
+    /// [`SqliteStore::write`] of a transaction that writes about `bytes`: from
+    /// [`LARGE_WRITE_BYTES`] on, with a page cache of [`LARGE_WRITE_CACHE_BYTES`] for its length.
+    fn write_sized<T>(
+        &self,
+        what: &str,
+        bytes: usize,
+        f: impl FnOnce(&Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let mut conn = self.writer.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| what)?;
-        let value = f(&tx)?;
-        tx.commit().ctx(|| what)?;
+        let large = bytes >= LARGE_WRITE_BYTES;
+        let cache = |conn: &Connection, bytes: u64| {
+            conn.execute_batch(&format!("PRAGMA cache_size = -{}", bytes >> 10)).ctx(|| what)
+        };
+        if large {
+            cache(&conn, LARGE_WRITE_CACHE_BYTES)?;
+        }
+        let committed = (|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| what)?;
+            let value = f(&tx)?;
+            tx.commit().ctx(|| what)?;
+            Ok(value)
+        })();
+        if large {
+            // Only the speed of later commits depends on this: a failure can't undo this one.
+            let _ = cache(&conn, WRITER_CACHE_BYTES);
+        }
+        let value = committed?;
         if let Some(wal) = &self.wal_sync {
             // Committed but not yet durable: the caller must not acknowledge it.
             wal.sync().ctx(|| format!("{what}: syncing the WAL {}-wal", self.label))?;

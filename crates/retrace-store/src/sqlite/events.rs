@@ -45,7 +45,11 @@ impl SqliteStore {
         let what = format!("committing seqs {first}..={last} of run {run}");
         let mut fresh_agents: HashMap<String, i64> = HashMap::new();
         let mut fresh_names: HashMap<String, i64> = HashMap::new();
-        self.write(&what, |tx| {
+        // Rows of about this size, and the blobs' bytes.
+        const EVENT_ROW_BYTES: usize = 300;
+        let bytes =
+            batch.events.len() * EVENT_ROW_BYTES + batch.blobs.iter().map(|b| b.bytes().len()).sum::<usize>();
+        self.write_sized(&what, bytes, |tx| {
             let pk = match run_pk(tx, run) {
                 Ok(pk) => Some(pk),
                 // Blobs alone may be stored without a run (no chaining of requests then).
