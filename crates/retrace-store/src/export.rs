@@ -6,14 +6,21 @@
 //! expanded so that every blob a manifest names comes before it. Then the header (which needs
 //! both counts), the spooled events and the blob lines go out. Every line is canonical JSON, so
 //! exporting a run, importing it elsewhere and exporting it again gives the same bytes.
+//!
+//! The calling thread does all the reading (it holds the snapshot); a second thread encodes:
+//! it spools the event lines of each page while the next page is read, then turns each chunk
+//! of blobs into lines while the next chunk is read, and the calling thread writes them out in
+//! order. Errors keep file order: the encoder's, about an earlier line, win.
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Seek, Write};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 
 use base64::Engine as _;
 use retrace_core::canonical::{write_canonical, write_canonical_value, CanonError};
 use retrace_core::export::{ExportHeader, FORMAT};
 use retrace_core::json::{self, Json};
-use retrace_core::{Digest, EventType};
+use retrace_core::{Digest, Event, EventType};
+use tempfile::SpooledTempFile;
 
 use crate::manifest::Manifest;
 use crate::{Store, StoreError, StoreErrorKind};
@@ -111,42 +118,17 @@ fn export_inner(
     let mut pages = RunEvents::new(store, run_id).map_err(stored)?;
     let count = pages.count();
 
-    let mut spool = tempfile::SpooledTempFile::new(SPOOL_IN_MEMORY);
-    let mut refs = Vec::new();
-    let mut referenced = HashSet::new();
-    let mut requests = HashSet::new();
-    let mut line = Vec::with_capacity(4096);
-    let mut next = 1u64;
-    while let Some(page) = pages.next_page().map_err(stored)? {
-        for event in &page {
-            if event.seq != next {
-                let message = format!("expected seq {next}, the store has seq {}", event.seq);
-                return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
-            }
-            line.clear();
-            event.write_canonical(&mut line).map_err(|source| ExportError::Canon {
-                run_id: run_id.to_owned(),
-                what: format!("seq {}", event.seq),
-                source,
-            })?;
-            line.push(b'\n');
-            spool.write_all(&line)?;
-            for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
-                if referenced.insert(digest) {
-                    refs.push(digest);
-                }
-            }
-            if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
-                requests.insert(request);
-            }
-            next += 1;
-        }
-        progress(next - 1);
-    }
-    if next - 1 != count {
-        let message = format!("expected {count} events, the store gave {}", next - 1);
-        return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
-    }
+    // This thread reads (it holds the snapshot); a second one writes the canonical lines.
+    let (refs, requests, spool) = std::thread::scope(|scope| {
+        let (pages_tx, pages_rx) = mpsc::sync_channel::<Vec<Event>>(2);
+        let encoder = scope.spawn(move || spool_events(run_id, pages_rx));
+        let read = read_events(run_id, &mut pages, count, &pages_tx, progress);
+        drop(pages_tx);
+        let spool = encoder.join().expect("the event encoder never panics");
+        // The encoder's error concerns an earlier event than any error the reader found.
+        let spool = spool?;
+        read.map(|(refs, requests)| (refs, requests, spool))
+    })?;
 
     let plan = plan_blobs(store, run_id, &refs, requests)?;
     let header = ExportHeader {
@@ -159,7 +141,7 @@ fn export_inner(
         blobs: plan.len() as u64,
     };
     let mut w = CountingWriter { inner: BufWriter::with_capacity(1 << 20, out), bytes: 0 };
-    line.clear();
+    let mut line = Vec::with_capacity(4096);
     let value = serde_json::to_value(&header).expect("a header always serializes");
     write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
         run_id: run_id.to_owned(),
@@ -168,29 +150,163 @@ fn export_inner(
     })?;
     line.push(b'\n');
     w.write_all(&line)?;
+    let mut spool = spool;
     spool.seek(io::SeekFrom::Start(0))?;
     io::copy(&mut spool, &mut w)?;
     drop(spool);
 
-    for chunk in plan.chunks(BLOBS_PER_READ) {
-        let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
-        let mut fetched = store.get_blobs(&plain).map_err(stored)?.into_iter();
-        for (digest, manifest) in chunk {
-            line.clear();
-            match manifest {
-                Some(manifest) => manifest_line(run_id, digest, manifest, &mut line)?,
-                None => {
-                    let bytes = fetched.next().ok_or_else(|| {
-                        stored(StoreError::corrupt(format!("the store gave no bytes for blob {digest}")))
-                    })?;
-                    blob_line(digest, bytes, &mut line)
+    let blobs = plan.len() as u64;
+    std::thread::scope(|scope| {
+        let (chunks_tx, chunks_rx) = mpsc::sync_channel::<Vec<Fetched>>(2);
+        let (lines_tx, lines_rx) = mpsc::channel::<Vec<u8>>();
+        let encoder = scope.spawn(move || encode_blobs(run_id, chunks_rx, lines_tx));
+        let written = fetch_blobs(store, run_id, plan, &chunks_tx, &lines_rx, &mut w);
+        drop(chunks_tx);
+        // Lines the encoder finished after the reader stopped are not wanted any more.
+        let encoded = encoder.join().expect("the blob encoder never panics");
+        encoded?;
+        written
+    })?;
+    w.flush()?;
+    Ok(ExportStats { events: count, blobs, bytes: w.bytes })
+}
+
+/// Reads the run's events page by page, checks their seqs and hands each page to the encoder;
+/// returns the blobs they reference in order of first reference, and the model-call requests.
+fn read_events(
+    run_id: &str,
+    pages: &mut RunEvents<'_>,
+    count: u64,
+    encoder: &SyncSender<Vec<Event>>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Vec<Digest>, HashSet<Digest>), ExportError> {
+    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
+    let mut refs = Vec::new();
+    let mut referenced = HashSet::new();
+    let mut requests = HashSet::new();
+    let mut next = 1u64;
+    while let Some(mut page) = pages.next_page().map_err(stored)? {
+        let gap = page.iter().zip(next..).position(|(event, expected)| event.seq != expected);
+        let valid = gap.unwrap_or(page.len());
+        for event in &page[..valid] {
+            for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
+                if referenced.insert(digest) {
+                    refs.push(digest);
                 }
             }
-            w.write_all(&line)?;
+            if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
+                requests.insert(request);
+            }
+        }
+        next += valid as u64;
+        if let Some(i) = gap {
+            let message = format!("expected seq {next}, the store has seq {}", page[i].seq);
+            // The events before it still go to the encoder: an error it finds in one of them
+            // comes first.
+            page.truncate(i);
+            let _ = encoder.send(page);
+            return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+        }
+        if encoder.send(page).is_err() {
+            // The encoder stopped on an error, which the caller reports.
+            return Ok((refs, requests));
+        }
+        progress(next - 1);
+    }
+    if next - 1 != count {
+        let message = format!("expected {count} events, the store gave {}", next - 1);
+        return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
+    }
+    Ok((refs, requests))
+}
+
+/// Writes the canonical line of every event received to a spool (memory, then a temporary
+/// file past [`SPOOL_IN_MEMORY`]).
+fn spool_events(run_id: &str, pages: Receiver<Vec<Event>>) -> Result<SpooledTempFile, ExportError> {
+    let mut spool = SpooledTempFile::new(SPOOL_IN_MEMORY);
+    let mut lines = Vec::with_capacity(1 << 20);
+    for page in pages {
+        lines.clear();
+        for event in &page {
+            event.write_canonical(&mut lines).map_err(|source| ExportError::Canon {
+                run_id: run_id.to_owned(),
+                what: format!("seq {}", event.seq),
+                source,
+            })?;
+            lines.push(b'\n');
+        }
+        spool.write_all(&lines)?;
+    }
+    Ok(spool)
+}
+
+/// A blob read for writing: its digest, and its manifest or its bytes.
+type Fetched = (Digest, Result<Vec<u8>, Vec<u8>>);
+
+/// Reads the planned blobs [`BLOBS_PER_READ`] at a time, hands each chunk to the encoder and
+/// writes the lines it gets back, in order, one chunk behind.
+fn fetch_blobs(
+    store: &dyn Store,
+    run_id: &str,
+    plan: Vec<Planned>,
+    encoder: &SyncSender<Vec<Fetched>>,
+    encoded: &Receiver<Vec<u8>>,
+    w: &mut dyn Write,
+) -> Result<(), ExportError> {
+    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
+    let mut pending = 0usize;
+    let mut plan = plan.into_iter().peekable();
+    while plan.peek().is_some() {
+        let chunk: Vec<Planned> = plan.by_ref().take(BLOBS_PER_READ).collect();
+        let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
+        let mut fetched = store.get_blobs(&plain).map_err(stored)?.into_iter();
+        let mut blobs = Vec::with_capacity(chunk.len());
+        for (digest, manifest) in chunk {
+            let blob = match manifest {
+                Some(manifest) => Ok(manifest),
+                None => Err(fetched.next().ok_or_else(|| {
+                    stored(StoreError::corrupt(format!("the store gave no bytes for blob {digest}")))
+                })?),
+            };
+            blobs.push((digest, blob));
+        }
+        if encoder.send(blobs).is_err() {
+            // The encoder stopped on an error, which the caller reports.
+            return Ok(());
+        }
+        pending += 1;
+        if pending > 1 {
+            let Ok(lines) = encoded.recv() else { return Ok(()) };
+            w.write_all(&lines)?;
+            pending -= 1;
         }
     }
-    w.flush()?;
-    Ok(ExportStats { events: count, blobs: plan.len() as u64, bytes: w.bytes })
+    for _ in 0..pending {
+        let Ok(lines) = encoded.recv() else { return Ok(()) };
+        w.write_all(&lines)?;
+    }
+    Ok(())
+}
+
+/// Turns each chunk of blobs received into their lines, sent back in the same order.
+fn encode_blobs(
+    run_id: &str,
+    chunks: Receiver<Vec<Fetched>>,
+    lines: mpsc::Sender<Vec<u8>>,
+) -> Result<(), ExportError> {
+    for chunk in chunks {
+        let mut buf = Vec::with_capacity(chunk.len() * 1024);
+        for (digest, blob) in chunk {
+            match blob {
+                Ok(manifest) => manifest_line(run_id, &digest, &manifest, &mut buf)?,
+                Err(bytes) => blob_line(&digest, bytes, &mut buf),
+            }
+        }
+        if lines.send(buf).is_err() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A blob to write: a manifest carries its bytes, a plain blob `None`.

@@ -130,7 +130,7 @@ pub(crate) fn event_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<Store
     Ok((|| {
         let kind = u8::try_from(code).ok().and_then(EventType::from_code).ok_or_else(|| bad("type"))?;
         let extra: Extra = match extra {
-            Some(text) => decode_json(text.as_bytes(), &format!("event {seq} of run {run}"))?,
+            Some(text) => decode_json_with(text.as_bytes(), || format!("event {seq} of run {run}"))?,
             None => Extra::default(),
         };
         let output_ref = output_ref?;
@@ -169,8 +169,83 @@ pub(crate) fn event_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<Store
 
 /// Decodes stored JSON exactly (numbers through `retrace_core::json`); `Corrupt` naming `what`.
 pub(crate) fn decode_json<T: DeserializeOwned>(bytes: &[u8], what: &str) -> StoreResult<T> {
+    decode_json_with(bytes, || what.to_owned())
+}
+
+/// [`decode_json`], naming what was decoded only when it fails. JSON whose numbers are all
+/// small integers ([`integers_only`]) decodes straight from its bytes: serde_json reads those
+/// exactly too, and skipping the exact parse and its tree is most of the cost of reading a row.
+pub(crate) fn decode_json_with<T: DeserializeOwned>(
+    bytes: &[u8],
+    what: impl Fn() -> String,
+) -> StoreResult<T> {
     let corrupt =
-        |e: &dyn std::fmt::Display| StoreError::corrupt(format!("{what} is stored as bad JSON: {e}"));
+        |e: &dyn std::fmt::Display| StoreError::corrupt(format!("{} is stored as bad JSON: {e}", what()));
+    if integers_only(bytes) {
+        return serde_json::from_slice(bytes).map_err(|e| corrupt(&e));
+    }
     let value = retrace_core::json::parse(bytes).map_err(|e| corrupt(&e))?.to_value();
     serde_json::from_value(value).map_err(|e| corrupt(&e))
+}
+
+/// Whether every number in the JSON text `bytes` is an integer of at most 18 digits, without
+/// `-0`: no `.`, no digit followed by `e`/`E` or `-` followed by `0`, no longer run of digits.
+/// Strings are not told apart from numbers, so a string such as `"1.5"` answers false, which
+/// only means the exact path.
+fn integers_only(bytes: &[u8]) -> bool {
+    let mut digits = 0;
+    let mut prev = 0u8;
+    for &b in bytes {
+        match b {
+            b'.' => return false,
+            b'0'..=b'9' => {
+                digits += 1;
+                if digits > 18 || (b == b'0' && prev == b'-') {
+                    return false;
+                }
+            }
+            b'e' | b'E' if prev.is_ascii_digit() => return false,
+            _ => digits = 0,
+        }
+        prev = b;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_small_integers_take_the_fast_path() {
+        for plain in [r#"{"lat":0,"inb":[1,22,333]}"#, r#"{"n":-12,"s":"x"}"#, r#"{"a":999999999999999999}"#]
+        {
+            assert!(integers_only(plain.as_bytes()), "{plain}");
+        }
+        for exact in [
+            r#"{"t":0.1}"#,
+            r#"{"t":1e3}"#,
+            r#"{"t":1E3}"#,
+            r#"{"n":-0}"#,
+            r#"{"a":1234567890123456789}"#,
+            r#"{"s":"1.5"}"#,
+        ] {
+            assert!(!integers_only(exact.as_bytes()), "{exact}");
+        }
+    }
+
+    #[test]
+    fn both_paths_decode_the_same() {
+        type Map = BTreeMap<String, serde_json::Value>;
+        for text in [r#"{"a":1,"b":[-3,4],"c":{"d":"e\u0041"}}"#, r#"{"a":-9,"b":null,"c":true}"#] {
+            assert!(integers_only(text.as_bytes()));
+            let fast: Map = decode_json_with(text.as_bytes(), || "t".into()).unwrap();
+            let exact: Map =
+                serde_json::from_value(retrace_core::json::parse(text.as_bytes()).unwrap().to_value())
+                    .unwrap();
+            assert_eq!(fast, exact);
+        }
+        let bad = decode_json_with::<Map>(b"{\"a\":", || "event 3 of run r".into()).unwrap_err();
+        assert!(bad.to_string().contains("event 3 of run r is stored as bad JSON"), "{bad}");
+    }
 }
