@@ -32,18 +32,20 @@ fn main() {
         std::hint::black_box(knew(&store, run, seq).expect("knew"));
         total.push(t.elapsed().as_secs_f64() * 1e3);
         if std::env::var_os("PHASES").is_some() {
-            let t = Instant::now();
-            let step = store.event(run, seq).expect("event");
-            let d = store.heard_by(run, &step.agent_id, seq).expect("deliveries");
-            phases[0].push(t.elapsed().as_secs_f64() * 1e3);
-            let mut sends: Vec<u64> = d.iter().filter_map(|(d, _)| d.causal_parent).collect();
-            sends.sort_unstable();
-            sends.dedup();
-            let t = Instant::now();
-            let c = store.chain_heads(run, &sends, MAX_CHAIN).expect("chains");
-            phases[1].push(t.elapsed().as_secs_f64() * 1e3);
-            let b = d;
-            std::hint::black_box((c, b));
+            // Inside one snapshot, as `knew` reads.
+            store.with_snapshot(&mut || {
+                let t = Instant::now();
+                let step = store.event(run, seq).expect("event");
+                let d = store.heard_by(run, &step.agent_id, seq).expect("deliveries");
+                phases[0].push(t.elapsed().as_secs_f64() * 1e3);
+                let mut sends: Vec<u64> = d.iter().filter_map(|(d, _)| d.causal_parent).collect();
+                sends.sort_unstable();
+                sends.dedup();
+                let t = Instant::now();
+                let c = store.chain_heads(run, &sends, MAX_CHAIN).expect("chains");
+                phases[1].push(t.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box((c, d));
+            });
         }
     }
     let median = |v: &mut Vec<f64>| {

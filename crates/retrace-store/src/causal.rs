@@ -1,11 +1,10 @@
 //! Causal queries: what an agent knew when it acted (`retrace knew RUN SEQ`): the messages
 //! delivered to it before that step, in the order heard, each with its causal chain back to its
-//! origin. Answered from [`Store::heard_by`] for the deliveries and their messages' bodies
-//! (SQLite: one table clustered by receiving agent, each row naming its body's blob by row id)
-//! and [`EventStore::chain_heads`] for the chains (SQLite: packed head blocks, a row per 256
-//! seqs), never by scanning the run.
-//!
-//! [`EventStore::chain_heads`]: crate::EventStore::chain_heads
+//! origin. Answered from [`Store::heard_with_chains`]: the deliveries and their messages' bodies
+//! (SQLite: one table clustered by receiving agent, each row naming its body's blob by row id
+//! and holding its send's head) and the chains (SQLite: through the rows of the agents on them
+//! while they alternate a send and a delivery to its sender, else packed head blocks, a row per
+//! 256 seqs), never by scanning the run.
 
 use std::sync::Arc;
 
@@ -81,11 +80,7 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 
 fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let step = store.event(run, seq)?;
-    let deliveries = store.heard_by(run, &step.agent_id, seq)?;
-    let mut sends: Vec<u64> = deliveries.iter().filter_map(|(d, _)| d.causal_parent).collect();
-    sends.sort_unstable();
-    sends.dedup();
-    let chains = store.chain_heads(run, &sends, MAX_CHAIN)?;
+    let (deliveries, chains) = store.heard_with_chains(run, &step.agent_id, seq, MAX_CHAIN)?;
     let mut links = Links::new(&chains);
     let mut heard = Vec::with_capacity(deliveries.len());
     // Only a send's request holds a message body.

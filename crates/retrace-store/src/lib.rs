@@ -232,6 +232,10 @@ pub trait EventStore: Send + Sync {
     fn recover_interrupted(&self) -> StoreResult<Vec<String>>;
 }
 
+/// What [`Store::heard_with_chains`] answers: each delivery with its message's request bytes,
+/// and the causal chains of the sends heard.
+pub type HeardWithChains = (Vec<(DeliveryHead, Option<Vec<u8>>)>, Chains);
+
 /// A whole store: events, blobs, caches, the vault, garbage collection and the ledger.
 pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerStore {
     /// The backend's name (`sqlite`, `memory`, ...).
@@ -276,6 +280,24 @@ pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerS
                 (d, blob)
             })
             .collect())
+    }
+    /// [`Store::heard_by`], and the heads of every event on the causal chains of the sends
+    /// heard, `depth` links each, as [`EventStore::chain_heads`] answers for them: what
+    /// `retrace knew` reads. SQLite follows chains of messages through its `deliveries` rows;
+    /// the default asks those two methods.
+    fn heard_with_chains(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+        depth: usize,
+    ) -> StoreResult<HeardWithChains> {
+        let heard = self.heard_by(run, agent, before)?;
+        let mut sends: Vec<u64> = heard.iter().filter_map(|(d, _)| d.causal_parent).collect();
+        sends.sort_unstable();
+        sends.dedup();
+        let chains = self.chain_heads(run, &sends, depth)?;
+        Ok((heard, chains))
     }
     /// Runs `f` with every read this thread makes of the store served from one consistent
     /// snapshot (one read transaction), as a long read such as an export wants. Writes from

@@ -471,6 +471,16 @@ impl Store for SqliteStore {
         self.heard_impl(run, agent, before)
     }
 
+    fn heard_with_chains(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+        depth: usize,
+    ) -> StoreResult<crate::HeardWithChains> {
+        self.heard_with_chains_impl(run, agent, before, depth)
+    }
+
     fn with_snapshot(&self, f: &mut dyn FnMut()) {
         if PINNED.with(|p| p.borrow().is_some()) {
             return f();

@@ -8,73 +8,117 @@
 //! request, NULL when it couldn't be resolved then (the parent or its blob not stored); readers
 //! ask `events` and `blobs` for a NULL one. A blob an event references is never collected, so
 //! the id stays that blob's for as long as the row lives.
-use std::collections::HashMap;
+//!
+//! Since schema version 8 a row also holds the heads of its event and of its parent: its name
+//! (`names.pk`), and the parent's type code, `agents.pk`, `names.pk` and causal parent
+//! (`send_type` NULL when the parent wasn't stored when the delivery was). An agent's step
+//! usually acts on a message delivered to it, so a causal chain of messages alternates a send
+//! and a delivery to its sender: [`SqliteStore::heard_with_chains_impl`] follows it through the
+//! rows of the agents on it, which lie together, instead of a head block per link.
+use std::collections::{BinaryHeap, HashMap};
 
-use retrace_core::Digest;
+use retrace_core::{Digest, EventType};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::blobs;
+use super::files::Files;
+use super::head_blocks::{resolve, RawHead};
 use super::runs::run_pk;
 use super::SqliteStore;
 use crate::error::ResultExt;
-use crate::{DeliveryHead, StoreError, StoreResult};
+use crate::head::{SeqMap, SeqSet};
+use crate::{ChainHead, Chains, DeliveryHead, StoreError, StoreResult};
 
 /// A delivery to write.
 pub(crate) struct Row {
     pub agent_pk: i64,
     pub seq: u64,
+    /// The event's `names.pk`.
+    pub name_pk: Option<i64>,
     pub send: Option<u64>,
     /// The event's `extra` column.
     pub extra: Value,
 }
 
 /// Writes `rows` (deliveries of run `run_pk` committed in `tx`, whose events are inserted);
-/// `requests` holds the `request_ref` of the batch's events by seq, `known` the blob row ids
-/// the transaction knows.
+/// `requests` holds the `request_ref` of the batch's events by seq, `heads` their heads (in seq
+/// order), `known` the blob row ids the transaction knows.
 pub(crate) fn put(
     tx: &Connection,
     run_pk: i64,
     rows: &[Row],
     requests: &HashMap<u64, Option<Digest>>,
+    heads: &[RawHead],
     known: &HashMap<Digest, Option<i64>>,
 ) -> rusqlite::Result<()> {
     let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO deliveries (run_pk, agent_pk, seq, send, blob, extra) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR REPLACE INTO deliveries (run_pk, agent_pk, seq, send, blob, extra, name, \
+         send_type, send_agent, send_name, send_parent) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?;
-    let mut request_of =
-        tx.prepare_cached("SELECT request_ref FROM events WHERE run_pk = ?1 AND seq = ?2")?;
+    let mut parent_of = tx.prepare_cached(
+        "SELECT e.request_ref, e.type, e.agent_pk, n.pk, e.causal_parent, \
+         e.name IS NULL OR n.pk IS NOT NULL FROM events e \
+         LEFT JOIN names n ON n.name = e.name WHERE e.run_pk = ?1 AND e.seq = ?2",
+    )?;
     let mut blob_of = tx.prepare_cached("SELECT id FROM blobs WHERE digest = ?1")?;
+    let first = heads.first().map_or(0, |h| h.seq);
     for row in rows {
-        let blob: Option<i64> = match row.send {
+        // The parent's request and head, if stored: from the batch, else from `events`.
+        let parent: Option<(Option<Digest>, Option<RawHead>)> = match row.send {
             None => None,
             Some(send) => {
-                let request: Option<Option<Digest>> = match requests.get(&send) {
-                    Some(r) => Some(*r),
-                    None => request_of
-                        .query_row(params![run_pk, send as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
-                        .optional()?
-                        .map(|d| d.and_then(|d| Digest::from_slice(&d))),
-                };
-                match request {
-                    // The parent isn't stored in this run: left to readers.
-                    None => None,
-                    Some(None) => Some(0),
-                    Some(Some(digest)) => match known.get(&digest) {
-                        Some(id) => *id,
-                        None => blob_of.query_row([digest.as_bytes()], |r| r.get(0)).optional()?,
-                    },
+                let in_batch = send.checked_sub(first).and_then(|i| heads.get(i as usize));
+                match (requests.get(&send), in_batch.filter(|h| h.seq == send)) {
+                    (Some(request), Some(head)) => Some((*request, Some(*head))),
+                    _ => parent_of
+                        .query_row(params![run_pk, send as i64], |r| {
+                            let request =
+                                r.get::<_, Option<Vec<u8>>>(0)?.and_then(|d| Digest::from_slice(&d));
+                            let (code, agent_pk, name_pk, parent, named): (
+                                i64,
+                                i64,
+                                Option<i64>,
+                                Option<i64>,
+                                bool,
+                            ) = (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
+                            // A head is only kept whole: a code or a name that didn't resolve leaves it unknown.
+                            let head = u8::try_from(code).ok().filter(|_| named).map(|code| RawHead {
+                                seq: send,
+                                parent: parent.map(|p| p as u64),
+                                agent_pk,
+                                name_pk,
+                                code,
+                            });
+                            Ok((request, head))
+                        })
+                        .optional()?,
                 }
             }
         };
+        let blob: Option<i64> = match parent {
+            // No parent, or it isn't stored in this run: left to readers.
+            None => None,
+            Some((None, _)) => Some(0),
+            Some((Some(digest), _)) => match known.get(&digest) {
+                Some(id) => *id,
+                None => blob_of.query_row([digest.as_bytes()], |r| r.get(0)).optional()?,
+            },
+        };
+        let head = parent.and_then(|(_, head)| head);
         insert.execute(params![
             run_pk,
             row.agent_pk,
             row.seq as i64,
             row.send.map(|s| s as i64),
             blob,
-            row.extra
+            row.extra,
+            row.name_pk,
+            head.map(|h| i64::from(h.code)),
+            head.map(|h| h.agent_pk),
+            head.and_then(|h| h.name_pk),
+            head.and_then(|h| h.parent).map(|p| p as i64),
         ])?;
     }
     Ok(())
@@ -94,6 +138,20 @@ pub(crate) fn backfill(conn: &Connection) -> rusqlite::Result<()> {
          ELSE (SELECT b.id FROM blobs b WHERE b.digest = s.request_ref) END, d.extra \
          FROM events d LEFT JOIN events s ON s.run_pk = d.run_pk AND s.seq = d.causal_parent \
          WHERE d.type = 5",
+    )
+}
+
+/// Fills the columns version 8 added: each delivery's name, and its parent's head where that is
+/// stored (the upgrade to schema version 8). Every stored event's name is interned since
+/// version 5 (the upgrade to it interned the names of the events before).
+pub(crate) fn backfill_heads(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "UPDATE deliveries SET name = (SELECT n.pk FROM events e JOIN names n ON n.name = e.name \
+         WHERE e.run_pk = deliveries.run_pk AND e.seq = deliveries.seq); \
+         UPDATE deliveries SET send_type = s.type, send_agent = s.agent_pk, send_name = n.pk, \
+         send_parent = s.causal_parent \
+         FROM events s LEFT JOIN names n ON n.name = s.name \
+         WHERE s.run_pk = deliveries.run_pk AND s.seq = deliveries.send AND (s.name IS NULL OR n.pk IS NOT NULL);",
     )
 }
 
@@ -169,65 +227,257 @@ impl SqliteStore {
         agent: &str,
         before: u64,
     ) -> StoreResult<Vec<(DeliveryHead, Option<Vec<u8>>)>> {
-        let what = || format!("reading the deliveries to agent {agent} in run {run}");
-        let mut unresolved: Vec<(usize, u64)> = Vec::new();
-        let mut out = self.read(|conn| {
-            let pk = run_pk(conn, run)?;
-            let before = i64::try_from(before).unwrap_or(i64::MAX);
-            let mut select = conn
-                .prepare_cached(&format!(
-                    "SELECT d.seq, d.send, d.extra, d.blob, b.digest, {} FROM deliveries d \
-                     LEFT JOIN blobs b ON b.id = d.blob WHERE d.run_pk = ?1 \
-                     AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) AND d.seq < ?3 ORDER BY d.seq",
-                    blobs::ROW_COLUMNS
-                ))
-                .ctx(what)?;
-            let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
-            let mut out = Vec::new();
-            while let Some(r) = rows.next().ctx(what)? {
-                let head = head_from_row(run, r).ctx(what)??;
-                let blob_id: Option<i64> = r.get(3).ctx(what)?;
-                let bytes = match (head.causal_parent, blob_id) {
-                    (None, _) | (_, Some(0)) => None,
-                    (Some(send), None) => {
-                        unresolved.push((out.len(), send));
-                        None
+        let mut heard = self.read(|conn| heard_rows(conn, &self.files, run, agent, before))?;
+        self.resolve_bodies(run, &mut heard)?;
+        Ok(heard.rows.into_iter().map(|(head, bytes, _)| (head, bytes)).collect())
+    }
+
+    /// [`crate::Store::heard_with_chains`]: [`SqliteStore::heard_impl`], and the chains of the
+    /// sends heard followed through the rows of `deliveries` as far as they alternate a send
+    /// and a delivery to its sender, the rest as [`SqliteStore::chain_heads_impl`] follows them.
+    pub(crate) fn heard_with_chains_impl(
+        &self,
+        run: &str,
+        agent: &str,
+        before: u64,
+        depth: usize,
+    ) -> StoreResult<crate::HeardWithChains> {
+        let what = || format!("reading the causal chains of the deliveries to agent {agent} in run {run}");
+        let (mut heard, walk, agents, names) = self.read(|conn| {
+            let heard = heard_rows(conn, &self.files, run, agent, before)?;
+            let mut walk = ChainWalk::default();
+            if depth > 0 {
+                for (head, _, send) in &heard.rows {
+                    if let Some(seq) = head.causal_parent {
+                        walk.offer(seq, depth, *send, None);
                     }
-                    (Some(send), Some(_)) => {
-                        match r.get_ref(4).and_then(|v| Ok(v.as_blob_or_null()?)).ctx(what)? {
-                            // No such row (a blob an event references is never collected).
-                            None => {
-                                unresolved.push((out.len(), send));
-                                None
-                            }
-                            Some(digest) => {
-                                let digest = Digest::from_slice(digest)
-                                    .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
-                                let row = (
-                                    r.get(5).ctx(what)?,
-                                    r.get(6).ctx(what)?,
-                                    r.get(7).ctx(what)?,
-                                    r.get(8).ctx(what)?,
-                                );
-                                blobs::from_row(conn, &self.files, &digest, Some(row)).ok()
-                            }
-                        }
-                    }
-                };
-                out.push((head, bytes));
+                }
             }
-            Ok(out)
+            walk.run(conn, heard.run_pk).ctx(what)?;
+            let (mut agents, mut names) = (SeqMap::default(), SeqMap::default());
+            if !walk.found.is_empty() {
+                agents = resolve(conn, "agents", walk.agents().iter()).ctx(what)?;
+                names = resolve(conn, "names", walk.names().iter()).ctx(what)?;
+            }
+            Ok((heard, walk, agents, names))
         })?;
-        if !unresolved.is_empty() {
-            let mut sends: Vec<u64> = unresolved.iter().map(|(_, s)| *s).collect();
-            sends.sort_unstable();
-            sends.dedup();
-            let blobs = self.request_blobs_at_impl(run, &sends)?;
-            let by_send: HashMap<u64, Option<Vec<u8>>> = sends.into_iter().zip(blobs).collect();
-            for (i, send) in unresolved {
-                out[i].1 = by_send.get(&send).cloned().flatten();
+        self.resolve_bodies(run, &mut heard)?;
+        // What the head blocks answer first, the bulk of a busy run's chains, then the rest.
+        let mut chains = match walk.rest.is_empty() {
+            true => Chains::default(),
+            false => self.chain_heads_from(run, &walk.rest)?,
+        };
+        for (seq, h) in &walk.found {
+            let agent = chains.intern(named(run, &agents, h.agent_pk)?);
+            let name = h.name_pk.map(|pk| named(run, &names, pk).map(|n| chains.intern(n))).transpose()?;
+            let kind = EventType::from_code(h.code)
+                .ok_or_else(|| StoreError::corrupt(format!("event {seq} of run {run} has a bad type")))?;
+            chains.insert_interned(*seq, ChainHead { kind, agent, name, causal_parent: h.parent });
+        }
+        Ok((heard.rows.into_iter().map(|(head, bytes, _)| (head, bytes)).collect(), chains))
+    }
+
+    /// Reads the bodies [`heard_rows`] left to `events` and `blobs`.
+    fn resolve_bodies(&self, run: &str, heard: &mut HeardRows) -> StoreResult<()> {
+        if heard.unresolved.is_empty() {
+            return Ok(());
+        }
+        let mut sends: Vec<u64> = heard.unresolved.iter().map(|(_, s)| *s).collect();
+        sends.sort_unstable();
+        sends.dedup();
+        let blobs = self.request_blobs_at_impl(run, &sends)?;
+        let by_send: HashMap<u64, Option<Vec<u8>>> = sends.into_iter().zip(blobs).collect();
+        for (i, send) in std::mem::take(&mut heard.unresolved) {
+            heard.rows[i].1 = by_send.get(&send).cloned().flatten();
+        }
+        Ok(())
+    }
+}
+
+/// The string of `pk` in `table` (read by [`resolve`]).
+fn named<'a>(run: &str, table: &'a SeqMap<i64, String>, pk: i64) -> StoreResult<&'a str> {
+    table.get(&pk).map(String::as_str).ok_or_else(|| {
+        StoreError::corrupt(format!("a delivery of run {run} names a missing agent or name {pk}"))
+    })
+}
+
+/// What [`heard_rows`] reads: each delivery, its body and its send's head (when the row holds
+/// it), and which bodies are left to `events` and `blobs` (index, send).
+struct HeardRows {
+    run_pk: i64,
+    rows: Vec<(DeliveryHead, Option<Vec<u8>>, Option<RawHead>)>,
+    unresolved: Vec<(usize, u64)>,
+}
+
+/// The deliveries to `agent` of `run` before `before` with the bodies their rows resolve.
+fn heard_rows(
+    conn: &Connection,
+    files: &Files,
+    run: &str,
+    agent: &str,
+    before: u64,
+) -> StoreResult<HeardRows> {
+    let what = || format!("reading the deliveries to agent {agent} in run {run}");
+    let pk = run_pk(conn, run)?;
+    let before = i64::try_from(before).unwrap_or(i64::MAX);
+    let mut select = conn
+        .prepare_cached(&format!(
+            "SELECT d.seq, d.send, d.extra, d.blob, b.digest, {}, \
+             d.send_type, d.send_agent, d.send_name, d.send_parent FROM deliveries d \
+             LEFT JOIN blobs b ON b.id = d.blob WHERE d.run_pk = ?1 \
+             AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) AND d.seq < ?3 ORDER BY d.seq",
+            blobs::ROW_COLUMNS
+        ))
+        .ctx(what)?;
+    let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
+    let mut out = HeardRows { run_pk: pk, rows: Vec::new(), unresolved: Vec::new() };
+    while let Some(r) = rows.next().ctx(what)? {
+        let head = head_from_row(run, r).ctx(what)??;
+        let blob_id: Option<i64> = r.get(3).ctx(what)?;
+        let bytes = match (head.causal_parent, blob_id) {
+            (None, _) | (_, Some(0)) => None,
+            (Some(send), None) => {
+                out.unresolved.push((out.rows.len(), send));
+                None
+            }
+            (Some(send), Some(_)) => match r.get_ref(4).and_then(|v| Ok(v.as_blob_or_null()?)).ctx(what)? {
+                // No such row (a blob an event references is never collected).
+                None => {
+                    out.unresolved.push((out.rows.len(), send));
+                    None
+                }
+                Some(digest) => {
+                    let digest = Digest::from_slice(digest)
+                        .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
+                    let row =
+                        (r.get(5).ctx(what)?, r.get(6).ctx(what)?, r.get(7).ctx(what)?, r.get(8).ctx(what)?);
+                    blobs::from_row(conn, files, &digest, Some(row)).ok()
+                }
+            },
+        };
+        let send = head.causal_parent.map(|seq| send_head(r, 9, seq)).transpose().ctx(what)?.flatten();
+        out.rows.push((head, bytes, send));
+    }
+    Ok(out)
+}
+
+/// The head of event `seq` from the columns `send_type`, `send_agent`, `send_name` and
+/// `send_parent` of a row, from index `at`; `None` when the row doesn't hold it.
+fn send_head(r: &rusqlite::Row<'_>, at: usize, seq: u64) -> rusqlite::Result<Option<RawHead>> {
+    let Some(code) = r.get::<_, Option<i64>>(at)? else { return Ok(None) };
+    let Ok(code) = u8::try_from(code) else { return Ok(None) };
+    Ok(Some(RawHead {
+        seq,
+        agent_pk: r.get(at + 1)?,
+        name_pk: r.get(at + 2)?,
+        parent: r.get::<_, Option<i64>>(at + 3)?.map(|p| p as u64),
+        code,
+    }))
+}
+
+/// Seqs between an event and its parent below which the parent is left to the head blocks: a
+/// chain whose links lie this close reads a block for many of them (the events of a busy part
+/// of the run), where a chain of links far apart reads one for each (the events of a few agents
+/// in a large run), and their rows lie together.
+const NEAR: u64 = 256;
+
+/// A walk down the chains of the sends heard, highest seq first (a seq's children all have
+/// higher seqs, so when it comes up it is known with the most links any chain still follows
+/// from it). A seq comes with its head when a row held it; else the parent of an agent's step,
+/// when far below it, is taken for a delivery to that agent and looked up in its rows. What
+/// neither answers is left, with its links, to the head blocks.
+#[derive(Default)]
+struct ChainWalk {
+    /// Seqs to take, each once.
+    queue: BinaryHeap<u64>,
+    /// Seq → links left, its head if known, the agent it may have been delivered to.
+    pending: SeqMap<u64, (usize, Option<RawHead>, Option<i64>)>,
+    found: Vec<(u64, RawHead)>,
+    /// Seqs left to the head blocks, with their links.
+    rest: Vec<(u64, usize)>,
+}
+
+impl ChainWalk {
+    /// Follows `seq` with `left` links, its head or the agent it may have been delivered to
+    /// known; kept with the most links and all that is known of it.
+    fn offer(&mut self, seq: u64, left: usize, head: Option<RawHead>, delivered_to: Option<i64>) {
+        let queue = &mut self.queue;
+        let entry = self.pending.entry(seq).or_insert_with(|| {
+            queue.push(seq);
+            (0, None, None)
+        });
+        entry.0 = entry.0.max(left);
+        entry.1 = entry.1.or(head);
+        entry.2 = entry.2.or(delivered_to);
+    }
+
+    fn run(&mut self, conn: &Connection, run_pk: i64) -> rusqlite::Result<()> {
+        let mut row_of = conn.prepare_cached(
+            "SELECT name, send, send_type, send_agent, send_name, send_parent FROM deliveries \
+             WHERE run_pk = ?1 AND agent_pk = ?2 AND seq = ?3",
+        )?;
+        while let Some(seq) = self.queue.pop() {
+            let Some((left, head, delivered_to)) = self.pending.remove(&seq) else { continue };
+            let head = match (head, delivered_to) {
+                (Some(head), _) => head,
+                (None, Some(agent)) => {
+                    let found = row_of
+                        .query_row(params![run_pk, agent, seq as i64], |r| {
+                            let send = r.get::<_, Option<i64>>(1)?.map(|s| s as u64);
+                            let deliver = RawHead {
+                                seq,
+                                parent: send,
+                                agent_pk: agent,
+                                name_pk: r.get(0)?,
+                                code: EventType::Deliver.code(),
+                            };
+                            Ok((deliver, send.map(|s| send_head(r, 2, s)).transpose()?.flatten()))
+                        })
+                        .optional()?;
+                    let Some((deliver, send)) = found else {
+                        self.rest.push((seq, left));
+                        continue;
+                    };
+                    if let (Some(send), true) = (send, left > 1) {
+                        self.offer(send.seq, left - 1, Some(send), None);
+                    }
+                    deliver
+                }
+                (None, None) => {
+                    self.rest.push((seq, left));
+                    continue;
+                }
+            };
+            let deliver = head.code == EventType::Deliver.code();
+            match head.parent.filter(|_| left > 1) {
+                // A parent close below is likely in a head block read for others close by: the
+                // step and its chain are left to the blocks.
+                // (A parent not below its child, in a malformed log, is left to them too.)
+                Some(parent) if !deliver && seq.checked_sub(parent).is_none_or(|d| d < NEAR) => {
+                    self.rest.push((seq, left))
+                }
+                // A delivery's parent is another agent's send: known from its row, or left.
+                Some(parent) if deliver => {
+                    self.found.push((seq, head));
+                    self.offer(parent, left - 1, None, None);
+                }
+                Some(parent) => {
+                    self.found.push((seq, head));
+                    self.offer(parent, left - 1, None, Some(head.agent_pk));
+                }
+                None => self.found.push((seq, head)),
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// The agents' pks of what was found, each once.
+    fn agents(&self) -> SeqSet<i64> {
+        self.found.iter().map(|(_, h)| h.agent_pk).collect()
+    }
+
+    /// The names' pks of what was found, each once.
+    fn names(&self) -> SeqSet<i64> {
+        self.found.iter().filter_map(|(_, h)| h.name_pk).collect()
     }
 }

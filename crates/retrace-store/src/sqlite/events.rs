@@ -88,18 +88,19 @@ impl SqliteStore {
                 let values = event_values(run, event)?;
                 let all = [rusqlite::types::Value::Integer(pk), rusqlite::types::Value::Integer(agent)];
                 insert.execute(params_from_iter(all.iter().chain(values.iter()))).ctx(|| what.clone())?;
-                if event.kind == retrace_core::EventType::Deliver {
-                    delivered.push(deliveries::Row {
-                        agent_pk: agent,
-                        seq: event.seq,
-                        send: event.causal_parent,
-                        extra: values[12].clone(),
-                    });
-                }
                 let name_pk = match &event.name {
                     Some(name) => Some(self.name_pk(tx, name, &mut fresh_names).ctx(|| what.clone())?),
                     None => None,
                 };
+                if event.kind == retrace_core::EventType::Deliver {
+                    delivered.push(deliveries::Row {
+                        agent_pk: agent,
+                        seq: event.seq,
+                        name_pk,
+                        send: event.causal_parent,
+                        extra: values[12].clone(),
+                    });
+                }
                 heads.push(RawHead {
                     seq: event.seq,
                     parent: event.causal_parent,
@@ -111,7 +112,7 @@ impl SqliteStore {
             if !delivered.is_empty() {
                 let requests: HashMap<u64, Option<Digest>> =
                     batch.events.iter().map(|e| (e.seq, e.request_ref)).collect();
-                deliveries::put(tx, pk, &delivered, &requests, &known).ctx(|| what.clone())?;
+                deliveries::put(tx, pk, &delivered, &requests, &heads, &known).ctx(|| what.clone())?;
             }
             head_blocks::put(tx, pk, &heads).ctx(|| what.clone())
         })?;

@@ -282,7 +282,7 @@ pub(crate) fn intern_name(
 }
 
 /// `pk → name` of `table` for `pks`.
-fn resolve<'a>(
+pub(crate) fn resolve<'a>(
     conn: &Connection,
     table: &str,
     pks: impl Iterator<Item = &'a i64>,
@@ -308,10 +308,16 @@ impl SqliteStore {
     /// for (a record that didn't fit) is read from `events`, with what lies above it, a level
     /// at a time.
     pub(crate) fn chain_heads_impl(&self, run: &str, starts: &[u64], depth: usize) -> StoreResult<Chains> {
+        let starts: Vec<(u64, usize)> = starts.iter().map(|s| (*s, depth)).collect();
+        self.chain_heads_from(run, &starts)
+    }
+
+    /// [`SqliteStore::chain_heads_impl`] with a depth for each start: `(seq, links)`.
+    pub(crate) fn chain_heads_from(&self, run: &str, starts: &[(u64, usize)]) -> StoreResult<Chains> {
         let (walk, agents, names) = self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let what = || format!("reading the causal chains of run {run}");
-            let mut walk = Walk::new(pk, starts, depth);
+            let mut walk = Walk::new(pk, starts);
             let mut select = conn
                 .prepare_cached("SELECT id, data FROM heads WHERE id BETWEEN ?1 AND ?2 ORDER BY id DESC")
                 .ctx(what)?;
@@ -389,7 +395,7 @@ struct Walk {
 const BLOCK_WORDS: usize = (1 << SHIFT) / 64;
 
 impl Walk {
-    fn new(run_pk: i64, starts: &[u64], depth: usize) -> Walk {
+    fn new(run_pk: i64, starts: &[(u64, usize)]) -> Walk {
         let mut walk = Walk {
             run_pk,
             blocks: BinaryHeap::new(),
@@ -401,10 +407,8 @@ impl Walk {
             agents: SeqMap::default(),
             names: SeqMap::default(),
         };
-        if depth > 0 {
-            for start in starts {
-                walk.follow_later(*start, depth);
-            }
+        for (start, depth) in starts.iter().filter(|(_, depth)| *depth > 0) {
+            walk.follow_later(*start, *depth);
         }
         walk
     }

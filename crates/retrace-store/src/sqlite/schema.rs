@@ -46,23 +46,29 @@
 //!   (`sqlite/deliveries.rs`);
 //! - version 7 drops the indexes `events_agent` and `events_deliver`: each commit of a
 //!   many-agent run dirtied a leaf page of each per agent, and `deliveries` (for deliveries)
-//!   and the head blocks (for an agent's seqs, a few bytes per event) answer what they did.
+//!   and the head blocks (for an agent's seqs, a few bytes per event) answer what they did;
+//! - version 8 adds to each `deliveries` row its event's name (`names.pk`) and its send's head
+//!   (`send_type`, `send_agent`, `send_name`, `send_parent`; `send_type` NULL when unknown), so
+//!   that `retrace knew` follows a chain of sends and deliveries through the receiving agents'
+//!   rows, a few pages, instead of a head block per link scattered over the run.
 //!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
-//! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`.
+//! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
+//! `deliveries`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
-//! deliveries; 6 → 7 drops the two indexes). A store of a newer version than this build's is refused, never altered.
+//! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
+//! fills them). A store of a newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -238,6 +244,27 @@ CREATE TABLE IF NOT EXISTS deliveries (
 /// What version 7 changed: `events` has no secondary indexes (see the module's notes).
 const DDL_V7: &str = "DROP INDEX IF EXISTS events_agent; DROP INDEX IF EXISTS events_deliver;";
 
+/// The columns version 8 added to `deliveries` (also part of a new store's schema, added by
+/// [`add_delivery_heads`]); an upgrade fills them (`deliveries::backfill_heads`).
+const DELIVERY_HEAD_COLUMNS: [&str; 5] = ["name", "send_type", "send_agent", "send_name", "send_parent"];
+
+/// Adds the columns of [`DELIVERY_HEAD_COLUMNS`] that `deliveries` lacks; whether any was.
+fn add_delivery_heads(conn: &Connection) -> rusqlite::Result<bool> {
+    let mut added = false;
+    for column in DELIVERY_HEAD_COLUMNS {
+        let present: i64 = conn.query_row(
+            "SELECT count(*) FROM pragma_table_info('deliveries') WHERE name = ?1",
+            [column],
+            |r| r.get(0),
+        )?;
+        if present == 0 {
+            conn.execute_batch(&format!("ALTER TABLE deliveries ADD COLUMN {column} INTEGER"))?;
+            added = true;
+        }
+    }
+    Ok(added)
+}
+
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
     let present: i64 = conn.query_row(
@@ -338,6 +365,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version < 7 {
             conn.execute_batch(DDL_V7).ctx(what)?;
+        }
+        if version < 8 && add_delivery_heads(conn).ctx(what)? && version > 0 {
+            super::deliveries::backfill_heads(conn).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

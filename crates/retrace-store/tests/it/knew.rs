@@ -224,3 +224,158 @@ fn a_corrupt_body_is_left_out_on_sqlite_as_on_memory_where_it_is_missing() {
     assert!(read[0].is_none() && read[1].is_some(), "only the corrupt blob is left out");
     same_knew(&sqlite, &memory, "bad", last, &events);
 }
+
+/// A run of `agents` agents messaging at random (seeded), each message followed by `filler`
+/// events of a busy agent, so that a chain's links lie far apart: every 4th send acts on a model
+/// call that acted on the sender's latest delivery (not on the delivery itself), every 9th
+/// message times out (a delivery of no send) and every 7th send's blob is left out.
+fn far_run(
+    run: &str,
+    agents: usize,
+    messages: usize,
+    filler: usize,
+    mut seed: u64,
+) -> (Vec<Event>, Vec<BlobPut>) {
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut events, mut blobs, mut last) = (Vec::new(), Vec::new(), vec![None; agents]);
+    let push = |events: &mut Vec<Event>, mut e: Event| {
+        e.seq = events.len() as u64 + 1;
+        e.key = Digest::of(e.seq.to_string().as_bytes());
+        e.seal(events.last().map(|p: &Event| p.hash)).unwrap();
+        events.push(e);
+        events.len() as u64
+    };
+    for i in 0..messages {
+        let from = next() as usize % agents;
+        let to = (from + 1 + next() as usize % (agents - 1)) % agents;
+        let message = MessageRef {
+            from: Some(format!("a{from}")),
+            to: Some(format!("a{to}")),
+            kind: Some("note".into()),
+            timed_out: i % 9 == 5,
+        };
+        let mut deliver = Event::new(run, format!("a{to}"), EventType::Deliver);
+        deliver.name = Some(format!("a{from}"));
+        deliver.message = Some(message.clone());
+        if i % 9 != 5 {
+            let mut parent = last[from];
+            if i % 4 == 1 {
+                let mut think = Event::new(run, format!("a{from}"), EventType::ModelCall);
+                think.name = Some("openai/chat".into());
+                think.causal_parent = parent;
+                parent = Some(push(&mut events, think));
+            }
+            let blob =
+                BlobPut::new(canonical_value(&json!({"body": {"n": i}, "to": to})).unwrap(), BlobHint::Raw);
+            let mut send = Event::new(run, format!("a{from}"), EventType::Send);
+            send.name = Some(format!("a{to}"));
+            send.message = Some(message);
+            send.causal_parent = parent;
+            if i % 7 != 3 {
+                send.request_ref = Some(blob.digest());
+                blobs.push(blob);
+            }
+            deliver.causal_parent = Some(push(&mut events, send));
+        }
+        last[to] = Some(push(&mut events, deliver));
+        for _ in 0..filler {
+            let mut busy = Event::new(run, "busy", EventType::ToolCall);
+            busy.name = Some("lookup".into());
+            push(&mut events, busy);
+        }
+    }
+    for (agent, parent) in last.iter().enumerate() {
+        let mut decide = Event::new(run, format!("a{agent}"), EventType::Decision);
+        decide.causal_parent = *parent;
+        push(&mut events, decide);
+    }
+    (events, blobs)
+}
+
+/// `heard_with_chains` on SQLite answers what its parts (`heard_by`, `chain_heads`) answer.
+fn same_parts(sqlite: &SqliteStore, run: &str, events: &[Event]) {
+    for e in events.iter().filter(|e| e.kind == EventType::Decision) {
+        let (heard, chains) = sqlite.heard_with_chains(run, &e.agent_id, e.seq, 40).unwrap();
+        assert_eq!(heard, sqlite.heard_by(run, &e.agent_id, e.seq).unwrap(), "heard at {}", e.seq);
+        let mut sends: Vec<u64> = heard.iter().filter_map(|(d, _)| d.causal_parent).collect();
+        sends.sort_unstable();
+        sends.dedup();
+        let parts = sqlite.chain_heads(run, &sends, 40).unwrap();
+        assert_eq!(chains.heads(), parts.heads(), "chains of what {} heard at {}", e.agent_id, e.seq);
+    }
+}
+
+#[test]
+fn knew_over_chains_far_apart_equals_knew_on_memory() {
+    // 300 seqs between messages: every link of a chain in a head block of its own.
+    let (events, blobs) = far_run("far", 5, 120, 300, 0x5eed_f00d);
+    let (sqlite, memory) = (SqliteStore::temporary().unwrap(), MemoryStore::new());
+    for store in [&sqlite as &dyn Store, &memory] {
+        store.create_run(&sample_run("far", 1)).unwrap();
+        commit_in_batches(store, "far", &events, &blobs, 700);
+    }
+    let last = events.len() as u64;
+    same_knew(&sqlite, &memory, "far", last, &events);
+    same_parts(&sqlite, "far", &events);
+    let heard: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventType::Decision)
+        .flat_map(|e| knew(&sqlite, "far", e.seq).unwrap().heard)
+        .collect();
+    assert!(heard.iter().any(|h| h.chain.len() > 8), "chains run back through several agents");
+    assert!(heard.iter().any(|h| h.chain.iter().any(|l| &*l.label == "model_call openai/chat")));
+    assert!(heard.iter().any(|h| h.send_seq.is_none()), "a timeout was heard");
+    // Sends that were committed a batch before their deliveries have their heads read back.
+    let unknown: i64 = Connection::open(sqlite.path())
+        .unwrap()
+        .query_row("SELECT count(*) FROM deliveries WHERE send IS NOT NULL AND send_type IS NULL", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(unknown, 0, "every delivery's row holds its send's head");
+}
+
+#[test]
+fn knew_in_a_store_recorded_before_delivery_heads_equals_knew_on_memory() {
+    let (events, blobs) = far_run("v7", 4, 90, 260, 0x7777);
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryStore::new();
+    memory.create_run(&sample_run("v7", 1)).unwrap();
+    commit_in_batches(&memory, "v7", &events, &blobs, 500);
+    let half = events.len() / 2;
+    {
+        let sqlite = open(dir.path());
+        sqlite.create_run(&sample_run("v7", 1)).unwrap();
+        commit_in_batches(&sqlite, "v7", &events[..half], &blobs, 500);
+    }
+    // What a version 7 store holds: deliveries without their heads.
+    let db = dir.path().join("retrace.db");
+    Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE deliveries DROP COLUMN name; ALTER TABLE deliveries DROP COLUMN send_type; \
+             ALTER TABLE deliveries DROP COLUMN send_agent; ALTER TABLE deliveries DROP COLUMN send_name; \
+             ALTER TABLE deliveries DROP COLUMN send_parent; PRAGMA user_version = 7;",
+        )
+        .unwrap();
+    let sqlite = open(dir.path());
+    let conn = Connection::open(&db).unwrap();
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let (rows, known): (i64, i64) = conn
+        .query_row("SELECT count(*), count(send_type) FROM deliveries WHERE send IS NOT NULL", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(rows > 30 && known == rows, "the upgrade filled the heads of {known} of {rows} deliveries");
+    same_knew(&sqlite, &memory, "v7", half as u64, &events);
+    // The run goes on recording after the upgrade.
+    commit_in_batches(&sqlite, "v7", &events[half..], &blobs, 300);
+    same_knew(&sqlite, &memory, "v7", events.len() as u64, &events);
+    same_parts(&sqlite, "v7", &events);
+}
