@@ -16,7 +16,32 @@ use serde_json::json;
 
 /// A run of `agents` agents messaging at random (seeded): each send's causal parent is its
 /// sender's latest delivery, each delivery's its send; every 7th send's blob is left out.
-fn messaging_run(run: &str, agents: usize, messages: usize, mut seed: u64) -> (Vec<Event>, Vec<BlobPut>) {
+fn messaging_run(run: &str, agents: usize, messages: usize, seed: u64) -> (Vec<Event>, Vec<BlobPut>) {
+    generate(run, agents, messages, None, seed)
+}
+
+/// As [`messaging_run`], but each message followed by `filler` events of a busy agent, so that a
+/// chain's links lie far apart; every 4th send acts on a model call that acted on the sender's
+/// latest delivery (not on the delivery itself) and every 9th message times out (a delivery of
+/// no send).
+fn far_run(
+    run: &str,
+    agents: usize,
+    messages: usize,
+    filler: usize,
+    seed: u64,
+) -> (Vec<Event>, Vec<BlobPut>) {
+    generate(run, agents, messages, Some(filler), seed)
+}
+
+/// The one generator behind [`messaging_run`] (`far` is `None`) and [`far_run`].
+fn generate(
+    run: &str,
+    agents: usize,
+    messages: usize,
+    far: Option<usize>,
+    mut seed: u64,
+) -> (Vec<Event>, Vec<BlobPut>) {
     let mut next = || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -34,28 +59,42 @@ fn messaging_run(run: &str, agents: usize, messages: usize, mut seed: u64) -> (V
     for i in 0..messages {
         let from = next() as usize % agents;
         let to = (from + 1 + next() as usize % (agents - 1)) % agents;
+        let timed_out = far.is_some() && i % 9 == 5;
         let message = MessageRef {
             from: Some(format!("a{from}")),
             to: Some(format!("a{to}")),
             kind: Some("note".into()),
-            timed_out: false,
+            timed_out,
         };
-        let blob =
-            BlobPut::new(canonical_value(&json!({"body": {"n": i}, "to": to})).unwrap(), BlobHint::Raw);
-        let mut send = Event::new(run, format!("a{from}"), EventType::Send);
-        send.name = Some(format!("a{to}"));
-        send.message = Some(message.clone());
-        send.causal_parent = last[from];
-        if i % 7 != 3 {
-            send.request_ref = Some(blob.digest());
-            blobs.push(blob);
-        }
-        let send_seq = push(&mut events, send);
         let mut deliver = Event::new(run, format!("a{to}"), EventType::Deliver);
         deliver.name = Some(format!("a{from}"));
-        deliver.message = Some(message);
-        deliver.causal_parent = Some(send_seq);
+        deliver.message = Some(message.clone());
+        if !timed_out {
+            let mut parent = last[from];
+            if far.is_some() && i % 4 == 1 {
+                let mut think = Event::new(run, format!("a{from}"), EventType::ModelCall);
+                think.name = Some("openai/chat".into());
+                think.causal_parent = parent;
+                parent = Some(push(&mut events, think));
+            }
+            let blob =
+                BlobPut::new(canonical_value(&json!({"body": {"n": i}, "to": to})).unwrap(), BlobHint::Raw);
+            let mut send = Event::new(run, format!("a{from}"), EventType::Send);
+            send.name = Some(format!("a{to}"));
+            send.message = Some(message);
+            send.causal_parent = parent;
+            if i % 7 != 3 {
+                send.request_ref = Some(blob.digest());
+                blobs.push(blob);
+            }
+            deliver.causal_parent = Some(push(&mut events, send));
+        }
         last[to] = Some(push(&mut events, deliver));
+        for _ in 0..far.unwrap_or(0) {
+            let mut busy = Event::new(run, "busy", EventType::ToolCall);
+            busy.name = Some("lookup".into());
+            push(&mut events, busy);
+        }
     }
     for (agent, parent) in last.iter().enumerate() {
         let mut decide = Event::new(run, format!("a{agent}"), EventType::Decision);
@@ -223,78 +262,6 @@ fn a_corrupt_body_is_left_out_on_sqlite_as_on_memory_where_it_is_missing() {
     let read = sqlite.request_blobs_at("bad", &[corrupt, sends[0]]).unwrap();
     assert!(read[0].is_none() && read[1].is_some(), "only the corrupt blob is left out");
     same_knew(&sqlite, &memory, "bad", last, &events);
-}
-
-/// A run of `agents` agents messaging at random (seeded), each message followed by `filler`
-/// events of a busy agent, so that a chain's links lie far apart: every 4th send acts on a model
-/// call that acted on the sender's latest delivery (not on the delivery itself), every 9th
-/// message times out (a delivery of no send) and every 7th send's blob is left out.
-fn far_run(
-    run: &str,
-    agents: usize,
-    messages: usize,
-    filler: usize,
-    mut seed: u64,
-) -> (Vec<Event>, Vec<BlobPut>) {
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let (mut events, mut blobs, mut last) = (Vec::new(), Vec::new(), vec![None; agents]);
-    let push = |events: &mut Vec<Event>, mut e: Event| {
-        e.seq = events.len() as u64 + 1;
-        e.key = Digest::of(e.seq.to_string().as_bytes());
-        e.seal(events.last().map(|p: &Event| p.hash)).unwrap();
-        events.push(e);
-        events.len() as u64
-    };
-    for i in 0..messages {
-        let from = next() as usize % agents;
-        let to = (from + 1 + next() as usize % (agents - 1)) % agents;
-        let message = MessageRef {
-            from: Some(format!("a{from}")),
-            to: Some(format!("a{to}")),
-            kind: Some("note".into()),
-            timed_out: i % 9 == 5,
-        };
-        let mut deliver = Event::new(run, format!("a{to}"), EventType::Deliver);
-        deliver.name = Some(format!("a{from}"));
-        deliver.message = Some(message.clone());
-        if i % 9 != 5 {
-            let mut parent = last[from];
-            if i % 4 == 1 {
-                let mut think = Event::new(run, format!("a{from}"), EventType::ModelCall);
-                think.name = Some("openai/chat".into());
-                think.causal_parent = parent;
-                parent = Some(push(&mut events, think));
-            }
-            let blob =
-                BlobPut::new(canonical_value(&json!({"body": {"n": i}, "to": to})).unwrap(), BlobHint::Raw);
-            let mut send = Event::new(run, format!("a{from}"), EventType::Send);
-            send.name = Some(format!("a{to}"));
-            send.message = Some(message);
-            send.causal_parent = parent;
-            if i % 7 != 3 {
-                send.request_ref = Some(blob.digest());
-                blobs.push(blob);
-            }
-            deliver.causal_parent = Some(push(&mut events, send));
-        }
-        last[to] = Some(push(&mut events, deliver));
-        for _ in 0..filler {
-            let mut busy = Event::new(run, "busy", EventType::ToolCall);
-            busy.name = Some("lookup".into());
-            push(&mut events, busy);
-        }
-    }
-    for (agent, parent) in last.iter().enumerate() {
-        let mut decide = Event::new(run, format!("a{agent}"), EventType::Decision);
-        decide.causal_parent = *parent;
-        push(&mut events, decide);
-    }
-    (events, blobs)
 }
 
 /// `heard_with_chains` on SQLite answers what its parts (`heard_by`, `chain_heads`) answer.
