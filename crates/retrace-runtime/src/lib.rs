@@ -28,6 +28,7 @@
 pub mod agent;
 mod approval;
 pub mod autonomy;
+mod block;
 mod bus;
 pub mod env_sources;
 pub mod error;

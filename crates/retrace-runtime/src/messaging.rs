@@ -279,7 +279,7 @@ impl Agent {
     pub fn recv_blocking(&self, timeout: Option<Duration>) -> RuntimeResult<Option<Message>> {
         match tokio::runtime::Handle::try_current() {
             // A recv waits for another agent in any mode.
-            Ok(_) => crate::step::block_on(true, self.recv(timeout)),
+            Ok(_) => crate::block::block_on(true, self.recv(timeout)),
             Err(_) => {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_time()

@@ -164,7 +164,7 @@ impl Agent {
     /// every worker while the agents they wait for never run.
     pub(crate) fn block_on<F: Future>(&self, step: F) -> F::Output {
         let strict = self.session.inner.scheduler.as_ref().is_some_and(|s| s.is_strict());
-        block_on(strict, step)
+        crate::block::block_on(strict, step)
     }
 
     /// Runs one step through the pipeline; returns the value the program sees.
@@ -596,17 +596,6 @@ impl Agent {
     pub(crate) fn diverge(&self, d: Divergence) -> RuntimeError {
         let scheduler = self.session.inner.scheduler.as_ref().expect("only replay diverges");
         scheduler.diverge(d).into()
-    }
-}
-
-/// `pollster::block_on`, inside `block_in_place` when `may_wait` (for other tasks) and running
-/// on a worker of a multi-thread tokio runtime.
-pub(crate) fn block_on<F: Future>(may_wait: bool, fut: F) -> F::Output {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    if may_wait && Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread) {
-        tokio::task::block_in_place(|| pollster::block_on(fut))
-    } else {
-        pollster::block_on(fut)
     }
 }
 

@@ -38,6 +38,7 @@ pub mod ledger;
 pub mod manifest;
 pub mod memory;
 pub mod open;
+pub mod spin;
 pub mod sqlite;
 pub mod summary;
 pub mod vault;

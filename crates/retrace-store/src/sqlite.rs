@@ -107,7 +107,8 @@ pub struct SqliteStore {
     syncer: Option<sync::Syncer>,
     /// `Durability::Event`: the WAL, synced after every commit.
     wal_sync: Option<sync::WalSync>,
-    checkpointer: checkpoint::Checkpointer,
+    /// `None` under `Durability::Event`, where the writer checkpoints (see [`checkpoint`]).
+    checkpointer: Option<checkpoint::Checkpointer>,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -156,7 +157,10 @@ impl SqliteStore {
         let wal_sync = (durability == Durability::Event).then(|| sync::WalSync::new(path));
         writer
             .query_row(
-                &format!("PRAGMA wal_autocheckpoint = {}", checkpoint::WRITER_AUTOCHECKPOINT_PAGES),
+                &format!(
+                    "PRAGMA wal_autocheckpoint = {}",
+                    checkpoint::writer_autocheckpoint_pages(durability)
+                ),
                 [],
                 |_| Ok(()),
             )
@@ -164,8 +168,13 @@ impl SqliteStore {
         writer
             .execute_batch(&format!("PRAGMA cache_size = -{}", WRITER_CACHE_BYTES >> 10))
             .ctx(|| format!("configuring {label}"))?;
-        let checkpointer = checkpoint::Checkpointer::start(path.to_path_buf(), durability, busy_timeout_ms)
-            .ctx(|| format!("starting the checkpointer of {label}"))?;
+        let checkpointer = match durability {
+            Durability::Event => None,
+            Durability::Batch | Durability::Os => Some(
+                checkpoint::Checkpointer::start(path.to_path_buf(), durability, busy_timeout_ms)
+                    .ctx(|| format!("starting the checkpointer of {label}"))?,
+            ),
+        };
         let files = files::Files::new(blobs_dir.to_path_buf(), durability != Durability::Os, segment_bytes);
         Ok(SqliteStore {
             id: STORE_IDS.fetch_add(1, Ordering::Relaxed),
@@ -258,7 +267,9 @@ impl SqliteStore {
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
-        self.checkpointer.committed();
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
         Ok(value)
     }
 

@@ -17,6 +17,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
@@ -28,7 +29,16 @@ use retrace_core::{Digest, Event};
 pub use lease::holder_is_alive;
 
 use crate::cache::check_entry;
+use crate::spin;
 use crate::{Batch, BlobPut, CacheEntry, LeaseHolder, Store, StoreError, StoreErrorKind, StoreResult};
+
+/// How long the commit thread spins for the next event before it sleeps ([`spin`]): about
+/// what a program takes to prepare its next step.
+const WORK_SPIN: Duration = Duration::from_micros(200);
+
+/// How long a thread waiting for an acknowledgment spins before it sleeps ([`spin`]): a
+/// commit, with its fdatasync under `event` durability.
+pub const ACK_SPIN: Duration = Duration::from_micros(1500);
 
 /// An event waiting for its commit, with its blobs and the cache entry it produced.
 type Pending = (Event, Vec<BlobPut>, Option<(Digest, CacheEntry)>);
@@ -75,6 +85,12 @@ struct Shared {
     work: Condvar,
     /// Wakes waiters: a batch committed or the writer was poisoned.
     done: Condvar,
+    /// `State::last_seq`, for the commit thread to spin on before it sleeps.
+    appended: AtomicU64,
+    /// `State::committed`, for waiters to spin on before they sleep.
+    acked: AtomicU64,
+    /// Set with `State::poison`.
+    poisoned: AtomicBool,
 }
 
 struct State {
@@ -128,6 +144,9 @@ impl RunWriter {
             state: Mutex::new(state),
             work: Condvar::new(),
             done: Condvar::new(),
+            appended: AtomicU64::new(last_seq),
+            acked: AtomicU64::new(last_seq),
+            poisoned: AtomicBool::new(false),
         });
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -207,6 +226,7 @@ impl RunWriter {
         st.last_seq = seq;
         st.head = Some(event.hash);
         st.queue.push_back((event.clone(), blobs, cache));
+        self.shared.appended.store(seq, Ordering::Release);
         self.shared.work.notify_one();
         drop(st);
         Ok(Ticket { seq, event, shared: Arc::clone(&self.shared) })
@@ -345,6 +365,13 @@ impl fmt::Debug for Ticket {
 
 impl Shared {
     fn wait_for(&self, st: &mut parking_lot::MutexGuard<'_, State>, seq: u64) -> StoreResult<()> {
+        if st.committed < seq && st.poison.is_none() {
+            parking_lot::MutexGuard::unlocked(st, || {
+                spin::spin_until(ACK_SPIN, || {
+                    self.acked.load(Ordering::Acquire) >= seq || self.poisoned.load(Ordering::Acquire)
+                })
+            });
+        }
         loop {
             if st.committed >= seq {
                 return Ok(());
@@ -361,7 +388,9 @@ impl Shared {
 fn commit_loop(shared: &Shared) {
     let renew_every = Duration::from_millis(shared.config.renew_every_ms.max(1));
     let mut next_renew = Instant::now() + renew_every;
+    let mut taken = shared.state.lock().last_seq;
     loop {
+        spin::spin_until(WORK_SPIN, || shared.appended.load(Ordering::Acquire) > taken);
         let batch: Vec<Pending> = {
             let mut st = shared.state.lock();
             while st.queue.is_empty() && !st.closing && Instant::now() < next_renew {
@@ -371,7 +400,9 @@ fn commit_loop(shared: &Shared) {
                 return;
             }
             let n = st.queue.len().min(shared.config.max_batch.max(1));
-            st.queue.drain(..n).collect()
+            let batch: Vec<Pending> = st.queue.drain(..n).collect();
+            taken = batch.last().map_or(taken, |(e, _, _)| e.seq);
+            batch
         };
         if Instant::now() >= next_renew {
             // A poisoned writer stops renewing: its lease lapses and the run can be recovered.
@@ -395,6 +426,7 @@ fn renew(shared: &Shared) {
             let mut st = shared.state.lock();
             let e = e.context(format!("recording run {} lost its lease", shared.run_id));
             st.poison.get_or_insert(e);
+            shared.poisoned.store(true, Ordering::Release);
             st.queue.clear();
             let woken = std::mem::take(&mut st.wakers);
             shared.done.notify_all();
@@ -423,6 +455,7 @@ fn commit(shared: &Shared, pending: Vec<Pending>) {
     let woken = match result {
         Ok(()) => {
             st.committed = last;
+            shared.acked.store(last, Ordering::Release);
             let later = st.wakers.split_off(&(last + 1));
             std::mem::replace(&mut st.wakers, later)
         }
@@ -430,6 +463,7 @@ fn commit(shared: &Shared, pending: Vec<Pending>) {
             let run = &shared.run_id;
             let e = e.context(format!("recording run {run} failed at seqs {first}..={last}"));
             st.poison.get_or_insert(e);
+            shared.poisoned.store(true, Ordering::Release);
             st.queue.clear();
             std::mem::take(&mut st.wakers)
         }

@@ -56,7 +56,9 @@ impl GcStore for SqliteStore {
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
-        self.checkpointer.committed();
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
         Ok(report)
     }
 }

@@ -1,0 +1,129 @@
+//! Waiting for another thread by spinning briefly before sleeping.
+//!
+//! Recording hands every step between threads twice: the step's thread queues its event and
+//! the commit thread takes it; the commit thread commits and the step's thread takes the
+//! acknowledgment. Each hand-off takes microseconds, but waking a thread that went to sleep
+//! costs a futex call and, on a virtual machine whose idle vCPU halted, a trip through the
+//! hypervisor: a condvar ping-pong between two threads measured 172 µs a round trip on this
+//! project's 2-core machine, against under 1 µs when each side spins. So both waits first spin
+//! for a bounded time ([`spin_until`]), yielding to any runnable thread, and only then sleep.
+//!
+//! At most [`max_spinners`] threads spin at once (one fewer than the CPUs, at least one), so
+//! sixteen agents waiting for acknowledgments never starve the commit thread they wait for:
+//! the others sleep at once, as before.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The most threads that spin at once: one fewer than the CPUs this process may use, at least
+/// one.
+pub fn max_spinners() -> usize {
+    process().max
+}
+
+/// Spins until `done()` holds or `bound` has passed, yielding the CPU between rounds; returns
+/// whether `done()` held. Returns at once (false) when [`max_spinners`] threads already spin:
+/// the caller then sleeps as it would have.
+pub fn spin_until(bound: Duration, done: impl FnMut() -> bool) -> bool {
+    process().spin_until(bound, done)
+}
+
+/// The spinners of this process.
+fn process() -> &'static Spinners {
+    static PROCESS: OnceLock<Spinners> = OnceLock::new();
+    PROCESS.get_or_init(|| {
+        Spinners::new(std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)).max(1))
+    })
+}
+
+/// Threads spinning now, and how many may.
+struct Spinners {
+    now: AtomicUsize,
+    max: usize,
+}
+
+impl Spinners {
+    fn new(max: usize) -> Spinners {
+        Spinners { now: AtomicUsize::new(0), max }
+    }
+
+    fn claim(&self) -> Option<Place<'_>> {
+        self.now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max).then_some(n + 1))
+            .ok()
+            .map(|_| Place(self))
+    }
+
+    fn spin_until(&self, bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+        if done() {
+            return true;
+        }
+        let Some(_place) = self.claim() else {
+            return false;
+        };
+        let began = Instant::now();
+        loop {
+            for _ in 0..32 {
+                if done() {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if began.elapsed() >= bound {
+                return done();
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// One of the [`Spinners`]' places, given back on drop.
+struct Place<'a>(&'a Spinners);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[test]
+    fn returns_once_the_condition_holds_and_gives_up_after_the_bound() {
+        let spinners = Spinners::new(1);
+        let flag = Arc::new(AtomicBool::new(false));
+        let setter = {
+            let flag = Arc::clone(&flag);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2));
+                flag.store(true, Ordering::Release);
+            })
+        };
+        assert!(spinners.spin_until(Duration::from_secs(10), || flag.load(Ordering::Acquire)));
+        setter.join().unwrap();
+        let began = Instant::now();
+        assert!(!spinners.spin_until(Duration::from_millis(3), || false));
+        assert!(began.elapsed() >= Duration::from_millis(3));
+        assert_eq!(spinners.now.load(Ordering::Acquire), 0, "every place is given back");
+    }
+
+    #[test]
+    fn no_more_than_the_allowed_threads_spin_at_once() {
+        let spinners = Spinners::new(2);
+        let places: Vec<Place<'_>> = (0..3).filter_map(|_| spinners.claim()).collect();
+        assert_eq!(places.len(), 2);
+        let began = Instant::now();
+        assert!(!spinners.spin_until(Duration::from_secs(10), || false), "no place left: gives up at once");
+        assert!(began.elapsed() < Duration::from_secs(5));
+        assert!(
+            spinners.spin_until(Duration::from_secs(10), || true),
+            "a condition that holds needs no place"
+        );
+        drop(places);
+        assert!(spinners.claim().is_some());
+    }
+}
