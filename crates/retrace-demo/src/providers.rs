@@ -160,9 +160,13 @@ fn last_user_text(body: &Value) -> String {
     }
 }
 
+/// A random id. Its hex digits follow letters, never a separator: 16 random hex digits are
+/// sometimes all decimal, and standing alone they can pass for a card number, which the
+/// default masking rules replace with a token (so the recorded bytes would differ from the
+/// bytes the client received).
 fn id(prefix: &str) -> String {
     let n: u64 = rand::thread_rng().gen();
-    format!("{prefix}{n:016x}")
+    format!("{prefix}sim{n:016x}")
 }
 
 fn now() -> u64 {
@@ -414,4 +418,25 @@ async fn messages(State(counter): State<Arc<AtomicUsize>>, headers: HeaderMap, b
     ));
     events.push(event("message_stop", json!({"type": "message_stop"})));
     sse(&ask, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use retrace_core::mask::{MaskKey, MaskRules, Masker};
+
+    #[test]
+    fn the_default_masking_rules_leave_simulated_ids_alone() {
+        let masker = Masker::new(MaskRules::defaults(), Some(MaskKey::from_bytes([7; 32]))).unwrap();
+        // The old form: sixteen hex digits, all decimal by chance, standing alone after a dash.
+        let (masked, tokens) = masker.mask_text("chatcmpl-4532015112830366");
+        assert_eq!(tokens, 1, "{masked}");
+        for prefix in ["chatcmpl-", "fp_", "msg_", "resp_", "req_"] {
+            for _ in 0..2_000 {
+                let id = super::id(prefix);
+                assert_eq!(masker.mask_text(&id).1, 0, "{id}");
+            }
+            let digits = format!("{prefix}sim4532015112830366");
+            assert_eq!(masker.mask_text(&digits).1, 0, "{digits}");
+        }
+    }
 }
