@@ -2,8 +2,9 @@
 //! which on ext4 also commits the file's new mtime to the filesystem journal at every commit;
 //! `fdatasync` flushes only the data (and the size, when the WAL grew), and once a checkpoint
 //! has reset the WAL, commits overwrite its frames in place (under `Durability::Event` the
-//! writer checkpoints itself so that this happens; see [`super::checkpoint`]). So every durability level runs
-//! SQLite at `NORMAL` (corruption-safe in WAL mode, syncs only at checkpoints) and:
+//! writer checkpoints itself so that this happens; see [`super::checkpoint`]). So every
+//! durability level runs SQLite at `NORMAL` (corruption-safe in WAL mode, syncs only at
+//! checkpoints) and:
 //! - `Durability::Event`: [`WalSync::sync`] fdatasyncs the WAL after each commit, before the
 //!   commit returns (so before anything is acknowledged);
 //! - `Durability::Batch`: [`Syncer`], a thread, fdatasyncs it at most every 10 ms while commits
