@@ -92,7 +92,8 @@ pub fn write_canonical(j: &Json, out: &mut Vec<u8>) -> Result<(), CanonError> {
 
 /// Returns the canonical form of a `serde_json::Value`, without converting it first.
 pub fn canonical_value(v: &Value) -> Result<Vec<u8>, CanonError> {
-    let mut out = Vec::new();
+    // Room for a typical step's request or output, so the buffer is not regrown eight times.
+    let mut out = Vec::with_capacity(512);
     write_canonical_value(v, &mut out)?;
     Ok(out)
 }
