@@ -471,53 +471,49 @@ impl Event {
 }
 
 /// Where the top-level members `"prev"` and `"seq"` (key through value, no comma) lie in the
-/// canonical JSON object `canonical`; nested members of those names are not theirs.
+/// canonical JSON object `canonical`; nested members of those names are not theirs. Members are
+/// sorted, so `prev` comes before `seq` and the scan ends at `seq`; inside strings it jumps to
+/// the next quote or backslash (most of an event's bytes are digests and names).
 fn prev_and_seq(canonical: &[u8]) -> Option<[Range<usize>; 2]> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    let (mut member, mut prev, mut seq) = (None::<usize>, None, None);
-    let mut close = |start: usize, end: usize| {
-        let bytes = &canonical[start..end];
-        if bytes.starts_with(b"\"prev\":") {
-            prev = Some(start..end);
-        } else if bytes.starts_with(b"\"seq\":") {
-            seq = Some(start..end);
-        }
-    };
-    for (i, &b) in canonical.iter().enumerate() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
+    let (mut depth, mut member, mut prev) = (0usize, None::<usize>, None);
+    let mut i = 0;
+    while i < canonical.len() {
+        match canonical[i] {
             b'"' => {
                 if depth == 1 && member.is_none() {
                     member = Some(i);
                 }
-                in_string = true;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    if let Some(start) = member.take() {
-                        close(start, i);
+                // To the closing quote: past each backslash and the byte it escapes.
+                i += 1;
+                loop {
+                    i += memchr::memchr2(b'"', b'\\', &canonical[i..])?;
+                    if canonical[i] == b'"' {
+                        break;
                     }
+                    i += 2;
                 }
             }
-            b',' if depth == 1 => {
-                if let Some(start) = member.take() {
-                    close(start, i);
+            b'{' | b'[' => depth += 1,
+            b @ (b'}' | b']' | b',') => {
+                if b != b',' {
+                    depth = depth.checked_sub(1)?;
+                }
+                if (b == b',' && depth == 1) || (b != b',' && depth == 0) {
+                    if let Some(start) = member.take() {
+                        let bytes = &canonical[start..i];
+                        if bytes.starts_with(b"\"prev\":") {
+                            prev = Some(start..i);
+                        } else if bytes.starts_with(b"\"seq\":") {
+                            return Some([prev?, start..i]);
+                        }
+                    }
                 }
             }
             _ => {}
         }
+        i += 1;
     }
-    Some([prev?, seq?])
+    None
 }
 
 #[cfg(test)]
@@ -561,6 +557,26 @@ mod tests {
         forked.source = Source::Recorded;
         forked.origin_seq = Some(40);
         vec![blank, full, failed, forked]
+    }
+
+    proptest::proptest! {
+        /// Strings of JSON punctuation, escapes and the two member names, in the fields before,
+        /// between and after `prev` and `seq`, never mislead the scan for those members.
+        #[test]
+        fn the_unsealed_form_survives_strings_that_look_like_members(
+            texts in proptest::collection::vec("[\\\\\"{}\\[\\],:prevsq\u{0}\n\u{1F4A5}]{0,12}", 4),
+        ) {
+            let mut event = Event::new("run", texts[0].as_str(), EventType::ToolCall);
+            event.name = Some(texts[1].clone());
+            event.error = Some(texts[2].clone());
+            event.role = Some(texts[3].clone());
+            let unsealed = event.unsealed().unwrap();
+            let mut sealed = event.clone();
+            sealed.seal_with(&unsealed, 9, Some(Digest::of(b"p")));
+            event.seq = 9;
+            event.seal(Some(Digest::of(b"p"))).unwrap();
+            proptest::prop_assert_eq!(sealed, event);
+        }
     }
 
     #[test]
