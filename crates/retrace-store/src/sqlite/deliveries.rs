@@ -60,7 +60,7 @@ pub(crate) fn put(
     let mut parent_of = tx.prepare_cached(
         "SELECT e.request_ref, e.type, e.agent_pk, n.pk, e.causal_parent, \
          e.name IS NULL OR n.pk IS NOT NULL FROM events e \
-         LEFT JOIN names n ON n.name = e.name WHERE e.run_pk = ?1 AND e.seq = ?2",
+         LEFT JOIN names n ON n.name = e.name WHERE e.id = (?1 << 32) + ?2",
     )?;
     let mut blob_of = tx.prepare_cached("SELECT id FROM blobs WHERE digest = ?1")?;
     let first = heads.first().map_or(0, |h| h.seq);

@@ -11,7 +11,7 @@ use super::head_blocks::{self, RawHead};
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
 use super::runs::run_pk;
 use super::staged::Staged;
-use super::{blobs, cache, SqliteStore};
+use super::{blobs, cache, schema, SqliteStore};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
 use crate::writer::check_seqs;
@@ -19,7 +19,9 @@ use crate::{Batch, StoreError, StoreResult};
 
 fn last_seq(conn: &Connection, run: &str, pk: i64) -> StoreResult<u64> {
     let last: Option<i64> = conn
-        .prepare_cached("SELECT max(seq) FROM events WHERE run_pk = ?1")
+        .prepare_cached(
+            "SELECT max(id) & 4294967295 FROM events WHERE id >= ?1 << 32 AND id < (?1 + 1) << 32",
+        )
         .and_then(|mut s| s.query_row([pk], |r| r.get(0)))
         .ctx(|| format!("reading the last seq of run {run}"))?;
     Ok(last.map_or(0, |s| s as u64))
@@ -76,14 +78,15 @@ impl SqliteStore {
             let Some(pk) = pk else { return Ok(()) };
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO events (run_pk, agent_pk, seq, type, lamport, causal_parent, name, key, \
+                    "INSERT INTO events (id, agent_pk, type, lamport, causal_parent, name, key, \
                      request_ref, output_ref, output_hash, flags, prev, hash, extra) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                     VALUES ((?1 << 32) | ?3, ?2, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 )
                 .ctx(|| what.clone())?;
             let mut heads = Vec::with_capacity(batch.events.len());
             let mut delivered = Vec::new();
             for event in &batch.events {
+                schema::check_event_id(run, pk, event.seq)?;
                 let agent = self.agent_pk(tx, &event.agent_id, &mut fresh_agents)?;
                 let values = event_values(run, event)?;
                 let all = [rusqlite::types::Value::Integer(pk), rusqlite::types::Value::Integer(agent)];
@@ -157,10 +160,10 @@ impl SqliteStore {
             let pk = run_pk(conn, run)?;
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM events e JOIN agents a ON a.pk = e.agent_pk \
-                 WHERE e.run_pk = ?1 AND e.seq >= ?2 ORDER BY e.seq LIMIT ?3"
+                 WHERE e.id >= (?1 << 32) + ?2 AND e.id < (?1 + 1) << 32 ORDER BY e.id LIMIT ?3"
             );
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let from = i64::try_from(from).unwrap_or(i64::MAX);
+            let from = schema::seq_bound(from);
             conn.prepare_cached(&sql)
                 .and_then(|mut s| {
                     s.query_map(params![pk, from, limit], |r| event_from_row(run, r))?.collect()
@@ -175,11 +178,13 @@ impl SqliteStore {
             let pk = run_pk(conn, run)?;
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM events e JOIN agents a ON a.pk = e.agent_pk \
-                 WHERE e.run_pk = ?1 AND e.seq = ?2"
+                 WHERE e.id = (?1 << 32) + ?2"
             );
             let found = conn
                 .prepare_cached(&sql)
-                .and_then(|mut s| s.query_row(params![pk, seq as i64], |r| event_from_row(run, r)).optional())
+                .and_then(|mut s| {
+                    s.query_row(params![pk, schema::seq_bound(seq)], |r| event_from_row(run, r)).optional()
+                })
                 .ctx(|| format!("reading event {seq} of run {run}"))?;
             match found {
                 Some(event) => event,
@@ -197,7 +202,7 @@ impl SqliteStore {
             let pk = run_pk(conn, run)?;
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM deliveries d \
-                 CROSS JOIN events e ON e.run_pk = d.run_pk AND e.seq = d.seq \
+                 CROSS JOIN events e ON e.id = (d.run_pk << 32) + d.seq \
                  JOIN agents a ON a.pk = e.agent_pk \
                  WHERE d.run_pk = ?1 AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
                  AND d.seq < ?3 ORDER BY d.seq"
@@ -220,7 +225,7 @@ impl SqliteStore {
             let pk = run_pk(conn, run)?;
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM json_each(?2) j \
-                 CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                 CROSS JOIN events e ON e.id = (?1 << 32) + j.value AND j.value < 4294967296 \
                  JOIN agents a ON a.pk = e.agent_pk ORDER BY j.key"
             );
             conn.prepare_cached(&sql)

@@ -80,7 +80,9 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
     let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
     let mut events_deleted = 0;
     for (pk, meta) in runs.iter().filter(|(_, m)| gone.contains(m.id.as_str())) {
-        events_deleted += tx.execute("DELETE FROM events WHERE run_pk = ?1", [pk]).ctx(|| WHAT)? as u64;
+        events_deleted += tx
+            .execute("DELETE FROM events WHERE id >= ?1 << 32 AND id < (?1 + 1) << 32", [pk])
+            .ctx(|| WHAT)? as u64;
         super::head_blocks::delete_run(tx, *pk).ctx(|| WHAT)?;
         super::deliveries::delete_run(tx, *pk).ctx(|| WHAT)?;
         for table in ["leases", "prefixes"] {

@@ -203,7 +203,8 @@ pub(crate) fn agent_seqs(conn: &Connection, run_pk: i64, agent_pk: i64) -> rusql
     let mut blocks =
         conn.prepare_cached("SELECT id, data FROM heads WHERE id >= ?1 AND id < ?2 ORDER BY id")?;
     let mut from_events = conn.prepare_cached(
-        "SELECT seq FROM events WHERE run_pk = ?1 AND seq >= ?2 AND seq <= ?3 AND agent_pk = ?4 ORDER BY seq",
+        "SELECT seq FROM events WHERE id >= (?1 << 32) + ?2 AND id <= (?1 << 32) + ?3 AND agent_pk = ?4 \
+         ORDER BY id",
     )?;
     let mut rows = blocks.query(params![run_pk << 32, (run_pk + 1) << 32])?;
     let mut out = Vec::new();
@@ -535,7 +536,9 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(
             "CREATE TABLE heads (id INTEGER PRIMARY KEY, data BLOB NOT NULL); \
-             CREATE TABLE events (run_pk INTEGER, seq INTEGER, agent_pk INTEGER, PRIMARY KEY (run_pk, seq));",
+             CREATE TABLE events (id INTEGER PRIMARY KEY, agent_pk INTEGER, \
+             run_pk INTEGER GENERATED ALWAYS AS (id >> 32) VIRTUAL, \
+             seq INTEGER GENERATED ALWAYS AS (id & 4294967295) VIRTUAL);",
         )
         .unwrap();
         let far = 1i64 << 40;
@@ -546,7 +549,11 @@ mod tests {
             .map(|seq| RawHead { seq, parent: None, agent_pk: agent(seq), name_pk: None, code: 1 })
             .collect();
         for h in &heads {
-            conn.execute("INSERT INTO events VALUES (1, ?1, ?2)", params![h.seq as i64, h.agent_pk]).unwrap();
+            conn.execute(
+                "INSERT INTO events (id, agent_pk) VALUES (1 << 32 | ?1, ?2)",
+                params![h.seq as i64, h.agent_pk],
+            )
+            .unwrap();
         }
         put(&conn, 1, &heads[..450]).unwrap();
         put(&conn, 1, &heads[450..]).unwrap();

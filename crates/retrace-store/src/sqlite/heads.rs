@@ -31,7 +31,7 @@ impl SqliteStore {
             let pk = run_pk(conn, run)?;
             conn.prepare_cached(
                 "SELECT e.seq, e.type, a.name, e.causal_parent, e.name FROM json_each(?2) j \
-                 CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                 CROSS JOIN events e ON e.id = (?1 << 32) + j.value AND j.value < 4294967296 \
                  JOIN agents a ON a.pk = e.agent_pk ORDER BY j.key",
             )
             .and_then(|mut s| s.query_map(params![pk, list], |r| head_from_row(run, r))?.collect())
@@ -55,7 +55,7 @@ impl SqliteStore {
             let pk = run_pk(conn, run)?;
             conn.prepare_cached(
                 "SELECT e.seq, e.request_ref FROM json_each(?2) j \
-                 CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value ORDER BY j.key",
+                 CROSS JOIN events e ON e.id = (?1 << 32) + j.value AND j.value < 4294967296 ORDER BY j.key",
             )
             .and_then(|mut s| s.query_map(params![pk, list], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
             .ctx(|| format!("reading {} request refs of run {run}", seqs.len()))
@@ -89,7 +89,7 @@ impl SqliteStore {
             let mut select = conn
                 .prepare_cached(&format!(
                     "SELECT j.key, e.request_ref, {} FROM json_each(?2) j \
-                     CROSS JOIN events e ON e.run_pk = ?1 AND e.seq = j.value \
+                     CROSS JOIN events e ON e.id = (?1 << 32) + j.value AND j.value < 4294967296 \
                      LEFT JOIN blobs b ON b.digest = e.request_ref",
                     blobs::ROW_COLUMNS
                 ))

@@ -4,7 +4,8 @@
 //! - `runs`: integer key, text id, start time and status for ordering and recovery, the rest of
 //!   [`RunMeta`](retrace_core::run::RunMeta) as JSON;
 //! - `agents`: agent names interned to integers;
-//! - `events`: keyed by `(run_pk, seq)` without a rowid; digests as 32-byte blobs;
+//! - `events`: a rowid table keyed by `id = run_pk << 32 | seq` (since version 9; `run_pk` and
+//!   `seq` are virtual columns); digests as 32-byte blobs;
 //!   `output_hash` is NULL when it equals `output_ref` (flag bit 0); the type as
 //!   [`EventType::code`](retrace_core::EventType::code); the optional fields as one compact JSON
 //!   column (`extra`, NULL when all are absent). Indexes: `(run_pk, agent_pk, seq)`, and the
@@ -50,25 +51,29 @@
 //! - version 8 adds to each `deliveries` row its event's name (`names.pk`) and its send's head
 //!   (`send_type`, `send_agent`, `send_name`, `send_parent`; `send_type` NULL when unknown), so
 //!   that `retrace knew` follows a chain of sends and deliveries through the receiving agents'
-//!   rows, a few pages, instead of a head block per link scattered over the run.
+//!   rows, a few pages, instead of a head block per link scattered over the run;
+//! - version 9 rebuilds `events` as a rowid table keyed by `run_pk << 32 | seq` (so a run holds
+//!   seqs up to [`MAX_SEQ`]): without a rowid its interior pages held whole rows, and a commit
+//!   of one event wrote 1.7 pages of it, of a handful of events 3.9.
 //!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
-//! `deliveries`.
+//! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
 //! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
-//! fills them). A store of a newer version than this build's is refused, never altered.
+//! fills them; 8 → 9 rebuilds `events`). A store of a newer version than this build's is
+//! refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -101,24 +106,6 @@ CREATE TABLE IF NOT EXISTS agents (
     pk INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE
 );
-CREATE TABLE IF NOT EXISTS events (
-    run_pk INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    type INTEGER NOT NULL,
-    agent_pk INTEGER NOT NULL,
-    lamport INTEGER NOT NULL,
-    causal_parent INTEGER,
-    name TEXT,
-    key BLOB NOT NULL,
-    request_ref BLOB,
-    output_ref BLOB,
-    output_hash BLOB,
-    flags INTEGER NOT NULL,
-    prev BLOB,
-    hash BLOB NOT NULL,
-    extra TEXT,
-    PRIMARY KEY (run_pk, seq)
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS blobs (
     id INTEGER PRIMARY KEY,
     digest BLOB NOT NULL UNIQUE,
@@ -142,6 +129,96 @@ CREATE TABLE IF NOT EXISTS leases (
     expires_at INTEGER NOT NULL
 );
 ";
+
+/// `events` since version 9 (a new store's, and the table an upgrade rebuilds under a temporary
+/// name): a rowid table keyed by `id = run_pk << 32 | seq`, with `run_pk` and `seq` as virtual
+/// columns for reading. Until version 8 it was keyed by `(run_pk, seq)` without a rowid, whose
+/// interior pages hold whole rows (~270 B: 14 to a page), so each commit rewrote a path of three
+/// or four pages to append one leaf; a rowid table's interior pages hold ~400 keys.
+fn events_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+    id INTEGER PRIMARY KEY,
+    type INTEGER NOT NULL,
+    agent_pk INTEGER NOT NULL,
+    lamport INTEGER NOT NULL,
+    causal_parent INTEGER,
+    name TEXT,
+    key BLOB NOT NULL,
+    request_ref BLOB,
+    output_ref BLOB,
+    output_hash BLOB,
+    flags INTEGER NOT NULL,
+    prev BLOB,
+    hash BLOB NOT NULL,
+    extra TEXT,
+    run_pk INTEGER GENERATED ALWAYS AS (id >> 32) VIRTUAL,
+    seq INTEGER GENERATED ALWAYS AS (id & 4294967295) VIRTUAL
+);"
+    )
+}
+
+/// The columns `events` stores (all but the virtual ones), in the order of [`events_ddl`].
+const EVENT_STORED_COLUMNS: &str = "type, agent_pk, lamport, causal_parent, name, key, request_ref, \
+    output_ref, output_hash, flags, prev, hash, extra";
+
+/// The largest seq the SQLite store holds (seqs are the low 32 bits of `events.id`).
+pub const MAX_SEQ: u64 = u32::MAX as u64;
+
+/// The largest run key (`runs.pk`) whose events fit `events.id`.
+const MAX_RUN_PK: i64 = i32::MAX as i64;
+
+/// `seq` as an SQL parameter added to `run_pk << 32`: at most `MAX_SEQ + 1`, which no event
+/// has, so a range or a lookup from there finds nothing and never reaches the next run.
+pub(crate) fn seq_bound(seq: u64) -> i64 {
+    seq.min(MAX_SEQ + 1) as i64
+}
+
+/// Refuses an event whose `(run_pk, seq)` doesn't fit `events.id`.
+pub(crate) fn check_event_id(run: &str, run_pk: i64, seq: u64) -> StoreResult<()> {
+    if seq > MAX_SEQ {
+        return Err(StoreError::invalid(format!(
+            "event {seq} of run {run}: the SQLite store holds seqs up to {MAX_SEQ}"
+        )));
+    }
+    if !(0..=MAX_RUN_PK).contains(&run_pk) {
+        return Err(StoreError::invalid(format!(
+            "run {run}: its key {run_pk} is beyond the {MAX_RUN_PK} runs the SQLite store numbers"
+        )));
+    }
+    Ok(())
+}
+
+/// Version 9: rebuilds a version-8 `events` (keyed by `(run_pk, seq)`) as a rowid table keyed
+/// by `id`, rows in the same order. Refuses, changing nothing, a store holding a seq or run key
+/// beyond what `id` holds.
+fn rebuild_events(conn: &Connection, path: &str) -> StoreResult<()> {
+    let what = || format!("upgrading the events of the store {path} to schema version 9");
+    let has_id: i64 = conn
+        .query_row("SELECT count(*) FROM pragma_table_info('events') WHERE name = 'id'", [], |r| r.get(0))
+        .ctx(what)?;
+    if has_id > 0 {
+        return Ok(());
+    }
+    let (seq, pk): (Option<i64>, Option<i64>) = conn
+        .query_row("SELECT max(seq), max(run_pk) FROM events", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .ctx(what)?;
+    if seq.is_some_and(|s| s as u64 > MAX_SEQ) || pk.is_some_and(|p| p > MAX_RUN_PK) {
+        return Err(StoreError::invalid(format!(
+            "{}: it holds a seq above {MAX_SEQ} or a run key above {MAX_RUN_PK}, which version 9 can't number",
+            what()
+        )));
+    }
+    conn.execute_batch(&format!(
+        "{ddl}
+         INSERT INTO events_v9 (id, {EVENT_STORED_COLUMNS})
+             SELECT (run_pk << 32) | seq, {EVENT_STORED_COLUMNS} FROM events ORDER BY run_pk, seq;
+         DROP TABLE events;
+         ALTER TABLE events_v9 RENAME TO events;",
+        ddl = events_ddl("events_v9")
+    ))
+    .ctx(what)
+}
 
 /// What version 2 added to version 1 (also part of a new store's schema).
 const DDL_V2: &str = "
@@ -335,6 +412,7 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version == 0 {
             conn.execute_batch(DDL).ctx(what)?;
+            conn.execute_batch(&events_ddl("events")).ctx(what)?;
         }
         if version < 2 {
             conn.execute_batch(DDL_V2).ctx(what)?;
@@ -368,6 +446,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version < 8 && add_delivery_heads(conn).ctx(what)? && version > 0 {
             super::deliveries::backfill_heads(conn).ctx(what)?;
+        }
+        if version < 9 && version > 0 {
+            rebuild_events(conn, path)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

@@ -80,11 +80,11 @@ impl SqliteStore {
         self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let from = i64::try_from(from).unwrap_or(i64::MAX);
+            let from = super::schema::seq_bound(from);
             conn.prepare_cached(
                 "SELECT e.seq, e.type, a.name, e.name, e.key, e.request_ref, e.output_ref, e.output_hash, \
                  e.flags, e.extra FROM events e JOIN agents a ON a.pk = e.agent_pk \
-                 WHERE e.run_pk = ?1 AND e.seq >= ?2 ORDER BY e.seq LIMIT ?3",
+                 WHERE e.id >= (?1 << 32) + ?2 AND e.id < (?1 + 1) << 32 ORDER BY e.id LIMIT ?3",
             )
             .and_then(|mut s| s.query_map(params![pk, from, limit], |r| summary_from_row(run, r))?.collect())
             .ctx(|| format!("reading event summaries of run {run} from seq {from}"))

@@ -5,4 +5,5 @@ mod memory;
 mod sqlite;
 mod sqlite_v3;
 mod sqlite_v4;
+mod sqlite_v9;
 mod storage;
