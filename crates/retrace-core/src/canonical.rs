@@ -98,6 +98,19 @@ pub fn canonical_value(v: &Value) -> Result<Vec<u8>, CanonError> {
     Ok(out)
 }
 
+/// Whether decoding the canonical form of `v` gives `v` back: true unless it holds a double
+/// (`f64`), which may print as an integer literal (`1.0` -> `1`, `-0.0` -> `0`) and decode as
+/// one. Strings and integers print and parse back exactly, and object members decode into the
+/// same sorted map whatever order the canonical form writes them in.
+pub fn decodes_to_itself(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => !n.is_f64(),
+        Value::Array(items) => items.iter().all(decodes_to_itself),
+        Value::Object(members) => members.values().all(decodes_to_itself),
+        _ => true,
+    }
+}
+
 /// Appends the canonical form of a `serde_json::Value` to `out`.
 ///
 /// On error `out` holds a partial write.

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use expect_test::{expect, Expect};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
-use retrace_core::canonical::{canonical_value, canonicalize, to_canonical, CanonError};
+use retrace_core::canonical::{canonical_value, canonicalize, decodes_to_itself, to_canonical, CanonError};
 use retrace_core::json::{parse, path_push_index, path_push_key, Json, Number};
 use retrace_core::json_diff::{first_difference, first_difference_bytes};
 use serde_json::Value;
@@ -396,6 +396,16 @@ fn nodes(j: &Json, path: &mut String, out: &mut BTreeMap<String, Vec<u8>>) {
     }
 }
 
+#[test]
+fn a_double_does_not_decode_to_itself_and_an_integer_does() {
+    let v = serde_json::json!({"a": [1, {"b": 1.0}], "c": -0.0});
+    assert!(!decodes_to_itself(&v));
+    let decoded: Value = serde_json::from_slice(&canonical_value(&v).unwrap()).unwrap();
+    assert_eq!(decoded, serde_json::json!({"a": [1, {"b": 1}], "c": 0}));
+    assert_ne!(decoded, v);
+    assert!(decodes_to_itself(&serde_json::json!({"a": [1, -2, "1.0", null, {"b": u64::MAX}]})));
+}
+
 proptest! {
     #[test]
     fn stable_under_reordering_and_whitespace(j in arb_json(), seed in any::<u64>()) {
@@ -450,6 +460,15 @@ proptest! {
         let canonical = canonical_value(&v).unwrap();
         prop_assert_eq!(&canonicalize(&serde_json::to_vec(&v).unwrap()).unwrap(), &canonical);
         prop_assert_eq!(&to_canonical(&Json::from_value(&v)).unwrap(), &canonical);
+    }
+
+    /// What lets a recording hand the program its own value instead of decoding it again.
+    #[test]
+    fn a_value_that_decodes_to_itself_does(v in arb_value()) {
+        let decoded: Value = serde_json::from_slice(&canonical_value(&v).unwrap()).unwrap();
+        if decodes_to_itself(&v) {
+            prop_assert_eq!(decoded, v);
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 
-use retrace_core::canonical::canonical_value;
+use retrace_core::canonical::{canonical_value, decodes_to_itself};
 use retrace_core::envelope::ToolClass;
 use retrace_core::envelope::Usage;
 use retrace_core::json::{self, Json};
@@ -129,18 +129,6 @@ impl LiveOutput {
     pub(crate) fn usage(mut self, u: Option<Usage>) -> Self {
         self.usage = u;
         self
-    }
-}
-
-/// Whether `v` holds a number that is neither a `u64` nor an `i64`. Without one, a value decoded
-/// from its canonical form equals it: strings and integers print and parse back exactly, and
-/// object members decode into the same sorted map whatever order the canonical form uses.
-fn holds_double(v: &Value) -> bool {
-    match v {
-        Value::Number(n) => n.is_f64(),
-        Value::Array(items) => items.iter().any(holds_double),
-        Value::Object(members) => members.values().any(holds_double),
-        _ => false,
     }
 }
 
@@ -294,12 +282,11 @@ impl Agent {
             step: label.into(),
             source: e,
         })?;
-        // Decoding the canonical bytes gives back the value itself unless it holds a double,
-        // which may print as an integer literal (`1.0` -> `1`, `-0.0` -> `0`): only then decode.
-        let decoded = if holds_double(&value) {
-            serde_json::from_slice(&canonical).expect("canonical JSON decodes")
-        } else {
+        // Most values are their canonical form decoded: only the others are decoded.
+        let decoded = if decodes_to_itself(&value) {
             value
+        } else {
+            serde_json::from_slice(&canonical).expect("canonical JSON decodes")
         };
         Ok((decoded, Some(canonical)))
     }
@@ -677,46 +664,7 @@ fn split_path(path: &str) -> Vec<PathPart> {
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
-
-    fn without_doubles() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            "(?s).{0,8}".prop_map(Value::from),
-        ];
-        leaf.prop_recursive(3, 24, 4, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                proptest::collection::btree_map("(?s).{0,4}", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    proptest! {
-        /// What lets `program_value` skip decoding: without a double, decoding a value's
-        /// canonical form gives the value itself.
-        #[test]
-        fn a_value_without_doubles_decodes_from_its_canonical_form_unchanged(v in without_doubles()) {
-            prop_assert!(!holds_double(&v));
-            let decoded: Value = serde_json::from_slice(&canonical_value(&v).unwrap()).unwrap();
-            prop_assert_eq!(decoded, v);
-        }
-    }
-
-    #[test]
-    fn a_double_is_decoded_because_its_canonical_form_may_be_an_integer() {
-        let v = serde_json::json!({"a": [1, {"b": 1.0}]});
-        assert!(holds_double(&v));
-        let decoded: Value = serde_json::from_slice(&canonical_value(&v).unwrap()).unwrap();
-        assert_ne!(decoded, v);
-        assert_eq!(decoded, serde_json::json!({"a": [1, {"b": 1}]}));
-    }
 
     #[test]
     fn values_at_paths() {
