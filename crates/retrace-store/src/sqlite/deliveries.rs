@@ -15,117 +15,129 @@
 //! usually acts on a message delivered to it, so a causal chain of messages alternates a send
 //! and a delivery to its sender: [`SqliteStore::heard_with_chains_impl`] follows it through the
 //! rows of the agents on it, which lie together, instead of a head block per link.
+//!
+//! Since schema version 10 the rows of a run may lag its events by up to [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events
+//! ([`follow`]): written with each commit, the table cost a page per delivery (each delivery
+//! goes to its receiver's page), where a catch-up every few thousand events writes a page per
+//! receiving agent. Readers take what lags from `events` in the same statement ([`to_agent`]);
+//! a chain walk that finds no row for a seq leaves it to the head blocks, as before.
 use std::collections::{BinaryHeap, HashMap};
 
 use retrace_core::{Digest, EventType};
-use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::blobs;
 use super::files::Files;
 use super::head_blocks::{resolve, RawHead};
 use super::runs::run_pk;
+use super::schema::seq_bound;
 use super::SqliteStore;
 use crate::error::ResultExt;
 use crate::head::{SeqMap, SeqSet};
 use crate::{ChainHead, Chains, DeliveryHead, StoreError, StoreResult};
 
-/// A delivery to write.
-pub(crate) struct Row {
-    pub agent_pk: i64,
-    pub seq: u64,
-    /// The event's `names.pk`.
-    pub name_pk: Option<i64>,
-    pub send: Option<u64>,
-    /// The event's `extra` column.
-    pub extra: Value,
-}
+use super::schema::DELIVERIES_LAG as LAG;
 
-/// Writes `rows` (deliveries of run `run_pk` committed in `tx`, whose events are inserted);
-/// `requests` holds the `request_ref` of the batch's events by seq, `heads` their heads (in seq
-/// order), `known` the blob row ids the transaction knows.
-pub(crate) fn put(
+/// The columns of a `deliveries` row (`seq, agent_pk, send, blob, extra, name, send_type,
+/// send_agent, send_name, send_parent`) computed from the deliver event `d` of
+/// [`FROM_EVENTS`]: what the table holds once caught up.
+const ROW_FROM_EVENT: &str = "d.id & 4294967295 AS seq, d.agent_pk AS agent_pk, \
+    d.causal_parent AS send, CASE WHEN s.id IS NULL THEN NULL WHEN s.request_ref IS NULL THEN 0 \
+    ELSE (SELECT b.id FROM blobs b WHERE b.digest = s.request_ref) END AS blob, d.extra AS extra, \
+    (SELECT n.pk FROM names n WHERE n.name = d.name) AS name, \
+    CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.type END AS send_type, \
+    CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.agent_pk END AS send_agent, \
+    CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN sn.pk END AS send_name, \
+    CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.causal_parent END AS send_parent";
+
+/// The events [`ROW_FROM_EVENT`] reads: `d` the delivery, `s` its send (when stored; a head
+/// is only kept whole, so a send whose name isn't interned counts as unknown).
+const FROM_EVENTS: &str = "FROM events d LEFT JOIN events s ON d.causal_parent < 4294967296 \
+    AND s.id = (d.id >> 32 << 32) + d.causal_parent LEFT JOIN names sn ON sn.name = s.name";
+
+/// Keeps the rows of run `run_pk` within [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events of `last`, in the transaction `tx` that
+/// committed the events up to `last` (the first of them a delivery at `first_delivery`, if any).
+///
+/// `delivery_marks` holds, per run whose rows lag, the seq through which they are complete;
+/// readers take the deliveries after it from `events` ([`to_agent`]). The first delivery after
+/// a catch-up sets the mark just before itself; the batch that reaches [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events past the
+/// mark writes every row since and clears it. A crash loses nothing: the mark stays, readers
+/// read past it, and whoever commits to the run next catches up from it.
+pub(crate) fn follow(
     tx: &Connection,
     run_pk: i64,
-    rows: &[Row],
-    requests: &HashMap<u64, Option<Digest>>,
-    heads: &[RawHead],
-    known: &HashMap<Digest, Option<i64>>,
+    first_delivery: Option<u64>,
+    last: u64,
 ) -> rusqlite::Result<()> {
-    let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO deliveries (run_pk, agent_pk, seq, send, blob, extra, name, \
-         send_type, send_agent, send_name, send_parent) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )?;
-    let mut parent_of = tx.prepare_cached(
-        "SELECT e.request_ref, e.type, e.agent_pk, n.pk, e.causal_parent, \
-         e.name IS NULL OR n.pk IS NOT NULL FROM events e \
-         LEFT JOIN names n ON n.name = e.name WHERE e.id = (?1 << 32) + ?2",
-    )?;
-    let mut blob_of = tx.prepare_cached("SELECT id FROM blobs WHERE digest = ?1")?;
-    let first = heads.first().map_or(0, |h| h.seq);
-    for row in rows {
-        // The parent's request and head, if stored: from the batch, else from `events`.
-        let parent: Option<(Option<Digest>, Option<RawHead>)> = match row.send {
-            None => None,
-            Some(send) => {
-                let in_batch = send.checked_sub(first).and_then(|i| heads.get(i as usize));
-                match (requests.get(&send), in_batch.filter(|h| h.seq == send)) {
-                    (Some(request), Some(head)) => Some((*request, Some(*head))),
-                    _ => parent_of
-                        .query_row(params![run_pk, send as i64], |r| {
-                            let request =
-                                r.get::<_, Option<Vec<u8>>>(0)?.and_then(|d| Digest::from_slice(&d));
-                            let (code, agent_pk, name_pk, parent, named): (
-                                i64,
-                                i64,
-                                Option<i64>,
-                                Option<i64>,
-                                bool,
-                            ) = (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
-                            // A head is only kept whole: a code or a name that didn't resolve leaves it unknown.
-                            let head = u8::try_from(code).ok().filter(|_| named).map(|code| RawHead {
-                                seq: send,
-                                parent: parent.map(|p| p as u64),
-                                agent_pk,
-                                name_pk,
-                                code,
-                            });
-                            Ok((request, head))
-                        })
-                        .optional()?,
-                }
-            }
-        };
-        let blob: Option<i64> = match parent {
-            // No parent, or it isn't stored in this run: left to readers.
-            None => None,
-            Some((None, _)) => Some(0),
-            Some((Some(digest), _)) => match known.get(&digest) {
-                Some(id) => *id,
-                None => blob_of.query_row([digest.as_bytes()], |r| r.get(0)).optional()?,
-            },
-        };
-        let head = parent.and_then(|(_, head)| head);
-        insert.execute(params![
-            run_pk,
-            row.agent_pk,
-            row.seq as i64,
-            row.send.map(|s| s as i64),
-            blob,
-            row.extra,
-            row.name_pk,
-            head.map(|h| i64::from(h.code)),
-            head.map(|h| h.agent_pk),
-            head.and_then(|h| h.name_pk),
-            head.and_then(|h| h.parent).map(|p| p as i64),
-        ])?;
+    let mark = mark(tx, run_pk)?;
+    let through = match (mark, first_delivery) {
+        (Some(through), _) => through,
+        (None, Some(first)) => first - 1,
+        (None, None) => return Ok(()),
+    };
+    if last.saturating_sub(through) >= LAG {
+        catch_up(tx, run_pk, through, last)?;
+        if mark.is_some() {
+            tx.prepare_cached("DELETE FROM delivery_marks WHERE run_pk = ?1")?.execute([run_pk])?;
+        }
+    } else if mark.is_none() {
+        tx.prepare_cached("INSERT INTO delivery_marks (run_pk, through) VALUES (?1, ?2)")?
+            .execute(params![run_pk, through as i64])?;
     }
     Ok(())
 }
 
+/// Completes the rows of run `run_pk` (clearing its mark), in `tx`: what a recorder does when
+/// it lets go of the run.
+pub(crate) fn complete(tx: &Connection, run_pk: i64) -> rusqlite::Result<()> {
+    let mark = mark(tx, run_pk)?;
+    if let Some(through) = mark {
+        catch_up(tx, run_pk, through, super::schema::MAX_SEQ)?;
+        tx.prepare_cached("DELETE FROM delivery_marks WHERE run_pk = ?1")?.execute([run_pk])?;
+    }
+    Ok(())
+}
+
+/// The seq through which the rows of run `run_pk` are complete, if they lag.
+fn mark(tx: &Connection, run_pk: i64) -> rusqlite::Result<Option<u64>> {
+    tx.prepare_cached("SELECT through FROM delivery_marks WHERE run_pk = ?1")?
+        .query_row([run_pk], |r| r.get::<_, i64>(0))
+        .optional()
+        .map(|m| m.map(|t| t.max(0) as u64))
+}
+
+/// Writes the rows of the deliveries of run `run_pk` after seq `through`, up to `last`.
+fn catch_up(tx: &Connection, run_pk: i64, through: u64, last: u64) -> rusqlite::Result<usize> {
+    tx.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO deliveries (seq, agent_pk, send, blob, extra, name, send_type, \
+         send_agent, send_name, send_parent, run_pk) SELECT {ROW_FROM_EVENT}, ?1 {FROM_EVENTS} \
+         WHERE d.id > (?1 << 32) + ?2 AND d.id <= (?1 << 32) + ?3 AND d.type = {}",
+        EventType::Deliver.code()
+    ))?
+    .execute(params![run_pk, through as i64, last.min(super::schema::MAX_SEQ) as i64])
+}
+
+/// The deliveries to the agent named `?2` in run `?1` before seq `?3` (at most
+/// [`super::schema::MAX_SEQ`]` + 1`), as rows `d` with the columns `seq, send, blob, extra,
+/// name, send_type, send_agent, send_name, send_parent`: the table's through the run's mark,
+/// the rest computed from `events`, in one statement (one snapshot).
+pub(crate) fn to_agent() -> String {
+    format!(
+        "(SELECT seq, send, blob, extra, name, send_type, send_agent, send_name, send_parent \
+         FROM deliveries WHERE run_pk = ?1 AND agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
+         AND seq < ?3 AND seq <= coalesce((SELECT through FROM delivery_marks WHERE run_pk = ?1), 4294967295) \
+         UNION ALL SELECT seq, send, blob, extra, name, send_type, send_agent, send_name, send_parent \
+         FROM (SELECT {ROW_FROM_EVENT} {FROM_EVENTS} \
+         WHERE d.id > (?1 << 32) + (SELECT through FROM delivery_marks WHERE run_pk = ?1) \
+         AND d.id < (?1 << 32) + ?3 AND d.type = {} \
+         AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2)))",
+        EventType::Deliver.code()
+    )
+}
+
 /// Deletes the deliveries of run `run_pk`.
 pub(crate) fn delete_run(conn: &Connection, run_pk: i64) -> rusqlite::Result<usize> {
+    conn.execute("DELETE FROM delivery_marks WHERE run_pk = ?1", [run_pk])?;
     conn.execute("DELETE FROM deliveries WHERE run_pk = ?1", [run_pk])
 }
 
@@ -201,12 +213,12 @@ impl SqliteStore {
         let what = || format!("reading the deliveries to agent {agent} in run {run}");
         self.read(|conn| {
             let pk = run_pk(conn, run)?;
-            let before = i64::try_from(before).unwrap_or(i64::MAX);
+            let before = seq_bound(before);
             let mut select = conn
-                .prepare_cached(
-                    "SELECT d.seq, d.send, d.extra FROM deliveries d WHERE d.run_pk = ?1 \
-                     AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) AND d.seq < ?3 ORDER BY d.seq",
-                )
+                .prepare_cached(&format!(
+                    "SELECT d.seq, d.send, d.extra FROM {} d ORDER BY d.seq",
+                    to_agent()
+                ))
                 .ctx(what)?;
             let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
             let mut out = Vec::new();
@@ -319,14 +331,14 @@ fn heard_rows(
 ) -> StoreResult<HeardRows> {
     let what = || format!("reading the deliveries to agent {agent} in run {run}");
     let pk = run_pk(conn, run)?;
-    let before = i64::try_from(before).unwrap_or(i64::MAX);
+    let before = seq_bound(before);
     let mut select = conn
         .prepare_cached(&format!(
             "SELECT d.seq, d.send, d.extra, d.blob, b.digest, {}, \
-             d.send_type, d.send_agent, d.send_name, d.send_parent FROM deliveries d \
-             LEFT JOIN blobs b ON b.id = d.blob WHERE d.run_pk = ?1 \
-             AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) AND d.seq < ?3 ORDER BY d.seq",
-            blobs::ROW_COLUMNS
+             d.send_type, d.send_agent, d.send_name, d.send_parent FROM {} d \
+             LEFT JOIN blobs b ON b.id = d.blob ORDER BY d.seq",
+            blobs::ROW_COLUMNS,
+            to_agent()
         ))
         .ctx(what)?;
     let mut rows = select.query(params![pk, agent, before]).ctx(what)?;

@@ -70,7 +70,6 @@ impl SqliteStore {
             for blob in &batch.blobs {
                 blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
             }
-            let known = std::mem::take(&mut staged.known);
             staged.finish(tx)?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
@@ -84,7 +83,7 @@ impl SqliteStore {
                 )
                 .ctx(|| what.clone())?;
             let mut heads = Vec::with_capacity(batch.events.len());
-            let mut delivered = Vec::new();
+            let mut first_delivery = None;
             for event in &batch.events {
                 schema::check_event_id(run, pk, event.seq)?;
                 let agent = self.agent_pk(tx, &event.agent_id, &mut fresh_agents)?;
@@ -96,13 +95,7 @@ impl SqliteStore {
                     None => None,
                 };
                 if event.kind == retrace_core::EventType::Deliver {
-                    delivered.push(deliveries::Row {
-                        agent_pk: agent,
-                        seq: event.seq,
-                        name_pk,
-                        send: event.causal_parent,
-                        extra: values[12].clone(),
-                    });
+                    first_delivery.get_or_insert(event.seq);
                 }
                 heads.push(RawHead {
                     seq: event.seq,
@@ -112,11 +105,7 @@ impl SqliteStore {
                     code: event.kind.code(),
                 });
             }
-            if !delivered.is_empty() {
-                let requests: HashMap<u64, Option<Digest>> =
-                    batch.events.iter().map(|e| (e.seq, e.request_ref)).collect();
-                deliveries::put(tx, pk, &delivered, &requests, &heads, &known).ctx(|| what.clone())?;
-            }
+            deliveries::follow(tx, pk, first_delivery, last).ctx(|| what.clone())?;
             head_blocks::put(tx, pk, &heads).ctx(|| what.clone())
         })?;
         self.agents.lock().extend(fresh_agents);
@@ -201,13 +190,12 @@ impl SqliteStore {
         self.read(|conn| {
             let pk = run_pk(conn, run)?;
             let sql = format!(
-                "SELECT {EVENT_COLUMNS} FROM deliveries d \
-                 CROSS JOIN events e ON e.id = (d.run_pk << 32) + d.seq \
-                 JOIN agents a ON a.pk = e.agent_pk \
-                 WHERE d.run_pk = ?1 AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
-                 AND d.seq < ?3 ORDER BY d.seq"
+                "SELECT {EVENT_COLUMNS} FROM {} d \
+                 CROSS JOIN events e ON e.id = (?1 << 32) + d.seq \
+                 JOIN agents a ON a.pk = e.agent_pk ORDER BY d.seq",
+                deliveries::to_agent()
             );
-            let before = i64::try_from(before).unwrap_or(i64::MAX);
+            let before = schema::seq_bound(before);
             conn.prepare_cached(&sql)
                 .and_then(|mut s| {
                     s.query_map(params![pk, agent, before], |r| event_from_row(run, r))?.collect()

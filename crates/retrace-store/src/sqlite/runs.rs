@@ -148,6 +148,9 @@ impl SqliteStore {
             )
             .and_then(|mut s| s.execute(params![run, holder.0]))
             .ctx(|| format!("releasing the lease of run {run}"))?;
+            // The recorder lets go: the run's deliveries are indexed whole.
+            super::deliveries::complete(tx, run_pk(tx, run)?)
+                .ctx(|| format!("indexing the deliveries of run {run}"))?;
             Ok(())
         })
     }

@@ -56,16 +56,22 @@
 //!   seqs up to [`MAX_SEQ`]): without a rowid its interior pages held whole rows, and a commit
 //!   of one event wrote 1.7 pages of it, of a handful of events 3.9.
 //!
+//! - version 10 lets `deliveries` lag a run's events by up to [`DELIVERIES_LAG`] events:
+//!   `delivery_marks` holds, per run whose rows lag, the seq through which they are complete,
+//!   and readers take the deliveries after it from `events`. Written with each commit, the
+//!   table cost a page per delivery (an agent's rows lie together, and each delivery goes to
+//!   its receiver's page); caught up every few thousand events, a page per receiving agent.
+//!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
-//! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`.
+//! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote `deliveries` with each commit.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
 //! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
-//! fills them; 8 → 9 rebuilds `events`). A store of a newer version than this build's is
+//! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty). A store of a newer version than this build's is
 //! refused, never altered.
 use rusqlite::Connection;
 
@@ -73,7 +79,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -164,6 +170,11 @@ const EVENT_STORED_COLUMNS: &str = "type, agent_pk, lamport, causal_parent, name
 
 /// The largest seq the SQLite store holds (seqs are the low 32 bits of `events.id`).
 pub const MAX_SEQ: u64 = u32::MAX as u64;
+
+/// Events a run's `deliveries` rows may lag behind its last seq, at most (since version 10):
+/// the commit that reaches this many events past the run's mark writes every row since, all at
+/// once (a page of each receiving agent per catch-up, instead of one per delivery and commit).
+pub const DELIVERIES_LAG: u64 = 2048;
 
 /// The largest run key (`runs.pk`) whose events fit `events.id`.
 const MAX_RUN_PK: i64 = i32::MAX as i64;
@@ -318,6 +329,15 @@ CREATE TABLE IF NOT EXISTS deliveries (
 ) WITHOUT ROWID;
 ";
 
+/// What version 10 added: per run whose `deliveries` rows lag its events, the seq through
+/// which they are complete (`sqlite/deliveries.rs`).
+const DDL_V10: &str = "
+CREATE TABLE IF NOT EXISTS delivery_marks (
+    run_pk INTEGER PRIMARY KEY,
+    through INTEGER NOT NULL
+);
+";
+
 /// What version 7 changed: `events` has no secondary indexes (see the module's notes).
 const DDL_V7: &str = "DROP INDEX IF EXISTS events_agent; DROP INDEX IF EXISTS events_deliver;";
 
@@ -449,6 +469,10 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version < 9 && version > 0 {
             rebuild_events(conn, path)?;
+        }
+        if version < 10 {
+            // No mark: every run's rows are complete, as they were.
+            conn.execute_batch(DDL_V10).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

@@ -11,7 +11,7 @@ use retrace_store::memory::MemoryStore;
 use retrace_store::sqlite::schema::SCHEMA_VERSION;
 use retrace_store::sqlite::SqliteStore;
 use retrace_store::{Batch, BlobHint, BlobPut, Durability, EventStore, Store};
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use serde_json::json;
 
 /// A run of `agents` agents messaging at random (seeded): each send's causal parent is its
@@ -345,4 +345,134 @@ fn knew_in_a_store_recorded_before_delivery_heads_equals_knew_on_memory() {
     commit_in_batches(&sqlite, "v7", &events[half..], &blobs, 300);
     same_knew(&sqlite, &memory, "v7", events.len() as u64, &events);
     same_parts(&sqlite, "v7", &events);
+}
+
+/// The `deliveries` rows of `run` in the table, and the seq through which they are complete
+/// (`None`: all of them).
+fn indexed(sqlite: &SqliteStore, run: &str) -> (i64, Option<u64>) {
+    let conn = Connection::open(sqlite.path()).unwrap();
+    let rows = conn
+        .query_row(
+            "SELECT count(*) FROM deliveries d JOIN runs r ON r.pk = d.run_pk WHERE r.id = ?1",
+            [run],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let mark = conn
+        .query_row(
+            "SELECT m.through FROM delivery_marks m JOIN runs r ON r.pk = m.run_pk WHERE r.id = ?1",
+            [run],
+            |r| r.get::<_, i64>(0),
+        )
+        .optional()
+        .unwrap();
+    (rows, mark.map(|m| m as u64))
+}
+
+/// The deliveries among `events` up to `last`.
+fn delivered(events: &[Event], last: u64) -> i64 {
+    events.iter().filter(|e| e.seq <= last && e.kind == EventType::Deliver).count() as i64
+}
+
+#[test]
+fn deliveries_lag_a_bounded_number_of_events_and_are_read_past_the_mark() {
+    use retrace_store::sqlite::schema::DELIVERIES_LAG;
+    use retrace_store::LeaseHolder;
+    let (events, blobs) = messaging_run("lag", 6, 2_600, 0x1a9);
+    assert!(events.len() as u64 > 2 * DELIVERIES_LAG);
+    let (sqlite, memory) = (SqliteStore::temporary().unwrap(), MemoryStore::new());
+    for store in [&sqlite as &dyn Store, &memory] {
+        store.create_run(&sample_run("lag", 1)).unwrap();
+    }
+    let holder = LeaseHolder("recorder".into());
+    sqlite.acquire_lease("lag", &holder, 60_000).unwrap();
+    let mut lagged = false;
+    for stop in [5, 700, 2_049, 2_300, 4_100, 4_500, events.len()] {
+        let done = sqlite.last_seq("lag").unwrap() as usize;
+        commit_in_batches(&sqlite, "lag", &events[done..stop], &blobs, 40);
+        commit_in_batches(&memory, "lag", &events[done..stop], &blobs, 64);
+        let (rows, mark) = indexed(&sqlite, "lag");
+        let last = stop as u64;
+        match mark {
+            // Complete through the mark, nothing after it, and never more than the lag behind.
+            Some(through) => {
+                lagged = true;
+                assert!(last - through < DELIVERIES_LAG, "{through} lags {last} too far");
+                assert_eq!(rows, delivered(&events, through), "rows through {through}");
+            }
+            None => assert_eq!(rows, delivered(&events, last), "rows through {last}"),
+        }
+        for agent in ["a0", "a3", "a5"] {
+            let ask = last.saturating_sub(3).max(1);
+            assert_eq!(
+                sqlite.heard_by("lag", agent, ask).unwrap(),
+                memory.heard_by("lag", agent, ask).unwrap(),
+                "what {agent} heard before {ask}"
+            );
+            assert_eq!(
+                sqlite.deliveries_to("lag", agent, ask).unwrap(),
+                memory.deliveries_to("lag", agent, ask).unwrap()
+            );
+        }
+    }
+    assert!(lagged, "some commits left rows to a catch-up");
+    same_knew(&sqlite, &memory, "lag", events.len() as u64, &events[..600]);
+    // The recorder lets go: every row is written, the mark gone, and knew unchanged.
+    sqlite.release_lease("lag", &holder).unwrap();
+    assert_eq!(indexed(&sqlite, "lag"), (delivered(&events, events.len() as u64), None));
+    same_knew(&sqlite, &memory, "lag", events.len() as u64, &events[..600]);
+}
+
+#[test]
+fn a_recorder_that_dies_with_rows_lagging_loses_none_and_the_next_one_catches_up() {
+    let (events, blobs) = messaging_run("died", 5, 1_500, 0xdead);
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryStore::new();
+    memory.create_run(&sample_run("died", 1)).unwrap();
+    commit_in_batches(&memory, "died", &events, &blobs, 64);
+    let half = 1_000;
+    {
+        let sqlite = open(dir.path());
+        sqlite.create_run(&sample_run("died", 1)).unwrap();
+        commit_in_batches(&sqlite, "died", &events[..half], &blobs, 30);
+        // Dropped without letting go, as a killed recorder leaves it.
+    }
+    let sqlite = open(dir.path());
+    let (rows, mark) = indexed(&sqlite, "died");
+    assert_eq!((rows, mark), (0, Some(1)), "nothing indexed yet: the first delivery is at seq 2");
+    same_knew(&sqlite, &memory, "died", half as u64, &events);
+    commit_in_batches(&sqlite, "died", &events[half..], &blobs, 30);
+    let (rows, mark) = indexed(&sqlite, "died");
+    let through = mark.expect("the run's tail still lags");
+    assert!(through > half as u64, "the next recorder caught up past the first one's rows");
+    assert_eq!(rows, delivered(&events, through));
+    same_knew(&sqlite, &memory, "died", events.len() as u64, &events);
+}
+
+#[test]
+fn a_version_9_store_has_its_deliveries_whole_and_gets_marks_on_upgrade() {
+    let (events, blobs) = messaging_run("v9", 4, 300, 0x99);
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryStore::new();
+    memory.create_run(&sample_run("v9", 1)).unwrap();
+    commit_in_batches(&memory, "v9", &events, &blobs, 64);
+    {
+        let sqlite = open(dir.path());
+        sqlite.create_run(&sample_run("v9", 1)).unwrap();
+        let holder = retrace_store::LeaseHolder("v9".into());
+        sqlite.acquire_lease("v9", &holder, 60_000).unwrap();
+        commit_in_batches(&sqlite, "v9", &events, &blobs, 64);
+        sqlite.release_lease("v9", &holder).unwrap();
+    }
+    let db = dir.path().join("retrace.db");
+    Connection::open(&db)
+        .unwrap()
+        .execute_batch("DROP TABLE delivery_marks; PRAGMA user_version = 9;")
+        .unwrap();
+    let sqlite = open(dir.path());
+    let version: i64 =
+        Connection::open(&db).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(indexed(&sqlite, "v9"), (delivered(&events, events.len() as u64), None));
+    same_knew(&sqlite, &memory, "v9", events.len() as u64, &events);
 }
