@@ -142,17 +142,26 @@ impl SqliteStore {
     }
 
     pub(crate) fn release_lease_impl(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
-        self.write(&format!("releasing the lease of run {run}"), |tx| {
+        // The recorder lets go: first the run's deliveries are indexed whole, in a transaction
+        // of its own, so that the lease goes even if that fails (the rows then lag, which
+        // readers allow for).
+        let holds = self.lease_holder_impl(run)?.as_ref() == Some(holder);
+        let indexed = match holds {
+            true => self.write(&format!("indexing the deliveries of run {run}"), |tx| {
+                super::deliveries::complete(tx, run_pk(tx, run)?)
+                    .ctx(|| format!("indexing the deliveries of run {run}"))
+            }),
+            false => Ok(()),
+        };
+        let released = self.write(&format!("releasing the lease of run {run}"), |tx| {
             tx.prepare_cached(
                 "DELETE FROM leases WHERE run_pk = (SELECT pk FROM runs WHERE id = ?1) AND holder = ?2",
             )
             .and_then(|mut s| s.execute(params![run, holder.0]))
             .ctx(|| format!("releasing the lease of run {run}"))?;
-            // The recorder lets go: the run's deliveries are indexed whole.
-            super::deliveries::complete(tx, run_pk(tx, run)?)
-                .ctx(|| format!("indexing the deliveries of run {run}"))?;
             Ok(())
-        })
+        });
+        released.and(indexed)
     }
 
     pub(crate) fn lease_holder_impl(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
