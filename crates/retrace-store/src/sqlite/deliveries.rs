@@ -16,10 +16,10 @@
 //! and a delivery to its sender: [`SqliteStore::heard_with_chains_impl`] follows it through the
 //! rows of the agents on it, which lie together, instead of a head block per link.
 //!
-//! Since schema version 10 the rows of a run may lag its events by up to [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events
-//! ([`follow`]): written with each commit, the table cost a page per delivery (each delivery
-//! goes to its receiver's page), where a catch-up every few thousand events writes a page per
-//! receiving agent. Readers take what lags from `events` in the same statement ([`to_agent`]);
+//! Since schema version 10 the rows of a run may lag its events by about
+//! [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events ([`follow`]): written with each
+//! commit, the table cost a page per delivery (each delivery goes to its receiver's page), where
+//! a catch-up every couple of thousand events writes a page per receiving agent. Readers take what lags from `events` in the same statement ([`to_agent`]);
 //! a chain walk that finds no row for a seq leaves it to the head blocks, as before.
 use std::collections::{BinaryHeap, HashMap};
 
@@ -55,20 +55,31 @@ const ROW_FROM_EVENT: &str = "d.id & 4294967295 AS seq, d.agent_pk AS agent_pk, 
 const FROM_EVENTS: &str = "FROM events d LEFT JOIN events s ON d.causal_parent < 4294967296 \
     AND s.id = (d.id >> 32 << 32) + d.causal_parent LEFT JOIN names sn ON sn.name = s.name";
 
-/// Keeps the rows of run `run_pk` within [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events of `last`, in the transaction `tx` that
-/// committed the events up to `last` (the first of them a delivery at `first_delivery`, if any).
+/// How often (in seqs) commits without deliveries check a run's lag: a run's rows lag its
+/// events by fewer than [`LAG`]` + CHECK_EVERY` events.
+pub(crate) const CHECK_EVERY: u64 = 256;
+
+/// Keeps the rows of run `run_pk` within about [`LAG`] events of `last`, in the transaction `tx`
+/// that committed the events `first..=last` (a delivery first at `first_delivery`, if any).
 ///
 /// `delivery_marks` holds, per run whose rows lag, the seq through which they are complete;
 /// readers take the deliveries after it from `events` ([`to_agent`]). The first delivery after
-/// a catch-up sets the mark just before itself; the batch that reaches [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events past the
+/// a catch-up sets the mark just before itself; the batch that reaches [`LAG`] events past the
 /// mark writes every row since and clears it. A crash loses nothing: the mark stays, readers
 /// read past it, and whoever commits to the run next catches up from it.
+///
+/// [`LAG`]: super::schema::DELIVERIES_LAG
 pub(crate) fn follow(
     tx: &Connection,
     run_pk: i64,
+    first: u64,
     first_delivery: Option<u64>,
     last: u64,
 ) -> rusqlite::Result<()> {
+    // A batch without deliveries only checks when it crosses a multiple of `CHECK_EVERY`.
+    if first_delivery.is_none() && first.saturating_sub(1) / CHECK_EVERY == last / CHECK_EVERY {
+        return Ok(());
+    }
     let mark = mark(tx, run_pk)?;
     let through = match (mark, first_delivery) {
         (Some(through), _) => through,

@@ -105,7 +105,7 @@ impl SqliteStore {
                     code: event.kind.code(),
                 });
             }
-            deliveries::follow(tx, pk, first_delivery, last).ctx(|| what.clone())?;
+            deliveries::follow(tx, pk, first, first_delivery, last).ctx(|| what.clone())?;
             head_blocks::put(tx, pk, &heads).ctx(|| what.clone())
         })?;
         self.agents.lock().extend(fresh_agents);
