@@ -19,8 +19,9 @@
 //! Since schema version 10 the rows of a run may lag its events by about
 //! [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events ([`follow`]): written with each
 //! commit, the table cost a page per delivery (each delivery goes to its receiver's page), where
-//! a catch-up every couple of thousand events writes a page per receiving agent. Readers take what lags from `events` in the same statement ([`to_agent`]);
-//! a chain walk that finds no row for a seq leaves it to the head blocks, as before.
+//! a catch-up every couple of thousand events writes a page per receiving agent. Readers take
+//! what lags from `events` in the same statement ([`to_agent`]); a chain walk that finds no row
+//! for a seq leaves it to the head blocks, as before.
 use std::collections::{BinaryHeap, HashMap};
 
 use retrace_core::{Digest, EventType};

@@ -56,7 +56,7 @@
 //!   seqs up to [`MAX_SEQ`]): without a rowid its interior pages held whole rows, and a commit
 //!   of one event wrote 1.7 pages of it, of a handful of events 3.9.
 //!
-//! - version 10 lets `deliveries` lag a run's events by up to [`DELIVERIES_LAG`] events:
+//! - version 10 lets `deliveries` lag a run's events by about [`DELIVERIES_LAG`] events:
 //!   `delivery_marks` holds, per run whose rows lag, the seq through which they are complete,
 //!   and readers take the deliveries after it from `events`. Written with each commit, the
 //!   table cost a page per delivery (an agent's rows lie together, and each delivery goes to
@@ -65,14 +65,15 @@
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
-//! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote `deliveries` with each commit.
+//! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
+//! `deliveries` with each commit.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
 //! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
-//! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty). A store of a newer version than this build's is
-//! refused, never altered.
+//! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty). A store of a
+//! newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
