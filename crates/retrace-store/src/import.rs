@@ -17,6 +17,7 @@
 mod commit;
 mod prepare;
 mod read;
+mod text_line;
 
 use std::fmt;
 use std::io::{self, BufRead};

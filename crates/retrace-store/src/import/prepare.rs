@@ -15,6 +15,8 @@ use retrace_core::canonical::CanonError;
 use retrace_core::{Digest, Event};
 use serde::Deserialize;
 
+use super::text_line;
+
 /// Lines per chunk handed to a worker.
 const CHUNK_LINES: usize = 256;
 /// A chunk ends after the line that takes it past this many bytes.
@@ -185,8 +187,10 @@ impl<R: BufRead> Pipeline<R> {
     }
 
     fn read_chunk(&mut self) -> Option<Chunk> {
-        let mut chunk =
-            Chunk { first: self.next_line, buf: Vec::new(), ends: Vec::new(), complete: true, read: 0 };
+        // Room for a chunk's bytes and the line that takes it past them, without regrowing.
+        let buf = Vec::with_capacity(CHUNK_BYTES + (64 << 10));
+        let ends = Vec::with_capacity(CHUNK_LINES);
+        let mut chunk = Chunk { first: self.next_line, buf, ends, complete: true, read: 0 };
         while chunk.ends.len() < CHUNK_LINES && chunk.buf.len() < CHUNK_BYTES {
             match self.reader.read_until(b'\n', &mut chunk.buf) {
                 Ok(0) => {
@@ -228,9 +232,14 @@ fn prepare(chunk: Chunk, events: u64) -> Vec<Line> {
                 let hash = event.compute_hash();
                 Box::new(ParsedEvent { event, hash })
             })),
-            false => {
-                Prepared::Blob(serde_json::from_slice::<BlobLine>(bytes).map(|line| Box::new(decode(line))))
-            }
+            false => match text_line::read(bytes) {
+                Some((digest, text)) => {
+                    Prepared::Blob(Ok(Box::new(ParsedBlob { digest, body: self::bytes("text", text) })))
+                }
+                None => Prepared::Blob(
+                    serde_json::from_slice::<BlobLine>(bytes).map(|line| Box::new(decode(line))),
+                ),
+            },
         };
         let failed = match &prepared {
             Prepared::Event(parsed) => parsed.is_err(),
