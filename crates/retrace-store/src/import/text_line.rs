@@ -52,8 +52,11 @@ fn unescape(mut body: &[u8]) -> Option<Vec<u8>> {
             b'r' => b'\r',
             b't' => b'\t',
             b'u' => {
-                let hex = std::str::from_utf8(body.get(..4)?).ok()?;
-                let code = u32::from_str_radix(hex, 16).ok()?;
+                let hex = body.get(..4)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None; // `from_str_radix` would take a sign
+                }
+                let code = u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
                 body = &body[4..];
                 let c = char::from_u32(code)?; // surrogates are not chars: serde_json decides
                 let mut utf8 = [0u8; 4];
@@ -109,6 +112,7 @@ mod tests {
             format!("{{\"blob\":\"{digest}\",\"text\":\"a\u{1}b\"}}"), // a raw control character
             format!("{{\"blob\":\"{digest}\",\"text\":\"\\ud83d\\ude00\"}}"), // a surrogate pair
             format!("{{\"blob\":\"{digest}\",\"text\":\"\\x\"}}"),  // a bad escape
+            format!("{{\"blob\":\"{digest}\",\"text\":\"\\u+041\"}}"), // a sign after \u
             format!("{{\"blob\":\"{digest}\",\"text\":\"a\"}} "),   // bytes after the brace
             format!("{{\"text\":\"a\",\"blob\":\"{digest}\"}}"),    // another order
             format!("{{\"blob\":\"{digest}\", \"text\":\"a\"}}"),   // whitespace

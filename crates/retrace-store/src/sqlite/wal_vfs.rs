@@ -2,23 +2,34 @@
 //!
 //! SQLite writes each WAL frame as two calls (its 24-byte header, then the page), and a
 //! system call costs more than copying a page on the VMs this runs on (measured: 2.9 µs per
-//! frame as two `pwrite`s, 0.7-0.9 µs as part of one). `retrace-wal` is the default (`unix`)
-//! VFS with one change: writes that *append* frames to a `-wal` file are gathered in memory and
-//! handed to the `unix` file in one call at the latest when the write that completes a commit
-//! frame arrives. Every other call on the file (a read, a sync, a truncate, its size, a file
-//! control, a lock, a close) and every write that doesn't extend the gathered bytes writes
-//! them out first, so the file is never seen without them.
+//! frame as two `pwrite`s, 0.7-0.9 µs as part of one). `retrace-wal` is SQLite's `unix` VFS
+//! with one change: frames *appended* to a `-wal` file (a header at or past the furthest byte
+//! this handle wrote, then the page right after it) are gathered in memory and handed to the
+//! `unix` file in one call, at the latest when the page of a commit frame arrives. Every other
+//! call on the file (a read, a sync, a truncate, its size, a file control, a lock, a close)
+//! and every other write hands them over first, so the file is never seen without them.
 //!
-//! Why this is safe: SQLite makes a transaction's frames visible to other connections (and to
-//! a checkpoint) only after writing them all, by updating the wal-index, and its commit frame
-//! (the one whose header holds the database size, never zero: `walFrames`) is the last frame it
-//! appends. Gathered bytes therefore reach the kernel before the commit can be seen, before
-//! `sqlite3_step` returns, and so before the store acknowledges anything or syncs the WAL
-//! through its own handle (`sync.rs`). What is gathered before then belongs to a transaction
-//! that has not committed, which a crash loses anyway. Rewrites of frames already written
-//! (a page written twice in one transaction, checksum repairs) and writes of any size other
-//! than a frame header or a page go straight to the file. Only `-wal` files are touched; the
-//! database file, the `-shm` map and temporary files are the `unix` VFS's own.
+//! Why this is safe:
+//! - SQLite makes a transaction's frames visible (to other connections, a checkpoint, a
+//!   crash's recovery) only after writing them all, by updating the wal-index, and its commit
+//!   frame (the one whose header holds the database size, never zero: `walFrames`) is the last
+//!   frame it appends. So a commit's bytes reach the kernel before it can be seen, before
+//!   `sqlite3_step` returns, and so before the store acknowledges anything or syncs the WAL
+//!   through its own handle (`sync.rs`).
+//! - Frames a large transaction spills before it commits may stay gathered, but never past
+//!   the end of the transaction: when the connection releases the WAL write lock (an unlock
+//!   of shm lock 0 on its database file, which this VFS also wraps and links to its WAL with
+//!   `sqlite3_database_file_object`), whatever is left is handed over, while the lock still
+//!   keeps every other writer out; what a rolled-back transaction left is then beyond the
+//!   log's end, as without this VFS. So a later writer's frames are never overwritten.
+//! - When handing bytes over fails (a full disk), they stay gathered and every later call
+//!   that needs them fails too, so nothing after them can commit without them; the end of
+//!   the transaction drops them.
+//! - Rewrites of frames already written (a page written twice in one transaction, checksum
+//!   repairs), split or odd-sized writes (sector padding) go straight to the file.
+//!
+//! Only `-wal` files gather; the database file, the `-shm` map and temporary files are the
+//! `unix` VFS's own.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -30,26 +41,31 @@ use rusqlite::ffi;
 pub(crate) const NAME: &str = "retrace-wal";
 const NAME_C: &CStr = c"retrace-wal";
 
-/// The most bytes gathered: the `unix` VFS writes at most 128 KiB - 1 in one call (it masks
-/// the length with `0x1ffff`), so a larger transaction is written out in pieces this size.
-const MAX_GATHER: usize = (128 << 10) - 4096;
+/// Past this many gathered bytes a new frame is not added: the `unix` VFS writes at most
+/// 128 KiB - 1 in one call (it masks the length with `0x1ffff`), and a frame (a header and a
+/// page of at most 64 KiB) must fit after them.
+const GATHER_UP_TO: usize = 60 << 10;
 /// A WAL frame header.
 const FRAME_HEADER: usize = 24;
 /// The WAL header, at offset 0.
 const WAL_HEADER: usize = 32;
+/// The shm lock slot of the WAL's write lock (`WAL_WRITE_LOCK` in sqlite3.c).
+const WAL_WRITE_LOCK: c_int = 0;
 
 /// Registers the VFS once per process; `Err` holds SQLite's code when that fails.
 pub(crate) fn register() -> Result<(), c_int> {
     static REGISTERED: OnceLock<Result<(), c_int>> = OnceLock::new();
     *REGISTERED.get_or_init(|| {
-        // SAFETY: `sqlite3_vfs_find(NULL)` returns the default VFS, which lives as long as the
-        // process; the copy we register is leaked, so it does too.
+        // SAFETY: `sqlite3_vfs_find` returns a registered VFS, which lives as long as the
+        // process; the copy we register is leaked, so it does too. None of `unix`'s methods
+        // but `xOpen` reads `pAppData` or `szOsFile`, and our `open` hands its own `xOpen`
+        // the `unix` VFS itself.
         unsafe {
             let rc = ffi::sqlite3_initialize();
             if rc != ffi::SQLITE_OK {
                 return Err(rc);
             }
-            let base = ffi::sqlite3_vfs_find(std::ptr::null());
+            let base = ffi::sqlite3_vfs_find(c"unix".as_ptr());
             if base.is_null() {
                 return Err(ffi::SQLITE_ERROR);
             }
@@ -77,6 +93,10 @@ struct ShimFile {
     inner: *mut ffi::sqlite3_file,
     /// Present for a `-wal` file: the frames gathered so far.
     gather: Option<Box<Gather>>,
+    /// A database file's open WAL (set by the WAL's `open`, cleared by its `close`); a WAL's
+    /// database file. Both belong to one connection, which SQLite uses from one thread at a
+    /// time.
+    peer: *mut ShimFile,
 }
 
 /// Appended bytes not yet handed to the `unix` file.
@@ -84,13 +104,22 @@ struct Gather {
     buf: Vec<u8>,
     /// Where `buf` starts in the file.
     start: i64,
-    /// The end of the furthest write through this handle: a write at or after it appends.
+    /// The end of the furthest write through this handle: a header at or after it appends.
     end: i64,
-    /// The last write was a commit frame's header: the page that follows completes the commit.
-    commit_next: bool,
+    /// The last gathered write was a frame header; `Some(true)` for a commit frame's.
+    header: Option<bool>,
+    /// Handing `buf` over failed with this code: it stays gathered, and every call that
+    /// needs it fails, until the transaction ends.
+    failed: c_int,
 }
 
-const METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+impl Gather {
+    fn next(&self) -> i64 {
+        self.start + self.buf.len() as i64
+    }
+}
+
+static SHIM_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     iVersion: 3,
     xClose: Some(close),
     xRead: Some(read),
@@ -111,7 +140,6 @@ const METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xFetch: Some(fetch),
     xUnfetch: Some(unfetch),
 };
-static SHIM_METHODS: ffi::sqlite3_io_methods = METHODS;
 
 unsafe extern "C" fn open(
     vfs: *mut ffi::sqlite3_vfs,
@@ -130,17 +158,26 @@ unsafe extern "C" fn open(
         // SQLite calls no method (not even close) on a file whose `pMethods` is null.
         return rc;
     }
-    let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+    let wal = flags & ffi::SQLITE_OPEN_WAL != 0 && !name.is_null();
+    let mut peer = std::ptr::null_mut();
+    if wal {
+        // The database file this WAL belongs to: ours, as the connection opened it through
+        // this VFS (checked, so a WAL opened any other way simply never gathers).
+        let db = ffi::sqlite3_database_file_object(name) as *mut ShimFile;
+        if !db.is_null() && std::ptr::eq((*db).head.pMethods, &SHIM_METHODS) {
+            peer = db;
+        }
+    }
+    let gather = (!peer.is_null()).then(|| {
+        Box::new(Gather { buf: Vec::with_capacity(64 << 10), start: 0, end: 0, header: None, failed: 0 })
+    });
     std::ptr::write(
         shim,
-        ShimFile {
-            head: ffi::sqlite3_file { pMethods: &SHIM_METHODS },
-            inner,
-            gather: wal.then(|| {
-                Box::new(Gather { buf: Vec::with_capacity(64 << 10), start: 0, end: 0, commit_next: false })
-            }),
-        },
+        ShimFile { head: ffi::sqlite3_file { pMethods: &SHIM_METHODS }, inner, gather, peer },
     );
+    if !peer.is_null() {
+        (*peer).peer = shim;
+    }
     rc
 }
 
@@ -151,7 +188,7 @@ unsafe fn parts<'a>(file: *mut ffi::sqlite3_file) -> (&'a mut ShimFile, &'a ffi:
     (shim, methods)
 }
 
-/// Hands gathered bytes to the `unix` file.
+/// Hands gathered bytes to the `unix` file; on failure they stay, and so does the error.
 unsafe fn flush(shim: &mut ShimFile, methods: &ffi::sqlite3_io_methods) -> c_int {
     let Some(gather) = shim.gather.as_mut() else { return ffi::SQLITE_OK };
     if gather.buf.is_empty() {
@@ -159,13 +196,52 @@ unsafe fn flush(shim: &mut ShimFile, methods: &ffi::sqlite3_io_methods) -> c_int
     }
     let Some(write) = methods.xWrite else { return ffi::SQLITE_IOERR_WRITE };
     let rc = write(shim.inner, gather.buf.as_ptr().cast(), gather.buf.len() as c_int, gather.start);
-    gather.buf.clear();
+    #[cfg(test)]
+    if gather.buf.len() > FRAME_HEADER + 4096 {
+        tests::GATHERED_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if rc == ffi::SQLITE_OK {
+        gather.buf.clear();
+        gather.header = None;
+        gather.failed = ffi::SQLITE_OK;
+    } else {
+        gather.failed = rc;
+    }
     rc
+}
+
+/// The transaction of the WAL `shim` ended: hand over what it left (frames of a transaction
+/// that rolled back), or drop them if that fails; either way they are past the log's end.
+unsafe fn end_of_write(shim: &mut ShimFile) {
+    let methods = &*(*shim.inner).pMethods;
+    if flush(shim, methods) != ffi::SQLITE_OK {
+        if let Some(gather) = shim.gather.as_mut() {
+            gather.buf.clear();
+            gather.header = None;
+            gather.failed = ffi::SQLITE_OK;
+        }
+    }
+}
+
+/// Flushes, then runs `call` on the `unix` file unless flushing failed.
+unsafe fn after_flush(
+    file: *mut ffi::sqlite3_file,
+    call: impl FnOnce(*mut ffi::sqlite3_file, &ffi::sqlite3_io_methods) -> c_int,
+) -> c_int {
+    let (shim, methods) = parts(file);
+    let rc = flush(shim, methods);
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    call(shim.inner, methods)
 }
 
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     let (shim, methods) = parts(file);
     let flushed = flush(shim, methods);
+    if !shim.peer.is_null() && std::ptr::eq((*shim.peer).peer, shim) {
+        (*shim.peer).peer = std::ptr::null_mut();
+    }
     let rc = methods.xClose.map_or(ffi::SQLITE_OK, |close| close(shim.inner));
     drop(shim.gather.take());
     if flushed != ffi::SQLITE_OK {
@@ -181,12 +257,9 @@ unsafe extern "C" fn read(
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    methods.xRead.map_or(ffi::SQLITE_IOERR_READ, |read| read(shim.inner, out, amount, offset))
+    after_flush(file, |inner, m| {
+        m.xRead.map_or(ffi::SQLITE_IOERR_READ, |read| read(inner, out, amount, offset))
+    })
 }
 
 unsafe extern "C" fn write(
@@ -200,42 +273,41 @@ unsafe extern "C" fn write(
     let Some(gather) = shim.gather.as_mut() else { return inner_write(shim.inner, data, amount, offset) };
     let len = amount as usize;
     let bytes = std::slice::from_raw_parts(data as *const u8, len);
-    let wal_header = offset == 0 && len == WAL_HEADER;
-    let frame_part = len == FRAME_HEADER || (len >= 512 && len.is_power_of_two());
-    let extends = !gather.buf.is_empty() && offset == gather.start + gather.buf.len() as i64;
-    let starts = gather.buf.is_empty() && (wal_header || offset >= gather.end);
-    if !(wal_header || frame_part) || !(extends || starts) {
-        // Not an append of a frame: the gathered bytes first, then this write as it comes.
-        let rc = flush(shim, methods);
-        if rc != ffi::SQLITE_OK {
-            return rc;
+    let end = offset + amount as i64;
+    if gather.failed == ffi::SQLITE_OK {
+        // A frame header that appends: after the gathered bytes, or past everything written.
+        let appends = if gather.buf.is_empty() { offset >= gather.end } else { offset == gather.next() };
+        if len == FRAME_HEADER && gather.header.is_none() && appends && gather.buf.len() <= GATHER_UP_TO {
+            if gather.buf.is_empty() {
+                gather.start = offset;
+            }
+            gather.buf.extend_from_slice(bytes);
+            gather.end = gather.end.max(end);
+            // Bytes 4..8 of a frame header hold the database size after a commit frame, else 0.
+            gather.header = Some(bytes[4..8] != [0, 0, 0, 0]);
+            return ffi::SQLITE_OK;
         }
-        let rc = inner_write(shim.inner, data, amount, offset);
-        if let Some(gather) = shim.gather.as_mut() {
-            gather.commit_next = false;
-            gather.end = if wal_header { WAL_HEADER as i64 } else { gather.end.max(offset + amount as i64) };
+        // The page of the header just gathered.
+        if let Some(commit) = gather.header {
+            if offset == gather.next() && len >= 512 && len.is_power_of_two() {
+                gather.buf.extend_from_slice(bytes);
+                gather.end = gather.end.max(end);
+                gather.header = None;
+                return if commit { flush(shim, methods) } else { ffi::SQLITE_OK };
+            }
         }
+    }
+    // Anything else: the gathered bytes first, then this write as it comes.
+    let rc = flush(shim, methods);
+    if rc != ffi::SQLITE_OK {
         return rc;
     }
-    if extends && gather.buf.len() + len > MAX_GATHER {
-        let rc = flush(shim, methods);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
+    let rc = inner_write(shim.inner, data, amount, offset);
+    if let Some(gather) = shim.gather.as_mut() {
+        // A new WAL header starts the log again: what follows it appends.
+        gather.end = if offset == 0 && len == WAL_HEADER { WAL_HEADER as i64 } else { gather.end.max(end) };
     }
-    let Some(gather) = shim.gather.as_mut() else { return ffi::SQLITE_IOERR_WRITE };
-    if gather.buf.is_empty() {
-        gather.start = offset;
-    }
-    gather.buf.extend_from_slice(bytes);
-    gather.end = if wal_header { WAL_HEADER as i64 } else { gather.end.max(offset + amount as i64) };
-    let completes_commit = gather.commit_next && len != FRAME_HEADER;
-    // A frame header's bytes 4..8 hold the database size after a commit frame, else zero.
-    gather.commit_next = len == FRAME_HEADER && bytes[4..8] != [0, 0, 0, 0];
-    if completes_commit {
-        return flush(shim, methods);
-    }
-    ffi::SQLITE_OK
+    rc
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
@@ -251,39 +323,21 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int 
 }
 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    methods.xSync.map_or(ffi::SQLITE_IOERR_FSYNC, |sync| sync(shim.inner, flags))
+    after_flush(file, |inner, m| m.xSync.map_or(ffi::SQLITE_IOERR_FSYNC, |sync| sync(inner, flags)))
 }
 
 unsafe extern "C" fn file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
-    let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    methods.xFileSize.map_or(ffi::SQLITE_IOERR_FSTAT, |file_size| file_size(shim.inner, size))
+    after_flush(file, |inner, m| {
+        m.xFileSize.map_or(ffi::SQLITE_IOERR_FSTAT, |file_size| file_size(inner, size))
+    })
 }
 
 unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    methods.xLock.map_or(ffi::SQLITE_IOERR_LOCK, |lock| lock(shim.inner, level))
+    after_flush(file, |inner, m| m.xLock.map_or(ffi::SQLITE_IOERR_LOCK, |lock| lock(inner, level)))
 }
 
 unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    methods.xUnlock.map_or(ffi::SQLITE_IOERR_UNLOCK, |unlock| unlock(shim.inner, level))
+    after_flush(file, |inner, m| m.xUnlock.map_or(ffi::SQLITE_IOERR_UNLOCK, |unlock| unlock(inner, level)))
 }
 
 unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
@@ -292,12 +346,9 @@ unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut
 }
 
 unsafe extern "C" fn file_control(file: *mut ffi::sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
-    let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
-    methods.xFileControl.map_or(ffi::SQLITE_NOTFOUND, |control| control(shim.inner, op, arg))
+    after_flush(file, |inner, m| {
+        m.xFileControl.map_or(ffi::SQLITE_NOTFOUND, |control| control(inner, op, arg))
+    })
 }
 
 unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
@@ -323,6 +374,12 @@ unsafe extern "C" fn shm_map(
 
 unsafe extern "C" fn shm_lock(file: *mut ffi::sqlite3_file, offset: c_int, n: c_int, flags: c_int) -> c_int {
     let (shim, methods) = parts(file);
+    let releases_write_lock = flags == ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE
+        && offset <= WAL_WRITE_LOCK
+        && offset + n > WAL_WRITE_LOCK;
+    if releases_write_lock && !shim.peer.is_null() {
+        end_of_write(&mut *shim.peer);
+    }
     methods.xShmLock.map_or(ffi::SQLITE_IOERR_SHMLOCK, |lock| lock(shim.inner, offset, n, flags))
 }
 
@@ -345,10 +402,6 @@ unsafe extern "C" fn fetch(
     out: *mut *mut c_void,
 ) -> c_int {
     let (shim, methods) = parts(file);
-    let rc = flush(shim, methods);
-    if rc != ffi::SQLITE_OK {
-        return rc;
-    }
     match methods.xFetch {
         Some(fetch) if methods.iVersion >= 3 => fetch(shim.inner, offset, amount, out),
         _ => {
@@ -369,10 +422,14 @@ unsafe extern "C" fn unfetch(file: *mut ffi::sqlite3_file, offset: i64, page: *m
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     use rusqlite::{params, Connection, OpenFlags};
 
     use super::*;
+
+    /// Writes that handed more than one frame to the `unix` file at once, in this process.
+    pub(super) static GATHERED_WRITES: AtomicU64 = AtomicU64::new(0);
 
     fn open(path: &Path) -> Connection {
         register().expect("registering the VFS");
@@ -386,6 +443,14 @@ mod tests {
              CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL);",
         )
         .unwrap();
+        conn
+    }
+
+    /// A second connection to `path`, as another store or process would hold.
+    fn open_again(path: &Path) -> Connection {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE;
+        let conn = Connection::open_with_flags_and_vfs(path, flags, NAME).unwrap();
+        conn.execute_batch("PRAGMA cache_size = 16;").unwrap();
         conn
     }
 
@@ -442,11 +507,53 @@ mod tests {
                 }
             }
             conn.execute_batch("COMMIT").unwrap();
+            if round == 0 {
+                // A small commit writes its frames (a few pages) in one call.
+                let before = GATHERED_WRITES.load(Ordering::Relaxed);
+                conn.execute_batch("BEGIN").unwrap();
+                for id in 1000..1003 {
+                    conn.execute("INSERT OR REPLACE INTO t VALUES (?1, ?2)", params![id, vec![3u8; 3000]])
+                        .unwrap();
+                    expected.insert(id, vec![3; 3000]);
+                }
+                conn.execute_batch("COMMIT").unwrap();
+                let gathered = GATHERED_WRITES.load(Ordering::Relaxed) > before;
+                assert!(gathered, "the commit's frames were not gathered");
+            }
             let found = as_on_disk(dir.path(), round);
             let want: Vec<(i64, Vec<u8>)> = expected.iter().map(|(k, v)| (*k, v.clone())).collect();
             assert_eq!(found.len(), want.len(), "round {round}");
             assert!(found == want, "round {round}: the copy differs from what was committed");
         }
+    }
+
+    #[test]
+    fn frames_a_rolled_back_transaction_spilled_never_land_on_another_writers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let conn = open(&path);
+        conn.execute("INSERT INTO t VALUES (1, x'01')", []).unwrap();
+        // A transaction that spills a few frames (fewer than one gathered write holds) and
+        // rolls back; then another writer on the same file (another store, another process)
+        // commits frames where those were.
+        conn.execute_batch("BEGIN").unwrap();
+        for id in 2..40 {
+            conn.execute("INSERT INTO t VALUES (?1, ?2)", params![id, vec![7u8; 2000]]).unwrap();
+        }
+        conn.execute_batch("ROLLBACK").unwrap();
+        let other = open_again(&path);
+        other.execute("INSERT INTO t VALUES (9, ?1)", params![vec![9u8; 40_000]]).unwrap();
+        let want = vec![(1, vec![1]), (9, vec![9; 40_000])];
+        assert_eq!(as_on_disk(dir.path(), 0), want);
+        // The first connection reads, writes and closes: none of that may bring the
+        // rolled-back frames back over the other's.
+        let count: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(count, 2);
+        assert_eq!(as_on_disk(dir.path(), 1), want);
+        drop(conn);
+        assert_eq!(as_on_disk(dir.path(), 2), want);
+        let body: Vec<u8> = other.query_row("SELECT body FROM t WHERE id = 9", [], |r| r.get(0)).unwrap();
+        assert_eq!(body, vec![9; 40_000]);
     }
 
     #[test]
