@@ -16,15 +16,16 @@
 //!   frame it appends. So a commit's bytes reach the kernel before it can be seen, before
 //!   `sqlite3_step` returns, and so before the store acknowledges anything or syncs the WAL
 //!   through its own handle (`sync.rs`).
-//! - Frames a large transaction spills before it commits may stay gathered, but never past
-//!   the end of the transaction: when the connection releases the WAL write lock (an unlock
-//!   of shm lock 0 on its database file, which this VFS also wraps and links to its WAL with
-//!   `sqlite3_database_file_object`), whatever is left is handed over, while the lock still
-//!   keeps every other writer out; what a rolled-back transaction left is then beyond the
-//!   log's end, as without this VFS. So a later writer's frames are never overwritten.
-//! - When handing bytes over fails (a full disk), they stay gathered and every later call
-//!   that needs them fails too, so nothing after them can commit without them; the end of
-//!   the transaction drops them.
+//! - A WAL gathers only while its connection holds the WAL write lock, as seen on the shm
+//!   lock calls of its database file (which this VFS also wraps, linked to the WAL with
+//!   `sqlite3_database_file_object`); in exclusive locking mode, where SQLite takes no shm
+//!   locks, nothing is gathered. Frames a large transaction spills before it commits may stay
+//!   gathered, but never past the end of the transaction: when the write lock is released,
+//!   whatever is left (frames of a transaction that rolled back, past the log's end) is
+//!   dropped, before any other writer can own the log. So another writer's frames are never
+//!   overwritten, and a transaction that failed never leaves a whole commit frame behind.
+//! - When handing bytes over fails (a full disk), they are not written again: every later
+//!   call that needs them fails until the transaction ends, so nothing after them commits.
 //! - Rewrites of frames already written (a page written twice in one transaction, checksum
 //!   repairs), split or odd-sized writes (sector padding) go straight to the file.
 //!
@@ -97,6 +98,8 @@ struct ShimFile {
     /// database file. Both belong to one connection, which SQLite uses from one thread at a
     /// time.
     peer: *mut ShimFile,
+    /// A database file: its connection holds the WAL write lock (shm lock 0, exclusive).
+    write_locked: bool,
 }
 
 /// Appended bytes not yet handed to the `unix` file.
@@ -171,10 +174,8 @@ unsafe extern "C" fn open(
     let gather = (!peer.is_null()).then(|| {
         Box::new(Gather { buf: Vec::with_capacity(64 << 10), start: 0, end: 0, header: None, failed: 0 })
     });
-    std::ptr::write(
-        shim,
-        ShimFile { head: ffi::sqlite3_file { pMethods: &SHIM_METHODS }, inner, gather, peer },
-    );
+    let head = ffi::sqlite3_file { pMethods: &SHIM_METHODS };
+    std::ptr::write(shim, ShimFile { head, inner, gather, peer, write_locked: false });
     if !peer.is_null() {
         (*peer).peer = shim;
     }
@@ -188,9 +189,13 @@ unsafe fn parts<'a>(file: *mut ffi::sqlite3_file) -> (&'a mut ShimFile, &'a ffi:
     (shim, methods)
 }
 
-/// Hands gathered bytes to the `unix` file; on failure they stay, and so does the error.
+/// Hands gathered bytes to the `unix` file. After a failure they are never written: the
+/// error is the answer until the transaction ends.
 unsafe fn flush(shim: &mut ShimFile, methods: &ffi::sqlite3_io_methods) -> c_int {
     let Some(gather) = shim.gather.as_mut() else { return ffi::SQLITE_OK };
+    if gather.failed != ffi::SQLITE_OK {
+        return gather.failed;
+    }
     if gather.buf.is_empty() {
         return ffi::SQLITE_OK;
     }
@@ -198,7 +203,7 @@ unsafe fn flush(shim: &mut ShimFile, methods: &ffi::sqlite3_io_methods) -> c_int
     let rc = write(shim.inner, gather.buf.as_ptr().cast(), gather.buf.len() as c_int, gather.start);
     #[cfg(test)]
     if gather.buf.len() > FRAME_HEADER + 4096 {
-        tests::GATHERED_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tests::GATHERED_WRITES.with(|n| n.set(n.get() + 1));
     }
     if rc == ffi::SQLITE_OK {
         gather.buf.clear();
@@ -210,16 +215,13 @@ unsafe fn flush(shim: &mut ShimFile, methods: &ffi::sqlite3_io_methods) -> c_int
     rc
 }
 
-/// The transaction of the WAL `shim` ended: hand over what it left (frames of a transaction
-/// that rolled back), or drop them if that fails; either way they are past the log's end.
+/// The transaction of the WAL `shim` ended. A commit has handed over its frames; whatever is
+/// left belongs to a transaction that rolled back or failed, past the log's end: dropped.
 unsafe fn end_of_write(shim: &mut ShimFile) {
-    let methods = &*(*shim.inner).pMethods;
-    if flush(shim, methods) != ffi::SQLITE_OK {
-        if let Some(gather) = shim.gather.as_mut() {
-            gather.buf.clear();
-            gather.header = None;
-            gather.failed = ffi::SQLITE_OK;
-        }
+    if let Some(gather) = shim.gather.as_mut() {
+        gather.buf.clear();
+        gather.header = None;
+        gather.failed = ffi::SQLITE_OK;
     }
 }
 
@@ -274,7 +276,8 @@ unsafe extern "C" fn write(
     let len = amount as usize;
     let bytes = std::slice::from_raw_parts(data as *const u8, len);
     let end = offset + amount as i64;
-    if gather.failed == ffi::SQLITE_OK {
+    let locked = !shim.peer.is_null() && (*shim.peer).write_locked;
+    if locked && gather.failed == ffi::SQLITE_OK {
         // A frame header that appends: after the gathered bytes, or past everything written.
         let appends = if gather.buf.is_empty() { offset >= gather.end } else { offset == gather.next() };
         if len == FRAME_HEADER && gather.header.is_none() && appends && gather.buf.len() <= GATHER_UP_TO {
@@ -374,13 +377,19 @@ unsafe extern "C" fn shm_map(
 
 unsafe extern "C" fn shm_lock(file: *mut ffi::sqlite3_file, offset: c_int, n: c_int, flags: c_int) -> c_int {
     let (shim, methods) = parts(file);
-    let releases_write_lock = flags == ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE
-        && offset <= WAL_WRITE_LOCK
-        && offset + n > WAL_WRITE_LOCK;
-    if releases_write_lock && !shim.peer.is_null() {
-        end_of_write(&mut *shim.peer);
+    let write_lock = offset <= WAL_WRITE_LOCK && offset + n > WAL_WRITE_LOCK;
+    if write_lock && flags == ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE {
+        // Before the lock goes, while no other writer can own the log.
+        if !shim.peer.is_null() {
+            end_of_write(&mut *shim.peer);
+        }
+        shim.write_locked = false;
     }
-    methods.xShmLock.map_or(ffi::SQLITE_IOERR_SHMLOCK, |lock| lock(shim.inner, offset, n, flags))
+    let rc = methods.xShmLock.map_or(ffi::SQLITE_IOERR_SHMLOCK, |lock| lock(shim.inner, offset, n, flags));
+    if write_lock && flags == ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE && rc == ffi::SQLITE_OK {
+        shim.write_locked = true;
+    }
+    rc
 }
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
@@ -421,15 +430,21 @@ unsafe extern "C" fn unfetch(file: *mut ffi::sqlite3_file, offset: i64, page: *m
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
     use std::path::Path;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
     use rusqlite::{params, Connection, OpenFlags};
 
     use super::*;
 
-    /// Writes that handed more than one frame to the `unix` file at once, in this process.
-    pub(super) static GATHERED_WRITES: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        /// Writes that handed more than one frame to the `unix` file at once, on this thread.
+        pub(super) static GATHERED_WRITES: Cell<u64> = const { Cell::new(0) };
+    }
+
+    fn gathered() -> u64 {
+        GATHERED_WRITES.with(Cell::get)
+    }
 
     fn open(path: &Path) -> Connection {
         register().expect("registering the VFS");
@@ -509,7 +524,7 @@ mod tests {
             conn.execute_batch("COMMIT").unwrap();
             if round == 0 {
                 // A small commit writes its frames (a few pages) in one call.
-                let before = GATHERED_WRITES.load(Ordering::Relaxed);
+                let before = gathered();
                 conn.execute_batch("BEGIN").unwrap();
                 for id in 1000..1003 {
                     conn.execute("INSERT OR REPLACE INTO t VALUES (?1, ?2)", params![id, vec![3u8; 3000]])
@@ -517,14 +532,28 @@ mod tests {
                     expected.insert(id, vec![3; 3000]);
                 }
                 conn.execute_batch("COMMIT").unwrap();
-                let gathered = GATHERED_WRITES.load(Ordering::Relaxed) > before;
-                assert!(gathered, "the commit's frames were not gathered");
+                assert!(gathered() > before, "the commit's frames were not gathered");
             }
             let found = as_on_disk(dir.path(), round);
             let want: Vec<(i64, Vec<u8>)> = expected.iter().map(|(k, v)| (*k, v.clone())).collect();
             assert_eq!(found.len(), want.len(), "round {round}");
             assert!(found == want, "round {round}: the copy differs from what was committed");
         }
+    }
+
+    #[test]
+    fn nothing_is_gathered_in_exclusive_locking_mode() {
+        // SQLite takes no shm locks then, so the end of a transaction can't be seen.
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open(&dir.path().join("db"));
+        conn.execute_batch("PRAGMA locking_mode = EXCLUSIVE;").unwrap();
+        let before = gathered();
+        for id in 0..20 {
+            conn.execute("INSERT INTO t VALUES (?1, ?2)", params![id, vec![5u8; 3000]]).unwrap();
+        }
+        assert_eq!(gathered(), before);
+        let count: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(count, 20);
     }
 
     #[test]
