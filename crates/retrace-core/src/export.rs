@@ -5,7 +5,8 @@
 //!   "masking_rules":{…},"events":N,"blobs":M}`.
 //! - Event lines: the event object itself (it carries `seq`).
 //! - Blob lines: `{"blob":"sha256:…","text":"…"}` when the bytes are UTF-8, else
-//!   `{"blob":"sha256:…","base64":"…"}`; a request stored as a chained manifest is exported as
+//!   `{"blob":"sha256:…","base64":"…"}`; a blob stored as a manifest (a model request chained on
+//!   an earlier one, or a model response cut around the message it hands back) is exported as
 //!   `{"blob":"sha256:…","manifest":{…}}` after the blobs it names, so every line's digest can be
 //!   checked as it is read.
 //!

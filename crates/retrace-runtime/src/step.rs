@@ -351,6 +351,11 @@ impl Agent {
         // A plain value's strings say whether masking would change it; a raw output (an HTTP
         // document) is masked per part.
         let clean = raw_output.is_none() && !inner.masker.would_mask_value(&value);
+        // A model's reply as canonical JSON holds the message the next request carries back.
+        let output_hint = match (input.hint, &raw_output) {
+            (BlobHint::ModelRequest, None) => BlobHint::ModelResponse,
+            _ => BlobHint::Raw,
+        };
         if let Some(canonical) = raw_output.or(canonical) {
             let masked = if clean {
                 Masked { bytes: Cow::Borrowed(&canonical[..]), tokens: 0 }
@@ -363,7 +368,7 @@ impl Agent {
                     originals.keep_form(&canonical, &masked.bytes, MaskedAs::Output);
                 }
             }
-            let output = BlobPut::new(masked.bytes.into_owned(), BlobHint::Raw);
+            let output = BlobPut::new(masked.bytes.into_owned(), output_hint);
             event.output_ref = Some(output.digest());
             event.output_hash = Some(output.digest());
             blobs.push(output);

@@ -172,7 +172,8 @@ fn export_inner(
 }
 
 /// Reads the run's events page by page, checks their seqs and hands each page to the encoder;
-/// returns the blobs they reference in order of first reference, and the model-call requests.
+/// returns the blobs they reference in order of first reference, and the model calls' requests
+/// and outputs (the blobs that may be manifests).
 fn read_events(
     run_id: &str,
     pages: &mut RunEvents<'_>,
@@ -194,8 +195,9 @@ fn read_events(
                     refs.push(digest);
                 }
             }
-            if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
-                requests.insert(request);
+            if event.kind == EventType::ModelCall {
+                requests.extend(event.request_ref);
+                requests.extend(event.output_ref);
             }
         }
         next += valid as u64;
@@ -314,8 +316,9 @@ type Planned = (Digest, Option<Vec<u8>>);
 
 /// The blobs to write, in order: each after every blob its manifest names, each once.
 ///
-/// Only blobs stored as [`crate::BlobHint::ModelRequest`] can be manifests: model-call requests
-/// (`candidates`) and the bases their manifests build on. The store is asked about those alone,
+/// Only blobs stored as [`crate::BlobHint::ModelRequest`] or [`crate::BlobHint::ModelResponse`]
+/// can be manifests: model calls' requests and outputs (`candidates`) and the bases their
+/// manifests build on. The store is asked about those alone,
 /// which saves a query per output blob.
 fn plan_blobs(
     store: &dyn Store,

@@ -72,6 +72,10 @@ pub enum BlobHint {
     /// A model request: stored as a chained manifest when its message list extends an earlier
     /// request of the same run (DESIGN.md "Storage"), else flat.
     ModelRequest,
+    /// A model response: when it holds one chat message (`choices[0].message`) or Responses
+    /// `output` items, stored as a manifest of those and the rest, so the next request, which
+    /// carries them back, finds them stored; else flat.
+    ModelResponse,
 }
 
 /// A blob to store with a batch. Its digest is the digest of its bytes by construction: the

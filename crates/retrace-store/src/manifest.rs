@@ -162,8 +162,9 @@ pub(crate) struct Plan {
     pub(crate) skeleton: Vec<u8>,
     /// The new elements (digest, bytes) the manifest names, to store if absent.
     pub(crate) new_elements: Vec<(Digest, Vec<u8>)>,
-    /// `P_n` of this request, for later requests of the run to build on.
-    pub(crate) prefix: Digest,
+    /// `P_n` of this request, for later requests of the run to build on (`None` for a
+    /// response: requests build on requests).
+    pub(crate) prefix: Option<Digest>,
 }
 
 /// The elements' digests and `P_n` of a request, or `None` when it is stored flat.
@@ -202,5 +203,22 @@ pub(crate) fn plan(
         base: base.map(|(d, _)| d),
         elements: digests[k..].to_vec(),
     };
-    Ok(Some(Plan { manifest, skeleton, new_elements, prefix: prefixes[prefixes.len() - 1] }))
+    Ok(Some(Plan { manifest, skeleton, new_elements, prefix: prefixes.last().copied() }))
+}
+
+/// Plans a manifest for a model response ([`scan::split_response`]): its skeleton and the
+/// message (or output items) it hands back, on no base. `None` when it is stored flat.
+pub(crate) fn plan_response(bytes: &[u8]) -> Option<Plan> {
+    let split = scan::split_response(bytes)?;
+    let new_elements: Vec<(Digest, Vec<u8>)> =
+        split.elements.iter().map(|r| (Digest::of(&bytes[r.clone()]), bytes[r.clone()].to_vec())).collect();
+    let skeleton = split.skeleton(bytes);
+    let manifest = Manifest {
+        skeleton: Digest::of(&skeleton),
+        offset: split.offset as u64,
+        base_count: 0,
+        base: None,
+        elements: new_elements.iter().map(|(d, _)| *d).collect(),
+    };
+    Some(Plan { manifest, skeleton, new_elements, prefix: None })
 }

@@ -36,6 +36,14 @@ fn round_trip(make: fn() -> Backend) {
     );
     assert_eq!(verify_run(&*b.store, &fixture.meta.id), vec![]);
     assert_eq!(b.store.run(&fixture.meta.id).unwrap(), fixture.meta);
+    // A model's reply stored as a manifest (SQLite) comes back as one; in memory it is flat.
+    let call = fixture.events.iter().find(|e| e.kind == EventType::ModelCall).unwrap();
+    let output = call.output_ref.unwrap();
+    let manifest_line = format!("{{\"blob\":\"{output}\",\"manifest\":");
+    let as_manifest = String::from_utf8_lossy(&first).contains(&manifest_line);
+    assert_eq!(as_manifest, a.dir.is_some(), "SQLite keeps a chat reply as a manifest");
+    assert_eq!(as_manifest, a.store.manifest_of(&output).unwrap().is_some());
+    assert_eq!(b.store.manifest_of(&output).unwrap().is_some(), as_manifest);
     // Importing the same file again is a no-op.
     let again = import(&*b.store, &first).unwrap();
     assert_eq!(again, ImportOutcome::AlreadyPresent { run_id: fixture.meta.id.clone() });

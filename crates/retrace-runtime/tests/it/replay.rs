@@ -258,3 +258,75 @@ fn a_replay_streams_long_runs_and_matches_across_pages() {
     }
     r.finish(Outcome::default()).unwrap();
 }
+
+/// A chat whose history carries every reply back: the replies are kept as manifests of the
+/// message they hand back, so each message is stored once, and replay serves them unchanged.
+#[test]
+fn a_chat_reply_s_message_is_stored_once_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Arc::new(
+        retrace_store::sqlite::SqliteStore::open(
+            &dir.path().join("retrace.db"),
+            &dir.path().join("blobs"),
+            retrace_store::Durability::Os,
+            5_000,
+        )
+        .unwrap(),
+    );
+    let store: Arc<dyn Store> = sqlite.clone();
+    let chat = |s: &Session, live: bool| -> Vec<Value> {
+        let agent = s.agent("assistant");
+        let mut history = vec![];
+        let mut replies = vec![];
+        for turn in 0..4 {
+            history.push(json!({"role": "user", "content": format!("turn {turn}")}));
+            let body = json!({"model": "gpt-x", "messages": history});
+            let call = ModelCall { provider: "openai".into(), endpoint: "chat.completions".into(), body };
+            let reply = agent
+                .model(&call, |_body| {
+                    assert!(live, "replay must not call the model");
+                    let content =
+                        format!("reply {turn} {}", "x".repeat(2_000 + rand::random::<u8>() as usize));
+                    let message = json!({"role": "assistant", "content": content, "refusal": null});
+                    let body =
+                        json!({"id": format!("c{turn}"), "choices": [{"index": 0, "message": message}]});
+                    Ok::<_, String>(ModelReply { body, snapshot: None, usage: None })
+                })
+                .unwrap();
+            history.push(reply["choices"][0]["message"].clone());
+            replies.push(reply);
+        }
+        replies
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let recorded = chat(&s, true);
+    let run = s.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+
+    let calls: Vec<_> = store.events(&run, 1, usize::MAX).unwrap();
+    let calls: Vec<_> =
+        calls.iter().filter(|e| e.kind == retrace_core::envelope::EventType::ModelCall).collect();
+    assert_eq!(calls.len(), 4);
+    for (call, reply) in calls.iter().zip(&recorded) {
+        let output = call.output_ref.unwrap();
+        let manifest = store.manifest_of(&output).unwrap().expect("the reply is a manifest");
+        let manifest: Value = serde_json::from_slice(&manifest).unwrap();
+        let elements = manifest["elements"].as_array().unwrap();
+        assert_eq!(elements.len(), 1, "{manifest}");
+        // The one element is the message, byte for byte as the next request carries it.
+        let digest: retrace_core::Digest = elements[0].as_str().unwrap().parse().unwrap();
+        let message = retrace_core::canonical::canonical_value(&reply["choices"][0]["message"]).unwrap();
+        assert_eq!(store.get_blob(&digest).unwrap(), message);
+    }
+    // The last request names the earlier replies' messages as stored blobs: one copy each.
+    let conn = rusqlite::Connection::open(sqlite.path()).unwrap();
+    let big: i64 = conn
+        .query_row("SELECT count(*) FROM blobs WHERE size > 2000 AND kind != 2", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(big, 4, "four messages over 2 KB, each stored once (manifests aside)");
+
+    for _ in 0..2 {
+        let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+        assert_eq!(chat(&r, false), recorded);
+        assert_eq!(r.finish(Outcome { exit_status: Some(0) }).unwrap().live_calls, 0);
+    }
+}

@@ -1,5 +1,5 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use retrace_core::envelope::EventType;
 use retrace_core::{Digest, Event};
@@ -81,16 +81,24 @@ fn assign_chunks(trace: &Trace, chunk: usize) -> Vec<Vec<usize>> {
     chunks
 }
 
-/// Blobs to store as model requests (so the store may chain them as manifests, as at record).
+/// Blobs to store as model requests and responses (so the store may keep them as manifests, as
+/// at record).
 fn hints(trace: &Trace) -> HashMap<Digest, BlobHint> {
     let mut hints = HashMap::new();
-    for event in &trace.events {
-        if let (EventType::ModelCall, Some(request)) = (event.kind, event.request_ref) {
-            hints.insert(request, BlobHint::ModelRequest);
-        }
+    let mut outputs = HashSet::new();
+    for event in trace.events.iter().filter(|e| e.kind == EventType::ModelCall) {
+        hints.extend(event.request_ref.map(|request| (request, BlobHint::ModelRequest)));
+        outputs.extend(event.output_ref);
     }
+    // A model's output is kept as a manifest only where the file has one (an output stored
+    // flat, as before responses had manifests, stays flat, so export -> import -> export gives
+    // the same bytes); any other manifest is a request or a base requests build on.
     for blob in trace.blobs.iter().filter(|b| b.names.is_some()) {
-        hints.insert(blob.digest, BlobHint::ModelRequest);
+        let hint = match outputs.contains(&blob.digest) {
+            true => BlobHint::ModelResponse,
+            false => BlobHint::ModelRequest,
+        };
+        hints.entry(blob.digest).or_insert(hint);
     }
     hints
 }

@@ -1,6 +1,6 @@
 //! Blobs in SQLite: tiny ones in their row, the rest up to [`INLINE_BLOB_MAX`] packed into
 //! segments ([`super::pack`]), larger ones as durable files ([`super::files`]), and model
-//! requests as chained manifests ([`crate::manifest`]). Every read verifies the digest.
+//! requests (chained) and responses as manifests ([`crate::manifest`]). Every read verifies the digest.
 use std::sync::Arc;
 
 use retrace_core::Digest;
@@ -130,7 +130,8 @@ fn find_base(tx: &Connection, run_pk: i64, prefix: &Digest) -> StoreResult<Optio
 
 /// Stores one blob inside the open transaction `tx` (the digest is already checked); a large
 /// blob's file is staged, durable once `staged` is finished. A model request becomes a
-/// manifest building on the run's longest known message prefix.
+/// manifest building on the run's longest known message prefix; a model response, a manifest
+/// of its skeleton and the message it hands back (which the next request then finds stored).
 pub(crate) fn put(
     tx: &Connection,
     staged: &mut Staged<'_>,
@@ -148,20 +149,24 @@ pub(crate) fn put(
         }
         return Ok(id);
     }
-    if request {
-        let mut base = |p: &Digest| run_pk.map_or(Ok(None), |run| find_base(tx, run, p));
-        if let Some(plan) = manifest::plan(bytes, &mut base)? {
-            put_flat(tx, staged, &plan.manifest.skeleton, &plan.skeleton)?;
-            for (element, element_bytes) in &plan.new_elements {
-                put_flat(tx, staged, element, element_bytes)?;
-            }
-            let id =
-                insert(tx, staged, digest, KIND_MANIFEST, bytes.len(), Value::Blob(plan.manifest.encode()))?;
-            if let Some(run) = run_pk {
-                remember_prefix(tx, run, &plan.prefix, id)?;
-            }
-            return Ok(id);
+    let plan = match hint {
+        BlobHint::ModelRequest => {
+            let mut base = |p: &Digest| run_pk.map_or(Ok(None), |run| find_base(tx, run, p));
+            manifest::plan(bytes, &mut base)?
         }
+        BlobHint::ModelResponse => manifest::plan_response(bytes),
+        BlobHint::Raw => None,
+    };
+    if let Some(plan) = plan {
+        put_flat(tx, staged, &plan.manifest.skeleton, &plan.skeleton)?;
+        for (element, element_bytes) in &plan.new_elements {
+            put_flat(tx, staged, element, element_bytes)?;
+        }
+        let id = insert(tx, staged, digest, KIND_MANIFEST, bytes.len(), Value::Blob(plan.manifest.encode()))?;
+        if let (Some(run), Some(prefix)) = (run_pk, plan.prefix) {
+            remember_prefix(tx, run, &prefix, id)?;
+        }
+        return Ok(id);
     }
     store_flat(tx, staged, digest, bytes)
 }

@@ -36,8 +36,27 @@ fn message(rng: &mut StdRng, role: &str) -> String {
     serde_json::json!({ "role": role, "content": content }).to_string()
 }
 
+/// How the model's reply is stored.
+#[derive(Clone, Copy, Debug)]
+enum Reply {
+    /// The assistant message itself, as plain bytes.
+    Bare,
+    /// A chat completion holding the message, as a model response: its message is stored once,
+    /// though the next request carries it again.
+    ChatCompletion,
+}
+
 #[test]
 fn a_long_conversation_costs_its_unique_bytes() {
+    converse(Reply::Bare);
+}
+
+#[test]
+fn a_chat_completion_s_message_is_stored_once() {
+    converse(Reply::ChatCompletion);
+}
+
+fn converse(reply: Reply) {
     let dir = tempfile::tempdir().unwrap();
     let (db, blobs) = (dir.path().join("retrace.db"), dir.path().join("blobs"));
     let store = Arc::new(SqliteStore::open(&db, &blobs, Durability::Batch, 5_000).unwrap());
@@ -46,8 +65,8 @@ fn a_long_conversation_costs_its_unique_bytes() {
     let mut rng = StdRng::seed_from_u64(2024);
     let (turns, mut unique, mut naive) = (200u64, 0u64, 0u64);
     let mut history: Vec<String> = Vec::new();
-    let mut requests = Vec::new();
-    for _ in 0..turns {
+    let (mut requests, mut outputs) = (Vec::new(), Vec::new());
+    for turn in 0..turns {
         let user = message(&mut rng, "user");
         unique += user.len() as u64;
         history.push(user);
@@ -56,7 +75,17 @@ fn a_long_conversation_costs_its_unique_bytes() {
         let assistant = message(&mut rng, "assistant");
         unique += assistant.len() as u64;
         let request = BlobPut::new(request.into_bytes(), BlobHint::ModelRequest);
-        let output = BlobPut::new(assistant.clone().into_bytes(), BlobHint::Raw);
+        let output = match reply {
+            Reply::Bare => BlobPut::new(assistant.clone().into_bytes(), BlobHint::Raw),
+            Reply::ChatCompletion => {
+                let body = format!(
+                    "{{\"choices\":[{{\"finish_reason\":\"stop\",\"index\":0,\"message\":{assistant}}}],\
+                     \"id\":\"chatcmpl-{turn}\",\"object\":\"chat.completion\"}}"
+                );
+                naive += body.len() as u64;
+                BlobPut::new(body.into_bytes(), BlobHint::ModelResponse)
+            }
+        };
         let mut event = Event::new("budget", "agent", EventType::ModelCall);
         event.name = Some("/v1/chat/completions".into());
         event.key = request.digest();
@@ -64,6 +93,7 @@ fn a_long_conversation_costs_its_unique_bytes() {
         event.output_ref = Some(output.digest());
         event.output_hash = Some(output.digest());
         requests.push(request.clone());
+        outputs.push(output.clone());
         writer.append(event, vec![request, output]).unwrap();
         history.push(assistant);
     }
@@ -75,9 +105,9 @@ fn a_long_conversation_costs_its_unique_bytes() {
     let total = db_bytes + wal_bytes + blob_bytes;
     let budget = unique * 13 / 10 + 600 * turns;
     eprintln!(
-        "storage: {total} bytes (db {db_bytes}, wal {wal_bytes}, blob files {blob_bytes}) for {unique} unique \
-         message bytes and {turns} events: ratio {:.3}, {:.0} bytes per event beyond the messages; \
-         flat requests would take {naive} bytes ({:.1}x); budget {budget}",
+        "storage ({reply:?}): {total} bytes (db {db_bytes}, wal {wal_bytes}, blob files {blob_bytes}) for {unique} \
+         unique message bytes and {turns} events: ratio {:.3}, {:.0} bytes per event beyond the messages; \
+         flat requests and outputs would take {naive} bytes ({:.1}x); budget {budget}",
         total as f64 / unique as f64,
         (total as f64 - unique as f64) / turns as f64,
         naive as f64 / unique as f64,
@@ -87,6 +117,11 @@ fn a_long_conversation_costs_its_unique_bytes() {
     for request in requests.iter().step_by(10).chain(&requests[190..]) {
         assert_eq!(store.get_blob(&request.digest()).unwrap(), request.bytes().to_vec());
         assert!(store.manifest_of(&request.digest()).unwrap().is_some());
+    }
+    for output in outputs.iter().step_by(7) {
+        assert_eq!(store.get_blob(&output.digest()).unwrap(), output.bytes().to_vec());
+        let manifest = store.manifest_of(&output.digest()).unwrap();
+        assert_eq!(manifest.is_some(), matches!(reply, Reply::ChatCompletion), "{reply:?}");
     }
     let events = store.events("budget", 1, usize::MAX).unwrap();
     assert_eq!(events.len() as u64, turns);

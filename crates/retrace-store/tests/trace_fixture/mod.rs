@@ -57,7 +57,9 @@ impl Builder {
             self.blobs.push(put);
         }
         if let Some(bytes) = output {
-            let put = BlobPut::new(bytes, BlobHint::Raw);
+            // A model's reply is kept as a manifest of the message it hands back, as at record.
+            let hint = if kind == EventType::ModelCall { BlobHint::ModelResponse } else { BlobHint::Raw };
+            let put = BlobPut::new(bytes, hint);
             e.output_ref = Some(put.digest());
             e.output_hash = Some(put.digest());
             self.blobs.push(put);
