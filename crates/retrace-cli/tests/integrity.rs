@@ -98,6 +98,16 @@ fn verify_all_names_an_edited_event_row_and_two_swapped_blobs_in_sqlite() {
     let blob_a = format!("run {DAMAGED} seq 6 blob {a}");
     let blob_b = format!("run {DAMAGED} seq 10 blob {b}");
     home.run(&["verify", "--all"]).expect(1, &[&hash, &blob_a, &blob_b], &["verification found 3 problems"]);
+    // Export refuses the damaged run at its first swapped blob (export reads blobs unverified
+    // and hashes them on its writer thread), and still exports the sound one.
+    let corrupt = format!("blob {a} is corrupt");
+    home.run(&["export", DAMAGED, "-o", home.file("damaged.jsonl").to_str().unwrap()]).expect(
+        1,
+        &[],
+        &[&corrupt],
+    );
+    assert!(!home.file("damaged.jsonl").exists(), "no partial file is left");
+    home.run(&["export", SOUND, "-o", home.file("sound.jsonl").to_str().unwrap()]).expect(0, &[], &[]);
     assert!(!home.run(&["verify", "--all"]).stdout().contains(SOUND), "the sound run is not blamed");
     home.run(&["verify", SOUND]).expect(0, &["ok: run 01sound"], &[]);
 

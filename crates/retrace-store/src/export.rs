@@ -8,9 +8,12 @@
 //! exporting a run, importing it elsewhere and exporting it again gives the same bytes.
 //!
 //! The calling thread does all the reading (it holds the snapshot); a second thread encodes:
-//! it spools the event lines of each page while the next page is read, then turns each chunk
-//! of blobs into lines while the next chunk is read, and the calling thread writes them out in
-//! order. Errors keep file order: the encoder's, about an earlier line, win.
+//! it spools the event lines of each page while the next page is read. Then, while the calling
+//! thread reads chunks of blobs, an encoder hashes and encodes each chunk into lines and a
+//! writer puts out the header, the spooled events and those lines: the blobs are read
+//! unverified ([`crate::BlobStore::get_blobs_unverified`]) and verified by the encoder, so the
+//! reading thread, the slowest, doesn't hash, and doesn't write. Errors keep file order: the
+//! writer's, then the encoder's, about earlier lines, win over the reader's.
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Seek, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -23,7 +26,7 @@ use retrace_core::{Digest, Event, EventType};
 use tempfile::SpooledTempFile;
 
 use crate::manifest::Manifest;
-use crate::{Store, StoreError, StoreErrorKind};
+use crate::{Store, StoreError, StoreErrorKind, INLINE_BLOB_MAX};
 
 mod events;
 
@@ -90,8 +93,11 @@ impl ExportError {
     }
 }
 
-/// Plain blobs read from the store per [`crate::BlobStore::get_blobs`] call.
+/// Plain blobs read from the store per [`crate::BlobStore::get_blobs`] call, at most.
 const BLOBS_PER_READ: usize = 256;
+
+/// About how many bytes of blobs one read fetches: reads of large blobs take fewer blobs.
+const CHUNK_BYTES: usize = 4 << 20;
 
 /// Writes run `run_id` to `out`; `progress` receives the number of events written so far.
 ///
@@ -99,7 +105,7 @@ const BLOBS_PER_READ: usize = 256;
 pub fn export_run(
     store: &dyn Store,
     run_id: &str,
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExportStats, ExportError> {
     let mut result = None;
@@ -110,7 +116,7 @@ pub fn export_run(
 fn export_inner(
     store: &dyn Store,
     run_id: &str,
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExportStats, ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
@@ -140,35 +146,45 @@ fn export_inner(
         events: count,
         blobs: plan.len() as u64,
     };
-    let mut w = CountingWriter { inner: BufWriter::with_capacity(1 << 20, out), bytes: 0 };
-    let mut line = Vec::with_capacity(4096);
+    let mut header_line = Vec::with_capacity(4096);
     let value = serde_json::to_value(&header).expect("a header always serializes");
-    write_canonical_value(&value, &mut line).map_err(|source| ExportError::Canon {
+    write_canonical_value(&value, &mut header_line).map_err(|source| ExportError::Canon {
         run_id: run_id.to_owned(),
         what: "the header".to_owned(),
         source,
     })?;
-    line.push(b'\n');
-    w.write_all(&line)?;
-    let mut spool = spool;
-    spool.seek(io::SeekFrom::Start(0))?;
-    io::copy(&mut spool, &mut w)?;
-    drop(spool);
+    header_line.push(b'\n');
 
     let blobs = plan.len() as u64;
-    std::thread::scope(|scope| {
+    // This thread reads the blobs; an encoder hashes each and encodes its line; the writer
+    // puts out the header and the spooled events meanwhile, then the encoded lines.
+    let bytes = std::thread::scope(|scope| {
         let (chunks_tx, chunks_rx) = mpsc::sync_channel::<Vec<Fetched>>(2);
-        let (lines_tx, lines_rx) = mpsc::channel::<Vec<u8>>();
+        let (lines_tx, lines_rx) = mpsc::sync_channel::<Vec<u8>>(2);
         let encoder = scope.spawn(move || encode_blobs(run_id, chunks_rx, lines_tx));
-        let written = fetch_blobs(store, run_id, plan, &chunks_tx, &lines_rx, &mut w);
+        let writer = scope.spawn(move || -> io::Result<u64> {
+            let mut w = CountingWriter { inner: BufWriter::with_capacity(1 << 20, out), bytes: 0 };
+            w.write_all(&header_line)?;
+            let mut spool = spool;
+            spool.seek(io::SeekFrom::Start(0))?;
+            io::copy(&mut spool, &mut w)?;
+            drop(spool);
+            for lines in lines_rx {
+                w.write_all(&lines)?;
+            }
+            w.flush()?;
+            Ok(w.bytes)
+        });
+        let fetched = fetch_blobs(store, run_id, plan, &chunks_tx);
         drop(chunks_tx);
-        // Lines the encoder finished after the reader stopped are not wanted any more.
+        // Errors keep file order: the writer's concern earlier lines than the encoder's, whose
+        // concern earlier lines than the reader's.
         let encoded = encoder.join().expect("the blob encoder never panics");
+        let bytes = writer.join().expect("the blob writer never panics")?;
         encoded?;
-        written
+        fetched.map(|()| bytes)
     })?;
-    w.flush()?;
-    Ok(ExportStats { events: count, blobs, bytes: w.bytes })
+    Ok(ExportStats { events: count, blobs, bytes })
 }
 
 /// Reads the run's events page by page, checks their seqs and hands each page to the encoder;
@@ -245,23 +261,29 @@ fn spool_events(run_id: &str, pages: Receiver<Vec<Event>>) -> Result<SpooledTemp
 /// A blob read for writing: its digest, and its manifest or its bytes.
 type Fetched = (Digest, Result<Vec<u8>, Vec<u8>>);
 
-/// Reads the planned blobs [`BLOBS_PER_READ`] at a time, hands each chunk to the encoder and
-/// writes the lines it gets back, in order, one chunk behind.
+/// Reads the planned blobs up to [`BLOBS_PER_READ`] (and about [`CHUNK_BYTES`]) at a time,
+/// unverified up to [`INLINE_BLOB_MAX`] (the encoder hashes those), and hands each chunk to the
+/// encoder, in order.
 fn fetch_blobs(
     store: &dyn Store,
     run_id: &str,
     plan: Vec<Planned>,
-    encoder: &SyncSender<Vec<Fetched>>,
-    encoded: &Receiver<Vec<u8>>,
-    w: &mut dyn Write,
+    writer: &SyncSender<Vec<Fetched>>,
 ) -> Result<(), ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
-    let mut pending = 0usize;
     let mut plan = plan.into_iter().peekable();
+    let mut per_read = BLOBS_PER_READ;
     while plan.peek().is_some() {
-        let chunk: Vec<Planned> = plan.by_ref().take(BLOBS_PER_READ).collect();
+        let chunk: Vec<Planned> = plan.by_ref().take(per_read).collect();
         let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
-        let mut fetched = store.get_blobs(&plain).map_err(stored)?.into_iter();
+        let fetched = store.get_blobs_unverified(&plain).map_err(stored)?;
+        // Large blobs come fewer at a time, so the chunks in flight stay near CHUNK_BYTES.
+        let bytes: usize = fetched.iter().map(Vec::len).sum();
+        if !fetched.is_empty() {
+            let average = (bytes / fetched.len()).max(1);
+            per_read = (CHUNK_BYTES / average).clamp(1, BLOBS_PER_READ);
+        }
+        let mut fetched = fetched.into_iter();
         let mut blobs = Vec::with_capacity(chunk.len());
         for (digest, manifest) in chunk {
             let blob = match manifest {
@@ -272,39 +294,41 @@ fn fetch_blobs(
             };
             blobs.push((digest, blob));
         }
-        if encoder.send(blobs).is_err() {
-            // The encoder stopped on an error, which the caller reports.
+        if writer.send(blobs).is_err() {
+            // The writer stopped on an error, which the caller reports.
             return Ok(());
         }
-        pending += 1;
-        if pending > 1 {
-            let Ok(lines) = encoded.recv() else { return Ok(()) };
-            w.write_all(&lines)?;
-            pending -= 1;
-        }
-    }
-    for _ in 0..pending {
-        let Ok(lines) = encoded.recv() else { return Ok(()) };
-        w.write_all(&lines)?;
     }
     Ok(())
 }
 
-/// Turns each chunk of blobs received into their lines, sent back in the same order.
+/// Encodes the lines of every chunk of blobs received and hands them to the writer, in order;
+/// a plain blob only once its bytes hash to its digest (the reader fetched those up to
+/// [`INLINE_BLOB_MAX`] unverified).
 fn encode_blobs(
     run_id: &str,
     chunks: Receiver<Vec<Fetched>>,
-    lines: mpsc::Sender<Vec<u8>>,
+    lines: SyncSender<Vec<u8>>,
 ) -> Result<(), ExportError> {
     for chunk in chunks {
         let mut buf = Vec::with_capacity(chunk.len() * 1024);
         for (digest, blob) in chunk {
             match blob {
                 Ok(manifest) => manifest_line(run_id, &digest, &manifest, &mut buf)?,
-                Err(bytes) => blob_line(&digest, bytes, &mut buf),
+                Err(bytes) => {
+                    // Larger blobs came verified (`get_blobs_unverified`).
+                    let actual = (bytes.len() <= INLINE_BLOB_MAX).then(|| Digest::of(&bytes));
+                    if let Some(actual) = actual.filter(|actual| *actual != digest) {
+                        let message = format!("blob {digest} is corrupt: its stored bytes hash to {actual}");
+                        let source = StoreError::corrupt(message);
+                        return Err(ExportError::Store { run_id: run_id.to_owned(), source });
+                    }
+                    blob_line(&digest, bytes, &mut buf);
+                }
             }
         }
         if lines.send(buf).is_err() {
+            // The writer stopped on an error, which the caller reports.
             break;
         }
     }

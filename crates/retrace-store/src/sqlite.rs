@@ -382,12 +382,23 @@ impl BlobStore for SqliteStore {
     }
 
     fn get_blobs(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+        self.get_many(digests, blobs::Check::Digest)
+    }
+
+    fn get_blobs_unverified(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+        self.get_many(digests, blobs::Check::Caller)
+    }
+}
+
+impl SqliteStore {
+    /// [`BlobStore::get_blobs`] in one read transaction, checked as `check` says.
+    fn get_many(&self, digests: &[Digest], check: blobs::Check) -> StoreResult<Vec<Vec<u8>>> {
         self.read(|conn| {
             let own = conn.is_autocommit() && digests.len() > 1;
             if own {
                 conn.execute_batch("BEGIN").ctx(|| format!("reading blobs of {}", self.label))?;
             }
-            let blobs = blobs::get_many(conn, &self.files, digests);
+            let blobs = blobs::get_many(conn, &self.files, digests, check);
             if own {
                 conn.execute_batch("COMMIT").ctx(|| format!("reading blobs of {}", self.label))?;
             }

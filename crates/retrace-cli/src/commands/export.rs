@@ -54,7 +54,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let stats = match &args.output {
         None => {
-            let mut out = std::io::stdout().lock();
+            // Not locked: a writer thread writes (export buffers 1 MiB per write).
+            let mut out = std::io::stdout();
             export_run(&*store, &meta.id, &mut out, &mut report)
         }
         Some(path) => write_atomically(path, |file| export_run(&*store, &meta.id, file, &mut report))?,

@@ -223,22 +223,50 @@ pub(crate) fn get(conn: &Connection, files: &Files, digest: &Digest) -> StoreRes
     verified(conn, files, digest, row(conn, digest)?)
 }
 
-/// The verified bytes of each of `digests`, in order, their rows read in one query; the first
-/// missing or corrupt blob fails the whole call.
-pub(crate) fn get_many(conn: &Connection, files: &Files, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
+/// The bytes of each of `digests`, in order, their rows read in one query; the first missing
+/// blob fails the whole call. With [`Check::Digest`] every blob is verified (the first corrupt
+/// one fails the call too); with [`Check::Caller`] those up to [`INLINE_BLOB_MAX`] that are not
+/// manifests are not (the caller hashes them, see [`crate::BlobStore::get_blobs_unverified`]).
+pub(crate) fn get_many(
+    conn: &Connection,
+    files: &Files,
+    digests: &[Digest],
+    check: Check,
+) -> StoreResult<Vec<Vec<u8>>> {
     let rows = rows(conn, digests)?;
     digests
         .iter()
         .zip(rows)
         .map(|(digest, row)| match files.recent(digest) {
             Some(bytes) => Ok(bytes.to_vec()),
-            None => verified(conn, files, digest, row),
+            None => checked(conn, files, digest, row, check),
         })
         .collect()
 }
 
+/// Who checks a blob's bytes against its digest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The store, before it returns them.
+    Digest,
+    /// The caller, for blobs kept in the database (up to [`INLINE_BLOB_MAX`]): the store still
+    /// checks what it rebuilds (manifests), files and sizes.
+    Caller,
+}
+
 /// The bytes `row` (the row of `digest`, if stored) stands for, verified against `digest`.
 fn verified(conn: &Connection, files: &Files, digest: &Digest, row: Option<Row>) -> StoreResult<Vec<u8>> {
+    checked(conn, files, digest, row, Check::Digest)
+}
+
+/// The bytes `row` (the row of `digest`, if stored) stands for, checked as `check` says.
+fn checked(
+    conn: &Connection,
+    files: &Files,
+    digest: &Digest,
+    row: Option<Row>,
+    check: Check,
+) -> StoreResult<Vec<u8>> {
     let (kind, size, data, packed) = row.ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
     let size = usize::try_from(size).map_err(|_| bad_row(digest))?;
     let (bytes, from) = match (kind, data) {
@@ -261,9 +289,11 @@ fn verified(conn: &Connection, files: &Files, digest: &Digest, row: Option<Row>)
         }
         _ => return Err(bad_row(digest)),
     };
-    let actual = Digest::of(&bytes);
-    if actual != *digest {
-        return Err(StoreError::corrupt(format!("blob {digest} is corrupt: {from} hashes to {actual}")));
+    if check == Check::Digest || kind == KIND_MANIFEST || kind == KIND_FILE {
+        let actual = Digest::of(&bytes);
+        if actual != *digest {
+            return Err(corrupt(digest, &from, &actual));
+        }
     }
     if bytes.len() != size {
         return Err(bad_row(digest));
@@ -272,6 +302,11 @@ fn verified(conn: &Connection, files: &Files, digest: &Digest, row: Option<Row>)
         files.remember(*digest, Arc::from(bytes.as_slice()));
     }
     Ok(bytes)
+}
+
+/// The error for blob `digest` whose bytes (`from`: where they came from) hash to `actual`.
+pub(crate) fn corrupt(digest: &Digest, from: &str, actual: &Digest) -> StoreError {
+    StoreError::corrupt(format!("blob {digest} is corrupt: {from} hashes to {actual}"))
 }
 
 /// The columns of a [`Row`] of `blobs b`, for a query that joins the blobs it reads.
