@@ -9,6 +9,32 @@
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
+/// The byte the simple escape `\\letter` stands for in a JSON string (`letter` one of
+/// `"\\/bfnrt`); `None` for any other letter, `u` included. Shared by every decoder of JSON
+/// strings in the workspace (this parser, the masking scanner, import's line reader).
+#[inline]
+pub fn simple_escape(letter: u8) -> Option<u8> {
+    Some(match letter {
+        b'"' => b'"',
+        b'\\' => b'\\',
+        b'/' => b'/',
+        b'b' => 0x08,
+        b'f' => 0x0c,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        _ => return None,
+    })
+}
+
+/// The value of the four hex digits of a `\\u` escape at `bytes[at..at + 4]`; `None` unless all
+/// four are there and hex digits (no sign, no space).
+#[inline]
+pub fn hex4(bytes: &[u8], at: usize) -> Option<u16> {
+    let digits = bytes.get(at..at.checked_add(4)?)?;
+    digits.iter().try_fold(0u16, |acc, &d| Some(acc * 16 + char::from(d).to_digit(16)? as u16))
+}
+
 /// Arrays and objects nested deeper than this are rejected by [`parse`].
 pub const MAX_DEPTH: usize = 512;
 
@@ -376,10 +402,7 @@ impl Parser<'_> {
         if letter == Some(b'u') {
             return self.unicode_escape(at);
         }
-        match b"\"\\/bfnrt".iter().position(|&b| Some(b) == letter) {
-            Some(i) => Ok(['"', '\\', '/', '\u{8}', '\u{c}', '\n', '\r', '\t'][i]),
-            None => Err(Fail::at(at, "invalid escape")),
-        }
+        letter.and_then(simple_escape).map(char::from).ok_or_else(|| Fail::at(at, "invalid escape"))
     }
 
     fn unicode_escape(&mut self, at: usize) -> Result<char, Fail> {
@@ -400,13 +423,9 @@ impl Parser<'_> {
     }
 
     fn hex4(&mut self) -> Option<u32> {
-        let digits = self.bytes.get(self.pos..self.pos + 4)?;
-        let mut value = 0;
-        for &d in digits {
-            value = value * 16 + char::from(d).to_digit(16)?;
-        }
+        let value = hex4(self.bytes, self.pos)?;
         self.pos += 4;
-        Some(value)
+        Some(u32::from(value))
     }
 }
 

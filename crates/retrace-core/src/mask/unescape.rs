@@ -1,5 +1,7 @@
 //! Decoding a JSON string's escapes into a reusable buffer.
 
+use crate::json::{hex4, simple_escape};
+
 /// Appends the decoded bytes of `inner` (a JSON string's bytes between the quotes) to `out`.
 /// Returns false on a malformed escape. Bytes outside escapes are copied as they are, so the
 /// output is UTF-8 exactly when `inner` is (checked by the caller, only when it needs a
@@ -19,14 +21,6 @@ pub(crate) fn unescape(inner: &[u8], out: &mut Vec<u8>) -> bool {
         };
         i += 2;
         let byte = match e {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            b'/' => b'/',
-            b'b' => 0x08,
-            b'f' => 0x0c,
-            b'n' => b'\n',
-            b'r' => b'\r',
-            b't' => b'\t',
             b'u' => {
                 let Some(unit) = hex4(inner, i) else {
                     return false;
@@ -51,7 +45,10 @@ pub(crate) fn unescape(inner: &[u8], out: &mut Vec<u8>) -> bool {
                 out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
                 continue;
             }
-            _ => return false,
+            _ => match simple_escape(e) {
+                Some(byte) => byte,
+                None => return false,
+            },
         };
         out.push(byte);
     }
@@ -83,11 +80,6 @@ pub(crate) fn find_near(hay: &[u8], from: usize, a: u8, b: u8) -> Option<usize> 
         i += 8;
     }
     memchr::memchr2(a, b, hay.get(i..)?).map(|at| i + at)
-}
-
-fn hex4(bytes: &[u8], at: usize) -> Option<u16> {
-    let digits = bytes.get(at..at + 4)?;
-    digits.iter().try_fold(0u16, |acc, b| Some(acc * 16 + (*b as char).to_digit(16)? as u16))
 }
 
 #[cfg(test)]

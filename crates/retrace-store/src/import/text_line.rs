@@ -5,6 +5,7 @@
 //! bytes after the closing brace), is left to serde_json, whose answer (and error message) is
 //! the reference: this is a shortcut for lines serde_json would read the same way, never a
 //! second parser with its own rules.
+use retrace_core::json::{hex4, simple_escape};
 use retrace_core::Digest;
 
 const HEAD: &[u8] = b"{\"blob\":\"";
@@ -42,30 +43,14 @@ fn unescape(mut body: &[u8]) -> Option<Vec<u8>> {
         }
         let (&escape, after) = after.split_first()?;
         body = after;
-        let byte = match escape {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            b'/' => b'/',
-            b'b' => 0x08,
-            b'f' => 0x0c,
-            b'n' => b'\n',
-            b'r' => b'\r',
-            b't' => b'\t',
-            b'u' => {
-                let hex = body.get(..4)?;
-                if !hex.iter().all(u8::is_ascii_hexdigit) {
-                    return None; // `from_str_radix` would take a sign
-                }
-                let code = u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
-                body = &body[4..];
-                let c = char::from_u32(code)?; // surrogates are not chars: serde_json decides
-                let mut utf8 = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
-                continue;
-            }
-            _ => return None,
-        };
-        out.push(byte);
+        if escape == b'u' {
+            let code = hex4(body, 0)?;
+            body = &body[4..];
+            let c = char::from_u32(u32::from(code))?; // surrogates are not chars: serde_json decides
+            out.extend_from_slice(c.encode_utf8(&mut [0u8; 4]).as_bytes());
+            continue;
+        }
+        out.push(simple_escape(escape)?);
     }
 }
 
