@@ -26,7 +26,7 @@ use retrace_core::{Digest, Event, EventType};
 use tempfile::SpooledTempFile;
 
 use crate::manifest::Manifest;
-use crate::{Store, StoreError, StoreErrorKind, INLINE_BLOB_MAX};
+use crate::{BlobRef, Store, StoreError, StoreErrorKind, INLINE_BLOB_MAX};
 
 mod events;
 
@@ -196,26 +196,27 @@ fn read_events(
     count: u64,
     encoder: &SyncSender<Vec<Event>>,
     progress: &mut dyn FnMut(u64),
-) -> Result<(Vec<Digest>, HashSet<Digest>), ExportError> {
+) -> Result<(Vec<BlobRef>, HashSet<Digest>), ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
     let mut refs = Vec::new();
     let mut referenced = HashSet::new();
     let mut requests = HashSet::new();
     let mut next = 1u64;
-    while let Some(mut page) = pages.next_page().map_err(stored)? {
-        let gap = page.iter().zip(next..).position(|(event, expected)| event.seq != expected);
-        let valid = gap.unwrap_or(page.len());
-        for event in &page[..valid] {
-            for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
-                if referenced.insert(digest) {
-                    refs.push(digest);
+    while let Some(located) = pages.next_located_page().map_err(stored)? {
+        let gap = located.iter().zip(next..).position(|(l, expected)| l.event.seq != expected);
+        let valid = gap.unwrap_or(located.len());
+        for l in &located[..valid] {
+            for blob in l.blob_refs() {
+                if referenced.insert(blob.0) {
+                    refs.push(blob);
                 }
             }
-            if event.kind == EventType::ModelCall {
-                requests.extend(event.request_ref);
-                requests.extend(event.output_ref);
+            if l.event.kind == EventType::ModelCall {
+                requests.extend(l.event.request_ref);
+                requests.extend(l.event.output_ref);
             }
         }
+        let mut page: Vec<Event> = located.into_iter().map(|l| l.event).collect();
         next += valid as u64;
         if let Some(i) = gap {
             let message = format!("expected seq {next}, the store has seq {}", page[i].seq);
@@ -275,7 +276,7 @@ fn fetch_blobs(
     let mut per_read = BLOBS_PER_READ;
     while plan.peek().is_some() {
         let chunk: Vec<Planned> = plan.by_ref().take(per_read).collect();
-        let plain: Vec<Digest> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(d, _)| *d).collect();
+        let plain: Vec<BlobRef> = chunk.iter().filter(|(_, m)| m.is_none()).map(|(b, _)| *b).collect();
         let fetched = store.get_blobs_unverified(&plain).map_err(stored)?;
         // Large blobs come fewer at a time, so the chunks in flight stay near CHUNK_BYTES.
         let bytes: usize = fetched.iter().map(Vec::len).sum();
@@ -285,7 +286,7 @@ fn fetch_blobs(
         }
         let mut fetched = fetched.into_iter();
         let mut blobs = Vec::with_capacity(chunk.len());
-        for (digest, manifest) in chunk {
+        for ((digest, _), manifest) in chunk {
             let blob = match manifest {
                 Some(manifest) => Ok(manifest),
                 None => Err(fetched.next().ok_or_else(|| {
@@ -335,8 +336,9 @@ fn encode_blobs(
     Ok(())
 }
 
-/// A blob to write: a manifest carries its bytes, a plain blob `None`.
-type Planned = (Digest, Option<Vec<u8>>);
+/// A blob to write (with where it is kept, when known): a manifest carries its bytes, a plain
+/// blob `None`.
+type Planned = (BlobRef, Option<Vec<u8>>);
 
 /// The blobs to write, in order: each after every blob its manifest names, each once.
 ///
@@ -347,7 +349,7 @@ type Planned = (Digest, Option<Vec<u8>>);
 fn plan_blobs(
     store: &dyn Store,
     run_id: &str,
-    refs: &[Digest],
+    refs: &[BlobRef],
     mut candidates: HashSet<Digest>,
 ) -> Result<Vec<Planned>, ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
@@ -358,15 +360,16 @@ fn plan_blobs(
     let mut plan = Vec::with_capacity(refs.len());
     let mut planned = HashSet::new();
     let mut pending: HashMap<Digest, Vec<u8>> = HashMap::new();
-    for &root in refs {
-        // Depth-first, post-order, without recursion: manifest chains can be long.
-        let mut stack = vec![(root, false)];
-        while let Some((digest, expanded)) = stack.pop() {
+    for &(root, at) in refs {
+        // Depth-first, post-order, without recursion: manifest chains can be long. Only the
+        // roots come with where they are kept; the blobs their manifests name are looked up.
+        let mut stack = vec![(root, at, false)];
+        while let Some((digest, at, expanded)) = stack.pop() {
             if planned.contains(&digest) {
                 continue;
             }
             if expanded {
-                plan.push((digest, pending.remove(&digest)));
+                plan.push(((digest, at), pending.remove(&digest)));
                 planned.insert(digest);
                 continue;
             }
@@ -379,15 +382,15 @@ fn plan_blobs(
                 false => None,
             };
             let Some(manifest) = manifest else {
-                plan.push((digest, None));
+                plan.push(((digest, at), None));
                 planned.insert(digest);
                 continue;
             };
             let decoded = Manifest::decode(&manifest).map_err(|e| unreadable(&digest, e))?;
             candidates.extend(decoded.base);
             let names = crate::manifest::references(&manifest).map_err(|e| unreadable(&digest, e))?;
-            stack.push((digest, true));
-            stack.extend(names.into_iter().rev().filter(|d| !planned.contains(d)).map(|d| (d, false)));
+            stack.push((digest, at, true));
+            stack.extend(names.into_iter().rev().filter(|d| !planned.contains(d)).map(|d| (d, None, false)));
             pending.insert(digest, manifest);
         }
     }

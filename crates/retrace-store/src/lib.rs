@@ -122,6 +122,49 @@ impl BlobPut {
     }
 }
 
+/// Where a backend keeps a blob, as it says with an event ([`EventStore::events_located`]): a
+/// hint that lets it read the blob without looking its digest up ([`BlobStore::get_blobs_unverified`]).
+/// Opaque to callers, and only a hint: a backend checks that what it finds there has the digest
+/// asked for, and looks the digest up when it doesn't, so a stale or foreign hint costs a lookup,
+/// never wrong bytes. (SQLite: the blob's row id.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlobAt(i64);
+
+impl BlobAt {
+    /// A hint holding `value` (backends only).
+    pub fn new(value: i64) -> BlobAt {
+        BlobAt(value)
+    }
+
+    /// The value the backend put in.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// A blob to read: its digest, and where its backend keeps it when known ([`BlobAt`]).
+pub type BlobRef = (Digest, Option<BlobAt>);
+
+/// An event read with where its request and output blobs are kept ([`EventStore::events_located`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocatedEvent {
+    /// The event.
+    pub event: Event,
+    /// Where its `request_ref` is kept, if the backend says.
+    pub request_at: Option<BlobAt>,
+    /// Where its `output_ref` is kept, if the backend says.
+    pub output_at: Option<BlobAt>,
+}
+
+impl LocatedEvent {
+    /// The event's request and output blobs, each with its hint, in that order.
+    pub fn blob_refs(&self) -> impl Iterator<Item = BlobRef> + '_ {
+        let request = self.event.request_ref.map(|d| (d, self.request_at));
+        let output = self.event.output_ref.map(|d| (d, self.output_at));
+        request.into_iter().chain(output)
+    }
+}
+
 /// Events, blobs and cache entries written in one transaction.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
@@ -161,9 +204,12 @@ pub trait BlobStore: Send + Sync {
     /// export does, on its encoder thread, which takes the hashing off the thread that reads.
     /// Larger blobs, and those the backend rebuilds (manifests), are still verified here (beside
     /// reading a large file the hash costs little, and the encoder has enough to do with large
-    /// blobs). The default verifies everything.
-    fn get_blobs_unverified(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
-        self.get_blobs(digests)
+    /// blobs). Each blob comes with where the backend keeps it, when known ([`BlobAt`], from
+    /// [`EventStore::events_located`]), which spares a lookup by digest. The default ignores
+    /// the hints and verifies everything.
+    fn get_blobs_unverified(&self, blobs: &[BlobRef]) -> StoreResult<Vec<Vec<u8>>> {
+        let digests: Vec<Digest> = blobs.iter().map(|(digest, _)| *digest).collect();
+        self.get_blobs(&digests)
     }
 }
 
@@ -186,6 +232,16 @@ pub trait EventStore: Send + Sync {
     fn commit(&self, batch: &Batch) -> StoreResult<()>;
     /// Events of `run` with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>>;
+    /// [`EventStore::events`], each event with where its request and output blobs are kept,
+    /// as far as the backend knows ([`BlobAt`]): what export reads, to fetch those blobs
+    /// without looking each digest up. The default knows nothing.
+    fn events_located(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<LocatedEvent>> {
+        let events = self.events(run, from, limit)?;
+        Ok(events
+            .into_iter()
+            .map(|event| LocatedEvent { event, request_at: None, output_at: None })
+            .collect())
+    }
     /// [`EventStore::events`] as [`EventSummary`]s: what comparing runs reads. Backends read
     /// only what a summary holds; the default summarizes whole events.
     fn summaries(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<EventSummary>> {

@@ -385,20 +385,20 @@ impl BlobStore for SqliteStore {
         self.get_many(digests, blobs::Check::Digest)
     }
 
-    fn get_blobs_unverified(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
-        self.get_many(digests, blobs::Check::Caller)
+    fn get_blobs_unverified(&self, blobs: &[crate::BlobRef]) -> StoreResult<Vec<Vec<u8>>> {
+        self.get_many(blobs, blobs::Check::Caller)
     }
 }
 
 impl SqliteStore {
     /// [`BlobStore::get_blobs`] in one read transaction, checked as `check` says.
-    fn get_many(&self, digests: &[Digest], check: blobs::Check) -> StoreResult<Vec<Vec<u8>>> {
+    fn get_many<B: blobs::Wanted>(&self, wanted: &[B], check: blobs::Check) -> StoreResult<Vec<Vec<u8>>> {
         self.read(|conn| {
-            let own = conn.is_autocommit() && digests.len() > 1;
+            let own = conn.is_autocommit() && wanted.len() > 1;
             if own {
                 conn.execute_batch("BEGIN").ctx(|| format!("reading blobs of {}", self.label))?;
             }
-            let blobs = blobs::get_many(conn, &self.files, digests, check);
+            let blobs = blobs::get_many(conn, &self.files, wanted, check);
             if own {
                 conn.execute_batch("COMMIT").ctx(|| format!("reading blobs of {}", self.label))?;
             }
@@ -428,6 +428,9 @@ impl EventStore for SqliteStore {
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)
+    }
+    fn events_located(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<crate::LocatedEvent>> {
+        self.events_located_impl(run, from, limit)
     }
     fn summaries(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<crate::EventSummary>> {
         self.summaries_impl(run, from, limit)

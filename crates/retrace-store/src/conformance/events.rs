@@ -253,6 +253,91 @@ pub fn request_blobs_match_blob_reads(make: MakeStore<'_>) {
     assert_eq!(err_kind(store.request_blobs_at("ghost", &[1])), StoreErrorKind::NotFound);
 }
 
+/// [`crate::EventStore::events_located`] gives the events [`crate::EventStore::events`] gives,
+/// and the hints it hands out read the same bytes as digests alone: tiny, packed and file
+/// blobs, manifests, a blob an earlier batch stored, an event without blobs. A hint is never
+/// trusted: hints moved to other blobs, or pointing nowhere, still read each digest's own
+/// bytes, and a blob that isn't stored is `NotFound` whatever its hint.
+pub fn located_reads_match_blob_reads(make: MakeStore<'_>) {
+    use crate::{BlobAt, BlobHint, BlobPut, BlobRef};
+    use retrace_core::EventType;
+    let store = make();
+    store.create_run(&sample_run("located", 1)).unwrap();
+    let mut seed = 9;
+    let mut text = |n: usize| super::text(&mut seed, n).into_bytes();
+    let chat = |n: usize| {
+        format!(
+            "{{\"model\":\"m\",\"messages\":[{}]}}",
+            vec!["{\"role\":\"user\",\"content\":\"hi there\"}"; n].join(",")
+        )
+        .into_bytes()
+    };
+    let early = BlobPut::new(text(700), BlobHint::Raw);
+    let steps: Vec<(EventType, Option<BlobPut>, Option<BlobPut>, bool)> = vec![
+        (
+            EventType::ToolCall,
+            Some(BlobPut::new(b"tiny".to_vec(), BlobHint::Raw)),
+            Some(BlobPut::new(text(1000), BlobHint::Raw)),
+            true,
+        ),
+        (
+            EventType::ModelCall,
+            Some(BlobPut::new(chat(2), BlobHint::ModelRequest)),
+            Some(early.clone()),
+            true,
+        ),
+        (
+            EventType::ModelCall,
+            Some(BlobPut::new(chat(3), BlobHint::ModelRequest)),
+            Some(BlobPut::new(text(crate::INLINE_BLOB_MAX + 1), BlobHint::Raw)),
+            true,
+        ),
+        (EventType::Send, None, None, true),
+        // Stored by step 2 and not carried again.
+        (EventType::ToolCall, Some(early.clone()), Some(BlobPut::new(text(64), BlobHint::Raw)), false),
+    ];
+    let mut prev = None;
+    for (i, (kind, request, output, carried)) in steps.iter().enumerate() {
+        let mut e = retrace_core::Event::new("located", "agent", *kind);
+        e.seq = i as u64 + 1;
+        e.key = Digest::of(e.seq.to_string().as_bytes());
+        e.request_ref = request.as_ref().map(|b| b.digest);
+        e.output_ref = output.as_ref().map(|b| b.digest);
+        e.seal(prev).unwrap();
+        prev = Some(e.hash);
+        let blobs: Vec<BlobPut> = match carried {
+            true => request.iter().chain(output).cloned().collect(),
+            false => output.iter().cloned().collect(),
+        };
+        store.commit(&Batch { run_id: "located".into(), events: vec![e], blobs, cache: Vec::new() }).unwrap();
+    }
+    let located = store.events_located("located", 1, 100).unwrap();
+    let events: Vec<retrace_core::Event> = located.iter().map(|l| l.event.clone()).collect();
+    assert_eq!(events, store.events("located", 1, 100).unwrap());
+    assert_eq!(store.events_located("located", 3, 1).unwrap()[0].event.seq, 3);
+    let refs: Vec<BlobRef> = located.iter().flat_map(|l| l.blob_refs()).collect();
+    let digests: Vec<Digest> = refs.iter().map(|(d, _)| *d).collect();
+    assert_eq!(digests.len(), 8);
+    let bytes = store.get_blobs(&digests).unwrap();
+    assert_eq!(store.get_blobs_unverified(&refs).unwrap(), bytes, "with their own hints");
+    let mut moved: Vec<BlobRef> = refs.clone();
+    let hints: Vec<Option<BlobAt>> = refs.iter().map(|(_, at)| *at).collect();
+    for (i, blob) in moved.iter_mut().enumerate() {
+        blob.1 = hints[(i + 1) % hints.len()];
+    }
+    assert_eq!(store.get_blobs_unverified(&moved).unwrap(), bytes, "with each other's hints");
+    for nowhere in [0, -1, i64::MAX] {
+        let lost: Vec<BlobRef> = digests.iter().map(|d| (*d, Some(BlobAt::new(nowhere)))).collect();
+        assert_eq!(store.get_blobs_unverified(&lost).unwrap(), bytes, "with hints to {nowhere}");
+    }
+    let missing = Digest::of(b"never stored");
+    let hint = hints.iter().flatten().next().copied().or(Some(BlobAt::new(1)));
+    let err = store.get_blobs_unverified(&[refs[0], (missing, hint)]).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::NotFound);
+    assert!(err.message.contains(&missing.to_string()), "{err}");
+    assert_eq!(err_kind(store.events_located("ghost", 1, 10)), StoreErrorKind::NotFound);
+}
+
 /// A run of `n` events whose causal parents reach back 1..=300 seqs (so chains cross the
 /// 256-seq blocks SQLite packs heads into), every 5th a deliver with a message, every 7th with
 /// no parent, names and agents varied; committed in batches of 1..=9 events, as a recording

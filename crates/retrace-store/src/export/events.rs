@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use retrace_core::Event;
 
-use crate::{Store, StoreError, StoreErrorKind, StoreResult};
+use crate::{LocatedEvent, Store, StoreError, StoreErrorKind, StoreResult};
 
 /// Events read from the store per page.
 pub const PAGE: usize = 4096;
@@ -53,6 +53,26 @@ impl EventCursor {
 
     /// The next page of at most `limit` events read from `store`, or `None` after the last.
     pub fn next_page(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Vec<Event>>> {
+        self.advance(limit, |run, from, want| store.events(run, from, want), |e| e.seq)
+    }
+
+    /// [`EventCursor::next_page`] with where each event's blobs are kept
+    /// ([`crate::EventStore::events_located`]).
+    pub fn next_located_page(
+        &mut self,
+        store: &dyn Store,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<LocatedEvent>>> {
+        self.advance(limit, |run, from, want| store.events_located(run, from, want), |e| e.event.seq)
+    }
+
+    /// The next page read by `read(run, from, limit)`, whose items have seqs `seq`.
+    fn advance<T>(
+        &mut self,
+        limit: usize,
+        mut read: impl FnMut(&str, u64, usize) -> StoreResult<Vec<T>>,
+        seq: impl Fn(&T) -> u64,
+    ) -> StoreResult<Option<Vec<T>>> {
         while let Some(segment) = self.segments.get(self.index) {
             if self.next > segment.to {
                 self.index += 1;
@@ -60,14 +80,14 @@ impl EventCursor {
                 continue;
             }
             let want = usize::try_from(segment.to - self.next + 1).unwrap_or(limit).min(limit);
-            let page = store.events(&segment.run, self.next, want)?;
+            let page = read(&segment.run, self.next, want)?;
             let Some(last) = page.last() else {
                 return Err(StoreError::corrupt(format!(
                     "run {} holds no events from seq {} though its last seq is {}",
                     segment.run, self.next, segment.to
                 )));
             };
-            self.next = last.seq + 1;
+            self.next = seq(last) + 1;
             return Ok(Some(page));
         }
         Ok(None)
@@ -106,6 +126,11 @@ impl<'a> RunEvents<'a> {
     /// The next page of at most [`PAGE`] events, or `None` after the last.
     pub fn next_page(&mut self) -> StoreResult<Option<Vec<Event>>> {
         self.cursor.next_page(self.store, PAGE)
+    }
+
+    /// [`RunEvents::next_page`] with where each event's blobs are kept.
+    pub fn next_located_page(&mut self) -> StoreResult<Option<Vec<LocatedEvent>>> {
+        self.cursor.next_located_page(self.store, PAGE)
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use retrace_core::Digest;
-use rusqlite::types::Value;
+use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::files::Files;
@@ -13,7 +13,7 @@ use super::schema::{KIND_FILE, KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use super::staged::Staged;
 use crate::error::ResultExt;
 use crate::manifest::{self, Manifest, ManifestSource};
-use crate::{BlobHint, StoreError, StoreResult, INLINE_BLOB_MAX};
+use crate::{BlobAt, BlobHint, BlobRef, StoreError, StoreResult, INLINE_BLOB_MAX};
 
 /// Blobs up to this size stay in their row; larger ones up to [`INLINE_BLOB_MAX`] are packed.
 const ROW_MAX: usize = 64;
@@ -211,6 +211,68 @@ fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> 
     Ok(found)
 }
 
+/// A blob asked for: its digest, and where it is kept when the caller knows ([`BlobAt`]: its
+/// row id).
+pub(crate) trait Wanted {
+    fn digest(&self) -> &Digest;
+    fn at(&self) -> Option<BlobAt>;
+}
+
+impl Wanted for Digest {
+    fn digest(&self) -> &Digest {
+        self
+    }
+    fn at(&self) -> Option<BlobAt> {
+        None
+    }
+}
+
+impl Wanted for BlobRef {
+    fn digest(&self) -> &Digest {
+        &self.0
+    }
+    fn at(&self) -> Option<BlobAt> {
+        self.1
+    }
+}
+
+/// The rows of the `wanted` blobs that come with a row id, by id in one query, in the order
+/// given: `None` for one without an id, or whose row there has another digest (the id is only
+/// a hint, see [`BlobAt`]).
+fn rows_at<B: Wanted>(conn: &Connection, wanted: &[B]) -> StoreResult<Vec<Option<Row>>> {
+    let mut found: Vec<Option<Row>> = (0..wanted.len()).map(|_| None).collect();
+    let hinted: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i].at().is_some()).collect();
+    if hinted.is_empty() {
+        return Ok(found);
+    }
+    let mut list = String::with_capacity(2 + hinted.len() * 10);
+    list.push('[');
+    for (n, &i) in hinted.iter().enumerate() {
+        if n > 0 {
+            list.push(',');
+        }
+        list.push_str(&wanted[i].at().map_or(0, BlobAt::get).to_string());
+    }
+    list.push(']');
+    let what = || format!("reading {} blobs by row id", hinted.len());
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT j.key, b.digest, {ROW_COLUMNS} FROM json_each(?1) j CROSS JOIN blobs b ON b.id = j.value"
+        ))
+        .ctx(what)?;
+    let mut rows = stmt.query([&list]).ctx(what)?;
+    while let Some(r) = rows.next().ctx(what)? {
+        let n: i64 = r.get(0).ctx(what)?;
+        let Some(&i) = usize::try_from(n).ok().and_then(|n| hinted.get(n)) else { continue };
+        let same = matches!(r.get_ref(1).ctx(what)?, ValueRef::Blob(d) if d == wanted[i].digest().as_bytes());
+        if !same {
+            continue;
+        }
+        found[i] = Some((r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?, r.get(5).ctx(what)?));
+    }
+    Ok(found)
+}
+
 fn bad_row(digest: &Digest) -> StoreError {
     StoreError::corrupt(format!("blob {digest} is corrupt: its row has an unknown kind or data"))
 }
@@ -223,23 +285,31 @@ pub(crate) fn get(conn: &Connection, files: &Files, digest: &Digest) -> StoreRes
     verified(conn, files, digest, row(conn, digest)?)
 }
 
-/// The bytes of each of `digests`, in order, their rows read in one query; the first missing
-/// blob fails the whole call. With [`Check::Digest`] every blob is verified (the first corrupt
+/// The bytes of each `wanted` blob, in order: those with a row id read by id in one query,
+/// the rest (and any whose id holds another blob) by digest in another; the first missing blob
+/// fails the whole call. With [`Check::Digest`] every blob is verified (the first corrupt
 /// one fails the call too); with [`Check::Caller`] those up to [`INLINE_BLOB_MAX`] that are not
 /// manifests are not (the caller hashes them, see [`crate::BlobStore::get_blobs_unverified`]).
-pub(crate) fn get_many(
+pub(crate) fn get_many<B: Wanted>(
     conn: &Connection,
     files: &Files,
-    digests: &[Digest],
+    wanted: &[B],
     check: Check,
 ) -> StoreResult<Vec<Vec<u8>>> {
-    let rows = rows(conn, digests)?;
-    digests
+    let mut found = rows_at(conn, wanted)?;
+    let rest: Vec<usize> = (0..wanted.len()).filter(|&i| found[i].is_none()).collect();
+    if !rest.is_empty() {
+        let digests: Vec<Digest> = rest.iter().map(|&i| *wanted[i].digest()).collect();
+        for (i, row) in rest.into_iter().zip(rows(conn, &digests)?) {
+            found[i] = row;
+        }
+    }
+    wanted
         .iter()
-        .zip(rows)
-        .map(|(digest, row)| match files.recent(digest) {
+        .zip(found)
+        .map(|(blob, row)| match files.recent(blob.digest()) {
             Some(bytes) => Ok(bytes.to_vec()),
-            None => checked(conn, files, digest, row, check),
+            None => checked(conn, files, blob.digest(), row, check),
         })
         .collect()
 }

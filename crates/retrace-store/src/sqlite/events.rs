@@ -4,18 +4,19 @@ use std::collections::HashMap;
 
 use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event};
+use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 
 use super::deliveries;
 use super::head_blocks::{self, RawHead};
-use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS};
+use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS, EVENT_COLUMN_COUNT};
 use super::runs::run_pk;
 use super::staged::Staged;
 use super::{blobs, cache, schema, SqliteStore};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
 use crate::writer::check_seqs;
-use crate::{Batch, StoreError, StoreResult};
+use crate::{Batch, BlobAt, LocatedEvent, StoreError, StoreResult};
 
 fn last_seq(conn: &Connection, run: &str, pk: i64) -> StoreResult<u64> {
     let last: Option<i64> = conn
@@ -68,8 +69,10 @@ impl SqliteStore {
             let digests: Vec<Digest> = batch.blobs.iter().map(|b| b.digest).collect();
             blobs::prefetch(tx, &mut staged, &digests)?;
             for blob in &batch.blobs {
-                blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
+                let id = blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
+                staged.known.insert(blob.digest, Some(id));
             }
+            let known = std::mem::take(&mut staged.known);
             staged.finish(tx)?;
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
@@ -78,8 +81,9 @@ impl SqliteStore {
             let mut insert = tx
                 .prepare_cached(
                     "INSERT INTO events (id, agent_pk, type, lamport, causal_parent, name, key, \
-                     request_ref, output_ref, output_hash, flags, prev, hash, extra) \
-                     VALUES ((?1 << 32) | ?3, ?2, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                     request_ref, output_ref, output_hash, flags, prev, hash, extra, request_blob, \
+                     output_blob) \
+                     VALUES ((?1 << 32) | ?3, ?2, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
                 )
                 .ctx(|| what.clone())?;
             let mut heads = Vec::with_capacity(batch.events.len());
@@ -88,8 +92,16 @@ impl SqliteStore {
                 schema::check_event_id(run, pk, event.seq)?;
                 let agent = self.agent_pk(tx, &event.agent_id, &mut fresh_agents)?;
                 let values = event_values(run, event)?;
-                let all = [rusqlite::types::Value::Integer(pk), rusqlite::types::Value::Integer(agent)];
-                insert.execute(params_from_iter(all.iter().chain(values.iter()))).ctx(|| what.clone())?;
+                let all = [Value::Integer(pk), Value::Integer(agent)];
+                // The row ids of blobs this batch carried (a blob stored earlier and not
+                // carried again stays NULL: readers look its digest up).
+                let id = |digest: Option<Digest>| match digest.and_then(|d| known.get(&d).copied().flatten()) {
+                    Some(id) => Value::Integer(id),
+                    None => Value::Null,
+                };
+                let ids = [id(event.request_ref), id(event.output_ref)];
+                let params = all.iter().chain(values.iter()).chain(ids.iter());
+                insert.execute(params_from_iter(params)).ctx(|| what.clone())?;
                 let name_pk = match &event.name {
                     Some(name) => Some(self.name_pk(tx, name, &mut fresh_names).ctx(|| what.clone())?),
                     None => None,
@@ -159,6 +171,34 @@ impl SqliteStore {
                 })
                 .ctx(|| format!("reading events of run {run} from seq {from}"))
                 .and_then(|rows: Vec<StoreResult<Event>>| rows.into_iter().collect())
+        })
+    }
+
+    /// [`SqliteStore::events_impl`] with each event's blob row ids.
+    pub(crate) fn events_located_impl(
+        &self,
+        run: &str,
+        from: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<LocatedEvent>> {
+        self.read(|conn| {
+            let pk = run_pk(conn, run)?;
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS}, e.request_blob, e.output_blob FROM events e \
+                 JOIN agents a ON a.pk = e.agent_pk \
+                 WHERE e.id >= (?1 << 32) + ?2 AND e.id < (?1 + 1) << 32 ORDER BY e.id LIMIT ?3"
+            );
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let from = schema::seq_bound(from);
+            let located = |r: &rusqlite::Row<'_>| -> rusqlite::Result<StoreResult<LocatedEvent>> {
+                let at = |i: usize| Ok::<_, rusqlite::Error>(r.get::<_, Option<i64>>(i)?.map(BlobAt::new));
+                let (request_at, output_at) = (at(EVENT_COLUMN_COUNT)?, at(EVENT_COLUMN_COUNT + 1)?);
+                Ok(event_from_row(run, r)?.map(|event| LocatedEvent { event, request_at, output_at }))
+            };
+            conn.prepare_cached(&sql)
+                .and_then(|mut s| s.query_map(params![pk, from, limit], located)?.collect())
+                .ctx(|| format!("reading events of run {run} from seq {from}"))
+                .and_then(|rows: Vec<StoreResult<LocatedEvent>>| rows.into_iter().collect())
         })
     }
 

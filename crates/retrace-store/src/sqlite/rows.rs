@@ -18,6 +18,9 @@ use crate::{StoreError, StoreResult};
 pub(crate) const EVENT_COLUMNS: &str = "e.seq, e.type, a.name, e.lamport, e.causal_parent, e.name, e.key, \
      e.request_ref, e.output_ref, e.output_hash, e.flags, e.prev, e.hash, e.extra";
 
+/// How many columns [`EVENT_COLUMNS`] selects (a query may select more after them).
+pub(crate) const EVENT_COLUMN_COUNT: usize = 14;
+
 /// The optional fields of an event, absent ones omitted.
 #[derive(Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -62,17 +62,25 @@
 //!   table cost a page per delivery (an agent's rows lie together, and each delivery goes to
 //!   its receiver's page); caught up every few thousand events, a page per receiving agent.
 //!
+//! - version 11 adds to each event the row ids of its request and output blobs
+//!   (`request_blob`, `output_blob`; NULL when the commit didn't carry the blob, and in rows
+//!   stored before), so export reads them by row id instead of looking each digest up in
+//!   `blobs`' digest index: a random probe per blob, a quarter of the export's reading. A row
+//!   id is a hint, never trusted alone: the reader checks the row's digest, and looks the
+//!   digest up when it differs (a blob collected and its id reused).
+//!
 //! Versions: 1 had no `cache` table; 2 had no `vault`, no `audit` and no `blobs.stored_at`;
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
 //! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
-//! `deliveries` with each commit.
+//! `deliveries` with each commit; 10 had no blob row ids in `events`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
 //! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
-//! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty). A store of a
+//! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty; 10 → 11 adds the
+//! two columns, NULL). A store of a
 //! newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -80,7 +88,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -159,6 +167,8 @@ fn events_ddl(table: &str) -> String {
     prev BLOB,
     hash BLOB NOT NULL,
     extra TEXT,
+    request_blob INTEGER,
+    output_blob INTEGER,
     run_pk INTEGER GENERATED ALWAYS AS (id >> 32) VIRTUAL,
     seq INTEGER GENERATED ALWAYS AS (id & 4294967295) VIRTUAL
 );"
@@ -230,6 +240,23 @@ fn rebuild_events(conn: &Connection, path: &str) -> StoreResult<()> {
         ddl = events_ddl("events_v9")
     ))
     .ctx(what)
+}
+
+/// Version 11: the row ids of each event's request and output blobs (`events.request_blob`,
+/// `events.output_blob`), unless an upgrade from before version 9 rebuilt `events` with them.
+fn add_blob_ids(conn: &Connection) -> rusqlite::Result<()> {
+    let has: i64 = conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('events') WHERE name = 'request_blob'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has == 0 {
+        conn.execute_batch(
+            "ALTER TABLE events ADD COLUMN request_blob INTEGER;
+             ALTER TABLE events ADD COLUMN output_blob INTEGER;",
+        )?;
+    }
+    Ok(())
 }
 
 /// What version 2 added to version 1 (also part of a new store's schema).
@@ -474,6 +501,10 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         if version < 10 {
             // No mark: every run's rows are complete, as they were.
             conn.execute_batch(DDL_V10).ctx(what)?;
+        }
+        if version < 11 && version > 0 {
+            // NULL in the rows already stored: their blobs are found by digest, as before.
+            add_blob_ids(conn).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

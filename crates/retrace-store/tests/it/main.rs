@@ -3,6 +3,7 @@ mod gc_props;
 mod knew;
 mod memory;
 mod sqlite;
+mod sqlite_v11;
 mod sqlite_v3;
 mod sqlite_v4;
 mod sqlite_v9;
