@@ -186,6 +186,45 @@ fn write(dir: &Path, name: &str, lines: &[String]) -> String {
     path.to_str().unwrap().to_owned()
 }
 
+/// `-o` into something that is not a regular file writes into it (as `> /dev/null` would)
+/// rather than renaming a file over it, and `-o` to a symbolic link replaces the file it names
+/// and keeps the link. (A rename over `/dev/null` once replaced the machine's `/dev/null` with
+/// a regular file, so this test uses a FIFO of its own.)
+#[test]
+fn export_writes_into_a_fifo_and_through_a_symlink() {
+    use std::os::unix::fs::FileTypeExt;
+    let home = Home::with(&conversation(RUN, 3));
+    let exported = home.run(&["export", RUN]).0.stdout;
+    let fifo = home.file("pipe");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo");
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    home.run(&["export", RUN, "-o", fifo.to_str().unwrap()]).expect(0, &[], &["exported run"]);
+    assert_eq!(reader.join().unwrap(), exported, "the FIFO's reader got the whole trace");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "still a FIFO");
+    let leftovers: Vec<_> = std::fs::read_dir(home.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary file left: {leftovers:?}");
+
+    let real = home.file("real.jsonl");
+    std::fs::write(&real, b"old contents").unwrap();
+    let link = home.file("link.jsonl");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    home.run(&["export", RUN, "-o", link.to_str().unwrap()]).expect(0, &[], &["exported run"]);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
+    assert_eq!(std::fs::read(&real).unwrap(), exported, "the file it names holds the trace");
+
+    let dir = home.file("a-folder");
+    std::fs::create_dir(&dir).unwrap();
+    home.run(&["export", RUN, "-o", dir.to_str().unwrap()]).expect(2, &[], &["is a directory"]);
+}
+
 #[test]
 fn import_refuses_bad_files_with_the_right_code_and_line() {
     let source = Home::with(&conversation(RUN, 3));

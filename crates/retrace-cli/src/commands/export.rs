@@ -78,10 +78,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Runs `write` on a temporary file beside `path`, renamed to `path` when it succeeds.
+///
+/// A `path` that is a symbolic link is written through: the temporary file goes beside the
+/// file it names, which is replaced, and the link stays. A `path` that exists and is not a
+/// regular file (`/dev/null`, a FIFO, a terminal) is written directly, as a shell's `>` would:
+/// renaming over it would replace a device with a file (as root, `-o /dev/null` did).
 pub(crate) fn write_atomically<T, E>(
     path: &Path,
     write: impl FnOnce(&mut File) -> Result<T, E>,
 ) -> anyhow::Result<Result<T, E>> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    let resolved = match is_link {
+        true => std::fs::canonicalize(path).ok(),
+        false => None,
+    };
+    let path = resolved.as_deref().unwrap_or(path);
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => anyhow::bail!("cannot write {}: it is a directory", path.display()),
+        Ok(meta) if !meta.is_file() => {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+            let result = write(&mut file);
+            if result.is_ok() {
+                file.flush().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            }
+            return Ok(result);
+        }
+        _ => {}
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let mut file =
