@@ -176,15 +176,11 @@ pub(crate) fn put(
 pub(crate) type Row = (i64, i64, Value, Option<Vec<u8>>);
 
 fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
-    conn.prepare_cached(
-        "SELECT b.kind, b.size, b.data, CASE WHEN b.kind = 3 THEN \
-         (SELECT substr(s.data, (b.data & 65535) + 1, b.size) FROM segments s WHERE s.id = b.data >> 16) END \
-         FROM blobs b WHERE b.digest = ?1",
-    )
-    .and_then(|mut s| {
-        s.query_row([digest.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()
-    })
-    .ctx(|| format!("reading blob {digest}"))
+    conn.prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM blobs b WHERE b.digest = ?1"))
+        .and_then(|mut s| {
+            s.query_row([digest.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()
+        })
+        .ctx(|| format!("reading blob {digest}"))
 }
 
 /// The rows of `digests` in one query, in the order given (`None` for a digest not stored):
@@ -194,11 +190,9 @@ fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> 
     let mut found: Vec<Option<Row>> = (0..digests.len()).map(|_| None).collect();
     let what = || format!("reading {} blobs", digests.len());
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT j.key, b.kind, b.size, b.data, CASE WHEN b.kind = 3 THEN \
-             (SELECT substr(s.data, (b.data & 65535) + 1, b.size) FROM segments s WHERE s.id = b.data >> 16) END \
-             FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)",
-        )
+        .prepare_cached(&format!(
+            "SELECT j.key, {ROW_COLUMNS} FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)"
+        ))
         .ctx(what)?;
     let mut rows = stmt.query([&list]).ctx(what)?;
     while let Some(r) = rows.next().ctx(what)? {
@@ -379,9 +373,16 @@ pub(crate) fn corrupt(digest: &Digest, from: &str, actual: &Digest) -> StoreErro
     StoreError::corrupt(format!("blob {digest} is corrupt: {from} hashes to {actual}"))
 }
 
-/// The columns of a [`Row`] of `blobs b`, for a query that joins the blobs it reads.
+/// The columns of a [`Row`] of `blobs b`, for a query that joins the blobs it reads. A packed
+/// blob's bytes come with it when they lie within one segment or continue into the next (the
+/// first segment's tail and the next one's head, concatenated: `||` makes text of the bytes, the
+/// cast makes them a blob again, unchanged); one spread over more is read by [`pack::read`].
 pub(crate) const ROW_COLUMNS: &str = "b.kind, b.size, b.data, CASE WHEN b.kind = 3 THEN \
-     (SELECT substr(s.data, (b.data & 65535) + 1, b.size) FROM segments s WHERE s.id = b.data >> 16) END";
+     (SELECT CASE WHEN length(s.data) - (b.data & 65535) >= b.size \
+         THEN substr(s.data, (b.data & 65535) + 1, b.size) \
+         ELSE CAST(substr(s.data, (b.data & 65535) + 1) || coalesce((SELECT substr(t.data, 1, \
+             b.size - length(s.data) + (b.data & 65535)) FROM segments t WHERE t.id = s.id + 1), x'') AS BLOB) END \
+      FROM segments s WHERE s.id = b.data >> 16) END";
 
 /// The verified bytes of `digest` from its row (read by such a query), as [`get`] answers.
 pub(crate) fn from_row(
