@@ -8,3 +8,4 @@ mod sqlite_v3;
 mod sqlite_v4;
 mod sqlite_v9;
 mod storage;
+mod wal_pages;
