@@ -27,7 +27,9 @@ macro_rules! examples {
         "Read a trace file written by `retrace export` into the store and print the run's id.\n\n\
 Every line is verified before anything is stored: the header's format and counts, each event's \
 seq, hash and link to the previous event, each blob's digest, that every referenced blob is in the \
-file and nothing follows the last one. Errors name the file and line.\n\n\
+file and nothing follows the last one. Errors name the file and line. The verified lines are held \
+in memory until they are stored, so an import needs about as much free memory as the file is \
+large.\n\n\
 Importing a run that is already stored with the same events does nothing (exit 0, and says so); \
 one stored with different events is refused (exit 1, naming the first differing seq). A fork's \
 inherited events must equal its source's where the source is stored.\n\n\
