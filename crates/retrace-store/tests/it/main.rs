@@ -7,5 +7,6 @@ mod sqlite_v11;
 mod sqlite_v3;
 mod sqlite_v4;
 mod sqlite_v9;
+mod steps;
 mod storage;
 mod wal_pages;

@@ -4,12 +4,12 @@
 //! are there, missing, swapped or pointing nowhere (an id is a hint, checked against the digest).
 use std::path::Path;
 
-use retrace_core::{Digest, Event, EventType};
+use retrace_core::Digest;
 use retrace_store::conformance::sample_run;
 use retrace_store::export::export_run;
 use retrace_store::sqlite::schema::SCHEMA_VERSION;
 use retrace_store::sqlite::SqliteStore;
-use retrace_store::{Batch, BlobHint, BlobPut, Durability, EventStore};
+use retrace_store::{Durability, EventStore};
 use rusqlite::Connection;
 
 fn open(dir: &Path) -> SqliteStore {
@@ -34,19 +34,8 @@ fn record(store: &SqliteStore, run: &str, first: u64, n: u64, prev: Option<Diges
             _ => format!("request {seq} ").repeat(80),
         };
         let output = format!("output {seq} ").repeat(90);
-        let (request, output) = (
-            BlobPut::new(request.into_bytes(), BlobHint::Raw),
-            BlobPut::new(output.into_bytes(), BlobHint::Raw),
-        );
-        let mut e = Event::new(run, "agent", EventType::ToolCall);
-        e.seq = seq;
-        e.key = Digest::of(seq.to_string().as_bytes());
-        e.request_ref = Some(request.digest());
-        e.output_ref = Some(output.digest());
-        e.seal(prev).unwrap();
-        prev = Some(e.hash);
-        let batch =
-            Batch { run_id: run.into(), events: vec![e], blobs: vec![request, output], cache: Vec::new() };
+        let batch = crate::steps::tool_call(run, seq, request, output, prev);
+        prev = Some(batch.events[0].hash);
         store.commit(&batch).unwrap();
     }
     prev

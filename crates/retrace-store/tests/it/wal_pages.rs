@@ -6,10 +6,10 @@
 //! first.
 use std::collections::{BTreeMap, BTreeSet};
 
-use retrace_core::{Digest, Event, EventType};
+use retrace_core::Digest;
 use retrace_store::conformance::sample_run;
 use retrace_store::sqlite::SqliteStore;
-use retrace_store::{Batch, BlobHint, BlobPut, Durability, EventStore};
+use retrace_store::{Durability, EventStore};
 use rusqlite::Connection;
 
 /// The b-trees a plain tool call's commit writes: the event row (`events`), its head
@@ -20,19 +20,10 @@ const EXPECTED: [&str; 6] =
     ["blobs", "events", "heads", "segments", "sqlite_autoindex_blobs_1", "sqlite_schema"];
 
 fn commit_one(store: &SqliteStore, run: &str, seq: u64, prev: Option<Digest>) -> Digest {
-    let request = BlobPut::new(format!("request {seq} ").repeat(80).into_bytes(), BlobHint::Raw);
-    let output = BlobPut::new(format!("output {seq} ").repeat(90).into_bytes(), BlobHint::Raw);
-    let mut e = Event::new(run, "agent", EventType::ToolCall);
-    e.seq = seq;
-    e.key = Digest::of(seq.to_string().as_bytes());
-    e.request_ref = Some(request.digest());
-    e.output_ref = Some(output.digest());
-    e.seal(prev).unwrap();
-    let hash = e.hash;
-    let batch =
-        Batch { run_id: run.into(), events: vec![e], blobs: vec![request, output], cache: Vec::new() };
+    let (request, output) = (format!("request {seq} ").repeat(80), format!("output {seq} ").repeat(90));
+    let batch = crate::steps::tool_call(run, seq, request, output, prev);
     store.commit(&batch).unwrap();
-    hash
+    batch.events[0].hash
 }
 
 /// `(page number, commit size)` of each frame after the WAL's 32-byte header; a commit's last
