@@ -1,20 +1,25 @@
-//! Reading a `retrace-trace/1` file into a store, verifying every line before storing anything.
+//! Reading a `retrace-trace/1` file into a store, verifying every line before storing its run.
 //!
 //! [`import_reader`] works in two phases:
 //! 1. **Read and verify** (`import/read.rs`): line by line, the header's format and counts,
 //!    every event's seq, hash and chain link, every blob's digest (a manifest is rebuilt into its
 //!    request first), that every referenced blob is present and nothing follows the last blob.
 //!    Worker threads parse lines and hash them ahead of these checks (`import/prepare.rs`);
-//!    the checks and their errors stay in file order on the calling thread.
+//!    the checks and their errors stay in file order on the calling thread. Once the events
+//!    have verified, a thread stores each plain blob line that verifies while the rest is
+//!    read (`import/early.rs`).
 //! 2. **Store** (`import/commit.rs`): if the run already exists it must hold the same events
 //!    (then the import is a no-op); otherwise the run is created and its events and blobs are
-//!    committed in chunks. Nothing is stored unless the whole file verified.
+//!    committed in chunks, carrying the blobs stored early with where they are. No run and no
+//!    event is stored unless the whole file verified; a file that fails after some blob lines
+//!    may leave those blobs stored, referenced by nothing, for `retrace gc` to sweep.
 //!
 //! Every error names the line (and the file, when the caller gives its name) and maps to the
 //! CLI's exit codes through [`ImportError::exit_code`]. With [`ImportOptions::forced`]
 //! (`retrace import --force`) verification failures and truncation are reported and the rest is
 //! stored, for `retrace verify` to examine.
 mod commit;
+mod early;
 mod prepare;
 mod read;
 mod text_line;
@@ -230,6 +235,6 @@ pub fn import_reader(
     reader: impl BufRead,
     mut opts: ImportOptions<'_>,
 ) -> Result<ImportOutcome, ImportError> {
-    let trace = read::read_trace(reader, &mut opts)?;
+    let trace = read::read_trace(reader, &mut opts, store)?;
     commit::store_trace(store, trace, opts.chunk_events.max(1))
 }

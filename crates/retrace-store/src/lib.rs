@@ -92,18 +92,29 @@ pub struct BlobPut {
     digest: Digest,
     bytes: Arc<[u8]>,
     hint: BlobHint,
+    /// Where the caller was told the blob is stored ([`BlobPut::stored_at`]).
+    at: Option<BlobAt>,
 }
 
 impl BlobPut {
     /// A blob of `bytes`, digest computed here.
     pub fn new(bytes: impl Into<Arc<[u8]>>, hint: BlobHint) -> BlobPut {
         let bytes = bytes.into();
-        BlobPut { digest: Digest::of(&bytes), bytes, hint }
+        BlobPut { digest: Digest::of(&bytes), bytes, hint, at: None }
     }
 
     /// A blob whose `digest` this crate has just checked against `bytes` (an import).
     pub(crate) fn checked(digest: Digest, bytes: Arc<[u8]>, hint: BlobHint) -> BlobPut {
-        BlobPut { digest, bytes, hint }
+        BlobPut { digest, bytes, hint, at: None }
+    }
+
+    /// The same blob, said to be stored already where [`EventStore::put_blobs`] put it: a
+    /// commit then confirms it there (SQLite: by row id, in insertion order) instead of looking
+    /// its digest up. Only a hint, as every [`BlobAt`] is: if the blob isn't there, the commit
+    /// looks it up and stores it as usual.
+    pub fn stored_at(mut self, at: BlobAt) -> BlobPut {
+        self.at = Some(at);
+        self
     }
 
     /// The digest of the bytes.
@@ -119,6 +130,11 @@ impl BlobPut {
     /// How to store it.
     pub fn hint(&self) -> BlobHint {
         self.hint
+    }
+
+    /// Where it is said to be stored already, if anywhere ([`BlobPut::stored_at`]).
+    pub fn at(&self) -> Option<BlobAt> {
+        self.at
     }
 }
 
@@ -230,6 +246,18 @@ pub trait EventStore: Send + Sync {
     /// files first; a side effect's cache entry is `Invalid`, one whose output blob is neither in
     /// the batch nor stored is `NotFound` (and the whole batch is refused).
     fn commit(&self, batch: &Batch) -> StoreResult<()>;
+    /// Stores blobs on their own, outside any run (so a model request is stored flat), in one
+    /// transaction, and says where each is kept, in order, as far as the backend knows: a later
+    /// [`commit`](EventStore::commit) that carries them again with
+    /// [`BlobPut::stored_at`] confirms them there instead of looking them up. An import stores
+    /// a file's blobs this way while it is still reading the rest. The default commits a
+    /// batch without events and knows nothing.
+    fn put_blobs(&self, blobs: &[BlobPut]) -> StoreResult<Vec<Option<BlobAt>>> {
+        let batch =
+            Batch { run_id: String::new(), events: Vec::new(), blobs: blobs.to_vec(), cache: Vec::new() };
+        self.commit(&batch)?;
+        Ok(vec![None; blobs.len()])
+    }
     /// Events of `run` with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>>;
     /// [`EventStore::events`], each event with where its request and output blobs are kept,

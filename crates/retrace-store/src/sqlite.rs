@@ -35,7 +35,7 @@ mod wal_vfs;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use retrace_core::run::RunMeta;
@@ -43,7 +43,9 @@ use retrace_core::{Digest, Event};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::error::ResultExt;
-use crate::{Batch, BlobHint, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreResult};
+use crate::{
+    Batch, BlobAt, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreResult,
+};
 
 /// Read connections kept open for reuse.
 const READ_POOL: usize = 8;
@@ -63,7 +65,9 @@ const WRITER_CACHE_BYTES: u64 = 2 << 20;
 /// Page cache of the write connection during a large transaction ([`LARGE_WRITE_BYTES`] or
 /// more): one whose dirty pages outgrow the cache spills them into the WAL before it commits
 /// and reads index pages back with `pread`, as an import's 4,096-event chunk (about 13 MB of
-/// 1 KB events) did, at a third of its time. The cache fills only as pages are used.
+/// 1 KB events) did, at a third of its time. The cache fills only as pages are used, and is
+/// kept until the next small write, so that back-to-back large transactions (an import's)
+/// find the index pages the one before them read.
 const LARGE_WRITE_CACHE_BYTES: u64 = 32 << 20;
 
 /// Estimated bytes written from which a transaction counts as large.
@@ -98,6 +102,9 @@ pub struct SqliteStore {
     busy_timeout_ms: u64,
     files: files::Files,
     writer: Mutex<Connection>,
+    /// Whether the write connection's page cache is [`LARGE_WRITE_CACHE_BYTES`] (changed with
+    /// `writer` locked).
+    large_cache: AtomicBool,
     readers: Mutex<Vec<Connection>>,
     /// The snapshot connection ([`SNAPSHOT_MMAP_BYTES`]), when no snapshot holds it.
     snapshots: Mutex<Option<Connection>>,
@@ -185,6 +192,7 @@ impl SqliteStore {
             busy_timeout_ms,
             files,
             writer: Mutex::new(writer),
+            large_cache: AtomicBool::new(false),
             readers: Mutex::new(Vec::new()),
             snapshots: Mutex::new(None),
             agents: Mutex::new(HashMap::new()),
@@ -244,23 +252,22 @@ impl SqliteStore {
     ) -> StoreResult<T> {
         let mut conn = self.writer.lock();
         let large = bytes >= LARGE_WRITE_BYTES;
-        let cache = |conn: &Connection, bytes: u64| {
-            conn.execute_batch(&format!("PRAGMA cache_size = -{}", bytes >> 10)).ctx(|| what)
-        };
-        if large {
-            cache(&conn, LARGE_WRITE_CACHE_BYTES)?;
+        if large != self.large_cache.load(Ordering::Relaxed) {
+            let size = if large { LARGE_WRITE_CACHE_BYTES } else { WRITER_CACHE_BYTES };
+            // Only the speed of commits depends on the cache's size: a small write goes on
+            // with the large cache if it can't be shrunk.
+            match conn.execute_batch(&format!("PRAGMA cache_size = -{}", size >> 10)).ctx(|| what) {
+                Ok(()) => self.large_cache.store(large, Ordering::Relaxed),
+                Err(e) if large => return Err(e),
+                Err(_) => {}
+            }
         }
-        let committed = (|| {
+        let value = (|| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| what)?;
             let value = f(&tx)?;
             tx.commit().ctx(|| what)?;
             Ok(value)
-        })();
-        if large {
-            // Only the speed of later commits depends on this: a failure can't undo this one.
-            let _ = cache(&conn, WRITER_CACHE_BYTES);
-        }
-        let value = committed?;
+        })()?;
         if let Some(wal) = &self.wal_sync {
             // Committed but not yet durable: the caller must not acknowledge it.
             wal.sync().ctx(|| format!("{what}: syncing the WAL {}-wal", self.label))?;
@@ -425,6 +432,9 @@ impl EventStore for SqliteStore {
     }
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
         self.commit_impl(batch)
+    }
+    fn put_blobs(&self, blobs: &[BlobPut]) -> StoreResult<Vec<Option<BlobAt>>> {
+        self.put_blobs_impl(blobs)
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.events_impl(run, from, limit)

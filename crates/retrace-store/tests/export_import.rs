@@ -337,3 +337,84 @@ fn a_fork_of_a_fork_reads_through_both_sources() {
     import(&*b.store, &file).unwrap();
     assert_eq!(export(&*b.store, "01fork2"), file);
 }
+
+/// A run of `n` tool calls whose outputs end with `tail`: two blob lines per event, so from
+/// about 2,050 events on an import stores blobs while it reads the rest of the file.
+fn tool_calls(run: &str, n: u64, tail: &str) -> trace_fixture::Fixture {
+    let mut b = Builder::new(run);
+    for i in 0..n {
+        let query = format!(r#"{{"q":{i}}}"#).into_bytes();
+        let output = format!("row {i} of a result long enough to be packed with its neighbours {tail}");
+        b.push(
+            "agent",
+            EventType::ToolCall,
+            Some("sql.query"),
+            Some((query, BlobHint::Raw)),
+            Some(output.into_bytes()),
+            |_| {},
+        );
+    }
+    b.finish(RunMode::Record)
+}
+
+/// A file refused at its last blob line, after the import began storing its blobs, stores no
+/// run (the blobs it stored are referenced by nothing); once mended it imports, and its events
+/// say where their blobs are, as after recording. A different run under a stored id is refused
+/// before any of its blobs is stored.
+#[test]
+fn a_file_refused_after_blobs_were_stored_leaves_no_run_and_imports_once_mended() {
+    let (a, b) = (sqlite(), sqlite());
+    let fixture = tool_calls("01early", 2_600, "");
+    fixture.commit(&*a.store);
+    let good = export(&*a.store, "01early");
+    let mut bad = lines(&good);
+    let last = bad.len() - 1;
+    bad[last] = bad[last].replace("row ", "rew ");
+    let err = import(&*b.store, &trace_fixture::join(&bad)).unwrap_err();
+    assert_eq!((err.kind(), err.exit_code()), (ImportErrorKind::Verification, 1), "{err}");
+    assert!(err.to_string().contains("digest mismatch"), "{err}");
+    assert!(b.store.runs().unwrap().is_empty(), "a refused file stored its run");
+    let first = fixture.events[0].request_ref.unwrap();
+    assert!(b.store.has_blob(&first).unwrap(), "blobs read before the failure were stored early");
+
+    let outcome = import(&*b.store, &good).unwrap();
+    assert!(matches!(outcome, ImportOutcome::Imported { events: 2_600, blobs: 5_200, .. }), "{outcome:?}");
+    assert!(export(&*b.store, "01early") == good, "re-export differs");
+    assert_eq!(verify_run(&*b.store, "01early"), vec![]);
+    let located = b.store.events_located("01early", 1, usize::MAX).unwrap();
+    assert!(
+        located.iter().all(|l| l.request_at.is_some() && l.output_at.is_some()),
+        "every event has its blobs' places"
+    );
+
+    let other = tool_calls("01early", 2_600, "and more");
+    let c = sqlite();
+    other.commit(&*c.store);
+    let err = import(&*b.store, &export(&*c.store, "01early")).unwrap_err();
+    assert_eq!(err.kind(), ImportErrorKind::Conflict, "{err}");
+    let unseen = other.events[0].output_ref.unwrap();
+    assert!(!b.store.has_blob(&unseen).unwrap(), "a refused run's blobs were stored");
+}
+
+/// When the store fails while an import stores blobs early, the import reports the store's
+/// error, stores no run, and returns (no thread is left waiting).
+#[test]
+fn a_store_that_fails_while_blobs_are_stored_early_fails_the_import() {
+    for make in [memory, sqlite] {
+        let a = make();
+        let fixture = tool_calls("01flaky", 2_600, "");
+        fixture.commit(&*a.store);
+        let file = export(&*a.store, "01flaky");
+        let b = make();
+        let flaky = retrace_store::conformance::Flaky::new(b.store.clone());
+        flaky.fail_commits(true);
+        let err = import(&flaky, &file).unwrap_err();
+        assert_eq!(err.kind(), ImportErrorKind::Store, "{err}");
+        let cause = std::error::Error::source(&err).map(|e| e.to_string()).unwrap_or_default();
+        assert!(cause.contains("injected failure"), "{err}: {cause}");
+        assert!(b.store.runs().unwrap().is_empty());
+        flaky.fail_commits(false);
+        assert!(matches!(import(&flaky, &file).unwrap(), ImportOutcome::Imported { .. }));
+        assert!(export(&*b.store, "01flaky") == file);
+    }
+}

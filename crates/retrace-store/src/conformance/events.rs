@@ -520,3 +520,81 @@ pub fn heard_by_matches_its_parts(make: MakeStore<'_>) {
     assert_eq!((heard.len(), found), (7, 4), "the bodies of sends 1, 3, 9 (stored late) and 12");
     assert_eq!(err_kind(store.heard_by("ghost", "hub", 14)), StoreErrorKind::NotFound);
 }
+
+/// [`crate::EventStore::put_blobs`] stores blobs without a run and says where, in order; a
+/// commit that carries them again with [`crate::BlobPut::stored_at`] stores nothing twice and,
+/// where the backend said where a blob is, its events say the same. A place is only a hint:
+/// one moved to another blob, one pointing nowhere, and one for a blob that was never stored
+/// still leave every blob stored once, each digest reading its own bytes.
+pub fn put_blobs_then_commit_where_they_are(make: MakeStore<'_>) {
+    use crate::{BlobAt, BlobHint, BlobPut};
+    let store = make();
+    let mut seed = 21;
+    let mut text = |n: usize| super::text(&mut seed, n).into_bytes();
+    let puts = vec![
+        BlobPut::new(b"tiny".to_vec(), BlobHint::Raw),
+        BlobPut::new(text(1500), BlobHint::Raw),
+        BlobPut::new(text(crate::INLINE_BLOB_MAX + 7), BlobHint::Raw),
+        BlobPut::new(text(900), BlobHint::Raw),
+        BlobPut::new(text(3000), BlobHint::Raw),
+    ];
+    assert!(store.put_blobs(&[]).unwrap().is_empty());
+    let places = store.put_blobs(&puts).unwrap();
+    assert_eq!(places.len(), puts.len());
+    // Again, with a blob that was stored already in the middle: nothing is stored twice.
+    let fresh = BlobPut::new(text(500), BlobHint::Raw);
+    let again = store.put_blobs(&[puts[1].clone(), fresh.clone(), puts[0].clone()]).unwrap();
+    assert_eq!((again[0], again[2]), (places[1], places[0]), "a stored blob is where it was");
+    for put in puts.iter().chain([&fresh]) {
+        assert_eq!(store.get_blob(&put.digest()).unwrap(), put.bytes().to_vec());
+    }
+    let never = BlobPut::new(text(700), BlobHint::Raw);
+    let hinted = |i: usize| match places[i] {
+        Some(at) => puts[i].clone().stored_at(at),
+        None => puts[i].clone(),
+    };
+    let carried: Vec<Vec<BlobPut>> = vec![
+        vec![hinted(0), hinted(1)],
+        // Hints moved to the other blob, and pointing nowhere.
+        vec![
+            puts[2].clone().stored_at(places[3].unwrap_or(BlobAt::new(2))),
+            puts[3].clone().stored_at(BlobAt::new(-1)),
+        ],
+        // A hint for a blob never stored, and one to a row far past the end.
+        vec![
+            never.clone().stored_at(places[4].unwrap_or(BlobAt::new(1))),
+            puts[4].clone().stored_at(BlobAt::new(i64::MAX)),
+        ],
+    ];
+    store.create_run(&sample_run("placed", 1)).unwrap();
+    let mut prev = None;
+    for (i, blobs) in carried.iter().enumerate() {
+        let mut e = retrace_core::Event::new("placed", "agent", retrace_core::EventType::ToolCall);
+        e.seq = i as u64 + 1;
+        e.key = Digest::of(e.seq.to_string().as_bytes());
+        e.request_ref = Some(blobs[0].digest());
+        e.output_ref = Some(blobs[1].digest());
+        e.seal(prev).unwrap();
+        prev = Some(e.hash);
+        store
+            .commit(&Batch {
+                run_id: "placed".into(),
+                events: vec![e],
+                blobs: blobs.clone(),
+                cache: Vec::new(),
+            })
+            .unwrap();
+    }
+    let located = store.events_located("placed", 1, 10).unwrap();
+    assert_eq!(located.len(), 3);
+    if let (Some(request), Some(output)) = (places[0], places[1]) {
+        assert_eq!((located[0].request_at, located[0].output_at), (Some(request), Some(output)));
+    }
+    for (event, blobs) in located.iter().zip(&carried) {
+        let refs: Vec<_> = event.blob_refs().collect();
+        let bytes: Vec<Vec<u8>> = blobs.iter().map(|b| b.bytes().to_vec()).collect();
+        assert_eq!(store.get_blobs_unverified(&refs).unwrap(), bytes, "seq {}", event.event.seq);
+        assert_eq!(store.get_blobs(&refs.iter().map(|r| r.0).collect::<Vec<_>>()).unwrap(), bytes);
+    }
+    assert_eq!(store.get_blob(&never.digest()).unwrap(), never.bytes().to_vec(), "stored despite its hint");
+}

@@ -19,7 +19,7 @@ pub(super) fn store_trace(
 ) -> Result<ImportOutcome, ImportError> {
     let run_id = trace.header.run.id.clone();
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
-    check_sources(store, &trace)?;
+    check_sources(store, &run_id, &trace.events)?;
     match store.run(&run_id) {
         Ok(_) => {
             compare(store, &run_id, &trace.events)?;
@@ -34,12 +34,18 @@ pub(super) fn store_trace(
     let (event_count, blob_count) = (trace.events.len() as u64, trace.blobs.len() as u64);
     store.create_run(&trace.header.run).map_err(stored)?;
     let mut events = trace.events.into_iter();
+    let early = trace.stored;
     let mut blobs: Vec<Option<BlobPut>> = trace
         .blobs
         .into_iter()
         .map(|b| {
             let hint = hints.get(&b.digest).copied().unwrap_or(BlobHint::Raw);
-            Some(BlobPut::checked(b.digest, b.bytes, hint))
+            let put = BlobPut::checked(b.digest, b.bytes, hint);
+            // Stored while the file was read: the commit confirms it where it is.
+            Some(match early.get(&b.digest) {
+                Some(&at) => put.stored_at(at),
+                None => put,
+            })
         })
         .collect();
     for members in chunks {
@@ -114,13 +120,12 @@ fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), Impo
 }
 
 /// A fork's inherited events must equal its source's events where the source is stored.
-fn check_sources(store: &dyn Store, trace: &Trace) -> Result<(), ImportError> {
-    let own = &trace.header.run.id;
+pub(super) fn check_sources(store: &dyn Store, own: &str, events: &[Event]) -> Result<(), ImportError> {
     let mut start = 0;
-    while start < trace.events.len() {
-        let source = &trace.events[start].run_id;
-        let len = trace.events[start..].iter().take_while(|e| &e.run_id == source).count();
-        let group = &trace.events[start..start + len];
+    while start < events.len() {
+        let source = &events[start].run_id;
+        let len = events[start..].iter().take_while(|e| &e.run_id == source).count();
+        let group = &events[start..start + len];
         start += len;
         if source == own {
             continue;
@@ -128,7 +133,7 @@ fn check_sources(store: &dyn Store, trace: &Trace) -> Result<(), ImportError> {
         match store.run(source) {
             Ok(_) => {}
             Err(e) if e.kind == StoreErrorKind::NotFound => continue,
-            Err(source) => return Err(ImportError::Store { run_id: own.clone(), source }),
+            Err(source) => return Err(ImportError::Store { run_id: own.to_owned(), source }),
         }
         let first = group[0].seq;
         let held = stored_hashes(store, source, first, group.len())?;

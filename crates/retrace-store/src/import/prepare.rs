@@ -127,13 +127,15 @@ impl<R: BufRead> Pipeline<R> {
         for _ in 0..workers {
             let (job_tx, job_rx) = channel::<Chunk>();
             let (result_tx, result_rx) = channel();
-            scope.spawn(move || {
+            let builder = std::thread::Builder::new().name("import-parse".into());
+            let work = move || {
                 for chunk in job_rx {
                     if result_tx.send(prepare(chunk, events)).is_err() {
                         break;
                     }
                 }
-            });
+            };
+            builder.spawn_scoped(scope, work).expect("spawning an import worker");
             jobs.push(job_tx);
             results.push(result_rx);
         }

@@ -9,8 +9,10 @@ use retrace_core::canonical::canonical_value;
 use retrace_core::export::{check_format, ExportHeader, FormatError};
 use retrace_core::{Digest, Event};
 
+use super::early::{self, Early};
 use super::prepare::{Body, Line, ParsedBlob, ParsedEvent, Pipeline, Prepared};
 use super::{ImportError, ImportOptions, Location};
+use crate::Store;
 
 /// A verified trace, ready to store.
 pub(super) struct Trace {
@@ -18,6 +20,8 @@ pub(super) struct Trace {
     pub events: Vec<Event>,
     /// Blob lines in file order: every manifest after the blobs it names.
     pub blobs: Vec<ReadBlob>,
+    /// Where the blobs stored while the file was read are (`import/early.rs`).
+    pub stored: early::Stored,
 }
 
 /// One verified blob line, decoded (a manifest rebuilt into the bytes it stands for).
@@ -103,9 +107,11 @@ fn json_message(err: &serde_json::Error) -> String {
 }
 
 /// Reads and verifies a whole trace; worker threads parse and hash lines ahead of the checks.
+/// Blobs that verify are stored into `store` while the rest is read, when [`early::wanted`].
 pub(super) fn read_trace(
     mut reader: impl BufRead,
     opts: &mut ImportOptions<'_>,
+    store: &dyn Store,
 ) -> Result<Trace, ImportError> {
     let header_at = Location { file: opts.file_name.clone(), line: 1 };
     let mut first = Vec::new();
@@ -123,11 +129,16 @@ pub(super) fn read_trace(
     std::thread::scope(|scope| {
         let pipe = Pipeline::start(scope, reader, 2, read, header.events);
         let mut lines = Lines { pipe, number: 1, complete, opts };
-        read_body(&mut lines, header)
+        read_body(scope, &mut lines, header, store)
     })
 }
 
-fn read_body<R: BufRead>(lines: &mut Lines<'_, '_, R>, header: ExportHeader) -> Result<Trace, ImportError> {
+fn read_body<'scope, 'env, R: BufRead>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    lines: &mut Lines<'_, '_, R>,
+    header: ExportHeader,
+    store: &'env dyn Store,
+) -> Result<Trace, ImportError> {
     let events = read_events(lines, &header)?;
     let mut needed: HashMap<Digest, u64> = HashMap::new();
     for event in events.iter().rev() {
@@ -137,7 +148,9 @@ fn read_body<R: BufRead>(lines: &mut Lines<'_, '_, R>, header: ExportHeader) -> 
     }
     // A forced import of a file cut among its events has no blob lines left to read.
     let cut = (events.len() as u64) < header.events;
-    let blobs = if cut { Vec::new() } else { read_blobs(lines, &header, &needed)? };
+    let wanted = !cut && early::wanted(store, &header, &events);
+    let mut early = wanted.then(|| Early::start(scope, store, &events));
+    let blobs = if cut { Vec::new() } else { read_blobs(lines, &header, &needed, early.as_mut())? };
     if lines.next()?.is_some() {
         let message = format!(
             "unexpected line after the last blob (the header announces {} events and {} blobs)",
@@ -153,7 +166,13 @@ fn read_body<R: BufRead>(lines: &mut Lines<'_, '_, R>, header: ExportHeader) -> 
         let at = Location { file: lines.opts.file_name.clone(), line: 1 };
         lines.forgive(ImportError::Verification { at, seq: None, digest: None, message })?;
     }
-    Ok(Trace { header, events, blobs })
+    let stored = match early {
+        Some(early) => {
+            early.finish().map_err(|source| ImportError::Store { run_id: header.run.id.clone(), source })?
+        }
+        None => early::Stored::new(),
+    };
+    Ok(Trace { header, events, blobs, stored })
 }
 
 fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
@@ -275,6 +294,7 @@ fn read_blobs<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
     needed: &HashMap<Digest, u64>,
+    mut early: Option<&mut Early<'_>>,
 ) -> Result<Vec<ReadBlob>, ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(1 << 16) as usize);
     let mut index: HashMap<Digest, usize> = HashMap::new();
@@ -321,6 +341,9 @@ fn read_blobs<R: BufRead>(
         }
         match decode_blob(lines, parsed, &blobs, &index) {
             Ok(blob) => {
+                if let Some(early) = early.as_deref_mut() {
+                    early.offer(&blob);
+                }
                 index.insert(digest, blobs.len());
                 blobs.push(blob);
             }

@@ -13,7 +13,7 @@ use super::schema::{KIND_FILE, KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use super::staged::Staged;
 use crate::error::ResultExt;
 use crate::manifest::{self, Manifest, ManifestSource};
-use crate::{BlobAt, BlobHint, BlobRef, StoreError, StoreResult, INLINE_BLOB_MAX};
+use crate::{BlobAt, BlobHint, BlobPut, BlobRef, StoreError, StoreResult, INLINE_BLOB_MAX};
 
 /// Blobs up to this size stay in their row; larger ones up to [`INLINE_BLOB_MAX`] are packed.
 const ROW_MAX: usize = 64;
@@ -51,6 +51,64 @@ pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Dige
         let digest = Digest::from_slice(&digest)
             .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
         staged.known.insert(digest, Some(id));
+    }
+    Ok(())
+}
+
+/// Stores a batch's blobs inside `tx`: those said to be stored already ([`BlobPut::at`]) are
+/// confirmed where they are said to be, the rest looked up together ([`prefetch`]), then each
+/// is put ([`put`]) unless stored. `staged.known` ends up holding every blob's row id.
+pub(crate) fn put_all(
+    tx: &Connection,
+    staged: &mut Staged<'_>,
+    run_pk: Option<i64>,
+    blobs: &[BlobPut],
+) -> StoreResult<()> {
+    confirm(tx, staged, blobs)?;
+    let unknown: Vec<Digest> =
+        blobs.iter().map(|b| b.digest()).filter(|d| !staged.known.contains_key(d)).collect();
+    prefetch(tx, staged, &unknown)?;
+    for blob in blobs {
+        let id = put(tx, staged, run_pk, &blob.digest(), blob.bytes(), blob.hint())?;
+        staged.known.insert(blob.digest(), Some(id));
+    }
+    Ok(())
+}
+
+/// Puts into `staged.known` each blob of `blobs` whose row is where its [`BlobPut::at`] says,
+/// with that row's digest: one range scan when the ids are close together (as an import's
+/// blobs, stored in file order, are), else a row-id lookup each. A hint that points at another
+/// row, or at none, is left for the digest lookup.
+fn confirm(tx: &Connection, staged: &mut Staged<'_>, blobs: &[BlobPut]) -> StoreResult<()> {
+    let claimed: Vec<(i64, &Digest)> =
+        blobs.iter().filter_map(|b| b.at().map(|at| (at.get(), &b.digest))).collect();
+    let (Some(low), Some(high)) = (claimed.iter().map(|c| c.0).min(), claimed.iter().map(|c| c.0).max())
+    else {
+        return Ok(());
+    };
+    let what = || format!("confirming {} stored blobs", claimed.len());
+    let span = i128::from(high) - i128::from(low);
+    let mut found: std::collections::HashMap<i64, Vec<u8>> = std::collections::HashMap::new();
+    if span <= 4 * claimed.len() as i128 + 64 {
+        let mut scan =
+            tx.prepare_cached("SELECT id, digest FROM blobs WHERE id BETWEEN ?1 AND ?2").ctx(what)?;
+        let rows = scan.query_map([low, high], |r| Ok((r.get(0)?, r.get(1)?))).ctx(what)?;
+        for row in rows {
+            let (id, digest): (i64, Vec<u8>) = row.ctx(what)?;
+            found.insert(id, digest);
+        }
+    } else {
+        let mut one = tx.prepare_cached("SELECT digest FROM blobs WHERE id = ?1").ctx(what)?;
+        for &(id, _) in &claimed {
+            if let Some(digest) = one.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional().ctx(what)? {
+                found.insert(id, digest);
+            }
+        }
+    }
+    for (id, digest) in claimed {
+        if found.get(&id).is_some_and(|held| held.as_slice() == digest.as_bytes()) {
+            staged.known.insert(*digest, Some(id));
+        }
     }
     Ok(())
 }

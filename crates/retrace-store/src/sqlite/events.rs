@@ -16,7 +16,7 @@ use super::{blobs, cache, schema, SqliteStore};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
 use crate::writer::check_seqs;
-use crate::{Batch, BlobAt, LocatedEvent, StoreError, StoreResult};
+use crate::{Batch, BlobAt, BlobPut, LocatedEvent, StoreError, StoreResult};
 
 fn last_seq(conn: &Connection, run: &str, pk: i64) -> StoreResult<u64> {
     let last: Option<i64> = conn
@@ -66,12 +66,7 @@ impl SqliteStore {
             }
             check_batch(batch, |digest| blobs::has(tx, digest))?;
             let mut staged = Staged::new(&self.files);
-            let digests: Vec<Digest> = batch.blobs.iter().map(|b| b.digest).collect();
-            blobs::prefetch(tx, &mut staged, &digests)?;
-            for blob in &batch.blobs {
-                let id = blobs::put(tx, &mut staged, pk, &blob.digest, &blob.bytes, blob.hint)?;
-                staged.known.insert(blob.digest, Some(id));
-            }
+            blobs::put_all(tx, &mut staged, pk, &batch.blobs)?;
             let known = std::mem::take(&mut staged.known);
             staged.finish(tx)?;
             for (key, entry) in &batch.cache {
@@ -123,6 +118,19 @@ impl SqliteStore {
         self.agents.lock().extend(fresh_agents);
         self.names.lock().extend(fresh_names);
         Ok(())
+    }
+
+    pub(crate) fn put_blobs_impl(&self, blobs: &[BlobPut]) -> StoreResult<Vec<Option<BlobAt>>> {
+        let what = format!("storing {} blobs", blobs.len());
+        let bytes = blobs.iter().map(|b| b.bytes().len()).sum();
+        self.write_sized(&what, bytes, |tx| {
+            let mut staged = Staged::new(&self.files);
+            blobs::put_all(tx, &mut staged, None, blobs)?;
+            let at = |b: &BlobPut| staged.known.get(&b.digest()).copied().flatten().map(BlobAt::new);
+            let located = blobs.iter().map(at).collect();
+            staged.finish(tx)?;
+            Ok(located)
+        })
     }
 
     /// The interned id of `agent`, inserting it in `tx` when new (`fresh` collects those, to

@@ -1,4 +1,4 @@
-//! Corrupted trace files: each is refused with the right kind, line and exit code, storing nothing.
+//! Corrupted trace files: each is refused with the right kind, line and exit code, storing no run.
 use retrace_core::Digest;
 use retrace_store::import::{import_reader, ImportError, ImportErrorKind, ImportOptions};
 use retrace_store::memory::MemoryStore;
@@ -13,7 +13,7 @@ fn good() -> Vec<String> {
     lines(&export(&*a.store, "01corrupt"))
 }
 
-/// Imports `bytes` into an empty store; it must fail and leave the store empty.
+/// Imports `bytes` into an empty store; it must fail and store no run.
 fn refused(bytes: &[u8]) -> ImportError {
     let store = MemoryStore::new();
     let opts = ImportOptions { file_name: Some("t.jsonl".into()), ..ImportOptions::default() };
