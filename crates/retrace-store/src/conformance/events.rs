@@ -565,6 +565,11 @@ pub fn put_blobs_then_commit_where_they_are(make: MakeStore<'_>) {
             never.clone().stored_at(places[4].unwrap_or(BlobAt::new(1))),
             puts[4].clone().stored_at(BlobAt::new(i64::MAX)),
         ],
+        // Two blobs said to be at one row, where only the second is.
+        vec![
+            fresh.clone().stored_at(places[3].unwrap_or(BlobAt::new(3))),
+            puts[3].clone().stored_at(places[3].unwrap_or(BlobAt::new(3))),
+        ],
     ];
     store.create_run(&sample_run("placed", 1)).unwrap();
     let mut prev = None;
@@ -586,9 +591,12 @@ pub fn put_blobs_then_commit_where_they_are(make: MakeStore<'_>) {
             .unwrap();
     }
     let located = store.events_located("placed", 1, 10).unwrap();
-    assert_eq!(located.len(), 3);
+    assert_eq!(located.len(), 4);
     if let (Some(request), Some(output)) = (places[0], places[1]) {
         assert_eq!((located[0].request_at, located[0].output_at), (Some(request), Some(output)));
+    }
+    if let (Some(fresh_at), Some(shared)) = (again[1], places[3]) {
+        assert_eq!((located[3].request_at, located[3].output_at), (Some(fresh_at), Some(shared)));
     }
     for (event, blobs) in located.iter().zip(&carried) {
         let refs: Vec<_> = event.blob_refs().collect();

@@ -80,34 +80,34 @@ pub(crate) fn put_all(
 /// blobs, stored in file order, are), else a row-id lookup each. A hint that points at another
 /// row, or at none, is left for the digest lookup.
 fn confirm(tx: &Connection, staged: &mut Staged<'_>, blobs: &[BlobPut]) -> StoreResult<()> {
-    let claimed: Vec<(i64, &Digest)> =
+    // Two blobs said to be at one row can't both be there: the later claim is kept.
+    let claimed: std::collections::HashMap<i64, &Digest> =
         blobs.iter().filter_map(|b| b.at().map(|at| (at.get(), &b.digest))).collect();
-    let (Some(low), Some(high)) = (claimed.iter().map(|c| c.0).min(), claimed.iter().map(|c| c.0).max())
-    else {
+    let (Some(&low), Some(&high)) = (claimed.keys().min(), claimed.keys().max()) else {
         return Ok(());
     };
     let what = || format!("confirming {} stored blobs", claimed.len());
-    let span = i128::from(high) - i128::from(low);
-    let mut found: std::collections::HashMap<i64, Vec<u8>> = std::collections::HashMap::new();
-    if span <= 4 * claimed.len() as i128 + 64 {
+    let mut check = |id: i64, held: ValueRef<'_>| {
+        if let (Some(digest), ValueRef::Blob(held)) = (claimed.get(&id), held) {
+            if held == digest.as_bytes() {
+                staged.known.insert(**digest, Some(id));
+            }
+        }
+    };
+    if i128::from(high) - i128::from(low) <= 4 * claimed.len() as i128 + 64 {
         let mut scan =
             tx.prepare_cached("SELECT id, digest FROM blobs WHERE id BETWEEN ?1 AND ?2").ctx(what)?;
-        let rows = scan.query_map([low, high], |r| Ok((r.get(0)?, r.get(1)?))).ctx(what)?;
-        for row in rows {
-            let (id, digest): (i64, Vec<u8>) = row.ctx(what)?;
-            found.insert(id, digest);
+        let mut rows = scan.query([low, high]).ctx(what)?;
+        while let Some(row) = rows.next().ctx(what)? {
+            check(row.get(0).ctx(what)?, row.get_ref(1).ctx(what)?);
         }
     } else {
         let mut one = tx.prepare_cached("SELECT digest FROM blobs WHERE id = ?1").ctx(what)?;
-        for &(id, _) in &claimed {
-            if let Some(digest) = one.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional().ctx(what)? {
-                found.insert(id, digest);
+        for &id in claimed.keys() {
+            let mut rows = one.query([id]).ctx(what)?;
+            if let Some(row) = rows.next().ctx(what)? {
+                check(id, row.get_ref(0).ctx(what)?);
             }
-        }
-    }
-    for (id, digest) in claimed {
-        if found.get(&id).is_some_and(|held| held.as_slice() == digest.as_bytes()) {
-            staged.known.insert(*digest, Some(id));
         }
     }
     Ok(())
