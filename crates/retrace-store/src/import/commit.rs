@@ -90,12 +90,9 @@ fn assign_chunks(trace: &Trace, chunk: usize) -> Vec<Vec<usize>> {
 /// Blobs to store as model requests and responses (so the store may keep them as manifests, as
 /// at record).
 fn hints(trace: &Trace) -> HashMap<Digest, BlobHint> {
-    let mut hints = HashMap::new();
-    let mut outputs = HashSet::new();
-    for event in trace.events.iter().filter(|e| e.kind == EventType::ModelCall) {
-        hints.extend(event.request_ref.map(|request| (request, BlobHint::ModelRequest)));
-        outputs.extend(event.output_ref);
-    }
+    let mut hints: HashMap<Digest, BlobHint> =
+        model_requests(&trace.events).map(|request| (request, BlobHint::ModelRequest)).collect();
+    let outputs: HashSet<Digest> = model_calls(&trace.events).filter_map(|e| e.output_ref).collect();
     // A model's output is kept as a manifest only where the file has one (an output stored
     // flat, as before responses had manifests, stays flat, so export -> import -> export gives
     // the same bytes); any other manifest is a request or a base requests build on.
@@ -107,6 +104,16 @@ fn hints(trace: &Trace) -> HashMap<Digest, BlobHint> {
         hints.entry(blob.digest).or_insert(hint);
     }
     hints
+}
+
+fn model_calls(events: &[Event]) -> impl Iterator<Item = &Event> {
+    events.iter().filter(|e| e.kind == EventType::ModelCall)
+}
+
+/// The blobs [`hints`] stores as model requests, whatever the file holds: every model call's
+/// request. (Every other blob not in a manifest line is stored as plain bytes.)
+pub(super) fn model_requests(events: &[Event]) -> impl Iterator<Item = Digest> + '_ {
+    model_calls(events).filter_map(|e| e.request_ref)
 }
 
 /// The run is stored already: its events must be the file's, hash for hash.

@@ -8,9 +8,9 @@
 //! and remembers where the store put each one. Phase 2 then carries those blobs with their
 //! places ([`crate::BlobPut::stored_at`]), so its commits confirm them instead of storing them.
 //!
-//! What is stored early is only what is stored the same way with or without a run: blobs that
-//! are no model request or response (those may become chained manifests, which need the run)
-//! and no manifest line. No run and no event is stored before the whole file has verified; a
+//! What is stored early is exactly what phase 2 would store as plain bytes: every blob but the
+//! model calls' requests and the manifest lines (those may become chained manifests, which need
+//! the run). No run and no event is stored before the whole file has verified; a
 //! file that fails after some blobs may leave those blobs stored, referenced by nothing, for
 //! `retrace gc` to sweep once they are older than its blob grace. Nothing is stored early for
 //! a run the store already holds (a re-import compares events only) or for a fork whose stored
@@ -19,7 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};
 
-use retrace_core::envelope::EventType;
 use retrace_core::{Digest, Event};
 
 use retrace_core::export::ExportHeader;
@@ -49,7 +48,8 @@ pub(super) struct Early<'scope> {
     send: Option<SyncSender<Vec<BlobPut>>>,
     pending: Vec<BlobPut>,
     pending_bytes: usize,
-    /// Model requests and responses the events reference: left for phase 2.
+    /// Model requests the events reference: left for phase 2, which may store them as chained
+    /// manifests (a model response becomes a manifest only where the file has a manifest line).
     model: HashSet<Digest>,
     thread: ScopedJoinHandle<'scope, Result<Stored, StoreError>>,
 }
@@ -57,12 +57,7 @@ pub(super) struct Early<'scope> {
 impl<'scope> Early<'scope> {
     /// Starts storing on `scope` for a run whose `events` have verified.
     pub fn start<'env>(scope: &'scope Scope<'scope, 'env>, store: &'env dyn Store, events: &[Event]) -> Self {
-        let model = events
-            .iter()
-            .filter(|e| e.kind == EventType::ModelCall)
-            .flat_map(|e| [e.request_ref, e.output_ref])
-            .flatten()
-            .collect();
+        let model = super::commit::model_requests(events).collect();
         let (send, receive) = sync_channel::<Vec<BlobPut>>(AHEAD);
         let builder = std::thread::Builder::new().name("import-store".into());
         let thread = builder
