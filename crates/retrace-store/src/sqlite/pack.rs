@@ -68,6 +68,21 @@ impl Packer {
         Ok(start.expect("bytes is not empty"))
     }
 
+    /// Where the next [`Packer::append`] will put its bytes, without appending them.
+    pub(crate) fn next_location(&mut self, tx: &Connection) -> StoreResult<i64> {
+        let tail = match self.tail.take() {
+            Some(tail) => tail,
+            None => last_segment(tx, self.segment_bytes)?,
+        };
+        let location = if tail.data.len() >= self.segment_bytes {
+            (tail.id + 1) << OFFSET_BITS
+        } else {
+            tail.id << OFFSET_BITS | tail.data.len() as i64
+        };
+        self.tail = Some(tail);
+        Ok(location)
+    }
+
     /// Writes the segment being filled, if it changed.
     pub(crate) fn finish(self, tx: &Connection) -> StoreResult<()> {
         match self.tail {

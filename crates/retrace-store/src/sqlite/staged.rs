@@ -53,6 +53,11 @@ impl<'a> Staged<'a> {
         }
     }
 
+    /// Where [`Staged::pack`] will put the next blob's bytes.
+    pub(crate) fn next_pack_location(&mut self, tx: &Connection) -> StoreResult<i64> {
+        self.packer.next_location(tx)
+    }
+
     /// Packs `bytes` into the segments (see [`Packer`]) and returns their location.
     pub(crate) fn pack(&mut self, tx: &Connection, bytes: &[u8]) -> StoreResult<i64> {
         self.packer.append(tx, bytes)

@@ -387,4 +387,34 @@ fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
     let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
     let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
     assert_eq!(rows, 3);
+    assert_no_packed_bytes_wasted(&conn);
+
+    // Plain blobs go in row first, the digest's index as the look-up: one already stored
+    // (through `put_blobs` too) packs nothing, and the new ones after it pack where their rows say.
+    let fresh: Vec<BlobPut> =
+        (0..4u8).map(|i| BlobPut::new(vec![b'a' + i; 300 + 1000 * usize::from(i)], BlobHint::Raw)).collect();
+    store.put_blobs(&fresh[..1]).unwrap();
+    let blobs = vec![fresh[0].clone(), fresh[1].clone(), old.clone(), fresh[2].clone(), fresh[0].clone()];
+    store.put_blobs(&blobs).unwrap();
+    let batch = vec![new.clone(), fresh[3].clone(), fresh[1].clone(), tiny.clone()];
+    store
+        .commit(&Batch { run_id: run.id.clone(), events: Vec::new(), blobs: batch, cache: Vec::new() })
+        .unwrap();
+    for blob in fresh.iter().chain([&old, &new, &tiny]) {
+        assert_eq!(store.get_blob(&blob.digest()).unwrap(), &blob.bytes()[..]);
+    }
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 7);
+    assert_no_packed_bytes_wasted(&conn);
+}
+
+/// Every byte in `segments` belongs to a packed blob: nothing was packed for a blob whose row
+/// was already there.
+fn assert_no_packed_bytes_wasted(conn: &Connection) {
+    let segments: i64 =
+        conn.query_row("SELECT coalesce(sum(length(data)), 0) FROM segments", [], |r| r.get(0)).unwrap();
+    let packed: i64 = conn
+        .query_row("SELECT coalesce(sum(size), 0) FROM blobs WHERE kind = ?1", [KIND_PACKED], |r| r.get(0))
+        .unwrap();
+    assert_eq!(segments, packed, "bytes in segments vs bytes of packed blobs");
 }
