@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-request replay cost, VCR.py against Retrace's proxy, with the same client (httpx).
+"""Per-request replay cost, VCR.py against Retrace's proxy, with the same client on both sides.
 
 Run by `retrace-bench proxy` (crates/retrace-bench/src/proxy_vcr.rs) from a virtualenv that has
 vcrpy and httpx; it installs nothing itself:
@@ -7,6 +7,13 @@ vcrpy and httpx; it installs nothing itself:
     python3 -m venv target/bench-venv
     target/bench-venv/bin/pip install vcrpy httpx
     target/bench-venv/bin/python bench/vcr_baseline.py vcr --upstream http://127.0.0.1:8100/v1
+
+`--client` picks the HTTP client, the same for every subcommand of one comparison:
+`httpx` (what the official openai and anthropic clients use) or `http.client` (the standard
+library's keep-alive connection, which VCR.py also patches). VCR.py answers inside the client,
+so whatever the client costs by itself is added to both sides alike; with httpx that is
+~0.4-1 ms of Python per request, more than Retrace's whole replay, so the leaner client shows
+each recorder's own cost.
 
 `vcr`:     records a cassette of N chat completions against the upstream, then replays it REPEATS
            times, matching requests with VCR.py's default matchers (method and URL; the recorded
@@ -56,96 +63,137 @@ def summary(totals, opens, calls, n, non200, **extra):
     print(json.dumps(out))
 
 
+class Client:
+    """One keep-alive HTTP client of the kind `--client` names, for one origin: `post` returns
+    (status, body bytes). Made inside a cassette's context, so that VCR.py's patches apply."""
+
+    def __init__(self, kind, origin, timeout=60):
+        self.kind = kind
+        if kind == "httpx":
+            import httpx
+
+            self.client = httpx.Client(base_url=origin, timeout=timeout)
+        else:
+            import http.client
+            from urllib.parse import urlsplit
+
+            u = urlsplit(origin)
+            self.client = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+
+    def post(self, path, body=None, headers=None):
+        if self.kind == "httpx":
+            r = self.client.post(path, content=body, headers=headers)
+            return r.status_code, r.content
+        # A body of None still says `content-length: 0`: the daemon reads the head and body
+        # as one request.
+        self.client.request("POST", path, body=body if body is not None else b"", headers=headers or {})
+        r = self.client.getresponse()
+        return r.status, r.read()
+
+    def close(self):
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def split(url):
+    """("http://host:port", "/path") of a URL."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return "%s://%s" % (u.scheme, u.netloc), u.path
+
+
 def cmd_vcr(a):
-    import httpx
     import vcr
     import yaml
 
     os.makedirs(a.dir, exist_ok=True)
-    path = os.path.join(a.dir, "cassette-%d-%s.yaml" % (a.n, a.match))
+    path = os.path.join(a.dir, "cassette-%d-%s-%s.yaml" % (a.n, a.match, a.client))
     if os.path.exists(path):
         os.remove(path)
     if a.match == "body":
         my_vcr = vcr.VCR(match_on=["method", "scheme", "host", "port", "path", "query", "body"])
     else:
         my_vcr = vcr.VCR()
-    url = a.upstream.rstrip("/") + "/chat/completions"
+    origin, prefix = split(a.upstream.rstrip("/") + "/chat/completions")
     bs = bodies(a.template, "vcr", a.n)
-    with httpx.Client() as client:
-        with my_vcr.use_cassette(path, record_mode="all"):
+    with my_vcr.use_cassette(path, record_mode="all"):
+        with Client(a.client, origin) as client:
             for b in bs:
-                r = client.post(url, content=b, headers=HEADERS)
-                assert r.status_code == 200, r.text
+                status, body = client.post(prefix, b, HEADERS)
+                assert status == 200, body
     totals, opens, calls, non200 = [], [], [], 0
     for _ in range(a.repeats):
-        with httpx.Client() as client:
-            t0 = time.perf_counter()
-            with my_vcr.use_cassette(path, record_mode="none", allow_playback_repeats=False) as cassette:
-                t1 = time.perf_counter()
+        t0 = time.perf_counter()
+        with my_vcr.use_cassette(path, record_mode="none", allow_playback_repeats=False) as cassette:
+            t1 = time.perf_counter()
+            with Client(a.client, origin) as client:
                 for b in bs:
                     s = time.perf_counter()
-                    r = client.post(url, content=b, headers=HEADERS)
+                    status, _ = client.post(prefix, b, HEADERS)
                     calls.append(time.perf_counter() - s)
-                    non200 += r.status_code != 200
-                assert cassette.all_played, "not every interaction was played"
-            totals.append(time.perf_counter() - t0)
-            opens.append(t1 - t0)
-    summary(totals, opens, calls, a.n, non200,
+                    non200 += status != 200
+            assert cassette.all_played, "not every interaction was played"
+        totals.append(time.perf_counter() - t0)
+        opens.append(t1 - t0)
+    summary(totals, opens, calls, a.n, non200, client=a.client,
             vcrpy=vcr.__version__, libyaml=bool(getattr(yaml, "__with_libyaml__", False)),
             cassette_bytes=os.path.getsize(path))
 
 
 def cmd_retrace(a):
-    import httpx
-
     bs = bodies(a.template, a.tag, a.n)
     totals, opens, calls, non200, failed = [], [], [], 0, []
-    with httpx.Client(base_url=a.base, timeout=60) as client:
+    with Client(a.client, a.base) as client:
         for _ in range(a.repeats):
             t0 = time.perf_counter()
-            # No body: the daemon doesn't read this route's body, and closes the connection
-            # when the body arrives after the head (httpx sends them apart).
-            r = client.post("/api/runs/%s/replay" % a.source)
-            assert r.status_code == 200, r.text
-            run = r.json()["run_id"]
+            # No body: the daemon doesn't read this route's body.
+            status, body = client.post("/api/runs/%s/replay" % a.source)
+            assert status == 200, body
+            run = json.loads(body)["run_id"]
             t1 = time.perf_counter()
             path = "/proxy/run/%s/agent/bench/openai/v1/chat/completions" % run
             for i, b in enumerate(bs):
                 s = time.perf_counter()
                 try:
-                    r = client.post(path, content=b, headers=HEADERS)
+                    status, _ = client.post(path, b, HEADERS)
                 except Exception as e:
                     print("call %d of replay %s failed after %.3f s: %r" % (i, run, time.perf_counter() - s, e),
                           file=sys.stderr)
                     raise
                 calls.append(time.perf_counter() - s)
-                non200 += r.status_code != 200
+                non200 += status != 200
             totals.append(time.perf_counter() - t0)
             opens.append(t1 - t0)
-            fin = client.post("/api/runs/%s/finish" % run, json={"exit_status": 0}).json()
+            _, body = client.post("/api/runs/%s/finish" % run, json.dumps({"exit_status": 0}).encode(),
+                                  {"content-type": "application/json"})
+            fin = json.loads(body)
             if fin.get("status") != "ok" or fin.get("divergence"):
                 failed.append(fin)
     if failed:
         print("retrace replay did not complete: %s" % json.dumps(failed[0])[:800], file=sys.stderr)
-    summary(totals, opens, calls, a.n, non200, replays_not_completed=len(failed))
+    summary(totals, opens, calls, a.n, non200, client=a.client, replays_not_completed=len(failed))
 
 
 def cmd_direct(a):
-    import httpx
-
-    url = a.upstream.rstrip("/") + "/chat/completions"
+    origin, prefix = split(a.upstream.rstrip("/") + "/chat/completions")
     bs = bodies(a.template, "direct", a.n)
     totals, calls, non200 = [], [], 0
-    with httpx.Client() as client:
+    with Client(a.client, origin) as client:
         for _ in range(a.repeats):
             t0 = time.perf_counter()
             for b in bs:
                 s = time.perf_counter()
-                r = client.post(url, content=b, headers=HEADERS)
+                status, _ = client.post(prefix, b, HEADERS)
                 calls.append(time.perf_counter() - s)
-                non200 += r.status_code != 200
+                non200 += status != 200
             totals.append(time.perf_counter() - t0)
-    summary(totals, [0.0], calls, a.n, non200)
+    summary(totals, [0.0], calls, a.n, non200, client=a.client)
 
 
 def main():
@@ -166,6 +214,8 @@ def main():
     r.add_argument("--source", required=True, help="the recorded run")
     r.add_argument("--tag", required=True, help="the tag the run's bodies were recorded with")
     for s in (v, d, r):
+        s.add_argument("--client", choices=["httpx", "http.client"], default="httpx",
+                       help="the HTTP client, the same on both sides of a comparison")
         s.add_argument("--n", type=int, default=200)
         s.add_argument("--repeats", type=int, default=5)
         s.add_argument("--template", default=default_template,

