@@ -57,8 +57,9 @@ pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Dige
 
 /// Stores a batch's blobs inside `tx`: those said to be stored already ([`BlobPut::at`]) are
 /// confirmed where they are said to be; model requests and responses, which may become
-/// manifests, are looked up together ([`prefetch`]) and put ([`put`]) unless stored; plain
-/// blobs are inserted at once unless their digest is there ([`put_plain`]). `staged.known` ends
+/// manifests, and blobs kept as files are looked up together ([`prefetch`]) and put ([`put`])
+/// unless stored; other plain blobs are inserted at once unless their digest is there
+/// ([`put_plain`]). `staged.known` ends
 /// up holding every blob's row id.
 pub(crate) fn put_all(
     tx: &Connection,
@@ -69,7 +70,7 @@ pub(crate) fn put_all(
     confirm(tx, staged, blobs)?;
     let unknown: Vec<Digest> = blobs
         .iter()
-        .filter(|b| b.hint() != BlobHint::Raw)
+        .filter(|b| b.hint() != BlobHint::Raw || b.bytes().len() > INLINE_BLOB_MAX)
         .map(|b| b.digest())
         .filter(|d| !staged.known.contains_key(d))
         .collect();
@@ -91,7 +92,7 @@ pub(crate) fn put_all(
 /// probe of that index instead of a lookup and then an insert (on an import of fresh blobs the
 /// lookups were a sixth of the storing thread). A packed blob's row names the place its bytes
 /// will go ([`Staged::next_pack_location`]), and they go there only if the row was new. A blob
-/// too large to pack is looked up first, so that its file is written only when needed.
+/// too large to pack is looked up (its file is written only when needed).
 fn put_plain(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
     if bytes.len() > INLINE_BLOB_MAX {
         return put_flat(tx, staged, digest, bytes);
