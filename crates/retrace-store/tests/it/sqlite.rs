@@ -6,7 +6,7 @@ use std::sync::Arc;
 use retrace_core::run::RunStatus;
 use retrace_core::Digest;
 use retrace_store::conformance::{self, sample_events, sample_run};
-use retrace_store::sqlite::schema::{KIND_INLINE, KIND_PACKED};
+use retrace_store::sqlite::schema::{KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use retrace_store::sqlite::SqliteStore;
 use retrace_store::{
     open_store, Batch, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreConfig,
@@ -367,8 +367,9 @@ fn packed_blobs_fill_segments_across_batches() {
     assert_eq!(segments.iter().map(|(_, len)| len).sum::<i64>(), packed);
 }
 
-/// A batch may repeat a blob and carry blobs already stored: its one look-up of which blobs are
-/// stored is kept up to date as it inserts, so each is stored once.
+/// A batch may repeat a blob and carry blobs already stored: what the transaction knows of
+/// stored blobs (looked up, or found by an insert that met the digest's row) is kept up to date
+/// as it inserts, so each is stored once.
 #[test]
 fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -417,4 +418,90 @@ fn assert_no_packed_bytes_wasted(conn: &Connection) {
         .query_row("SELECT coalesce(sum(size), 0) FROM blobs WHERE kind = ?1", [KIND_PACKED], |r| r.get(0))
         .unwrap();
     assert_eq!(segments, packed, "bytes in segments vs bytes of packed blobs");
+}
+
+/// A plain blob's row names where its bytes will be packed before they are: right when the last
+/// segment is exactly full (the next blob starts the next segment), when a blob already stored
+/// comes first in the transaction (it packs nothing and moves nothing), and when it comes alone.
+#[test]
+fn packed_rows_name_their_place_at_a_full_segment_and_after_a_stored_blob() {
+    // The segment size, from a probe store of the same kind.
+    let probe_dir = tempfile::tempdir().unwrap();
+    let probe = open(probe_dir.path(), Durability::Os, 5_000);
+    probe.put_blobs(&[BlobPut::new(vec![7u8; 3 * 4096], BlobHint::Raw)]).unwrap();
+    let segment: usize = Connection::open(probe_dir.path().join("retrace.db"))
+        .unwrap()
+        .query_row("SELECT max(length(data)) FROM segments", [], |r| r.get::<_, i64>(0))
+        .unwrap()
+        .try_into()
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 5_000);
+    let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
+    let place = |blob: &BlobPut| -> (i64, i64) {
+        conn.query_row("SELECT id, data FROM blobs WHERE digest = ?1", [blob.digest().as_bytes()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap()
+    };
+    let half = segment / 2;
+    let x = BlobPut::new(vec![b'x'; half], BlobHint::Raw);
+    let y = BlobPut::new(vec![b'y'; segment - half], BlobHint::Raw);
+    store.put_blobs(&[x.clone(), y.clone()]).unwrap();
+    let tail: i64 =
+        conn.query_row("SELECT length(data) FROM segments WHERE id = 1", [], |r| r.get(0)).unwrap();
+    assert_eq!(tail as usize, segment, "the first segment is exactly full");
+
+    // A stored blob first, then new ones: the first new one starts segment 2.
+    let z = BlobPut::new(vec![b'z'; 100], BlobHint::Raw);
+    let w = BlobPut::new(vec![b'w'; segment], BlobHint::Raw);
+    let at = store.put_blobs(&[x.clone(), z.clone(), y.clone(), w.clone()]).unwrap();
+    assert_eq!(place(&z).1, 2 << 16, "z starts the second segment");
+    assert_eq!(place(&w).1, 2 << 16 | 100, "w follows z and runs into the third segment");
+    let ids: Vec<Option<i64>> = [&x, &z, &y, &w].iter().map(|b| Some(place(b).0)).collect();
+    assert_eq!(at.iter().map(|a| a.map(|a| a.get())).collect::<Vec<_>>(), ids);
+
+    // Alone (a batch of one is never looked up first): the stored row, nothing packed.
+    let at = store.put_blobs(std::slice::from_ref(&y)).unwrap();
+    assert_eq!(at[0].map(|a| a.get()), Some(place(&y).0));
+    let run = sample_run("alone", 1);
+    store.create_run(&run).unwrap();
+    put_in_run(&store, &run.id, &w);
+    for blob in [&x, &y, &z, &w] {
+        assert_eq!(store.get_blob(&blob.digest()).unwrap(), &blob.bytes()[..]);
+    }
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 4);
+    assert_no_packed_bytes_wasted(&conn);
+}
+
+/// Plain bytes whose digest is stored as a manifest (a model response kept as its skeleton and
+/// message) get the manifest's row: nothing is packed for them, and they read back whole.
+#[test]
+fn plain_bytes_already_stored_as_a_manifest_get_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 5_000);
+    let run = sample_run("manifest", 1);
+    store.create_run(&run).unwrap();
+    let response = br#"{"id":"chatcmpl-1","object":"chat.completion","model":"sim","choices":[{"index":0,"message":{"role":"assistant","content":"The backfill is safe once the default is in place; ship it after the column lands."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":18}}"#;
+    put_in_run(&store, &run.id, &BlobPut::new(&response[..], BlobHint::ModelResponse));
+    let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
+    let digest = retrace_core::Digest::of(response);
+    let (id, kind): (i64, i64) = conn
+        .query_row("SELECT id, kind FROM blobs WHERE digest = ?1", [digest.as_bytes()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(kind, KIND_MANIFEST, "the response is kept as a manifest");
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+
+    let plain = BlobPut::new(&response[..], BlobHint::Raw);
+    let at = store.put_blobs(&[plain.clone(), BlobPut::new(vec![b'n'; 300], BlobHint::Raw)]).unwrap();
+    assert_eq!(at[0].map(|a| a.get()), Some(id));
+    put_in_run(&store, &run.id, &plain);
+    assert_eq!(store.get_blob(&digest).unwrap(), &response[..]);
+    let after: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(after, rows + 1, "only the new plain blob added a row");
+    assert_no_packed_bytes_wasted(&conn);
 }
