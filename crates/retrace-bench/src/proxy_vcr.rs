@@ -77,10 +77,10 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     ));
     let home = cfg.temp_dir("proxy-vcr");
     let upstream = Proc::upstream();
-    let daemon = Proc::daemon(&home.path().join("store"), &format!("{}/v1", upstream.url()), &upstream.url());
+    let upstream_v1 = format!("{}/v1", upstream.url());
+    let daemon = Proc::daemon(&home.path().join("store"), &upstream_v1, &upstream.url());
     let template = String::from_utf8(chat_body("sim", false, "TAGTAGTAG", 987_654_321)).expect("UTF-8");
     let repeats = cfg.repeats.to_string();
-    let upstream_v1 = format!("{}/v1", upstream.url());
     let with = |cmd: &str, client: &str, rest: &[&str]| -> Vec<String> {
         let mut args: Vec<String> =
             vec![cmd.into(), "--client".into(), client.into(), "--template".into(), template.clone()];
@@ -93,8 +93,22 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     for client in CLIENTS {
         let dir = home.path().display().to_string();
         let n = CASSETTE.to_string();
-        let rest = ["--upstream", &upstream_v1, "--dir", &dir, "--n", &n, "--repeats", &repeats];
-        let vcr = script(&python, &with("vcr", client.name, &[&["--match", "default"], &rest[..]].concat()));
+        let replay_cassette = |matching: &str, repeats: &str| {
+            let args = [
+                "--upstream",
+                &upstream_v1,
+                "--dir",
+                &dir,
+                "--n",
+                &n,
+                "--match",
+                matching,
+                "--repeats",
+                repeats,
+            ];
+            script(&python, &with("vcr", client.name, &args))
+        };
+        let vcr = replay_cassette("default", &repeats);
         note(&format!("VCR.py ({}): {vcr}", client.name));
         let vcr_us = vcr["per_request_us"].as_f64().unwrap_or(f64::NAN);
         let info =
@@ -109,10 +123,7 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             ),
         );
         if client.name == "httpx" && !cfg.quick {
-            let body = script(
-                &python,
-                &with("vcr", client.name, &[&["--match", "body"], &rest[..6], &["--repeats", "1"]].concat()),
-            );
+            let body = replay_cassette("body", "1");
             note(&format!("VCR.py matching bodies: {body}"));
             let us = body["per_request_us"].as_f64().unwrap_or(f64::NAN);
             print(

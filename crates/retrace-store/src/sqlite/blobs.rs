@@ -56,11 +56,10 @@ pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Dige
 }
 
 /// Stores a batch's blobs inside `tx`: those said to be stored already ([`BlobPut::at`]) are
-/// confirmed where they are said to be; model requests and responses, which may become
-/// manifests, and blobs kept as files are looked up together ([`prefetch`]) and put ([`put`])
-/// unless stored; other plain blobs are inserted at once unless their digest is there
-/// ([`put_plain`]). `staged.known` ends
-/// up holding every blob's row id.
+/// confirmed where they are said to be; plain blobs up to [`INLINE_BLOB_MAX`] are inserted at
+/// once unless their digest is there ([`put_plain`]); the rest (model requests and responses,
+/// which may become manifests, and blobs kept as files) are looked up together ([`prefetch`])
+/// and put ([`put`]) unless stored. `staged.known` ends up holding every blob's row id.
 pub(crate) fn put_all(
     tx: &Connection,
     staged: &mut Staged<'_>,
@@ -68,16 +67,17 @@ pub(crate) fn put_all(
     blobs: &[BlobPut],
 ) -> StoreResult<()> {
     confirm(tx, staged, blobs)?;
+    let plain = |b: &BlobPut| b.hint() == BlobHint::Raw && b.bytes().len() <= INLINE_BLOB_MAX;
     let unknown: Vec<Digest> = blobs
         .iter()
-        .filter(|b| b.hint() != BlobHint::Raw || b.bytes().len() > INLINE_BLOB_MAX)
+        .filter(|b| !plain(b))
         .map(|b| b.digest())
         .filter(|d| !staged.known.contains_key(d))
         .collect();
     prefetch(tx, staged, &unknown)?;
     for blob in blobs {
         let digest = blob.digest();
-        let id = if blob.hint() == BlobHint::Raw && !staged.known.contains_key(&digest) {
+        let id = if plain(blob) && !staged.known.contains_key(&digest) {
             put_plain(tx, staged, &digest, blob.bytes())?
         } else {
             put(tx, staged, run_pk, &digest, blob.bytes(), blob.hint())?
@@ -87,41 +87,25 @@ pub(crate) fn put_all(
     Ok(())
 }
 
-/// Stores plain `bytes` that this transaction hasn't looked up, unless the store holds them:
-/// the row goes in first and its digest's `UNIQUE` index is the lookup, so a new blob costs one
-/// probe of that index instead of a lookup and then an insert (on an import of fresh blobs the
-/// lookups were a sixth of the storing thread). A packed blob's row names the place its bytes
-/// will go ([`Staged::next_pack_location`]), and they go there only if the row was new. A blob
-/// too large to pack is looked up (its file is written only when needed).
+/// Stores plain `bytes` (up to [`INLINE_BLOB_MAX`]) that this transaction hasn't looked up,
+/// unless the store holds them: the row goes in first and its digest's `UNIQUE` index is the
+/// look-up, so a new blob costs one probe of that index instead of a look-up and then an insert
+/// (on an import of fresh blobs the look-ups were a sixth of the storing thread). A packed
+/// blob's row names the place its bytes will go ([`Staged::next_pack_location`]), and they go
+/// there only if the row was new.
 fn put_plain(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
-    if bytes.len() > INLINE_BLOB_MAX {
-        return put_flat(tx, staged, digest, bytes);
-    }
-    let packed = bytes.len() > ROW_MAX;
-    let data = match packed {
-        true => Value::Integer(staged.next_pack_location(tx)?),
-        false => Value::Blob(bytes.to_vec()),
+    let location = match bytes.len() > ROW_MAX {
+        true => Some(staged.next_pack_location(tx)?),
+        false => None,
     };
-    let kind = if packed { KIND_PACKED } else { KIND_INLINE };
-    let now = crate::writer::lease::now_ms() as i64;
-    let what = || format!("storing blob {digest}");
-    let location = match &data {
-        Value::Integer(at) => Some(*at),
-        _ => None,
+    let (kind, data) = match location {
+        Some(at) => (KIND_PACKED, Value::Integer(at)),
+        None => (KIND_INLINE, Value::Blob(bytes.to_vec())),
     };
-    let inserted = tx
-        .prepare_cached(
-            "INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (digest) DO NOTHING",
-        )
-        .and_then(|mut s| s.execute(params![digest.as_bytes(), kind, bytes.len() as i64, data, now]))
-        .ctx(what)?;
-    if inserted == 0 {
-        let id = blob_id(tx, digest)?
-            .ok_or_else(|| StoreError::corrupt(format!("blob {digest} is both stored and not found")))?;
-        return Ok(id);
-    }
-    let id = tx.last_insert_rowid();
+    let Some(id) = insert_if_absent(tx, digest, kind, bytes.len(), data)? else {
+        return blob_id(tx, digest)?
+            .ok_or_else(|| StoreError::corrupt(format!("blob {digest} is both stored and not found")));
+    };
     if let Some(at) = location {
         let packed_at = staged.pack(tx, bytes)?;
         if packed_at != at {
@@ -195,13 +179,29 @@ fn insert(
     size: usize,
     data: Value,
 ) -> StoreResult<i64> {
-    let now = crate::writer::lease::now_ms() as i64;
-    let id = conn
-        .prepare_cached("INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5)")
-        .and_then(|mut s| s.insert(params![digest.as_bytes(), kind, size as i64, data, now]))
-        .ctx(|| format!("storing blob {digest}"))?;
+    let id = insert_if_absent(conn, digest, kind, size, data)?
+        .ok_or_else(|| StoreError::conflict(format!("blob {digest} was stored while being stored")))?;
     staged.known.insert(*digest, Some(id));
     Ok(id)
+}
+
+/// Inserts a blob's row unless its digest has one; the new row's id, or `None`.
+fn insert_if_absent(
+    conn: &Connection,
+    digest: &Digest,
+    kind: i64,
+    size: usize,
+    data: Value,
+) -> StoreResult<Option<i64>> {
+    let now = crate::writer::lease::now_ms() as i64;
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (digest) DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![digest.as_bytes(), kind, size as i64, data, now]))
+        .ctx(|| format!("storing blob {digest}"))?;
+    Ok((inserted > 0).then(|| conn.last_insert_rowid()))
 }
 
 /// Stores `bytes` flat (in the row, packed or as a file) unless present; returns the row id.

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use retrace_core::run::RunStatus;
+use retrace_core::run::{RunMeta, RunStatus};
 use retrace_core::Digest;
 use retrace_store::conformance::{self, sample_events, sample_run};
 use retrace_store::sqlite::schema::{KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
@@ -25,6 +25,20 @@ fn sqlite_store_conforms() {
 
 fn open(dir: &Path, durability: Durability, busy_timeout_ms: u64) -> SqliteStore {
     SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), durability, busy_timeout_ms).unwrap()
+}
+
+/// A store in a temporary folder (`os` durability) holding one empty run named `run`.
+fn store_with_run(run: &str) -> (tempfile::TempDir, SqliteStore, RunMeta) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Os, 5_000);
+    let run = sample_run(run, 1);
+    store.create_run(&run).unwrap();
+    (dir, store, run)
+}
+
+/// How many blob rows the database holds.
+fn blob_rows(conn: &Connection) -> i64 {
+    conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap()
 }
 
 fn put_in_run(store: &SqliteStore, run: &str, blob: &BlobPut) {
@@ -312,10 +326,7 @@ fn with_snapshot_reads_one_snapshot() {
 /// full, with ids one after another.
 #[test]
 fn packed_blobs_fill_segments_across_batches() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path(), Durability::Os, 5_000);
-    let run = sample_run("packed", 1);
-    store.create_run(&run).unwrap();
+    let (dir, store, run) = store_with_run("packed");
     let mut blobs = Vec::new();
     // Sizes around and across the 4,048-byte segments, up to just under the file threshold.
     let sizes = [65usize, 4048, 100, 3948, 4049, 9000, 1, 500, INLINE_BLOB_MAX, 777, 12_345];
@@ -372,10 +383,7 @@ fn packed_blobs_fill_segments_across_batches() {
 /// as it inserts, so each is stored once.
 #[test]
 fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path(), Durability::Os, 5_000);
-    let run = sample_run("repeats", 1);
-    store.create_run(&run).unwrap();
+    let (dir, store, run) = store_with_run("repeats");
     let old = BlobPut::new(b"stored before the batch, long enough to be packed ".repeat(3), BlobHint::Raw);
     put_in_run(&store, &run.id, &old);
     let new = BlobPut::new(b"new in the batch, long enough to be packed as well ".repeat(3), BlobHint::Raw);
@@ -386,8 +394,7 @@ fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
         assert_eq!(store.get_blob(&blob.digest()).unwrap(), &blob.bytes()[..]);
     }
     let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
-    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
-    assert_eq!(rows, 3);
+    assert_eq!(blob_rows(&conn), 3);
     assert_no_packed_bytes_wasted(&conn);
 
     // Plain blobs go in row first, the digest's index as the look-up: one already stored
@@ -404,8 +411,7 @@ fn a_batch_repeating_blobs_and_carrying_stored_ones_stores_each_once() {
     for blob in fresh.iter().chain([&old, &new, &tiny]) {
         assert_eq!(store.get_blob(&blob.digest()).unwrap(), &blob.bytes()[..]);
     }
-    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
-    assert_eq!(rows, 7);
+    assert_eq!(blob_rows(&conn), 7);
     assert_no_packed_bytes_wasted(&conn);
 }
 
@@ -471,8 +477,7 @@ fn packed_rows_name_their_place_at_a_full_segment_and_after_a_stored_blob() {
     for blob in [&x, &y, &z, &w] {
         assert_eq!(store.get_blob(&blob.digest()).unwrap(), &blob.bytes()[..]);
     }
-    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
-    assert_eq!(rows, 4);
+    assert_eq!(blob_rows(&conn), 4);
     assert_no_packed_bytes_wasted(&conn);
 }
 
@@ -480,28 +485,25 @@ fn packed_rows_name_their_place_at_a_full_segment_and_after_a_stored_blob() {
 /// message) get the manifest's row: nothing is packed for them, and they read back whole.
 #[test]
 fn plain_bytes_already_stored_as_a_manifest_get_its_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path(), Durability::Os, 5_000);
-    let run = sample_run("manifest", 1);
-    store.create_run(&run).unwrap();
+    let (dir, store, run) = store_with_run("manifest");
     let response = br#"{"id":"chatcmpl-1","object":"chat.completion","model":"sim","choices":[{"index":0,"message":{"role":"assistant","content":"The backfill is safe once the default is in place; ship it after the column lands."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":18}}"#;
     put_in_run(&store, &run.id, &BlobPut::new(&response[..], BlobHint::ModelResponse));
     let conn = Connection::open(dir.path().join("retrace.db")).unwrap();
-    let digest = retrace_core::Digest::of(response);
+    let digest = Digest::of(response);
     let (id, kind): (i64, i64) = conn
         .query_row("SELECT id, kind FROM blobs WHERE digest = ?1", [digest.as_bytes()], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .unwrap();
     assert_eq!(kind, KIND_MANIFEST, "the response is kept as a manifest");
-    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    let rows = blob_rows(&conn);
 
     let plain = BlobPut::new(&response[..], BlobHint::Raw);
     let at = store.put_blobs(&[plain.clone(), BlobPut::new(vec![b'n'; 300], BlobHint::Raw)]).unwrap();
     assert_eq!(at[0].map(|a| a.get()), Some(id));
     put_in_run(&store, &run.id, &plain);
     assert_eq!(store.get_blob(&digest).unwrap(), &response[..]);
-    let after: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    let after = blob_rows(&conn);
     assert_eq!(after, rows + 1, "only the new plain blob added a row");
     assert_no_packed_bytes_wasted(&conn);
 }
