@@ -239,6 +239,14 @@ fn acknowledged_events_survive_sigkill_at_every_durability_level() {
             let run = new_run_id();
             let said = record_and_kill(home.path(), level, &run, via);
             check(&config, &run, &said);
+            // Under `event`, the child synced acknowledgments in its run's ack log; reopening
+            // the store recovered it (the database already held every record: SIGKILL keeps
+            // the page cache) and deleted it.
+            let logs = home.path().join("retrace.db-acklog");
+            assert_eq!(logs.exists(), *level == "event", "{level}: ack log folder");
+            if logs.exists() {
+                assert_eq!(std::fs::read_dir(&logs).unwrap().count(), 0, "{level}: an ack log is left");
+            }
             acked += said.acks.len() + said.steps.len();
         }
     }

@@ -9,9 +9,11 @@
 //! and a small pool of read connections. Several processes may share a store: writers wait
 //! up to the busy timeout for each other, then fail with `Busy`. Durability (see
 //! [`Durability`] and `sqlite/sync.rs`): SQLite runs at `synchronous=NORMAL`, and `event` fdatasyncs the
-//! WAL after each commit before it returns; `batch` has a thread fdatasync it at most every
-//! 10 ms after commits; `os` never syncs.
+//! WAL after each commit before it returns, except that a batch of a run whose lease this
+//! store holds is synced in the run's ack log instead (`sqlite/ack_log.rs`); `batch` has a
+//! thread fdatasync the WAL at most every 10 ms after commits; `os` never syncs.
 //! Schema: [`schema`].
+mod ack_log;
 mod blobs;
 mod cache;
 mod checkpoint;
@@ -91,6 +93,14 @@ thread_local! {
     static PINNED: RefCell<Option<(u64, Connection)>> = const { RefCell::new(None) };
 }
 
+/// Whether a write transaction syncs the WAL under `Durability::Event` before it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WalSyncs {
+    Now,
+    /// The caller makes the transaction durable another way (an ack log).
+    Later,
+}
+
 /// The embedded store: one SQLite database in WAL mode plus a blob folder.
 #[derive(Debug)]
 pub struct SqliteStore {
@@ -115,8 +125,9 @@ pub struct SqliteStore {
     syncer: Option<sync::Syncer>,
     /// `Durability::Event`: the WAL, synced after every commit.
     wal_sync: Option<sync::WalSync>,
-    /// `None` under `Durability::Event`, where the writer checkpoints (see [`checkpoint`]).
-    checkpointer: Option<checkpoint::Checkpointer>,
+    checkpointer: checkpoint::Checkpointer,
+    /// Ack logs: written under `Durability::Event`, recovered under every level.
+    ack_logs: ack_log::AckLogs,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -135,12 +146,17 @@ impl SqliteStore {
     /// A store in a new temporary folder, deleted when the store is dropped (for tests and
     /// throwaway replays); durability `os`.
     pub fn temporary() -> StoreResult<SqliteStore> {
+        SqliteStore::temporary_with(Durability::Os)
+    }
+
+    /// [`SqliteStore::temporary`] at another durability level.
+    pub fn temporary_with(durability: Durability) -> StoreResult<SqliteStore> {
         let dir = tempfile::Builder::new()
             .prefix("retrace-store-")
             .tempdir()
             .ctx(|| "creating a temporary store")?;
         let (path, blobs) = (dir.path().join("retrace.db"), dir.path().join("blobs"));
-        SqliteStore::open_inner(&path, &blobs, Durability::Os, 5_000, Some(dir))
+        SqliteStore::open_inner(&path, &blobs, durability, 5_000, Some(dir))
     }
 
     fn open_inner(
@@ -165,10 +181,7 @@ impl SqliteStore {
         let wal_sync = (durability == Durability::Event).then(|| sync::WalSync::new(path));
         writer
             .query_row(
-                &format!(
-                    "PRAGMA wal_autocheckpoint = {}",
-                    checkpoint::writer_autocheckpoint_pages(durability)
-                ),
+                &format!("PRAGMA wal_autocheckpoint = {}", checkpoint::WRITER_AUTOCHECKPOINT_PAGES),
                 [],
                 |_| Ok(()),
             )
@@ -176,13 +189,8 @@ impl SqliteStore {
         writer
             .execute_batch(&format!("PRAGMA cache_size = -{}", WRITER_CACHE_BYTES >> 10))
             .ctx(|| format!("configuring {label}"))?;
-        let checkpointer = match durability {
-            Durability::Event => None,
-            Durability::Batch | Durability::Os => Some(
-                checkpoint::Checkpointer::start(path.to_path_buf(), durability, busy_timeout_ms)
-                    .ctx(|| format!("starting the checkpointer of {label}"))?,
-            ),
-        };
+        let checkpointer = checkpoint::Checkpointer::start(path.to_path_buf(), durability, busy_timeout_ms)
+            .ctx(|| format!("starting the checkpointer of {label}"))?;
         let files = files::Files::new(blobs_dir.to_path_buf(), durability != Durability::Os, segment_bytes);
         Ok(SqliteStore {
             id: STORE_IDS.fetch_add(1, Ordering::Relaxed),
@@ -200,6 +208,7 @@ impl SqliteStore {
             syncer,
             wal_sync,
             checkpointer,
+            ack_logs: ack_log::AckLogs::new(path),
             _temp: temp,
         })
     }
@@ -250,6 +259,18 @@ impl SqliteStore {
         bytes: usize,
         f: impl FnOnce(&Connection) -> StoreResult<T>,
     ) -> StoreResult<T> {
+        self.write_with(what, bytes, WalSyncs::Now, f)
+    }
+
+    /// [`SqliteStore::write_sized`], with the WAL synced under `Durability::Event` only when
+    /// `sync` says so (the caller syncs an ack log instead).
+    fn write_with<T>(
+        &self,
+        what: &str,
+        bytes: usize,
+        sync: WalSyncs,
+        f: impl FnOnce(&Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let mut conn = self.writer.lock();
         let large = bytes >= LARGE_WRITE_BYTES;
         if large != self.large_cache.load(Ordering::Relaxed) {
@@ -268,17 +289,28 @@ impl SqliteStore {
             tx.commit().ctx(|| what)?;
             Ok(value)
         })()?;
-        if let Some(wal) = &self.wal_sync {
+        if let (Some(wal), WalSyncs::Now) = (&self.wal_sync, sync) {
             // Committed but not yet durable: the caller must not acknowledge it.
             wal.sync().ctx(|| format!("{what}: syncing the WAL {}-wal", self.label))?;
         }
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
-        if let Some(checkpointer) = &self.checkpointer {
-            checkpointer.committed();
-        }
+        self.checkpointer.committed();
         Ok(value)
+    }
+
+    /// Flushes the WAL to the disk now, whatever the durability level (nothing to do when
+    /// there is no WAL).
+    fn sync_wal(&self) -> std::io::Result<()> {
+        match &self.wal_sync {
+            Some(wal) => wal.sync(),
+            None => match std::fs::File::open(sync::wal_path(&self.path)) {
+                Ok(file) => file.sync_data(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            },
+        }
     }
 
     /// Runs `f` on a pooled read connection (this thread's snapshot connection inside

@@ -12,7 +12,7 @@ use super::head_blocks::{self, RawHead};
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS, EVENT_COLUMN_COUNT};
 use super::runs::run_pk;
 use super::staged::Staged;
-use super::{blobs, cache, schema, SqliteStore};
+use super::{ack_log, blobs, cache, schema, SqliteStore, WalSyncs};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
 use crate::writer::check_seqs;
@@ -38,8 +38,31 @@ fn fork_at(conn: &Connection, run: &str, pk: i64) -> StoreResult<Option<u64>> {
 }
 
 impl SqliteStore {
-    /// Commits `batch` in one transaction (its blobs' digests hold by construction: [`crate::BlobPut`]).
+    /// Commits `batch` in one transaction (its blobs' digests hold by construction:
+    /// [`crate::BlobPut`]). Under `Durability::Event`, a batch of a run whose lease this store
+    /// holds is made durable in the run's ack log, other batches by syncing the WAL.
     pub(crate) fn commit_impl(&self, batch: &Batch) -> StoreResult<()> {
+        let logged = match self.wal_sync.is_some() && ack_log::takes(batch) {
+            true => self.ack_logs.get(&batch.run_id).and_then(|log| Some((log, ack_log::encode(batch)?))),
+            false => None,
+        };
+        let Some((log, record)) = logged else {
+            return self.commit_tx(batch, WalSyncs::Now);
+        };
+        self.commit_tx(batch, WalSyncs::Later)?;
+        let mut log = log.lock();
+        log.append(&record, || self.sync_wal()).ctx(|| {
+            let (first, last) = (batch.events[0].seq, batch.events[batch.events.len() - 1].seq);
+            format!(
+                "committing seqs {first}..={last} of run {}: syncing its ack log {}",
+                batch.run_id,
+                log.path().display()
+            )
+        })
+    }
+
+    /// Commits `batch` in one transaction, syncing the WAL under `Durability::Event` as `sync` says.
+    pub(super) fn commit_tx(&self, batch: &Batch, sync: WalSyncs) -> StoreResult<()> {
         let run = &batch.run_id;
         let (first, last) = match (batch.events.first(), batch.events.last()) {
             (Some(f), Some(l)) => (f.seq, l.seq),
@@ -52,7 +75,7 @@ impl SqliteStore {
         const EVENT_ROW_BYTES: usize = 300;
         let bytes =
             batch.events.len() * EVENT_ROW_BYTES + batch.blobs.iter().map(|b| b.bytes().len()).sum::<usize>();
-        self.write_sized(&what, bytes, |tx| {
+        self.write_with(&what, bytes, sync, |tx| {
             let pk = match run_pk(tx, run) {
                 Ok(pk) => Some(pk),
                 // Blobs alone may be stored without a run (no chaining of requests then).

@@ -56,9 +56,7 @@ impl GcStore for SqliteStore {
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
-        if let Some(checkpointer) = &self.checkpointer {
-            checkpointer.committed();
-        }
+        self.checkpointer.committed();
         Ok(report)
     }
 }

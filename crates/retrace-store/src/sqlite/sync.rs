@@ -1,12 +1,10 @@
 //! Syncing the `-wal` file ourselves. SQLite's own `synchronous=FULL` syncs it with `fsync`,
 //! which on ext4 also commits the file's new mtime to the filesystem journal at every commit;
-//! `fdatasync` flushes only the data (and the size, when the WAL grew), and once a checkpoint
-//! has reset the WAL, commits overwrite its frames in place (under `Durability::Event` the
-//! writer checkpoints itself so that this happens; see [`super::checkpoint`]). So every
-//! durability level runs SQLite at `NORMAL` (corruption-safe in WAL mode, syncs only at
-//! checkpoints) and:
-//! - `Durability::Event`: [`WalSync::sync`] fdatasyncs the WAL after each commit, before the
-//!   commit returns (so before anything is acknowledged);
+//! `fdatasync` flushes only the data (and the size, when the WAL grew). So every durability
+//! level runs SQLite at `NORMAL` (corruption-safe in WAL mode, syncs only at checkpoints) and:
+//! - `Durability::Event`: a batch of a run whose lease the store holds is synced in the run's
+//!   ack log ([`super::ack_log`]); every other commit has [`WalSync::sync`] fdatasync the WAL
+//!   before the commit returns (so before anything is acknowledged);
 //! - `Durability::Batch`: [`Syncer`], a thread, fdatasyncs it at most every 10 ms while commits
 //!   happen, so an acknowledged event is on disk within about 10 ms.
 use std::fs::File;

@@ -1,4 +1,5 @@
 //! The store's integration tests: the conformance suite on every backend, then SQLite specifics.
+mod ack_log;
 mod gc_props;
 mod knew;
 mod memory;

@@ -23,6 +23,14 @@ fn sqlite_store_conforms() {
     conformance::run_all(&make);
 }
 
+/// Again with every commit synced, writers through their ack logs (`sqlite/ack_log.rs`).
+#[test]
+fn sqlite_store_conforms_under_event_durability() {
+    conformance::run_all(&|| {
+        Arc::new(SqliteStore::temporary_with(Durability::Event).unwrap()) as Arc<dyn Store>
+    });
+}
+
 fn open(dir: &Path, durability: Durability, busy_timeout_ms: u64) -> SqliteStore {
     SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), durability, busy_timeout_ms).unwrap()
 }

@@ -1,0 +1,221 @@
+//! The ack log of `Durability::Event` (`sqlite/ack_log.rs`): acknowledged batches the WAL lost
+//! come back from it. A power cut is simulated by pairing a snapshot of the database taken
+//! earlier (`VACUUM INTO`, which copies what was committed, synced or not) with the ack log as
+//! it stood when later batches had been acknowledged: exactly what a disk that kept the synced
+//! log but not the unsynced WAL would hold.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use retrace_core::envelope::ToolClass;
+use retrace_core::run::RunStatus;
+use retrace_core::{Digest, Event, EventType};
+use retrace_store::conformance::{sample_run, text};
+use retrace_store::sqlite::SqliteStore;
+use retrace_store::verify::verify_run;
+use retrace_store::{
+    BlobHint, BlobPut, CacheEntry, Durability, EventStore, LeaseHolder, RunWriter, Store, StoreErrorKind,
+};
+use rusqlite::Connection;
+
+const RUN: &str = "acked";
+
+fn open(dir: &Path, durability: Durability) -> Arc<SqliteStore> {
+    Arc::new(SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), durability, 5_000).unwrap())
+}
+
+/// The ack-log folder of the store in `dir`.
+fn log_dir(dir: &Path) -> PathBuf {
+    dir.join("retrace.db-acklog")
+}
+
+/// The one ack log in `dir`.
+fn the_log(dir: &Path) -> PathBuf {
+    let logs: Vec<PathBuf> = std::fs::read_dir(log_dir(dir)).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(logs.len(), 1, "one ack log: {logs:?}");
+    logs.into_iter().next().unwrap()
+}
+
+/// What the recorder stored for one step: its event (sealed), blobs and cache entry.
+struct Step {
+    event: Event,
+    output: BlobPut,
+    key: Digest,
+}
+
+/// Appends step `i` (a tool call with a request, an output of `output_len` bytes and a cache
+/// entry) and waits for its acknowledgment.
+fn record_step(writer: &RunWriter, i: u64, output_len: usize) -> Step {
+    let mut seed = i + 1;
+    let request = BlobPut::new(text(&mut seed, 300).into_bytes(), BlobHint::Raw);
+    let output = BlobPut::new(text(&mut seed, output_len).into_bytes(), BlobHint::Raw);
+    let mut event = Event::new(RUN, format!("agent{}", i % 3), EventType::ToolCall);
+    event.name = Some(format!("tool{}", i % 5));
+    event.lamport = i;
+    event.key = Digest::of(format!("step {i}").as_bytes());
+    event.request_ref = Some(request.digest());
+    event.output_ref = Some(output.digest());
+    let entry = CacheEntry {
+        output_ref: output.digest(),
+        usage: None,
+        stored_at_ms: 1_000 + i,
+        class: Some(ToolClass::Deterministic),
+        ttl_s: None,
+    };
+    let key = event.key;
+    let ticket = writer.append_cached(event, vec![request, output.clone()], Some((key, entry))).unwrap();
+    Step { event: ticket.wait().unwrap(), output, key }
+}
+
+/// A consistent copy of the database at `from` (committed transactions, synced or not) as the
+/// database of a store in `to`.
+fn snapshot(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    let conn = Connection::open(from.join("retrace.db")).unwrap();
+    let target = to.join("retrace.db");
+    conn.execute("VACUUM INTO ?1", [target.to_str().unwrap()]).unwrap();
+}
+
+/// Copies the ack log of the store in `from` into the store in `to`.
+fn copy_log(from: &Path, to: &Path) -> PathBuf {
+    let log = the_log(from);
+    std::fs::create_dir_all(log_dir(to)).unwrap();
+    let copy = log_dir(to).join(log.file_name().unwrap());
+    std::fs::copy(&log, &copy).unwrap();
+    copy
+}
+
+/// Records `n` steps in a fresh store in `live` under `event` durability, snapshots the
+/// database into `lost` after `snapshot_at` of them, and copies the ack log (as it stands with
+/// all `n` acknowledged) there too. Returns the steps; the live writer is closed.
+fn record_then_lose(live: &Path, lost: &Path, n: u64, snapshot_at: u64, output_len: usize) -> Vec<Step> {
+    let store = open(live, Durability::Event);
+    store.create_run(&sample_run(RUN, 1)).unwrap();
+    let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
+    let mut steps = Vec::new();
+    for i in 1..=n {
+        steps.push(record_step(&writer, i, output_len));
+        if i == snapshot_at {
+            snapshot(live, lost);
+        }
+    }
+    copy_log(live, lost);
+    writer.close().unwrap();
+    assert!(
+        std::fs::read_dir(log_dir(live)).unwrap().next().is_none(),
+        "releasing the lease deletes the ack log"
+    );
+    steps
+}
+
+/// Every step is stored as recorded: events, output blobs and cache entries; the run verifies.
+fn assert_holds(store: &dyn Store, steps: &[Step]) {
+    assert_eq!(store.last_seq(RUN).unwrap(), steps.len() as u64);
+    let events = store.events(RUN, 1, steps.len() + 1).unwrap();
+    for (stored, step) in events.iter().zip(steps) {
+        assert_eq!(*stored, step.event, "seq {}", step.event.seq);
+        assert_eq!(store.get_blob(&step.output.digest()).unwrap(), step.output.bytes().to_vec());
+        let entry = store.cache_get(&step.key).unwrap().expect("the cache entry is stored");
+        assert_eq!(entry.output_ref, step.output.digest());
+    }
+    assert_eq!(verify_run(store, RUN), Vec::new(), "the run verifies");
+}
+
+#[test]
+fn acknowledged_batches_the_wal_lost_come_back_when_the_lease_is_taken() {
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let steps = record_then_lose(live.path(), lost.path(), 20, 5, 1000);
+
+    let store = open(lost.path(), Durability::Event);
+    assert_eq!(store.last_seq(RUN).unwrap(), 5, "the database alone lost seqs 6..=20");
+    // The snapshot's lease is this process's and still live: nothing recovers it behind the
+    // holder's back.
+    store.recover_interrupted().unwrap();
+    assert_eq!(store.last_seq(RUN).unwrap(), 5);
+
+    let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
+    assert_holds(store.as_ref(), &steps);
+    let next = record_step(&writer, 21, 1000);
+    assert_eq!(next.event.seq, 21);
+    assert_eq!(next.event.prev, Some(steps[19].event.hash), "the chain continues after the recovered events");
+    writer.close().unwrap();
+    assert_eq!(verify_run(store.as_ref(), RUN), Vec::new());
+}
+
+#[test]
+fn a_dead_recorders_ack_log_is_recovered_before_its_run_is_marked_interrupted() {
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let steps = record_then_lose(live.path(), lost.path(), 20, 5, 1000);
+    let conn = Connection::open(lost.path().join("retrace.db")).unwrap();
+    conn.execute("UPDATE leases SET holder = 'elsewhere:1:1', expires_at = 0", []).unwrap();
+    drop(conn);
+
+    let store = open(lost.path(), Durability::Os);
+    assert_eq!(store.recover_interrupted().unwrap(), vec![RUN.to_string()]);
+    assert_eq!(store.run(RUN).unwrap().status, RunStatus::Interrupted);
+    assert_holds(store.as_ref(), &steps);
+    assert!(std::fs::read_dir(log_dir(lost.path())).unwrap().next().is_none(), "the log is gone");
+    assert_eq!(store.lease_holder(RUN).unwrap(), None);
+}
+
+#[test]
+fn a_torn_last_record_is_dropped_and_the_ones_before_it_recover() {
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let steps = record_then_lose(live.path(), lost.path(), 20, 5, 1000);
+    // The last record ends with its checksum: the last byte that isn't zero lies in it.
+    let log = the_log(lost.path());
+    let mut bytes = std::fs::read(&log).unwrap();
+    let end = bytes.iter().rposition(|b| *b != 0).unwrap();
+    bytes[end] ^= 0xff;
+    std::fs::write(&log, &bytes).unwrap();
+
+    let store = open(lost.path(), Durability::Event);
+    let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
+    assert_holds(store.as_ref(), &steps[..19]);
+    assert_eq!(record_step(&writer, 20, 1000).event.seq, 20);
+    writer.close().unwrap();
+}
+
+#[test]
+fn records_left_from_an_earlier_lap_of_the_log_are_skipped() {
+    // 60 KB outputs: a record each of about 61 KB, so the 1 MB log starts a new lap every 17
+    // steps or so (syncing the WAL first); the third lap began before seq 40.
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let steps = record_then_lose(live.path(), lost.path(), 45, 40, 60 << 10);
+    let log = std::fs::read(the_log(lost.path())).unwrap();
+    let first_at_zero = u64::from_le_bytes(log[8..16].try_into().unwrap());
+    assert!((30..=40).contains(&first_at_zero), "the lap at offset 0 starts at seq {first_at_zero}");
+    let store = open(lost.path(), Durability::Event);
+    assert_eq!(store.last_seq(RUN).unwrap(), 40);
+    let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
+    assert_holds(store.as_ref(), &steps);
+    writer.close().unwrap();
+}
+
+#[test]
+fn a_log_that_starts_past_the_database_is_corrupt_and_kept() {
+    // The snapshot is from the first lap; the log's current lap starts at the third: the disk
+    // lost events the WAL had synced.
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    record_then_lose(live.path(), lost.path(), 45, 10, 60 << 10);
+    let store = open(lost.path(), Durability::Event);
+    let err = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+    let message = err.to_string();
+    assert!(message.contains("acknowledged events are missing") && message.contains("acklog"), "{message}");
+    assert_eq!(store.last_seq(RUN).unwrap(), 10, "nothing stored is touched");
+    assert!(the_log(lost.path()).exists(), "the log is kept for a person to look at");
+    assert_eq!(store.lease_holder(RUN).unwrap(), None, "the failed open let the lease go");
+}
+
+#[test]
+fn only_event_durability_writes_an_ack_log() {
+    for durability in [Durability::Batch, Durability::Os] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), durability);
+        store.create_run(&sample_run(RUN, 1)).unwrap();
+        let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
+        record_step(&writer, 1, 100);
+        assert!(!log_dir(dir.path()).exists(), "{durability:?}");
+        writer.close().unwrap();
+    }
+}
