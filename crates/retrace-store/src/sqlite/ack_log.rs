@@ -11,21 +11,30 @@
 //! append overwrites allocated blocks and its `fdatasync` writes no metadata. Records follow
 //! each other from offset 0; one that would not fit first syncs the WAL (everything in the log
 //! is then durable in SQLite) and starts again at offset 0, leaving older records behind it.
+//! A record is written before its batch commits and synced after, so the disk write overlaps
+//! the commit (`sync_file_range`); if the commit fails the record is withdrawn (zeroed).
 //!
-//! Recovery (`SqliteStore::recover_ack_log`, run by whoever takes the lease and for runs
-//! whose recorder died) reads records from offset 0 up to the first one whose checksum fails
-//! (a torn append, never acknowledged, or the zeros), skips records whose seqs the database
-//! holds (every record left from an earlier lap is among them: the WAL was synced when the
-//! lap began), commits the others, syncs the WAL and deletes the log. Releasing the lease
-//! syncs the WAL and deletes it too. A record that would leave a gap in the run means the
-//! disk lost what it had synced: a `Corrupt` error, and the log is kept.
+//! Ownership is the file's `flock`, held as long as the log is open: the lease can't tell two
+//! stores of one process apart, the lock can, and the kernel drops it when its process dies.
+//! A log is created under a temporary name, locked, then linked into place, so no one sees it
+//! unlocked; a log whose lock is held is never read, recovered or deleted by anyone else.
+//!
+//! Recovery (`SqliteStore::recover_ack_log`), by whoever takes the lease and, for logs no one
+//! holds, by `recover_interrupted`, reads records from offset 0 up to the first one whose
+//! checksum fails (a torn append, never acknowledged, or the zeros), skips records whose seqs
+//! the database holds (every record left from an earlier lap is among them: the WAL was synced
+//! when the lap began), commits the others, syncs the WAL and deletes the log. Releasing the
+//! lease syncs the WAL and deletes the log before the lease goes. A record that would leave a
+//! gap in the run means the disk lost what it had synced: a `Corrupt` error; the log is kept
+//! and `recover_interrupted` leaves the run `running` (taking its lease reports the error).
 //!
 //! Batches the log doesn't take (a blob over [`crate::INLINE_BLOB_MAX`], which is a synced file
 //! already, or a record over [`MAX_RECORD_BYTES`]) are committed with a WAL sync as before.
 //!
 //! Record layout (little-endian): magic `RTA1`, body length (u32), first seq (u64), last seq
 //! (u64), the body, and the SHA-256 of everything before it. Body: run id; events (count,
-//! then each as length and canonical JSON); blobs (count, then hint byte, length, bytes);
+//! then each as length and JSON, floats as written: not the canonical form, which writes 1.0
+//! as 1); blobs (count, then hint byte, length, bytes);
 //! cache entries (count, then key, length and JSON of the entry).
 use std::collections::HashMap;
 use std::fs::File;
@@ -69,30 +78,51 @@ pub(crate) fn run_pk_of(name: &str) -> Option<i64> {
     name.parse().ok().filter(|pk: &i64| pk.to_string() == name)
 }
 
-/// One run's open ack log.
+/// One run's open ack log, locked (`flock`) for as long as it is open: a log whose lock is
+/// free belongs to no live store and may be recovered; one whose lock is held is never touched.
 #[derive(Debug)]
 pub(crate) struct AckLog {
     file: File,
     path: PathBuf,
     /// Where the next record goes.
     offset: u64,
+    /// Set once the lease is being released (or a withdrawal failed): commits then sync the
+    /// WAL instead.
+    closed: bool,
 }
 
 impl AckLog {
-    /// Creates the log at `path` (replacing any file there): [`LOG_BYTES`] zeros, synced, and
-    /// its folder synced so the file survives a crash.
+    /// Creates the log at `path`, which must not exist: [`LOG_BYTES`] zeros, synced and locked
+    /// under a temporary name, then linked at `path` (`AlreadyExists` if another store got
+    /// there first), and the folder synced so the file survives a crash.
     pub(crate) fn create(path: &Path) -> io::Result<AckLog> {
+        static CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let mut file =
-            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
-        let zeros = vec![0u8; 64 << 10];
-        for _ in 0..LOG_BYTES / zeros.len() as u64 {
-            file.write_all(&zeros)?;
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)?;
+            // The folder's own entry, in the database's folder.
+            File::open(dir.parent().unwrap_or(Path::new(".")))?.sync_all()?;
         }
-        file.sync_all()?;
+        let n = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("log");
+        let temp = dir.join(format!("{name}{TEMP_MARK}{}-{n}", std::process::id()));
+        let made = (|| {
+            let mut file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&temp)?;
+            let zeros = vec![0u8; 64 << 10];
+            for _ in 0..LOG_BYTES / zeros.len() as u64 {
+                file.write_all(&zeros)?;
+            }
+            file.sync_all()?;
+            if !try_lock(&file)? {
+                return Err(io::Error::other("a new ack log is locked by someone else"));
+            }
+            std::fs::hard_link(&temp, path)?;
+            Ok(file)
+        })();
+        let _ = std::fs::remove_file(&temp);
+        let file = made?;
         File::open(dir)?.sync_all()?;
-        Ok(AckLog { file, path: path.to_path_buf(), offset: 0 })
+        Ok(AckLog { file, path: path.to_path_buf(), offset: 0, closed: false })
     }
 
     /// Where the log lives.
@@ -100,21 +130,177 @@ impl AckLog {
         &self.path
     }
 
-    /// Appends `record` ([`encode`]) and syncs it. When it doesn't fit, `sync_wal` runs first
-    /// and the record goes at offset 0.
-    pub(crate) fn append(
+    /// Whether the log stopped taking records.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Writes `record` ([`encode`]) at the end of the log and starts writing it to the disk,
+    /// without waiting: the caller commits the batch meanwhile, then calls [`AckLog::sync`]
+    /// (or [`AckLog::withdraw`] if the commit failed). When the record doesn't fit,
+    /// `sync_wal` runs first and the record goes at offset 0. Returns where it went.
+    pub(crate) fn stage(
         &mut self,
         record: &[u8],
         sync_wal: impl FnOnce() -> io::Result<()>,
-    ) -> io::Result<()> {
+    ) -> io::Result<u64> {
         if self.offset + record.len() as u64 > LOG_BYTES {
             sync_wal()?;
             self.offset = 0;
         }
         self.file.write_all_at(record, self.offset)?;
+        start_writeback(&self.file, self.offset, record.len());
+        Ok(self.offset)
+    }
+
+    /// Waits until the record staged at `at` (`len` bytes) is on the disk; the next record
+    /// goes after it.
+    pub(crate) fn sync(&mut self, at: u64, len: usize) -> io::Result<()> {
         self.file.sync_data()?;
-        self.offset += record.len() as u64;
+        self.offset = at + len as u64;
         Ok(())
+    }
+
+    /// Unwrites the record staged at `at` (its batch didn't commit): its magic becomes zeros,
+    /// so recovery stops before it, and the next record overwrites it. If that fails, the log
+    /// closes: a record of a batch no one stored may remain, and nothing may follow it.
+    pub(crate) fn withdraw(&mut self, at: u64) {
+        let undone = self.file.write_all_at(&[0; 4], at).and_then(|()| self.file.sync_data());
+        if undone.is_err() {
+            self.closed = true;
+        }
+    }
+
+    /// Stops taking records and deletes the file (the caller synced the WAL: everything the
+    /// log holds is durable in the database).
+    pub(crate) fn close_and_delete(&mut self) -> io::Result<()> {
+        self.closed = true;
+        remove_if_same(&self.file, &self.path)
+    }
+}
+
+/// What a temporary log's name holds between the run key and the creator.
+const TEMP_MARK: &str = ".new-";
+
+/// Takes an exclusive `flock` on `file` without waiting: `false` when another open file holds
+/// it (in this process or another; the kernel drops it when its holder dies).
+#[allow(unsafe_code)]
+fn try_lock(file: &File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on a file descriptor this `File` owns for the whole call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        true => Ok(false),
+        false => Err(e),
+    }
+}
+
+/// Whether `path` names the file `file` has open.
+fn is_same(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let (open, named) = match std::fs::metadata(path) {
+        Ok(named) => (file.metadata()?, named),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    Ok(open.dev() == named.dev() && open.ino() == named.ino())
+}
+
+/// Deletes `path` if it still names `file` (locked by the caller).
+fn remove_if_same(file: &File, path: &Path) -> io::Result<()> {
+    match is_same(file, path)? {
+        true => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        },
+        false => Ok(()),
+    }
+}
+
+/// A log on disk that no live store holds, locked by the caller for recovery.
+#[derive(Debug)]
+pub(crate) struct Found {
+    file: File,
+    path: PathBuf,
+}
+
+impl Found {
+    /// Its bytes (at most a log's size; a longer file is not a log this store wrote).
+    pub(crate) fn bytes(&self) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut bytes = Vec::with_capacity(LOG_BYTES as usize);
+        (&self.file).take(LOG_BYTES).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Where it lives.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Deletes it (the caller synced the WAL first).
+    pub(crate) fn remove(self) -> io::Result<()> {
+        remove_if_same(&self.file, &self.path)
+    }
+}
+
+/// What [`claim`] found at a log's path.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// No log.
+    Absent,
+    /// A log a live store holds.
+    Busy,
+    /// A log to recover.
+    Found(Found),
+}
+
+/// Looks at the log at `path` and locks it if no one holds it.
+pub(crate) fn claim(path: &Path) -> io::Result<Claim> {
+    for _ in 0..8 {
+        let file = match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Claim::Absent),
+            Err(e) => return Err(e),
+        };
+        if !try_lock(&file)? {
+            return Ok(Claim::Busy);
+        }
+        // Deleted or replaced between the open and the lock: look again.
+        if is_same(&file, path)? {
+            return Ok(Claim::Found(Found { file, path: path.to_path_buf() }));
+        }
+    }
+    Ok(Claim::Busy)
+}
+
+/// Deletes the temporary files of log creations that died (their lock is free).
+pub(crate) fn remove_dead_temps(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(|n| n.contains(TEMP_MARK)) {
+            if let Ok(file) = File::open(entry.path()) {
+                if try_lock(&file).unwrap_or(false) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+    }
+}
+
+/// Asks the kernel to start writing `len` bytes at `offset` of `file` to the disk now, so
+/// that the `fdatasync` after the commit finds them under way (only a hint: errors are
+/// left to that `fdatasync`).
+#[allow(unsafe_code)]
+fn start_writeback(file: &File, offset: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on a file descriptor this `File` owns for the whole call.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
 
@@ -153,7 +339,8 @@ pub(crate) fn encode(batch: &Batch) -> Option<Vec<u8>> {
     for event in &batch.events {
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
-        event.write_canonical(&mut out).ok()?;
+        // Not the canonical form, which writes 1.0 as 1: the event as the writer sealed it.
+        serde_json::to_writer(&mut out, event).ok()?;
         let len = (out.len() - at - 4) as u32;
         out[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -339,8 +526,9 @@ impl AckLogs {
         self.open.lock().get(run).cloned()
     }
 
-    /// Stops logging `run`; the closed log, if there was one (its file is left in place).
-    pub(crate) fn close(&self, run: &str) -> Option<Arc<Mutex<AckLog>>> {
+    /// Stops logging `run`: the log, if there was one, no longer in the table (a commit
+    /// that got it before still may, until the caller closes it).
+    pub(crate) fn take(&self, run: &str) -> Option<Arc<Mutex<AckLog>>> {
         self.open.lock().remove(run)
     }
 
@@ -359,5 +547,75 @@ impl AckLogs {
         }
         pks.sort_unstable();
         Ok(pks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use retrace_core::EventType;
+
+    use super::*;
+
+    fn batch(first: u64, n: u64) -> Batch {
+        let mut prev = None;
+        let events = (first..first + n)
+            .map(|seq| {
+                let mut e = Event::new("r", "agent", EventType::ToolCall);
+                e.seq = seq;
+                e.params = Some([("temperature".to_string(), serde_json::json!(1.0))].into_iter().collect());
+                e.seal(prev).unwrap();
+                prev = Some(e.hash);
+                e
+            })
+            .collect();
+        let blobs = vec![BlobPut::new(vec![7u8; 100], BlobHint::ModelResponse)];
+        Batch { run_id: "r".into(), events, blobs, cache: Vec::new() }
+    }
+
+    #[test]
+    fn a_record_decodes_to_its_batch_floats_and_all() {
+        let original = batch(3, 2);
+        let record = encode(&original).unwrap();
+        let records = scan(&record);
+        assert_eq!((records.len(), records[0].first, records[0].last), (1, 3, 4));
+        let decoded = records[0].decode().unwrap();
+        assert_eq!(decoded.events, original.events, "1.0 stays 1.0");
+        assert_eq!(decoded.blobs[0].bytes(), original.blobs[0].bytes());
+        assert_eq!(decoded.blobs[0].hint(), BlobHint::ModelResponse);
+    }
+
+    #[test]
+    fn a_scan_reads_a_new_lap_then_what_is_left_of_the_old_one_and_stops_at_a_torn_record() {
+        let (new, old, torn) =
+            (encode(&batch(9, 1)).unwrap(), encode(&batch(3, 2)).unwrap(), encode(&batch(10, 1)).unwrap());
+        let mut log = new.clone();
+        log.extend_from_slice(&old);
+        let seqs: Vec<(u64, u64)> = scan(&log).iter().map(|r| (r.first, r.last)).collect();
+        assert_eq!(seqs, vec![(9, 9), (3, 4)]);
+        let mut log = new.clone();
+        log.extend_from_slice(&torn[..torn.len() - 1]);
+        log.push(torn[torn.len() - 1] ^ 1);
+        log.extend_from_slice(&old);
+        assert_eq!(scan(&log).len(), 1, "nothing after a torn record is read");
+    }
+
+    proptest! {
+        #[test]
+        fn scanning_and_decoding_any_bytes_never_panics(
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+            cut in any::<usize>(),
+        ) {
+            let mut log = encode(&batch(1, 3)).unwrap();
+            log.extend_from_slice(&encode(&batch(4, 1)).unwrap());
+            for (at, byte) in flips {
+                let at = at % log.len();
+                log[at] ^= byte;
+            }
+            log.truncate(cut % (log.len() + 1));
+            for record in scan(&log) {
+                let _ = record.decode();
+            }
+        }
     }
 }

@@ -49,16 +49,27 @@ impl SqliteStore {
         let Some((log, record)) = logged else {
             return self.commit_tx(batch, WalSyncs::Now);
         };
-        self.commit_tx(batch, WalSyncs::Later)?;
+        let (first, last) = (batch.events[0].seq, batch.events[batch.events.len() - 1].seq);
+        // Held through the commit, so the log can't close between the commit and its record.
         let mut log = log.lock();
-        log.append(&record, || self.sync_wal()).ctx(|| {
-            let (first, last) = (batch.events[0].seq, batch.events[batch.events.len() - 1].seq);
+        if log.is_closed() {
+            drop(log);
+            return self.commit_tx(batch, WalSyncs::Now);
+        }
+        let what = |log: &ack_log::AckLog| {
             format!(
-                "committing seqs {first}..={last} of run {}: syncing its ack log {}",
+                "committing seqs {first}..={last} of run {}: writing its ack log {}",
                 batch.run_id,
                 log.path().display()
             )
-        })
+        };
+        // The record's write to the disk overlaps the commit.
+        let at = log.stage(&record, || self.sync_wal()).ctx(|| what(&log))?;
+        if let Err(e) = self.commit_tx(batch, WalSyncs::Later) {
+            log.withdraw(at);
+            return Err(e);
+        }
+        log.sync(at, record.len()).ctx(|| what(&log))
     }
 
     /// Commits `batch` in one transaction, syncing the WAL under `Durability::Event` as `sync` says.

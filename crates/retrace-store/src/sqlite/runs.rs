@@ -124,6 +124,9 @@ impl SqliteStore {
     /// Takes the lease of `run`, then recovers what its ack log holds (a recorder that held
     /// the lease before may have died) and, under `Durability::Event`, starts a new log.
     pub(crate) fn acquire_lease_impl(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
+        if self.ack_logs.get(run).is_some() {
+            return Err(StoreError::busy(format!("run {run} already has a recorder on this store")));
+        }
         let pk = self.write(&format!("taking the lease of run {run}"), |tx| {
             let pk = run_pk(tx, run)?;
             let now = now_ms();
@@ -136,8 +139,13 @@ impl SqliteStore {
                 .ctx(|| format!("taking the lease of run {run}"))?;
             Ok(pk)
         })?;
-        let ready = self.recover_ack_log(run, pk).and_then(|_| match self.wal_sync.is_some() {
-            true => self.ack_logs.open(run, pk).ctx(|| format!("creating the ack log of run {run}")),
+        let ready = self.recover_ack_log_waiting(run, pk).and_then(|()| match self.wal_sync.is_some() {
+            true => self.ack_logs.open(run, pk).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => {
+                    StoreError::busy(format!("run {run} is being recorded by another store of this process"))
+                }
+                _ => StoreError::from_io(e, format!("creating the ack log of run {run}")),
+            }),
             false => Ok(()),
         });
         if let Err(e) = ready {
@@ -149,106 +157,127 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Commits the batches in the ack log of `run` (key `pk`) that the database lacks, syncs the
-    /// WAL and deletes the log; how many events it committed. The caller holds the lease.
-    pub(super) fn recover_ack_log(&self, run: &str, pk: i64) -> StoreResult<usize> {
+    /// Recovers the ack log of `run` (key `pk`), waiting up to the busy timeout for a store
+    /// that holds it to let go; `Busy` after that.
+    fn recover_ack_log_waiting(&self, run: &str, pk: i64) -> StoreResult<()> {
         let path = ack_log::path_of(self.ack_logs.dir(), pk);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(StoreError::from_io(e, format!("reading the ack log {}", path.display()))),
-        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(self.busy_timeout_ms);
+        loop {
+            let claim = ack_log::claim(&path)
+                .map_err(|e| StoreError::from_io(e, format!("opening the ack log {}", path.display())))?;
+            match claim {
+                ack_log::Claim::Absent => return Ok(()),
+                ack_log::Claim::Found(found) => return self.recover_ack_log(run, found).map(drop),
+                ack_log::Claim::Busy if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                ack_log::Claim::Busy => {
+                    return Err(StoreError::busy(format!(
+                        "run {run} is being recorded by another store (its ack log {} is locked)",
+                        path.display()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Commits the batches in the ack log `found` of `run` that the database lacks, syncs the
+    /// WAL and deletes the log; how many events it committed. A log of another run (a deleted
+    /// run whose key was reused) is stale: deleted unread.
+    fn recover_ack_log(&self, run: &str, found: ack_log::Found) -> StoreResult<usize> {
+        let path = found.path().to_path_buf();
+        let bytes = found
+            .bytes()
+            .map_err(|e| StoreError::from_io(e, format!("reading the ack log {}", path.display())))?;
         let where_ = |first: u64, last: u64, offset: usize| {
             format!(
                 "recovering seqs {first}..={last} of run {run} from its ack log {} (byte {offset})",
                 path.display()
             )
         };
+        let mut records = ack_log::scan(&bytes);
+        // One store appends a run's records in seq order; sorting costs nothing and holds
+        // even if two committers of one run interleaved.
+        records.sort_by_key(|r| r.first);
         let mut stored = self.last_seq_impl(run)?;
         let mut applied = 0;
-        for record in ack_log::scan(&bytes) {
+        for record in records {
             let (first, last) = (record.first, record.last);
             if last <= stored {
                 continue;
             }
+            let at = where_(first, last, record.offset);
             if first <= stored {
                 return Err(StoreError::corrupt(format!(
-                    "{}: the database holds seqs up to {stored}, part of this batch",
-                    where_(first, last, record.offset)
+                    "{at}: the database holds seqs up to {stored}, part of this batch"
                 )));
             }
-            let batch = record.decode().map_err(|why| {
-                StoreError::corrupt(format!("{}: the record holds {why}", where_(first, last, record.offset)))
-            })?;
+            let batch = record
+                .decode()
+                .map_err(|why| StoreError::corrupt(format!("{at}: the record holds {why}")))?;
             if batch.run_id != run {
-                return Err(StoreError::corrupt(format!(
-                    "{}: the record is of run {}",
-                    where_(first, last, record.offset),
-                    batch.run_id
-                )));
+                break;
             }
-            self.commit_tx(&batch, WalSyncs::Now).map_err(|e| match e.kind {
-                // A gap: the disk lost events it had synced.
-                crate::StoreErrorKind::Conflict => StoreError::corrupt(format!(
-                    "{}: {e}; acknowledged events are missing",
-                    where_(first, last, record.offset)
-                )),
-                _ => e.context(where_(first, last, record.offset)),
-            })?;
+            if let Err(e) = self.commit_tx(&batch, WalSyncs::Later) {
+                stored = self.last_seq_impl(run)?;
+                if stored >= last {
+                    continue;
+                }
+                return Err(match e.kind {
+                    // A gap: the disk lost events it had synced.
+                    crate::StoreErrorKind::Conflict => {
+                        StoreError::corrupt(format!("{at}: {e}; acknowledged events are missing"))
+                    }
+                    _ => e.context(at),
+                });
+            }
             stored = last;
             applied += batch.events.len();
         }
         self.sync_wal().map_err(|e| StoreError::from_io(e, format!("syncing the WAL of {}", self.label)))?;
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(StoreError::from_io(e, format!("deleting the ack log {}", path.display())))
-            }
-            _ => Ok(applied),
-        }
+        found
+            .remove()
+            .map_err(|e| StoreError::from_io(e, format!("deleting the ack log {}", path.display())))?;
+        Ok(applied)
     }
 
-    /// Recovers the ack logs of runs whose recorder is gone: for each, takes the lease if no
-    /// live one binds, recovers, and puts the lease back as it was (so that
-    /// [`SqliteStore::recover_interrupted_impl`] judges the run as before).
-    fn recover_dead_ack_logs(&self) -> StoreResult<()> {
+    /// Recovers the ack logs no live store holds (their recorders died). A log that can't be
+    /// recovered is left in place and its run is returned, so that it isn't marked interrupted
+    /// as if nothing were missing; taking its lease reports why.
+    fn recover_dead_ack_logs(&self) -> StoreResult<std::collections::HashSet<String>> {
+        let mut failed = std::collections::HashSet::new();
         let pks = self
             .ack_logs
             .on_disk()
             .map_err(|e| StoreError::from_io(e, format!("listing {}", self.ack_logs.dir().display())))?;
-        let me = LeaseHolder::current();
+        if pks.is_empty() {
+            return Ok(failed);
+        }
+        ack_log::remove_dead_temps(self.ack_logs.dir());
         for pk in pks {
+            let path = ack_log::path_of(self.ack_logs.dir(), pk);
+            let found = match ack_log::claim(&path) {
+                Ok(ack_log::Claim::Found(found)) => found,
+                Ok(_) => continue,
+                Err(e) => {
+                    return Err(StoreError::from_io(e, format!("opening the ack log {}", path.display())))
+                }
+            };
             let id: Option<String> = self.read(|conn| {
                 conn.prepare_cached("SELECT id FROM runs WHERE pk = ?1")
                     .and_then(|mut s| s.query_row([pk], |r| r.get(0)).optional())
-                    .ctx(|| "reading the run of an ack log")
+                    .ctx(|| format!("reading the run of the ack log {}", path.display()))
             })?;
             let Some(run) = id else {
-                let _ = std::fs::remove_file(ack_log::path_of(self.ack_logs.dir(), pk));
+                // The log of a deleted run.
+                let _ = found.remove();
                 continue;
             };
-            let what = format!("recovering the ack log of run {run}");
-            let taken = self.write(&what, |tx| {
-                let before = lease_of(tx, pk)?;
-                let now = now_ms();
-                if before.as_ref().is_some_and(|l| l.is_live(now)) {
-                    return Ok(None);
-                }
-                put_lease(tx, pk, &Lease { holder: me.clone(), expires_at_ms: now + 60_000 })
-                    .ctx(|| &what)?;
-                Ok(Some(before))
-            })?;
-            let Some(before) = taken else { continue };
-            let recovered = self.recover_ack_log(&run, pk);
-            self.write(&what, |tx| {
-                match &before {
-                    Some(lease) => put_lease(tx, pk, lease),
-                    None => delete_lease(tx, pk, &me),
-                }
-                .ctx(|| &what)
-            })?;
-            recovered?;
+            if self.recover_ack_log(&run, found).is_err() {
+                failed.insert(run);
+            }
         }
-        Ok(())
+        Ok(failed)
     }
 
     pub(crate) fn renew_lease_impl(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
@@ -277,6 +306,22 @@ impl SqliteStore {
             }),
             false => Ok(()),
         };
+        // Then the ack log, while the lease still keeps others from starting a new one:
+        // everything in it is committed, so once the WAL is on the disk it goes.
+        let logged = match self.ack_logs.take(run) {
+            Some(log) => {
+                let mut log = log.lock();
+                let path = log.path().to_path_buf();
+                self.sync_wal()
+                    .map_err(|e| StoreError::from_io(e, format!("syncing the WAL of {}", self.label)))
+                    .and_then(|()| {
+                        log.close_and_delete().map_err(|e| {
+                            StoreError::from_io(e, format!("deleting the ack log {}", path.display()))
+                        })
+                    })
+            }
+            None => Ok(()),
+        };
         let released = self.write(&format!("releasing the lease of run {run}"), |tx| {
             tx.prepare_cached(
                 "DELETE FROM leases WHERE run_pk = (SELECT pk FROM runs WHERE id = ?1) AND holder = ?2",
@@ -285,16 +330,7 @@ impl SqliteStore {
             .ctx(|| format!("releasing the lease of run {run}"))?;
             Ok(())
         });
-        if let Some(log) = self.ack_logs.close(run) {
-            // Everything the log holds is committed: once the WAL is on the disk, it goes.
-            let path = log.lock().path().to_path_buf();
-            let gone = self
-                .sync_wal()
-                .and_then(|()| std::fs::remove_file(&path))
-                .map_err(|e| StoreError::from_io(e, format!("deleting the ack log {}", path.display())));
-            return released.and(indexed).and(gone);
-        }
-        released.and(indexed)
+        released.and(indexed).and(logged)
     }
 
     pub(crate) fn lease_holder_impl(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
@@ -304,7 +340,7 @@ impl SqliteStore {
     }
 
     pub(crate) fn recover_interrupted_impl(&self) -> StoreResult<Vec<String>> {
-        self.recover_dead_ack_logs()?;
+        let unrecovered = self.recover_dead_ack_logs()?;
         self.write("recovering interrupted runs", |tx| {
             let what = || "recovering interrupted runs";
             type Candidate = (i64, String, i64, String, Option<String>, Option<i64>);
@@ -329,7 +365,7 @@ impl SqliteStore {
                     }
                     _ => (started as u64).saturating_add(LEASELESS_GRACE_MS) <= now,
                 };
-                if !dead {
+                if !dead || unrecovered.contains(&id) {
                     continue;
                 }
                 let mut meta = decode_meta(&id, &json)?;

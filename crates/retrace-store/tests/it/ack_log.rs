@@ -9,7 +9,7 @@ use std::sync::Arc;
 use retrace_core::envelope::ToolClass;
 use retrace_core::run::RunStatus;
 use retrace_core::{Digest, Event, EventType};
-use retrace_store::conformance::{sample_run, text};
+use retrace_store::conformance::{batch, sample_events, sample_run, text};
 use retrace_store::sqlite::SqliteStore;
 use retrace_store::verify::verify_run;
 use retrace_store::{
@@ -127,10 +127,6 @@ fn acknowledged_batches_the_wal_lost_come_back_when_the_lease_is_taken() {
 
     let store = open(lost.path(), Durability::Event);
     assert_eq!(store.last_seq(RUN).unwrap(), 5, "the database alone lost seqs 6..=20");
-    // The snapshot's lease is this process's and still live: nothing recovers it behind the
-    // holder's back.
-    store.recover_interrupted().unwrap();
-    assert_eq!(store.last_seq(RUN).unwrap(), 5);
 
     let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
     assert_holds(store.as_ref(), &steps);
@@ -218,4 +214,74 @@ fn only_event_durability_writes_an_ack_log() {
         assert!(!log_dir(dir.path()).exists(), "{durability:?}");
         writer.close().unwrap();
     }
+}
+
+#[test]
+fn a_batch_that_fails_to_commit_leaves_no_record_to_recover() {
+    // The record is written before the commit (its write to the disk overlaps the commit);
+    // a commit that fails takes it back, so recovery doesn't find a batch no one stored.
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store = open(live.path(), Durability::Event);
+    store.create_run(&sample_run(RUN, 1)).unwrap();
+    snapshot(live.path(), lost.path());
+    store.acquire_lease(RUN, &LeaseHolder::current(), 60_000).unwrap();
+    let events = sample_events(RUN, 1, 5, None);
+    store.commit(&batch(RUN, events[..1].to_vec())).unwrap();
+    let gap = store.commit(&batch(RUN, events[4..].to_vec())).unwrap_err();
+    assert_eq!(gap.kind, StoreErrorKind::Conflict, "{gap}");
+    copy_log(live.path(), lost.path());
+
+    let store = open(lost.path(), Durability::Event);
+    assert_eq!(store.last_seq(RUN).unwrap(), 0);
+    store.acquire_lease(RUN, &LeaseHolder::current(), 60_000).unwrap();
+    assert_eq!(store.events(RUN, 1, 10).unwrap(), events[..1].to_vec());
+    store.commit(&batch(RUN, events[1..].to_vec())).unwrap();
+    store.release_lease(RUN, &LeaseHolder::current()).unwrap();
+    assert_eq!(verify_run(store.as_ref(), RUN), Vec::new());
+}
+
+#[test]
+fn a_live_log_is_never_touched_by_another_store_of_the_same_process() {
+    // The lease can't tell two stores of one process apart (its holder is the process); the
+    // log's lock can.
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(dir.path(), Durability::Event);
+    first.create_run(&sample_run(RUN, 1)).unwrap();
+    let writer = RunWriter::open(first.clone(), RUN, LeaseHolder::current()).unwrap();
+    let mut steps = vec![record_step(&writer, 1, 1000)];
+    let log = the_log(dir.path());
+
+    let second = Arc::new(
+        SqliteStore::open(&dir.path().join("retrace.db"), &dir.path().join("blobs"), Durability::Event, 100)
+            .unwrap(),
+    );
+    second.recover_interrupted().unwrap();
+    assert!(log.exists(), "recovering interrupted runs left the live log alone");
+    let err = RunWriter::open(second.clone(), RUN, LeaseHolder::current()).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Busy, "{err}");
+    assert!(err.to_string().contains("locked"), "{err}");
+    assert_eq!(the_log(dir.path()), log, "the live log is still the one the first writer appends to");
+
+    steps.push(record_step(&writer, 2, 1000));
+    writer.close().unwrap();
+    assert_holds(second.as_ref(), &steps);
+}
+
+#[test]
+fn a_log_that_cant_be_recovered_doesnt_keep_the_store_from_opening() {
+    let (live, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    record_then_lose(live.path(), lost.path(), 45, 10, 60 << 10);
+    let conn = Connection::open(lost.path().join("retrace.db")).unwrap();
+    conn.execute("UPDATE leases SET holder = 'elsewhere:1:1', expires_at = 0", []).unwrap();
+    drop(conn);
+    let store = open(lost.path(), Durability::Os);
+    assert_eq!(store.recover_interrupted().unwrap(), Vec::<String>::new());
+    assert_eq!(
+        store.run(RUN).unwrap().status,
+        RunStatus::Running,
+        "not called interrupted: events are missing"
+    );
+    assert!(the_log(lost.path()).exists(), "the log is kept");
+    let err = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt, "taking the lease says why: {err}");
 }
