@@ -31,6 +31,8 @@ pub mod schema;
 mod staged;
 mod summaries;
 mod sync;
+#[doc(hidden)]
+pub use sync::on_wal_synced;
 mod vault;
 mod wal_vfs;
 

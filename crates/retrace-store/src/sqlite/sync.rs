@@ -38,8 +38,23 @@ impl WalSync {
         if file.is_none() {
             *file = Some(File::open(&self.path)?);
         }
-        file.as_ref().map_or(Ok(()), File::sync_data)
+        file.as_ref().map_or(Ok(()), File::sync_data)?;
+        if let Some(hook) = WAL_SYNCED.get() {
+            hook(&self.path);
+        }
+        Ok(())
     }
+}
+
+static WAL_SYNCED: std::sync::OnceLock<fn(&Path)> = std::sync::OnceLock::new();
+
+/// For crash tests: `hook` is called with the path of the `-wal` file after each WAL sync of a
+/// store at `Durability::Event` (while the syncing thread holds whatever it held), so a test
+/// can copy what a disk would hold if power failed right then. Set once per process; later
+/// calls are ignored.
+#[doc(hidden)]
+pub fn on_wal_synced(hook: fn(&Path)) {
+    let _ = WAL_SYNCED.set(hook);
 }
 
 /// The `-wal` file of the database at `db`.
