@@ -86,9 +86,14 @@ pub(crate) struct AckLog {
     path: PathBuf,
     /// Where the next record goes.
     offset: u64,
-    /// Set once the lease is being released (or a withdrawal failed): commits then sync the
-    /// WAL instead.
+    /// Set once the lease is being released, or a withdrawal or sync failed: commits then
+    /// sync the WAL instead.
     closed: bool,
+    /// The seq the next staged batch must start at, once a commit of the run through this
+    /// store told it (`None` before: the first batch syncs the WAL). A batch that doesn't
+    /// continue the run would fail to commit: it is never staged, so no record of it can be
+    /// left behind.
+    next: Option<u64>,
 }
 
 impl AckLog {
@@ -97,32 +102,32 @@ impl AckLog {
     /// there first), and the folder synced so the file survives a crash.
     pub(crate) fn create(path: &Path) -> io::Result<AckLog> {
         static CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let dir = path.parent().unwrap_or(Path::new("."));
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)?;
-            // The folder's own entry, in the database's folder.
-            File::open(dir.parent().unwrap_or(Path::new(".")))?.sync_all()?;
-        }
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        // The folder's own entry, in the database's folder (whoever created it).
+        let parent = dir.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        File::open(parent)?.sync_all()?;
         let n = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("log");
         let temp = dir.join(format!("{name}{TEMP_MARK}{}-{n}", std::process::id()));
         let made = (|| {
             let mut file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&temp)?;
+            // Locked before anything else, so `remove_dead_temps` leaves it alone.
+            if !try_lock(&file)? {
+                return Err(io::Error::other("a new ack log is locked by someone else"));
+            }
             let zeros = vec![0u8; 64 << 10];
             for _ in 0..LOG_BYTES / zeros.len() as u64 {
                 file.write_all(&zeros)?;
             }
             file.sync_all()?;
-            if !try_lock(&file)? {
-                return Err(io::Error::other("a new ack log is locked by someone else"));
-            }
             std::fs::hard_link(&temp, path)?;
             Ok(file)
         })();
         let _ = std::fs::remove_file(&temp);
         let file = made?;
         File::open(dir)?.sync_all()?;
-        Ok(AckLog { file, path: path.to_path_buf(), offset: 0, closed: false })
+        Ok(AckLog { file, path: path.to_path_buf(), offset: 0, closed: false, next: None })
     }
 
     /// Where the log lives.
@@ -130,9 +135,15 @@ impl AckLog {
         &self.path
     }
 
-    /// Whether the log stopped taking records.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed
+    /// Whether the log takes a batch starting at seq `first`: it is open, and the batch
+    /// continues what this store committed of the run.
+    pub(crate) fn takes(&self, first: u64) -> bool {
+        !self.closed && self.next == Some(first)
+    }
+
+    /// A batch of the run up to seq `last` committed (through the log or not).
+    pub(crate) fn committed(&mut self, last: u64) {
+        self.next = Some(last + 1);
     }
 
     /// Writes `record` ([`encode`]) at the end of the log and starts writing it to the disk,
@@ -156,7 +167,12 @@ impl AckLog {
     /// Waits until the record staged at `at` (`len` bytes) is on the disk; the next record
     /// goes after it.
     pub(crate) fn sync(&mut self, at: u64, len: usize) -> io::Result<()> {
-        self.file.sync_data()?;
+        if let Err(e) = self.file.sync_data() {
+            // What reached the disk is unknown (and a second fsync proves nothing): no record
+            // may follow this one.
+            self.closed = true;
+            return Err(e);
+        }
         self.offset = at + len as u64;
         Ok(())
     }
@@ -176,6 +192,11 @@ impl AckLog {
     pub(crate) fn close_and_delete(&mut self) -> io::Result<()> {
         self.closed = true;
         remove_if_same(&self.file, &self.path)
+    }
+
+    /// Stops taking records, keeping the file.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
     }
 }
 
@@ -295,6 +316,7 @@ pub(crate) fn remove_dead_temps(dir: &Path) {
 /// Asks the kernel to start writing `len` bytes at `offset` of `file` to the disk now, so
 /// that the `fdatasync` after the commit finds them under way (only a hint: errors are
 /// left to that `fdatasync`).
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn start_writeback(file: &File, offset: u64, len: usize) {
     use std::os::fd::AsRawFd;
@@ -303,6 +325,9 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
         libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _offset: u64, _len: usize) {}
 
 /// Whether the log may take `batch`: it has events, and no blob is kept as a file ([`encode`]
 /// still refuses a record over [`MAX_RECORD_BYTES`]).
@@ -514,9 +539,13 @@ impl AckLogs {
         &self.dir
     }
 
-    /// Creates the log of `run` (key `run_pk`) and keeps it open for [`AckLogs::get`].
-    pub(crate) fn open(&self, run: &str, run_pk: i64) -> io::Result<()> {
-        let log = AckLog::create(&path_of(&self.dir, run_pk))?;
+    /// Creates the log of `run` (key `run_pk`) and keeps it open for [`AckLogs::get`]
+    /// (`AlreadyExists` when another store holds one).
+    /// Its first batch must start at seq `next` (a fork's first, at its fork point, syncs the
+    /// WAL instead).
+    pub(crate) fn open(&self, run: &str, run_pk: i64, next: u64) -> io::Result<()> {
+        let mut log = AckLog::create(&path_of(&self.dir, run_pk))?;
+        log.next = Some(next);
         self.open.lock().insert(run.to_owned(), Arc::new(Mutex::new(log)));
         Ok(())
     }

@@ -42,20 +42,25 @@ impl SqliteStore {
     /// [`crate::BlobPut`]). Under `Durability::Event`, a batch of a run whose lease this store
     /// holds is made durable in the run's ack log, other batches by syncing the WAL.
     pub(crate) fn commit_impl(&self, batch: &Batch) -> StoreResult<()> {
-        let logged = match self.wal_sync.is_some() && ack_log::takes(batch) {
-            true => self.ack_logs.get(&batch.run_id).and_then(|log| Some((log, ack_log::encode(batch)?))),
+        let log = match self.wal_sync.is_some() && !batch.events.is_empty() {
+            true => self.ack_logs.get(&batch.run_id),
             false => None,
         };
-        let Some((log, record)) = logged else {
+        let Some(log) = log else {
             return self.commit_tx(batch, WalSyncs::Now);
         };
         let (first, last) = (batch.events[0].seq, batch.events[batch.events.len() - 1].seq);
         // Held through the commit, so the log can't close between the commit and its record.
         let mut log = log.lock();
-        if log.is_closed() {
-            drop(log);
-            return self.commit_tx(batch, WalSyncs::Now);
-        }
+        let record = match log.takes(first) && ack_log::takes(batch) {
+            true => ack_log::encode(batch),
+            false => None,
+        };
+        let Some(record) = record else {
+            self.commit_tx(batch, WalSyncs::Now)?;
+            log.committed(last);
+            return Ok(());
+        };
         let what = |log: &ack_log::AckLog| {
             format!(
                 "committing seqs {first}..={last} of run {}: writing its ack log {}",
@@ -69,7 +74,9 @@ impl SqliteStore {
             log.withdraw(at);
             return Err(e);
         }
-        log.sync(at, record.len()).ctx(|| what(&log))
+        log.sync(at, record.len()).ctx(|| what(&log))?;
+        log.committed(last);
+        Ok(())
     }
 
     /// Commits `batch` in one transaction, syncing the WAL under `Durability::Event` as `sync` says.

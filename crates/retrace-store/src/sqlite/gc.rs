@@ -57,6 +57,8 @@ impl GcStore for SqliteStore {
             syncer.committed();
         }
         self.checkpointer.committed();
+        // The ack logs of deleted runs go too (a reused run key must not find them).
+        let _ = self.recover_dead_ack_logs();
         Ok(report)
     }
 }

@@ -124,33 +124,63 @@ impl SqliteStore {
     /// Takes the lease of `run`, then recovers what its ack log holds (a recorder that held
     /// the lease before may have died) and, under `Durability::Event`, starts a new log.
     pub(crate) fn acquire_lease_impl(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
-        if self.ack_logs.get(run).is_some() {
-            return Err(StoreError::busy(format!("run {run} already has a recorder on this store")));
-        }
-        let pk = self.write(&format!("taking the lease of run {run}"), |tx| {
+        // Taken again by the store that holds it (a renewal, in effect): its log stays.
+        let ours = self.ack_logs.get(run).is_some();
+        let what = format!("taking the lease of run {run}");
+        let (pk, previous) = self.write(&what, |tx| {
             let pk = run_pk(tx, run)?;
             let now = now_ms();
-            if let Some(lease) = lease_of(tx, pk)? {
-                if lease.holder != *holder && lease.is_live(now) {
-                    return Err(lease_busy(run, &lease, now));
+            let previous = lease_of(tx, pk)?;
+            if let Some(lease) = previous.as_ref().filter(|l| l.is_live(now)) {
+                if lease.holder != *holder {
+                    return Err(lease_busy(run, lease, now));
+                }
+                if ours {
+                    put_lease(tx, pk, &Lease { holder: holder.clone(), expires_at_ms: now + ttl_ms })
+                        .ctx(|| &what)?;
+                    return Ok((pk, None));
+                }
+                // The same process holds it: another store of this process may be recording
+                // (its ack log is locked). The lease can't tell; the log can.
+                let path = ack_log::path_of(self.ack_logs.dir(), pk);
+                if let ack_log::Claim::Busy = ack_log::claim(&path).ctx(|| &what)? {
+                    return Err(StoreError::busy(format!(
+                        "run {run} is being recorded by another store of this process (its ack log {} is \
+                         locked)",
+                        path.display()
+                    )));
                 }
             }
             put_lease(tx, pk, &Lease { holder: holder.clone(), expires_at_ms: now + ttl_ms })
-                .ctx(|| format!("taking the lease of run {run}"))?;
-            Ok(pk)
+                .ctx(|| &what)?;
+            Ok((pk, previous))
         })?;
-        let ready = self.recover_ack_log_waiting(run, pk).and_then(|()| match self.wal_sync.is_some() {
-            true => self.ack_logs.open(run, pk).map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => {
-                    StoreError::busy(format!("run {run} is being recorded by another store of this process"))
-                }
-                _ => StoreError::from_io(e, format!("creating the ack log of run {run}")),
-            }),
-            false => Ok(()),
+        if ours {
+            return Ok(());
+        }
+        let ready = self.recover_ack_log_waiting(run, pk).and_then(|()| {
+            let next = self.last_seq_impl(run)? + 1;
+            match self.wal_sync.is_some() {
+                true => match self.ack_logs.open(run, pk, next) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(StoreError::busy(
+                        format!("run {run} is being recorded by another store of this process"),
+                    )),
+                    // No log here (a filesystem without hard links, say): every commit of the
+                    // run syncs the WAL, as without a lease.
+                    Err(_) => Ok(()),
+                },
+                false => Ok(()),
+            }
         });
         if let Err(e) = ready {
+            // The lease goes back to what it was.
             let _ = self.write(&format!("releasing the lease of run {run}"), |tx| {
-                delete_lease(tx, pk, holder).ctx(|| format!("releasing the lease of run {run}"))
+                match &previous {
+                    Some(lease) => put_lease(tx, pk, lease),
+                    None => delete_lease(tx, pk, holder),
+                }
+                .ctx(|| format!("releasing the lease of run {run}"))
             });
             return Err(e);
         }
@@ -183,7 +213,7 @@ impl SqliteStore {
 
     /// Commits the batches in the ack log `found` of `run` that the database lacks, syncs the
     /// WAL and deletes the log; how many events it committed. A log of another run (a deleted
-    /// run whose key was reused) is stale: deleted unread.
+    /// run whose key was reused) is stale: deleted without committing anything.
     fn recover_ack_log(&self, run: &str, found: ack_log::Found) -> StoreResult<usize> {
         let path = found.path().to_path_buf();
         let bytes = found
@@ -199,9 +229,29 @@ impl SqliteStore {
         // One store appends a run's records in seq order; sorting costs nothing and holds
         // even if two committers of one run interleaved.
         records.sort_by_key(|r| r.first);
+        let mut batches = Vec::with_capacity(records.len());
+        for record in &records {
+            let at = where_(record.first, record.last, record.offset);
+            let batch = record
+                .decode()
+                .map_err(|why| StoreError::corrupt(format!("{at}: the record holds {why}")))?;
+            batches.push(batch);
+        }
+        let theirs = batches.iter().filter(|b| b.run_id != run).count();
+        if theirs > 0 && theirs < batches.len() {
+            return Err(StoreError::corrupt(format!(
+                "the ack log {} of run {run} holds records of other runs",
+                path.display()
+            )));
+        }
+        if theirs > 0 {
+            // The log of a deleted run whose key was reused: stale.
+            batches.clear();
+        }
         let mut stored = self.last_seq_impl(run)?;
+        let newest = batches.iter().filter_map(|b| b.events.last().map(|e| e.seq)).max().unwrap_or(0);
         let mut applied = 0;
-        for record in records {
+        for (record, batch) in records.iter().zip(&batches) {
             let (first, last) = (record.first, record.last);
             if last <= stored {
                 continue;
@@ -212,16 +262,18 @@ impl SqliteStore {
                     "{at}: the database holds seqs up to {stored}, part of this batch"
                 )));
             }
-            let batch = record
-                .decode()
-                .map_err(|why| StoreError::corrupt(format!("{at}: the record holds {why}")))?;
-            if batch.run_id != run {
-                break;
-            }
-            if let Err(e) = self.commit_tx(&batch, WalSyncs::Later) {
+            if let Err(e) = self.commit_tx(batch, WalSyncs::Later) {
                 stored = self.last_seq_impl(run)?;
                 if stored >= last {
                     continue;
+                }
+                // The newest record may be of a batch whose commit failed on its content and
+                // whose record a crash kept from being withdrawn: never acknowledged, so
+                // dropped. (A batch that doesn't continue the run is never written, so a gap
+                // is never that.)
+                use crate::StoreErrorKind::{Invalid, NotFound};
+                if last == newest && matches!(e.kind, Invalid | NotFound) {
+                    break;
                 }
                 return Err(match e.kind {
                     // A gap: the disk lost events it had synced.
@@ -244,7 +296,7 @@ impl SqliteStore {
     /// Recovers the ack logs no live store holds (their recorders died). A log that can't be
     /// recovered is left in place and its run is returned, so that it isn't marked interrupted
     /// as if nothing were missing; taking its lease reports why.
-    fn recover_dead_ack_logs(&self) -> StoreResult<std::collections::HashSet<String>> {
+    pub(super) fn recover_dead_ack_logs(&self) -> StoreResult<std::collections::HashSet<String>> {
         let mut failed = std::collections::HashSet::new();
         let pks = self
             .ack_logs
@@ -256,13 +308,8 @@ impl SqliteStore {
         ack_log::remove_dead_temps(self.ack_logs.dir());
         for pk in pks {
             let path = ack_log::path_of(self.ack_logs.dir(), pk);
-            let found = match ack_log::claim(&path) {
-                Ok(ack_log::Claim::Found(found)) => found,
-                Ok(_) => continue,
-                Err(e) => {
-                    return Err(StoreError::from_io(e, format!("opening the ack log {}", path.display())))
-                }
-            };
+            // A log that can't even be opened is left for taking the lease to report.
+            let Ok(ack_log::Claim::Found(found)) = ack_log::claim(&path) else { continue };
             let id: Option<String> = self.read(|conn| {
                 conn.prepare_cached("SELECT id FROM runs WHERE pk = ?1")
                     .and_then(|mut s| s.query_row([pk], |r| r.get(0)).optional())
@@ -311,6 +358,7 @@ impl SqliteStore {
         let logged = match self.ack_logs.take(run) {
             Some(log) => {
                 let mut log = log.lock();
+                log.close();
                 let path = log.path().to_path_buf();
                 self.sync_wal()
                     .map_err(|e| StoreError::from_io(e, format!("syncing the WAL of {}", self.label)))

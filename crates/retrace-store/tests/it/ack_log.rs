@@ -200,7 +200,8 @@ fn a_log_that_starts_past_the_database_is_corrupt_and_kept() {
     assert!(message.contains("acknowledged events are missing") && message.contains("acklog"), "{message}");
     assert_eq!(store.last_seq(RUN).unwrap(), 10, "nothing stored is touched");
     assert!(the_log(lost.path()).exists(), "the log is kept for a person to look at");
-    assert_eq!(store.lease_holder(RUN).unwrap(), None, "the failed open let the lease go");
+    // The snapshot's lease (this process's, still live) is put back as it was.
+    assert_eq!(store.lease_holder(RUN).unwrap(), Some(LeaseHolder::current()));
 }
 
 #[test]
@@ -227,8 +228,19 @@ fn a_batch_that_fails_to_commit_leaves_no_record_to_recover() {
     store.acquire_lease(RUN, &LeaseHolder::current(), 60_000).unwrap();
     let events = sample_events(RUN, 1, 5, None);
     store.commit(&batch(RUN, events[..1].to_vec())).unwrap();
-    let gap = store.commit(&batch(RUN, events[4..].to_vec())).unwrap_err();
-    assert_eq!(gap.kind, StoreErrorKind::Conflict, "{gap}");
+    // Seq 2 continues the run, so its record is written; its cache entry names an output
+    // blob no one stored, so the commit fails.
+    let mut failing = batch(RUN, events[1..2].to_vec());
+    let entry = CacheEntry {
+        output_ref: Digest::of(b"never stored"),
+        usage: None,
+        stored_at_ms: 1,
+        class: None,
+        ttl_s: None,
+    };
+    failing.cache.push((Digest::of(b"a key"), entry));
+    let failed = store.commit(&failing).unwrap_err();
+    assert_eq!(failed.kind, StoreErrorKind::NotFound, "{failed}");
     copy_log(live.path(), lost.path());
 
     let store = open(lost.path(), Durability::Event);
@@ -260,6 +272,16 @@ fn a_live_log_is_never_touched_by_another_store_of_the_same_process() {
     let err = RunWriter::open(second.clone(), RUN, LeaseHolder::current()).unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Busy, "{err}");
     assert!(err.to_string().contains("locked"), "{err}");
+    assert_eq!(
+        first.lease_holder(RUN).unwrap(),
+        Some(LeaseHolder::current()),
+        "the failed open kept the lease as it was"
+    );
+    let lease: i64 = Connection::open(dir.path().join("retrace.db"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM leases", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(lease, 1);
     assert_eq!(the_log(dir.path()), log, "the live log is still the one the first writer appends to");
 
     steps.push(record_step(&writer, 2, 1000));
