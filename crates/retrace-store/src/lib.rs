@@ -403,4 +403,11 @@ pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerS
     fn with_snapshot(&self, f: &mut dyn FnMut()) {
         f()
     }
+    /// Why `run` may lack events its recorder was acknowledged for, when the backend knows:
+    /// SQLite names an ack log no recorder holds that recovery could not apply. `None` by
+    /// default.
+    fn unrecovered(&self, run: &str) -> Option<String> {
+        let _ = run;
+        None
+    }
 }

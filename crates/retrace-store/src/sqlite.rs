@@ -532,6 +532,9 @@ impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
+    fn unrecovered(&self, run: &str) -> Option<String> {
+        self.unrecovered_impl(run)
+    }
 
     fn request_blobs_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Option<Vec<u8>>>> {
         self.request_blobs_at_impl(run, seqs)

@@ -40,6 +40,8 @@ pub enum ProblemKind {
     Inbound,
     /// The run's recorded `head` is not its last event's hash.
     Head,
+    /// Acknowledged events wait in an ack log that recovery could not apply.
+    Unrecovered,
 }
 
 /// One thing wrong with a stored run.
@@ -138,6 +140,9 @@ impl<'a> RunCheck<'a> {
                 return self.problem(ProblemKind::Unreadable, None, format!("cannot read the run: {e}"))
             }
         };
+        if let Some(why) = self.store.unrecovered(self.run) {
+            self.problem(ProblemKind::Unrecovered, None, why);
+        }
         let mut pages = match RunEvents::new(self.store, self.run) {
             Ok(pages) => pages,
             Err(e) => return self.problem(ProblemKind::Unreadable, None, format!("cannot read events: {e}")),

@@ -293,6 +293,22 @@ impl SqliteStore {
         Ok(applied)
     }
 
+    /// Names the ack log of `run` if one is left that no store holds: recovery (at every
+    /// open) could not apply it. Read only: the log is not touched.
+    pub(crate) fn unrecovered_impl(&self, run: &str) -> Option<String> {
+        let pk = self.read(|conn| run_pk(conn, run)).ok()?;
+        let path = ack_log::path_of(self.ack_logs.dir(), pk);
+        match ack_log::claim(&path) {
+            Ok(ack_log::Claim::Found(_)) => Some(format!(
+                "its ack log {} holds acknowledged batches recovery could not apply; taking the \
+                 run's lease (retrace record or fork with RETRACE_RUN={run}) retries and says why",
+                path.display()
+            )),
+            Ok(_) => None,
+            Err(e) => Some(format!("its ack log {} can't be read: {e}", path.display())),
+        }
+    }
+
     /// Recovers the ack logs no live store holds (their recorders died). A log that can't be
     /// recovered is left in place and its run is returned, so that it isn't marked interrupted
     /// as if nothing were missing; taking its lease reports why.

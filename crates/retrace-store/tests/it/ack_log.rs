@@ -11,7 +11,7 @@ use retrace_core::run::RunStatus;
 use retrace_core::{Digest, Event, EventType};
 use retrace_store::conformance::{batch, sample_events, sample_run, text};
 use retrace_store::sqlite::SqliteStore;
-use retrace_store::verify::verify_run;
+use retrace_store::verify::{verify_run, ProblemKind};
 use retrace_store::{
     BlobHint, BlobPut, CacheEntry, Durability, EventStore, LeaseHolder, RunWriter, Store, StoreErrorKind,
 };
@@ -304,6 +304,11 @@ fn a_log_that_cant_be_recovered_doesnt_keep_the_store_from_opening() {
         "not called interrupted: events are missing"
     );
     assert!(the_log(lost.path()).exists(), "the log is kept");
+    let problems = verify_run(store.as_ref(), RUN);
+    assert!(
+        problems.iter().any(|p| p.kind == ProblemKind::Unrecovered && p.message.contains("acklog")),
+        "verify names the log: {problems:#?}"
+    );
     let err = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Corrupt, "taking the lease says why: {err}");
 }
