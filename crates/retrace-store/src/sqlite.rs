@@ -307,11 +307,7 @@ impl SqliteStore {
     fn sync_wal(&self) -> std::io::Result<()> {
         match &self.wal_sync {
             Some(wal) => wal.sync(),
-            None => match std::fs::File::open(sync::wal_path(&self.path)) {
-                Ok(file) => file.sync_data(),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            },
+            None => sync::sync_file_at(&sync::wal_path(&self.path)),
         }
     }
 

@@ -187,16 +187,15 @@ impl AckLog {
         }
     }
 
-    /// Stops taking records and deletes the file (the caller synced the WAL: everything the
-    /// log holds is durable in the database).
-    pub(crate) fn close_and_delete(&mut self) -> io::Result<()> {
-        self.closed = true;
-        remove_if_same(&self.file, &self.path)
-    }
-
-    /// Stops taking records, keeping the file.
+    /// Stops taking records.
     pub(crate) fn close(&mut self) {
         self.closed = true;
+    }
+
+    /// Deletes the file (the caller closed the log and synced the WAL: everything the log
+    /// holds is durable in the database).
+    pub(crate) fn delete(&self) -> io::Result<()> {
+        remove_if_same(&self.file, &self.path)
     }
 }
 

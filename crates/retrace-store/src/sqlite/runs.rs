@@ -294,7 +294,7 @@ impl SqliteStore {
     }
 
     /// Names the ack log of `run` if one is left that no store holds: recovery (at every
-    /// open) could not apply it. Read only: the log is not touched.
+    /// open) could not apply it. The log is only looked at (and locked for that moment).
     pub(crate) fn unrecovered_impl(&self, run: &str) -> Option<String> {
         let pk = self.read(|conn| run_pk(conn, run)).ok()?;
         let path = ack_log::path_of(self.ack_logs.dir(), pk);
@@ -318,9 +318,6 @@ impl SqliteStore {
             .ack_logs
             .on_disk()
             .map_err(|e| StoreError::from_io(e, format!("listing {}", self.ack_logs.dir().display())))?;
-        if pks.is_empty() {
-            return Ok(failed);
-        }
         ack_log::remove_dead_temps(self.ack_logs.dir());
         for pk in pks {
             let path = ack_log::path_of(self.ack_logs.dir(), pk);
@@ -379,7 +376,7 @@ impl SqliteStore {
                 self.sync_wal()
                     .map_err(|e| StoreError::from_io(e, format!("syncing the WAL of {}", self.label)))
                     .and_then(|()| {
-                        log.close_and_delete().map_err(|e| {
+                        log.delete().map_err(|e| {
                             StoreError::from_io(e, format!("deleting the ack log {}", path.display()))
                         })
                     })

@@ -57,6 +57,15 @@ pub fn on_wal_synced(hook: fn(&Path)) {
     let _ = WAL_SYNCED.set(hook);
 }
 
+/// Opens the file at `path` and fdatasyncs it; a file that doesn't exist has nothing to sync.
+pub(crate) fn sync_file_at(path: &Path) -> io::Result<()> {
+    match File::open(path) {
+        Ok(file) => file.sync_data(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The `-wal` file of the database at `db`.
 pub(crate) fn wal_path(db: &Path) -> PathBuf {
     let mut wal = db.as_os_str().to_owned();
@@ -112,7 +121,7 @@ impl Drop for Syncer {
     }
 }
 
-fn sync_loop(shared: &(Mutex<State>, Condvar), wal: &PathBuf) {
+fn sync_loop(shared: &(Mutex<State>, Condvar), wal: &Path) {
     let (state, wake) = shared;
     loop {
         {
@@ -127,9 +136,7 @@ fn sync_loop(shared: &(Mutex<State>, Condvar), wal: &PathBuf) {
         }
         // Opened by path each time: SQLite may recreate the WAL after a checkpoint. A failure
         // here can't be reported to anyone; SQLite's own checkpoints fsync as well.
-        if let Ok(file) = std::fs::File::open(wal) {
-            let _ = file.sync_data();
-        }
+        let _ = sync_file_at(wal);
         std::thread::sleep(SYNC_PERIOD);
     }
 }
