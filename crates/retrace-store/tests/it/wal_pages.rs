@@ -1,9 +1,9 @@
 //! What a one-event commit writes: the WAL frames of 40 consecutive commits of a tool call with a
-//! 1 KB request and a 1 KB output, read back from a real `-wal` file and named by `dbstat`. The
-//! commit path's cost under `event` durability is about its pages (each is copied into the WAL,
-//! checksummed, fdatasynced and later checkpointed), so this pins which b-trees such a commit may
-//! touch and how many pages it writes: an index or a table added to the commit path shows here
-//! first.
+//! 1 KB request and a 1 KB output, read back from a real `-wal` file and named by `dbstat`. A
+//! commit's cost is about its pages (each is copied into the WAL, checksummed, later
+//! checkpointed, and fdatasynced wherever no ack log covers the commit), so this pins which
+//! b-trees such a commit may touch and how many pages it writes: an index or a table added to
+//! the commit path shows here first.
 use std::collections::{BTreeMap, BTreeSet};
 
 use retrace_core::Digest;
