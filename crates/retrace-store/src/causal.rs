@@ -4,7 +4,8 @@
 //! (SQLite: one table clustered by receiving agent, each row naming its body's blob by row id
 //! and holding its send's head) and the chains (SQLite: through the rows of the agents on them
 //! while they alternate a send and a delivery to its sender, else packed head blocks, a row per
-//! 256 seqs), never by scanning the run.
+//! 256 seqs), never by scanning the run. The answer (bodies parsed, chains turned into links)
+//! is built in parts on a few threads when it is long.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::head::SeqMap;
-use crate::{Chains, Store, StoreResult};
+use crate::{Chains, DeliveryHead, Store, StoreResult};
 
 /// Longest causal chain followed (a guard against malformed logs).
 pub const MAX_CHAIN: usize = 256;
@@ -81,27 +82,72 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let step = store.event(run, seq)?;
     let (deliveries, chains) = store.heard_with_chains(run, &step.agent_id, seq, MAX_CHAIN)?;
-    let mut links = Links::new(&chains);
-    let mut heard = Vec::with_capacity(deliveries.len());
-    // Only a send's request holds a message body.
-    let is_send = |s: &u64| chains.get(*s).is_some_and(|h| h.kind == EventType::Send);
-    for (d, request) in deliveries {
-        let (from, kind) = d.message.map_or((None, None), |m| (m.from, m.kind));
-        let body = d.causal_parent.filter(is_send).and_then(|_| message_body(&request?));
-        heard.push(Heard {
-            deliver_seq: d.seq,
-            send_seq: d.causal_parent,
-            from,
-            kind,
-            body,
-            chain: d.causal_parent.map(|s| links.chain_from(s)).unwrap_or_default(),
-        });
-    }
+    let heard = assemble(deliveries, &chains);
     let decision = step.decision.as_ref().map(|d| match &d.target {
         Some(t) => format!("{} {t}", d.action),
         None => d.action.clone(),
     });
     Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+}
+
+/// A delivery and its send's request, as [`Store::heard_with_chains`] returns them.
+type Delivered = (DeliveryHead, Option<Vec<u8>>);
+
+/// Deliveries below which [`assemble`] works on one thread: a thread costs tens of µs to start.
+const PARALLEL_FROM: usize = 128;
+
+/// Each delivery as [`Heard`]: its body parsed from its send's request, its chain built from
+/// `chains`. A long answer is built in parts on scoped threads, one per CPU (up to 4), each
+/// with its own shared strings; the parts are put back in order.
+fn assemble(deliveries: Vec<Delivered>, chains: &Chains) -> Vec<Heard> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    if threads == 1 || deliveries.len() < PARALLEL_FROM {
+        return heard_part(deliveries, chains);
+    }
+    let per = deliveries.len().div_ceil(threads);
+    let mut parts: Vec<Vec<Delivered>> = Vec::with_capacity(threads);
+    let mut rest = deliveries;
+    while rest.len() > per {
+        let tail = rest.split_off(per);
+        parts.push(rest);
+        rest = tail;
+    }
+    parts.push(rest);
+    std::thread::scope(|scope| {
+        let mut parts = parts.into_iter();
+        let first = parts.next().unwrap_or_default();
+        let others: Vec<_> = parts.map(|part| scope.spawn(move || heard_part(part, chains))).collect();
+        let mut heard = heard_part(first, chains);
+        for other in others {
+            match other.join() {
+                Ok(part) => heard.extend(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        heard
+    })
+}
+
+/// [`assemble`] on this thread.
+fn heard_part(deliveries: Vec<Delivered>, chains: &Chains) -> Vec<Heard> {
+    let mut links = Links::new(chains);
+    // Only a send's request holds a message body.
+    let is_send = |s: &u64| chains.get(*s).is_some_and(|h| h.kind == EventType::Send);
+    deliveries
+        .into_iter()
+        .map(|(d, request)| {
+            let (from, kind) = d.message.map_or((None, None), |m| (m.from, m.kind));
+            let body = d.causal_parent.filter(is_send).and_then(|_| message_body(&request?));
+            Heard {
+                deliver_seq: d.seq,
+                send_seq: d.causal_parent,
+                from,
+                kind,
+                body,
+                chain: d.causal_parent.map(|s| links.chain_from(s)).unwrap_or_default(),
+            }
+        })
+        .collect()
 }
 
 /// Builds [`Link`]s from [`Chains`], each agent's name and each distinct label made once and
@@ -194,4 +240,81 @@ pub fn render(k: &Knew) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::head::ChainHead;
+    use retrace_core::envelope::MessageRef;
+
+    /// `n` deliveries to `hub`, each of a send whose chain alternates sends and deliveries back
+    /// `depth(i)` links, with a body; every tenth is a recorded timeout.
+    fn fixture(n: usize) -> crate::HeardWithChains {
+        let mut chains = Chains::default();
+        let (relay, hub, note) = (chains.intern("relay"), chains.intern("hub"), chains.intern("note"));
+        let mut deliveries = Vec::new();
+        let mut seq = 1;
+        for i in 0..n {
+            let start = seq;
+            for link in 0..i % 7 {
+                let kind = if link % 2 == 0 { EventType::Send } else { EventType::Deliver };
+                let parent = (link > 0).then(|| seq - 1);
+                chains.insert_interned(
+                    seq,
+                    ChainHead { kind, agent: relay, name: Some(note), causal_parent: parent },
+                );
+                seq += 1;
+            }
+            // The send delivered to the hub, after the chain (if any) that led to it.
+            let send = seq;
+            seq += 1;
+            chains.insert_interned(
+                send,
+                ChainHead {
+                    kind: EventType::Send,
+                    agent: relay,
+                    name: Some(hub),
+                    causal_parent: (send > start).then(|| send - 1),
+                },
+            );
+            let message = MessageRef {
+                from: Some("relay".into()),
+                to: Some("hub".into()),
+                kind: Some("note".into()),
+                timed_out: false,
+            };
+            let (parent, message, body) = match i % 10 {
+                9 => (None, MessageRef { timed_out: true, from: None, kind: None, ..message }, None),
+                _ => (Some(send), message, Some(format!("{{\"body\":{{\"n\":{i}}}}}").into_bytes())),
+            };
+            deliveries.push((DeliveryHead { seq, causal_parent: parent, message: Some(message) }, body));
+            seq += 1;
+        }
+        (deliveries, chains)
+    }
+
+    #[test]
+    fn an_answer_built_in_parts_equals_one_built_whole_and_follows_the_chains() {
+        for n in [0, 1, PARALLEL_FROM - 1, PARALLEL_FROM, 1_001] {
+            let (deliveries, chains) = fixture(n);
+            let whole = heard_part(deliveries.clone(), &chains);
+            let parts = assemble(deliveries.clone(), &chains);
+            assert_eq!(parts, whole, "{n} deliveries");
+            assert_eq!(parts.len(), n);
+            for (i, (h, (d, _))) in parts.iter().zip(&deliveries).enumerate() {
+                assert_eq!((h.deliver_seq, h.send_seq), (d.seq, d.causal_parent), "in the order heard");
+                let Some(send) = d.causal_parent else {
+                    assert!(h.chain.is_empty() && h.body.is_none(), "a timeout has no chain and no body");
+                    continue;
+                };
+                let seqs: Vec<u64> = h.chain.iter().map(|l| l.seq).collect();
+                let expected: Vec<u64> =
+                    std::iter::successors(Some(send), |s| chains.get(*s)?.causal_parent).collect();
+                assert_eq!(seqs, expected, "the chain of delivery {}", d.seq);
+                assert_eq!(&*h.chain[0].label, "send hub");
+                assert_eq!(h.body, Some(serde_json::json!({ "n": i })));
+            }
+        }
+    }
 }
