@@ -149,7 +149,7 @@ fn sealed(data: &[(Value, Value)]) -> Vec<Event> {
 fn write_all(store: Arc<dyn Store>, events: &[Event], data: &[(Value, Value)]) {
     let run = &events[0].run_id;
     store.create_run(&RunMeta::new(run.clone(), RunMode::Record, 0)).expect("creating the run");
-    let writer = RunWriter::open(store, run, LeaseHolder::current()).expect("opening a writer");
+    let writer = RunWriter::open(store, run, LeaseHolder::unique()).expect("opening a writer");
     for (event, (req, out)) in events.iter().zip(data) {
         let request = BlobPut::new(canonical_value(req).expect("c"), BlobHint::Raw);
         let output = BlobPut::new(canonical_value(out).expect("c"), BlobHint::Raw);

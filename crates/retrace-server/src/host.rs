@@ -97,8 +97,9 @@ impl RunHost {
                 Slot::Finished => Err(HostError::Finished(run_id.to_owned())),
             };
         }
-        // One opening at a time: two sessions opened for one record run would both take its
-        // lease (same holder), and the one dropped would release it under the other's feet.
+        // One opening at a time: of two sessions opened at once for one record run, the
+        // second would be refused its lease (each writer holds as its own holder), and the
+        // call that raced it would fail instead of sharing the first.
         let _opening = self.opening.lock();
         match self.runs.lock().get(run_id) {
             Some(Slot::Open(s)) => return Ok(s.clone()),

@@ -92,7 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let request = Json::from_value(&serde_json::json!({ "intent": args.seq }));
     event.key = KeyConfig::default().key(EventType::Resolution, event.name.as_deref(), None, &request)?;
     event.lamport = intent.lamport + 1;
-    let writer = RunWriter::open(store.clone(), &run.id, LeaseHolder::current())?;
+    let writer = RunWriter::open(store.clone(), &run.id, LeaseHolder::unique())?;
     let acked = writer.append_sync(event, blobs)?;
     writer.close()?;
     let mut meta = store.run(&run.id)?;

@@ -16,7 +16,7 @@ impl Session {
         meta.chaos_seed = options.chaos_seed;
         let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
         store.create_run(&meta)?;
-        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::current())?;
+        let writer = RunWriter::open(store.clone(), &id, LeaseHolder::unique())?;
         Ok(Session::build(Mode::Record, store, Some(writer), None, meta, masker, options))
     }
 
@@ -111,7 +111,7 @@ impl Session {
             &meta.id,
             options.clock.now_ms(),
         )?;
-        let writer = RunWriter::open(store.clone(), &meta.id, LeaseHolder::current())?;
+        let writer = RunWriter::open(store.clone(), &meta.id, LeaseHolder::unique())?;
         let mut session =
             Session::build(Mode::Fork, store, Some(writer), Some(scheduler), meta, masker, options);
         let inner = Arc::get_mut(&mut session.inner).expect("just built");
@@ -264,7 +264,7 @@ impl Session {
                 // Joining a recording: its tokens so far were made under its recorded key.
                 masking::check_joining_key(&meta, options.mask_key.as_ref())?;
                 let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
-                let writer = RunWriter::open(store.clone(), run_id, LeaseHolder::current())?;
+                let writer = RunWriter::open(store.clone(), run_id, LeaseHolder::unique())?;
                 Ok(Session::build(Mode::Record, store, Some(writer), None, meta, masker, options))
             }
             RunMode::Record => Err(RuntimeError::Usage(format!(

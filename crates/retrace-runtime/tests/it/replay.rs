@@ -330,3 +330,43 @@ fn a_chat_reply_s_message_is_stored_once_and_replays() {
         assert_eq!(r.finish(Outcome { exit_status: Some(0) }).unwrap().live_calls, 0);
     }
 }
+
+/// One run, one sequencer, within a process too: joining a run that a session of this process
+/// records is refused, naming the holder, and the first session records on and finishes.
+#[test]
+fn a_second_session_of_one_process_cannot_join_a_run_being_recorded() {
+    let (sqlite, _dir) = sqlite_store();
+    for store in [store(), sqlite] {
+        let first = Session::record(store.clone(), SessionOptions::default()).unwrap();
+        let run = first.run_id();
+        let agent = first.agent("a");
+        let echo = |v: Value| move || Ok::<_, String>(v);
+        let _: Value =
+            agent.tool("t", &json!({"i": 1}), ToolSpec::deterministic("1"), echo(json!(1))).unwrap();
+        let holder = store.lease_holder(&run).unwrap().expect("the recording holds its run");
+        let err = Session::join(store.clone(), &run, SessionOptions::default()).unwrap_err();
+        match &err {
+            RuntimeError::Store(e) => assert_eq!(e.kind, retrace_store::StoreErrorKind::Busy, "{err}"),
+            other => panic!("expected a busy store, got {other}"),
+        }
+        assert!(err.to_string().contains(&holder.0), "the refusal names the holder: {err}");
+        assert_eq!(store.lease_holder(&run).unwrap(), Some(holder), "the refused join left the lease alone");
+        let _: Value =
+            agent.tool("t", &json!({"i": 2}), ToolSpec::deterministic("1"), echo(json!(2))).unwrap();
+        first.finish(Outcome::default()).unwrap();
+        assert_eq!(store.last_seq(&run).unwrap(), 2);
+    }
+}
+
+/// A SQLite store in a temporary directory (kept alive by the returned guard).
+fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = retrace_store::sqlite::SqliteStore::open(
+        &dir.path().join("retrace.db"),
+        &dir.path().join("blobs"),
+        retrace_store::Durability::Batch,
+        5_000,
+    )
+    .unwrap();
+    (Arc::new(store), dir)
+}

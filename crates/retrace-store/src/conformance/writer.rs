@@ -119,7 +119,9 @@ pub fn writer_poisoned_after_failing_commit(make: MakeStore<'_>) {
     assert_eq!(store.last_seq("poisoned").unwrap(), 1);
 }
 
-/// A second writer on a run whose lease is held elsewhere is `Busy`.
+/// A second writer on a run whose lease is held elsewhere is `Busy`, and so is a second writer
+/// of the same process when each holds as [`LeaseHolder::unique`]: the refused one leaves the
+/// first its lease and its seqs.
 pub fn writer_refuses_second_holder(make: MakeStore<'_>) {
     let store = make();
     store.create_run(&sample_run("owned", 1)).unwrap();
@@ -128,6 +130,18 @@ pub fn writer_refuses_second_holder(make: MakeStore<'_>) {
     assert_eq!(second.unwrap_err().kind, StoreErrorKind::Busy);
     drop(first);
     assert_eq!(store.lease_holder("owned").unwrap(), None, "dropping releases the lease");
+
+    let first = RunWriter::open(Arc::clone(&store), "owned", LeaseHolder::unique()).unwrap();
+    let held = store.lease_holder("owned").unwrap().expect("the first writer holds the run");
+    first.append_sync(step("owned", "a", 0), vec![]).unwrap();
+    let second = RunWriter::open(Arc::clone(&store), "owned", LeaseHolder::unique()).unwrap_err();
+    assert_eq!(second.kind, StoreErrorKind::Busy, "{second}");
+    assert!(second.message.contains(&held.0), "the refusal names the holder: {second}");
+    assert_eq!(store.lease_holder("owned").unwrap(), Some(held), "the refused writer left the lease alone");
+    first.append_sync(step("owned", "a", 1), vec![]).unwrap();
+    first.close().unwrap();
+    assert_eq!(store.last_seq("owned").unwrap(), 2);
+    assert_eq!(store.lease_holder("owned").unwrap(), None);
     let missing = RunWriter::open(Arc::clone(&store), "missing", LeaseHolder::current());
     assert_eq!(missing.unwrap_err().kind, StoreErrorKind::NotFound);
 }

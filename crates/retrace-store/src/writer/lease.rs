@@ -1,9 +1,15 @@
 //! Leases: who holds a run (`host:pid:start-time`, so a holder that died on this host is seen
 //! at once) and the rules every backend applies to a lease record.
 //!
+//! A recorder takes a run's lease as [`LeaseHolder::unique`]: the process, plus `#n` telling it
+//! apart from every other holder the process makes. With the bare process as holder, a second
+//! writer of the same run in one process took the lease again (same holder), assigned seqs the
+//! first had assigned, and on closing released the lease under the first's feet.
+//!
 //! The start time (field 22 of `/proc/<pid>/stat`, in clock ticks since boot) tells a reused pid
 //! from the process that took the lease. On systems without `/proc` liveness is unknown and
 //! only lease expiry frees a run.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,9 +28,20 @@ impl LeaseHolder {
             .clone()
     }
 
-    /// The three parts `(host, pid, start)`, or `None` when the text has another shape.
+    /// This process as one recorder: [`LeaseHolder::current`] and `#n`, a number no other
+    /// call in this process returns. Two writers of one run in one process then hold it as two
+    /// holders, and the second is refused (`Busy`, naming the first) instead of sharing it.
+    pub fn unique() -> LeaseHolder {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        LeaseHolder(format!("{}#{n}", LeaseHolder::current().0))
+    }
+
+    /// The three parts `(host, pid, start)` of the process that holds the lease (a
+    /// [`LeaseHolder::unique`] holder's `#n` left out), or `None` when the text has another shape.
     pub fn parts(&self) -> Option<(&str, u32, &str)> {
-        let mut it = self.0.rsplitn(3, ':');
+        let process = self.0.rsplit_once('#').map_or(self.0.as_str(), |(process, _)| process);
+        let mut it = process.rsplitn(3, ':');
         let start = it.next()?;
         let pid = it.next()?.parse().ok()?;
         let host = it.next()?;
@@ -127,5 +144,18 @@ mod tests {
         let elsewhere = LeaseHolder(format!("other-host:{pid}:{start}"));
         assert_eq!(holder_is_alive(&elsewhere), None);
         assert_eq!(holder_is_alive(&LeaseHolder("garbage".into())), None);
+    }
+
+    #[test]
+    fn unique_holders_differ_and_are_this_process() {
+        let (a, b) = (LeaseHolder::unique(), LeaseHolder::unique());
+        assert_ne!(a, b);
+        assert_ne!(a, LeaseHolder::current());
+        assert_eq!(a.parts(), LeaseHolder::current().parts());
+        if process_start(std::process::id()).is_some() {
+            assert_eq!(holder_is_alive(&a), Some(true));
+            let (host, pid, start) = a.parts().unwrap();
+            assert_eq!(holder_is_alive(&LeaseHolder(format!("{host}:{pid}:{start}9#1"))), Some(false));
+        }
     }
 }
