@@ -21,13 +21,17 @@ macro_rules! examples {
         "List the runs in the store (RETRACE_STORE, or RETRACE_HOME, default ./.retrace), \
 oldest first: id, name, mode (record, replay, fork), status (running, ok, failed, diverged, \
 interrupted), number of events, start time (UTC) and, for replays and forks, the source run.\n\n\
+A run whose recorder was acknowledged for events the store lacks (an ack log that recovery \
+could not apply, under RETRACE_DURABILITY=event) has its status marked `*` and is explained \
+under the table; `--json` gives the reason as `unrecovered`.\n\n\
 Any command that takes RUN accepts a unique prefix of the id (at least 4 characters).",
         "\n\n",
         examples!()
     )
 )]
 pub struct Args {
-    /// Print a JSON array: every stored field of each run, plus `events`.
+    /// Print a JSON array: every stored field of each run, plus `events` (and `unrecovered`,
+    /// the reason, for a run that may lack acknowledged events).
     #[arg(long)]
     pub json: bool,
 }
@@ -39,14 +43,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut counted = Vec::with_capacity(runs.len());
     for meta in runs {
         let events = store.last_seq(&meta.id)?;
-        counted.push((meta, events));
+        let unrecovered = store.unrecovered(&meta.id);
+        counted.push((meta, events, unrecovered));
     }
     if args.json {
         let list = counted
             .iter()
-            .map(|(meta, events)| {
+            .map(|(meta, events, unrecovered)| {
                 let mut value = serde_json::to_value(meta)?;
                 value["events"] = (*events).into();
+                if let Some(why) = unrecovered {
+                    value["unrecovered"] = why.as_str().into();
+                }
                 Ok(value)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -58,19 +66,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let rows: Vec<Vec<String>> = counted
         .iter()
-        .map(|(meta, events)| {
+        .map(|(meta, events, unrecovered)| {
+            let marked = if unrecovered.is_some() { "*" } else { "" };
             vec![
                 meta.id.clone(),
                 fit(meta.name.as_deref().unwrap_or("-"), 24),
                 meta.mode.to_string(),
-                meta.status.to_string(),
+                format!("{}{marked}", meta.status),
                 events.to_string(),
                 utc_time(meta.started_at_ms),
                 meta.source_run.as_deref().map_or("-".into(), |s| fit(s, 13)),
             ]
         })
         .collect();
-    let text = table(&["ID", "NAME", "MODE", "STATUS", "EVENTS", "STARTED (UTC)", "SOURCE"], &rows);
+    let mut text = table(&["ID", "NAME", "MODE", "STATUS", "EVENTS", "STARTED (UTC)", "SOURCE"], &rows);
+    for (meta, _, unrecovered) in &counted {
+        if let Some(why) = unrecovered {
+            text.push_str(&format!("* {} may lack acknowledged events: {why}\n", meta.id));
+        }
+    }
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(())
 }
