@@ -172,6 +172,11 @@ impl SqliteStore {
         std::fs::create_dir_all(blobs_dir)
             .ctx(|| format!("creating the blob folder {}", blobs_dir.display()))?;
         let writer = open_connection(path, durability, busy_timeout_ms)?;
+        // SQLite keeps the WAL beside the file a symlink names (it resolves the path): so must
+        // the WAL's syncs and the ack logs, or they would look beside the link, find no WAL
+        // and sync nothing. The connection above created the file if it was missing.
+        let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = resolved.as_path();
         let segment_bytes = schema::migrate(&writer, &label)?;
         let syncer = match durability {
             Durability::Batch => Some(

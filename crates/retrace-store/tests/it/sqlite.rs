@@ -9,8 +9,8 @@ use retrace_store::conformance::{self, sample_events, sample_run};
 use retrace_store::sqlite::schema::{KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use retrace_store::sqlite::SqliteStore;
 use retrace_store::{
-    open_store, Batch, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreConfig,
-    StoreErrorKind, INLINE_BLOB_MAX,
+    open_store, Batch, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, RunWriter, Store,
+    StoreConfig, StoreErrorKind, INLINE_BLOB_MAX,
 };
 use rusqlite::Connection;
 
@@ -514,4 +514,34 @@ fn plain_bytes_already_stored_as_a_manifest_get_its_row() {
     let after = blob_rows(&conn);
     assert_eq!(after, rows + 1, "only the new plain blob added a row");
     assert_no_packed_bytes_wasted(&conn);
+}
+
+/// SQLite keeps the WAL beside the file a symlink names, and so does the store: its WAL syncs
+/// (`event` after each commit the ack log doesn't take, `batch` on its syncer thread) and its
+/// ack logs. They used to look beside the link: `event` failed to sync (no such WAL) and
+/// `batch` synced nothing.
+#[test]
+fn a_database_opened_through_a_symlink_syncs_and_logs_beside_the_real_file() {
+    let (real, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    drop(open(real.path(), Durability::Os, 5_000));
+    let link = elsewhere.path().join("retrace.db");
+    std::os::unix::fs::symlink(real.path().join("retrace.db"), &link).unwrap();
+    for (name, durability) in [("event", Durability::Event), ("batch", Durability::Batch)] {
+        let store =
+            Arc::new(SqliteStore::open(&link, &elsewhere.path().join("blobs"), durability, 5_000).unwrap());
+        let run = format!("linked-{name}");
+        store.create_run(&sample_run(&run, 1)).unwrap();
+        store.recover_interrupted().unwrap();
+        let writer = RunWriter::open(store.clone(), &run, LeaseHolder::unique()).unwrap();
+        for event in sample_events(&run, 1, 5, None) {
+            writer.append_sync(event, Vec::new()).unwrap();
+        }
+        let logs = |dir: &Path| std::fs::read_dir(dir.join("retrace.db-acklog")).map_or(0, |d| d.count());
+        if durability == Durability::Event {
+            assert_eq!(logs(real.path()), 1, "the run's ack log is beside the real file");
+        }
+        assert_eq!(logs(elsewhere.path()), 0, "nothing is beside the link");
+        writer.close().unwrap();
+        assert_eq!(open(real.path(), Durability::Os, 5_000).last_seq(&run).unwrap(), 5);
+    }
 }
