@@ -100,7 +100,10 @@ const PARALLEL_FROM: usize = 128;
 /// `chains`. A long answer is built in parts on scoped threads, one per CPU (up to 4), each
 /// with its own shared strings; the parts are put back in order.
 fn assemble(deliveries: Vec<Delivered>, chains: &Chains) -> Vec<Heard> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    // Asked once: the answer reads cgroup files on Linux.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads =
+        *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4));
     if threads == 1 || deliveries.len() < PARALLEL_FROM {
         return heard_part(deliveries, chains);
     }
