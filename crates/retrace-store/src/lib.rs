@@ -195,7 +195,9 @@ pub struct Batch {
     pub cache: Vec<(Digest, CacheEntry)>,
 }
 
-/// Who holds a run's lease: `host:pid:start-time`, so a dead holder on this host is seen at once.
+/// Who holds a run's lease: `host:pid:start-time`, so a dead holder on this host is seen at once;
+/// a writer's holder adds `#n` to tell it from the process's other writers
+/// ([`LeaseHolder::unique`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseHolder(pub String);
 
