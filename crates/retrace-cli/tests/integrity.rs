@@ -3,6 +3,8 @@
 //! swapped blob texts. `verify --all` and `import` name the run, seq, digest or line; `import
 //! --force` stores a damaged file so that `verify` can name what is wrong with it. A run whose
 //! ack log recovery could not apply is flagged by `runs` and `verify`.
+#[path = "../../retrace-store/tests/power_cut/mod.rs"]
+mod power_cut;
 #[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
 
@@ -274,44 +276,11 @@ fn swapped_blob_texts_are_refused_by_digest_and_once_forced_verify_finds_them_mi
 /// the table and as `unrecovered` in `--json`, and `verify` names the log.
 #[test]
 fn a_run_whose_ack_log_cant_be_recovered_is_flagged_by_runs_and_verify() {
-    use retrace_core::{Digest, Event, EventType};
-    use retrace_store::sqlite::SqliteStore;
-    use retrace_store::{BlobHint, BlobPut, Durability, LeaseHolder, RunWriter, Store};
-    use std::sync::Arc;
-
     let (live, home) = (tempfile::tempdir().unwrap(), Home::new());
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(
-            &live.path().join("retrace.db"),
-            &live.path().join("blobs"),
-            Durability::Event,
-            5_000,
-        )
-        .unwrap(),
-    );
-    let run = "lost-run";
-    store.create_run(&retrace_store::conformance::sample_run(run, 1)).unwrap();
-    let writer = RunWriter::open(store.clone(), run, LeaseHolder::unique()).unwrap();
     // 45 outputs of 60 KB lap the 1 MB log: what the database lost after seq 10 is gone from it.
-    for i in 1..=45u64 {
-        let bytes: Vec<u8> = vec![b'x'; 60 << 10].into_iter().chain(i.to_le_bytes()).collect();
-        let output = BlobPut::new(bytes, BlobHint::Raw);
-        let mut event = Event::new(run, "a", EventType::ToolCall);
-        event.name = Some("t".into());
-        event.key = Digest::of(&i.to_le_bytes());
-        event.output_ref = Some(output.digest());
-        writer.append_sync(event, vec![output]).unwrap();
-        if i == 10 {
-            let conn = rusqlite::Connection::open(live.path().join("retrace.db")).unwrap();
-            conn.execute("VACUUM INTO ?1", [home.file("retrace.db").to_str().unwrap()]).unwrap();
-        }
-    }
-    let logs = live.path().join("retrace.db-acklog");
-    let log = std::fs::read_dir(&logs).unwrap().next().unwrap().unwrap().path();
-    std::fs::create_dir_all(home.file("retrace.db-acklog")).unwrap();
-    std::fs::copy(&log, home.file("retrace.db-acklog").join(log.file_name().unwrap())).unwrap();
-    writer.close().unwrap();
+    power_cut::record_then_lose(live.path(), home.path(), 45, 10, 60 << 10);
     home.db().execute("UPDATE leases SET holder = 'elsewhere:1:1', expires_at = 0", []).unwrap();
+    let run = power_cut::RUN;
 
     let table = home.run(&["runs"]);
     table.expect(0, &[run, "running*", "may lack acknowledged events", "acklog"], &[]);

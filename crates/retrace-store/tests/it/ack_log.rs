@@ -1,111 +1,20 @@
 //! The ack log of `Durability::Event` (`sqlite/ack_log.rs`): acknowledged batches the WAL lost
-//! come back from it. A power cut is simulated by pairing a snapshot of the database taken
-//! earlier (`VACUUM INTO`, which copies what was committed, synced or not) with the ack log as
-//! it stood when later batches had been acknowledged: exactly what a disk that kept the synced
-//! log but not the unsynced WAL would hold.
+//! come back from it. Power cuts are simulated by `tests/power_cut` (a snapshot of the database
+//! taken earlier, paired with the ack log as it stood when later batches had been acknowledged).
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use retrace_core::envelope::ToolClass;
 use retrace_core::run::RunStatus;
-use retrace_core::{Digest, Event, EventType};
-use retrace_store::conformance::{batch, sample_events, sample_run, text};
+use retrace_core::Digest;
+use retrace_store::conformance::{batch, sample_events, sample_run};
 use retrace_store::sqlite::SqliteStore;
 use retrace_store::verify::{verify_run, ProblemKind};
-use retrace_store::{
-    BlobHint, BlobPut, CacheEntry, Durability, EventStore, LeaseHolder, RunWriter, Store, StoreErrorKind,
-};
+use retrace_store::{CacheEntry, Durability, EventStore, LeaseHolder, RunWriter, Store, StoreErrorKind};
 use rusqlite::Connection;
 
-const RUN: &str = "acked";
-
-fn open(dir: &Path, durability: Durability) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), durability, 5_000).unwrap())
-}
-
-/// The ack-log folder of the store in `dir`.
-fn log_dir(dir: &Path) -> PathBuf {
-    dir.join("retrace.db-acklog")
-}
-
-/// The one ack log in `dir`.
-fn the_log(dir: &Path) -> PathBuf {
-    let logs: Vec<PathBuf> = std::fs::read_dir(log_dir(dir)).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(logs.len(), 1, "one ack log: {logs:?}");
-    logs.into_iter().next().unwrap()
-}
-
-/// What the recorder stored for one step: its event (sealed), blobs and cache entry.
-struct Step {
-    event: Event,
-    output: BlobPut,
-    key: Digest,
-}
-
-/// Appends step `i` (a tool call with a request, an output of `output_len` bytes and a cache
-/// entry) and waits for its acknowledgment.
-fn record_step(writer: &RunWriter, i: u64, output_len: usize) -> Step {
-    let mut seed = i + 1;
-    let request = BlobPut::new(text(&mut seed, 300).into_bytes(), BlobHint::Raw);
-    let output = BlobPut::new(text(&mut seed, output_len).into_bytes(), BlobHint::Raw);
-    let mut event = Event::new(RUN, format!("agent{}", i % 3), EventType::ToolCall);
-    event.name = Some(format!("tool{}", i % 5));
-    event.lamport = i;
-    event.key = Digest::of(format!("step {i}").as_bytes());
-    event.request_ref = Some(request.digest());
-    event.output_ref = Some(output.digest());
-    let entry = CacheEntry {
-        output_ref: output.digest(),
-        usage: None,
-        stored_at_ms: 1_000 + i,
-        class: Some(ToolClass::Deterministic),
-        ttl_s: None,
-    };
-    let key = event.key;
-    let ticket = writer.append_cached(event, vec![request, output.clone()], Some((key, entry))).unwrap();
-    Step { event: ticket.wait().unwrap(), output, key }
-}
-
-/// A consistent copy of the database at `from` (committed transactions, synced or not) as the
-/// database of a store in `to`.
-fn snapshot(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    let conn = Connection::open(from.join("retrace.db")).unwrap();
-    let target = to.join("retrace.db");
-    conn.execute("VACUUM INTO ?1", [target.to_str().unwrap()]).unwrap();
-}
-
-/// Copies the ack log of the store in `from` into the store in `to`.
-fn copy_log(from: &Path, to: &Path) -> PathBuf {
-    let log = the_log(from);
-    std::fs::create_dir_all(log_dir(to)).unwrap();
-    let copy = log_dir(to).join(log.file_name().unwrap());
-    std::fs::copy(&log, &copy).unwrap();
-    copy
-}
-
-/// Records `n` steps in a fresh store in `live` under `event` durability, snapshots the
-/// database into `lost` after `snapshot_at` of them, and copies the ack log (as it stands with
-/// all `n` acknowledged) there too. Returns the steps; the live writer is closed.
-fn record_then_lose(live: &Path, lost: &Path, n: u64, snapshot_at: u64, output_len: usize) -> Vec<Step> {
-    let store = open(live, Durability::Event);
-    store.create_run(&sample_run(RUN, 1)).unwrap();
-    let writer = RunWriter::open(store.clone(), RUN, LeaseHolder::current()).unwrap();
-    let mut steps = Vec::new();
-    for i in 1..=n {
-        steps.push(record_step(&writer, i, output_len));
-        if i == snapshot_at {
-            snapshot(live, lost);
-        }
-    }
-    copy_log(live, lost);
-    writer.close().unwrap();
-    assert!(
-        std::fs::read_dir(log_dir(live)).unwrap().next().is_none(),
-        "releasing the lease deletes the ack log"
-    );
-    steps
-}
+#[path = "../power_cut/mod.rs"]
+mod power_cut;
+use power_cut::{copy_log, log_dir, open, record_step, record_then_lose, snapshot, the_log, Step, RUN};
 
 /// Every step is stored as recorded: events, output blobs and cache entries; the run verifies.
 fn assert_holds(store: &dyn Store, steps: &[Step]) {
