@@ -4,8 +4,9 @@
 //! (SQLite: one table clustered by receiving agent, each row naming its body's blob by row id
 //! and holding its send's head) and the chains (SQLite: through the rows of the agents on them
 //! while they alternate a send and a delivery to its sender, else packed head blocks, a row per
-//! 256 seqs), never by scanning the run. The answer (bodies parsed, chains turned into links)
-//! is built in parts on a few threads when it is long.
+//! 256 seqs), never by scanning the run; SQLite reads the head blocks on a thread of their own
+//! while it reads the bodies. The answer (bodies parsed, chains turned into links) is built in
+//! parts on a few threads when it is long.
 
 use std::sync::Arc;
 
@@ -100,10 +101,7 @@ const PARALLEL_FROM: usize = 128;
 /// `chains`. A long answer is built in parts on scoped threads, one per CPU (up to 4), each
 /// with its own shared strings; the parts are put back in order.
 fn assemble(deliveries: Vec<Delivered>, chains: &Chains) -> Vec<Heard> {
-    // Asked once: the answer reads cgroup files on Linux.
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let threads =
-        *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4));
+    let threads = query_threads();
     if threads == 1 || deliveries.len() < PARALLEL_FROM {
         return heard_part(deliveries, chains);
     }
@@ -129,6 +127,13 @@ fn assemble(deliveries: Vec<Delivered>, chains: &Chains) -> Vec<Heard> {
         }
         heard
     })
+}
+
+/// Threads a query splits its work over: one per CPU, at most 4.
+pub(crate) fn query_threads() -> usize {
+    // Asked once: the answer reads cgroup files on Linux.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4))
 }
 
 /// [`assemble`] on this thread.

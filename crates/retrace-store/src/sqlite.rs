@@ -334,6 +334,28 @@ impl SqliteStore {
         value
     }
 
+    /// [`SqliteStore::read`], with every statement of `f` reading one snapshot: inside a read
+    /// transaction of its own unless the connection is in one already (a pinned snapshot).
+    /// `what` names the work for errors. A connection left in a transaction by an error is not
+    /// pooled again.
+    pub(crate) fn read_one_snapshot<T>(
+        &self,
+        what: impl Fn() -> String,
+        f: impl FnOnce(&Connection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        self.read(|conn| {
+            let own = conn.is_autocommit();
+            if own {
+                conn.execute_batch("BEGIN").ctx(&what)?;
+            }
+            let value = f(conn)?;
+            if own {
+                conn.execute_batch("COMMIT").ctx(&what)?;
+            }
+            Ok(value)
+        })
+    }
+
     /// A read connection from the pool, or a new one.
     fn reader(&self) -> StoreResult<Connection> {
         let pooled = self.readers.lock().pop();
@@ -435,17 +457,13 @@ impl BlobStore for SqliteStore {
 impl SqliteStore {
     /// [`BlobStore::get_blobs`] in one read transaction, checked as `check` says.
     fn get_many<B: blobs::Wanted>(&self, wanted: &[B], check: blobs::Check) -> StoreResult<Vec<Vec<u8>>> {
-        self.read(|conn| {
-            let own = conn.is_autocommit() && wanted.len() > 1;
-            if own {
-                conn.execute_batch("BEGIN").ctx(|| format!("reading blobs of {}", self.label))?;
-            }
-            let blobs = blobs::get_many(conn, &self.files, wanted, check);
-            if own {
-                conn.execute_batch("COMMIT").ctx(|| format!("reading blobs of {}", self.label))?;
-            }
-            blobs
-        })
+        if wanted.len() <= 1 {
+            return self.read(|conn| blobs::get_many(conn, &self.files, wanted, check));
+        }
+        self.read_one_snapshot(
+            || format!("reading blobs of {}", self.label),
+            |conn| blobs::get_many(conn, &self.files, wanted, check),
+        )
     }
 }
 

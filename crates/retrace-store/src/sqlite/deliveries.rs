@@ -134,17 +134,30 @@ fn catch_up(tx: &Connection, run_pk: i64, through: u64, last: u64) -> rusqlite::
 /// name, send_type, send_agent, send_name, send_parent`: the table's through the run's mark,
 /// the rest computed from `events`, in one statement (one snapshot).
 pub(crate) fn to_agent() -> String {
-    format!(
-        "(SELECT seq, send, blob, extra, name, send_type, send_agent, send_name, send_parent \
-         FROM deliveries WHERE run_pk = ?1 AND agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
-         AND seq < ?3 AND seq <= coalesce((SELECT through FROM delivery_marks WHERE run_pk = ?1), 4294967295) \
-         UNION ALL SELECT seq, send, blob, extra, name, send_type, send_agent, send_name, send_parent \
-         FROM (SELECT {ROW_FROM_EVENT} {FROM_EVENTS} \
-         WHERE d.id > (?1 << 32) + (SELECT through FROM delivery_marks WHERE run_pk = ?1) \
-         AND d.id < (?1 << 32) + ?3 AND d.type = {} \
-         AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2)))",
-        EventType::Deliver.code()
-    )
+    let [table, events] = to_agent_parts();
+    format!("({table} UNION ALL {events})")
+}
+
+/// [`to_agent`] as two statements, each yielding its rows in seq order without a sort (a sort
+/// would copy every column of every row first) and every row of the first below every row of
+/// the second: the rows of `deliveries` through the run's mark, then those computed from
+/// `events`. Read them in one snapshot.
+pub(crate) fn to_agent_parts() -> [String; 2] {
+    const COLUMNS: &str = "seq, send, blob, extra, name, send_type, send_agent, send_name, send_parent";
+    [
+        format!(
+            "SELECT {COLUMNS} \
+             FROM deliveries WHERE run_pk = ?1 AND agent_pk = (SELECT pk FROM agents WHERE name = ?2) \
+             AND seq < ?3 AND seq <= coalesce((SELECT through FROM delivery_marks WHERE run_pk = ?1), 4294967295)"
+        ),
+        format!(
+            "SELECT {COLUMNS} FROM (SELECT {ROW_FROM_EVENT} {FROM_EVENTS} \
+             WHERE d.id > (?1 << 32) + (SELECT through FROM delivery_marks WHERE run_pk = ?1) \
+             AND d.id < (?1 << 32) + ?3 AND d.type = {} \
+             AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2))",
+            EventType::Deliver.code()
+        ),
+    ]
 }
 
 /// Deletes the deliveries of run `run_pk`.
@@ -251,9 +264,11 @@ impl SqliteStore {
         agent: &str,
         before: u64,
     ) -> StoreResult<Vec<(DeliveryHead, Option<Vec<u8>>)>> {
-        let mut heard = self.read(|conn| heard_rows(conn, &self.files, run, agent, before))?;
+        let what = || format!("reading the deliveries to agent {agent} in run {run}");
+        let mut heard =
+            self.read_one_snapshot(what, |conn| heard_rows(conn, &self.files, run, agent, before))?;
         self.resolve_bodies(run, &mut heard)?;
-        Ok(heard.rows.into_iter().map(|(head, bytes, _)| (head, bytes)).collect())
+        Ok(heard.rows)
     }
 
     /// [`crate::Store::heard_with_chains`]: [`SqliteStore::heard_impl`], and the chains of the
@@ -267,29 +282,44 @@ impl SqliteStore {
         depth: usize,
     ) -> StoreResult<crate::HeardWithChains> {
         let what = || format!("reading the causal chains of the deliveries to agent {agent} in run {run}");
-        let (mut heard, walk, agents, names) = self.read(|conn| {
-            let heard = heard_rows(conn, &self.files, run, agent, before)?;
+        let (mut heard, walk, agents, names, blocks) = self.read_one_snapshot(what, |conn| {
+            // The sends heard with their heads first (a few columns of the same rows), so the
+            // chains can be followed while the bodies are read.
+            let pk = run_pk(conn, run)?;
             let mut walk = ChainWalk::default();
             if depth > 0 {
-                for (head, _, send) in &heard.rows {
-                    if let Some(seq) = head.causal_parent {
-                        walk.offer(seq, depth, *send, None);
-                    }
+                for (seq, send) in send_heads(conn, pk, agent, before).ctx(what)? {
+                    walk.offer(seq, depth, send, None);
                 }
             }
-            walk.run(conn, heard.run_pk).ctx(what)?;
+            walk.run(conn, pk).ctx(what)?;
             let (mut agents, mut names) = (SeqMap::default(), SeqMap::default());
             if !walk.found.is_empty() {
                 agents = resolve(conn, "agents", walk.agents().iter()).ctx(what)?;
                 names = resolve(conn, "names", walk.names().iter()).ctx(what)?;
             }
-            Ok((heard, walk, agents, names))
+            // What the head blocks answer, the bulk of a busy run's chains, read on a thread of
+            // its own when there is much of it: on another connection, whose snapshot is this
+            // one's or later and holds the same blocks for these seqs (events never change).
+            let rest = &walk.rest;
+            let (heard, blocks) = if rest.len() >= PARALLEL_BLOCKS && crate::causal::query_threads() > 1 {
+                std::thread::scope(|scope| {
+                    let blocks = scope.spawn(|| self.chain_heads_from(run, rest));
+                    let heard = heard_rows(conn, &self.files, run, agent, before);
+                    let blocks = blocks.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    (heard, Some(blocks))
+                })
+            } else {
+                (heard_rows(conn, &self.files, run, agent, before), None)
+            };
+            Ok((heard?, walk, agents, names, blocks))
         })?;
         self.resolve_bodies(run, &mut heard)?;
-        // What the head blocks answer first, the bulk of a busy run's chains, then the rest.
-        let mut chains = match walk.rest.is_empty() {
-            true => Chains::default(),
-            false => self.chain_heads_from(run, &walk.rest)?,
+        // What the head blocks answer first, then the rest.
+        let mut chains = match (blocks, walk.rest.is_empty()) {
+            (Some(blocks), _) => blocks?,
+            (None, true) => Chains::default(),
+            (None, false) => self.chain_heads_from(run, &walk.rest)?,
         };
         for (seq, h) in &walk.found {
             let agent = chains.intern(named(run, &agents, h.agent_pk)?);
@@ -298,7 +328,7 @@ impl SqliteStore {
                 .ok_or_else(|| StoreError::corrupt(format!("event {seq} of run {run} has a bad type")))?;
             chains.insert_interned(*seq, ChainHead { kind, agent, name, causal_parent: h.parent });
         }
-        Ok((heard.rows.into_iter().map(|(head, bytes, _)| (head, bytes)).collect(), chains))
+        Ok((heard.rows, chains))
     }
 
     /// Reads the bodies [`heard_rows`] left to `events` and `blobs`.
@@ -318,6 +348,33 @@ impl SqliteStore {
     }
 }
 
+/// Chain starts left to the head blocks from which [`SqliteStore::heard_with_chains_impl`]
+/// reads the blocks on a thread of its own while it reads the bodies: a thread costs tens of µs.
+const PARALLEL_BLOCKS: usize = 64;
+
+/// The send of each delivery to `agent` of run `run_pk` before `before`, with the send's head
+/// when the row holds it (in no particular order).
+fn send_heads(
+    conn: &Connection,
+    run_pk: i64,
+    agent: &str,
+    before: u64,
+) -> rusqlite::Result<Vec<(u64, Option<RawHead>)>> {
+    let mut out = Vec::new();
+    for part in to_agent_parts() {
+        let mut select = conn.prepare_cached(&format!(
+            "SELECT d.send, d.send_type, d.send_agent, d.send_name, d.send_parent FROM ({part}) d \
+             WHERE d.send IS NOT NULL"
+        ))?;
+        let mut rows = select.query(params![run_pk, agent, seq_bound(before)])?;
+        while let Some(r) = rows.next()? {
+            let send = r.get::<_, i64>(0)? as u64;
+            out.push((send, send_head(r, 1, send)?));
+        }
+    }
+    Ok(out)
+}
+
 /// The string of `pk` in `table` (read by [`resolve`]).
 fn named<'a>(run: &str, table: &'a SeqMap<i64, String>, pk: i64) -> StoreResult<&'a str> {
     table.get(&pk).map(String::as_str).ok_or_else(|| {
@@ -325,15 +382,15 @@ fn named<'a>(run: &str, table: &'a SeqMap<i64, String>, pk: i64) -> StoreResult<
     })
 }
 
-/// What [`heard_rows`] reads: each delivery, its body and its send's head (when the row holds
-/// it), and which bodies are left to `events` and `blobs` (index, send).
+/// What [`heard_rows`] reads: each delivery and its body, and which bodies are left to `events`
+/// and `blobs` (index, send).
 struct HeardRows {
-    run_pk: i64,
-    rows: Vec<(DeliveryHead, Option<Vec<u8>>, Option<RawHead>)>,
+    rows: Vec<(DeliveryHead, Option<Vec<u8>>)>,
     unresolved: Vec<(usize, u64)>,
 }
 
-/// The deliveries to `agent` of `run` before `before` with the bodies their rows resolve.
+/// The deliveries to `agent` of `run` before `before` with the bodies their rows resolve, read
+/// in one snapshot.
 fn heard_rows(
     conn: &Connection,
     files: &Files,
@@ -344,45 +401,61 @@ fn heard_rows(
     let what = || format!("reading the deliveries to agent {agent} in run {run}");
     let pk = run_pk(conn, run)?;
     let before = seq_bound(before);
-    let mut select = conn
-        .prepare_cached(&format!(
-            "SELECT d.seq, d.send, d.extra, d.blob, b.digest, {}, \
-             d.send_type, d.send_agent, d.send_name, d.send_parent FROM {} d \
-             LEFT JOIN blobs b ON b.id = d.blob ORDER BY d.seq",
-            blobs::ROW_COLUMNS,
-            to_agent()
-        ))
-        .ctx(what)?;
-    let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
-    let mut out = HeardRows { run_pk: pk, rows: Vec::new(), unresolved: Vec::new() };
-    while let Some(r) = rows.next().ctx(what)? {
-        let head = head_from_row(run, r).ctx(what)??;
-        let blob_id: Option<i64> = r.get(3).ctx(what)?;
-        let bytes = match (head.causal_parent, blob_id) {
-            (None, _) | (_, Some(0)) => None,
-            (Some(send), None) => {
+    let mut out = HeardRows { rows: Vec::new(), unresolved: Vec::new() };
+    // Each part is in seq order, and the first's rows lie below the second's.
+    for part in to_agent_parts() {
+        let mut select = conn
+            .prepare_cached(&format!(
+                "SELECT d.seq, d.send, d.extra, d.blob, b.digest, {} FROM ({part}) d \
+                 LEFT JOIN blobs b ON b.id = d.blob ORDER BY d.seq",
+                blobs::ROW_COLUMNS,
+            ))
+            .ctx(what)?;
+        let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
+        while let Some(r) = rows.next().ctx(what)? {
+            heard_row(conn, files, r, run, &mut out).ctx(what)??;
+        }
+    }
+    Ok(out)
+}
+
+/// Adds the delivery of row `r` (of [`heard_rows`]) to `out`, with its body when the row
+/// resolves it.
+fn heard_row(
+    conn: &Connection,
+    files: &Files,
+    r: &rusqlite::Row<'_>,
+    run: &str,
+    out: &mut HeardRows,
+) -> rusqlite::Result<StoreResult<()>> {
+    let head = match head_from_row(run, r)? {
+        Ok(head) => head,
+        Err(e) => return Ok(Err(e)),
+    };
+    let blob_id: Option<i64> = r.get(3)?;
+    let bytes = match (head.causal_parent, blob_id) {
+        (None, _) | (_, Some(0)) => None,
+        (Some(send), None) => {
+            out.unresolved.push((out.rows.len(), send));
+            None
+        }
+        (Some(send), Some(_)) => match r.get_ref(4).and_then(|v| Ok(v.as_blob_or_null()?))? {
+            // No such row (a blob an event references is never collected).
+            None => {
                 out.unresolved.push((out.rows.len(), send));
                 None
             }
-            (Some(send), Some(_)) => match r.get_ref(4).and_then(|v| Ok(v.as_blob_or_null()?)).ctx(what)? {
-                // No such row (a blob an event references is never collected).
-                None => {
-                    out.unresolved.push((out.rows.len(), send));
-                    None
-                }
-                Some(digest) => {
-                    let digest = Digest::from_slice(digest)
-                        .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
-                    let row =
-                        (r.get(5).ctx(what)?, r.get(6).ctx(what)?, r.get(7).ctx(what)?, r.get(8).ctx(what)?);
-                    blobs::from_row(conn, files, &digest, Some(row)).ok()
-                }
-            },
-        };
-        let send = head.causal_parent.map(|seq| send_head(r, 9, seq)).transpose().ctx(what)?.flatten();
-        out.rows.push((head, bytes, send));
-    }
-    Ok(out)
+            Some(digest) => {
+                let Some(digest) = Digest::from_slice(digest) else {
+                    return Ok(Err(StoreError::corrupt("a blob row holds a bad digest")));
+                };
+                let row = (r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?);
+                blobs::from_row(conn, files, &digest, Some(row)).ok()
+            }
+        },
+    };
+    out.rows.push((head, bytes));
+    Ok(Ok(()))
 }
 
 /// The head of event `seq` from the columns `send_type`, `send_agent`, `send_name` and
