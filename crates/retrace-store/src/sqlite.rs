@@ -86,6 +86,10 @@ const LARGE_WRITE_BYTES: usize = 1 << 20;
 /// (2 GB by default).
 const SNAPSHOT_MMAP_BYTES: u64 = 2 << 30;
 
+/// Snapshot connections kept: one for a snapshot's thread and one for a thread helping it
+/// (`knew` reads the head blocks on a second thread, through a map as wide).
+const SNAPSHOT_POOL: usize = 2;
+
 /// Distinguishes stores for [`PINNED`].
 static STORE_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -118,8 +122,9 @@ pub struct SqliteStore {
     /// `writer` locked).
     large_cache: AtomicBool,
     readers: Mutex<Vec<Connection>>,
-    /// The snapshot connection ([`SNAPSHOT_MMAP_BYTES`]), when no snapshot holds it.
-    snapshots: Mutex<Option<Connection>>,
+    /// The snapshot connections ([`SNAPSHOT_MMAP_BYTES`]) no snapshot holds, at most
+    /// [`SNAPSHOT_POOL`].
+    snapshots: Mutex<Vec<Connection>>,
     /// Agent name → interned id (ids are never reused, so the cache never goes stale).
     agents: Mutex<HashMap<String, i64>>,
     /// Step name → interned id in `names` (for the head blocks; never reused either).
@@ -209,7 +214,7 @@ impl SqliteStore {
             writer: Mutex::new(writer),
             large_cache: AtomicBool::new(false),
             readers: Mutex::new(Vec::new()),
-            snapshots: Mutex::new(None),
+            snapshots: Mutex::new(Vec::new()),
             agents: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             syncer,
@@ -394,8 +399,8 @@ impl Drop for Unpin<'_> {
             debug_assert_eq!(id, self.store.id);
             if conn.execute_batch("COMMIT").is_ok() {
                 let mut kept = self.store.snapshots.lock();
-                if kept.is_none() {
-                    *kept = Some(conn);
+                if kept.len() < SNAPSHOT_POOL {
+                    kept.push(conn);
                 }
             }
         }
@@ -582,7 +587,7 @@ impl Store for SqliteStore {
         if PINNED.with(|p| p.borrow().is_some()) {
             return f();
         }
-        let kept = self.snapshots.lock().take();
+        let kept = self.snapshots.lock().pop();
         let conn = match kept {
             Some(conn) => conn,
             None => {

@@ -35,7 +35,7 @@ use super::schema::seq_bound;
 use super::SqliteStore;
 use crate::error::ResultExt;
 use crate::head::{SeqMap, SeqSet};
-use crate::{ChainHead, Chains, DeliveryHead, StoreError, StoreResult};
+use crate::{ChainHead, Chains, DeliveryHead, Store, StoreError, StoreResult};
 
 use super::schema::DELIVERIES_LAG as LAG;
 
@@ -304,7 +304,13 @@ impl SqliteStore {
             let rest = &walk.rest;
             let (heard, blocks) = if rest.len() >= PARALLEL_BLOCKS && crate::causal::query_threads() > 1 {
                 std::thread::scope(|scope| {
-                    let blocks = scope.spawn(|| self.chain_heads_from(run, rest));
+                    let blocks = scope.spawn(|| {
+                        // Through a snapshot connection too: a pooled reader maps only the first
+                        // 64 MB of the file, and reads the blocks past them with `pread`.
+                        let mut blocks = None;
+                        Store::with_snapshot(self, &mut || blocks = Some(self.chain_heads_from(run, rest)));
+                        blocks.expect("with_snapshot runs its function")
+                    });
                     let heard = heard_rows(conn, &self.files, run, agent, before);
                     let blocks = blocks.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                     (heard, Some(blocks))
