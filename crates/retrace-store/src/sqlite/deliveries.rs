@@ -20,7 +20,7 @@
 //! [`DELIVERIES_LAG`](super::schema::DELIVERIES_LAG) events ([`follow`]): written with each
 //! commit, the table cost a page per delivery (each delivery goes to its receiver's page), where
 //! a catch-up every couple of thousand events writes a page per receiving agent. Readers take
-//! what lags from `events` in the same statement ([`to_agent`]); a chain walk that finds no row
+//! what lags from `events` in the same snapshot ([`to_agent_parts`]); a chain walk that finds no row
 //! for a seq leaves it to the head blocks, as before.
 use std::collections::{BinaryHeap, HashMap};
 
@@ -64,7 +64,7 @@ pub(crate) const CHECK_EVERY: u64 = 256;
 /// that committed the events `first..=last` (a delivery first at `first_delivery`, if any).
 ///
 /// `delivery_marks` holds, per run whose rows lag, the seq through which they are complete;
-/// readers take the deliveries after it from `events` ([`to_agent`]). The first delivery after
+/// readers take the deliveries after it from `events` ([`to_agent_parts`]). The first delivery after
 /// a catch-up sets the mark just before itself; the batch that reaches [`LAG`] events past the
 /// mark writes every row since and clears it. A crash loses nothing: the mark stays, readers
 /// read past it, and whoever commits to the run next catches up from it.
@@ -130,18 +130,12 @@ fn catch_up(tx: &Connection, run_pk: i64, through: u64, last: u64) -> rusqlite::
 }
 
 /// The deliveries to the agent named `?2` in run `?1` before seq `?3` (at most
-/// [`super::schema::MAX_SEQ`]` + 1`), as rows `d` with the columns `seq, send, blob, extra,
-/// name, send_type, send_agent, send_name, send_parent`: the table's through the run's mark,
-/// the rest computed from `events`, in one statement (one snapshot).
-pub(crate) fn to_agent() -> String {
-    let [table, events] = to_agent_parts();
-    format!("({table} UNION ALL {events})")
-}
-
-/// [`to_agent`] as two statements, each yielding its rows in seq order without a sort (a sort
-/// would copy every column of every row first) and every row of the first below every row of
-/// the second: the rows of `deliveries` through the run's mark, then those computed from
-/// `events`. Read them in one snapshot.
+/// [`super::schema::MAX_SEQ`]` + 1`), as rows with the columns `seq, send, blob, extra, name,
+/// send_type, send_agent, send_name, send_parent`, in two statements: the table's rows through
+/// the run's mark, then those computed from `events` past it. Each yields its rows in seq order
+/// without a sort (one `UNION ALL ... ORDER BY` would sort, copying every column of every row
+/// first), and every row of the first lies below every row of the second. Read both in one
+/// snapshot ([`SqliteStore::read_one_snapshot`]).
 pub(crate) fn to_agent_parts() -> [String; 2] {
     const COLUMNS: &str = "seq, send, blob, extra, name, send_type, send_agent, send_name, send_parent";
     [
@@ -236,19 +230,18 @@ impl SqliteStore {
         before: u64,
     ) -> StoreResult<Vec<DeliveryHead>> {
         let what = || format!("reading the deliveries to agent {agent} in run {run}");
-        self.read(|conn| {
+        self.read_one_snapshot(what, |conn| {
             let pk = run_pk(conn, run)?;
             let before = seq_bound(before);
-            let mut select = conn
-                .prepare_cached(&format!(
-                    "SELECT d.seq, d.send, d.extra FROM {} d ORDER BY d.seq",
-                    to_agent()
-                ))
-                .ctx(what)?;
-            let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
             let mut out = Vec::new();
-            while let Some(r) = rows.next().ctx(what)? {
-                out.push(head_from_row(run, r).ctx(what)??);
+            for part in to_agent_parts() {
+                let mut select = conn
+                    .prepare_cached(&format!("SELECT d.seq, d.send, d.extra FROM ({part}) d ORDER BY d.seq"))
+                    .ctx(what)?;
+                let mut rows = select.query(params![pk, agent, before]).ctx(what)?;
+                while let Some(r) = rows.next().ctx(what)? {
+                    out.push(head_from_row(run, r).ctx(what)??);
+                }
             }
             Ok(out)
         })
@@ -265,8 +258,9 @@ impl SqliteStore {
         before: u64,
     ) -> StoreResult<Vec<(DeliveryHead, Option<Vec<u8>>)>> {
         let what = || format!("reading the deliveries to agent {agent} in run {run}");
-        let mut heard =
-            self.read_one_snapshot(what, |conn| heard_rows(conn, &self.files, run, agent, before))?;
+        let mut heard = self.read_one_snapshot(what, |conn| {
+            heard_rows(conn, &self.files, run, run_pk(conn, run)?, agent, before)
+        })?;
         self.resolve_bodies(run, &mut heard)?;
         Ok(heard.rows)
     }
@@ -311,12 +305,12 @@ impl SqliteStore {
                         Store::with_snapshot(self, &mut || blocks = Some(self.chain_heads_from(run, rest)));
                         blocks.expect("with_snapshot runs its function")
                     });
-                    let heard = heard_rows(conn, &self.files, run, agent, before);
+                    let heard = heard_rows(conn, &self.files, run, pk, agent, before);
                     let blocks = blocks.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                     (heard, Some(blocks))
                 })
             } else {
-                (heard_rows(conn, &self.files, run, agent, before), None)
+                (heard_rows(conn, &self.files, run, pk, agent, before), None)
             };
             Ok((heard?, walk, agents, names, blocks))
         })?;
@@ -395,17 +389,17 @@ struct HeardRows {
     unresolved: Vec<(usize, u64)>,
 }
 
-/// The deliveries to `agent` of `run` before `before` with the bodies their rows resolve, read
-/// in one snapshot.
+/// The deliveries to `agent` of `run` (whose pk is `pk`) before `before` with the bodies their
+/// rows resolve; read it in one snapshot.
 fn heard_rows(
     conn: &Connection,
     files: &Files,
     run: &str,
+    pk: i64,
     agent: &str,
     before: u64,
 ) -> StoreResult<HeardRows> {
     let what = || format!("reading the deliveries to agent {agent} in run {run}");
-    let pk = run_pk(conn, run)?;
     let before = seq_bound(before);
     let mut out = HeardRows { rows: Vec::new(), unresolved: Vec::new() };
     // Each part is in seq order, and the first's rows lie below the second's.

@@ -276,21 +276,28 @@ impl SqliteStore {
 
     /// The seqs from `deliveries` (an agent's on a few pages), each event then by its key.
     pub(crate) fn deliveries_to_impl(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
-        self.read(|conn| {
+        let what = || format!("reading the deliveries to agent {agent} in run {run}");
+        self.read_one_snapshot(what, |conn| {
             let pk = run_pk(conn, run)?;
-            let sql = format!(
-                "SELECT {EVENT_COLUMNS} FROM {} d \
-                 CROSS JOIN events e ON e.id = (?1 << 32) + d.seq \
-                 JOIN agents a ON a.pk = e.agent_pk ORDER BY d.seq",
-                deliveries::to_agent()
-            );
             let before = schema::seq_bound(before);
-            conn.prepare_cached(&sql)
-                .and_then(|mut s| {
-                    s.query_map(params![pk, agent, before], |r| event_from_row(run, r))?.collect()
-                })
-                .ctx(|| format!("reading the deliveries to agent {agent} in run {run}"))
-                .and_then(|rows: Vec<StoreResult<Event>>| rows.into_iter().collect())
+            let mut out = Vec::new();
+            for part in deliveries::to_agent_parts() {
+                let sql = format!(
+                    "SELECT {EVENT_COLUMNS} FROM ({part}) d \
+                     CROSS JOIN events e ON e.id = (?1 << 32) + d.seq \
+                     JOIN agents a ON a.pk = e.agent_pk ORDER BY d.seq"
+                );
+                let rows: Vec<StoreResult<Event>> = conn
+                    .prepare_cached(&sql)
+                    .and_then(|mut s| {
+                        s.query_map(params![pk, agent, before], |r| event_from_row(run, r))?.collect()
+                    })
+                    .ctx(what)?;
+                for row in rows {
+                    out.push(row?);
+                }
+            }
+            Ok(out)
         })
     }
 
