@@ -95,7 +95,7 @@ impl FromStr for Digest {
 
 impl Digest {
     /// The text form, `sha256:<hex>`, written into `buf`.
-    fn text<'b>(&self, buf: &'b mut [u8; 7 + 64]) -> &'b str {
+    pub(crate) fn text<'b>(&self, buf: &'b mut [u8; 7 + 64]) -> &'b str {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         buf[..7].copy_from_slice(DIGEST_PREFIX.as_bytes());
         for (pair, byte) in buf[7..].chunks_exact_mut(2).zip(self.0) {

@@ -3,6 +3,8 @@
 //! Every field the contract names is always serialized (as `null` when absent), so an event line
 //! has one shape forever. Fields added after format 1 must be optional and skipped when absent,
 //! so that old events keep their hashes.
+mod canonical_form;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
@@ -311,7 +313,8 @@ pub struct Unsealed {
 impl Unsealed {
     /// The chain hash of the event with `seq`, after `prev`: `chain::link` of its canonical form.
     pub fn hash(&self, seq: u64, prev: Option<&Digest>) -> Digest {
-        let prev_text = prev.map(Digest::to_string);
+        let mut text = [0; 7 + 64];
+        let prev_text = prev.map(|d| d.text(&mut text));
         let mut canonical = Vec::with_capacity(self.low.len() + self.mid.len() + self.high.len() + 120);
         canonical.push(b'{');
         let mut member = |bytes: &[u8]| {
@@ -324,12 +327,22 @@ impl Unsealed {
             canonical.extend_from_slice(bytes);
         };
         member(&self.low);
-        match &prev_text {
-            Some(text) => member(format!("\"prev\":\"{text}\"").as_bytes()),
-            None => member(b"\"prev\":null"),
+        let mut scratch = Vec::with_capacity(16 + 7 + 64);
+        scratch.extend_from_slice(b"\"prev\":");
+        match prev_text {
+            Some(text) => {
+                scratch.push(b'"');
+                scratch.extend_from_slice(text.as_bytes());
+                scratch.push(b'"');
+            }
+            None => scratch.extend_from_slice(b"null"),
         }
+        member(&scratch);
         member(&self.mid);
-        member(format!("\"seq\":{seq}").as_bytes());
+        scratch.clear();
+        scratch.extend_from_slice(b"\"seq\":");
+        crate::canonical::write_u64(seq, &mut scratch);
+        member(&scratch);
         member(&self.high);
         canonical.push(b'}');
         chain::link(prev, &canonical)
@@ -374,7 +387,7 @@ impl Event {
     /// The canonical JSON of this event without its `hash` field: what the chain hashes.
     pub fn canonical_without_hash(&self) -> Result<Vec<u8>, CanonError> {
         let mut out = Vec::with_capacity(1024);
-        self.write_canonical_omitting(Some("hash"), &mut out)?;
+        canonical_form::write(self, false, &mut out)?;
         Ok(out)
     }
 
@@ -398,26 +411,7 @@ impl Event {
 
     /// Appends [`Event::canonical`] to `out`.
     pub fn write_canonical(&self, out: &mut Vec<u8>) -> Result<(), CanonError> {
-        self.write_canonical_omitting(None, out)
-    }
-
-    /// The canonical JSON of the event without its member `omit`, written straight from the
-    /// event; through a `serde_json::Value` (the same bytes) should the direct writer give up.
-    fn write_canonical_omitting(
-        &self,
-        omit: Option<&'static str>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), CanonError> {
-        let start = out.len();
-        if crate::canonical::write_serialized(self, omit, out).is_ok() {
-            return Ok(());
-        }
-        out.truncate(start);
-        let mut value = serde_json::to_value(self).expect("an event always serializes");
-        if let (Some(key), serde_json::Value::Object(map)) = (omit, &mut value) {
-            map.remove(key);
-        }
-        crate::canonical::write_canonical_value(&value, out)
+        canonical_form::write(self, true, out).map(|_| ())
     }
 
     /// The hash this event should carry given its `prev`.
@@ -436,10 +430,8 @@ impl Event {
     /// part of [`Event::seal`], done before a sequencer knows the seq, so that its critical
     /// section only hashes ([`Event::seal_with`]).
     pub fn unsealed(&self) -> Result<Unsealed, CanonError> {
-        let canonical = self.canonical_without_hash()?;
-        let [prev, seq] = prev_and_seq(&canonical).ok_or_else(|| CanonError::DuplicateKey {
-            path: "$ (an event's canonical form without a top-level prev or seq)".into(),
-        })?;
+        let mut canonical = Vec::with_capacity(1024);
+        let [prev, seq] = canonical_form::write(self, false, &mut canonical)?;
         // The members around `prev` and `seq`, without the commas that joined them.
         let part = |range: Range<usize>| {
             let bytes = &canonical[range];
@@ -468,52 +460,6 @@ impl Event {
             None => self.kind.to_string(),
         }
     }
-}
-
-/// Where the top-level members `"prev"` and `"seq"` (key through value, no comma) lie in the
-/// canonical JSON object `canonical`; nested members of those names are not theirs. Members are
-/// sorted, so `prev` comes before `seq` and the scan ends at `seq`; inside strings it jumps to
-/// the next quote or backslash (most of an event's bytes are digests and names).
-fn prev_and_seq(canonical: &[u8]) -> Option<[Range<usize>; 2]> {
-    let (mut depth, mut member, mut prev) = (0usize, None::<usize>, None);
-    let mut i = 0;
-    while i < canonical.len() {
-        match canonical[i] {
-            b'"' => {
-                if depth == 1 && member.is_none() {
-                    member = Some(i);
-                }
-                // To the closing quote: past each backslash and the byte it escapes.
-                i += 1;
-                loop {
-                    i += memchr::memchr2(b'"', b'\\', &canonical[i..])?;
-                    if canonical[i] == b'"' {
-                        break;
-                    }
-                    i += 2;
-                }
-            }
-            b'{' | b'[' => depth += 1,
-            b @ (b'}' | b']' | b',') => {
-                if b != b',' {
-                    depth = depth.checked_sub(1)?;
-                }
-                if (b == b',' && depth == 1) || (b != b',' && depth == 0) {
-                    if let Some(start) = member.take() {
-                        let bytes = &canonical[start..i];
-                        if bytes.starts_with(b"\"prev\":") {
-                            prev = Some(start..i);
-                        } else if bytes.starts_with(b"\"seq\":") {
-                            return Some([prev?, start..i]);
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    None
 }
 
 #[cfg(test)]
@@ -557,6 +503,113 @@ mod tests {
         forked.source = Source::Recorded;
         forked.origin_seq = Some(40);
         vec![blank, full, failed, forked]
+    }
+
+    /// A random event: every optional field present or not, strings with escapes, quotes,
+    /// controls and astral characters, integers past 2^53, doubles in nested objects.
+    fn arbitrary_event() -> impl proptest::strategy::Strategy<Value = Event> {
+        use proptest::prelude::*;
+        let text = || "[a-z\\\"\u{0}-\u{1f}\u{7f}\u{e9}\u{2028}\u{1F4A5}{}:,]{0,10}";
+        let kinds = [EventType::ModelCall, EventType::Send, EventType::Deliver, EventType::Clock];
+        let sources = [Source::Live, Source::Recorded, Source::CacheHit, Source::DryRun];
+        (
+            (text(), text(), proptest::option::of(text()), proptest::option::of(text()), 0..4usize),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                proptest::option::of(any::<u64>()),
+                proptest::collection::vec(any::<u64>(), 0..4),
+            ),
+            (any::<[u8; 4]>(), any::<u8>()),
+            (
+                proptest::option::of(text()),
+                proptest::option::of(any::<u64>()),
+                proptest::option::of(any::<u64>()),
+                0..4usize,
+            ),
+            (
+                proptest::option::of((text(), any::<i64>(), any::<f64>())),
+                proptest::option::of((text(), proptest::option::of(text()), any::<bool>())),
+            ),
+            proptest::option::of((any::<u64>(), any::<u64>(), proptest::option::of(-1e300f64..1e300))),
+        )
+            .prop_map(
+                move |(
+                    (run, agent, role, name, kind),
+                    (seq, lamport, parent, inbound),
+                    (seed, set),
+                    (error, latency, origin, source),
+                    (params, message),
+                    usage,
+                )| {
+                    let mut e = Event::new(run, agent, kinds[kind]);
+                    let digest = |i: u8| Digest::of(&[seed[usize::from(i) % 4], i]);
+                    let on = |bit: u8| set & (1 << bit) != 0;
+                    e.seq = seq;
+                    e.lamport = lamport;
+                    e.role = role;
+                    e.name = name;
+                    e.causal_parent = parent;
+                    e.inbound = inbound;
+                    e.key = digest(0);
+                    e.request_ref = on(0).then(|| digest(1));
+                    e.output_ref = on(1).then(|| digest(2));
+                    e.output_hash = on(2).then(|| digest(3));
+                    e.prev = on(3).then(|| digest(4));
+                    e.hash = digest(5);
+                    e.model = on(4).then(|| ModelRef {
+                        provider: "p".into(),
+                        name: e.agent_id.clone(),
+                        snapshot: e.role.clone(),
+                    });
+                    e.params = params.map(|(k, i, f)| {
+                        BTreeMap::from([
+                            (k, serde_json::json!({"seq": i, "prev": [f, null]})),
+                            ("z".into(), serde_json::json!(f)),
+                        ])
+                    });
+                    e.tool = on(5).then(|| ToolRef {
+                        name: "t".into(),
+                        version: "1".into(),
+                        class: ToolClass::TimeBound,
+                        ttl_s: e.latency_ms,
+                    });
+                    e.message = message.map(|(from, to, timed_out)| MessageRef {
+                        from: Some(from),
+                        to,
+                        kind: None,
+                        timed_out,
+                    });
+                    e.decision = on(6).then(|| Decision { action: "a".into(), target: e.name.clone() });
+                    e.approval = on(7).then_some(Approval { outcome: ApprovalOutcome::Refused });
+                    e.usage = usage.map(|(input_tokens, output_tokens, cost_usd)| Usage {
+                        input_tokens,
+                        output_tokens,
+                        cost_usd,
+                    });
+                    e.latency_ms = latency;
+                    e.origin_seq = origin;
+                    e.source = sources[source];
+                    e.error = error;
+                    e
+                },
+            )
+    }
+
+    proptest::proptest! {
+        /// The direct writer gives the bytes of the definition (the event as a
+        /// `serde_json::Value`, then canonical JSON), with and without `hash`, and the unsealed
+        /// form seals to the hash of those bytes.
+        #[test]
+        fn the_direct_writer_matches_the_definition(event in arbitrary_event()) {
+            let without = event.canonical_without_hash().unwrap();
+            proptest::prop_assert_eq!(&without, &event.canonical_without_hash_via_value().unwrap());
+            let value = serde_json::to_value(&event).unwrap();
+            proptest::prop_assert_eq!(event.canonical().unwrap(), crate::canonical::canonical_value(&value).unwrap());
+            let mut sealed = event.clone();
+            sealed.seal_with(&event.unsealed().unwrap(), event.seq, event.prev);
+            proptest::prop_assert_eq!(sealed.hash, chain::link(event.prev.as_ref(), &without));
+        }
     }
 
     proptest::proptest! {
