@@ -14,14 +14,10 @@ use serde::ser::{self, Impossible, Serialize};
 
 use super::{key_order, write_escaped, write_f64, write_u64};
 
-/// Writes the canonical form of `value` to `out`, leaving out the top-level member `omit`;
-/// `Err` when the caller must take the `Value` path (`out` then holds a partial write).
-pub(crate) fn write_serialized<T: Serialize + ?Sized>(
-    value: &T,
-    omit: Option<&'static str>,
-    out: &mut Vec<u8>,
-) -> Result<(), GiveUp> {
-    let mut ser = Ser { out, scratch: String::new(), omit };
+/// Writes the canonical form of `value` to `out`; `Err` when the caller must take the `Value`
+/// path (`out` then holds a partial write).
+pub(crate) fn write_serialized<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), GiveUp> {
+    let mut ser = Ser { out, scratch: String::new() };
     value.serialize(&mut ser)
 }
 
@@ -47,14 +43,11 @@ struct Ser<'o> {
     out: &'o mut Vec<u8>,
     /// Reused for `collect_str` (digests).
     scratch: String,
-    /// Left out of the next object only (the top level).
-    omit: Option<&'static str>,
 }
 
 impl Ser<'_> {
     /// `{"variant":` before a variant's content; `}` follows it.
     fn open_variant(&mut self, variant: &str) {
-        self.omit = None;
         self.out.push(b'{');
         write_escaped(self.out, variant);
         self.out.push(b':');
@@ -68,7 +61,6 @@ struct Object<'s, 'o> {
     members: Vec<(Cow<'static, str>, usize, usize)>,
     /// A map's key, until its value comes.
     key: Option<String>,
-    omit: Option<&'static str>,
 }
 
 impl<'s, 'o> Object<'s, 'o> {
@@ -289,7 +281,6 @@ impl<'s, 'o> ser::Serializer for &'s mut Ser<'o> {
         Ok(())
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Array<'s, 'o>, GiveUp> {
-        self.omit = None;
         self.out.push(b'[');
         Ok(Array { ser: self, first: true, variant: false })
     }
@@ -342,8 +333,7 @@ impl<'s, 'o> ser::Serializer for &'s mut Ser<'o> {
 
 impl<'s, 'o> Ser<'o> {
     fn object_owned(&'s mut self) -> Object<'s, 'o> {
-        let omit = self.omit.take();
-        Object { start: self.out.len(), ser: self, members: Vec::new(), key: None, omit }
+        Object { start: self.out.len(), ser: self, members: Vec::new(), key: None }
     }
 }
 
@@ -400,9 +390,6 @@ impl ser::SerializeMap for Object<'_, '_> {
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), GiveUp> {
         let key = self.key.take().ok_or(GiveUp)?;
-        if self.omit == Some(key.as_str()) {
-            return Ok(());
-        }
         self.member(Cow::Owned(key), value)
     }
     fn end(self) -> Result<(), GiveUp> {
@@ -414,9 +401,6 @@ impl ser::SerializeStruct for Object<'_, '_> {
     type Ok = ();
     type Error = GiveUp;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), GiveUp> {
-        if self.omit == Some(key) {
-            return Ok(());
-        }
         self.member(Cow::Borrowed(key), value)
     }
     fn end(self) -> Result<(), GiveUp> {
@@ -578,18 +562,14 @@ mod tests {
     use super::write_serialized;
     use crate::canonical::canonical_value;
 
-    /// The bytes of the `Value` path: `to_value`, `omit` removed at the top, canonical form.
-    fn through_value<T: Serialize>(value: &T, omit: Option<&str>) -> Vec<u8> {
-        let mut value = serde_json::to_value(value).unwrap();
-        if let (Some(key), Value::Object(map)) = (omit, &mut value) {
-            map.remove(key);
-        }
-        canonical_value(&value).unwrap()
+    /// The bytes of the `Value` path: `to_value`, then the canonical form.
+    fn through_value<T: Serialize>(value: &T) -> Vec<u8> {
+        canonical_value(&serde_json::to_value(value).unwrap()).unwrap()
     }
 
-    fn direct<T: Serialize>(value: &T, omit: Option<&'static str>) -> Vec<u8> {
+    fn direct<T: Serialize>(value: &T) -> Vec<u8> {
         let mut out = Vec::new();
-        write_serialized(value, omit, &mut out).unwrap();
+        write_serialized(value, &mut out).unwrap();
         out
     }
 
@@ -615,7 +595,7 @@ mod tests {
         /// Any JSON value is written as its `Value` path writes it (keys in UTF-16 order).
         #[test]
         fn values_are_written_as_the_value_path_writes_them(value in any_value()) {
-            prop_assert_eq!(direct(&value, None), through_value(&value, None));
+            prop_assert_eq!(direct(&value), through_value(&value));
         }
     }
 
@@ -665,12 +645,10 @@ mod tests {
     }
 
     #[test]
-    fn structs_enums_and_omit_match_the_value_path() {
+    fn structs_and_enums_match_the_value_path() {
         let record = record();
-        assert_eq!(direct(&record, None), through_value(&record, None));
-        assert_eq!(direct(&record, Some("hash")), through_value(&record, Some("hash")));
-        // Only a top-level object loses the member, not one inside an array.
-        assert_eq!(direct(&[&record], Some("hash")), through_value(&[&record], None));
+        assert_eq!(direct(&record), through_value(&record));
+        assert_eq!(direct(&[&record]), through_value(&[&record]));
     }
 
     /// A struct's key order is remembered from its first write; one that skips a field gives
@@ -680,12 +658,11 @@ mod tests {
         let mut record = record();
         for round in 0..3u8 {
             record.skipped = (round == 1).then_some(round);
-            assert_eq!(direct(&record, None), through_value(&record, None), "round {round}");
-            assert_eq!(direct(&record, Some("hash")), through_value(&record, Some("hash")), "round {round}");
+            assert_eq!(direct(&record), through_value(&record), "round {round}");
         }
     }
 
-    /// An event takes the direct path (it never gives up), hash left out or not.
+    /// An event's nested parts and the event as a whole take the direct path (it never gives up).
     #[test]
     fn an_event_is_written_directly() {
         let mut event =
@@ -693,7 +670,6 @@ mod tests {
         event.inbound = vec![5, 6];
         event.params = Some([("temperature".to_owned(), Value::from(0.7))].into());
         event.hash = crate::Digest::of(b"x");
-        assert_eq!(direct(&event, None), through_value(&event, None));
-        assert_eq!(direct(&event, Some("hash")), through_value(&event, Some("hash")));
+        assert_eq!(direct(&event), through_value(&event));
     }
 }

@@ -157,7 +157,7 @@ impl Members<'_> {
             return Ok(());
         };
         let start = self.out.len();
-        if canonical::write_serialized(value, None, self.out).is_ok() {
+        if canonical::write_serialized(value, self.out).is_ok() {
             return Ok(());
         }
         self.out.truncate(start);
