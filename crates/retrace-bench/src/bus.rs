@@ -3,14 +3,16 @@
 //! SQLite store with batch durability. Messages/s (each message is two events: its `send` and
 //! its `deliver`), held to 30,000 msg/s, and µs per event beside the core's per-event floor;
 //! with the default `wait_for_ack` and pipelined (sends are acknowledged either way). A counting
-//! wrapper around the store also tells how many events each commit carried.
+//! wrapper around the store also tells how many events each commit carried, and captures the
+//! acked ring's writes once more, to commit them again from one thread: the store's own share
+//! of the ring, which scheduling noise doesn't touch.
 //!
 //! The floor (as [`crate::floor::record_floor`], for the bus's rows): per message, canonical
 //! JSON and sha256 of the send's request and of the delivery's, then one blob row and two
 //! ~300 B event rows inserted into a raw WAL table, `synchronous=NORMAL`, 1000 event rows per
 //! transaction.
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use retrace_core::canonical::canonical_value;
@@ -107,6 +109,25 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             Line::new(&format!("bus.  events per commit ({what})"), per_commit, "ev", None, Target::Info),
         );
     }
+    // The acked ring's own batches committed again from one thread: the store's share of the
+    // ring, steadier than the ring itself when the machine is noisy (no scheduling in it).
+    let store = cfg.store("bus-capture", Durability::Batch);
+    let capturing =
+        Arc::new(Counting { captured: Some(Mutex::default()), ..Counting::new(store.store.clone()) });
+    ring_on(&rt, capturing.clone(), &bodies, true);
+    let captured =
+        std::mem::take(&mut *capturing.captured.as_ref().expect("capturing").lock().expect("capture"));
+    let alone: Vec<f64> = (0..cfg.repeats)
+        .map(|_| commit_again(cfg.store("bus-again", Durability::Batch).store.as_ref(), &captured))
+        .collect();
+    let line = Line::new(
+        "bus.  store commits alone (acked batches)",
+        median(&alone),
+        "us/ev",
+        Some(floor),
+        Target::Info,
+    );
+    print(lines, line);
 }
 
 /// The first `rounds` bodies of every agent.
@@ -116,8 +137,30 @@ fn truncated(bodies: &Bodies, rounds: usize) -> Bodies {
 
 /// Records the ring: agent `a` sends each of its bodies to `a + 1` and then takes one message.
 fn ring(rt: &Runtime, store: &BenchStore, bodies: &Bodies, wait_for_ack: bool) -> Ringed {
+    ring_on(rt, Arc::new(Counting::new(store.store.clone())), bodies, wait_for_ack)
+}
+
+/// Makes the writes of `captured` again, in order, into `store`: µs per event committed
+/// (not inlined, so that `valgrind --toggle-collect='*commit_again*'` counts just this).
+#[inline(never)]
+fn commit_again(store: &dyn Store, captured: &[Captured]) -> f64 {
+    let began = Instant::now();
+    let mut events = 0;
+    for write in captured {
+        match write {
+            Captured::Run(meta) => store.create_run(meta).expect("creating the run again"),
+            Captured::Batch(batch) => {
+                events += batch.events.len();
+                store.commit(batch).expect("committing a batch again");
+            }
+        }
+    }
+    began.elapsed().as_secs_f64() * 1e6 / events.max(1) as f64
+}
+
+/// [`ring`] on a given counting store.
+fn ring_on(rt: &Runtime, counting: Arc<Counting>, bodies: &Bodies, wait_for_ack: bool) -> Ringed {
     let options = SessionOptions { wait_for_ack, ..SessionOptions::default() };
-    let counting = Arc::new(Counting::new(store.store.clone()));
     let session = Session::record(counting.clone(), options).expect("starting a recording");
     let began = Instant::now();
     rt.block_on(async {
@@ -170,11 +213,19 @@ struct Counting {
     inner: Arc<dyn Store>,
     commits: AtomicU64,
     events: AtomicU64,
+    /// Every run created and batch committed, in order, when capturing.
+    captured: Option<Mutex<Vec<Captured>>>,
+}
+
+/// A write the ring made.
+enum Captured {
+    Run(Box<RunMeta>),
+    Batch(Batch),
 }
 
 impl Counting {
     fn new(inner: Arc<dyn Store>) -> Counting {
-        Counting { inner, commits: AtomicU64::new(0), events: AtomicU64::new(0) }
+        Counting { inner, commits: AtomicU64::new(0), events: AtomicU64::new(0), captured: None }
     }
 
     /// (commits, events committed).
@@ -209,6 +260,9 @@ impl Cache for Counting {
 
 impl EventStore for Counting {
     fn create_run(&self, meta: &RunMeta) -> StoreResult<()> {
+        if let Some(c) = &self.captured {
+            c.lock().expect("capture").push(Captured::Run(Box::new(meta.clone())));
+        }
         self.inner.create_run(meta)
     }
     fn update_run(&self, meta: &RunMeta) -> StoreResult<()> {
@@ -226,6 +280,9 @@ impl EventStore for Counting {
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.events.fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+        if let Some(c) = &self.captured {
+            c.lock().expect("capture").push(Captured::Batch(batch.clone()));
+        }
         self.inner.commit(batch)
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
