@@ -97,6 +97,13 @@ fn encode(first: u8, records: &[Record]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + records.len() * width);
     out.push(first);
     out.push(if narrow { NARROW } else { WIDE });
+    append(&mut out, narrow, records);
+    out
+}
+
+/// Appends `records` to a block's `data`, each [`NARROW`] or not as `narrow` says (every record
+/// must then fit).
+fn append(out: &mut Vec<u8>, narrow: bool, records: &[Record]) {
     for r in records {
         if narrow {
             for v in [r.delta, r.agent, r.name] {
@@ -109,7 +116,6 @@ fn encode(first: u8, records: &[Record]) -> Vec<u8> {
         }
         out.push(r.code);
     }
-    out
 }
 
 /// A block's first index, record width and records, if its header is good.
@@ -183,17 +189,40 @@ pub(crate) fn put(conn: &Connection, run_pk: i64, heads: &[RawHead]) -> rusqlite
         let Some(id) = block_id(run_pk, first.seq) else { continue };
         let start = (first.seq & ((1 << SHIFT) - 1)) as u8;
         let stored = read.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional()?;
-        let (first, mut all) = match stored.as_deref().and_then(records) {
+        let records: Vec<Record> = block.iter().map(Record::of).collect();
+        let data = match stored {
             // Only a block the run already wrote up to here is continued; anything else is
             // rewritten from this batch's first seq (a gap is never papered over).
-            Some((first, rs)) if first as usize + rs.len() == start as usize => (first, rs),
-            _ => (start, Vec::new()),
+            Some(stored) if continues(&stored, start) => extend(stored, &records),
+            _ => encode(start, &records),
         };
-        all.extend(block.iter().map(Record::of));
-        let data = encode(first, &all);
         write.execute(params![id, data])?;
     }
     Ok(())
+}
+
+/// Whether a block's `data` is well formed and holds records up to index `start`, exclusive.
+fn continues(data: &[u8], start: u8) -> bool {
+    match parts(data) {
+        Some((first, width, body)) => {
+            body.len() % width == 0 && first as usize + body.len() / width == start as usize
+        }
+        None => false,
+    }
+}
+
+/// A block that [`continues`] up to `records`' first index, with them appended: in place while
+/// its format holds them (the usual case: the block isn't decoded), else decoded and encoded
+/// again, [`WIDE`].
+fn extend(mut data: Vec<u8>, records: &[Record]) -> Vec<u8> {
+    let narrow = data[1] == NARROW;
+    if !narrow || records.iter().all(Record::narrow) {
+        append(&mut data, narrow, records);
+        return data;
+    }
+    let (first, mut all) = self::records(&data).unwrap_or_default();
+    all.extend_from_slice(records);
+    encode(first, &all)
 }
 
 /// The seqs of agent `agent_pk`'s events in run `run_pk`, ascending, read from the run's blocks
@@ -570,5 +599,46 @@ mod tests {
         assert_eq!(agent_seqs(&conn, 1, far).unwrap(), [300]);
         assert_eq!(agent_seqs(&conn, 2, 2).unwrap(), [5, 6, 7, 8, 9]);
         assert!(agent_seqs(&conn, 3, 2).unwrap().is_empty(), "a run without blocks");
+    }
+
+    #[test]
+    fn batches_append_to_a_block_and_a_wide_record_widens_what_came_before() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE heads (id INTEGER PRIMARY KEY, data BLOB NOT NULL)").unwrap();
+        let head = |seq: u64, agent_pk: i64| RawHead {
+            seq,
+            parent: seq.checked_sub(2).filter(|p| *p > 0),
+            agent_pk,
+            name_pk: Some(seq as i64 % 5).filter(|n| *n != 0),
+            code: (seq % 6) as u8 + 1,
+        };
+        // Seqs 1..=20 in batches of three, narrow; 21..=23 with one agent pk over u16; 24..=30
+        // narrow again: one block, widened once.
+        let heads: Vec<RawHead> =
+            (1..=30).map(|seq| head(seq, if seq == 22 { 1 << 20 } else { seq as i64 % 4 + 1 })).collect();
+        let data = || -> Vec<u8> {
+            conn.query_row("SELECT data FROM heads WHERE id = ?1", [1i64 << 32], |r| r.get(0)).unwrap()
+        };
+        for batch in heads[..20].chunks(3) {
+            put(&conn, 1, batch).unwrap();
+        }
+        assert_eq!((data()[1], data().len()), (NARROW, HEADER + 20 * NARROW_RECORD), "appended narrow");
+        put(&conn, 1, &heads[20..23]).unwrap();
+        put(&conn, 1, &heads[23..]).unwrap();
+        let all: Vec<Record> = heads.iter().map(Record::of).collect();
+        assert_eq!(data(), encode(1, &all), "the same bytes as the block written at once");
+        assert_eq!(data()[1], WIDE);
+        for h in &heads {
+            let back = decode(&data(), h.seq).unwrap();
+            assert_eq!(
+                (back.parent, back.agent_pk, back.name_pk, back.kind.code()),
+                (h.parent, h.agent_pk, h.name_pk, h.code)
+            );
+        }
+
+        // A batch that doesn't continue the block (a gap) starts it again from its first seq.
+        put(&conn, 1, &[head(40, 1), head(41, 2)]).unwrap();
+        assert_eq!(data(), encode(40, &[Record::of(&head(40, 1)), Record::of(&head(41, 2))]));
+        assert!(decode(&data(), 30).is_none(), "what came before the gap is not papered over");
     }
 }
