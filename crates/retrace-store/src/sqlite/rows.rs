@@ -2,6 +2,7 @@
 //!
 //! JSON read back from the store goes through `retrace_core::json` (exact decimal → double),
 //! so every number, and therefore every event hash, survives the round trip.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use retrace_core::envelope::{Approval, Decision, MessageRef, ModelRef, PromptRef, ToolRef, Usage};
@@ -21,33 +22,34 @@ pub(crate) const EVENT_COLUMNS: &str = "e.seq, e.type, a.name, e.lamport, e.caus
 /// How many columns [`EVENT_COLUMNS`] selects (a query may select more after them).
 pub(crate) const EVENT_COLUMN_COUNT: usize = 14;
 
-/// The optional fields of an event, absent ones omitted.
+/// The optional fields of an event, absent ones omitted: borrowed from the event when written,
+/// owned when read back (`Extra<'static>`).
 #[derive(Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-struct Extra {
+struct Extra<'a> {
     /// The event's run when it is not the run it is stored under (inherited fork events).
     #[serde(skip_serializing_if = "Option::is_none")]
-    r: Option<String>,
+    r: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    inb: Vec<u64>,
+    role: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    inb: Cow<'a, [u64]>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    model: Option<ModelRef>,
+    model: Option<Cow<'a, ModelRef>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    params: Option<BTreeMap<String, serde_json::Value>>,
+    params: Option<Cow<'a, BTreeMap<String, serde_json::Value>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tpl: Option<PromptRef>,
+    tpl: Option<Cow<'a, PromptRef>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tool: Option<ToolRef>,
+    tool: Option<Cow<'a, ToolRef>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    msg: Option<MessageRef>,
+    msg: Option<Cow<'a, MessageRef>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    dec: Option<Decision>,
+    dec: Option<Cow<'a, Decision>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    appr: Option<Approval>,
+    appr: Option<Cow<'a, Approval>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Usage>,
+    usage: Option<Cow<'a, Usage>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     lat: Option<u64>,
     #[serde(skip_serializing_if = "is_live")]
@@ -55,7 +57,17 @@ struct Extra {
     #[serde(skip_serializing_if = "Option::is_none")]
     orig: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    err: Option<String>,
+    err: Option<Cow<'a, str>>,
+}
+
+/// `Some(field)` borrowed.
+fn lend<T: ToOwned + ?Sized>(field: Option<&T>) -> Option<Cow<'_, T>> {
+    field.map(Cow::Borrowed)
+}
+
+/// An owned field back from a row.
+fn own<T: ToOwned + ?Sized>(field: Option<Cow<'_, T>>) -> Option<T::Owned> {
+    field.map(Cow::into_owned)
 }
 
 fn is_live(source: &Source) -> bool {
@@ -67,21 +79,21 @@ fn is_live(source: &Source) -> bool {
 /// prev, hash, extra.
 pub(crate) fn event_values(run: &str, e: &Event) -> StoreResult<[Value; 13]> {
     let extra = Extra {
-        r: (e.run_id != run).then(|| e.run_id.clone()),
-        role: e.role.clone(),
-        inb: e.inbound.clone(),
-        model: e.model.clone(),
-        params: e.params.clone(),
-        tpl: e.prompt_template.clone(),
-        tool: e.tool.clone(),
-        msg: e.message.clone(),
-        dec: e.decision.clone(),
-        appr: e.approval.clone(),
-        usage: e.usage.clone(),
+        r: (e.run_id != run).then_some(Cow::Borrowed(e.run_id.as_str())),
+        role: lend(e.role.as_deref()),
+        inb: Cow::Borrowed(&e.inbound),
+        model: lend(e.model.as_ref()),
+        params: lend(e.params.as_ref()),
+        tpl: lend(e.prompt_template.as_ref()),
+        tool: lend(e.tool.as_ref()),
+        msg: lend(e.message.as_ref()),
+        dec: lend(e.decision.as_ref()),
+        appr: lend(e.approval.as_ref()),
+        usage: lend(e.usage.as_ref()),
         lat: e.latency_ms,
         src: e.source,
         orig: e.origin_seq,
-        err: e.error.clone(),
+        err: lend(e.error.as_deref()),
     };
     let extra = serde_json::to_string(&extra).map_err(|err| {
         StoreError::invalid(format!("event {} of run {run} can't be encoded: {err}", e.seq)).with_source(err)
@@ -132,38 +144,38 @@ pub(crate) fn event_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<Store
     let extra: Option<String> = row.get(13)?;
     Ok((|| {
         let kind = u8::try_from(code).ok().and_then(EventType::from_code).ok_or_else(|| bad("type"))?;
-        let extra: Extra = match extra {
+        let extra: Extra<'static> = match extra {
             Some(text) => decode_json_with(text.as_bytes(), || format!("event {seq} of run {run}"))?,
             None => Extra::default(),
         };
         let output_ref = output_ref?;
         let output_hash = if flags & FLAG_OUTPUT_HASH_IS_REF != 0 { output_ref } else { output_hash? };
         Ok(Event {
-            run_id: extra.r.unwrap_or_else(|| run.to_string()),
+            run_id: own(extra.r).unwrap_or_else(|| run.to_string()),
             seq,
             lamport,
             agent_id: agent,
-            role: extra.role,
+            role: own(extra.role),
             kind,
             name,
             causal_parent,
-            inbound: extra.inb,
+            inbound: extra.inb.into_owned(),
             key: key?.ok_or_else(|| bad("key"))?,
             request_ref: request_ref?,
             output_ref,
             output_hash,
-            model: extra.model,
-            params: extra.params,
-            prompt_template: extra.tpl,
-            tool: extra.tool,
-            message: extra.msg,
-            decision: extra.dec,
-            approval: extra.appr,
-            usage: extra.usage,
+            model: own(extra.model),
+            params: own(extra.params),
+            prompt_template: own(extra.tpl),
+            tool: own(extra.tool),
+            message: own(extra.msg),
+            decision: own(extra.dec),
+            approval: own(extra.appr),
+            usage: own(extra.usage),
             latency_ms: extra.lat,
             source: extra.src,
             origin_seq: extra.orig,
-            error: extra.err,
+            error: own(extra.err),
             prev: prev?,
             hash: hash?.ok_or_else(|| bad("hash"))?,
         })
