@@ -1,5 +1,5 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use retrace_core::envelope::EventType;
 use retrace_core::{Digest, Event};
@@ -38,8 +38,8 @@ pub(super) fn store_trace(
     let mut blobs: Vec<Option<BlobPut>> = trace
         .blobs
         .into_iter()
-        .map(|b| {
-            let hint = hints.get(&b.digest).copied().unwrap_or(BlobHint::Raw);
+        .zip(hints)
+        .map(|(b, hint)| {
             let put = BlobPut::checked(b.digest, b.bytes, hint);
             // Stored while the file was read: the commit confirms it where it is.
             Some(match early.get(&b.digest) {
@@ -64,7 +64,7 @@ pub(super) fn store_trace(
 /// For each chunk of events, the blobs (indexes in file order) first needed by that chunk.
 /// A manifest's names go with the manifest, before it, so each batch is self-contained.
 fn assign_chunks(trace: &Trace, chunk: usize) -> Vec<Vec<usize>> {
-    let index: HashMap<Digest, usize> = trace.blobs.iter().enumerate().map(|(i, b)| (b.digest, i)).collect();
+    let index = &trace.index;
     let count = trace.events.len().div_ceil(chunk).max(1);
     let mut chunk_of = vec![usize::MAX; trace.blobs.len()];
     let mut stack = Vec::new();
@@ -87,23 +87,26 @@ fn assign_chunks(trace: &Trace, chunk: usize) -> Vec<Vec<usize>> {
     chunks
 }
 
-/// Blobs to store as model requests and responses (so the store may keep them as manifests, as
-/// at record).
-fn hints(trace: &Trace) -> HashMap<Digest, BlobHint> {
-    let mut hints: HashMap<Digest, BlobHint> =
-        model_requests(&trace.events).map(|request| (request, BlobHint::ModelRequest)).collect();
+/// How to store each blob (by its place in `trace.blobs`): model requests and responses as
+/// such (so the store may keep them as manifests, as at record), the rest raw.
+fn hints(trace: &Trace) -> Vec<BlobHint> {
+    let mut hints = vec![None; trace.blobs.len()];
+    for request in model_requests(&trace.events) {
+        if let Some(&i) = trace.index.get(&request) {
+            hints[i] = Some(BlobHint::ModelRequest);
+        }
+    }
     let outputs: HashSet<Digest> = model_calls(&trace.events).filter_map(|e| e.output_ref).collect();
     // A model's output is kept as a manifest only where the file has one (an output stored
     // flat, as before responses had manifests, stays flat, so export -> import -> export gives
     // the same bytes); any other manifest is a request or a base requests build on.
-    for blob in trace.blobs.iter().filter(|b| b.names.is_some()) {
-        let hint = match outputs.contains(&blob.digest) {
+    for (hint, blob) in hints.iter_mut().zip(&trace.blobs).filter(|(_, b)| b.names.is_some()) {
+        hint.get_or_insert(match outputs.contains(&blob.digest) {
             true => BlobHint::ModelResponse,
             false => BlobHint::ModelRequest,
-        };
-        hints.entry(blob.digest).or_insert(hint);
+        });
     }
-    hints
+    hints.into_iter().map(|h| h.unwrap_or(BlobHint::Raw)).collect()
 }
 
 fn model_calls(events: &[Event]) -> impl Iterator<Item = &Event> {

@@ -20,6 +20,8 @@ pub(super) struct Trace {
     pub events: Vec<Event>,
     /// Blob lines in file order: every manifest after the blobs it names.
     pub blobs: Vec<ReadBlob>,
+    /// Where each blob is in `blobs`.
+    pub index: HashMap<Digest, usize>,
     /// Where the blobs stored while the file was read are (`import/early.rs`).
     pub stored: early::Stored,
 }
@@ -150,7 +152,10 @@ fn read_body<'scope, 'env, R: BufRead>(
     let cut = (events.len() as u64) < header.events;
     let wanted = !cut && early::wanted(store, &header, &events);
     let mut early = wanted.then(|| Early::start(scope, store, &events));
-    let blobs = if cut { Vec::new() } else { read_blobs(lines, &header, &needed, early.as_mut())? };
+    let (blobs, index) = match cut {
+        true => (Vec::new(), HashMap::new()),
+        false => read_blobs(lines, &header, &needed, early.as_mut())?,
+    };
     if lines.next()?.is_some() {
         let message = format!(
             "unexpected line after the last blob (the header announces {} events and {} blobs)",
@@ -158,7 +163,7 @@ fn read_body<'scope, 'env, R: BufRead>(
         );
         return Err(lines.malformed(message));
     }
-    check_references(lines, &header, &needed, &blobs)?;
+    check_references(lines, &header, &needed, &blobs, &index)?;
     let last = events.last().map(|e| e.hash);
     if let Some(head) = header.run.head.filter(|head| Some(*head) != last) {
         let found = last.map_or("no events".to_owned(), |d| d.to_string());
@@ -172,7 +177,7 @@ fn read_body<'scope, 'env, R: BufRead>(
         }
         None => early::Stored::new(),
     };
-    Ok(Trace { header, events, blobs, stored })
+    Ok(Trace { header, events, blobs, index, stored })
 }
 
 fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
@@ -295,7 +300,7 @@ fn read_blobs<R: BufRead>(
     header: &ExportHeader,
     needed: &HashMap<Digest, u64>,
     mut early: Option<&mut Early<'_>>,
-) -> Result<Vec<ReadBlob>, ImportError> {
+) -> Result<(Vec<ReadBlob>, HashMap<Digest, usize>), ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(1 << 16) as usize);
     let mut index: HashMap<Digest, usize> = HashMap::new();
     for number in 1..=header.blobs {
@@ -353,7 +358,7 @@ fn read_blobs<R: BufRead>(
             Err(err) => return Err(err),
         }
     }
-    Ok(blobs)
+    Ok((blobs, index))
 }
 
 fn decode_blob<R: BufRead>(
@@ -406,9 +411,9 @@ fn check_references<R: BufRead>(
     header: &ExportHeader,
     needed: &HashMap<Digest, u64>,
     blobs: &[ReadBlob],
+    held: &HashMap<Digest, usize>,
 ) -> Result<(), ImportError> {
     let file = lines.opts.file_name.clone();
-    let held: HashMap<Digest, usize> = blobs.iter().enumerate().map(|(i, b)| (b.digest, i)).collect();
     let mut missing: Vec<(u64, Digest)> =
         needed.iter().filter(|(d, _)| !held.contains_key(d)).map(|(&d, &seq)| (seq, d)).collect();
     missing.sort();
