@@ -189,12 +189,12 @@ pub(crate) fn put(conn: &Connection, run_pk: i64, heads: &[RawHead]) -> rusqlite
         let Some(id) = block_id(run_pk, first.seq) else { continue };
         let start = (first.seq & ((1 << SHIFT) - 1)) as u8;
         let stored = read.query_row([id], |r| r.get::<_, Vec<u8>>(0)).optional()?;
-        let records: Vec<Record> = block.iter().map(Record::of).collect();
+        let new: Vec<Record> = block.iter().map(Record::of).collect();
         let data = match stored {
             // Only a block the run already wrote up to here is continued; anything else is
             // rewritten from this batch's first seq (a gap is never papered over).
-            Some(stored) if continues(&stored, start) => extend(stored, &records),
-            _ => encode(start, &records),
+            Some(stored) if continues(&stored, start) => extend(stored, &new),
+            _ => encode(start, &new),
         };
         write.execute(params![id, data])?;
     }
@@ -211,17 +211,17 @@ fn continues(data: &[u8], start: u8) -> bool {
     }
 }
 
-/// A block that [`continues`] up to `records`' first index, with them appended: in place while
-/// its format holds them (the usual case: the block isn't decoded), else decoded and encoded
-/// again, [`WIDE`].
-fn extend(mut data: Vec<u8>, records: &[Record]) -> Vec<u8> {
+/// A block that [`continues`] up to the first index of `new`, with `new` appended: in place
+/// while its format holds them (the usual case: the block isn't decoded), else decoded and
+/// encoded again, [`WIDE`].
+fn extend(mut data: Vec<u8>, new: &[Record]) -> Vec<u8> {
     let narrow = data[1] == NARROW;
-    if !narrow || records.iter().all(Record::narrow) {
-        append(&mut data, narrow, records);
+    if !narrow || new.iter().all(Record::narrow) {
+        append(&mut data, narrow, new);
         return data;
     }
-    let (first, mut all) = self::records(&data).unwrap_or_default();
-    all.extend_from_slice(records);
+    let (first, mut all) = records(&data).unwrap_or_default();
+    all.extend_from_slice(new);
     encode(first, &all)
 }
 
