@@ -10,7 +10,7 @@
 //!   [`EventType::code`](retrace_core::EventType::code); the optional fields as one compact JSON
 //!   column (`extra`, NULL when all are absent). Indexes: `(run_pk, agent_pk, seq)`, and the
 //!   same restricted to deliveries for causal queries;
-//! - `blobs`: rowid table; `kind` 0 = inline bytes (tiny blobs), 1 = a file under the blob
+//! - `blobs`: rowid table; `kind` 0 = inline bytes (blobs up to 256 B), 1 = a file under the blob
 //!   folder (`data` holds its relative path), 2 = a chained manifest (`data` holds its compact
 //!   encoding), 3 = packed (`data` holds `segment_id << 16 | offset`);
 //! - `segments`: the bytes of packed blobs, appended end to end into rows of one page each
@@ -94,7 +94,7 @@ pub const SCHEMA_VERSION: i64 = 11;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
 pub const PAGE_SIZE: u32 = 4096;
 
-/// Blob kind: the bytes are in `data` (tiny blobs).
+/// Blob kind: the bytes are in `data` (blobs up to 256 B).
 pub const KIND_INLINE: i64 = 0;
 /// Blob kind: a file under the blob folder; `data` is its relative path.
 pub const KIND_FILE: i64 = 1;

@@ -468,11 +468,12 @@ fn packed_rows_name_their_place_at_a_full_segment_and_after_a_stored_blob() {
     assert_eq!(tail as usize, segment, "the first segment is exactly full");
 
     // A stored blob first, then new ones: the first new one starts segment 2.
-    let z = BlobPut::new(vec![b'z'; 100], BlobHint::Raw);
+    // (300 bytes: packed, being over what stays in its row.)
+    let z = BlobPut::new(vec![b'z'; 300], BlobHint::Raw);
     let w = BlobPut::new(vec![b'w'; segment], BlobHint::Raw);
     let at = store.put_blobs(&[x.clone(), z.clone(), y.clone(), w.clone()]).unwrap();
     assert_eq!(place(&z).1, 2 << 16, "z starts the second segment");
-    assert_eq!(place(&w).1, 2 << 16 | 100, "w follows z and runs into the third segment");
+    assert_eq!(place(&w).1, 2 << 16 | 300, "w follows z and runs into the third segment");
     let ids: Vec<Option<i64>> = [&x, &z, &y, &w].iter().map(|b| Some(place(b).0)).collect();
     assert_eq!(at.iter().map(|a| a.map(|a| a.get())).collect::<Vec<_>>(), ids);
 
