@@ -5,12 +5,19 @@
 //! with the default `wait_for_ack` and pipelined (sends are acknowledged either way). A counting
 //! wrapper around the store also tells how many events each commit carried, and captures the
 //! acked ring's writes once more, to commit them again from one thread: the store's own share
-//! of the ring, which scheduling noise doesn't touch.
+//! of the ring, which scheduling noise doesn't touch. It also times the store's commits inside
+//! each ring: what the ring spends beyond them is hand-offs, wake-ups and the agents' own work.
+//!
+//! `RETRACE_BENCH_BUS_BATCH=N` commits the captured events again in batches of exactly `N`
+//! (each with the blobs its events name first), instead of as the ring happened to batch them:
+//! for instruction counts (`valgrind --tool=callgrind --toggle-collect='*commit_again*'`) that
+//! two builds can be compared on to well under 1%.
 //!
 //! The floor (as [`crate::floor::record_floor`], for the bus's rows): per message, canonical
 //! JSON and sha256 of the send's request and of the delivery's, then one blob row and two
 //! ~300 B event rows inserted into a raw WAL table, `synchronous=NORMAL`, 1000 event rows per
 //! transaction.
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -80,6 +87,7 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     drop(warm);
 
     let (mut floors, mut rates, mut batches) = (vec![], [vec![], vec![]], [vec![], vec![]]);
+    let mut in_store = [vec![], vec![]];
     for _ in 0..cfg.repeats {
         let dir = cfg.temp_dir("bus-floor");
         let mut conn = raw_db(dir.path());
@@ -90,6 +98,7 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             let r = ring(&rt, &store, &bodies, wait_for_ack);
             rates[i].push(messages as f64 / r.wall.as_secs_f64());
             batches[i].push(r.per_commit);
+            in_store[i].push(r.commit_us_per_event);
         }
     }
     let floor = median(&floors);
@@ -108,6 +117,15 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             lines,
             Line::new(&format!("bus.  events per commit ({what})"), per_commit, "ev", None, Target::Info),
         );
+        let store_part = median(&in_store[i]);
+        let line = Line::new(
+            &format!("bus.  in store commits ({what})"),
+            store_part,
+            "us/ev",
+            Some(floor),
+            Target::Info,
+        );
+        print(lines, line);
     }
     // The acked ring's own batches committed again from one thread: the store's share of the
     // ring, steadier than the ring itself when the machine is noisy (no scheduling in it).
@@ -117,11 +135,16 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     ring_on(&rt, capturing.clone(), &bodies, true);
     let captured =
         std::mem::take(&mut *capturing.captured.as_ref().expect("capturing").lock().expect("capture"));
+    let batch = std::env::var("RETRACE_BENCH_BUS_BATCH").ok().and_then(|n| n.parse::<usize>().ok());
+    let (captured, what) = match batch {
+        Some(n) if n > 0 => (rebatch(&captured, n), format!("batches of {n}")),
+        _ => (captured, "acked batches".to_string()),
+    };
     let alone: Vec<f64> = (0..cfg.repeats)
         .map(|_| commit_again(cfg.store("bus-again", Durability::Batch).store.as_ref(), &captured))
         .collect();
     let line = Line::new(
-        "bus.  store commits alone (acked batches)",
+        &format!("bus.  store commits alone ({what})"),
         median(&alone),
         "us/ev",
         Some(floor),
@@ -156,6 +179,37 @@ fn commit_again(store: &dyn Store, captured: &[Captured]) -> f64 {
         }
     }
     began.elapsed().as_secs_f64() * 1e6 / events.max(1) as f64
+}
+
+/// The captured writes with their events regrouped into batches of `n` (the last may be
+/// shorter), each carrying the blobs its events name that no earlier batch carried.
+fn rebatch(captured: &[Captured], n: usize) -> Vec<Captured> {
+    let mut regrouped = vec![];
+    let (mut events, mut blobs) = (vec![], HashMap::new());
+    let mut run_id = String::new();
+    for write in captured {
+        match write {
+            Captured::Run(meta) => regrouped.push(Captured::Run(meta.clone())),
+            Captured::Batch(batch) => {
+                assert!(batch.cache.is_empty(), "the ring writes no cache entries");
+                run_id.clone_from(&batch.run_id);
+                events.extend(batch.events.iter().cloned());
+                blobs.extend(batch.blobs.iter().map(|b| (b.digest(), b.clone())));
+            }
+        }
+    }
+    for chunk in events.chunks(n) {
+        let named = chunk.iter().flat_map(|e| [e.request_ref, e.output_ref]).flatten();
+        let blobs = named.filter_map(|d| blobs.remove(&d)).collect();
+        regrouped.push(Captured::Batch(Batch {
+            run_id: run_id.clone(),
+            events: chunk.to_vec(),
+            blobs,
+            cache: vec![],
+        }));
+    }
+    assert!(blobs.is_empty(), "every captured blob is named by a captured event");
+    regrouped
 }
 
 /// [`ring`] on a given counting store.
@@ -196,7 +250,12 @@ fn ring_on(rt: &Runtime, counting: Arc<Counting>, bodies: &Bodies, wait_for_ack:
     assert_eq!(report.steps, 2 * messages, "a send and a recv per message");
     let (commits, events) = counting.counts();
     assert_eq!(events, 2 * messages as u64, "every event committed");
-    Ringed { wall: elapsed, per_commit: events as f64 / commits.max(1) as f64 }
+    let in_store = counting.commit_nanos.load(Ordering::Relaxed) as f64 / 1e3;
+    Ringed {
+        wall: elapsed,
+        per_commit: events as f64 / commits.max(1) as f64,
+        commit_us_per_event: in_store / events.max(1) as f64,
+    }
 }
 
 /// What one ring measured.
@@ -206,6 +265,8 @@ struct Ringed {
     wall: Duration,
     /// Events per store commit (the writer's group commit at work).
     per_commit: f64,
+    /// Time inside the store's `commit`, per event (µs).
+    commit_us_per_event: f64,
 }
 
 /// A store that counts commits and the events they carry, forwarding everything.
@@ -213,6 +274,8 @@ struct Counting {
     inner: Arc<dyn Store>,
     commits: AtomicU64,
     events: AtomicU64,
+    /// Nanoseconds spent in the inner store's `commit`.
+    commit_nanos: AtomicU64,
     /// Every run created and batch committed, in order, when capturing.
     captured: Option<Mutex<Vec<Captured>>>,
 }
@@ -225,7 +288,13 @@ enum Captured {
 
 impl Counting {
     fn new(inner: Arc<dyn Store>) -> Counting {
-        Counting { inner, commits: AtomicU64::new(0), events: AtomicU64::new(0), captured: None }
+        Counting {
+            inner,
+            commits: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            commit_nanos: AtomicU64::new(0),
+            captured: None,
+        }
     }
 
     /// (commits, events committed).
@@ -283,7 +352,10 @@ impl EventStore for Counting {
         if let Some(c) = &self.captured {
             c.lock().expect("capture").push(Captured::Batch(batch.clone()));
         }
-        self.inner.commit(batch)
+        let began = Instant::now();
+        let committed = self.inner.commit(batch);
+        self.commit_nanos.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        committed
     }
     fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
         self.inner.events(run, from, limit)
