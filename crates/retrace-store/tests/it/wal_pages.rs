@@ -1,5 +1,6 @@
 //! What a one-event commit writes: the WAL frames of 40 consecutive commits of a tool call with a
-//! 1 KB request and a 1 KB output, read back from a real `-wal` file and named by `dbstat`. A
+//! 1 KB request and a 1 KB output (and of one with a request and an output of a message body's
+//! size, about 200 B), read back from a real `-wal` file and named by `dbstat`. A
 //! commit's cost is about its pages (each is copied into the WAL, checksummed, later
 //! checkpointed, and fdatasynced wherever no ack log covers the commit), so this pins which
 //! b-trees such a commit may touch and how many pages it writes: an index or a table added to
@@ -19,8 +20,23 @@ use rusqlite::Connection;
 const EXPECTED: [&str; 6] =
     ["blobs", "events", "heads", "segments", "sqlite_autoindex_blobs_1", "sqlite_schema"];
 
-fn commit_one(store: &SqliteStore, run: &str, seq: u64, prev: Option<Digest>) -> Digest {
-    let (request, output) = (format!("request {seq} ").repeat(80), format!("output {seq} ").repeat(90));
+/// The b-trees a commit of a tool call whose blobs stay in their rows (up to 256 B each, as a
+/// message body) writes: the packed blobs' `segments` are not among them.
+const EXPECTED_SMALL: [&str; 5] = ["blobs", "events", "heads", "sqlite_autoindex_blobs_1", "sqlite_schema"];
+
+/// A tool call's request and output at `seq`: each `repeats` times its label and seq.
+type Sizes = fn(u64) -> (String, String);
+
+fn kilobyte(seq: u64) -> (String, String) {
+    (format!("request {seq} ").repeat(80), format!("output {seq} ").repeat(90))
+}
+
+fn message_sized(seq: u64) -> (String, String) {
+    (format!("request {seq:>6} ").repeat(14), format!("output {seq:>6} ").repeat(15))
+}
+
+fn commit_one(store: &SqliteStore, run: &str, seq: u64, prev: Option<Digest>, sizes: Sizes) -> Digest {
+    let (request, output) = sizes(seq);
     let batch = crate::steps::tool_call(run, seq, request, output, prev);
     store.commit(&batch).unwrap();
     batch.events[0].hash
@@ -39,6 +55,33 @@ fn frames(wal: &[u8], page_size: usize) -> Vec<(u32, u32)> {
 
 #[test]
 fn a_one_event_commit_writes_few_pages_of_the_expected_b_trees() {
+    let (touched, mut commits) = frames_of_40_commits(kilobyte);
+    let expected: BTreeSet<String> = EXPECTED.iter().map(|s| s.to_string()).collect();
+    assert!(touched.is_subset(&expected), "b-trees written: {touched:?}, expected only {expected:?}");
+    commits.sort_unstable();
+    let (median, max) = (commits[commits.len() / 2], commits[commits.len() - 1]);
+    // Measured: 6-13 frames, median 9 (2 digest-index leaves, one leaf each of events, heads
+    // and blobs, 1-2 segment leaves, and when the file grows page 1 and an internal page).
+    assert!(median <= 9, "median frames per one-event commit: {median} ({commits:?})");
+    assert!(max <= 16, "most frames in a one-event commit: {max} ({commits:?})");
+}
+
+#[test]
+fn blobs_of_a_message_body_s_size_stay_in_their_rows_and_write_no_segment() {
+    let sizes = message_sized(1);
+    assert!((200..=256).contains(&sizes.0.len()) && (200..=256).contains(&sizes.1.len()), "{sizes:?}");
+    let (touched, mut commits) = frames_of_40_commits(message_sized);
+    let expected: BTreeSet<String> = EXPECTED_SMALL.iter().map(|s| s.to_string()).collect();
+    assert!(touched.is_subset(&expected), "b-trees written: {touched:?}, expected only {expected:?}");
+    commits.sort_unstable();
+    let median = commits[commits.len() / 2];
+    // Measured: median 5 (2 digest-index leaves, one leaf each of events, heads and blobs).
+    assert!(median <= 6, "median frames per one-event commit: {median} ({commits:?})");
+}
+
+/// Commits 2,000 tool calls of `sizes`, then 40 more whose WAL frames are kept: the b-trees
+/// those 40 wrote, and how many frames each commit wrote.
+fn frames_of_40_commits(sizes: Sizes) -> (BTreeSet<String>, Vec<usize>) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("retrace.db");
     // A store of no run's lease (no ack log): every commit is in the WAL.
@@ -46,7 +89,7 @@ fn a_one_event_commit_writes_few_pages_of_the_expected_b_trees() {
     store.create_run(&sample_run("pages", 1)).unwrap();
     let mut prev = None;
     for seq in 1..=2_000 {
-        prev = Some(commit_one(&store, "pages", seq, prev));
+        prev = Some(commit_one(&store, "pages", seq, prev, sizes));
     }
     store.checkpoint().unwrap();
     // A reader whose snapshot predates the 40 commits keeps the background checkpointer from
@@ -55,7 +98,7 @@ fn a_one_event_commit_writes_few_pages_of_the_expected_b_trees() {
     pin.execute_batch("BEGIN").unwrap();
     let _: i64 = pin.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)).unwrap();
     for seq in 2_001..=2_040 {
-        prev = Some(commit_one(&store, "pages", seq, prev));
+        prev = Some(commit_one(&store, "pages", seq, prev, sizes));
     }
     let wal = std::fs::read(dir.path().join("retrace.db-wal")).unwrap();
     drop(pin);
@@ -83,12 +126,5 @@ fn a_one_event_commit_writes_few_pages_of_the_expected_b_trees() {
         }
     }
     assert_eq!(commits.len(), 40, "one WAL commit per store commit");
-    let expected: BTreeSet<String> = EXPECTED.iter().map(|s| s.to_string()).collect();
-    assert!(touched.is_subset(&expected), "b-trees written: {touched:?}, expected only {expected:?}");
-    commits.sort_unstable();
-    let (median, max) = (commits[commits.len() / 2], commits[commits.len() - 1]);
-    // Measured: 6-13 frames, median 9 (2 digest-index leaves, one leaf each of events, heads
-    // and blobs, 1-2 segment leaves, and when the file grows page 1 and an internal page).
-    assert!(median <= 9, "median frames per one-event commit: {median} ({commits:?})");
-    assert!(max <= 16, "most frames in a one-event commit: {max} ({commits:?})");
+    (touched, commits)
 }
