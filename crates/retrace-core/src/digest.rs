@@ -9,8 +9,15 @@ use sha2::{Digest as _, Sha256};
 pub const DIGEST_PREFIX: &str = "sha256:";
 
 /// A SHA-256 digest, written `sha256:<64 lowercase hex>`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Digest([u8; 32]);
+
+impl std::hash::Hash for Digest {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // The 32 bytes alone: every digest has that length, so no length prefix is needed.
+        state.write(&self.0);
+    }
+}
 
 impl Digest {
     /// The digest of `bytes`.

@@ -27,6 +27,7 @@ pub mod autonomy;
 pub mod canonical;
 pub mod chain;
 pub mod digest;
+pub mod digest_map;
 pub mod divergence;
 pub mod edit;
 pub mod envelope;

@@ -1,5 +1,5 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
-use std::collections::HashSet;
+use retrace_core::digest_map::DigestSet;
 
 use retrace_core::envelope::EventType;
 use retrace_core::{Digest, Event};
@@ -96,7 +96,7 @@ fn hints(trace: &Trace) -> Vec<BlobHint> {
             hints[i] = Some(BlobHint::ModelRequest);
         }
     }
-    let outputs: HashSet<Digest> = model_calls(&trace.events).filter_map(|e| e.output_ref).collect();
+    let outputs: DigestSet = model_calls(&trace.events).filter_map(|e| e.output_ref).collect();
     // A model's output is kept as a manifest only where the file has one (an output stored
     // flat, as before responses had manifests, stays flat, so export -> import -> export gives
     // the same bytes); any other manifest is a request or a base requests build on.

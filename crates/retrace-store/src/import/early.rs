@@ -15,11 +15,11 @@
 //! `retrace gc` to sweep once they are older than its blob grace. Nothing is stored early for
 //! a run the store already holds (a re-import compares events only) or for a fork whose stored
 //! source disagrees (phase 2 refuses it).
-use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};
 
-use retrace_core::{Digest, Event};
+use retrace_core::digest_map::{DigestMap, DigestSet};
+use retrace_core::Event;
 
 use retrace_core::export::ExportHeader;
 
@@ -34,7 +34,7 @@ const CHUNK_BYTES: usize = 8 << 20;
 const AHEAD: usize = 2;
 
 /// Where the blobs stored early are, by digest.
-pub(super) type Stored = HashMap<Digest, BlobAt>;
+pub(super) type Stored = DigestMap<BlobAt>;
 
 /// Whether to store early for a file whose `events` have verified: the store doesn't hold its
 /// run, and a fork's stored source agrees with the events it inherits.
@@ -50,7 +50,7 @@ pub(super) struct Early<'scope> {
     pending_bytes: usize,
     /// Model requests the events reference: left for phase 2, which may store them as chained
     /// manifests (a model response becomes a manifest only where the file has a manifest line).
-    model: HashSet<Digest>,
+    model: DigestSet,
     thread: ScopedJoinHandle<'scope, Result<Stored, StoreError>>,
 }
 
@@ -62,7 +62,7 @@ impl<'scope> Early<'scope> {
         let builder = std::thread::Builder::new().name("import-store".into());
         let thread = builder
             .spawn_scoped(scope, move || {
-                let mut stored = Stored::new();
+                let mut stored = Stored::default();
                 for chunk in receive {
                     let places = store.put_blobs(&chunk)?;
                     for (blob, at) in chunk.iter().zip(places) {

@@ -1,7 +1,7 @@
 //! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory.
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
-use std::collections::HashMap;
+use retrace_core::digest_map::{DigestMap, DigestSet};
 use std::io::BufRead;
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ pub(super) struct Trace {
     /// Blob lines in file order: every manifest after the blobs it names.
     pub blobs: Vec<ReadBlob>,
     /// Where each blob is in `blobs`.
-    pub index: HashMap<Digest, usize>,
+    pub index: DigestMap<usize>,
     /// Where the blobs stored while the file was read are (`import/early.rs`).
     pub stored: early::Stored,
 }
@@ -142,7 +142,7 @@ fn read_body<'scope, 'env, R: BufRead>(
     store: &'env dyn Store,
 ) -> Result<Trace, ImportError> {
     let events = read_events(lines, &header)?;
-    let mut needed: HashMap<Digest, u64> = HashMap::new();
+    let mut needed: DigestMap<u64> = DigestMap::default();
     for event in events.iter().rev() {
         for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
             needed.insert(digest, event.seq);
@@ -153,7 +153,7 @@ fn read_body<'scope, 'env, R: BufRead>(
     let wanted = !cut && early::wanted(store, &header, &events);
     let mut early = wanted.then(|| Early::start(scope, store, &events));
     let (blobs, index) = match cut {
-        true => (Vec::new(), HashMap::new()),
+        true => (Vec::new(), DigestMap::default()),
         false => read_blobs(lines, &header, &needed, early.as_mut())?,
     };
     if lines.next()?.is_some() {
@@ -175,7 +175,7 @@ fn read_body<'scope, 'env, R: BufRead>(
         Some(early) => {
             early.finish().map_err(|source| ImportError::Store { run_id: header.run.id.clone(), source })?
         }
-        None => early::Stored::new(),
+        None => early::Stored::default(),
     };
     Ok(Trace { header, events, blobs, index, stored })
 }
@@ -298,11 +298,11 @@ fn looks_like(line: &[u8], key: &str) -> bool {
 fn read_blobs<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
-    needed: &HashMap<Digest, u64>,
+    needed: &DigestMap<u64>,
     mut early: Option<&mut Early<'_>>,
-) -> Result<(Vec<ReadBlob>, HashMap<Digest, usize>), ImportError> {
+) -> Result<(Vec<ReadBlob>, DigestMap<usize>), ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(1 << 16) as usize);
-    let mut index: HashMap<Digest, usize> = HashMap::new();
+    let mut index: DigestMap<usize> = DigestMap::default();
     for number in 1..=header.blobs {
         let Some(line) = lines.next()? else {
             let mut message =
@@ -365,7 +365,7 @@ fn decode_blob<R: BufRead>(
     lines: &Lines<'_, '_, R>,
     line: ParsedBlob,
     blobs: &[ReadBlob],
-    index: &HashMap<Digest, usize>,
+    index: &DigestMap<usize>,
 ) -> Result<ReadBlob, ImportError> {
     let digest = line.digest;
     let (what, bytes, actual, names): (&str, Arc<[u8]>, Digest, _) = match line.body {
@@ -409,9 +409,9 @@ fn decode_blob<R: BufRead>(
 fn check_references<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
-    needed: &HashMap<Digest, u64>,
+    needed: &DigestMap<u64>,
     blobs: &[ReadBlob],
-    held: &HashMap<Digest, usize>,
+    held: &DigestMap<usize>,
 ) -> Result<(), ImportError> {
     let file = lines.opts.file_name.clone();
     let mut missing: Vec<(u64, Digest)> =
@@ -422,8 +422,7 @@ fn check_references<R: BufRead>(
         let message = format!("seq {seq} references blob {digest}, which is not in the file");
         lines.forgive(ImportError::Verification { at, seq: Some(seq), digest: Some(digest), message })?;
     }
-    let named: std::collections::HashSet<Digest> =
-        blobs.iter().filter_map(|b| b.names.as_ref()).flatten().copied().collect();
+    let named: DigestSet = blobs.iter().filter_map(|b| b.names.as_ref()).flatten().copied().collect();
     let strays = blobs
         .iter()
         .enumerate()

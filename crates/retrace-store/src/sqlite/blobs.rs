@@ -3,6 +3,7 @@
 //! requests (chained) and responses as manifests ([`crate::manifest`]). Every read verifies the digest.
 use std::sync::Arc;
 
+use retrace_core::digest_map::FastHash;
 use retrace_core::Digest;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -129,7 +130,7 @@ fn put_plain(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &
 /// row, or at none, is left for the digest lookup.
 fn confirm(tx: &Connection, staged: &mut Staged<'_>, blobs: &[BlobPut]) -> StoreResult<()> {
     // Two blobs said to be at one row can't both be there: the later claim is kept.
-    let claimed: std::collections::HashMap<i64, &Digest> =
+    let claimed: std::collections::HashMap<i64, &Digest, FastHash> =
         blobs.iter().filter_map(|b| b.at().map(|at| (at.get(), &b.digest))).collect();
     let (Some(&low), Some(&high)) = (claimed.keys().min(), claimed.keys().max()) else {
         return Ok(());

@@ -5,10 +5,11 @@
 //! time, so the waits overlap), renamed into place, and each folder synced once, however many
 //! files it received. A blob's file is durable before the commit that references it, as
 //! before; a batch of many large blobs just waits for the disk far fewer times.
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::PathBuf;
 
+use retrace_core::digest_map::DigestMap;
 use retrace_core::Digest;
 use rusqlite::Connection;
 use tempfile::NamedTempFile;
@@ -37,7 +38,7 @@ pub(crate) struct Staged<'a> {
     /// The transaction's packed blobs.
     packer: Packer,
     /// Blob row ids this transaction knows (`None`: not stored), looked up or inserted.
-    pub(crate) known: HashMap<Digest, Option<i64>>,
+    pub(crate) known: DigestMap<Option<i64>>,
 }
 
 impl<'a> Staged<'a> {
@@ -49,7 +50,7 @@ impl<'a> Staged<'a> {
             folders: BTreeSet::new(),
             created_folder: false,
             packer,
-            known: HashMap::new(),
+            known: DigestMap::default(),
         }
     }
 
