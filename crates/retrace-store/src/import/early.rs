@@ -3,8 +3,8 @@
 //!
 //! A trace file holds its events first and its blobs after them, and storing the blobs is most
 //! of an import's storing. Once the events have verified, [`Early::start`] starts a thread of
-//! the read's scope that stores, in transactions of [`CHUNK_BLOBS`] blobs, each blob line that
-//! has verified ([`Early::offer`]), through [`EventStore::put_blobs`](crate::EventStore::put_blobs),
+//! the read's scope that stores, in transactions of [`CHUNK_BLOBS`] blobs sorted by digest, each
+//! blob line that has verified ([`Early::offer`]), through [`EventStore::put_blobs`](crate::EventStore::put_blobs),
 //! and remembers where the store put each one. Phase 2 then carries those blobs with their
 //! places ([`crate::BlobPut::stored_at`]), so its commits confirm them instead of storing them.
 //!
@@ -63,7 +63,10 @@ impl<'scope> Early<'scope> {
         let thread = builder
             .spawn_scoped(scope, move || {
                 let mut stored = Stored::default();
-                for chunk in receive {
+                for mut chunk in receive {
+                    // In digest order, each row's entry in the blobs' digest index lands next
+                    // to the one before it, in index pages the previous inserts just used.
+                    chunk.sort_unstable_by_key(BlobPut::digest);
                     let places = store.put_blobs(&chunk)?;
                     for (blob, at) in chunk.iter().zip(places) {
                         stored.extend(at.map(|at| (blob.digest(), at)));
