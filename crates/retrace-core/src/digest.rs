@@ -75,6 +75,22 @@ impl DigestWriter {
 #[error("not a digest (want sha256:<64 lowercase hex>): {0:?}")]
 pub struct BadDigest(pub String);
 
+/// The value of each lower-case hex digit; 0xFF for every other byte.
+const HEX_VALUE: [u8; 256] = {
+    let mut table = [0xFF; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
+
 impl FromStr for Digest {
     type Err = BadDigest;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -83,20 +99,19 @@ impl FromStr for Digest {
         if hex_part.len() != 64 {
             return Err(bad());
         }
-        // One pass, lower-case hex only (every event line holds several digests).
-        let nibble = |b: u8| match b {
-            b'0'..=b'9' => Some(b - b'0'),
-            b'a'..=b'f' => Some(b - b'a' + 10),
-            _ => None,
-        };
+        // One pass with no branch per digit, lower-case hex only (every event line holds
+        // several digests): a digit that isn't one sets a high bit, checked once at the end.
         let mut out = [0u8; 32];
+        let mut invalid = 0u8;
         for (byte, pair) in out.iter_mut().zip(hex_part.chunks_exact(2)) {
-            match (nibble(pair[0]), nibble(pair[1])) {
-                (Some(high), Some(low)) => *byte = high << 4 | low,
-                _ => return Err(bad()),
-            }
+            let (high, low) = (HEX_VALUE[usize::from(pair[0])], HEX_VALUE[usize::from(pair[1])]);
+            invalid |= high | low;
+            *byte = high << 4 | low;
         }
-        Ok(Digest(out))
+        match invalid & 0xF0 {
+            0 => Ok(Digest(out)),
+            _ => Err(bad()),
+        }
     }
 }
 
@@ -155,5 +170,22 @@ mod tests {
         assert!(format!("sha256:{}g", &hex[..63]).parse::<Digest>().is_err());
         assert!(format!("sha256:{hex}0").parse::<Digest>().is_err());
         assert!(format!("sha256:é{}", &hex[2..]).parse::<Digest>().is_err());
+    }
+
+    #[test]
+    fn every_byte_but_a_lower_case_hex_digit_is_refused_in_every_place() {
+        let hex = Digest::of(b"abc").hex().into_bytes();
+        for place in [0, 1, 30, 62, 63] {
+            for byte in 0..=127u8 {
+                let mut text = hex.clone();
+                text[place] = byte;
+                let text = format!("sha256:{}", String::from_utf8(text).unwrap());
+                let parsed = text.parse::<Digest>();
+                match byte {
+                    b'0'..=b'9' | b'a'..=b'f' => assert_eq!(parsed.unwrap().hex(), text[7..], "{text}"),
+                    _ => assert!(parsed.is_err(), "{byte:#x} at {place} was accepted"),
+                }
+            }
+        }
     }
 }
