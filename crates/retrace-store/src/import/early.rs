@@ -68,6 +68,7 @@ impl<'scope> Early<'scope> {
                     // to the one before it, in index pages the previous inserts just used.
                     chunk.sort_unstable_by_key(BlobPut::digest);
                     let places = store.put_blobs(&chunk)?;
+                    stored.reserve(chunk.len());
                     for (blob, at) in chunk.iter().zip(places) {
                         stored.extend(at.map(|at| (blob.digest(), at)));
                     }

@@ -1,7 +1,7 @@
 //! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory.
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
-use retrace_core::digest_map::{DigestMap, DigestSet};
+use retrace_core::digest_map::{DigestMap, DigestSet, FastHash};
 use std::io::BufRead;
 use std::sync::Arc;
 
@@ -142,7 +142,8 @@ fn read_body<'scope, 'env, R: BufRead>(
     store: &'env dyn Store,
 ) -> Result<Trace, ImportError> {
     let events = read_events(lines, &header)?;
-    let mut needed: DigestMap<u64> = DigestMap::default();
+    let mut needed: DigestMap<u64> =
+        DigestMap::with_capacity_and_hasher(2 * events.len(), FastHash::default());
     for event in events.iter().rev() {
         for digest in [event.request_ref, event.output_ref].into_iter().flatten() {
             needed.insert(digest, event.seq);
@@ -302,7 +303,8 @@ fn read_blobs<R: BufRead>(
     mut early: Option<&mut Early<'_>>,
 ) -> Result<(Vec<ReadBlob>, DigestMap<usize>), ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(1 << 16) as usize);
-    let mut index: DigestMap<usize> = DigestMap::default();
+    let mut index: DigestMap<usize> =
+        DigestMap::with_capacity_and_hasher(blobs.capacity(), FastHash::default());
     for number in 1..=header.blobs {
         let Some(line) = lines.next()? else {
             let mut message =
