@@ -338,8 +338,12 @@ fn a_fork_of_a_fork_reads_through_both_sources() {
     assert_eq!(export(&*b.store, "01fork2"), file);
 }
 
+/// Tool calls enough for an import to store a chunk of blobs early, while it reads the rest of
+/// the file: two blob lines per event, past one early chunk (16,384 blobs).
+const EARLY_EVENTS: u64 = 8_400;
+
 /// A run of `n` tool calls whose outputs end with `tail`: two blob lines per event, so from
-/// about 2,050 events on an import stores blobs while it reads the rest of the file.
+/// [`EARLY_EVENTS`] on an import stores blobs while it reads the rest of the file.
 fn tool_calls(run: &str, n: u64, tail: &str) -> trace_fixture::Fixture {
     let mut b = Builder::new(run);
     for i in 0..n {
@@ -364,7 +368,7 @@ fn tool_calls(run: &str, n: u64, tail: &str) -> trace_fixture::Fixture {
 #[test]
 fn a_file_refused_after_blobs_were_stored_leaves_no_run_and_imports_once_mended() {
     let (a, b) = (sqlite(), sqlite());
-    let fixture = tool_calls("01early", 2_600, "");
+    let fixture = tool_calls("01early", EARLY_EVENTS, "");
     fixture.commit(&*a.store);
     let good = export(&*a.store, "01early");
     let mut bad = lines(&good);
@@ -378,7 +382,11 @@ fn a_file_refused_after_blobs_were_stored_leaves_no_run_and_imports_once_mended(
     assert!(b.store.has_blob(&first).unwrap(), "blobs read before the failure were stored early");
 
     let outcome = import(&*b.store, &good).unwrap();
-    assert!(matches!(outcome, ImportOutcome::Imported { events: 2_600, blobs: 5_200, .. }), "{outcome:?}");
+    let (events, blobs) = (EARLY_EVENTS, 2 * EARLY_EVENTS);
+    assert!(
+        matches!(outcome, ImportOutcome::Imported { events: e, blobs: b, .. } if (e, b) == (events, blobs)),
+        "{outcome:?}"
+    );
     assert!(export(&*b.store, "01early") == good, "re-export differs");
     assert_eq!(verify_run(&*b.store, "01early"), vec![]);
     let located = b.store.events_located("01early", 1, usize::MAX).unwrap();
@@ -387,7 +395,7 @@ fn a_file_refused_after_blobs_were_stored_leaves_no_run_and_imports_once_mended(
         "every event has its blobs' places"
     );
 
-    let other = tool_calls("01early", 2_600, "and more");
+    let other = tool_calls("01early", EARLY_EVENTS, "and more");
     let c = sqlite();
     other.commit(&*c.store);
     let err = import(&*b.store, &export(&*c.store, "01early")).unwrap_err();
@@ -402,7 +410,7 @@ fn a_file_refused_after_blobs_were_stored_leaves_no_run_and_imports_once_mended(
 fn a_store_that_fails_while_blobs_are_stored_early_fails_the_import() {
     for make in [memory, sqlite] {
         let a = make();
-        let fixture = tool_calls("01flaky", 2_600, "");
+        let fixture = tool_calls("01flaky", EARLY_EVENTS, "");
         fixture.commit(&*a.store);
         let file = export(&*a.store, "01flaky");
         let b = make();

@@ -26,10 +26,15 @@ use retrace_core::export::ExportHeader;
 use super::read::ReadBlob;
 use crate::{BlobAt, BlobHint, BlobPut, Store, StoreError, StoreErrorKind};
 
-/// Blobs per early transaction.
-const CHUNK_BLOBS: usize = 4096;
-/// An early transaction ends after the blob that takes it past this many bytes.
-const CHUNK_BYTES: usize = 8 << 20;
+/// Blobs per early transaction. Each transaction rewrites every page of the blobs' digest
+/// index it adds to, and a chunk of new digests reaches most of that index's leaves, so larger
+/// chunks write it less often per blob: importing 100k 1 KB events (200k blobs) took 2.37 s
+/// with 4,096, 2.1 s with 16,384 and 2.67 s with 1,024 (medians of 6, alternated).
+const CHUNK_BLOBS: usize = 16_384;
+/// An early transaction ends after the blob that takes it past this many bytes: with its
+/// index pages, it stays within the write connection's page cache for large transactions (32
+/// MB). A 128 MB chunk outgrew it and spilled (2.51 s against 1.99 s for the run above).
+const CHUNK_BYTES: usize = 16 << 20;
 /// Transactions handed over but not yet stored.
 const AHEAD: usize = 2;
 
