@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use retrace_core::digest_map::FastHash;
 use retrace_core::Digest;
-use rusqlite::types::{Value, ValueRef};
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::files::Files;
@@ -82,10 +82,11 @@ pub(crate) fn put_all(
         .filter(|d| !staged.known.contains_key(d))
         .collect();
     prefetch(tx, staged, &unknown)?;
+    let mut rows = RowInserter::new(tx)?;
     for blob in blobs {
         let digest = blob.digest();
         let id = if plain(blob) && !staged.known.contains_key(&digest) {
-            put_plain(tx, staged, &digest, blob.bytes())?
+            put_plain(tx, &mut rows, staged, &digest, blob.bytes())?
         } else {
             put(tx, staged, run_pk, &digest, blob.bytes(), blob.hint())?
         };
@@ -100,16 +101,22 @@ pub(crate) fn put_all(
 /// (on an import of fresh blobs the look-ups were a sixth of the storing thread). A packed
 /// blob's row names the place its bytes will go ([`Staged::next_pack_location`]), and they go
 /// there only if the row was new.
-fn put_plain(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
+fn put_plain(
+    tx: &Connection,
+    rows: &mut RowInserter<'_>,
+    staged: &mut Staged<'_>,
+    digest: &Digest,
+    bytes: &[u8],
+) -> StoreResult<i64> {
     let location = match bytes.len() > ROW_MAX {
         true => Some(staged.next_pack_location(tx)?),
         false => None,
     };
     let (kind, data) = match location {
-        Some(at) => (KIND_PACKED, Value::Integer(at)),
-        None => (KIND_INLINE, Value::Blob(bytes.to_vec())),
+        Some(at) => (KIND_PACKED, ValueRef::Integer(at)),
+        None => (KIND_INLINE, ValueRef::Blob(bytes)),
     };
-    let Some(id) = insert_if_absent(tx, digest, kind, bytes.len(), data)? else {
+    let Some(id) = rows.insert_if_absent(tx, digest, kind, bytes.len(), data)? else {
         return blob_id(tx, digest)?
             .ok_or_else(|| StoreError::corrupt(format!("blob {digest} is both stored and not found")));
     };
@@ -186,29 +193,48 @@ fn insert(
     size: usize,
     data: Value,
 ) -> StoreResult<i64> {
-    let id = insert_if_absent(conn, digest, kind, size, data)?
+    let id = RowInserter::new(conn)?
+        .insert_if_absent(conn, digest, kind, size, (&data).into())?
         .ok_or_else(|| StoreError::conflict(format!("blob {digest} was stored while being stored")))?;
     staged.known.insert(*digest, Some(id));
     Ok(id)
 }
 
-/// Inserts a blob's row unless its digest has one; the new row's id, or `None`.
-fn insert_if_absent(
-    conn: &Connection,
-    digest: &Digest,
-    kind: i64,
-    size: usize,
-    data: Value,
-) -> StoreResult<Option<i64>> {
-    let now = crate::writer::lease::now_ms() as i64;
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (digest) DO NOTHING",
-        )
-        .and_then(|mut s| s.execute(params![digest.as_bytes(), kind, size as i64, data, now]))
-        .ctx(|| format!("storing blob {digest}"))?;
-    Ok((inserted > 0).then(|| conn.last_insert_rowid()))
+/// Inserts blob rows through one prepared statement, stamped with one time: a batch's plain
+/// blobs took the statement from rusqlite's cache one by one, and that cache hashes the SQL
+/// text at every take and return.
+struct RowInserter<'c> {
+    insert: rusqlite::CachedStatement<'c>,
+    now: i64,
+}
+
+impl<'c> RowInserter<'c> {
+    fn new(conn: &'c Connection) -> StoreResult<Self> {
+        let insert = conn
+            .prepare_cached(
+                "INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (digest) DO NOTHING",
+            )
+            .ctx(|| "preparing to store blobs")?;
+        Ok(RowInserter { insert, now: crate::writer::lease::now_ms() as i64 })
+    }
+
+    /// Inserts a blob's row unless its digest has one; the new row's id, or `None`.
+    fn insert_if_absent(
+        &mut self,
+        conn: &Connection,
+        digest: &Digest,
+        kind: i64,
+        size: usize,
+        data: ValueRef<'_>,
+    ) -> StoreResult<Option<i64>> {
+        let data = ToSqlOutput::Borrowed(data);
+        let inserted = self
+            .insert
+            .execute(params![digest.as_bytes(), kind, size as i64, data, self.now])
+            .ctx(|| format!("storing blob {digest}"))?;
+        Ok((inserted > 0).then(|| conn.last_insert_rowid()))
+    }
 }
 
 /// Stores `bytes` flat (in the row, packed or as a file) unless present; returns the row id.
