@@ -193,7 +193,8 @@ impl From<&Event> for DeliveryHead {
 
 /// A map keyed by seq (or another integer id) with a multiply-fold hash instead of SipHash:
 /// seqs come from the store, not from an adversary, and walking long chains hashes each one
-/// several times.
+/// several times. Digests, which a trace file chooses, use the keyed
+/// [`retrace_core::digest_map`] instead.
 pub(crate) type SeqMap<K, V> = std::collections::HashMap<K, V, BuildSeqHasher>;
 
 /// A set of seqs, hashed as [`SeqMap`]'s keys.

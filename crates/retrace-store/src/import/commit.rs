@@ -1,6 +1,5 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
 use retrace_core::digest_map::DigestSet;
-
 use retrace_core::envelope::EventType;
 use retrace_core::{Digest, Event};
 

@@ -1,11 +1,11 @@
 //! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory.
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
-use retrace_core::digest_map::{DigestMap, DigestSet, FastHash};
 use std::io::BufRead;
 use std::sync::Arc;
 
 use retrace_core::canonical::canonical_value;
+use retrace_core::digest_map::{DigestMap, DigestSet, FastHash};
 use retrace_core::export::{check_format, ExportHeader, FormatError};
 use retrace_core::{Digest, Event};
 

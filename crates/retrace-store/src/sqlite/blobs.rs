@@ -3,7 +3,6 @@
 //! requests (chained) and responses as manifests ([`crate::manifest`]). Every read verifies the digest.
 use std::sync::Arc;
 
-use retrace_core::digest_map::FastHash;
 use retrace_core::Digest;
 use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -13,6 +12,7 @@ use super::pack;
 use super::schema::{KIND_FILE, KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use super::staged::Staged;
 use crate::error::ResultExt;
+use crate::head::SeqMap;
 use crate::manifest::{self, Manifest, ManifestSource};
 use crate::{BlobAt, BlobHint, BlobPut, BlobRef, StoreError, StoreResult, INLINE_BLOB_MAX};
 
@@ -137,7 +137,7 @@ fn put_plain(
 /// row, or at none, is left for the digest lookup.
 fn confirm(tx: &Connection, staged: &mut Staged<'_>, blobs: &[BlobPut]) -> StoreResult<()> {
     // Two blobs said to be at one row can't both be there: the later claim is kept.
-    let claimed: std::collections::HashMap<i64, &Digest, FastHash> =
+    let claimed: SeqMap<i64, &Digest> =
         blobs.iter().filter_map(|b| b.at().map(|at| (at.get(), &b.digest))).collect();
     let (Some(&low), Some(&high)) = (claimed.keys().min(), claimed.keys().max()) else {
         return Ok(());
