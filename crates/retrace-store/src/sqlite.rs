@@ -20,6 +20,7 @@ mod checkpoint;
 mod deliveries;
 mod events;
 mod files;
+mod flusher;
 mod gc;
 mod head_blocks;
 mod heads;
@@ -132,6 +133,8 @@ pub struct SqliteStore {
     syncer: Option<sync::Syncer>,
     /// `Durability::Event`: the WAL, synced after every commit.
     wal_sync: Option<sync::WalSync>,
+    /// `Durability::Event`: syncs ack-log records while their batches commit.
+    flusher: Option<flusher::Flusher>,
     checkpointer: checkpoint::Checkpointer,
     /// Ack logs: written under `Durability::Event`, recovered under every level.
     ack_logs: ack_log::AckLogs,
@@ -191,6 +194,12 @@ impl SqliteStore {
             Durability::Event | Durability::Os => None,
         };
         let wal_sync = (durability == Durability::Event).then(|| sync::WalSync::new(path));
+        let flusher = match durability {
+            Durability::Event => Some(
+                flusher::Flusher::spawn().ctx(|| format!("starting the ack-log sync thread of {label}"))?,
+            ),
+            Durability::Batch | Durability::Os => None,
+        };
         writer
             .query_row(
                 &format!("PRAGMA wal_autocheckpoint = {}", checkpoint::WRITER_AUTOCHECKPOINT_PAGES),
@@ -219,6 +228,7 @@ impl SqliteStore {
             names: Mutex::new(HashMap::new()),
             syncer,
             wal_sync,
+            flusher,
             checkpointer,
             ack_logs: ack_log::AckLogs::new(path),
             _temp: temp,

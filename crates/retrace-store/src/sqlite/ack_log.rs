@@ -11,8 +11,9 @@
 //! append overwrites allocated blocks and its `fdatasync` writes no metadata. Records follow
 //! each other from offset 0; one that would not fit first syncs the WAL (everything in the log
 //! is then durable in SQLite) and starts again at offset 0, leaving older records behind it.
-//! A record is written before its batch commits and synced after, so the disk write overlaps
-//! the commit (`sync_file_range`); if the commit fails the record is withdrawn (zeroed).
+//! A record is written before its batch commits, and its `fdatasync` runs on the store's sync
+//! thread while the batch commits ([`super::flusher`]), so a step waits for the longer of the
+//! two, not their sum; if the commit fails the record is withdrawn (zeroed).
 //!
 //! Ownership is the file's `flock`, held as long as the log is open: the lease can't tell two
 //! stores of one process apart, the lock can, and the kernel drops it when its process dies.
@@ -49,6 +50,7 @@ use retrace_core::envelope::{ToolClass, Usage};
 use retrace_core::{Digest, Event};
 use serde::{Deserialize, Serialize};
 
+use super::flusher::{self, Flusher};
 use crate::{Batch, BlobHint, BlobPut, CacheEntry, INLINE_BLOB_MAX};
 
 /// Size of a run's ack log.
@@ -82,7 +84,8 @@ pub(crate) fn run_pk_of(name: &str) -> Option<i64> {
 /// free belongs to no live store and may be recovered; one whose lock is held is never touched.
 #[derive(Debug)]
 pub(crate) struct AckLog {
-    file: File,
+    /// Shared with the sync thread while a record's `fdatasync` runs there.
+    file: Arc<File>,
     path: PathBuf,
     /// Where the next record goes.
     offset: u64,
@@ -127,7 +130,7 @@ impl AckLog {
         let _ = std::fs::remove_file(&temp);
         let file = made?;
         File::open(dir)?.sync_all()?;
-        Ok(AckLog { file, path: path.to_path_buf(), offset: 0, closed: false, next: None })
+        Ok(AckLog { file: Arc::new(file), path: path.to_path_buf(), offset: 0, closed: false, next: None })
     }
 
     /// Where the log lives.
@@ -146,10 +149,11 @@ impl AckLog {
         self.next = Some(last + 1);
     }
 
-    /// Writes `record` ([`encode`]) at the end of the log and starts writing it to the disk,
-    /// without waiting: the caller commits the batch meanwhile, then calls [`AckLog::sync`]
-    /// (or [`AckLog::withdraw`] if the commit failed). When the record doesn't fit,
-    /// `sync_wal` runs first and the record goes at offset 0. Returns where it went.
+    /// Writes `record` ([`encode`]) at the end of the log, without syncing it: the caller starts
+    /// its sync ([`AckLog::start_sync`]), commits the batch meanwhile, then hands the sync's
+    /// outcome to [`AckLog::synced`] (and calls [`AckLog::withdraw`] if the commit failed).
+    /// When the record doesn't fit, `sync_wal` runs first and the record goes at offset 0.
+    /// Returns where it went.
     pub(crate) fn stage(
         &mut self,
         record: &[u8],
@@ -160,14 +164,18 @@ impl AckLog {
             self.offset = 0;
         }
         self.file.write_all_at(record, self.offset)?;
-        start_writeback(&self.file, self.offset, record.len());
         Ok(self.offset)
     }
 
-    /// Waits until the record staged at `at` (`len` bytes) is on the disk; the next record
-    /// goes after it.
-    pub(crate) fn sync(&mut self, at: u64, len: usize) -> io::Result<()> {
-        if let Err(e) = self.file.sync_data() {
+    /// Starts the `fdatasync` of everything written so far on `flusher`'s thread.
+    pub(crate) fn start_sync(&self, flusher: &Flusher) -> flusher::Pending {
+        flusher.start(&self.file)
+    }
+
+    /// The sync of the record staged at `at` (`len` bytes) ended with `synced`: on success the
+    /// next record goes after it.
+    pub(crate) fn synced(&mut self, at: u64, len: usize, synced: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = synced {
             // What reached the disk is unknown (and a second fsync proves nothing): no record
             // may follow this one.
             self.closed = true;
@@ -311,22 +319,6 @@ pub(crate) fn remove_dead_temps(dir: &Path) {
         }
     }
 }
-
-/// Asks the kernel to start writing `len` bytes at `offset` of `file` to the disk now, so
-/// that the `fdatasync` after the commit finds them under way (only a hint: errors are
-/// left to that `fdatasync`).
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-fn start_writeback(file: &File, offset: u64, len: usize) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a plain system call on a file descriptor this `File` owns for the whole call.
-    unsafe {
-        libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn start_writeback(_file: &File, _offset: u64, _len: usize) {}
 
 /// Whether the log may take `batch`: it has events, and no blob is kept as a file ([`encode`]
 /// still refuses a record over [`MAX_RECORD_BYTES`]).

@@ -46,7 +46,7 @@ impl SqliteStore {
             true => self.ack_logs.get(&batch.run_id),
             false => None,
         };
-        let Some(log) = log else {
+        let (Some(log), Some(flusher)) = (log, &self.flusher) else {
             return self.commit_tx(batch, WalSyncs::Now);
         };
         let (first, last) = (batch.events[0].seq, batch.events[batch.events.len() - 1].seq);
@@ -68,13 +68,16 @@ impl SqliteStore {
                 log.path().display()
             )
         };
-        // The record's write to the disk overlaps the commit.
+        // The record's sync runs on the flusher's thread while the batch commits.
         let at = log.stage(&record, || self.sync_wal()).ctx(|| what(&log))?;
-        if let Err(e) = self.commit_tx(batch, WalSyncs::Later) {
+        let syncing = log.start_sync(flusher);
+        let committed = self.commit_tx(batch, WalSyncs::Later);
+        let synced = flusher.wait(syncing);
+        if let Err(e) = committed {
             log.withdraw(at);
             return Err(e);
         }
-        log.sync(at, record.len()).ctx(|| what(&log))?;
+        log.synced(at, record.len(), synced).ctx(|| what(&log))?;
         log.committed(last);
         Ok(())
     }
