@@ -28,6 +28,24 @@ pub fn spin_until(bound: Duration, done: impl FnMut() -> bool) -> bool {
     process().spin_until(bound, done)
 }
 
+/// [`spin_until`] without the limit on spinners, for a thread whose spinning can't starve the
+/// one it waits for (that one is asleep in the kernel, not on a CPU).
+pub fn spin_unlimited(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let began = Instant::now();
+    loop {
+        for _ in 0..32 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if began.elapsed() >= bound {
+            return done();
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// The spinners of this process.
 fn process() -> &'static Spinners {
     static PROCESS: OnceLock<Spinners> = OnceLock::new();
@@ -61,19 +79,7 @@ impl Spinners {
         let Some(_place) = self.claim() else {
             return false;
         };
-        let began = Instant::now();
-        loop {
-            for _ in 0..32 {
-                if done() {
-                    return true;
-                }
-                std::hint::spin_loop();
-            }
-            if began.elapsed() >= bound {
-                return done();
-            }
-            std::thread::yield_now();
-        }
+        spin_unlimited(bound, done)
     }
 }
 

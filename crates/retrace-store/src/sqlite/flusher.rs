@@ -11,8 +11,8 @@
 //! the longer of the two.
 //!
 //! The caller spins for the result before it sleeps, whatever else spins
-//! ([`crate::spin`]'s limit is for threads waiting on the commit thread; this *is* the commit
-//! thread, and the thread it waits for is asleep in the kernel, not on a CPU): sleeping would
+//! ([`crate::spin::spin_unlimited`]: the limit on spinners is for threads waiting on the commit
+//! thread; this *is* the commit thread, and the thread it waits for is asleep in the kernel): sleeping would
 //! cost a wake-up, which on a VM whose idle vCPU halted takes longer than the flush it waits
 //! for. Spinning yields the CPU between rounds, so agents preparing their next steps run.
 use std::collections::{HashMap, VecDeque};
@@ -21,9 +21,11 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
+
+use crate::spin::spin_unlimited;
 
 /// How long [`Flusher::wait`] spins before it sleeps: longer than a flush usually takes.
 const WAIT_SPIN: Duration = Duration::from_millis(2);
@@ -86,19 +88,7 @@ impl Flusher {
     pub(crate) fn wait(&self, pending: Pending) -> io::Result<()> {
         let ticket = pending.0;
         let finished = || self.shared.finished.load(Ordering::Acquire) > ticket;
-        let began = Instant::now();
-        'spin: while !finished() {
-            for _ in 0..64 {
-                if finished() {
-                    break 'spin;
-                }
-                std::hint::spin_loop();
-            }
-            if began.elapsed() >= WAIT_SPIN {
-                break;
-            }
-            std::thread::yield_now();
-        }
+        spin_unlimited(WAIT_SPIN, finished);
         let mut state = self.shared.state.lock();
         while !finished() {
             self.shared.done.wait(&mut state);
