@@ -3,14 +3,15 @@
 //! A recorded step's future is usually pending on one thing: its acknowledgment, which the
 //! writer's commit thread gives within a commit. Sleeping through that wait costs a wake-up that,
 //! on a virtual machine, can take longer than the commit ([`retrace_store::spin`]); so
-//! [`block_on`] spins for up to [`ACK_SPIN`] for the future's waker before it parks the thread.
+//! [`block_on`] spins for up to [`ACK_SPIN`] for the future's waker before it parks the thread,
+//! unless other threads already wait (see [`retrace_store::spin::waiter`]).
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
-use retrace_store::spin::spin_until;
+use retrace_store::spin::waiter;
 use retrace_store::writer::ACK_SPIN;
 
 /// Drives `fut` to completion on this thread, inside `block_in_place` when `may_wait` (for
@@ -54,11 +55,13 @@ fn spin_then_park<F: Future>(fut: F) -> F::Output {
         if let Poll::Ready(value) = fut.as_mut().poll(&mut cx) {
             return value;
         }
-        if !spin_until(ACK_SPIN, || signal.woken.load(Ordering::Acquire)) {
+        let waiter = waiter();
+        if !waiter.spin_until(ACK_SPIN, || signal.woken.load(Ordering::Acquire)) {
             while !signal.woken.load(Ordering::Acquire) {
                 std::thread::park();
             }
         }
+        drop(waiter);
     }
 }
 

@@ -365,9 +365,10 @@ impl fmt::Debug for Ticket {
 
 impl Shared {
     fn wait_for(&self, st: &mut parking_lot::MutexGuard<'_, State>, seq: u64) -> StoreResult<()> {
+        let waiter = spin::waiter();
         if st.committed < seq && st.poison.is_none() {
             parking_lot::MutexGuard::unlocked(st, || {
-                spin::spin_until(ACK_SPIN, || {
+                waiter.spin_until(ACK_SPIN, || {
                     self.acked.load(Ordering::Acquire) >= seq || self.poisoned.load(Ordering::Acquire)
                 })
             });
