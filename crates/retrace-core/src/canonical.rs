@@ -99,12 +99,15 @@ pub fn canonical_value(v: &Value) -> Result<Vec<u8>, CanonError> {
 }
 
 /// Whether decoding the canonical form of `v` gives `v` back: true unless it holds a double
-/// (`f64`), which may print as an integer literal (`1.0` -> `1`, `-0.0` -> `0`) and decode as
-/// one. Strings and integers print and parse back exactly, and object members decode into the
-/// same sorted map whatever order the canonical form writes them in.
+/// (`f64`) with an integral value, which prints as an integer literal (`1.0` -> `1`, `-0.0` ->
+/// `0`) and decodes as one. Strings and integers print and parse back exactly, and object
+/// members decode into the same sorted map whatever order the canonical form writes them in. A
+/// double with a fraction prints as the shortest decimal that reads back as the same double,
+/// with a point or an exponent, and decodes as that double (the workspace builds `serde_json`
+/// with `float_roundtrip`, whose parsing is correctly rounded).
 pub fn decodes_to_itself(v: &Value) -> bool {
     match v {
-        Value::Number(n) => !n.is_f64(),
+        Value::Number(n) => n.as_f64().is_none_or(|f| !n.is_f64() || (f.is_finite() && f.fract() != 0.0)),
         Value::Array(items) => items.iter().all(decodes_to_itself),
         Value::Object(members) => members.values().all(decodes_to_itself),
         _ => true,

@@ -404,6 +404,10 @@ fn a_double_does_not_decode_to_itself_and_an_integer_does() {
     assert_eq!(decoded, serde_json::json!({"a": [1, {"b": 1}], "c": 0}));
     assert_ne!(decoded, v);
     assert!(decodes_to_itself(&serde_json::json!({"a": [1, -2, "1.0", null, {"b": u64::MAX}]})));
+    let fractions = serde_json::json!({"a": [0.25, -1.5, 1e-7, 0.1, 123456.789], "b": 5e-324});
+    assert!(decodes_to_itself(&fractions), "a double with a fraction decodes to itself");
+    let decoded: Value = serde_json::from_slice(&canonical_value(&fractions).unwrap()).unwrap();
+    assert_eq!(decoded, fractions);
 }
 
 proptest! {
@@ -453,6 +457,21 @@ proptest! {
         text[at] = b'0' + new;
         **n = Number::new(std::str::from_utf8(&text).unwrap()).unwrap();
         prop_assert_ne!(to_canonical(&j).unwrap(), before);
+    }
+
+    /// Doubles of every magnitude, most of them with a fraction: each one that claims to decode
+    /// to itself does, bit for bit.
+    #[test]
+    fn a_double_that_decodes_to_itself_does(bits in any::<u64>(), small in -1e6f64..1e6, tiny in -1e-6f64..1e-6) {
+        for f in [f64::from_bits(bits), small, tiny] {
+            let Some(n) = serde_json::Number::from_f64(f) else { continue };
+            let v = Value::Number(n);
+            let decoded: Value = serde_json::from_slice(&canonical_value(&v).unwrap()).unwrap();
+            if decodes_to_itself(&v) {
+                prop_assert_eq!(decoded.as_f64().map(f64::to_bits), Some(f.to_bits()));
+                prop_assert_eq!(decoded, v);
+            }
+        }
     }
 
     #[test]
