@@ -1,6 +1,8 @@
 //! Driving the Session API the way a program does: tool steps with a request and a live output,
 //! recorded from one or many threads (one agent per thread, one session).
 use std::sync::{Arc, Barrier};
+
+use crate::env::process_cpu;
 use std::time::{Duration, Instant};
 
 use retrace_runtime::{Outcome, Session, SessionOptions, ToolSpec};
@@ -27,6 +29,8 @@ pub struct Recorded {
     pub wall: Duration,
     /// Each step's latency, as the program saw it.
     pub latencies: Vec<Duration>,
+    /// CPU time of the whole process over `wall`, every thread's ([`crate::env::process_cpu`]).
+    pub cpu: Option<Duration>,
 }
 
 /// Records `data` (request, live output) as tool steps through one session, split into
@@ -41,7 +45,7 @@ pub fn record(
     let session = Session::record(store, options).expect("starting a recording");
     let slices: Vec<&[(Value, Value)]> = data.chunks(data.len().div_ceil(threads).max(1)).collect();
     let start = Barrier::new(slices.len() + 1);
-    let (wall, latencies) = std::thread::scope(|scope| {
+    let (wall, latencies, cpu) = std::thread::scope(|scope| {
         let workers: Vec<_> = slices
             .into_iter()
             .enumerate()
@@ -66,14 +70,16 @@ pub fn record(
             .collect();
         start.wait();
         let began = Instant::now();
+        let cpu_before = process_cpu();
         let mut latencies = Vec::with_capacity(data.len());
         for worker in workers {
             latencies.extend(worker.join().expect("a recording thread panicked"));
         }
         session.finish(Outcome::default()).expect("finishing a recording");
-        (began.elapsed(), latencies)
+        let cpu = process_cpu().zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
+        (began.elapsed(), latencies, cpu)
     });
-    Recorded { wall, latencies }
+    Recorded { wall, latencies, cpu }
 }
 
 /// Records `count` tool steps by one agent, pipelined, generating step `i`'s (request, output)

@@ -1,5 +1,6 @@
 //! Recording with batched durability (the default): µs per event for one pipelined writer and
-//! for 16 writer threads, against the same-run floor and against Burr's per-step cost.
+//! for 16 writer threads, against the same-run floor and against Burr's per-step cost; with the
+//! process CPU per event of each (INFO), steadier than wall time on a shared VM.
 use retrace_store::Durability;
 use serde_json::Value;
 
@@ -36,6 +37,12 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     let per_event = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
     let (mut floor, mut floor_sql, mut one, mut many, mut many_piped) =
         (vec![], vec![], vec![], vec![], vec![]);
+    // Process CPU per event of each measurement (both CPUs' worth): steadier than wall time.
+    let mut cpu: [Vec<f64>; 3] = Default::default();
+    let timed = |recorded: drive::Recorded, wall: &mut Vec<f64>, cpu: &mut Vec<f64>| {
+        wall.push(per_event(recorded.wall));
+        cpu.extend(recorded.cpu.map(per_event));
+    };
     for _ in 0..cfg.repeats {
         let dir = cfg.temp_dir("floor");
         let mut conn = raw_db(dir.path());
@@ -45,15 +52,15 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         floor_sql.push(per_event(sql));
 
         let store = cfg.store("record1", Durability::Batch);
-        one.push(per_event(drive::record(store.store.clone(), &data, 1, false).wall));
+        timed(drive::record(store.store.clone(), &data, 1, false), &mut one, &mut cpu[0]);
         drop(store);
 
         let store = cfg.store("record16", Durability::Batch);
-        many.push(per_event(drive::record(store.store.clone(), &data, THREADS, true).wall));
+        timed(drive::record(store.store.clone(), &data, THREADS, true), &mut many, &mut cpu[1]);
         drop(store);
 
         let store = cfg.store("record16p", Durability::Batch);
-        many_piped.push(per_event(drive::record(store.store.clone(), &data, THREADS, false).wall));
+        timed(drive::record(store.store.clone(), &data, THREADS, false), &mut many_piped, &mut cpu[2]);
     }
     let floor = median(&floor);
     let us = "us/ev";
@@ -72,6 +79,13 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         Line::new("record.batch 16 writers (acked)", many, us, Some(floor), Target::RatioAtMost(2.0)),
     );
     print(lines, Line::new("record.batch 16 writers (pipelined)", many_piped, us, Some(floor), Target::Info));
+    let names = ["1 writer (pipelined)", "16 writers (acked)", "16 writers (pipelined)"];
+    for (name, cpu) in names.iter().zip(&cpu) {
+        if !cpu.is_empty() {
+            let line = format!("record.batch CPU, {name}");
+            print(lines, Line::new(&line, median(cpu), us, None, Target::Info));
+        }
+    }
     let burr = Some(BURR_STEP_US);
     print(lines, Line::new("record.batch 1 writer vs Burr 1.5 ms", one, us, burr, Target::TimesBelow(50.0)));
     print(
