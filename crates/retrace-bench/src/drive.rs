@@ -1,13 +1,13 @@
 //! Driving the Session API the way a program does: tool steps with a request and a live output,
 //! recorded from one or many threads (one agent per thread, one session).
 use std::sync::{Arc, Barrier};
-
-use crate::env::process_cpu;
 use std::time::{Duration, Instant};
 
 use retrace_runtime::{Outcome, Session, SessionOptions, ToolSpec};
 use retrace_store::Store;
 use serde_json::Value;
+
+use crate::env::process_cpu;
 
 /// The tool every bench step calls.
 pub const TOOL: &str = "search";

@@ -107,7 +107,7 @@ pub fn canonical_value(v: &Value) -> Result<Vec<u8>, CanonError> {
 /// with `float_roundtrip`, whose parsing is correctly rounded).
 pub fn decodes_to_itself(v: &Value) -> bool {
     match v {
-        Value::Number(n) => n.as_f64().is_none_or(|f| !n.is_f64() || (f.is_finite() && f.fract() != 0.0)),
+        Value::Number(n) => !n.is_f64() || n.as_f64().is_some_and(|f| f.is_finite() && f.fract() != 0.0),
         Value::Array(items) => items.iter().all(decodes_to_itself),
         Value::Object(members) => members.values().all(decodes_to_itself),
         _ => true,

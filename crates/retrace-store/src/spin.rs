@@ -187,6 +187,29 @@ mod tests {
     }
 
     #[test]
+    fn a_spinning_waiter_stops_once_a_crowd_begins_to_wait() {
+        let spinners = Spinners::new(1);
+        let stopped = std::thread::scope(|scope| {
+            let (ready, started) = std::sync::mpsc::channel();
+            let spinners = &spinners;
+            let spinner = scope.spawn(move || {
+                let waiter = spinners.waiter();
+                ready.send(()).unwrap();
+                let began = Instant::now();
+                (waiter.spin_until(Duration::from_secs(30), || false), began.elapsed())
+            });
+            started.recv().unwrap();
+            let second = spinners.waiter();
+            let result = spinner.join().unwrap();
+            drop(second);
+            result
+        });
+        assert!(!stopped.0, "nothing it waited for happened");
+        assert!(stopped.1 < Duration::from_secs(20), "it stopped spinning long before its bound");
+        assert_eq!(spinners.waiting.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
     fn no_more_than_the_allowed_threads_spin_at_once() {
         let spinners = Spinners::new(2);
         let places: Vec<Place<'_>> = (0..3).filter_map(|_| spinners.claim()).collect();
