@@ -18,22 +18,18 @@
 //! ~300 B event rows inserted into a raw WAL table, `synchronous=NORMAL`, 1000 event rows per
 //! transaction.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use retrace_core::canonical::canonical_value;
-use retrace_core::run::RunMeta;
-use retrace_core::{Digest, Event};
 use retrace_runtime::{Outcome, RuntimeError, Session, SessionOptions};
-use retrace_store::{
-    Batch, BlobHint, BlobStore, Cache, CacheEntry, Durability, EventStore, LeaseHolder, Store, StoreResult,
-};
+use retrace_store::{Batch, Durability, Store};
 use rusqlite::{params, Connection};
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 use tokio::runtime::Runtime;
 
+use crate::counting::{Captured, Counting};
 use crate::drive::agent_name;
 use crate::env::{note, BenchStore, Config};
 use crate::floor::raw_db;
@@ -130,11 +126,9 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     // The acked ring's own batches committed again from one thread: the store's share of the
     // ring, steadier than the ring itself when the machine is noisy (no scheduling in it).
     let store = cfg.store("bus-capture", Durability::Batch);
-    let capturing =
-        Arc::new(Counting { captured: Some(Mutex::default()), ..Counting::new(store.store.clone()) });
+    let capturing = Arc::new(Counting::capturing(store.store.clone()));
     ring_on(&rt, capturing.clone(), &bodies, true);
-    let captured =
-        std::mem::take(&mut *capturing.captured.as_ref().expect("capturing").lock().expect("capture"));
+    let captured = capturing.take_captured();
     let batch = std::env::var("RETRACE_BENCH_BUS_BATCH").ok().and_then(|n| n.parse::<usize>().ok());
     let (captured, what) = match batch {
         Some(n) if n > 0 => (rebatch(&captured, n), format!("batches of {n}")),
@@ -248,14 +242,9 @@ fn ring_on(rt: &Runtime, counting: Arc<Counting>, bodies: &Bodies, wait_for_ack:
     let elapsed = began.elapsed();
     let messages: usize = bodies.iter().map(|b| b.len()).sum();
     assert_eq!(report.steps, 2 * messages, "a send and a recv per message");
-    let (commits, events) = counting.counts();
-    assert_eq!(events, 2 * messages as u64, "every event committed");
-    let in_store = counting.commit_nanos.load(Ordering::Relaxed) as f64 / 1e3;
-    Ringed {
-        wall: elapsed,
-        per_commit: events as f64 / commits.max(1) as f64,
-        commit_us_per_event: in_store / events.max(1) as f64,
-    }
+    let commits = counting.counts();
+    assert_eq!(commits.events, 2 * messages as u64, "every event committed");
+    Ringed { wall: elapsed, per_commit: commits.per_commit(), commit_us_per_event: commits.us_per_event() }
 }
 
 /// What one ring measured.
@@ -267,183 +256,6 @@ struct Ringed {
     per_commit: f64,
     /// Time inside the store's `commit`, per event (µs).
     commit_us_per_event: f64,
-}
-
-/// A store that counts commits and the events they carry, forwarding everything.
-struct Counting {
-    inner: Arc<dyn Store>,
-    commits: AtomicU64,
-    events: AtomicU64,
-    /// Nanoseconds spent in the inner store's `commit`.
-    commit_nanos: AtomicU64,
-    /// Every run created and batch committed, in order, when capturing.
-    captured: Option<Mutex<Vec<Captured>>>,
-}
-
-/// A write the ring made.
-enum Captured {
-    Run(Box<RunMeta>),
-    Batch(Batch),
-}
-
-impl Counting {
-    fn new(inner: Arc<dyn Store>) -> Counting {
-        Counting {
-            inner,
-            commits: AtomicU64::new(0),
-            events: AtomicU64::new(0),
-            commit_nanos: AtomicU64::new(0),
-            captured: None,
-        }
-    }
-
-    /// (commits, events committed).
-    fn counts(&self) -> (u64, u64) {
-        (self.commits.load(Ordering::Relaxed), self.events.load(Ordering::Relaxed))
-    }
-}
-
-impl BlobStore for Counting {
-    fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
-        self.inner.put_blob(bytes, hint)
-    }
-    fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
-        self.inner.get_blob(digest)
-    }
-    fn has_blob(&self, digest: &Digest) -> StoreResult<bool> {
-        self.inner.has_blob(digest)
-    }
-    fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
-        self.inner.manifest_of(digest)
-    }
-}
-
-impl Cache for Counting {
-    fn cache_get(&self, key: &Digest) -> StoreResult<Option<CacheEntry>> {
-        self.inner.cache_get(key)
-    }
-    fn cache_put(&self, key: &Digest, entry: &CacheEntry) -> StoreResult<()> {
-        self.inner.cache_put(key, entry)
-    }
-}
-
-impl EventStore for Counting {
-    fn create_run(&self, meta: &RunMeta) -> StoreResult<()> {
-        if let Some(c) = &self.captured {
-            c.lock().expect("capture").push(Captured::Run(Box::new(meta.clone())));
-        }
-        self.inner.create_run(meta)
-    }
-    fn update_run(&self, meta: &RunMeta) -> StoreResult<()> {
-        self.inner.update_run(meta)
-    }
-    fn run(&self, id: &str) -> StoreResult<RunMeta> {
-        self.inner.run(id)
-    }
-    fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
-        self.inner.find_run(id_or_prefix)
-    }
-    fn runs(&self) -> StoreResult<Vec<RunMeta>> {
-        self.inner.runs()
-    }
-    fn commit(&self, batch: &Batch) -> StoreResult<()> {
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        self.events.fetch_add(batch.events.len() as u64, Ordering::Relaxed);
-        if let Some(c) = &self.captured {
-            c.lock().expect("capture").push(Captured::Batch(batch.clone()));
-        }
-        let began = Instant::now();
-        let committed = self.inner.commit(batch);
-        self.commit_nanos.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        committed
-    }
-    fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
-        self.inner.events(run, from, limit)
-    }
-    fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
-        self.inner.event(run, seq)
-    }
-    fn last_seq(&self, run: &str) -> StoreResult<u64> {
-        self.inner.last_seq(run)
-    }
-    fn agent_seqs(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
-        self.inner.agent_seqs(run, agent)
-    }
-    fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
-        self.inner.acquire_lease(run, holder, ttl_ms)
-    }
-    fn renew_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
-        self.inner.renew_lease(run, holder, ttl_ms)
-    }
-    fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
-        self.inner.release_lease(run, holder)
-    }
-    fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
-        self.inner.lease_holder(run)
-    }
-    fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
-        self.inner.recover_interrupted()
-    }
-}
-
-impl retrace_store::VaultStore for Counting {
-    fn vault_put(&self, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
-        self.inner.vault_put(sealed)
-    }
-    fn vault_get(&self, token: &str) -> StoreResult<Option<retrace_store::vault::VaultEntry>> {
-        self.inner.vault_get(token)
-    }
-    fn audit_append(&self, entry: &retrace_store::vault::AuditEntry) -> StoreResult<u64> {
-        self.inner.audit_append(entry)
-    }
-    fn audit_list(&self, subject: Option<&str>) -> StoreResult<Vec<retrace_store::vault::AuditRecord>> {
-        self.inner.audit_list(subject)
-    }
-}
-
-impl retrace_store::GcStore for Counting {
-    fn collect_garbage(&self, request: &retrace_store::GcRequest) -> StoreResult<retrace_store::GcReport> {
-        self.inner.collect_garbage(request)
-    }
-}
-
-impl retrace_store::LedgerStore for Counting {
-    fn ledger_record(
-        &self,
-        o: &retrace_store::ledger::ReplayOutcome,
-    ) -> StoreResult<retrace_core::ledger::LedgerEntry> {
-        self.inner.ledger_record(o)
-    }
-    fn ledger_entries(&self, project: Option<&str>) -> StoreResult<Vec<retrace_core::ledger::LedgerEntry>> {
-        self.inner.ledger_entries(project)
-    }
-    fn approval_request(&self, r: &retrace_store::ledger::ApprovalRecord) -> StoreResult<()> {
-        self.inner.approval_request(r)
-    }
-    fn approval_decide(
-        &self,
-        id: &str,
-        d: &retrace_store::ledger::ApprovalDecision,
-    ) -> StoreResult<retrace_store::ledger::ApprovalRecord> {
-        self.inner.approval_decide(id, d)
-    }
-    fn approval(&self, id: &str) -> StoreResult<Option<retrace_store::ledger::ApprovalRecord>> {
-        self.inner.approval(id)
-    }
-    fn approval_for(
-        &self,
-        run: &str,
-        agent: &str,
-        key: &retrace_core::Digest,
-    ) -> StoreResult<Option<retrace_store::ledger::ApprovalRecord>> {
-        self.inner.approval_for(run, agent, key)
-    }
-}
-
-impl Store for Counting {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
 }
 
 /// The floor of recording the ring's events: per message the send's request (canonical JSON,

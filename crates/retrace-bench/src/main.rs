@@ -12,6 +12,7 @@
 //! CI (the whole `all` in well under two minutes).
 mod breakdown;
 mod bus;
+mod counting;
 mod drive;
 mod durable;
 mod env;
