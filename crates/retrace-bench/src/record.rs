@@ -3,7 +3,10 @@
 //! process CPU per event of each (INFO), steadier than wall time on a shared VM, and what each
 //! one's commits carried and cost inside the store (INFO, through [`Counting`]): 16 acked
 //! writers on 2 CPUs settle into two cohorts of about 7 events a commit, whose commits cost
-//! about twice as much per event as the pipelined writers' large ones.
+//! about twice as much per event as the pipelined writers' large ones. Last, once, the same
+//! recordings into a store that already holds [`AT_SCALE`] events (INFO): the targets are
+//! measured on fresh stores, where the digest index and the cache are small enough to stay in
+//! memory, and a store in use for weeks is not.
 use std::sync::Arc;
 
 use retrace_store::{Durability, Store};
@@ -22,6 +25,9 @@ pub const BURR_STEP_US: f64 = 1500.0;
 
 /// Writer threads of the concurrent measurement.
 pub const THREADS: usize = 16;
+
+/// Events a store holds before the at-scale measurements (`--quick`: a tenth).
+pub const AT_SCALE: u64 = 500_000;
 
 /// The steps every recording bench records: `count` pairs of ~1 KB request and output.
 pub fn steps(count: usize) -> Vec<(Value, Value)> {
@@ -105,10 +111,36 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         let line = format!("record.batch in-store commit, {name}");
         print(lines, Line::new(&line, median(&in_store), us, Some(floor), Target::Info));
     }
+    at_scale(cfg, &data, lines);
     let burr = Some(BURR_STEP_US);
     print(lines, Line::new("record.batch 1 writer vs Burr 1.5 ms", one, us, burr, Target::TimesBelow(50.0)));
     print(
         lines,
         Line::new("record.batch 16 writers vs Burr 1.5 ms", many, us, burr, Target::TimesBelow(50.0)),
     );
+}
+
+/// Records `data` with one pipelined writer into a store that already holds [`AT_SCALE`]
+/// other events, then as many new steps with 16 acked writers into the same store (holding
+/// `data` too by then), and prints both (INFO).
+fn at_scale(cfg: &Config, data: &[(Value, Value)], lines: &mut Vec<Line>) {
+    let held = cfg.pick(AT_SCALE / 10, AT_SCALE);
+    let store = cfg.store("record-at-scale", Durability::Batch);
+    let began = std::time::Instant::now();
+    // Seeds past the measured ones, so that nothing measured is stored already.
+    let offset = data.len() as u64;
+    drive::record_generated(store.store.clone(), held, |i| (request(offset + i), output(offset + i)));
+    let filling = began.elapsed().as_secs_f64() * 1e6 / held as f64;
+    note(&format!("record at scale: {held} events recorded first, pipelined, at {filling:.1} us/ev"));
+    let per_event = |d: std::time::Duration| d.as_secs_f64() * 1e6 / data.len() as f64;
+    let one = drive::record(store.store.clone(), data, 1, false);
+    // New steps again: the same ones would find their blobs and cache rows stored.
+    let others: Vec<(Value, Value)> =
+        (0..data.len() as u64).map(|i| (request(offset + held + i), output(offset + held + i))).collect();
+    let many = drive::record(store.store.clone(), &others, THREADS, true);
+    let us = "us/ev";
+    for (name, recorded) in [("1 writer (pipelined)", one), ("16 writers (acked)", many)] {
+        let line = format!("record.batch {name}, {}k held", held / 1000);
+        print(lines, Line::new(&line, per_event(recorded.wall), us, None, Target::Info));
+    }
 }
