@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 use tokio::runtime::Runtime;
 
-use crate::counting::{Captured, Counting};
+use crate::counting::{capturing, counting, Captured, Counting};
 use crate::drive::agent_name;
 use crate::env::{note, BenchStore, Config};
 use crate::floor::raw_db;
@@ -126,9 +126,9 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     // The acked ring's own batches committed again from one thread: the store's share of the
     // ring, steadier than the ring itself when the machine is noisy (no scheduling in it).
     let store = cfg.store("bus-capture", Durability::Batch);
-    let capturing = Arc::new(Counting::capturing(store.store.clone()));
-    ring_on(&rt, capturing.clone(), &bodies, true);
-    let captured = capturing.take_captured();
+    let captor = Arc::new(capturing(store.store.clone()));
+    ring_on(&rt, captor.clone(), &bodies, true);
+    let captured = captor.hooks().take_captured();
     let batch = std::env::var("RETRACE_BENCH_BUS_BATCH").ok().and_then(|n| n.parse::<usize>().ok());
     let (captured, what) = match batch {
         Some(n) if n > 0 => (rebatch(&captured, n), format!("batches of {n}")),
@@ -154,7 +154,7 @@ fn truncated(bodies: &Bodies, rounds: usize) -> Bodies {
 
 /// Records the ring: agent `a` sends each of its bodies to `a + 1` and then takes one message.
 fn ring(rt: &Runtime, store: &BenchStore, bodies: &Bodies, wait_for_ack: bool) -> Ringed {
-    ring_on(rt, Arc::new(Counting::new(store.store.clone())), bodies, wait_for_ack)
+    ring_on(rt, Arc::new(counting(store.store.clone())), bodies, wait_for_ack)
 }
 
 /// Makes the writes of `captured` again, in order, into `store`: µs per event committed
@@ -242,7 +242,7 @@ fn ring_on(rt: &Runtime, counting: Arc<Counting>, bodies: &Bodies, wait_for_ack:
     let elapsed = began.elapsed();
     let messages: usize = bodies.iter().map(|b| b.len()).sum();
     assert_eq!(report.steps, 2 * messages, "a send and a recv per message");
-    let commits = counting.counts();
+    let commits = counting.hooks().counts();
     assert_eq!(commits.events, 2 * messages as u64, "every event committed");
     Ringed { wall: elapsed, per_commit: commits.per_commit(), commit_us_per_event: commits.us_per_event() }
 }

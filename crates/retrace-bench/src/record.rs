@@ -1,7 +1,7 @@
 //! Recording with batched durability (the default): µs per event for one pipelined writer and
 //! for 16 writer threads, against the same-run floor and against Burr's per-step cost; with the
 //! process CPU per event of each (INFO), steadier than wall time on a shared VM, and what each
-//! one's commits carried and cost inside the store (INFO, through [`Counting`]): 16 acked
+//! one's commits carried and cost inside the store (INFO, through [`crate::counting`]): 16 acked
 //! writers on 2 CPUs settle into two cohorts of about 7 events a commit, whose commits cost
 //! about twice as much per event as the pipelined writers' large ones. Last, once, the same
 //! recordings into a store that already holds [`AT_SCALE`] events (INFO): the targets are
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use retrace_store::{Durability, Store};
 use serde_json::Value;
 
-use crate::counting::{Commits, Counting};
+use crate::counting::{counting, Commits};
 use crate::drive;
 use crate::env::{note, Config};
 use crate::floor::{raw_db, record_floor};
@@ -54,11 +54,11 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     // Events per commit and µs per event inside the store's commits, of each measurement.
     let mut commits: [Vec<Commits>; 3] = Default::default();
     let mut timed = |i: usize, store: Arc<dyn Store>, threads: usize, acked: bool, wall: &mut Vec<f64>| {
-        let counting = Arc::new(Counting::new(store));
-        let recorded = drive::record(counting.clone(), &data, threads, acked);
+        let counted = Arc::new(counting(store));
+        let recorded = drive::record(counted.clone(), &data, threads, acked);
         wall.push(per_event(recorded.wall));
         cpu[i].extend(recorded.cpu.map(per_event));
-        commits[i].push(counting.counts());
+        commits[i].push(counted.hooks().counts());
     };
     for _ in 0..cfg.repeats {
         let dir = cfg.temp_dir("floor");

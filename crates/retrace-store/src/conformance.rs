@@ -47,7 +47,7 @@ pub use runs::{
 pub use vault::{audit_appends_in_order, reveal_audits_every_attempt, vault_put_is_idempotent};
 pub use writer::{
     writer_concurrent_appends, writer_poisoned_after_failing_commit, writer_refuses_second_holder,
-    writer_resumes_after_reopen, Flaky,
+    writer_resumes_after_reopen, FailCommits, Flaky,
 };
 
 /// A store factory: each call returns a fresh, empty store.

@@ -34,6 +34,7 @@ pub mod export;
 pub mod gc;
 pub mod head;
 pub mod import;
+pub mod intercept;
 pub mod ledger;
 pub mod manifest;
 pub mod memory;

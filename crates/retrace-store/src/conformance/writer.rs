@@ -2,13 +2,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event, EventType};
 
 use super::{raw, sample_run, MakeStore};
+use crate::intercept::{Intercepted, Interceptor};
 use crate::{
-    Batch, BlobHint, BlobStore, Cache, CacheEntry, EventStore, LeaseHolder, RunWriter, Store, StoreError,
-    StoreErrorKind, StoreResult,
+    Batch, BlobAt, BlobPut, EventStore, LeaseHolder, RunWriter, Store, StoreError, StoreErrorKind,
+    StoreResult,
 };
 
 fn step(run: &str, agent: &str, i: u64) -> Event {
@@ -106,12 +106,12 @@ pub fn writer_poisoned_after_failing_commit(make: MakeStore<'_>) {
     store.create_run(&sample_run("poisoned", 1)).unwrap();
     let writer = RunWriter::open(store.clone(), "poisoned", LeaseHolder::current()).unwrap();
     writer.append_sync(step("poisoned", "a", 1), Vec::new()).unwrap();
-    store.fail.store(true, Ordering::SeqCst);
+    store.fail_commits(true);
     let err = writer.append(step("poisoned", "a", 2), Vec::new()).unwrap().wait().unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Io);
     assert!(err.message.contains("poisoned") && err.message.contains("2..=2"), "{err}");
     assert!(err.message.contains("injected failure"), "{err}");
-    store.fail.store(false, Ordering::SeqCst);
+    store.fail_commits(false);
     let later = writer.append(step("poisoned", "a", 3), Vec::new()).unwrap_err();
     assert_eq!((later.kind, later.message.as_str()), (err.kind, err.message.as_str()));
     assert!(writer.flush().is_err());
@@ -146,171 +146,44 @@ pub fn writer_refuses_second_holder(make: MakeStore<'_>) {
     assert_eq!(missing.unwrap_err().kind, StoreErrorKind::NotFound);
 }
 
-/// A store whose commits fail while `fail` is set: fault injection over a real backend, for
-/// tests that recording fails closed.
-pub struct Flaky {
-    inner: Arc<dyn Store>,
-    fail: AtomicBool,
+/// A store whose commits fail while switched on ([`Flaky::fail_commits`]): fault injection
+/// over a real backend, for tests that recording fails closed.
+pub type Flaky = Intercepted<FailCommits>;
+
+/// The switch of a [`Flaky`] store: while on, every commit (and every commit of blobs ahead of
+/// their events) fails.
+#[derive(Debug, Default)]
+pub struct FailCommits(AtomicBool);
+
+impl FailCommits {
+    fn check(&self) -> StoreResult<()> {
+        match self.0.load(Ordering::SeqCst) {
+            true => Err(StoreError::io("injected failure")),
+            false => Ok(()),
+        }
+    }
 }
 
-impl std::fmt::Debug for Flaky {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Flaky").field("fail", &self.fail).finish_non_exhaustive()
+impl Interceptor for FailCommits {
+    fn commit(&self, inner: &dyn Store, batch: &Batch) -> StoreResult<()> {
+        self.check()?;
+        inner.commit(batch)
+    }
+
+    fn put_blobs(&self, inner: &dyn Store, blobs: &[BlobPut]) -> StoreResult<Vec<Option<BlobAt>>> {
+        self.check()?;
+        inner.put_blobs(blobs)
     }
 }
 
 impl Flaky {
     /// Wraps `inner`; commits succeed until [`Flaky::fail_commits`].
     pub fn new(inner: Arc<dyn Store>) -> Flaky {
-        Flaky { inner, fail: AtomicBool::new(false) }
+        Intercepted::wrap(inner, FailCommits::default())
     }
 
     /// Makes every later commit fail (`true`) or succeed again (`false`).
     pub fn fail_commits(&self, on: bool) {
-        self.fail.store(on, Ordering::SeqCst);
-    }
-}
-
-impl BlobStore for Flaky {
-    fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
-        self.inner.put_blob(bytes, hint)
-    }
-    fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
-        self.inner.get_blob(digest)
-    }
-    fn has_blob(&self, digest: &Digest) -> StoreResult<bool> {
-        self.inner.has_blob(digest)
-    }
-    fn manifest_of(&self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
-        self.inner.manifest_of(digest)
-    }
-}
-
-impl EventStore for Flaky {
-    fn create_run(&self, meta: &RunMeta) -> StoreResult<()> {
-        self.inner.create_run(meta)
-    }
-    fn update_run(&self, meta: &RunMeta) -> StoreResult<()> {
-        self.inner.update_run(meta)
-    }
-    fn run(&self, id: &str) -> StoreResult<RunMeta> {
-        self.inner.run(id)
-    }
-    fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
-        self.inner.find_run(id_or_prefix)
-    }
-    fn runs(&self) -> StoreResult<Vec<RunMeta>> {
-        self.inner.runs()
-    }
-    fn commit(&self, batch: &Batch) -> StoreResult<()> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::io("injected failure"));
-        }
-        self.inner.commit(batch)
-    }
-    fn events(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<Event>> {
-        self.inner.events(run, from, limit)
-    }
-    fn summaries(&self, run: &str, from: u64, limit: usize) -> StoreResult<Vec<crate::EventSummary>> {
-        self.inner.summaries(run, from, limit)
-    }
-    fn event(&self, run: &str, seq: u64) -> StoreResult<Event> {
-        self.inner.event(run, seq)
-    }
-    fn last_seq(&self, run: &str) -> StoreResult<u64> {
-        self.inner.last_seq(run)
-    }
-    fn agent_seqs(&self, run: &str, agent: &str) -> StoreResult<Vec<u64>> {
-        self.inner.agent_seqs(run, agent)
-    }
-    fn deliveries_to(&self, run: &str, agent: &str, before: u64) -> StoreResult<Vec<Event>> {
-        self.inner.deliveries_to(run, agent, before)
-    }
-    fn events_at(&self, run: &str, seqs: &[u64]) -> StoreResult<Vec<Event>> {
-        self.inner.events_at(run, seqs)
-    }
-    fn acquire_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
-        self.inner.acquire_lease(run, holder, ttl_ms)
-    }
-    fn renew_lease(&self, run: &str, holder: &LeaseHolder, ttl_ms: u64) -> StoreResult<()> {
-        self.inner.renew_lease(run, holder, ttl_ms)
-    }
-    fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()> {
-        self.inner.release_lease(run, holder)
-    }
-    fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>> {
-        self.inner.lease_holder(run)
-    }
-    fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
-        self.inner.recover_interrupted()
-    }
-}
-
-impl Cache for Flaky {
-    fn cache_get(&self, key: &Digest) -> StoreResult<Option<CacheEntry>> {
-        self.inner.cache_get(key)
-    }
-    fn cache_put(&self, key: &Digest, entry: &CacheEntry) -> StoreResult<()> {
-        self.inner.cache_put(key, entry)
-    }
-}
-
-impl crate::VaultStore for Flaky {
-    fn vault_put(&self, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
-        self.inner.vault_put(sealed)
-    }
-    fn vault_get(&self, token: &str) -> StoreResult<Option<crate::vault::VaultEntry>> {
-        self.inner.vault_get(token)
-    }
-    fn audit_append(&self, entry: &crate::vault::AuditEntry) -> StoreResult<u64> {
-        self.inner.audit_append(entry)
-    }
-    fn audit_list(&self, subject: Option<&str>) -> StoreResult<Vec<crate::vault::AuditRecord>> {
-        self.inner.audit_list(subject)
-    }
-}
-
-impl crate::GcStore for Flaky {
-    fn collect_garbage(&self, request: &crate::GcRequest) -> StoreResult<crate::GcReport> {
-        self.inner.collect_garbage(request)
-    }
-}
-
-impl crate::LedgerStore for Flaky {
-    fn ledger_record(
-        &self,
-        o: &crate::ledger::ReplayOutcome,
-    ) -> StoreResult<retrace_core::ledger::LedgerEntry> {
-        self.inner.ledger_record(o)
-    }
-    fn ledger_entries(&self, project: Option<&str>) -> StoreResult<Vec<retrace_core::ledger::LedgerEntry>> {
-        self.inner.ledger_entries(project)
-    }
-    fn approval_request(&self, r: &crate::ledger::ApprovalRecord) -> StoreResult<()> {
-        self.inner.approval_request(r)
-    }
-    fn approval_decide(
-        &self,
-        id: &str,
-        d: &crate::ledger::ApprovalDecision,
-    ) -> StoreResult<crate::ledger::ApprovalRecord> {
-        self.inner.approval_decide(id, d)
-    }
-    fn approval(&self, id: &str) -> StoreResult<Option<crate::ledger::ApprovalRecord>> {
-        self.inner.approval(id)
-    }
-    fn approval_for(
-        &self,
-        run: &str,
-        agent: &str,
-        key: &retrace_core::Digest,
-    ) -> StoreResult<Option<crate::ledger::ApprovalRecord>> {
-        self.inner.approval_for(run, agent, key)
-    }
-}
-
-impl Store for Flaky {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+        self.hooks().0.store(on, Ordering::SeqCst);
     }
 }
