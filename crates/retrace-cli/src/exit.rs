@@ -42,9 +42,7 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
     let Err(err) = result else {
         return ExitCode::SUCCESS;
     };
-    if err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    }) {
+    if err.chain().any(broken_pipe) {
         return ExitCode::SUCCESS;
     }
     let (code, hint) = match err.downcast_ref::<Failure>() {
@@ -71,7 +69,27 @@ fn code_of(err: &anyhow::Error) -> u8 {
     }
 }
 
-/// Restores the default SIGPIPE behaviour so `retrace runs | head` ends quietly.
-pub fn reset_sigpipe() {
-    // Rust ignores SIGPIPE by default; writes then fail with BrokenPipe, which `finish` maps to 0.
+/// Whether `e` is a write to a closed pipe (`retrace runs --json | head -c 20`), as an I/O error
+/// or inside a JSON encoder's.
+fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let pipe = Some(std::io::ErrorKind::BrokenPipe);
+    e.downcast_ref::<std::io::Error>().map(std::io::Error::kind) == pipe
+        || e.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind) == pipe
+}
+
+/// Makes a closed standard output end the process quietly, as `head` expects of the command
+/// before it (`retrace demo | head -1`).
+///
+/// Rust ignores SIGPIPE, so a write to a closed pipe fails: a returned error is mapped to exit
+/// 0 by [`finish`], and `println!`'s panic is caught here and ends the process with status 0,
+/// with nothing printed. Other panics keep the default report.
+pub fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }

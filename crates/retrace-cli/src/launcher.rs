@@ -34,7 +34,7 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
     let Some((program, args)) = child.argv.split_first() else {
         return Err(usage_hint("no command to run", "put the program after `--`, e.g. `-- python app.py`"));
     };
-    let mut command = Command::new(program);
+    let mut command = Command::new(executable(program));
     command.args(args).current_dir(&child.cwd);
     for name in &child.remove_env {
         command.env_remove(name);
@@ -69,6 +69,16 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
     handle.close();
     let _ = forwarder.join();
     Ok(exit_code(status))
+}
+
+/// What to start for `program`: a bare `retrace` (the demos' recorded commands, a program
+/// run by `retrace` itself) is this executable, which need not be on PATH (`cargo run --
+/// replay RUN`); anything else is looked up as usual. The run keeps the name as typed.
+fn executable(program: &str) -> std::ffi::OsString {
+    match program == "retrace" {
+        true => std::env::current_exe().map_or_else(|_| program.into(), |exe| exe.into_os_string()),
+        false => program.into(),
+    }
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

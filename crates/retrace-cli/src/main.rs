@@ -66,7 +66,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    exit::reset_sigpipe();
+    exit::quiet_on_closed_stdout();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -316,3 +316,77 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
     let vault_key = "dmF1bHQta2V5LWZvci10aGUtY2xpLXRlc3Qtb2YtMzI=";
     record(Some(vault_key)).expect(0, &[], &[]);
 }
+
+/// The run ids `retrace runs --json` lists, with their mode and status.
+fn runs_of(home: &Home) -> Vec<(String, String, String)> {
+    let out = home.run(&["runs", "--json"]);
+    out.expect(0, &[], &[]);
+    let runs: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    let field = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or_default().to_owned();
+    runs.as_array().unwrap().iter().map(|r| (field(r, "id"), field(r, "mode"), field(r, "status"))).collect()
+}
+
+#[test]
+fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_fails_its_replay() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--", "true"]);
+    recorded.expect(0, &[], &["(0 events)"]);
+    let run = recorded.stdout().trim().to_owned();
+    // Nothing was recorded and nothing was asked: no divergence (it was `steps_left`).
+    home.run(&["replay", &run]).expect(0, &[], &["ok"]);
+    // A different exit status still diverges.
+    home.run(&["replay", &run, "--", "false"]).expect(1, &[], &["exit_status", "recorded exit status 0"]);
+
+    home.run(&["replay", &run, "--", "no-such-program-5e1d"]).expect(2, &[], &["no-such-program-5e1d"]);
+    let replays: Vec<_> = runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "replay").collect();
+    assert_eq!(replays.len(), 3, "{replays:?}");
+    // The one that never started is `failed` at once, not `running` until its lease lapses.
+    assert_eq!(replays.iter().filter(|(_, _, status)| status == "failed").count(), 1, "{replays:?}");
+    assert!(replays.iter().all(|(_, _, status)| status != "running"), "{replays:?}");
+}
+
+#[test]
+fn a_fork_whose_program_fails_exits_1_and_says_so() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--", "true"]);
+    recorded.expect(0, &[], &[]);
+    let run = recorded.stdout().trim().to_owned();
+    let forked = home.run(&["fork", &run, "--", "sh", "-c", "exit 3"]);
+    forked.expect(1, &[], &["failed: the program exited with status 3"]);
+    assert!(runs_of(&home).iter().any(|(_, mode, status)| mode == "fork" && status == "failed"));
+}
+
+#[test]
+fn a_recorded_retrace_command_replays_with_this_binary_off_path() {
+    let home = Home::new();
+    // PATH without the build's folder: `retrace` is this executable all the same.
+    let path = "/usr/bin:/bin";
+    let recorded =
+        Result(home.command(&["record", "--", "retrace", "--version"]).env("PATH", path).output().unwrap());
+    recorded.expect(0, &["retrace "], &["retrace --version"]);
+    let run = recorded.stdout().lines().last().unwrap().trim().to_owned();
+    let replayed = Result(home.command(&["replay", &run]).env("PATH", path).output().unwrap());
+    replayed.expect(0, &["retrace "], &["ok"]);
+}
+
+#[test]
+fn a_closed_stdout_ends_printing_commands_quietly() {
+    let home = Home::with(&conversation(RUN, 3));
+    // The reading end is closed before the command writes: its first write fails, whether
+    // through a returned error (the listings) or `println!` (the demo's story, a record's id).
+    for args in [
+        &["runs", "--json"][..],
+        &["runs"],
+        &["show", RUN],
+        &["demo", "--runs", "1"],
+        &["record", "--", "true"],
+    ] {
+        let mut child = home.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = Result(child.wait_with_output().unwrap());
+        out.expect(0, &[], &[]);
+        if !matches!(args[0], "record" | "demo") {
+            assert_eq!(out.stderr(), "", "{args:?}");
+        }
+    }
+}

@@ -179,6 +179,10 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
+            let mut failed = store.run(&id)?;
+            failed.status = RunStatus::Failed;
+            failed.finished_at_ms.get_or_insert(SystemClock.now_ms());
+            store.update_run(&failed)?;
             return Err(e);
         }
     };
@@ -216,6 +220,11 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
             eprint!("{text}");
             Err(check_failed(format!("fork {} stopped: the program diverged before the fork point", fork.id)))
         }
+        (RunStatus::Failed, _) => Err(check_failed(format!(
+            "fork {} failed: the program exited with status {} (its output is above)",
+            fork.id,
+            fork.exit_status.map_or("unknown".to_owned(), |s| s.to_string()),
+        ))),
         _ => Ok(()),
     }
 }

@@ -173,6 +173,12 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
+            // The program never ran: the replay run ends `failed`, not `running` until its
+            // lease lapses and it turns `interrupted`.
+            let mut failed = store.run(&id)?;
+            failed.status = RunStatus::Failed;
+            failed.finished_at_ms.get_or_insert(SystemClock.now_ms());
+            store.update_run(&failed)?;
             return Err(e);
         }
     };
@@ -191,6 +197,30 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     Ok(Replayed { id, source, outcome, exit_status: status, program_seconds })
 }
 
+/// The divergence of a replay that no session finished, if any: the recording ends early
+/// (`log_ended`, an interrupted source), or steps are left that the program never took. A
+/// recording with no step, replayed by a program that takes none, is no divergence.
+fn unfinished(
+    store: &dyn retrace_store::Store,
+    source: &RunMeta,
+    status: i32,
+) -> anyhow::Result<Option<Divergence>> {
+    let recorded = store.last_seq(&source.id)?;
+    if source.status == RunStatus::Interrupted {
+        return Ok(Some(Divergence::new(DivergenceCode::LogEnded, "*").detail(format!(
+            "the recording ends at seq {recorded} (its recorder stopped before the run finished); \
+             the program exited with status {status}"
+        ))));
+    }
+    if recorded == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Divergence::new(DivergenceCode::StepsLeft, "*").detail(format!(
+        "the program exited with status {status} before its Retrace session finished, with steps \
+         of the recording's {recorded} events left (did it stop early, or end without `finish`?)"
+    ))))
+}
+
 /// Stores the replay run's final outcome once the program has exited.
 fn conclude(
     store: &dyn retrace_store::Store,
@@ -201,19 +231,19 @@ fn conclude(
     let mut meta = store.run(id)?;
     meta.exit_status = Some(status);
     if meta.divergence.is_none() {
-        let d = if meta.status == RunStatus::Running {
-            Some(Divergence::new(DivergenceCode::StepsLeft, "*").detail(format!(
-                "the program exited with status {status} without finishing its Retrace session (Session::finish)"
-            )))
-        } else {
-            match source.exit_status {
-                Some(recorded) if recorded != status => Some(
-                    Divergence::new(DivergenceCode::ExitStatus, "*")
-                        .detail(format!("recorded exit status {recorded}, replay exited {status}")),
-                ),
-                _ => None,
-            }
+        // Still `running`: no session of the program finished the replay (none took a step
+        // through Retrace, or one stopped before `finish`).
+        let unfinished = match meta.status == RunStatus::Running {
+            true => unfinished(store, source, status)?,
+            false => None,
         };
+        let d = unfinished.or_else(|| match source.exit_status {
+            Some(recorded) if recorded != status => Some(
+                Divergence::new(DivergenceCode::ExitStatus, "*")
+                    .detail(format!("recorded exit status {recorded}, replay exited {status}")),
+            ),
+            _ => None,
+        });
         if let Some(d) = d {
             meta.divergence = Some(d.to_json());
             meta.status = RunStatus::Diverged;
