@@ -390,3 +390,13 @@ fn a_closed_stdout_ends_printing_commands_quietly() {
         }
     }
 }
+
+#[test]
+fn replaying_an_interrupted_recording_that_the_program_never_reaches_is_log_ended() {
+    let mut fixture = conversation(RUN, 2);
+    fixture.meta.status = retrace_core::run::RunStatus::Interrupted;
+    fixture.meta.command = Some(retrace_core::run::Command { argv: vec!["true".into()], cwd: ".".into() });
+    let home = Home::with(&fixture);
+    // `true` takes no step: the recording's end (its recorder died) is what the report names.
+    home.run(&["replay", RUN]).expect(1, &[], &["log_ended", "the recording ends at seq"]);
+}
