@@ -79,9 +79,28 @@ const RUN: &str = "01clirun00000000000000000a";
 #[test]
 fn every_command_teaches_with_help() {
     let home = Home::new();
-    for command in ["runs", "show", "verify", "export", "import", "ledger", "approve", "agents"] {
-        home.run(&[command, "--help"]).expect(0, &["Usage: retrace", "Examples:\n  retrace"], &[]);
+    let commands = [
+        "demo", "record", "replay", "fork", "diff", "resolve", "runs", "knew", "show", "verify", "serve",
+        "simulate", "export", "import", "retain", "gc", "vault", "gate", "ledger", "approve", "agents",
+    ];
+    for command in commands {
+        // `-h` shows the examples; `--help` the whole account before them.
+        let short = home.run(&[command, "-h"]);
+        short.expect(0, &["Usage: retrace", "Examples:\n  "], &[]);
+        let long = home.run(&[command, "--help"]);
+        long.expect(0, &["Usage: retrace", "Examples:\n  "], &[]);
+        assert!(
+            long.stdout().len() > short.stdout().len() + 200,
+            "`retrace {command} --help` explains no more than -h"
+        );
     }
+    // The edits a fork takes are listed where `--edit` points.
+    let fork = home.run(&["fork", "--help"]);
+    fork.expect(
+        0,
+        &["swap:A,B", "tool-output:SEQ=@FILE", "model:AGENT=NAME[@SNAP]", "each explained under --help"],
+        &[],
+    );
     home.run(&["show"]).expect(2, &[], &["RUN"]);
     home.run(&["verify"]).expect(2, &[], &["--all"]);
 }

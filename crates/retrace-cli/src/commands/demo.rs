@@ -18,28 +18,46 @@ use crate::output::print_json;
 
 mod pipeline;
 
-/// Record a multi-agent program under chaos, find the run that went wrong, replay it exactly.
-///
-/// The migration trio: a planner asks a schema agent to rename users.name to users.full_name,
-/// then writes a backfill that still reads users.name and tells the reviewer it is ready. The
-/// reviewer approves the backfill if "backfill ready" arrives before "column renamed": an
-/// ordering bug that shows only under some interleavings. Each agent calls a model over HTTP
-/// (by default the demo's built-in simulator, whose answers and latencies vary; use
-/// --upstream-openai to point the same demo at any OpenAI-compatible server).
-///
-/// The demo records --runs runs with chaos scheduling (deliveries shuffled and delayed, seeded
-/// by --seed), checks an invariant over each log, replays a bad run several times with the model
-/// server stopped (the same wrong approval every time, zero live calls), and shows what the
-/// reviewer knew when it approved. The runs stay in the store (RETRACE_HOME, default ./.retrace).
-///
-/// Examples:
-///   retrace demo
-///   retrace demo --runs 20 --seed 42
-///   retrace demo single
-///   retrace demo pipeline
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace demo\n  \
+         retrace demo --runs 20 --seed 42\n  \
+         retrace demo single\n  \
+         retrace demo pipeline"
+    };
+}
+
+/// Run the built-in demo: record a multi-agent program under chaos, replay the bad run exactly.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Record a multi-agent program under chaos, find the run that went wrong, replay it exactly.\n\n\
+The migration trio: a planner asks a schema agent to rename users.name to users.full_name, then \
+writes a backfill that still reads users.name and tells the reviewer it is ready. The reviewer \
+approves the backfill if \"backfill ready\" arrives before \"column renamed\": an ordering bug that \
+shows only under some interleavings. Each agent calls a model over HTTP (by default the demo's \
+built-in simulator, whose answers and latencies vary; use --upstream-openai to point the same \
+demo at any OpenAI-compatible server).\n\n\
+The demo records a few runs with the plain scheduler (a third of --runs, at least 2), then --runs \
+runs with chaos scheduling (deliveries shuffled and delayed; seeds --seed, --seed + 1, ...), \
+checks an invariant over each log and, while no run has broken it, keeps recording (up to 8 \
+times --runs). It replays a bad run several times with the model server stopped (the same wrong \
+approval every time, zero live calls), shows what the reviewer knew when it approved, and forks \
+the bad run with the reviewer's two deliveries swapped. The runs stay in the store \
+(RETRACE_HOME, default ./.retrace).\n\n\
+Which seed goes wrong differs from one invocation to the next: the simulator's latencies are real \
+time, and they change which interleavings chaos can reach. Every recorded run, once recorded, \
+replays exactly.",
+        "\n\n",
+        examples!()
+    )
+)]
 pub struct Args {
-    /// How many runs to record under chaos.
+    /// How many runs to record under chaos (at least 1); more, up to 8 times as many, while none
+    /// has gone wrong.
     #[arg(long, default_value_t = 12)]
     runs: usize,
     /// Seed of the chaos scheduler and the model simulator.

@@ -19,31 +19,45 @@ use crate::launcher::{self, Child};
 use crate::output::print_json;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 
-/// Fork a run: re-run its program from the start with one input changed, serve every step the
-/// change doesn't reach from the source run at zero tokens, run changed and new steps (from the
-/// caches when possible; side effects only as dry runs), and report what moved.
-///
-/// Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, or 1):
-///   swap:A,B                 deliveries A < B to one agent trade messages
-///   message:SEQ=@FILE        replace a message body (SEQ: its send or delivery)
-///   tool-output:SEQ=@FILE    replace a tool call's recorded output
-///   model-output:SEQ=@FILE   replace a model call's recorded output
-///   prompt:AGENT=VERSION     template() hands the agent another version
-///   model:AGENT=NAME\[@SNAP\]  rewrite the agent's model requests to another model
-///   param:AGENT.NAME=VALUE   set a parameter of the agent's model requests
-///
-/// Examples:
-///   retrace fork 01jd3k --edit swap:14,17
-///   retrace fork 01jd3k --edit tool-output:9=@fixed.json -- ./target/release/agents
-///   retrace fork --runs all --edit model:reviewer=gpt-4o@gpt-4o-2024-08-06
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace fork 01jd3k --edit swap:14,17\n  \
+         retrace fork 01jd3k --edit tool-output:9=@fixed.json -- ./target/release/agents\n  \
+         retrace fork --runs all --edit model:reviewer=gpt-4o@gpt-4o-2024-08-06"
+    };
+}
+
+/// Fork a run with one input changed; only what the change reaches runs.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Fork a run: re-run its program from the start with one input changed, serve every step the \
+change doesn't reach from the source run at zero tokens, run changed and new steps (from the \
+caches when possible; side effects only as dry runs), and report what moved.\n\n\
+Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, or 1):\n  \
+swap:A,B                 deliveries A < B to one agent trade messages\n  \
+message:SEQ=@FILE        replace a message body (SEQ: its send or delivery)\n  \
+tool-output:SEQ=@FILE    replace a tool call's recorded output\n  \
+model-output:SEQ=@FILE   replace a model call's recorded output\n  \
+prompt:AGENT=VERSION     template() hands the agent another version\n  \
+model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model\n  \
+param:AGENT.NAME=VALUE   set a parameter of the agent's model requests",
+        "\n\n",
+        examples!()
+    )
+)]
 pub struct Args {
     /// The run to fork (id or unique prefix); omit with --runs.
     run: Option<String>,
     /// The first seq the fork re-decides (default: the smallest seq an edit names, or 1).
     #[arg(long, value_name = "SEQ")]
     at: Option<u64>,
-    /// An edit (repeatable); see above.
+    /// An edit (repeatable): swap:A,B, message:SEQ=@FILE, tool-output:SEQ=@FILE,
+    /// model-output:SEQ=@FILE, prompt:AGENT=VERSION, model:AGENT=NAME[@SNAP], param:AGENT.NAME=VALUE
+    /// (each explained under --help).
     #[arg(long = "edit", value_name = "EDIT")]
     edits: Vec<String>,
     /// Fork many runs with the same edits (edits that name no seq): `all`, `name~TEXT`,

@@ -13,17 +13,31 @@ use crate::exit::usage;
 use crate::launcher::{self, Child};
 use retrace_store::Store;
 
-/// Run a program with recording on. An embedded daemon records every model call the program
-/// makes through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the official
-/// clients need no change) and every step it takes through the Python SDK or the Rust runtime's
-/// `Session::from_env()`, which are clients of that daemon (RETRACE_URL): one run, one sequencer. Prints the run id and exits with the program's status; SIGINT and
-/// SIGTERM are forwarded to the program. Replay it with `retrace replay RUN`.
-///
-/// Examples:
-///   retrace record -- python app.py
-///   retrace record --upstream-openai http://127.0.0.1:8000/v1 -- python app.py
-///   retrace record --name nightly --label team=data -- cargo run --example agents
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace record -- python app.py\n  \
+         retrace record --upstream-openai http://127.0.0.1:8000/v1 -- python app.py\n  \
+         retrace record --name nightly --label team=data -- cargo run --example agents"
+    };
+}
+
+/// Run a program with recording on.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Run a program with recording on. An embedded daemon records every model call the program makes \
+through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the official clients \
+need no change) and every step it takes through the Python SDK or the Rust runtime's \
+`Session::from_env()`, which are clients of that daemon (RETRACE_URL): one run, one sequencer. \
+Prints the run id and exits with the program's status; SIGINT and SIGTERM are forwarded to the \
+program. Replay it with `retrace replay RUN`.",
+        "\n\n",
+        examples!()
+    )
+)]
 pub struct Args {
     /// A name for the run.
     #[arg(long)]

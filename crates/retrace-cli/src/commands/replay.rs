@@ -15,15 +15,28 @@ use crate::output::print_json;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 use retrace_store::Store;
 
-/// Replay a recorded run exactly: run its program again (by default the recorded command, from
-/// the same directory relative to the git top level) with zero live calls. Every step is
-/// answered from the log; a step the log doesn't hold, recorded steps left over, other final
-/// decisions or another exit status are a divergence (exit 1, report on standard error).
-///
-/// Examples:
-///   retrace replay 01jd3k
-///   retrace replay 01jd3k -- ./target/release/my-agents --fixed-input
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace replay 01jd3k\n  \
+         retrace replay 01jd3k -- ./target/release/my-agents --fixed-input"
+    };
+}
+
+/// Replay a recorded run exactly, with zero live calls.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Replay a recorded run exactly: run its program again (by default the recorded command, from the \
+same directory relative to the git top level) with zero live calls. Every step is answered from \
+the log; a step the log doesn't hold, recorded steps left over, other final decisions or \
+another exit status are a divergence (exit 1, report on standard error).",
+        "\n\n",
+        examples!()
+    )
+)]
 pub struct Args {
     /// The run to replay (id or unique prefix).
     run: String,

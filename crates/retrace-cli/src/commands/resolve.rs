@@ -10,15 +10,28 @@ use retrace_store::{BlobHint, BlobPut, LeaseHolder, RunWriter};
 use super::store_from_env;
 use crate::exit::{usage, usage_hint};
 
-/// Record what happened to a side effect whose intent was logged but whose completion was not
-/// (the process died in between). Replay and fork stop at such a step until it is resolved.
-///
-/// With --outcome @FILE, replay returns that output where the program made the call. With
-/// --not-executed, replay stops there with `log_ended`, and a fork treats the call as a new step
-/// (a dry run). The answer is appended to the run as a `resolution` event.
-///
-/// Example: retrace resolve 01jd3k 14 --outcome @sent.json
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace resolve 01jd3k 14 --outcome @sent.json"
+    };
+}
+
+/// Record what happened to a side effect that may or may not have happened.
 #[derive(Debug, Parser)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Record what happened to a side effect whose intent was logged but whose completion was not (the \
+process died in between). Replay and fork stop at such a step until it is resolved.\n\n\
+With --outcome @FILE, replay returns that output where the program made the call. With \
+--not-executed, replay stops there with `log_ended`, and a fork treats the call as a new step \
+(a dry run). The answer is appended to the run as a `resolution` event.",
+        "\n\n",
+        examples!()
+    )
+)]
 pub struct Args {
     /// The run (id or unique prefix).
     run: String,

@@ -45,7 +45,10 @@ Examples:
 /// Run the daemon: the HTTP API and the recording proxy.
 #[derive(Debug, Parser)]
 #[command(
-    after_help = "Tokens: RETRACE_SERVE_TOKENS=role:TOKEN,... or --tokens FILE; required off loopback. More: --help",
+    after_help = "Tokens: RETRACE_SERVE_TOKENS=role:TOKEN,... or --tokens FILE; required off loopback. More: --help\n\n\
+Examples:\n  \
+retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8000/v1\n  \
+retrace serve --addr 0.0.0.0:7420 --tokens /etc/retrace/tokens",
     after_long_help = LONG_HELP
 )]
 pub struct Args {

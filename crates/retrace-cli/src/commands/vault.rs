@@ -12,7 +12,8 @@ use crate::output::{fit, print_json, table, utc_time};
 macro_rules! examples {
     () => {
         "Examples:\n  \
-         RETRACE_VAULT_KEY=$(cat vault.key) retrace vault reveal rtk_email_0123456789abcdefghjkmnpq --reason 'INC-42: which customer?'\n  \
+         export RETRACE_VAULT_KEY=$(cat vault.key)\n  \
+         retrace vault reveal rtk_email_0123456789abcdefghjkmnpq --reason 'INC-42: which customer?'\n  \
          retrace vault audit\n  \
          retrace vault audit --token rtk_email_0123456789abcdefghjkmnpq --json"
     };
