@@ -107,7 +107,18 @@ fn every_command_teaches_with_help() {
 
 #[test]
 fn runs_lists_a_table_or_json() {
-    Home::new().run(&["runs"]).expect(0, &[], &["no runs yet"]);
+    let empty = Home::new();
+    // Reading creates nothing: a mistyped RETRACE_HOME is said, not answered with an empty store.
+    empty.run(&["runs"]).expect(2, &[], &["no store at", "retrace.db", "hint: record a run first"]);
+    assert!(!empty.file("retrace.db").exists());
+    let made = Result(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("sub")).output().unwrap());
+    made.expect(2, &[], &["no store at"]);
+    assert!(!empty.file("sub").exists(), "`runs` made the folder of a store it then found empty");
+    std::fs::write(empty.file("a-file"), "x").unwrap();
+    let file = Result(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("a-file")).output().unwrap());
+    file.expect(2, &[], &["a-file is a file", "RETRACE_HOME names a folder"]);
+    // A store that exists and holds nothing.
+    empty.run(&["record", "--", "true"]).expect(0, &[], &[]);
     let home = Home::with(&conversation(RUN, 2));
     home.run(&["runs"]).expect(
         0,

@@ -170,6 +170,10 @@ fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
 #[test]
 fn approve_needs_a_known_id_and_a_reason() {
     let p = Project::new("");
+    let nowhere = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
+    assert_eq!(nowhere.status.code(), Some(2), "{}", text(&nowhere.stderr));
+    assert!(text(&nowhere.stderr).contains("no store at"), "{}", text(&nowhere.stderr));
+    assert_eq!(p.retrace(&["record", "--", "true"], &[]).status.code(), Some(0));
     let unknown = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));
     assert!(text(&unknown.stderr).contains("no held side effect ap_nope"), "{}", text(&unknown.stderr));

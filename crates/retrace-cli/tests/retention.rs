@@ -152,7 +152,9 @@ fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
     let token = home.run(&["vault", "audit", "--token", TOKEN, "--json"], &[]).json();
     assert_eq!(token.as_array().unwrap().len(), 4, "the unknown token's attempt is about another subject");
     home.run(&["vault", "audit"], &[]).expect(0, &["ACTION", "reveal_refused", "tester", "INC-42"], &[]);
-    Home::new().run(&["vault", "audit"], &[]).expect(0, &[], &["the audit log is empty"]);
+    let empty = Home::new();
+    empty.store();
+    empty.run(&["vault", "audit"], &[]).expect(0, &[], &["the audit log is empty"]);
 }
 
 #[test]

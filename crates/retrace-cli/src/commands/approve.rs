@@ -4,7 +4,7 @@
 use retrace_store::ledger::ApprovalDecision;
 use retrace_store::StoreErrorKind;
 
-use crate::commands::store_from_env;
+use crate::commands::existing_store_from_env;
 use crate::commands::vault::os_user;
 use crate::exit::{usage, usage_hint, Failure};
 
@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.reason.trim().is_empty() {
         return Err(usage("--reason must say why"));
     }
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let decision = ApprovalDecision {
         approved: !args.refuse,
         by: os_user(),

@@ -12,7 +12,7 @@ use retrace_runtime::fork::ForkPlan;
 use retrace_store::diff::{diff_runs, DiffOptions, RunDiff};
 use retrace_store::{BlobHint, Store};
 
-use super::store_from_env;
+use super::existing_store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::{check_failed, usage, usage_hint};
 use crate::launcher::{self, Child};
@@ -86,7 +86,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     // Edit files are masked like any input: with the fork's rules (the source's plus today's).
     let mask = super::mask_from_env()?;
     let rules = match args.run.as_deref().map(|r| launcher::source_run(store.as_ref(), r)) {

@@ -3,7 +3,7 @@ use std::io::Write;
 
 use retrace_store::gc::{collect, GcConfig, RetentionConfig};
 
-use crate::commands::store_from_env;
+use crate::commands::existing_store_from_env;
 use crate::exit;
 use crate::output::print_json;
 
@@ -72,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(days) = args.older_than {
         retention.routine_days = days;
     }
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let mut config = GcConfig::from_retention(now_ms(), &retention);
     config.dry_run = args.dry_run;
     let report = collect(&*store, &config)?;

@@ -23,12 +23,63 @@ pub mod verify;
 
 use std::sync::Arc;
 
-use retrace_store::{open_store, Store, StoreConfig};
+use retrace_store::{open_store, Store, StoreConfig, StoreLocation};
 
-/// Opens the store named by the environment (RETRACE_STORE / RETRACE_HOME).
+use crate::exit::usage_hint;
+
+/// Opens the store named by the environment (RETRACE_STORE / RETRACE_HOME), creating it if
+/// there is none: for the commands that record or import.
 pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {
     let config = StoreConfig::from_env()?;
-    Ok(open_store(&config)?)
+    if let StoreLocation::Sqlite { path } = &config.location {
+        check_folder(path)?;
+    }
+    open(&config)
+}
+
+/// Opens the store named by the environment, which must exist: the commands that read, or
+/// change runs already there, never leave an empty store at a mistyped path.
+pub fn existing_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
+    let config = StoreConfig::from_env()?;
+    if let StoreLocation::Sqlite { path } = &config.location {
+        check_folder(path)?;
+        if !path.is_file() {
+            return Err(usage_hint(
+                format!("no store at {}: nothing has been recorded there", path.display()),
+                "record a run first (`retrace demo`, `retrace record -- CMD`), or point RETRACE_HOME \
+                 (a folder, default ./.retrace) or RETRACE_STORE (sqlite:///path/retrace.db) at a store",
+            ));
+        }
+    }
+    open(&config)
+}
+
+/// Refuses a database path whose folder is a file (RETRACE_HOME set to a file's name).
+fn check_folder(db: &std::path::Path) -> anyhow::Result<()> {
+    match db.parent().filter(|p| p.exists() && !p.is_dir()) {
+        Some(folder) => Err(usage_hint(
+            format!("the store's folder {} is a file", folder.display()),
+            "RETRACE_HOME names a folder (created if missing); RETRACE_STORE a database file",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Opens `config`, saying what to do about a store this user can't write: SQLite writes its
+/// `-wal` and `-shm` files beside the database even to read.
+fn open(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
+    open_store(config).map_err(|e| {
+        let text = e.to_string().to_lowercase();
+        match text.contains("readonly") || text.contains("read-only") || text.contains("permission denied") {
+            true => {
+                let hint = "the store's folder and files must be writable by you, even to read (SQLite \
+                            keeps its -wal and -shm files beside the database): check their owner and \
+                            mode, or copy the store (`retrace export` / `import`)";
+                usage_hint(format!("{e:#}"), hint)
+            }
+            false => e.into(),
+        }
+    })
 }
 
 #[derive(Clone)]

@@ -7,7 +7,7 @@ use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_core::{Divergence, DivergenceCode};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
-use super::store_from_env;
+use super::existing_store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::{check_failed, usage};
 use crate::launcher::{self, Child};
@@ -56,7 +56,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let source = launcher::source_run(store.as_ref(), &args.run)?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     let plan = Plan {

@@ -7,7 +7,7 @@ use retrace_core::key::KeyConfig;
 use retrace_core::{Event, EventType, Source};
 use retrace_store::{BlobHint, BlobPut, LeaseHolder, RunWriter};
 
-use super::store_from_env;
+use super::existing_store_from_env;
 use crate::exit::{usage, usage_hint};
 
 /// The examples every help shows.
@@ -52,7 +52,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let run = store.find_run(&args.run)?;
     let intent = store.event(&run.id, args.seq)?;
     if intent.kind != EventType::Intent {

@@ -2,7 +2,7 @@
 use retrace_core::run::Retention;
 use retrace_store::gc::{retain, RetainError};
 
-use crate::commands::store_from_env;
+use crate::commands::existing_store_from_env;
 use crate::exit;
 use crate::output::print_json;
 
@@ -49,7 +49,7 @@ fn parse_tier(text: &str) -> Result<Retention, String> {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     let retained = retain(&*store, meta, args.tier).map_err(|e| match &e {
         RetainError::Replay { source_run: source, .. } => {

@@ -4,7 +4,7 @@ use std::io::Write;
 use retrace_core::vault::VAULT_KEY_ENV;
 use retrace_store::vault::{reveal, Reveal, RevealError, Revealer, ROLE_ADMIN};
 
-use crate::commands::store_from_env;
+use crate::commands::existing_store_from_env;
 use crate::exit::Failure;
 use crate::output::{fit, print_json, table, utc_time};
 
@@ -109,7 +109,7 @@ pub(crate) fn os_user() -> String {
 }
 
 fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let key = std::env::var(VAULT_KEY_ENV).ok().filter(|k| !k.trim().is_empty());
     let by = Revealer { who: os_user(), role: ROLE_ADMIN.to_owned() };
     let request = Reveal {
@@ -153,7 +153,7 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
 }
 
 fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
-    let store = store_from_env()?;
+    let store = existing_store_from_env()?;
     let subject = args.token.as_deref().or(args.run.as_deref());
     let records = store.audit_list(subject)?;
     if args.json {
