@@ -79,7 +79,8 @@ sim=$(head -1 "$sim_out")
 record() {
     local name=$1; shift
     local run
-    run=$(retrace record --name "$name" --upstream-openai "$sim/v1" --upstream-anthropic "$sim" -- "$@" | tail -1)
+    run=$(retrace record --json --name "$name" --upstream-openai "$sim/v1" --upstream-anthropic "$sim" -- "$@" \
+        | tail -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["run"])')
     export_to "$run" "$name"
 }
 record python-trio-async python examples/python/agents/app_async.py --max-sleep 0.05

@@ -347,6 +347,35 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
     record(Some(vault_key)).expect(0, &[], &[]);
 }
 
+/// The run a `record --json` printed last.
+fn run_of(recorded: &Result) -> String {
+    let last = recorded.stdout().lines().last().map(str::to_owned).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last:?}"));
+    json["run"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn record_and_fork_leave_standard_output_to_the_program() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--", "echo", "hi"]);
+    recorded.expect(0, &[], &["retrace: run "]);
+    assert_eq!(recorded.stdout(), "hi\n", "only the program's output");
+    let run = runs_of(&home)[0].0.clone();
+    let replayed = home.run(&["replay", &run]);
+    replayed.expect(0, &[], &["ok"]);
+    assert_eq!(replayed.stdout(), "hi\n", "only the program's output");
+    let forked = home.run(&["fork", &run]);
+    forked.expect(0, &[], &["retrace: fork "]);
+    assert_eq!(forked.stdout(), "hi\n", "only the program's output");
+    let json = home.run(&["record", "--json", "--", "echo", "hi"]);
+    let last: serde_json::Value = serde_json::from_str(json.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (last["status"].as_str(), last["events"].as_u64(), last["exit_status"].as_i64()),
+        (Some("ok"), Some(0), Some(0))
+    );
+    assert!(json.stdout().starts_with("hi\n"));
+}
+
 /// The run ids `retrace runs --json` lists, with their mode and status.
 fn runs_of(home: &Home) -> Vec<(String, String, String)> {
     let out = home.run(&["runs", "--json"]);
@@ -359,9 +388,9 @@ fn runs_of(home: &Home) -> Vec<(String, String, String)> {
 #[test]
 fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_fails_its_replay() {
     let home = Home::new();
-    let recorded = home.run(&["record", "--", "true"]);
+    let recorded = home.run(&["record", "--json", "--", "true"]);
     recorded.expect(0, &[], &["(0 events)"]);
-    let run = recorded.stdout().trim().to_owned();
+    let run = run_of(&recorded);
     // Nothing was recorded and nothing was asked: no divergence (it was `steps_left`).
     home.run(&["replay", &run]).expect(0, &[], &["ok"]);
     // A different exit status still diverges.
@@ -378,9 +407,9 @@ fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_fails_it
 #[test]
 fn a_fork_whose_program_fails_exits_1_and_says_so() {
     let home = Home::new();
-    let recorded = home.run(&["record", "--", "true"]);
+    let recorded = home.run(&["record", "--json", "--", "true"]);
     recorded.expect(0, &[], &[]);
-    let run = recorded.stdout().trim().to_owned();
+    let run = run_of(&recorded);
     let forked = home.run(&["fork", &run, "--", "sh", "-c", "exit 3"]);
     forked.expect(1, &[], &["failed: the program exited with status 3"]);
     assert!(runs_of(&home).iter().any(|(_, mode, status)| mode == "fork" && status == "failed"));
@@ -391,10 +420,11 @@ fn a_recorded_retrace_command_replays_with_this_binary_off_path() {
     let home = Home::new();
     // PATH without the build's folder: `retrace` is this executable all the same.
     let path = "/usr/bin:/bin";
-    let recorded =
-        Result(home.command(&["record", "--", "retrace", "--version"]).env("PATH", path).output().unwrap());
+    let recorded = Result(
+        home.command(&["record", "--json", "--", "retrace", "--version"]).env("PATH", path).output().unwrap(),
+    );
     recorded.expect(0, &["retrace "], &["retrace --version"]);
-    let run = recorded.stdout().lines().last().unwrap().trim().to_owned();
+    let run = run_of(&recorded);
     let replayed = Result(home.command(&["replay", &run]).env("PATH", path).output().unwrap());
     replayed.expect(0, &["retrace "], &["ok"]);
 }

@@ -67,12 +67,13 @@ impl Bench {
     fn record(&self, sim: &Simulator, name: &str, args: &[&str]) -> String {
         let home = self.path("record-home");
         let home = home.to_str().unwrap();
-        let mut argv = vec!["record", "--upstream-openai", &sim.url, "--", "python3", "asker.py"];
+        let mut argv = vec!["record", "--json", "--upstream-openai", &sim.url, "--", "python3", "asker.py"];
         argv.extend(args);
         let ran =
             self.retrace(&argv, &[("RETRACE_HOME", home), ("OPENAI_API_KEY", "sk-test-gate-never-stored")]);
         ran.expect(0, &["plan:"], &[]);
-        let run = ran.stdout().lines().last().unwrap().to_owned();
+        let last: serde_json::Value = serde_json::from_str(ran.stdout().lines().last().unwrap()).unwrap();
+        let run = last["run"].as_str().unwrap().to_owned();
         let file = self.path(&format!("traces/{name}.jsonl"));
         self.retrace(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]).expect(
             0,

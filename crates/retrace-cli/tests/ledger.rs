@@ -72,8 +72,9 @@ fn json(s: &str) -> Value {
 fn record(p: &Project, name: &str) -> PathBuf {
     let home = p.path("record-home");
     let home = home.to_str().unwrap();
-    let out = p.ok(&["record", "--", "python3", "stepper.py"], &[("RETRACE_HOME", home)]);
-    let run = out.lines().last().unwrap().to_owned();
+    let out = p.ok(&["record", "--json", "--", "python3", "stepper.py"], &[("RETRACE_HOME", home)]);
+    let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let run = last["run"].as_str().unwrap().to_owned();
     let file = p.path(&format!("traces/{name}.jsonl"));
     p.ok(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]);
     file

@@ -74,11 +74,12 @@ fn a_rust_program_and_its_proxied_model_call_record_as_one_run_and_replay() {
     let home = tempfile::tempdir().unwrap();
     let (simulator, upstream) = Simulator::start();
     let program = program.to_str().unwrap();
-    let recorded = retrace(home.path(), &["record", "--upstream-openai", &upstream, "--", program]);
+    let recorded = retrace(home.path(), &["record", "--json", "--upstream-openai", &upstream, "--", program]);
     drop(simulator);
     let stdout = String::from_utf8_lossy(&recorded.stdout).into_owned();
     assert!(stdout.contains("reviewer: approve (["), "{stdout}");
-    let run = stdout.lines().last().unwrap().trim().to_owned();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let run = last["run"].as_str().unwrap().to_owned();
 
     let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
     let events = store.events(&run, 1, 100).unwrap();

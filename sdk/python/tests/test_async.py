@@ -23,8 +23,9 @@ PROG = [sys.executable, str(HERE / "async_many_prog.py")]
 
 
 def test_fifty_waiters_on_one_loop_hold_no_thread_and_replay_exactly(tmp_path):
-    r = cli(tmp_path, "record", "--", *PROG)
-    *printed, run = r.stdout.strip().splitlines()
+    r = cli(tmp_path, "record", "--json", "--", *PROG)
+    *printed, last = r.stdout.strip().splitlines()
+    run = json.loads(last)["run"]
     # Sampled while all fifty awaited arecv: the main thread alone (no executor worker).
     assert printed[0] == "threads 1 plain tool off the loop: True", printed[0]
     heard = [line.split() for line in printed[1:]]

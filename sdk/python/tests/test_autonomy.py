@@ -1,6 +1,7 @@
 """The autonomy ladder with the Python SDK and real processes: a side effect held by the policy
 raises ApprovalRequired, `retrace approve` in another process releases it, and `retrace replay`
 reproduces the hold and the approval from the log; a refusal raises NotPermitted."""
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def test_a_held_call_is_approved_from_another_process_and_replays(tmp_path):
     cwd = project(tmp_path, "hold")
     home, approval = tmp_path / "home", tmp_path / "approval"
     env = env_for(home, approval)
-    rec = subprocess.Popen([BIN, "record", "--", *PROG], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    rec = subprocess.Popen([BIN, "record", "--json", "--", *PROG], cwd=cwd, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not approval.exists() and time.time() < deadline:
@@ -49,7 +50,7 @@ def test_a_held_call_is_approved_from_another_process_and_replays(tmp_path):
     assert rec.returncode == 0, err
     lines = out.strip().splitlines()
     assert lines[0] == "sent True", out
-    run = lines[-1]
+    run = json.loads(lines[-1])["run"]
     show = subprocess.run([BIN, "show", run], cwd=cwd, env=env, capture_output=True, text=True, timeout=60).stdout
     assert "approval timed_out" in show and "approval approved" in show, show
     approval.unlink()
@@ -65,11 +66,11 @@ def test_a_held_call_is_approved_from_another_process_and_replays(tmp_path):
 def test_a_refused_call_raises_not_permitted_and_replays_refused(tmp_path):
     cwd = project(tmp_path, "refuse")
     env = env_for(tmp_path / "home", tmp_path / "approval")
-    rec = subprocess.run([BIN, "record", "--", *PROG], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    rec = subprocess.run([BIN, "record", "--json", "--", *PROG], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert rec.returncode == 0, rec.stderr
     assert rec.stdout.startswith("refused"), rec.stdout
     assert "rung unproven" in rec.stderr and "retrace approve" in rec.stderr, rec.stderr
-    run = rec.stdout.strip().splitlines()[-1]
+    run = json.loads(rec.stdout.strip().splitlines()[-1])["run"]
     rep = subprocess.run([BIN, "replay", run], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert rep.stdout.startswith("refused"), rep.stdout

@@ -21,8 +21,9 @@ SEND_ORDER = [f"s{i}:{n}" for n in range(3) for i in range(4)]
 
 
 def record(home, *chaos):
-    r = retrace(home, "record", *chaos, "--", *PROG)
-    *printed, run = r.stdout.strip().splitlines()
+    r = retrace(home, "record", "--json", *chaos, "--", *PROG)
+    *printed, last = r.stdout.strip().splitlines()
+    run = json.loads(last)["run"]
     return run, printed[-1].split()
 
 

@@ -8,14 +8,18 @@ from pathlib import Path
 
 from test_sdk import retrace
 
+# The fork's id, from the line `retrace fork` writes on standard error.
+FORK_ID = re.compile(r"^retrace: forking \S+ at seq \d+ as (\w+):", re.M)
+
 HERE = Path(__file__).parent
 PROG = [sys.executable, str(HERE / "dryrun_prog.py")]
 
 
 def test_a_forks_dry_run_is_recorded_and_replayed(tmp_path):
     home = tmp_path / "home"
-    rec = retrace(home, "record", "--", *PROG)
-    *printed, run = rec.stdout.strip().splitlines()
+    rec = retrace(home, "record", "--json", "--", *PROG)
+    *printed, last = rec.stdout.strip().splitlines()
+    run = json.loads(last)["run"]
     assert json.loads(printed[-1]) == {"queued": True, "to": "ops"}
     assert "SIDE EFFECT RAN" in rec.stderr
 
@@ -25,7 +29,8 @@ def test_a_forks_dry_run_is_recorded_and_replayed(tmp_path):
     edit = tmp_path / "sre.json"
     edit.write_text(json.dumps({"to": "sre"}))
     fork = retrace(home, "fork", run, "--edit", f"tool-output:{lookup.group(1)}=@{edit}")
-    *printed, fork_id = fork.stdout.strip().splitlines()
+    printed = fork.stdout.strip().splitlines()
+    fork_id = FORK_ID.search(fork.stderr).group(1)
     assert json.loads(printed[-1]) == {"queued": False, "would_send_to": "sre"}
     assert "DRY RUN CALLED" in fork.stderr and "SIDE EFFECT RAN" not in fork.stderr, fork.stderr
 

@@ -12,8 +12,9 @@ PROG = [sys.executable, str(HERE / "parent_prog.py")]
 
 
 def test_a_message_carries_its_sends_parent_in_record_and_replay(tmp_path):
-    r = retrace(tmp_path, "record", "--", *PROG)
-    *printed, run = r.stdout.strip().splitlines()
+    r = retrace(tmp_path, "record", "--json", "--", *PROG)
+    *printed, last = r.stdout.strip().splitlines()
+    run = json.loads(last)["run"]
     heard = {line.split()[0]: line.split()[1:] for line in printed}
     request_seq, request_parent, _ = heard["reviewer"]
     reply_seq, reply_parent, reply_kind = heard["planner"]

@@ -1,5 +1,6 @@
 """The Python SDK against a real daemon: `retrace record -- python agents_prog.py`, then
 `retrace replay RUN` with nothing live, several times; a changed step is a Divergence."""
+import json
 import os
 import re
 import subprocess
@@ -25,8 +26,8 @@ def retrace(home, *args, check=True):
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
-    r = retrace(home, "record", "--", *PROG)
-    run = r.stdout.strip().splitlines()[-1]
+    r = retrace(home, "record", "--json", "--", *PROG)
+    run = json.loads(r.stdout.strip().splitlines()[-1])["run"]
     return home, run, r.stdout.strip().splitlines()[:-1]
 
 
@@ -69,8 +70,8 @@ PROCS = [sys.executable, str(HERE / "procs_prog.py")]
 
 def test_agents_in_several_processes_replay_and_an_exited_process_is_a_stall_at_once(tmp_path):
     import time
-    r = retrace(tmp_path, "record", "--", *PROCS)
-    run = r.stdout.strip().splitlines()[-1]
+    r = retrace(tmp_path, "record", "--json", "--", *PROCS)
+    run = json.loads(r.stdout.strip().splitlines()[-1])["run"]
     assert "reviewer heard backfill_ready" in r.stdout
     for _ in range(3):
         assert retrace(tmp_path, "replay", run).returncode == 0

@@ -2,6 +2,7 @@
 prompts/<name>/<version>.txt where the program runs, its model call carries the template's id,
 replay hands back the same text with nothing live, and a fork's `prompt:planner=v2` edit hands
 the planner version 2 (the model call then runs live: it changed)."""
+import json
 import os
 import subprocess
 import sys
@@ -49,8 +50,9 @@ def test_template_versions_replay_and_fork(tmp_path):
                 assert time.monotonic() < deadline, "simulate did not start"
                 time.sleep(0.05)
         upstream = f"http://127.0.0.1:{port}/v1"
-        rec = retrace(home, project, "record", "--upstream-openai", upstream, "--", *PROG)
-        *printed, run = rec.stdout.strip().splitlines()
+        rec = retrace(home, project, "record", "--json", "--upstream-openai", upstream, "--", *PROG)
+        *printed, last = rec.stdout.strip().splitlines()
+        run = json.loads(last)["run"]
         assert printed == ["Plan the rename of users.full_name."], rec.stdout
         show = retrace(home, project, "show", run, "--json").stdout
         assert "planner@v1" in show, show

@@ -55,10 +55,11 @@ def recorded(retrace: Retrace, tmp_path_factory) -> dict[str, tuple[str, list[st
     try:
         for name, app in APPS.items():
             for suffix, extra in (("", []), ("-approve", ["--delay", "schema=4.0"])):
-                done = retrace("record", "--upstream-openai", sim.openai_url, "--", PY, app, *SLEEP, *extra,
+                done = retrace("record", "--json", "--upstream-openai", sim.openai_url, "--", PY, app, *SLEEP, *extra,
                                OPENAI_API_KEY=OPENAI_KEY)
                 assert done.returncode == 0, done.explain()
-                *printed, run = done.lines
+                *printed, last = done.lines
+                run = json.loads(last)["run"]
                 assert len(run) >= 20 and run.isalnum(), f"no run id on the last line\n{done.explain()}"
                 assert len(printed) == 3, done.explain()
                 runs[name + suffix] = (run, printed)

@@ -7,6 +7,7 @@ The example is copied into a project folder of the test's own, so its prompt can
 """
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -34,10 +35,10 @@ def test_a_prompt_change_fails_the_gate_and_accept_rerecords_it(tmp_path: Path) 
 
     sim = Simulator(tmp_path / "simulate.log")
     try:
-        rec = run(retrace, project, "record", "--upstream-openai", sim.openai_url, "--", PY, "app_async.py",
+        rec = run(retrace, project, "record", "--json", "--upstream-openai", sim.openai_url, "--", PY, "app_async.py",
                   "--max-sleep", "0.05", OPENAI_API_KEY=OPENAI_KEY)
         assert rec.returncode == 0, rec.explain()
-        run_id = rec.lines[-1].strip()
+        run_id = json.loads(rec.lines[-1])["run"]
         ex = run(retrace, project, "export", run_id, "-o", str(traces / "trio.jsonl"))
         assert ex.returncode == 0, ex.explain()
     finally:

@@ -73,7 +73,8 @@ class Project:
 
 
 def app_output(done: h.Done) -> dict:
-    lines = [line for line in done.lines if line.startswith("{")]
+    # The program's JSON line, not the `record --json` line after it.
+    lines = [line for line in done.lines if line.startswith("{") and '"exit_status"' not in line]
     assert lines, done.explain()
     return json.loads(lines[-1])
 
@@ -100,10 +101,10 @@ def test_no_canary_reaches_anything_retrace_writes(project: Project, tmp_path: P
     sim = h.Simulator(project.logs / "simulate.log")
     anthropic_url = sim.openai_url.removesuffix("/v1")
     try:
-        rec = project("record", "--name", "canary", "--upstream-openai", sim.openai_url,
+        rec = project("record", "--json", "--name", "canary", "--upstream-openai", sim.openai_url,
                       "--upstream-anthropic", anthropic_url, "--", h.PY, str(APP))
         assert rec.returncode == 0, rec.explain()
-        run = rec.lines[-1].strip()
+        run = json.loads(rec.lines[-1])["run"]
         live = app_output(rec)
         # In record the program gets its own values back; only what is persisted is masked.
         assert live["mode"] == "record" and live["got_email_back"] is True, live

@@ -85,8 +85,12 @@ class Done:
 
     @property
     def run_id(self) -> str:
+        """The run `record --json` named on the last line of its standard output."""
         lines = self.stdout.strip().splitlines()
-        return lines[-1].strip() if lines else ""
+        try:
+            return json.loads(lines[-1])["run"] if lines else ""
+        except (ValueError, KeyError, TypeError):
+            return ""
 
     def explain(self) -> str:
         return (
@@ -125,6 +129,7 @@ class Retrace:
     def record(self, sim: "Simulator", *cmd: str, **env: str | None) -> Done:
         return self(
             "record",
+            "--json",
             "--upstream-openai",
             sim.openai_url,
             "--upstream-anthropic",
@@ -227,7 +232,7 @@ class Recordings:
         done = self.runs[name]
         assert done.returncode == 0, f"recording {name} failed:\n{done.explain()}"
         run = done.run_id
-        assert len(run) >= 20 and run.isalnum(), f"recording {name}: no run id on the last line\n{done.explain()}"
+        assert len(run) >= 20 and run.isalnum(), f"recording {name}: no `record --json` line last\n{done.explain()}"
         return run
 
 

@@ -40,9 +40,9 @@ def body_of(call: dict, attempt: int = 0) -> str:
 
 
 def program_stdout(done) -> str:
-    """The program's stdout (record prints the run id after it)."""
+    """The program's stdout (`record --json` adds its one line after it)."""
     out = done.stdout.splitlines()
-    if out and out[-1].strip() == done.run_id and "record" in done.args:
+    if out and done.run_id and "--json" in done.args:
         out = out[:-1]
     return "\n".join(out)
 

@@ -93,7 +93,7 @@ def https_upstream(tmp_path):
 
 def test_record_reaches_an_https_upstream_and_replays_without_it(retrace, https_upstream):
     url, ca, server = https_upstream
-    done = retrace("record", "--upstream-openai", url, "--", PY, "-c", CLIENT,
+    done = retrace("record", "--json", "--upstream-openai", url, "--", PY, "-c", CLIENT,
                    OPENAI_API_KEY=OPENAI_KEY, SSL_CERT_FILE=str(ca))
     assert done.returncode == 0, done.explain()
     assert f"answer: {ANSWER}" in done.stdout, done.explain()
@@ -110,7 +110,7 @@ def test_record_reaches_an_https_upstream_and_replays_without_it(retrace, https_
 def test_an_untrusted_upstream_certificate_is_refused_and_named(retrace, https_upstream):
     url, _ca, _server = https_upstream
     # No SSL_CERT_FILE: the test CA is in neither the system's roots nor Mozilla's.
-    done = retrace("record", "--upstream-openai", url, "--", PY, "-c", CLIENT,
+    done = retrace("record", "--json", "--upstream-openai", url, "--", PY, "-c", CLIENT,
                    OPENAI_API_KEY=OPENAI_KEY, SSL_CERT_FILE=None)
     assert done.returncode != 0, done.explain()
     assert Completion.calls == 0

@@ -223,7 +223,6 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
     if json {
         print_json(&serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff }))?;
     } else {
-        println!("{}", fork.id);
         eprint!("{}", summary(diff));
     }
     match (&fork.status, &fork.divergence) {
@@ -315,9 +314,9 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             })
             .collect();
         let line = if moved.is_empty() { "no decision moved".to_owned() } else { moved.join("; ") };
-        println!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
+        eprintln!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
     }
-    println!("{moved_runs} of {} runs had decisions move.", results.len());
+    eprintln!("{moved_runs} of {} runs had decisions move.", results.len());
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! `retrace record -- CMD`: run a program with recording on; prints the run id.
+//! `retrace record -- CMD`: run a program with recording on; says the run id on standard error.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +32,9 @@ macro_rules! examples {
 through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the official clients \
 need no change) and every step it takes through the Python SDK or the Rust runtime's \
 `Session::from_env()`, which are clients of that daemon (RETRACE_URL): one run, one sequencer. \
-Prints the run id and exits with the program's status; SIGINT and SIGTERM are forwarded to the \
+The program's standard input, output and error pass through untouched; Retrace's own lines, \
+the run id among them, go to standard error (--json adds the run as one line of JSON, the last of standard output). \
+Exits with the program's status; SIGINT and SIGTERM are forwarded to the \
 program. Replay it with `retrace replay RUN`.",
         "\n\n",
         examples!()
@@ -60,6 +62,10 @@ pub struct Args {
     /// Largest model request body the proxy accepts, in bytes (after decoding).
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     max_body: usize,
+    /// At the end, print the run as one line of JSON, the last of standard output:
+    /// `run`, `status`, `events`, `exit_status`.
+    #[arg(long)]
+    json: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -68,6 +74,7 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
+    let args_json = args.json;
     let mut labels = BTreeMap::new();
     for label in &args.labels {
         let (k, v) =
@@ -94,8 +101,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         execute(plan, |id, plan| eprintln!("retrace: recording run {id}: {}", plan.logged_argv().join(" ")))?;
     let (id, meta, status) = (&recorded.id, &recorded.meta, recorded.exit_status);
     let events = store.last_seq(id)?;
+    // Standard output is the program's alone (SPEC §3): the id goes to standard error.
     eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
-    println!("{id}");
+    if args_json {
+        // One line, the last of standard output, whatever the program printed before it.
+        let json =
+            serde_json::json!({ "run": id, "status": meta.status, "events": events, "exit_status": status });
+        println!("{json}");
+    }
     std::process::exit(status);
 }
 
