@@ -95,7 +95,7 @@ fn record_trace(retrace: &Path, dir: &Path) -> PathBuf {
     let home = dir.join("record-home");
     let exe = std::env::current_exe().expect("locating the bench binary");
     let recorded = Command::new(retrace)
-        .args(["record", "--"])
+        .args(["record", "--json", "--"])
         .arg(&exe)
         .args([PROGRAM, &STEPS.to_string()])
         .current_dir(dir)
@@ -105,7 +105,10 @@ fn record_trace(retrace: &Path, dir: &Path) -> PathBuf {
         .output()
         .expect("running retrace record");
     assert!(recorded.status.success(), "retrace record failed: {recorded:?}");
-    let run = String::from_utf8_lossy(&recorded.stdout).lines().last().unwrap_or_default().to_owned();
+    // `record --json`: the run, as the last line of standard output.
+    let last = String::from_utf8_lossy(&recorded.stdout).lines().last().unwrap_or_default().to_owned();
+    let run: serde_json::Value = serde_json::from_str(&last).expect("record --json ends with the run");
+    let run = run["run"].as_str().expect("the run's id").to_owned();
     let file = dir.join("recorded.jsonl");
     let exported = Command::new(retrace)
         .args(["export", &run, "-o"])

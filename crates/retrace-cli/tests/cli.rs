@@ -460,3 +460,20 @@ fn replaying_an_interrupted_recording_that_the_program_never_reaches_is_log_ende
     // `true` takes no step: the recording's end (its recorder died) is what the report names.
     home.run(&["replay", RUN]).expect(1, &[], &["log_ended", "the recording ends at seq"]);
 }
+
+#[test]
+fn bad_arguments_are_named_before_anything_runs() {
+    let home = Home::with(&conversation(RUN, 1));
+    home.run(&["record", "--upstream-openai", "notaurl", "--", "true"]).expect(
+        2,
+        &[],
+        &["\"notaurl\"", "--upstream-openai", "not an http:// or https:// URL"],
+    );
+    home.run(&["retain", RUN, "forever"]).expect(2, &[], &["(want one of: routine, incident, pinned)"]);
+    home.run(&["export", RUN, "-o", "/nonexistent-7d2c/x.jsonl"]).expect(
+        2,
+        &[],
+        &["cannot write /nonexistent-7d2c/x.jsonl: no folder /nonexistent-7d2c"],
+    );
+    assert_eq!(runs_of(&home).len(), 1, "no run was created for a bad upstream");
+}

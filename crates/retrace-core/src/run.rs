@@ -68,8 +68,9 @@ macro_rules! wire_names {
                 match s {
                     $($name => Ok(<$ty>::$variant),)*
                     _ => Err(format!(
-                        concat!("unknown ", stringify!($ty), " {:?} (want one of: ", $($name, " "),*, ")"),
-                        s
+                        "unknown {} {s:?} (want one of: {})",
+                        stringify!($ty),
+                        [$($name),*].join(", ")
                     )),
                 }
             }

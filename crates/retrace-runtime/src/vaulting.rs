@@ -266,12 +266,26 @@ fn sorted(kinds: &HashSet<String>) -> Vec<String> {
     v
 }
 
-/// The OS user: `$USER`, else `$LOGNAME`, else the uid.
+/// The OS user: `$USER`, else `$LOGNAME`, else the name `/etc/passwd` gives this process's
+/// uid (a container or a cron job often sets neither variable), else `uid N`.
 pub fn os_user() -> String {
     ["USER", "LOGNAME"]
         .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| format!("uid {}", current_uid()))
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()))
+        .unwrap_or_else(|| {
+            let uid = current_uid();
+            let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+            user_named(&passwd, &uid).unwrap_or_else(|| format!("uid {uid}"))
+        })
+}
+
+/// The name of `uid` in the text of an `/etc/passwd` (`name:password:uid:...` lines).
+fn user_named(passwd: &str, uid: &str) -> Option<String> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
+    })
 }
 
 fn current_uid() -> String {
@@ -283,4 +297,15 @@ fn current_uid() -> String {
                 .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_owned())
         })
         .unwrap_or_else(|| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_uid_is_named_from_passwd() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\nci:x:1001:1001::/home/ci:/bin/sh\n";
+        assert_eq!(super::user_named(passwd, "1001").as_deref(), Some("ci"));
+        assert_eq!(super::user_named(passwd, "0").as_deref(), Some("root"));
+        assert_eq!(super::user_named(passwd, "7"), None);
+    }
 }

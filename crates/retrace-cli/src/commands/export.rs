@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use retrace_store::export::{export_run, ExportError, ExportStats, RunEvents};
 
 use crate::commands::existing_store_from_env;
+use crate::exit::usage;
 use crate::output::{failure, Progress};
 
 /// The examples every help shows.
@@ -110,8 +111,14 @@ pub(crate) fn write_atomically<T, E>(
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let mut file =
-        File::create(&temp).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", temp.display()))?;
+    // Named by the path the user gave: the temporary file beside it is an implementation detail.
+    let mut file = File::create(&temp).map_err(|e| {
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        match folder.is_dir() {
+            false => usage(format!("cannot write {}: no folder {}", path.display(), folder.display())),
+            true => anyhow::anyhow!("cannot write {}: {e}", path.display()),
+        }
+    })?;
     let result = write(&mut file);
     let finished = result.is_ok().then(|| file.flush().and_then(|()| file.sync_all()));
     drop(file);

@@ -52,6 +52,10 @@ pub struct Args {
     pub force: bool,
 }
 
+/// The label a run imported with `--force` despite failed checks carries: how many, and from
+/// which file (`retrace runs` marks the run).
+pub const FORCED_LABEL: &str = "retrace.forced_import";
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stdin = args.file.as_os_str() == "-";
@@ -104,6 +108,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ImportOutcome::Imported { run_id, events, blobs } => {
             eprintln!("imported run {run_id} from {name}: {events} events, {blobs} blobs");
             if forgiven > 0 {
+                // The run says so wherever it is listed or exported, not only in this output.
+                let mut meta = store.run(&run_id)?;
+                meta.labels.insert(FORCED_LABEL.into(), format!("{forgiven} failed check(s) in {name}"));
+                store.update_run(&meta)?;
                 eprintln!(
                     "warning: the file failed {forgiven} check(s) and was imported anyway (--force); \
                      `retrace verify {run_id}` lists what the store now holds"

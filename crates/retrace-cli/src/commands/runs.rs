@@ -67,7 +67,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rows: Vec<Vec<String>> = counted
         .iter()
         .map(|(meta, events, unrecovered)| {
-            let marked = if unrecovered.is_some() { "*" } else { "" };
+            let forced = meta.labels.contains_key(super::import::FORCED_LABEL);
+            let marked = match (unrecovered.is_some(), forced) {
+                (true, _) => "*",
+                (false, true) => "!",
+                (false, false) => "",
+            };
             vec![
                 meta.id.clone(),
                 fit(meta.name.as_deref().unwrap_or("-"), 24),
@@ -83,6 +88,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (meta, _, unrecovered) in &counted {
         if let Some(why) = unrecovered {
             text.push_str(&format!("* {} may lack acknowledged events: {why}\n", meta.id));
+        }
+        if let Some(what) = meta.labels.get(super::import::FORCED_LABEL) {
+            text.push_str(&format!(
+                "! {} was imported with --force despite {what}: `retrace verify {}` names the damage\n",
+                meta.id, meta.id
+            ));
         }
     }
     std::io::stdout().lock().write_all(text.as_bytes())?;

@@ -94,15 +94,30 @@ pub fn config_masked(
     stall_timeout: f64,
     mask: super::MaskSetup,
 ) -> anyhow::Result<ServerConfig> {
+    let openai = upstream(upstream_openai, "OPENAI_BASE_URL", "https://api.openai.com/v1");
+    let anthropic = upstream(upstream_anthropic, "ANTHROPIC_BASE_URL", "https://api.anthropic.com");
+    check_upstream(&openai, "--upstream-openai or OPENAI_BASE_URL", "https://api.openai.com/v1")?;
+    check_upstream(&anthropic, "--upstream-anthropic or ANTHROPIC_BASE_URL", "https://api.anthropic.com")?;
     Ok(ServerConfig {
-        upstream_openai: upstream(upstream_openai, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
-        upstream_anthropic: upstream(upstream_anthropic, "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+        upstream_openai: openai,
+        upstream_anthropic: anthropic,
         stall_timeout: Duration::from_secs_f64(stall_timeout.max(0.0)),
         mask_key: Some(mask.key),
         mask_rules: mask.rules,
         vault_key: retrace_runtime::masking::vault_key_from_env()?,
         autonomy: retrace_runtime::autonomy::from_cwd()?,
         ..ServerConfig::default()
+    })
+}
+
+/// Refuses an upstream that is not an `http://` or `https://` URL with a host, before anything
+/// runs: a typo would otherwise surface as a 502 on the program's first model call.
+fn check_upstream(url: &str, from: &str, example: &str) -> anyhow::Result<()> {
+    retrace_server::proxy::upstream::check_base_url(url).map_err(|why| {
+        exit::usage_hint(
+            format!("the upstream {url:?} (from {from}) is not an http:// or https:// URL: {why}"),
+            format!("give the provider's base URL, e.g. {example}"),
+        )
     })
 }
 

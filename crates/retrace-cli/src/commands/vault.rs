@@ -96,16 +96,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// The OS user: `$USER`, else `$LOGNAME`, else `uid <n>` (the owner of this process).
+/// The OS user, as the audit log names the command line's actions.
 pub(crate) fn os_user() -> String {
-    use std::os::unix::fs::MetadataExt as _;
-    ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|u| !u.trim().is_empty()))
-        .unwrap_or_else(|| match std::fs::metadata("/proc/self") {
-            Ok(meta) => format!("uid {}", meta.uid()),
-            Err(_) => "unknown user".to_owned(),
-        })
+    retrace_runtime::vaulting::os_user()
 }
 
 fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {

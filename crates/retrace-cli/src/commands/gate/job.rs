@@ -132,6 +132,10 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
     import_sources(&*store, trace, &header, settings)?;
     let source = launcher::source_run(&*store, &header.run.id)?;
+    if source.id != header.run.id {
+        // A replay run's trace replays its source: those are the steps it checks.
+        out.steps = store.last_seq(&source.id)?;
+    }
     let (argv, cwd) = launcher::command_for(&source, &settings.command)?;
     out.command = argv.clone();
     preflight(&argv, &cwd, &settings.path)?;
