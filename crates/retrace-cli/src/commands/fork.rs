@@ -55,10 +55,14 @@ pub struct Args {
     /// The first seq the fork re-decides (default: the smallest seq an edit names, or 1).
     #[arg(long, value_name = "SEQ")]
     at: Option<u64>,
-    /// An edit (repeatable): swap:A,B, message:SEQ=@FILE, tool-output:SEQ=@FILE,
-    /// model-output:SEQ=@FILE, prompt:AGENT=VERSION, model:AGENT=NAME[@SNAP], param:AGENT.NAME=VALUE
-    /// (each explained under --help).
-    #[arg(long = "edit", value_name = "EDIT")]
+    // The help is a string, not a doc comment: rustdoc would read `[@SNAP]` as a link.
+    #[arg(
+        long = "edit",
+        value_name = "EDIT",
+        help = "An edit (repeatable): swap:A,B, message:SEQ=@FILE, tool-output:SEQ=@FILE, \
+                model-output:SEQ=@FILE, prompt:AGENT=VERSION, model:AGENT=NAME[@SNAP], \
+                param:AGENT.NAME=VALUE (each explained under --help)"
+    )]
     edits: Vec<String>,
     /// Fork many runs with the same edits (edits that name no seq): `all`, `name~TEXT`,
     /// `label:KEY=VALUE`, a comma-separated list of run ids, or a folder of exported traces.
