@@ -413,6 +413,10 @@ fn a_fork_whose_program_fails_exits_1_and_says_so() {
     let forked = home.run(&["fork", &run, "--", "sh", "-c", "exit 3"]);
     forked.expect(1, &[], &["failed: the program exited with status 3"]);
     assert!(runs_of(&home).iter().any(|(_, mode, status)| mode == "fork" && status == "failed"));
+    // Many at once: a fork that failed is said, and fails the command, not "no decision moved".
+    let many = home.run(&["fork", "--runs", &run, "--", "sh", "-c", "exit 3"]);
+    many.expect(1, &[], &["failed (exit status 3)", "1 of 1 forks did not finish"]);
+    home.run(&["fork", "--runs", &run, "--", "true"]).expect(0, &[], &["no decision moved"]);
 }
 
 #[test]

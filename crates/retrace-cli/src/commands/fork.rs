@@ -44,7 +44,10 @@ tool-output:SEQ=@FILE    replace a tool call's recorded output\n  \
 model-output:SEQ=@FILE   replace a model call's recorded output\n  \
 prompt:AGENT=VERSION     template() hands the agent another version\n  \
 model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model\n  \
-param:AGENT.NAME=VALUE   set a parameter of the agent's model requests",
+param:AGENT.NAME=VALUE   set a parameter of the agent's model requests\n\n\
+The fork's id, its summary and (with --runs) one line per run go to standard error; the \
+program's output is its own. Exit codes: 0 every fork finished; 1 a fork's program failed or \
+diverged before the fork point; 2 bad usage (an edit that doesn't fit the run, an unknown run).",
         "\n\n",
         examples!()
     )
@@ -293,14 +296,32 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
         }
         results.push(outcome);
     }
+    // A fork that failed or diverged decided nothing: its "moved" decisions are not findings.
+    let broken: Vec<&Forked> =
+        results.iter().filter(|f| matches!(f.fork.status, RunStatus::Failed | RunStatus::Diverged)).collect();
+    let outcome = match broken.is_empty() {
+        true => Ok(()),
+        false => Err(check_failed(format!(
+            "{} of {} forks did not finish: {}",
+            broken.len(),
+            results.len(),
+            broken
+                .iter()
+                .map(|f| format!("{} ({})", f.fork.id, f.fork.status))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    };
     if args.json {
         let list: Vec<_> = results
             .iter()
             .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions}))
             .collect();
-        return print_json(
-            &serde_json::json!({ "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs }),
-        );
+        print_json(&serde_json::json!({
+            "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs,
+            "forks_not_finished": broken.len(),
+        }))?;
+        return outcome;
     }
     for f in &results {
         let moved: Vec<String> = f
@@ -317,11 +338,19 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
                 )
             })
             .collect();
-        let line = if moved.is_empty() { "no decision moved".to_owned() } else { moved.join("; ") };
+        let line = match (&f.fork.status, moved.is_empty()) {
+            (RunStatus::Failed | RunStatus::Diverged, _) => format!(
+                "{} (exit status {})",
+                f.fork.status,
+                f.fork.exit_status.map_or("unknown".to_owned(), |s| s.to_string())
+            ),
+            (_, true) => "no decision moved".to_owned(),
+            (_, false) => moved.join("; "),
+        };
         eprintln!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
     }
     eprintln!("{moved_runs} of {} runs had decisions move.", results.len());
-    Ok(())
+    outcome
 }
 
 /// The runs a `--runs` query names.
