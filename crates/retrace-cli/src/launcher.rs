@@ -86,6 +86,17 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
+/// Ends run `id` `failed` when its program could not be started, rather than leaving it
+/// `running` until its lease lapses and it turns `interrupted` (`record`, `replay`, `fork`).
+pub fn fail_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::Result<()> {
+    use retrace_runtime::env_sources::{Clock, SystemClock};
+    let mut failed = store.run(id)?;
+    failed.status = retrace_core::run::RunStatus::Failed;
+    failed.finished_at_ms.get_or_insert(SystemClock.now_ms());
+    store.update_run(&failed)?;
+    Ok(())
+}
+
 /// The git top level above `dir`, if any.
 pub fn git_toplevel(dir: &Path) -> Option<PathBuf> {
     dir.ancestors().find(|d| d.join(".git").exists()).map(Path::to_path_buf)

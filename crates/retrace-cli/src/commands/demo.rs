@@ -48,9 +48,9 @@ times --runs). It replays a bad run several times with the model server stopped 
 approval every time, zero live calls), shows what the reviewer knew when it approved, and forks \
 the bad run with the reviewer's two deliveries swapped. The runs stay in the store \
 (RETRACE_HOME, default ./.retrace).\n\n\
-Which seed goes wrong differs from one invocation to the next: the simulator's latencies are real \
-time, and they change which interleavings chaos can reach. Every recorded run, once recorded, \
-replays exactly.",
+Which seed goes wrong can differ from one invocation to the next: the agents run in real time, \
+so timing as well as the seed decides which interleavings chaos reaches. Every run, once \
+recorded, replays exactly.",
         "\n\n",
         examples!()
     )

@@ -200,10 +200,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
-            let mut failed = store.run(&id)?;
-            failed.status = RunStatus::Failed;
-            failed.finished_at_ms.get_or_insert(SystemClock.now_ms());
-            store.update_run(&failed)?;
+            launcher::fail_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };
@@ -243,10 +240,15 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
         (RunStatus::Failed, _) => Err(check_failed(format!(
             "fork {} failed: the program exited with status {} (its output is above)",
             fork.id,
-            fork.exit_status.map_or("unknown".to_owned(), |s| s.to_string()),
+            exit_text(fork),
         ))),
         _ => Ok(()),
     }
+}
+
+/// A fork's exit status as the reports print it.
+fn exit_text(fork: &RunMeta) -> String {
+    fork.exit_status.map_or("unknown".to_owned(), |s| s.to_string())
 }
 
 /// A short account of a fork against its source.
@@ -339,11 +341,9 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             })
             .collect();
         let line = match (&f.fork.status, moved.is_empty()) {
-            (RunStatus::Failed | RunStatus::Diverged, _) => format!(
-                "{} (exit status {})",
-                f.fork.status,
-                f.fork.exit_status.map_or("unknown".to_owned(), |s| s.to_string())
-            ),
+            (RunStatus::Failed | RunStatus::Diverged, _) => {
+                format!("{} (exit status {})", f.fork.status, exit_text(&f.fork))
+            }
             (_, true) => "no decision moved".to_owned(),
             (_, false) => moved.join("; "),
         };

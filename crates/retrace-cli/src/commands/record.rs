@@ -33,8 +33,8 @@ through its proxy (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at it, so the of
 need no change) and every step it takes through the Python SDK or the Rust runtime's \
 `Session::from_env()`, which are clients of that daemon (RETRACE_URL): one run, one sequencer. \
 The program's standard input, output and error pass through untouched; Retrace's own lines, \
-the run id among them, go to standard error (--json adds the run as one line of JSON, the last of standard output). \
-Exits with the program's status; SIGINT and SIGTERM are forwarded to the \
+the run id among them, go to standard error (--json adds the run as one line of JSON, the last \
+of standard output). Exits with the program's status; SIGINT and SIGTERM are forwarded to the \
 program. Replay it with `retrace replay RUN`.",
         "\n\n",
         examples!()
@@ -210,9 +210,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
-            let mut failed = store.run(&id)?;
-            failed.status = RunStatus::Failed;
-            store.update_run(&failed)?;
+            launcher::fail_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };

@@ -186,12 +186,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
-            // The program never ran: the replay run ends `failed`, not `running` until its
-            // lease lapses and it turns `interrupted`.
-            let mut failed = store.run(&id)?;
-            failed.status = RunStatus::Failed;
-            failed.finished_at_ms.get_or_insert(SystemClock.now_ms());
-            store.update_run(&failed)?;
+            launcher::fail_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };

@@ -93,13 +93,13 @@ impl Upstreams {
 /// Whether `url` can be an upstream's base URL: `http://` or `https://` with a host. The reason
 /// when it can't.
 pub fn check_base_url(url: &str) -> Result<(), String> {
-    match reqwest::Url::parse(url) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()) => {
-            Ok(())
-        }
-        Ok(u) if !matches!(u.scheme(), "http" | "https") => Err(format!("its scheme is {:?}", u.scheme())),
-        Ok(_) => Err("it names no host".to_owned()),
-        Err(e) => Err(e.to_string()),
+    let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("its scheme is {:?}", parsed.scheme()));
+    }
+    match parsed.host_str().is_some_and(|h| !h.is_empty()) {
+        true => Ok(()),
+        false => Err("it names no host".to_owned()),
     }
 }
 
