@@ -57,6 +57,10 @@ pub struct HttpModelOutput {
     pub usage: Option<Usage>,
     /// Wall time of the call.
     pub latency_ms: u64,
+    /// The response says the call failed (an error status, the proxy's own 502 or 504, a stream
+    /// cut short): recorded and replayed as it was, but never served to a fork from the LLM
+    /// cache.
+    pub failed: bool,
 }
 
 /// The step's outcome.
@@ -144,7 +148,8 @@ impl Agent {
                     Ok(LiveOutput::raw(out.document)
                         .latency(out.latency_ms)
                         .snapshot(out.snapshot)
-                        .usage(out.usage))
+                        .usage(out.usage)
+                        .uncached(out.failed))
                 };
                 let recorded = match inner.mode {
                     Mode::Fork => self.fork(input, prepared, &label, live).await?,

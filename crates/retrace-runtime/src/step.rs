@@ -103,6 +103,10 @@ pub(crate) struct LiveOutput {
     latency_ms: Option<u64>,
     snapshot: Option<String>,
     usage: Option<Usage>,
+    /// Recorded, but never left in the LLM or tool cache: a response that says the call failed
+    /// (an HTTP error status, a stream cut short) would otherwise be served to forks as if the
+    /// provider had answered.
+    uncached: bool,
 }
 
 impl LiveOutput {
@@ -128,6 +132,10 @@ impl LiveOutput {
     }
     pub(crate) fn usage(mut self, u: Option<Usage>) -> Self {
         self.usage = u;
+        self
+    }
+    pub(crate) fn uncached(mut self, yes: bool) -> Self {
+        self.uncached = yes;
         self
     }
 }
@@ -340,6 +348,7 @@ impl Agent {
             }
         }
         let error = out.error.clone();
+        let uncached = out.uncached;
         let raw_output = out.raw.take();
         let (value, canonical) = match self.program_value(label, out) {
             Ok(v) => v,
@@ -377,7 +386,7 @@ impl Agent {
         if let Some(originals) = &inner.originals {
             originals.flush(inner.store.as_ref())?;
         }
-        let cache = self.cache_entry(&event);
+        let cache = if uncached { None } else { self.cache_entry(&event) };
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {

@@ -157,6 +157,7 @@ async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> Runtime
             snapshot: snapshot_of(asked, model.as_deref()),
             usage,
             latency_ms: started.elapsed().as_millis() as u64,
+            failed: !(200..300).contains(&status),
         });
     }
     // A stream: the head goes out now, chunks as they arrive.
@@ -206,6 +207,7 @@ async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> Runtime
         snapshot: snapshot_of(asked, scanner.model.as_deref()),
         usage: scanner.usage(),
         latency_ms: started.elapsed().as_millis() as u64,
+        failed: !(200..300).contains(&status) || end == StreamEnd::Truncated,
     })
 }
 
@@ -229,5 +231,6 @@ fn own_error(reply: &Reply, provider: Provider, e: &UpstreamError, started: Inst
         snapshot: None,
         usage: None,
         latency_ms: started.elapsed().as_millis() as u64,
+        failed: true,
     }
 }

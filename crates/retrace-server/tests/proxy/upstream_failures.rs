@@ -35,8 +35,14 @@ async fn failures_replay_as_they_were_recorded() {
     assert!(cut_anthropic.broke_off);
     let early = d.call(&run, path, &ask("m-truncate-early", true)).await;
     assert_eq!((early.status, early.broke_off, early.body.len()), (200, true, 0), "head, then the break");
+    let fine = d.call(&run, path, &chat("hi", false)).await;
+    assert_eq!(fine.status, 200, "{}", fine.text());
     d.finish(&run).await;
     let events = d.store.events(&run, 1, 10).unwrap();
+    // Every failure is recorded, but only the answer is left in the LLM cache: a fork asking
+    // the same again goes live instead of being served a 504, a 429 or half a stream.
+    let cached: Vec<bool> = events.iter().map(|e| d.store.cache_get(&e.key).unwrap().is_some()).collect();
+    assert_eq!(cached, [false, false, false, false, false, true], "{events:#?}");
     let doc = Recorded::decode(&d.store.get_blob(&events[2].output_ref.unwrap()).unwrap()).unwrap();
     assert!(matches!(doc.body, RecordedBody::Stream { end: StreamEnd::Truncated, .. }), "{doc:?}");
     providers.stop().await;
@@ -61,6 +67,8 @@ async fn failures_replay_as_they_were_recorded() {
     assert_eq!((again.broke_off, again.text()), (true, cut_anthropic.text()));
     let again = d.call(&replay, path, &ask("m-truncate-early", true)).await;
     assert_eq!((again.status, again.broke_off, again.body.len()), (200, true, 0));
+    let again = d.call(&replay, path, &chat("hi", false)).await;
+    assert_eq!(again.text(), fine.text());
     assert_eq!(d.finish(&replay).await["status"], "ok");
 }
 
@@ -76,6 +84,8 @@ async fn an_unreachable_upstream_is_502_recorded_and_replayed() {
     assert_eq!((refused.status, refused.header("x-should-retry")), (502, Some("false")));
     assert!(refused.text().contains("could not connect"), "{}", refused.text());
     d.finish(&run).await;
+    let step = &d.store.events(&run, 1, 1).unwrap()[0];
+    assert!(d.store.cache_get(&step.key).unwrap().is_none(), "the proxy's own 502 is never cached");
     let replay = d.replay_of(&run).await;
     let again = d.call(&replay, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await;
     assert_eq!((again.status, again.text()), (502, refused.text()));
