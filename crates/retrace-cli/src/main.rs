@@ -53,6 +53,8 @@ enum Command {
     Retain(commands::retain::Args),
     /// Delete expired runs and the blobs nothing references any more.
     Gc(commands::gc::Args),
+    /// Delete named runs now, whatever their tier, with their replays and the blobs only they used.
+    Delete(commands::delete::Args),
     /// Reveal the original of a masked value (audited), or list the audit log.
     Vault(commands::vault::Args),
     /// Replay recorded traces as tests, each in a temporary store; exit 1 if any diverges.
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::Import(args) => commands::import::run(args),
         Command::Retain(args) => commands::retain::run(args),
         Command::Gc(args) => commands::gc::run(args),
+        Command::Delete(args) => commands::delete::run(args),
         Command::Vault(args) => commands::vault::run(args),
         Command::Gate(args) => commands::gate::run(args),
         Command::Ledger(args) => commands::ledger::run(args),

@@ -81,7 +81,8 @@ fn every_command_teaches_with_help() {
     let home = Home::new();
     let commands = [
         "demo", "record", "replay", "fork", "diff", "resolve", "runs", "knew", "show", "verify", "serve",
-        "simulate", "export", "import", "retain", "gc", "vault", "gate", "ledger", "approve", "agents",
+        "simulate", "export", "import", "retain", "gc", "delete", "vault", "gate", "ledger", "approve",
+        "agents",
     ];
     for command in commands {
         // `-h` shows the examples; `--help` the whole account before them.
@@ -202,7 +203,11 @@ fn export_then_import_elsewhere_round_trips_byte_for_byte() {
     changed.events[4].latency_ms = Some(5);
     changed.reseal_from(4);
     let third = Home::with(&changed);
-    third.run(&["import", path]).expect(1, &[], &["already in the store with different events", "seq 5"]);
+    third.run(&["import", path]).expect(
+        1,
+        &[],
+        &["already in the store with different events", "seq 5", "retrace delete 01"],
+    );
 }
 
 fn corrupt(lines: &mut [String], at: usize, from: &str, to: &str) {

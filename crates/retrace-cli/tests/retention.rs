@@ -100,9 +100,13 @@ fn pinned_fork(source: &Fixture, id: &str, at: u64) -> Fixture {
 #[test]
 fn the_new_commands_teach_with_help() {
     let home = Home::new();
-    for args in
-        [&["retain", "--help"][..], &["gc", "--help"], &["vault", "--help"], &["vault", "reveal", "--help"]]
-    {
+    for args in [
+        &["retain", "--help"][..],
+        &["gc", "--help"],
+        &["delete", "--help"],
+        &["vault", "--help"],
+        &["vault", "reveal", "--help"],
+    ] {
         home.run(args, &[]).expect(0, &["Usage: retrace", "Examples:\n  "], &[]);
     }
     home.run(&["gc", "--help"], &[]).expect(0, &["routine_days", "--dry-run", "fork"], &[]);
@@ -221,4 +225,67 @@ fn retain_then_gc_deletes_only_what_expired_and_the_rest_still_verifies() {
 
     std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nroutine_days = soon\n").unwrap();
     home.run(&["gc"], &[]).expect(2, &[], &["retrace.toml line 2", "whole number"]);
+}
+
+#[test]
+fn delete_removes_named_runs_whatever_their_tier_and_a_deleted_run_imports_again() {
+    let home = Home::new();
+    {
+        let store = home.store();
+        // Three turns: its third holds blobs the two-turn source doesn't.
+        let mut kept = conversation(KEPT, 3);
+        kept.meta.retention = Retention::Pinned;
+        kept.commit(&*store);
+        let source = conversation(SOURCE, 2);
+        source.commit(&*store);
+        pinned_fork(&source, FORK, 4).commit(&*store);
+        let mut replay = RunMeta::new("01deletereplay000000000000", RunMode::Replay, 1_700_000_100_000);
+        replay.source_run = Some(KEPT.into());
+        replay.status = RunStatus::Ok;
+        store.create_run(&replay).unwrap();
+    }
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nblob_grace_minutes = 0\n").unwrap();
+    let trace = home.dir.path().join("kept.jsonl");
+    home.run(&["export", KEPT, "-o", trace.to_str().unwrap()], &[]).expect(0, &[], &[]);
+
+    // A fork inherits its source's first events: the source alone is refused, naming the fork.
+    home.run(&["delete", "01retainsource"], &[]).expect(
+        2,
+        &[],
+        &["needed by fork run 01retainfork", "retrace delete 01retainfork00000000000000 01retainsource"],
+    );
+    home.run(&["delete", "01nosuchrun"], &[]).expect(2, &[], &["retrace runs"]);
+    home.run(&["delete"], &[]).expect(2, &[], &["RUN"]);
+
+    let planned =
+        home.run(&["delete", "01retainkept", "--dry-run", "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(planned["runs_deleted"], serde_json::json!([KEPT, "01deletereplay000000000000"]));
+    assert!(planned["blobs_deleted"].as_u64().unwrap() > 0, "{planned}");
+    home.run(&["runs", "--json"], &[]).expect(0, &[KEPT], &[]);
+    let done = home.run(&["delete", "01retainkept", "--json"], &[]).expect(0, &[], &[]).json();
+    for field in ["runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"] {
+        assert_eq!(done[field], planned[field], "{field}: the dry run said what delete did");
+    }
+    let ids = |home: &Home| -> Vec<String> {
+        let runs = home.run(&["runs", "--json"], &[]).json();
+        runs.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&home), [SOURCE, FORK], "a pinned run goes when named, its replay with it");
+    home.run(&["verify", "--all"], &[]).expect(0, &["ok: 2 runs"], &[]);
+
+    // Delete, then import: how a run is replaced by a trace file of the same id.
+    home.run(&["import", trace.to_str().unwrap()], &[]).expect(0, &[], &[]);
+    home.run(&["export", KEPT], &[]).expect(0, &[], &[]);
+    assert_eq!(
+        home.run(&["export", KEPT], &[]).stdout(),
+        std::fs::read_to_string(&trace).unwrap(),
+        "the run is back as it was exported"
+    );
+    home.run(&["delete", "01retainfork", "01retainsource"], &[]).expect(
+        0,
+        &["deleted run 01retainsource", "deleted run 01retainfork", "deleted 2 runs"],
+        &[],
+    );
+    assert_eq!(ids(&home), [KEPT]);
+    home.run(&["verify", "--all"], &[]).expect(0, &["ok: 1 runs"], &[]);
 }

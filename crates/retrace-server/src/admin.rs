@@ -39,6 +39,9 @@ pub enum AdminError {
     NoVaultKey(String),
     /// 409 `cannot_open`: the original doesn't open under the daemon's vault key (audited).
     CannotOpen(String),
+    /// 409 `run_in_use`: a run to delete is running, or a remaining fork or running replay
+    /// needs it.
+    RunInUse(String),
     /// 503 `store_failed`: the store (or the audit log) could not be used; nothing was revealed.
     Store(String),
     /// 500 `internal`.
@@ -66,6 +69,7 @@ impl IntoResponse for AdminError {
             UnknownToken(m) => (StatusCode::NOT_FOUND, "unknown_token", m),
             NoVaultKey(m) => (StatusCode::CONFLICT, "no_vault_key", m),
             CannotOpen(m) => (StatusCode::CONFLICT, "cannot_open", m),
+            RunInUse(m) => (StatusCode::CONFLICT, "run_in_use", m),
             Store(m) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed", m),
             Internal(m) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", m),
         };

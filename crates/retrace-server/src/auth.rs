@@ -97,6 +97,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/api/runs/{run}/agents/{agent}/exit", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/retain", Access::AtLeast(Role::Admin)),
     ("POST", "/api/gc", Access::AtLeast(Role::Admin)),
+    ("POST", "/api/runs/{run}/delete", Access::AtLeast(Role::Admin)),
     ("POST", "/api/vault/reveal", Access::AtLeast(Role::Admin)),
     ("GET", "/api/vault/audit", Access::AtLeast(Role::Admin)),
     ("*", "/proxy/openai/v1/{*rest}", Access::AtLeast(Role::Debugger)),

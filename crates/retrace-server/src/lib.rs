@@ -142,6 +142,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/runs/{run}/agents/{agent}/exit", post(steps::exit))
         .route("/api/runs/{run}/retain", post(admin::retention::retain))
         .route("/api/gc", post(admin::retention::gc))
+        .route("/api/runs/{run}/delete", post(admin::retention::delete))
         .route("/api/vault/reveal", post(admin::vault::reveal))
         .route("/api/vault/audit", get(admin::vault::audit))
         .route("/proxy/openai/v1/{*rest}", any(proxy::openai))

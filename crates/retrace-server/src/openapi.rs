@@ -28,7 +28,7 @@ fn op(summary: &str, params: &[&str], request: Option<Value>, success: Value) ->
     let parameters: Vec<Value> = params
         .iter()
         .map(|p| match *p {
-            "run" => path_param("run", "a run id (or unique prefix, where reading or retaining)"),
+            "run" => path_param("run", "a run id (or unique prefix, where reading, retaining or deleting)"),
             "digest" => path_param("digest", "a blob digest: sha256: and 64 lowercase hex digits"),
             other => path_param(other, "an agent id"),
         })
@@ -123,6 +123,12 @@ pub fn document() -> Value {
                 "delete expired runs, then unreferenced blobs (admin; `retrace gc`); `dry_run` reports and deletes nothing",
                 &[],
                 Some(body(json!({"type": "object", "required": ["dry_run"], "properties": {"dry_run": {"type": "boolean"}, "older_than_days": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "description": "routine runs expire after this many days (default: the daemon's [retention] routine_days)"}}}), true)),
+                ok("what was (or would be) deleted", json!({"$ref": "#/components/schemas/GcReport"})),
+            )},
+            "/api/runs/{run}/delete": {"post": op(
+                "delete the run now, whatever its tier, with its replays, then unreferenced blobs (admin; `retrace delete`); 409 `run_in_use` while it runs or a remaining fork or running replay needs it",
+                &["run"],
+                Some(body(json!({"type": "object", "required": ["dry_run"], "properties": {"dry_run": {"type": "boolean"}}}), true)),
                 ok("what was (or would be) deleted", json!({"$ref": "#/components/schemas/GcReport"})),
             )},
             "/api/vault/reveal": {"post": op(

@@ -37,12 +37,14 @@
 //! as old. The plan is checked again inside the transaction: a fork or running replay created
 //! since it was made still keeps its source.
 mod config;
+mod delete;
 mod plan;
 mod retain;
 
 use crate::StoreResult;
 
 pub use config::{RetentionConfig, RetentionConfigError};
+pub use delete::{delete, DeleteError};
 pub use plan::{blob_cutoff, edit_blobs, plan, settle};
 pub use retain::{retain, RetainError, Retained};
 

@@ -1,7 +1,7 @@
 //! `retrace gc`: delete expired runs and the blobs nothing references any more.
 use std::io::Write;
 
-use retrace_store::gc::{collect, GcConfig, RetentionConfig};
+use retrace_store::gc::{collect, GcConfig, GcReport, RetentionConfig};
 
 use crate::commands::existing_store_from_env;
 use crate::exit;
@@ -76,9 +76,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut config = GcConfig::from_retention(now_ms(), &retention);
     config.dry_run = args.dry_run;
     let report = collect(&*store, &config)?;
-    if args.json {
-        let mut value = serde_json::to_value(&report)?;
-        value["routine_days"] = retention.routine_days.into();
+    print_report(&report, args.json, &[("routine_days", retention.routine_days.into())])
+}
+
+/// Prints what a collection deleted (`gc`, `delete`): a line per run and a summary, or, with
+/// `json`, the report with `extra` fields added.
+pub(crate) fn print_report(
+    report: &GcReport,
+    json: bool,
+    extra: &[(&str, serde_json::Value)],
+) -> anyhow::Result<()> {
+    if json {
+        let mut value = serde_json::to_value(report)?;
+        for (k, v) in extra {
+            value[*k] = v.clone();
+        }
         return print_json(&value);
     }
     let mut out = std::io::stdout().lock();
@@ -102,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

@@ -102,6 +102,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             failed
         }
+        // The imported run itself differs (not a fork's source, which other forks may need).
+        ImportError::Conflict { ref run_id, ref detail, .. } if !detail.starts_with("the fork ") => {
+            let hint = format!(
+                "to replace the stored run with the file's, delete it first: \
+                 retrace delete {run_id} && retrace import {name}"
+            );
+            let mut failed = failure(e.exit_code(), &e);
+            if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+                f.hint = Some(hint);
+            }
+            failed
+        }
         _ => failure(e.exit_code(), &e),
     })?;
     match outcome {

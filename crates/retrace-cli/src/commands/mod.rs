@@ -1,6 +1,7 @@
 //! One module per subcommand.
 pub mod agents;
 pub mod approve;
+pub mod delete;
 pub mod demo;
 pub mod diff;
 pub mod export;

@@ -1,5 +1,6 @@
-//! `POST /api/runs/{run}/retain` and `POST /api/gc`: `retrace retain` and `retrace gc` over
-//! HTTP, through the same [`retrace_store::gc::retain`] and [`retrace_store::gc::collect`].
+//! `POST /api/runs/{run}/retain`, `POST /api/gc` and `POST /api/runs/{run}/delete`:
+//! `retrace retain`, `retrace gc` and `retrace delete` over HTTP, through the same
+//! [`retrace_store::gc::retain`], [`retrace_store::gc::collect`] and [`retrace_store::gc::delete`].
 //! Routine runs expire after the daemon's `[retention]` settings ([`crate::ServerConfig`]'s
 //! `retention`), or `older_than_days`.
 use std::sync::Arc;
@@ -8,7 +9,9 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use retrace_core::run::Retention;
-use retrace_store::gc::{collect, retain as retain_run, GcConfig, RetainError};
+use retrace_store::gc::{
+    collect, delete as delete_runs, retain as retain_run, DeleteError, GcConfig, RetainError,
+};
 use retrace_store::StoreErrorKind;
 use serde::Deserialize;
 use serde_json::json;
@@ -34,11 +37,7 @@ pub async fn retain(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     let store = app.host.store().clone();
     answer(
         blocking(move || {
-            let meta = store.find_run(&id).map_err(|e| match e.kind {
-                StoreErrorKind::NotFound => AdminError::UnknownRun(e.to_string()),
-                StoreErrorKind::Invalid => AdminError::BadRequest(e.to_string()),
-                _ => AdminError::from_store(&e),
-            })?;
+            let meta = find(&*store, &id)?;
             let retained = retain_run(&*store, meta, tier).map_err(|e| match e {
                 RetainError::Replay { source_run: ref source, .. } => {
                     let source = source.as_deref().unwrap_or("its source");
@@ -61,6 +60,15 @@ pub async fn retain(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
         })
         .await,
     )
+}
+
+/// The run `id` names (an id or a unique prefix).
+fn find(store: &dyn retrace_store::Store, id: &str) -> Result<retrace_core::run::RunMeta, AdminError> {
+    store.find_run(id).map_err(|e| match e.kind {
+        StoreErrorKind::NotFound => AdminError::UnknownRun(e.to_string()),
+        StoreErrorKind::Invalid => AdminError::BadRequest(e.to_string()),
+        _ => AdminError::from_store(&e),
+    })
 }
 
 fn parse_tier(text: &str) -> Result<Retention, AdminError> {
@@ -97,6 +105,38 @@ pub async fn gc(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
             let mut out = serde_json::to_value(&report).map_err(|e| AdminError::Internal(e.to_string()))?;
             out["routine_days"] = retention.routine_days.into();
             Ok(out)
+        })
+        .await,
+    )
+}
+
+/// The body of `POST /api/runs/{run}/delete`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteBody {
+    /// Report what would go, delete nothing (required, as for gc).
+    dry_run: bool,
+}
+
+/// `POST /api/runs/{run}/delete`: the run now, whatever its tier, with its replays, then the
+/// blobs nothing references any more; the report `retrace delete --json` prints. 409
+/// `run_in_use` while the run is running or a remaining fork or running replay needs it.
+pub async fn delete(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> Response {
+    let body: DeleteBody = match required_body(&body) {
+        Ok(body) => body,
+        Err(e) => return e.into_response(),
+    };
+    let retention = app.config.retention;
+    let store = app.host.store().clone();
+    answer(
+        blocking(move || {
+            let meta = find(&*store, &id)?;
+            let config = GcConfig { dry_run: body.dry_run, ..GcConfig::from_retention(now_ms(), &retention) };
+            let report = delete_runs(&*store, &[meta], &config).map_err(|e| match e {
+                DeleteError::Store(e) => AdminError::from_store(&e),
+                _ => AdminError::RunInUse(e.to_string()),
+            })?;
+            serde_json::to_value(&report).map_err(|e| AdminError::Internal(e.to_string()))
         })
         .await,
     )

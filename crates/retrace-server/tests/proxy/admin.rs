@@ -368,3 +368,47 @@ async fn retain_and_gc_refuse_bad_input_with_400_and_unknown_runs_with_404() {
     assert!(d.store.runs().unwrap().iter().all(|r| r.retention.as_str() == "routine"));
     assert_eq!(d.store.runs().unwrap().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_over_http_is_retrace_delete_and_refuses_a_run_in_use() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, admin_config).await;
+    let doomed = recorded(&d, "a run recorded with a secret pasted in").await;
+    let kept = recorded(&d, "another run").await;
+    let pinned = json!({"tier": "pinned"});
+    call(&d, "POST", &format!("/api/runs/{doomed}/retain"), Some(pinned), Some(ADMIN)).await;
+    let replay =
+        call(&d, "POST", &format!("/api/runs/{doomed}/replay"), Some(json!({})), Some(DEBUGGER)).await;
+    let replay = replay.json()["run_id"].as_str().unwrap().to_owned();
+    let delete = |run: &str| format!("/api/runs/{run}/delete");
+
+    // While its replay runs, the run is in use; bad bodies and unknown runs are refused too.
+    let busy = call(&d, "POST", &delete(&doomed), Some(json!({"dry_run": false})), Some(ADMIN)).await;
+    assert_eq!(error_code(&busy, 409), "run_in_use");
+    assert!(busy.text().contains(&replay), "names the replay: {}", busy.text());
+    let bad = raw(&d, "POST", &delete(&doomed), Some("{}".into()), Some(ADMIN)).await;
+    assert_eq!(error_code(&bad, 400), "bad_request");
+    let nobody = delete("01nosuchrun000000000000000");
+    let unknown = call(&d, "POST", &nobody, Some(json!({"dry_run": true})), Some(ADMIN)).await;
+    assert_eq!(error_code(&unknown, 404), "unknown_run");
+    let viewer = call(&d, "POST", &delete(&doomed), Some(json!({"dry_run": false})), Some(VIEWER)).await;
+    assert_eq!(viewer.status, 403);
+    assert_eq!(d.store.runs().unwrap().len(), 3, "nothing went");
+
+    let finished =
+        call(&d, "POST", &format!("/api/runs/{replay}/finish"), Some(json!({})), Some(DEBUGGER)).await;
+    assert!(finished.status < 300, "{}", finished.text());
+    let planned = call(&d, "POST", &delete(&doomed[..10]), Some(json!({"dry_run": true})), Some(ADMIN)).await;
+    let planned = planned.json();
+    assert_eq!(planned["runs_deleted"], json!([doomed, replay]), "a pinned run goes when named: {planned}");
+    let blobs = blobs_of(&*d.store, &doomed);
+    let done = call(&d, "POST", &delete(&doomed), Some(json!({"dry_run": false})), Some(ADMIN)).await.json();
+    for field in ["runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"] {
+        assert_eq!(done[field], planned[field], "{field}: {done} vs {planned}");
+    }
+    assert!(done["blobs_deleted"].as_u64().unwrap() > 0, "{done}");
+    assert!(blobs.iter().all(|b| d.store.get_blob(b).is_err()), "the run's own blobs are swept");
+    let ids: Vec<String> = d.store.runs().unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, std::slice::from_ref(&kept));
+    assert!(blobs_of(&*d.store, &kept).iter().all(|b| d.store.get_blob(b).is_ok()));
+}

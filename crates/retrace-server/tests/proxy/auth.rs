@@ -127,6 +127,7 @@ fn routes(run: &str, other: &str, blob: &str) -> Vec<(&'static str, String, Opti
         ("GET", format!("/api/vault/audit?token={token}"), None, a),
         ("POST", format!("/api/runs/{other}/retain"), Some(json!({"tier": "incident"})), a),
         ("POST", "/api/gc".into(), Some(json!({"dry_run": true})), a),
+        ("POST", format!("/api/runs/{other}/delete"), Some(json!({"dry_run": true})), a),
     ]
 }
 

@@ -1,0 +1,76 @@
+//! `retrace delete`: delete named runs now, whatever their tier, and the blobs only they used.
+use retrace_store::gc::{delete, DeleteError, GcConfig};
+
+use crate::commands::existing_store_from_env;
+use crate::commands::gc::{now_ms, print_report, retention};
+use crate::exit;
+
+/// The examples every help shows.
+macro_rules! examples {
+    () => {
+        "Examples:\n  \
+         retrace delete 01j5c3 --dry-run\n  \
+         retrace delete 01j5c3\n  \
+         retrace delete 01j5c3 01j5c9 --json | jq .bytes_freed\n  \
+         retrace delete 01j5c3 && retrace import trace.jsonl   # replace a run"
+    };
+}
+
+/// Delete runs now.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = examples!(),
+    after_long_help = concat!(
+        "Delete the named runs now, whatever their retention tier, with every replay of them, \
+then every blob no remaining run references; report what went, as `retrace gc` does.\n\n\
+A run is refused, and nothing is deleted, while something still needs it: it is running, a \
+replay of it is running, or a fork of it remains (a fork inherits its source's events before its \
+fork point): name the fork too to delete both. Blobs stored since the oldest running recording \
+began, or within [retention] blob_grace_minutes of ./retrace.toml (default 60), stay until a \
+later `retrace gc`: a recording may not yet have written what references them.\n\n\
+Everything happens in one transaction. --dry-run reports exactly what would go and changes \
+nothing. To replace a run with a trace file of the same id, delete it, then import the file.",
+        "\n\n",
+        examples!()
+    )
+)]
+pub struct Args {
+    /// The runs: ids or unique prefixes (at least 4 characters).
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<String>,
+    /// Report what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON: `{"dry_run", "runs_deleted": [...], "events_deleted", "blobs_deleted",
+    /// "bytes_freed", "cache_entries_dropped"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let retention = retention()?;
+    let store = existing_store_from_env()?;
+    let named = args
+        .runs
+        .iter()
+        .map(|run| crate::commands::runs::find(&*store, run))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut config = GcConfig::from_retention(now_ms(), &retention);
+    config.dry_run = args.dry_run;
+    let report = delete(&*store, &named, &config).map_err(|e| match &e {
+        DeleteError::Running { run } => exit::usage_hint(
+            e.to_string(),
+            format!("wait for it to end (`retrace runs` shows its status), then `retrace delete {run}`"),
+        ),
+        DeleteError::Needed { run, by, by_mode: "fork", .. } => {
+            exit::usage_hint(e.to_string(), format!("delete both: retrace delete {by} {run}"))
+        }
+        DeleteError::Needed { run, .. } => exit::usage_hint(
+            e.to_string(),
+            format!("wait for the replay to end, then `retrace delete {run}`"),
+        ),
+        DeleteError::Store(_) => anyhow::Error::from(e),
+    })?;
+    print_report(&report, args.json, &[])
+}
