@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use retrace_store::{open_store, StoreConfig};
-use trace_fixture::{conversation, Fixture};
+use trace_fixture::{conversation, Builder, Fixture};
 
 /// A store folder and the binary pointed at it.
 struct Home {
@@ -128,6 +128,23 @@ fn runs_lists_a_table_or_json() {
     );
     let json: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
     assert_eq!((json[0]["id"].as_str(), json[0]["events"].as_u64()), (Some(RUN), Some(9)));
+}
+
+#[test]
+fn show_gives_few_lanes_room_for_long_labels() {
+    const TOOL: &str = "warehouse.inventory.reconcile_backordered_items_v2";
+    let run = |agents: &[&str]| {
+        let mut b = Builder::new(RUN);
+        for agent in agents {
+            b.push(agent, retrace_core::EventType::ToolCall, Some(TOOL), None, Some(b"{}".to_vec()), |_| {});
+        }
+        Home::with(&b.finish(retrace_core::run::RunMode::Record))
+    };
+    let one = run(&["clerk"]).run(&["show", RUN]).expect(0, &[], &[]).stdout();
+    assert!(one.contains(&format!("tool_call {TOOL}")), "one lane shows the whole name:\n{one}");
+    let four =
+        run(&["a", "b", "c", "d"]).run(&["show", RUN]).expect(0, &["tool_call warehouse"], &[]).stdout();
+    assert!(!four.contains(TOOL) && four.contains('…'), "four lanes are cut to fit:\n{four}");
 }
 
 #[test]

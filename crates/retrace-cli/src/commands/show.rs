@@ -24,8 +24,17 @@ macro_rules! examples {
     };
 }
 
-/// The widest a lane gets; longer labels are cut with `…`.
+/// The widest a lane gets when there are many; longer labels are cut with `…`.
 const MAX_LANE: usize = 32;
+
+/// The width all lanes together may take before they are cut to [`MAX_LANE`]: one or two lanes
+/// show long labels (a tool's full name, a long model snapshot) whole.
+const ALL_LANES: usize = 96;
+
+/// The widest each of `lanes` lanes gets.
+fn max_lane(lanes: usize) -> usize {
+    (ALL_LANES / lanes.max(1)).max(MAX_LANE)
+}
 
 /// Show a run's timeline, or one event.
 #[derive(Debug, clap::Args)]
@@ -65,11 +74,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(seq) = args.seq {
         return event::show(&*store, &meta, seq, args.json);
     }
-    let agents = agents(&*store, &meta.id)?;
-    let lanes: Vec<&Lane> = match &args.agent {
-        None => agents.iter().collect(),
-        Some(name) => match agents.iter().find(|lane| &lane.agent == name) {
-            Some(lane) => vec![lane],
+    let mut agents = agents(&*store, &meta.id)?;
+    let mut lanes: Vec<Lane> = match &args.agent {
+        None => agents,
+        Some(name) => match agents.iter().position(|lane| &lane.agent == name) {
+            Some(at) => vec![agents.swap_remove(at)],
             None => {
                 let known: Vec<&str> = agents.iter().map(|l| l.agent.as_str()).collect();
                 let message = format!("run {} has no agent {name:?} (agents: {})", meta.id, known.join(", "));
@@ -77,6 +86,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         },
     };
+    let widest = max_lane(lanes.len());
+    for lane in &mut lanes {
+        lane.width = lane.width.min(widest);
+    }
     if args.json {
         let mut events = Vec::new();
         for_each_event(&*store, &meta.id, |e| {
@@ -97,15 +110,15 @@ struct Lane {
     width: usize,
 }
 
-/// The agents in order of their first event, each with the width its lane needs.
+/// The agents in order of their first event, each with the width its lane's longest cell needs.
 fn agents(store: &dyn Store, run: &str) -> anyhow::Result<Vec<Lane>> {
     let mut lanes: Vec<Lane> = Vec::new();
     for_each_event(store, run, |e| {
-        let width = cell(e).chars().count().min(MAX_LANE);
+        let width = cell(e).chars().count();
         match lanes.iter_mut().find(|lane| lane.agent == e.agent_id) {
             Some(lane) => lane.width = lane.width.max(width),
             None => {
-                let width = width.max(e.agent_id.chars().count().min(MAX_LANE));
+                let width = width.max(e.agent_id.chars().count());
                 lanes.push(Lane { agent: e.agent_id.clone(), width });
             }
         }
@@ -129,7 +142,7 @@ fn for_each_event(
     Ok(())
 }
 
-fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[&Lane]) -> anyhow::Result<()> {
+fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result<()> {
     let count = RunEvents::new(store, &meta.id)?.count();
     let mut out = BufWriter::new(std::io::stdout().lock());
     let name = meta.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
