@@ -35,14 +35,42 @@ fn chat(request: &Value, rng: &mut StdRng) -> ModelReply {
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default()
         .to_owned();
-    let openings =
-        ["Looking at this ticket,", "Based on the policy excerpt,", "In short,", "Having read the thread,"];
-    let verdicts = [
-        "the customer qualifies for a refund under the 30-day policy.",
-        "this is a billing question that needs a human: escalate it.",
-        "the refund window has passed; offer store credit instead.",
-        "a refund applies, but the amount needs a supervisor: escalate it.",
-    ];
+    // The demo's programs are a support desk and a database migration team: each hears replies
+    // about its own work (the system prompt says which).
+    let migration = request["messages"].as_array().is_some_and(|messages| {
+        messages.iter().any(|m| m["content"].as_str().is_some_and(|c| c.contains("migration")))
+    });
+    let (openings, verdicts) = if migration {
+        (
+            [
+                "Looking at the schema,",
+                "Based on the migration plan,",
+                "In short,",
+                "Having read the change,",
+            ],
+            [
+                "rename the column first, then backfill from its new name.",
+                "the statement is safe to run inside one transaction.",
+                "check that every column the backfill reads still exists when it runs.",
+                "this takes a lock on users: run it off-peak.",
+            ],
+        )
+    } else {
+        (
+            [
+                "Looking at this ticket,",
+                "Based on the policy excerpt,",
+                "In short,",
+                "Having read the thread,",
+            ],
+            [
+                "the customer qualifies for a refund under the 30-day policy.",
+                "this is a billing question that needs a human: escalate it.",
+                "the refund window has passed; offer store credit instead.",
+                "a refund applies, but the amount needs a supervisor: escalate it.",
+            ],
+        )
+    };
     let text =
         format!("{} {}", openings.choose(rng).expect("non-empty"), verdicts.choose(rng).expect("non-empty"));
     let input_tokens = (prompt.len() / 4) as u64 + 12;
@@ -59,5 +87,29 @@ fn chat(request: &Value, rng: &mut StdRng) -> ModelReply {
         body,
         snapshot: Some(SNAPSHOT.into()),
         usage: Some(Usage { input_tokens, output_tokens, cost_usd: None }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answers(sim: &Simulator, system: &str) -> Vec<String> {
+        let request =
+            json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "?"}]});
+        (0..8)
+            .map(|_| sim.chat(&request).body["choices"][0]["message"]["content"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn each_program_hears_about_its_own_work_and_answers_vary() {
+        let sim = Simulator::new(7);
+        let migration = answers(&sim, "You are the planner of a database migration team.");
+        assert!(migration.iter().all(|a| !a.contains("refund")), "{migration:?}");
+        let desk = answers(&sim, "You triage support tickets.");
+        assert!(desk.iter().all(|a| !a.contains("column") && !a.contains("schema")), "{desk:?}");
+        let distinct: std::collections::HashSet<_> = migration.iter().collect();
+        assert!(distinct.len() > 1, "a stand-in for a model that is not bit-stable: {migration:?}");
     }
 }
