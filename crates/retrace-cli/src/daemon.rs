@@ -39,13 +39,19 @@ impl Embedded {
         Ok(Embedded { runtime, state, addr, stop: Some(stop), task: Some(task) })
     }
 
-    /// What the child needs to reach the daemon and its proxy.
+    /// What the child needs to reach the daemon and its proxy, and the proxy's own upstreams
+    /// (`RETRACE_UPSTREAM_OPENAI`, `RETRACE_UPSTREAM_ANTHROPIC`): a program that records its
+    /// model calls itself, through the SDK, sends them there, since through the proxy they
+    /// would be recorded a second time.
     pub fn child_env(&self) -> Vec<(String, String)> {
         let base = format!("http://{}", self.addr);
+        let config = &self.state.config;
         vec![
             ("RETRACE_URL".into(), base.clone()),
             ("OPENAI_BASE_URL".into(), format!("{base}/proxy/openai/v1")),
             ("ANTHROPIC_BASE_URL".into(), format!("{base}/proxy/anthropic")),
+            ("RETRACE_UPSTREAM_OPENAI".into(), config.upstream_openai.clone()),
+            ("RETRACE_UPSTREAM_ANTHROPIC".into(), config.upstream_anthropic.clone()),
         ]
     }
 

@@ -377,6 +377,36 @@ fn run_of(recorded: &Result) -> String {
 }
 
 #[test]
+fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy() {
+    // The trio records each model call through the SDK; `record` points OPENAI_BASE_URL at its
+    // proxy, which would record the same call again under the agent `default`.
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "retrace", "demo", "run", "trio", "--seed", "3"]);
+    recorded.expect(0, &["reviewer: "], &[]);
+    let run = run_of(&recorded);
+    let shown: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", &run, "--json"]).stdout()).unwrap();
+    let events = shown["events"].as_array().unwrap();
+    let agents: std::collections::BTreeSet<&str> =
+        events.iter().map(|e| e["agent_id"].as_str().unwrap()).collect();
+    assert_eq!(agents, ["planner", "reviewer", "schema"].into(), "{shown}");
+    let models = events.iter().filter(|e| e["type"] == "model_call").count();
+    assert_eq!(models, 4, "one event per call");
+    home.run(&["replay", &run]).expect(0, &["reviewer: "], &["ok"]);
+
+    // A fork's changed steps run live against the demo's simulator (the source named no
+    // upstream), once each, and nothing is new.
+    let forked = home.run(&["fork", &run, "--edit", "model:reviewer=sim-2", "--json"]);
+    // The program's line, then the report.
+    let out = forked.stdout();
+    let report = &out[out.find("\n{").map_or(0, |at| at + 1)..];
+    let fork: serde_json::Value = serde_json::from_str(report).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(fork["status"], "ok", "{fork}");
+    assert_eq!(fork["diff"]["counts"]["only_in_b"], 0, "{fork}");
+    home.run(&["replay", fork["fork"].as_str().unwrap()]).expect(0, &[], &["ok"]);
+}
+
+#[test]
 fn record_and_fork_leave_standard_output_to_the_program() {
     let home = Home::new();
     let recorded = home.run(&["record", "--", "echo", "hi"]);

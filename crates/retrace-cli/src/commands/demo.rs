@@ -119,7 +119,8 @@ enum Program {
         /// Record with the plain scheduler (no chaos).
         #[arg(long)]
         no_chaos: bool,
-        /// Model server for the trio and the pipeline (default: OPENAI_BASE_URL, else a built-in
+        /// Model server for the trio and the pipeline (default: the upstream of the `record` or
+        /// `fork` running it, else OPENAI_BASE_URL unless it is a Retrace proxy, else a built-in
         /// simulator).
         #[arg(long, value_name = "URL")]
         upstream_openai: Option<String>,
@@ -158,7 +159,7 @@ async fn run_program(
         return Ok(());
     }
     let session = Session::from_env_with(trio_options(chaos))?;
-    let upstream = upstream.or_else(|| std::env::var("OPENAI_BASE_URL").ok());
+    let upstream = model_server(upstream);
     let server = match (&upstream, session.mode()) {
         (None, Mode::Record | Mode::Off | Mode::Fork) => Some(SimServer::start(seed).await?),
         _ => None,
@@ -169,6 +170,21 @@ async fn run_program(
     println!("reviewer: {decision}");
     eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
     Ok(())
+}
+
+/// The model server a demo program records its calls to, through the SDK: `--upstream-openai`,
+/// else the upstream `retrace record`, `fork` or `gate --accept` named
+/// (`RETRACE_UPSTREAM_OPENAI`), else the caller's `OPENAI_BASE_URL`, else `None` (the built-in
+/// simulator). Never a Retrace proxy, which would record each call a second time, and never
+/// the public API unless named on the demo's own command line: a fork of a demo run recorded
+/// offline runs its changed steps against the simulator, not api.openai.com.
+pub(crate) fn model_server(flag: Option<String>) -> Option<String> {
+    let named = |var: &str| std::env::var(var).ok().filter(|u| !u.is_empty() && !u.contains("/proxy/"));
+    flag.or_else(|| {
+        named("RETRACE_UPSTREAM_OPENAI")
+            .or_else(|| named("OPENAI_BASE_URL"))
+            .filter(|u| u.trim_end_matches('/') != super::serve::PUBLIC_OPENAI)
+    })
 }
 
 /// The masking of the demos' sessions: what `retrace record` would record with here (the

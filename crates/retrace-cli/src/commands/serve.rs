@@ -13,6 +13,10 @@ use super::store_from_env;
 use crate::daemon::upstream;
 use crate::exit;
 
+/// OpenAI's public API: the proxy's upstream when nothing else is named.
+pub(crate) const PUBLIC_OPENAI: &str = "https://api.openai.com/v1";
+/// Anthropic's public API.
+pub(crate) const PUBLIC_ANTHROPIC: &str = "https://api.anthropic.com";
 /// What `serve --help` says after the options.
 const LONG_HELP: &str = "\
 The daemon over the store (RETRACE_STORE / RETRACE_HOME): the HTTP API under /api/ and the \
@@ -94,10 +98,10 @@ pub fn config_masked(
     stall_timeout: f64,
     mask: super::MaskSetup,
 ) -> anyhow::Result<ServerConfig> {
-    let openai = upstream(upstream_openai, "OPENAI_BASE_URL", "https://api.openai.com/v1");
-    let anthropic = upstream(upstream_anthropic, "ANTHROPIC_BASE_URL", "https://api.anthropic.com");
-    check_upstream(&openai, "--upstream-openai or OPENAI_BASE_URL", "https://api.openai.com/v1")?;
-    check_upstream(&anthropic, "--upstream-anthropic or ANTHROPIC_BASE_URL", "https://api.anthropic.com")?;
+    let openai = upstream(upstream_openai, "OPENAI_BASE_URL", PUBLIC_OPENAI);
+    let anthropic = upstream(upstream_anthropic, "ANTHROPIC_BASE_URL", PUBLIC_ANTHROPIC);
+    check_upstream(&openai, "--upstream-openai or OPENAI_BASE_URL", PUBLIC_OPENAI)?;
+    check_upstream(&anthropic, "--upstream-anthropic or ANTHROPIC_BASE_URL", PUBLIC_ANTHROPIC)?;
     Ok(ServerConfig {
         upstream_openai: openai,
         upstream_anthropic: anthropic,

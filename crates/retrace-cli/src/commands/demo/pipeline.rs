@@ -75,7 +75,7 @@ pub async fn demo(seed: u64, upstream: Option<String>, json: bool) -> anyhow::Re
 pub async fn run_recorded(seed: u64, upstream: Option<String>) -> anyhow::Result<()> {
     let prompts = Prompts::write()?;
     let session = Session::from_env_with(pipeline_options(seed, prompts.dir()))?;
-    let upstream = upstream.or_else(|| std::env::var("OPENAI_BASE_URL").ok());
+    let upstream = super::model_server(upstream);
     let server = match (&upstream, session.mode()) {
         (None, Mode::Record | Mode::Off | Mode::Fork) => Some(SimServer::start(seed).await?),
         _ => None,
