@@ -289,3 +289,24 @@ fn delete_removes_named_runs_whatever_their_tier_and_a_deleted_run_imports_again
     assert_eq!(ids(&home), [KEPT]);
     home.run(&["verify", "--all"], &[]).expect(0, &["ok: 1 runs"], &[]);
 }
+
+#[test]
+fn a_fork_recorded_here_imports_back_as_already_present() {
+    let home = Home::new();
+    {
+        let store = home.store();
+        let source = conversation(SOURCE, 2);
+        source.commit(&*store);
+        pinned_fork(&source, FORK, 4).commit(&*store);
+    }
+    // The fork stores its own events; its file holds the inherited ones too.
+    let trace = home.dir.path().join("fork.jsonl");
+    home.run(&["export", FORK, "-o", trace.to_str().unwrap()], &[]).expect(0, &[], &[]);
+    let file = trace.to_str().unwrap();
+    home.run(&["import", file], &[]).expect(0, &[FORK], &["already present with the same events"]);
+    // Elsewhere the same file is the fork whole, and importing it again changes nothing either.
+    let other = Home::new();
+    other.run(&["import", file], &[]).expect(0, &[FORK], &["imported run"]);
+    other.run(&["import", file], &[]).expect(0, &[FORK], &["already present"]);
+    assert_eq!(other.run(&["export", FORK], &[]).stdout(), std::fs::read_to_string(&trace).unwrap());
+}

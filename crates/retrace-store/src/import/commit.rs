@@ -118,9 +118,16 @@ pub(super) fn model_requests(events: &[Event]) -> impl Iterator<Item = Digest> +
     model_calls(events).filter_map(|e| e.request_ref)
 }
 
-/// The run is stored already: its events must be the file's, hash for hash.
+/// The run is stored already: its events must be the file's, hash for hash. Both are the run as
+/// exported: a fork recorded here stores only its own events and inherits the rest from its
+/// source, while its file holds them all.
 fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), ImportError> {
-    let held = stored_hashes(store, run_id, 1, usize::MAX)?;
+    let stored = |source| ImportError::Store { run_id: run_id.to_owned(), source };
+    let mut pages = crate::export::RunEvents::new(store, run_id).map_err(stored)?;
+    let mut held = Vec::new();
+    while let Some(page) = pages.next_page().map_err(stored)? {
+        held.extend(page.iter().map(|e| e.hash));
+    }
     let file: Vec<Digest> = events.iter().map(|e| e.hash).collect();
     match first_difference(&held, &file) {
         None => Ok(()),
