@@ -74,13 +74,21 @@ impl Agent {
                     let (ticket, _) = self.append_stamped(intent, Vec::new(), None, None)?;
                     input.template.causal_parent = Some(ticket.acked().await?.seq);
                 }
-                Some(ForkMatch::Matched(step)) if !step.completed => {
+                Some(ForkMatch::Matched(step)) if step.completed => {
+                    // The source's intent before the fork point, inherited: the completion that
+                    // follows it (the fork's own) comes after it in the agent's clock and names
+                    // it as its cause, as at record.
+                    self.observe_inherited(&step);
+                    input.template.causal_parent = Some(step.seq);
+                }
+                Some(ForkMatch::Matched(step)) => {
+                    let source = self.session.source_run().unwrap_or_else(|| "SOURCE".into());
                     let d = Divergence::new(DivergenceCode::PendingIntent, self.id.clone())
                         .at(step.seq)
                         .step(label)
                         .detail("the source run logged this side effect's intent but not its completion")
                         .detail(format!(
-                            "run `retrace resolve <source run> {} --outcome @FILE | --not-executed`",
+                            "run `retrace resolve {source} {} --outcome @FILE | --not-executed`",
                             step.seq
                         ));
                     return Err(scheduler.diverge(d).into());
@@ -116,13 +124,17 @@ impl Agent {
         }
     }
 
+    /// The agent took `step` before the fork point: its clock passes the step's, and what it
+    /// had heard before it was consumed by it.
+    fn observe_inherited(&self, step: &RecordedStep) {
+        let mut state = self.state.lock();
+        state.clock.observe(step.lamport.saturating_sub(1));
+        state.pending_inbound.clear();
+    }
+
     /// A step before the fork point: the source's output, nothing stored.
     fn inherited(&self, step: &RecordedStep, label: &str) -> RuntimeResult<Recorded> {
-        {
-            let mut state = self.state.lock();
-            state.clock.observe(step.lamport.saturating_sub(1));
-            state.pending_inbound.clear();
-        }
+        self.observe_inherited(step);
         if let Some(message) = &step.error {
             return Err(RuntimeError::StepFailed {
                 agent: self.id.clone(),

@@ -476,12 +476,13 @@ impl Agent {
             let intent_key = self.intent_key(&event)?;
             match scheduler.take_step(&self.id, &intent_key, label).await? {
                 Some(step) if !step.completed => {
+                    let run = self.session.source_run().unwrap_or_else(|| "RUN".into());
                     let d = Divergence::new(DivergenceCode::PendingIntent, self.id.clone())
                         .at(step.seq)
                         .step(label)
                         .detail("the recording logged this side effect's intent but not its completion")
                         .detail(format!(
-                            "run `retrace resolve <run> {} --outcome @FILE | --not-executed`",
+                            "run `retrace resolve {run} {} --outcome @FILE | --not-executed`",
                             step.seq
                         ));
                     return Err(scheduler.diverge(d).into());

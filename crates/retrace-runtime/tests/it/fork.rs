@@ -145,6 +145,33 @@ fn one_edit_runs_exactly_the_steps_it_reaches() {
 }
 
 #[test]
+fn a_fork_between_a_side_effects_intent_and_its_completion_verifies_and_replays() {
+    let store = store();
+    let source = record(&store);
+    let events = store.events(&source, 1, 100).unwrap();
+    let intent = events.iter().find(|e| e.kind == EventType::Intent).unwrap();
+    // The intent is inherited; the completion is the fork's own.
+    let f =
+        Session::fork_new(store.clone(), &source, Some(intent.seq + 1), vec![], SessionOptions::default())
+            .unwrap();
+    let calls = Calls::default();
+    let published = pipeline(&f, &calls).unwrap();
+    f.finish(Outcome::default()).unwrap();
+    assert_eq!(calls.side.load(Ordering::SeqCst), 0);
+    let fork = fork_events(&store, &f.run_id());
+    let done = fork.iter().find(|e| e.name.as_deref() == Some("publish")).unwrap();
+    assert_eq!(done.causal_parent, Some(intent.seq), "the completion names its intent, as at record");
+    assert!(done.lamport > intent.lamport, "{} after {}", done.lamport, intent.lamport);
+    let problems = retrace_store::verify::verify_run(store.as_ref(), &f.run_id());
+    assert!(problems.is_empty(), "{problems:?}");
+
+    let r = Session::replay(store.clone(), &f.run_id(), SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&r, &Calls::default()).unwrap(), published);
+    let report = r.finish(Outcome::default()).unwrap();
+    assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "{report:?}");
+}
+
+#[test]
 fn a_second_fork_reuses_the_caches_and_ttl_runs_on_the_forks_clock() {
     let store = store();
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
