@@ -9,6 +9,15 @@ pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `value` as one compact line of JSON: what `record`, `replay` and `fork` print last,
+/// after the program's own standard output, so a script reads the last line.
+pub fn print_json_line(value: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
 /// Progress on standard error, shown only when it is a terminal.
 #[derive(Debug)]
 pub struct Progress {

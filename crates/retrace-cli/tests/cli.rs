@@ -397,13 +397,16 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     // A fork's changed steps run live against the demo's simulator (the source named no
     // upstream), once each, and nothing is new.
     let forked = home.run(&["fork", &run, "--edit", "model:reviewer=sim-2", "--json"]);
-    // The program's line, then the report.
+    // The program's line, then the report: one line, the last.
     let out = forked.stdout();
-    let report = &out[out.find("\n{").map_or(0, |at| at + 1)..];
-    let fork: serde_json::Value = serde_json::from_str(report).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let last = out.lines().last().unwrap_or_default();
+    let fork: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(fork["status"], "ok", "{fork}");
     assert_eq!(fork["diff"]["counts"]["only_in_b"], 0, "{fork}");
-    home.run(&["replay", fork["fork"].as_str().unwrap()]).expect(0, &[], &["ok"]);
+    let replayed = home.run(&["replay", fork["fork"].as_str().unwrap(), "--json"]);
+    replayed.expect(0, &["reviewer: "], &["ok"]);
+    let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!((last["status"].as_str(), last["exit_status"].as_i64()), (Some("ok"), Some(0)), "{last}");
 }
 
 #[test]

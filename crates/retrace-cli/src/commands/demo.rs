@@ -132,16 +132,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     match args.program {
         Some(Program::Run { name, seed, upstream_openai, .. }) if name == "pipeline" => {
-            rt.block_on(pipeline::run_recorded(seed, upstream_openai))
+            rt.block_on(pipeline::run_recorded(seed, upstream_openai)).map_err(reported_by_launcher)
         }
-        Some(Program::Run { name, seed, no_chaos, upstream_openai }) => {
-            rt.block_on(run_program(&name, seed, (!no_chaos).then_some(seed), upstream_openai))
-        }
+        Some(Program::Run { name, seed, no_chaos, upstream_openai }) => rt
+            .block_on(run_program(&name, seed, (!no_chaos).then_some(seed), upstream_openai))
+            .map_err(reported_by_launcher),
         Some(Program::Single { runs, seed, replays }) => single(runs, seed, replays, args.json),
         Some(Program::Pipeline { seed, upstream_openai, json }) => {
             rt.block_on(pipeline::demo(seed, upstream_openai, json || args.json))
         }
         None => rt.block_on(trio_demo(args)),
+    }
+}
+
+/// A demo program's divergence, under the `retrace replay`, `fork` or `gate` that launched it
+/// (`RETRACE_URL`): that command reports it in full, so the program only says it stopped there.
+fn reported_by_launcher(e: anyhow::Error) -> anyhow::Error {
+    let diverged = e.chain().find_map(|c| {
+        c.downcast_ref::<retrace_core::Divergence>()
+            .or_else(|| c.downcast_ref::<retrace_runtime::RuntimeError>().and_then(|r| r.divergence()))
+    });
+    match diverged {
+        Some(d) if std::env::var_os("RETRACE_URL").is_some() => {
+            let at = d.seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
+            crate::exit::check_failed(format!("the program stopped at the divergence{at} ({})", d.code))
+        }
+        _ => e,
     }
 }
 

@@ -16,7 +16,7 @@ use super::existing_store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::{check_failed, usage, usage_hint};
 use crate::launcher::{self, Child};
-use crate::output::print_json;
+use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 
 /// The examples every help shows.
@@ -83,7 +83,8 @@ pub struct Args {
     /// Anthropic upstream for steps that run live.
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
-    /// Print the outcome as JSON.
+    /// Print the outcome as one line of JSON, the last of standard output (after the
+    /// program's own): `{"fork", "status", "diff"}`; with --runs, the summary of every fork.
     #[arg(long)]
     json: bool,
     /// The program to run instead of the recorded command.
@@ -225,7 +226,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
 fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
     let Forked { fork, diff } = outcome;
     if json {
-        print_json(&serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff }))?;
+        print_json_line(&serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff }))?;
     } else {
         eprint!("{}", summary(diff));
     }
@@ -319,7 +320,7 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             .iter()
             .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions}))
             .collect();
-        print_json(&serde_json::json!({
+        print_json_line(&serde_json::json!({
             "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs,
             "forks_not_finished": broken.len(),
         }))?;

@@ -11,7 +11,7 @@ use super::existing_store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::{check_failed, usage};
 use crate::launcher::{self, Child};
-use crate::output::print_json;
+use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 use retrace_store::Store;
 
@@ -46,7 +46,8 @@ pub struct Args {
     /// Every step waits for all earlier seqs (programs whose agents interact only through Retrace).
     #[arg(long)]
     strict: bool,
-    /// Print the outcome as JSON on standard output.
+    /// Print the outcome as one line of JSON, the last of standard output (after the
+    /// program's own): `{"replay", "source", "status", "exit_status", "divergence"}`.
     #[arg(long)]
     json: bool,
     /// The program to run instead of the recorded command.
@@ -81,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let (id, status, outcome) = (&replayed.id, replayed.exit_status, &replayed.outcome);
     if args.json {
-        print_json(&serde_json::json!({
+        print_json_line(&serde_json::json!({
             "replay": id, "source": replayed.source.id, "status": outcome.status, "exit_status": status,
             "divergence": outcome.divergence,
         }))?;
