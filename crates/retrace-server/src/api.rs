@@ -36,6 +36,15 @@ fn not_found(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, e.to_string())
 }
 
+/// A run that `find_run` didn't find: 404, or 400 for a prefix that is ambiguous or too short.
+fn unfound_run(e: retrace_store::StoreError) -> ApiError {
+    match e.kind {
+        retrace_store::StoreErrorKind::NotFound => not_found(e),
+        retrace_store::StoreErrorKind::Invalid => ApiError(StatusCode::BAD_REQUEST, e.to_string()),
+        _ => internal(e),
+    }
+}
+
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
@@ -66,7 +75,7 @@ pub async fn runs(State(app): State<Arc<AppState>>) -> ApiResult {
 
 /// `GET /api/runs/{run}`
 pub async fn run(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
-    let meta = app.host.store().find_run(&id).map_err(not_found)?;
+    let meta = app.host.store().find_run(&id).map_err(unfound_run)?;
     Ok(Json(run_json(&meta)))
 }
 
@@ -96,7 +105,7 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
 pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> ApiResult {
     let NoOptions {} = optional_body(&body)?;
     let store = app.host.store();
-    let mut source = store.find_run(&id).map_err(not_found)?;
+    let mut source = store.find_run(&id).map_err(unfound_run)?;
     if source.mode == RunMode::Replay {
         let of = source.source_run.clone().unwrap_or_default();
         source = store.run(&of).map_err(not_found)?;

@@ -88,7 +88,7 @@ pub fn document() -> Value {
             "/api/health": {"get": {"summary": "liveness", "security": [], "responses": {"200": ok("the daemon is up", obj(json!({"ok": {"type": "boolean"}, "version": {"type": "string"}, "store": {"type": "string"}})))}}},
             "/api/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": ok("OpenAPI 3", any.clone())}}},
             "/api/runs": {
-                "get": {"summary": "list runs", "responses": {"200": ok("runs, newest first", json!({"type": "array", "items": run}))}},
+                "get": {"summary": "list runs", "responses": {"200": ok("runs, oldest first (by start time)", json!({"type": "array", "items": run}))}},
                 "post": op("a new run to record into", &[], Some(body(obj(json!({"name": {"type": "string"}, "labels": {"type": "object", "additionalProperties": {"type": "string"}}})), false)), ok("the new run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}})))),
             },
             "/api/runs/{run}": {"get": op("one run", &["run"], None, ok("the run", run.clone()))},
