@@ -115,6 +115,10 @@ impl Agent {
                     (_, Some(out)) => out,
                     (_, None) => LiveOutput::none(),
                 };
+                // The source's model answered it (unless the answer is an edit's): the same
+                // pinned snapshot, so the fork's step doesn't read as an alias.
+                let snapshot = step.snapshot.clone().filter(|_| !plan.outputs.contains_key(&step.seq));
+                let recorded = recorded.snapshot(snapshot);
                 self.record(input, prepared, label, || async { Ok(recorded) }).await
             }
             Some(ForkMatch::Changed(step)) => {

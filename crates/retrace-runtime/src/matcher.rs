@@ -58,6 +58,8 @@ pub struct RecordedStep {
     pub resolution: Option<Resolution>,
     /// The recorded message envelope (sends).
     pub to: Option<String>,
+    /// A model call's pinned snapshot, as recorded.
+    pub snapshot: Option<String>,
     /// The recorded output, read, verified and decoded ahead of the step (a streaming replay
     /// whose program gets outputs as stored): the value `serde_json::from_slice` gives of the
     /// output blob's bytes.

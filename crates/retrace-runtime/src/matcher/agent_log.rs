@@ -42,15 +42,25 @@ struct Rare {
     decision: Option<Decision>,
     resolution: Option<Resolution>,
     to: Option<String>,
+    /// A model call's pinned snapshot, which a fork's step served from it keeps.
+    snapshot: Option<Arc<str>>,
 }
 
 impl Slot {
     pub(super) fn new(e: &Event, names: &mut HashMap<String, Arc<str>>) -> Slot {
         let name = e.name.as_deref().map(|n| intern(names, n));
         let to = e.message.as_ref().and_then(|m| m.to.clone());
-        let rare = (e.error.is_some() || e.decision.is_some() || to.is_some()).then(|| {
-            Box::new(Rare { error: e.error.clone(), decision: e.decision.clone(), resolution: None, to })
-        });
+        let snapshot = e.model.as_ref().and_then(|m| m.snapshot.as_deref()).map(|s| intern(names, s));
+        let rare =
+            (e.error.is_some() || e.decision.is_some() || to.is_some() || snapshot.is_some()).then(|| {
+                Box::new(Rare {
+                    error: e.error.clone(),
+                    decision: e.decision.clone(),
+                    resolution: None,
+                    to,
+                    snapshot,
+                })
+            });
         Slot {
             seq: e.seq,
             lamport: e.lamport,
@@ -99,6 +109,7 @@ impl Slot {
             source: self.source,
             resolution: rare.and_then(|r| r.resolution.clone()),
             to: rare.and_then(|r| r.to.clone()),
+            snapshot: rare.and_then(|r| r.snapshot.as_deref()).map(str::to_owned),
             output: None,
         }
     }

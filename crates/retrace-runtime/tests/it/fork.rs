@@ -172,6 +172,34 @@ fn a_fork_between_a_side_effects_intent_and_its_completion_verifies_and_replays(
 }
 
 #[test]
+fn a_step_served_from_the_source_keeps_its_model_snapshot() {
+    let store = store();
+    let ask = |s: &Session| {
+        let call = ModelCall {
+            provider: "openai".into(),
+            endpoint: "chat.completions".into(),
+            body: json!({"model": "m"}),
+        };
+        s.agent("a").model(&call, |_| {
+            Ok::<_, String>(ModelReply {
+                body: json!({"text": "hi"}),
+                snapshot: Some("m-2026-11-01".into()),
+                usage: None,
+            })
+        })
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    ask(&s).unwrap();
+    let source = s.finish(Outcome::default()).unwrap().run_id;
+    let f = Session::fork_new(store.clone(), &source, Some(1), vec![], SessionOptions::default()).unwrap();
+    ask(&f).unwrap();
+    f.finish(Outcome::default()).unwrap();
+    let step = &fork_events(&store, &f.run_id())[0];
+    assert_eq!(step.source, Source::Recorded);
+    assert_eq!(step.model.as_ref().and_then(|m| m.snapshot.as_deref()), Some("m-2026-11-01"));
+}
+
+#[test]
 fn a_second_fork_reuses_the_caches_and_ttl_runs_on_the_forks_clock() {
     let store = store();
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
