@@ -97,6 +97,10 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
     meta.masking_rules = app.config.mask_rules.clone();
     meta.mask_key_fingerprint = app.config.mask_key.as_ref().map(|k| k.fingerprint());
     app.host.store().create_run(&meta).map_err(internal)?;
+    // Open the session now: its writer holds the run's lease while the daemon lives, so a run
+    // waiting for its first call is not taken for one whose recorder died (`interrupted`) by
+    // the next process that opens the store.
+    app.host.session(&meta.id).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
     Ok(Json(json!({"run_id": meta.id, "mode": "record"})))
 }
 

@@ -149,7 +149,12 @@ async fn recording_fails_closed_when_the_store_fails() {
 async fn a_run_recorded_by_another_sequencer_is_refused_naming_it() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
     let d = daemon(&providers, |_| {}).await;
-    let run = d.new_run().await;
+    // Created in the store, as `retrace record` does, and recorded by the program's own
+    // session (a run created through the API is the daemon's from the start).
+    let run = "01anothersequencer00000000".to_owned();
+    let meta =
+        retrace_core::run::RunMeta::new(run.clone(), retrace_core::run::RunMode::Record, 1_700_000_000_000);
+    d.store.create_run(&meta).unwrap();
     let holder = LeaseHolder("the-programs-own-session:4242:1".into());
     let _writer = RunWriter::open(d.store.clone(), &run, holder).unwrap();
     let refused = d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await;
@@ -186,4 +191,19 @@ async fn an_agent_belongs_to_one_process() {
         .unwrap();
     assert_eq!(bad.status(), 400);
     assert_eq!(d.store.last_seq(&run).unwrap(), 1, "only the good step was recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_for_its_first_call_holds_its_lease() {
+    // Created through the API, it has no event yet; another process that opens the store
+    // (any `retrace` command) must not take it for a run whose recorder died.
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    assert!(d.store.lease_holder(&run).unwrap().is_some(), "the daemon's session holds the lease");
+    assert_eq!(d.store.recover_interrupted().unwrap(), Vec::<String>::new());
+    assert_eq!(d.store.run(&run).unwrap().status.as_str(), "running");
+    let reply = d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(d.finish(&run).await["status"], "ok");
 }
