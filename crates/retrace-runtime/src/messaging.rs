@@ -15,7 +15,7 @@ use crate::bus::Taken;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::scheduler::Delivery;
 use crate::session::Mode;
-use crate::step::{LiveOutput, StepInput};
+use crate::step::{LiveOutput, Prepared, StepInput};
 
 /// A message as its receiver gets it.
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +78,7 @@ impl Agent {
         match inner.mode {
             Mode::Fork => self.fork_send(input, prepared, &label, to, kind, body).await,
             Mode::Replay => {
+                let (input, prepared, body) = self.edited_message(input, prepared, &label, body)?;
                 let (_, step) = self.replay(input, prepared, &label, Some(body)).await?;
                 Ok(step.seq)
             }
@@ -104,6 +105,40 @@ impl Agent {
                 Ok(seq)
             }
         }
+    }
+
+    /// In a replay of a fork, the send as the fork made it: where the recording holds no send
+    /// of the program's body but holds one of a `message:` edit's body (the fork replaced it),
+    /// that body, as SPEC §7's "replay of a fork applies its edits again" asks.
+    fn edited_message(
+        &self,
+        mut input: StepInput,
+        prepared: Prepared,
+        label: &str,
+        body: Value,
+    ) -> RuntimeResult<(StepInput, Prepared, Value)> {
+        let inner = &self.session.inner;
+        let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else {
+            return Ok((input, prepared, body));
+        };
+        if plan.messages.is_empty() || scheduler.log().peek(&self.id, &prepared.key).is_some() {
+            return Ok((input, prepared, body));
+        }
+        for blob in plan.messages.values() {
+            let Ok(edited) =
+                serde_json::from_slice::<Value>(&inner.for_program(inner.store.get_blob(blob)?)?)
+            else {
+                continue;
+            };
+            let request = json!({ "to": input.request["to"], "kind": input.request["kind"], "body": edited });
+            let original = std::mem::replace(&mut input.request, request);
+            let prepared_edit = self.prepare(&input, label)?;
+            if scheduler.log().peek(&self.id, &prepared_edit.key).is_some() {
+                return Ok((input, prepared_edit, edited));
+            }
+            input.request = original;
+        }
+        Ok((input, prepared, body))
     }
 
     /// Takes the next message sent to this agent, waiting up to `timeout` (forever when None).

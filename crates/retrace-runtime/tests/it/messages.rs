@@ -67,6 +67,30 @@ async fn deliveries_are_events_with_causal_parents_and_lamport_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_a_fork_hands_the_edited_message_again() {
+    use retrace_core::edit::{Content, Edit};
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 3).await;
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let second = events.iter().filter(|e| e.kind == EventType::Send).nth(1).unwrap().seq;
+    let blob = store.put_blob(br#"{"i":99}"#, retrace_store::BlobHint::Raw).unwrap();
+    let edit = Edit::Message { seq: second, content: Content::Blob(blob) };
+    let f =
+        Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default()).unwrap();
+    let heard = pipeline(&f, 3).await;
+    assert_eq!(heard, ["even:0", "odd:99", "even:2"], "the reviewer hears the edit");
+    f.finish(Outcome::default()).unwrap();
+
+    // SPEC §7: replay of a fork applies its edits again; the program still sends {"i": 1}.
+    let r = Session::replay(store.clone(), &f.run_id(), SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&r, 3).await, heard);
+    let report = r.finish(Outcome::default()).unwrap();
+    assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorded_timeout_replays_at_once() {
     let store = store();
     let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
