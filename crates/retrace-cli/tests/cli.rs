@@ -407,6 +407,28 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     replayed.expect(0, &["reviewer: "], &["ok"]);
     let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
     assert_eq!((last["status"].as_str(), last["exit_status"].as_i64()), (Some("ok"), Some(0)), "{last}");
+
+    // A program that never joins the run leaves every step: the report names each agent's first.
+    let none = home.run(&["replay", &run, "--json", "--", "true"]);
+    none.expect(1, &[], &["steps_left", "agent \"schema\": first unconsumed step is seq"]);
+    let last: serde_json::Value = serde_json::from_str(none.stdout().lines().last().unwrap()).unwrap();
+    let d = &last["divergence"];
+    assert_eq!((d["code"].as_str(), d["seq"].as_u64()), (Some("steps_left"), Some(1)), "{last}");
+    assert!(d["step"].is_string() && d["agent"] != "*", "{last}");
+}
+
+#[test]
+fn a_replay_whose_program_never_joins_names_each_agents_first_step() {
+    // A run the demo recorded itself: no daemon hosted it, so replay finds the steps left.
+    let home = Home::new();
+    home.run(&["demo", "--runs", "1"]).expect(0, &[], &[]);
+    let run = runs_of(&home)[0].0.clone();
+    let none = home.run(&["replay", &run, "--json", "--", "true"]);
+    none.expect(1, &[], &["steps_left", "agent \"reviewer\": first unconsumed step is seq"]);
+    let last: serde_json::Value = serde_json::from_str(none.stdout().lines().last().unwrap()).unwrap();
+    let d = &last["divergence"];
+    assert_eq!((d["agent"].as_str(), d["seq"].as_u64()), (Some("planner"), Some(1)), "{last}");
+    assert!(d["step"].as_str().is_some_and(|s| s.starts_with("model_call")), "{last}");
 }
 
 #[test]

@@ -224,10 +224,45 @@ fn unfinished(
     if recorded == 0 {
         return Ok(None);
     }
-    Ok(Some(Divergence::new(DivergenceCode::StepsLeft, "*").detail(format!(
+    // SPEC §7 names the first step left of each agent: as no session said which it had taken,
+    // they are the agents' first recorded steps.
+    let firsts = first_steps(store, &source.id)?;
+    let mut d = match firsts.first() {
+        Some(first) => Divergence::new(DivergenceCode::StepsLeft, first.agent_id.clone())
+            .at(first.seq)
+            .step(first.label())
+            .keys(Some(first.key), None),
+        None => Divergence::new(DivergenceCode::StepsLeft, "*"),
+    };
+    d = d.detail(format!(
         "the program exited with status {status} before its Retrace session finished, with steps \
          of the recording's {recorded} events left (did it stop early, or end without `finish`?)"
-    ))))
+    ));
+    for e in &firsts {
+        d = d.detail(format!(
+            "agent {:?}: first unconsumed step is seq {} ({})",
+            e.agent_id,
+            e.seq,
+            e.label()
+        ));
+    }
+    Ok(Some(d))
+}
+
+/// The first recorded event of each agent of `run`, in seq order (the first pages only: a
+/// report, not an audit).
+fn first_steps(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result<Vec<retrace_core::Event>> {
+    let mut firsts: Vec<retrace_core::Event> = Vec::new();
+    let mut pages = retrace_store::export::RunEvents::new(store, run)?;
+    for _ in 0..8 {
+        let Some(page) = pages.next_page()? else { break };
+        for e in page {
+            if !firsts.iter().any(|f| f.agent_id == e.agent_id) {
+                firsts.push(e);
+            }
+        }
+    }
+    Ok(firsts)
 }
 
 /// Stores the replay run's final outcome once the program has exited.
