@@ -213,6 +213,18 @@ fn export_then_import_elsewhere_round_trips_byte_for_byte() {
     other.run(&["import", path]).expect(0, &[RUN], &["imported run 01clirun", "13 events"]);
     other.run(&["import", path]).expect(0, &[RUN], &["already present"]);
     assert_eq!(other.run(&["export", RUN]).0.stdout, exported);
+    // The same events with another outcome in the header is another run.
+    let text = String::from_utf8(exported.clone()).unwrap();
+    let (header, rest) = text.split_once('\n').unwrap();
+    let mut header: serde_json::Value = serde_json::from_str(header).unwrap();
+    header["run"]["exit_status"] = 3.into();
+    let edited = other.file("edited-header.jsonl");
+    std::fs::write(&edited, format!("{header}\n{rest}")).unwrap();
+    other.run(&["import", edited.to_str().unwrap()]).expect(
+        1,
+        &[],
+        &["same events but a different exit status", "retrace delete 01"],
+    );
     other.run(&["verify", RUN]).expect(0, &["ok:"], &[]);
 
     // The same id with different events is refused, naming the first differing seq.

@@ -181,6 +181,19 @@ pub enum ImportError {
         /// How it differs.
         detail: String,
     },
+    /// The store holds the same events under the same run id, but the run's outcome or origin
+    /// differs (status, decisions, exit status, command, fork source or edits).
+    #[error("run {run_id} is already in the store with the same events but a different {field}: {stored} in the store, {file} in the file")]
+    HeaderConflict {
+        /// The run.
+        run_id: String,
+        /// The header field that differs.
+        field: &'static str,
+        /// Its value in the store (JSON).
+        stored: String,
+        /// Its value in the file (JSON).
+        file: String,
+    },
     /// Reading failed.
     #[error("{at}: cannot read the trace")]
     Io {
@@ -209,7 +222,7 @@ impl ImportError {
             ImportError::Truncated { .. } => ImportErrorKind::Truncated,
             ImportError::UnknownFormat { .. } => ImportErrorKind::UnknownFormat,
             ImportError::Verification { .. } => ImportErrorKind::Verification,
-            ImportError::Conflict { .. } => ImportErrorKind::Conflict,
+            ImportError::Conflict { .. } | ImportError::HeaderConflict { .. } => ImportErrorKind::Conflict,
             ImportError::Io { .. } => ImportErrorKind::Io,
             ImportError::Store { .. } => ImportErrorKind::Store,
         }
@@ -218,7 +231,9 @@ impl ImportError {
     /// The CLI exit code: 1 for content that fails verification or conflicts, 2 for bad input.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ImportError::Verification { .. } | ImportError::Conflict { .. } => 1,
+            ImportError::Verification { .. }
+            | ImportError::Conflict { .. }
+            | ImportError::HeaderConflict { .. } => 1,
             ImportError::Store { source, .. }
                 if matches!(source.kind, StoreErrorKind::Corrupt | StoreErrorKind::Conflict) =>
             {

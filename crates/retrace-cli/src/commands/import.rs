@@ -103,16 +103,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             failed
         }
         // The imported run itself differs (not a fork's source, which other forks may need).
+        ImportError::HeaderConflict { ref run_id, .. } => replaceable(&e, run_id, &name),
         ImportError::Conflict { ref run_id, ref detail, .. } if !detail.starts_with("the fork ") => {
-            let hint = format!(
-                "to replace the stored run with the file's, delete it first: \
-                 retrace delete {run_id} && retrace import {name}"
-            );
-            let mut failed = failure(e.exit_code(), &e);
-            if let Some(f) = failed.downcast_mut::<exit::Failure>() {
-                f.hint = Some(hint);
-            }
-            failed
+            replaceable(&e, run_id, &name)
         }
         _ => failure(e.exit_code(), &e),
     })?;
@@ -137,4 +130,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A conflict with the stored run, with the hint that replaces it by the file's.
+fn replaceable(e: &ImportError, run_id: &str, name: &str) -> anyhow::Error {
+    let mut failed = failure(e.exit_code(), e);
+    if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+        f.hint = Some(format!(
+            "to replace the stored run with the file's, delete it first: \
+             retrace delete {run_id} && retrace import {name}"
+        ));
+    }
+    failed
 }

@@ -1,6 +1,7 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
 use retrace_core::digest_map::DigestSet;
 use retrace_core::envelope::EventType;
+use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event};
 
 use super::read::Trace;
@@ -20,8 +21,9 @@ pub(super) fn store_trace(
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
     check_sources(store, &run_id, &trace.events)?;
     match store.run(&run_id) {
-        Ok(_) => {
+        Ok(held) => {
             compare(store, &run_id, &trace.events)?;
+            compare_header(&held, &trace.header.run)?;
             return Ok(ImportOutcome::AlreadyPresent { run_id });
         }
         Err(e) if e.kind == StoreErrorKind::NotFound => {}
@@ -132,6 +134,42 @@ fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), Impo
     match first_difference(&held, &file) {
         None => Ok(()),
         Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
+    }
+}
+
+/// The run is stored already with the file's events: what it recorded beyond them (its
+/// outcome, its command, what it forked from) must be the file's too. Its name, labels and
+/// retention tier are the store's own to change, and are not compared.
+fn compare_header(held: &RunMeta, file: &RunMeta) -> Result<(), ImportError> {
+    let json = |v: serde_json::Result<serde_json::Value>| v.map(|v| v.to_string()).unwrap_or_default();
+    let fields: [(&'static str, String, String); 9] = [
+        ("mode", json(serde_json::to_value(held.mode)), json(serde_json::to_value(file.mode))),
+        ("status", json(serde_json::to_value(held.status)), json(serde_json::to_value(file.status))),
+        (
+            "exit status",
+            json(serde_json::to_value(held.exit_status)),
+            json(serde_json::to_value(file.exit_status)),
+        ),
+        (
+            "decisions",
+            json(serde_json::to_value(&held.decisions)),
+            json(serde_json::to_value(&file.decisions)),
+        ),
+        ("command", json(serde_json::to_value(&held.command)), json(serde_json::to_value(&file.command))),
+        (
+            "source run",
+            json(serde_json::to_value(&held.source_run)),
+            json(serde_json::to_value(&file.source_run)),
+        ),
+        ("fork point", json(serde_json::to_value(held.fork_at)), json(serde_json::to_value(file.fork_at))),
+        ("edits", json(serde_json::to_value(&held.edits)), json(serde_json::to_value(&file.edits))),
+        ("head", json(serde_json::to_value(held.head)), json(serde_json::to_value(file.head))),
+    ];
+    match fields.into_iter().find(|(_, stored, file)| stored != file) {
+        None => Ok(()),
+        Some((field, stored, file)) => {
+            Err(ImportError::HeaderConflict { run_id: held.id.clone(), field, stored, file })
+        }
     }
 }
 
