@@ -444,6 +444,62 @@ fn a_replay_whose_program_never_joins_names_each_agents_first_step() {
 }
 
 #[test]
+fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let providers = runtime.block_on(retrace_demo::providers::Providers::start("127.0.0.1:0")).unwrap();
+    let home = Home::new();
+    let program = home.file("ask.py");
+    std::fs::write(
+        &program,
+        "import json, os, sys, urllib.request\n\
+         body = {'model': 'gpt-sim', 'stream': len(sys.argv) > 1, 'messages': [{'role': 'user', 'content': 'hi'}]}\n\
+         req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions',\n\
+             data=json.dumps(body).encode(), headers={'content-type': 'application/json'})\n\
+         print(urllib.request.urlopen(req).read().decode())\n",
+    )
+    .unwrap();
+    let upstream = providers.openai_url();
+    let record = |extra: &[&str]| {
+        let mut args = vec![
+            "record",
+            "--json",
+            "--upstream-openai",
+            &upstream,
+            "--",
+            "python3",
+            program.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let recorded = home.run(&args);
+        recorded.expect(0, &[], &[]);
+        run_of(&recorded)
+    };
+    let plain = home.file("plain.json");
+    std::fs::write(
+        &plain,
+        r#"{"id": "chatcmpl-edited", "object": "chat.completion", "model": "gpt-sim",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "edited by hand"}, "finish_reason": "stop"}]}"#,
+    )
+    .unwrap();
+    let edit = format!("model-output:1=@{}", plain.display());
+
+    let run = record(&[]);
+    let forked = home.run(&["fork", &run, "--edit", &edit]);
+    forked.expect(0, &["edited by hand"], &[]);
+    let fork = forked
+        .stderr()
+        .lines()
+        .find_map(|l| l.split(" as ").nth(1))
+        .map(|r| r.split(':').next().unwrap().to_owned());
+    home.run(&["replay", &fork.unwrap()]).expect(0, &["edited by hand"], &["ok"]);
+
+    // A streamed answer can't be replaced by a plain body: said before anything runs.
+    let streamed = record(&["stream"]);
+    home.run(&["fork", &streamed, "--edit", &edit]).expect(2, &[], &["streamed response"]);
+    runtime.block_on(providers.stop());
+}
+
+#[test]
 fn record_and_fork_leave_standard_output_to_the_program() {
     let home = Home::new();
     let recorded = home.run(&["record", "--", "echo", "hi"]);

@@ -41,7 +41,8 @@ Edits (seqs are the source run's; --at defaults to the smallest seq an edit name
 swap:A,B                 deliveries A < B to one agent trade messages\n  \
 message:SEQ=@FILE        replace a message body (SEQ: its send or delivery)\n  \
 tool-output:SEQ=@FILE    replace a tool call's recorded output\n  \
-model-output:SEQ=@FILE   replace a model call's recorded output\n  \
+model-output:SEQ=@FILE   replace a model call's recorded output (for a proxied call, the JSON \
+body the provider would return; a streamed one needs its recorded document)\n  \
 prompt:AGENT=VERSION     template() hands the agent another version\n  \
 model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model\n  \
 param:AGENT.NAME=VALUE   set a parameter of the agent's model requests\n\n\
@@ -135,6 +136,62 @@ fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::
     Ok(edits)
 }
 
+/// A `model-output` edit of a model call the proxy recorded must be what the proxy serves: a
+/// recorded HTTP response (`retrace-http/1`). An edit that is a plain JSON body (what the
+/// provider returns, as a user writes it) of a whole, non-streamed response is stored as a 200
+/// response with that body; for a streamed response the edit must be a recorded document.
+fn as_recorded_responses(store: &dyn Store, source: &str, edits: &[Edit]) -> anyhow::Result<Vec<Edit>> {
+    use retrace_server::proxy::document::{Recorded, RecordedBody};
+    let mut out = Vec::with_capacity(edits.len());
+    for edit in edits {
+        let (Edit::ModelOutput { seq, content: Content::Blob(blob) }, Some(recorded)) =
+            (edit, step_output(store, source, edit)?)
+        else {
+            out.push(edit.clone());
+            continue;
+        };
+        let Ok(doc) = Recorded::decode(&recorded) else {
+            out.push(edit.clone()); // an in-process model call's output: any JSON
+            continue;
+        };
+        let given = store.get_blob(blob)?;
+        if Recorded::decode(&given).is_ok() {
+            out.push(edit.clone());
+            continue;
+        }
+        if matches!(doc.body, RecordedBody::Stream { .. }) {
+            return Err(usage(format!(
+                "edit model-output:{seq}: seq {seq} was a streamed response, so its edit must be a \
+                 recorded response document (retrace-http/1 with chunks, as `retrace show {source} --seq {seq} \
+                 --json` shows its output), not a plain body"
+            )));
+        }
+        let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+        let wrapped = Recorded { status: 200, headers, body: RecordedBody::Whole(given.into()) };
+        let digest = store.put_blob(&wrapped.encode(), BlobHint::Raw)?;
+        out.push(Edit::ModelOutput { seq: *seq, content: Content::Blob(digest) });
+    }
+    Ok(out)
+}
+
+/// The stored output of the source step a `model-output` edit names, if it has one.
+fn step_output(store: &dyn Store, source: &str, edit: &Edit) -> anyhow::Result<Option<Vec<u8>>> {
+    let Edit::ModelOutput { seq, .. } = edit else { return Ok(None) };
+    let mut pages = retrace_store::export::RunEvents::new(store, source)?;
+    while let Some(page) = pages.next_page()? {
+        if let Some(e) = page.iter().find(|e| e.seq == *seq) {
+            return Ok(match e.output_ref {
+                Some(blob) => Some(store.get_blob(&blob)?),
+                None => None,
+            });
+        }
+        if page.last().is_some_and(|e| e.seq > *seq) {
+            break;
+        }
+    }
+    Ok(None)
+}
+
 /// What one fork did.
 struct Forked {
     fork: RunMeta,
@@ -143,6 +200,7 @@ struct Forked {
 
 fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
     let source = launcher::source_run(store.as_ref(), run)?;
+    let edits = &as_recorded_responses(store.as_ref(), &source.id, edits)?;
     let at = args.at.unwrap_or_else(|| default_fork_point(edits));
     ForkPlan::new(at, edits.to_vec())
         .and_then(|p| p.validate(store.as_ref(), &source.id))
