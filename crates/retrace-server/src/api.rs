@@ -161,7 +161,14 @@ pub async fn finish(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
 fn run_json(meta: &RunMeta) -> Value {
     json!({
         "run_id": meta.id,
+        "id": meta.id,
         "name": meta.name,
+        "retention": meta.retention.as_str(),
+        "command": meta.command,
+        "fork_at": meta.fork_at,
+        "edits": meta.edits,
+        "chaos_seed": meta.chaos_seed,
+        "decisions": meta.decisions,
         "mode": meta.mode.to_string(),
         "status": meta.status.to_string(),
         "source_run": meta.source_run,

@@ -150,7 +150,10 @@ pub fn document() -> Value {
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": {
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "divergence": {"type": "object"}}}}},
             "Run": {"type": "object", "required": ["run_id", "mode", "status"], "properties": {
-                "run_id": {"type": "string"}, "name": {"type": "string", "nullable": true}, "mode": {"type": "string"},
+                "run_id": {"type": "string"}, "id": {"type": "string", "description": "the same as run_id, as `retrace runs --json` names it"}, "name": {"type": "string", "nullable": true}, "mode": {"type": "string"},
+                "retention": {"type": "string", "enum": ["routine", "incident", "pinned"]}, "command": {"type": "object", "nullable": true},
+                "fork_at": {"type": "integer", "nullable": true}, "edits": {"type": "array", "items": {"type": "string"}},
+                "chaos_seed": {"type": "integer", "nullable": true}, "decisions": {"type": "array", "items": {"type": "object"}},
                 "status": {"type": "string"}, "source_run": {"type": "string", "nullable": true},
                 "labels": {"type": "object"}, "exit_status": {"type": "integer", "nullable": true},
                 "divergence": {"type": "object", "nullable": true}, "started_at_ms": {"type": "integer"},

@@ -50,6 +50,12 @@ async fn events_come_in_pages_and_the_export_is_the_cli_s() {
     assert_eq!(page["run_id"], run.as_str(), "a prefix names the run");
     let past = get(&d, &format!("/api/runs/{run}/events?from=9")).await.json();
     assert_eq!(past["events"], json!([]));
+    // The run as `retrace runs --json` gives it: `id`, its tier, its decisions.
+    let one = get(&d, &format!("/api/runs/{run}")).await.json();
+    assert_eq!((one["id"].as_str(), one["run_id"].as_str()), (Some(run.as_str()), Some(run.as_str())));
+    assert_eq!((one["retention"].as_str(), one["decisions"].clone()), (Some("routine"), json!([])), "{one}");
+    let prefix = get(&d, &format!("/api/runs/{}", &run[..2])).await;
+    assert_eq!(prefix.status, 400, "a prefix too short to name one run: {}", prefix.text());
 
     let export = get(&d, &format!("/api/runs/{run}/export")).await;
     assert_eq!(export.status, 200);
