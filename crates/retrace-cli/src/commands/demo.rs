@@ -145,6 +145,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// The program's last line on standard error, unless the `retrace record`, `replay`, `fork` or
+/// `gate` that launched it (`RETRACE_URL`) says how the run ended: under it the run is the
+/// daemon's, still `running` when the program's session lets go.
+pub(crate) fn say_finished(report: &retrace_runtime::RunReport) {
+    if std::env::var_os("RETRACE_URL").is_none() {
+        eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
+    }
+}
+
 /// A demo program's divergence, under the `retrace replay`, `fork` or `gate` that launched it
 /// (`RETRACE_URL`): that command reports it in full, so the program only says it stopped there.
 fn reported_by_launcher(e: anyhow::Error) -> anyhow::Error {
@@ -171,7 +180,7 @@ async fn run_program(
         let session = Session::from_env()?;
         triage(&session, &LiveCounter::default(), &Simulator::new(seed))?;
         let report = session.finish(Outcome { exit_status: Some(0) })?;
-        eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
+        say_finished(&report);
         return Ok(());
     }
     let session = Session::from_env_with(trio_options(chaos))?;
@@ -184,7 +193,7 @@ async fn run_program(
     let decision = trio(&session, Arc::new(ChatClient::new(&base))).await?;
     let report = session.finish(Outcome { exit_status: Some(0) })?;
     println!("reviewer: {decision}");
-    eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
+    say_finished(&report);
     Ok(())
 }
 

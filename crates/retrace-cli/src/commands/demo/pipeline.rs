@@ -85,7 +85,7 @@ pub async fn run_recorded(seed: u64, upstream: Option<String>) -> anyhow::Result
     let brief = pipeline(&session, &client, &ToolCalls::default()).await?;
     let report = session.finish(Outcome { exit_status: Some(0) })?;
     println!("job {}: {}", brief.job, brief.published);
-    eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
+    super::say_finished(&report);
     Ok(())
 }
 
