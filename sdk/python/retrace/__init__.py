@@ -17,6 +17,9 @@ daemon's proxy with the official clients (:meth:`Agent.openai`, :meth:`Agent.ant
 Async twins (``await planner.atool(...)``, ``arecv``, ``asend``, ...) take the same steps on the
 event loop over an asyncio keep-alive client: an agent awaiting ``arecv`` holds no thread.
 
+Under ``RETRACE_MODE=off`` the program runs without Retrace: tool functions run directly, and
+messages go between the agents of the process without a daemon.
+
 Pure Python, standard library only.
 """
 from __future__ import annotations
@@ -24,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import os
 import random
+import secrets
+import sys
 import threading
 import time
 import urllib.parse
@@ -38,8 +42,12 @@ __all__ = [
     "ApprovalRequired", "NotPermitted",
 ]
 
+from . import _off
 from ._errors import ApprovalRequired, Divergence, DryRun, NotPermitted, RetraceError, StepError
 from ._http import Http as _Http
+from ._values import plain as _plain
+
+_CLASSES = ("deterministic", "time_bound", "side_effect")
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,17 @@ class Message:
 
 def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional[str] = None) -> "Run":
     """Connects to the daemon (``RETRACE_URL``) for a run (``RETRACE_RUN``, set by
-    ``retrace record`` / ``replay``). With no run, creates a new run to record into."""
+    ``retrace record`` / ``replay``). With no run, creates a new run to record into.
+    ``RETRACE_MODE=off`` connects to nothing: the run's mode is ``off`` (see :class:`Run`)."""
+    if os.environ.get("RETRACE_MODE") == "off":
+        return Run(None, f"off-{secrets.token_hex(8)}", "off", owned=False)
+    launched = os.environ.get("RETRACE_RUN") and os.environ.get("RETRACE_URL")
+    if launched and not run and url and url.rstrip("/") != os.environ["RETRACE_URL"].rstrip("/"):
+        # Under `retrace record` / `replay` the run is that command's daemon's: the steps must
+        # go there, or the replay finds none of them and the program's go to another run.
+        print(f"retrace: RETRACE_RUN is set by the retrace command running this program: connecting "
+              f"to its daemon {os.environ['RETRACE_URL']}, not {url}", file=sys.stderr)
+        url = None
     url = url or os.environ.get("RETRACE_URL")
     if not url:
         raise RetraceError(0, "no_daemon", "RETRACE_URL is not set: run the program under `retrace record -- ...`, "
@@ -72,16 +90,26 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
 
 
 class Run:
-    """One run on the daemon: its agents take steps through it."""
+    """One run on the daemon: its agents take steps through it.
 
-    def __init__(self, http_: _Http, run_id: str, mode: str, owned: bool):
+    In mode ``off`` (``RETRACE_MODE=off``) there is no daemon and nothing is recorded: tool
+    functions, clock, random and env reads run directly and hand back their own results and
+    exceptions; ``send`` and ``recv`` carry messages between the agents of this process (a
+    ``recv`` no agent of the process can answer raises, naming the reason); ``decide`` does
+    nothing; ``template`` reads ``prompts/`` (or ``RETRACE_PROMPTS``) where the program runs;
+    ``openai()`` and the other clients talk to the provider directly."""
+
+    def __init__(self, http_: Optional[_Http], run_id: str, mode: str, owned: bool):
         self._http, self.id, self.mode, self._owned = http_, run_id, mode, owned
         self._agents: dict[str, Agent] = {}
+        self._bus = _off.Mailboxes() if mode == "off" else None
 
     def agent(self, agent_id: str, role: Optional[str] = None, prompt_template: Optional[str] = None) -> "Agent":
         """The agent ``agent_id`` of this run."""
         if agent_id not in self._agents:
             self._agents[agent_id] = Agent(self, agent_id, role, prompt_template)
+            if self._bus is not None:
+                self._bus.join(agent_id)
         return self._agents[agent_id]
 
     def finish(self, exit_status: int = 0) -> dict:
@@ -95,6 +123,8 @@ class Run:
 
     async def afinish(self, exit_status: int = 0) -> dict:
         """:meth:`finish` on the event loop; then closes the loop's idle connections."""
+        if self._http is None:
+            return self.finish(exit_status)
         aio = self._http.aio
         try:
             for a in self._agents.values():
@@ -116,22 +146,22 @@ class _Post:
 
 
 class _Run:
-    """Run the program's function: the flow gets ``{"output": ...}`` or ``{"error": ...}``.
+    """Run the program's function: the flow gets ``(value, None)`` or ``(None, exception)``.
     ``inline``: a cheap built-in read (clock, random, env) that never needs a thread."""
 
     def __init__(self, fn: Callable[[], Any], inline: bool = False):
         self.fn, self.inline = fn, inline
 
 
+class _Raise:
+    """A flow's result that its driver raises: the program's own exception, which raised inside
+    the flow would become a RuntimeError if it is a StopIteration (PEP 479)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 _Flow = Generator[Any, Any, Any]
-
-
-def _outcome(value: Any) -> dict:
-    return {"output": _json_roundtrip(value)}
-
-
-def _failure(e: Exception) -> dict:
-    return {"error": f"{type(e).__name__}: {e}"}
 
 
 class Agent:
@@ -153,14 +183,16 @@ class Agent:
             try:
                 op = flow.send(sent)
             except StopIteration as done:
+                if isinstance(done.value, _Raise):
+                    raise done.value.error
                 return done.value
             if isinstance(op, _Post):
                 sent = self.run._http.call("POST", f"{self._base}/{op.route}", op.body)
             else:
                 try:
-                    sent = _outcome(op.fn())
+                    sent = (op.fn(), None)
                 except Exception as e:  # the failure is recorded, then raised again
-                    sent = _failure(e)
+                    sent = (None, e)
 
     async def _adrive(self, flow: _Flow) -> Any:
         sent: Any = None
@@ -169,6 +201,8 @@ class Agent:
                 op = flow.send(sent)
             except StopIteration as done:
                 value = done.value
+                if isinstance(value, _Raise):
+                    raise value.error
                 # Only a dry_run callable can hand back an awaitable: a recorded output is JSON.
                 return await value if inspect.isawaitable(value) else value
             if isinstance(op, _Post):
@@ -183,36 +217,58 @@ class Agent:
                     value = await asyncio.to_thread(op.fn)
                 if inspect.isawaitable(value):
                     value = await value
-                sent = _outcome(value)
+                sent = (value, None)
             except Exception as e:
-                sent = _failure(e)
+                sent = (None, e)
 
     # ---- the flows -------------------------------------------------------------------------
 
     def _step_flow(self, kind: str, name: str, request: Any, fn: Callable[[], Any], tool: Optional[dict] = None,
                    dry_run: Optional[Callable[[Any], Any]] = None, inline: bool = False) -> _Flow:
+        if self.run.mode == "off":  # no Retrace: the function's own result, or its own exception
+            value, error = yield _Run(fn, inline)
+            return value if error is None else _Raise(error)
+        what = f"{'tool' if kind == 'tool_call' else kind} {name!r} of agent {self.id!r}"
         body: dict = {"type": kind, "name": name, "request": request}
         if tool is not None:
             body["tool"] = tool
         side_effect = tool is not None and tool.get("class") == "side_effect"
+        raised = None  # the program's own exception, raised again once its failure is recorded
         if self.run.mode == "record" and not side_effect:
-            body.update((yield _Run(fn, inline)))
+            report, raised = self._report(what, (yield _Run(fn, inline)))
+            body.update(report)
         answer = yield _Post("steps", body)
         if answer["status"] == "run":  # a side effect after its intent, a changed step of a fork
             done: dict = {"step": answer["step"]}
             if answer.get("dry_run") and dry_run is not None:  # a fork's side effect: never run
-                done.update((yield _Run(lambda: dry_run(request), inline)))
+                report, raised = self._report(what, (yield _Run(lambda: dry_run(request), inline)))
             else:
-                done.update((yield _Run(fn, inline)))
+                report, raised = self._report(what, (yield _Run(fn, inline)))
+            done.update(report)
             answer = yield _Post("steps", done)
+        if answer["status"] == "error" and raised is not None:
+            return _Raise(raised)
         return self._result(answer, dry_run)
+
+    @staticmethod
+    def _report(what: str, ran: tuple) -> tuple:
+        """What the daemon records of a function that ran (``{"output": ...}`` or
+        ``{"error": ...}``), and the exception to raise once it is recorded: the function's own,
+        or the refusal of an output JSON can't hold (the function has run by then)."""
+        value, error = ran
+        if error is None:
+            try:
+                return {"output": _plain(value, f"{what} ran, but its output holds")}, None
+            except RetraceError as refused:
+                error = refused
+        return {"error": f"{type(error).__name__}: {error}"}, error
 
     @staticmethod
     def _result(answer: dict, dry_run: Optional[Callable[[Any], Any]]) -> Any:
         status = answer["status"]
         if status == "done":
             return answer["output"]
-        if status == "error":
+        if status == "error":  # replay: the function failed when it was recorded
             raise StepError(answer["error"])
         if status == "approval_required":
             raise ApprovalRequired(answer["approval"], answer["error"])
@@ -226,6 +282,18 @@ class Agent:
 
     def _tool_flow(self, name: str, args: Any, fn: Callable[..., Any], cls: str, version: str,
                    ttl_s: Optional[int], dry_run: Optional[Callable[[Any], Any]]) -> _Flow:
+        # Checked before anything runs or is sent: the daemon would refuse the step only after a
+        # live function (maybe a side effect) had run, leaving nothing recorded.
+        what = f"tool {name!r} of agent {self.id!r}"
+        if cls not in _CLASSES:
+            raise RetraceError(0, "usage", f"{what}: cls={cls!r}; want one of {', '.join(_CLASSES)}")
+        if cls == "time_bound" and (not isinstance(ttl_s, int) or isinstance(ttl_s, bool) or ttl_s <= 0):
+            raise RetraceError(0, "usage", f"{what}: a time_bound tool needs ttl_s, a whole number of seconds "
+                               f"above 0 (got ttl_s={ttl_s!r})")
+        if cls != "time_bound" and ttl_s is not None:
+            raise RetraceError(0, "usage", f"{what}: ttl_s is for time_bound tools only; a {cls} tool takes "
+                               f"none (got ttl_s={ttl_s!r})")
+        request = args if self.run.mode == "off" else _plain(args, f"{what}: the arguments hold")
         call = fn
         if cls == "side_effect" and "idempotency_key" in _params(fn):
             with self._lock:
@@ -235,7 +303,7 @@ class Agent:
         tool = {"version": str(version), "class": cls, "ttl_s": ttl_s}
         if cls == "side_effect" and dry_run is not None:
             tool["dry_run"] = True  # a fork asks for the dry run and records what it returns
-        return self._step_flow("tool_call", name, _json_roundtrip(args), call, tool, dry_run)
+        return self._step_flow("tool_call", name, request, call, tool, dry_run)
 
     def _now_flow(self) -> _Flow:
         out = yield from self._step_flow("clock", "wall", {}, lambda: {"unix_ms": int(time.time() * 1000)},
@@ -252,50 +320,69 @@ class Agent:
                                          inline=True)
         return out["value"]
 
-    def _template_flow(self, vars: Optional[dict], template: Optional[str]) -> _Flow:
+    def _template_flow(self, vars: Optional[dict], template: Optional[str], named: dict) -> _Flow:
         chosen = template or self.prompt_template
         if not chosen:
             raise RetraceError(0, "usage", f"agent {self.id!r} has no prompt template: "
                                "pass prompt_template= to run.agent() or template= here")
-        return (yield _Post("template", {"template": chosen, "vars": vars or {}}))["text"]
+        vars = _plain({**(vars or {}), **named}, f"template {chosen!r} of agent {self.id!r}: the vars hold")
+        if self.run.mode == "off":
+            return _off.template(chosen, vars)
+        body = {"template": chosen, "vars": vars}
+        # The program's prompts folder, where it runs now, when it has one: not the folder of
+        # wherever the daemon was started (a daemon with tokens reads only its own).
+        prompts = os.path.abspath(os.environ.get("RETRACE_PROMPTS") or "prompts")
+        if os.path.isdir(prompts):
+            body["prompts_dir"] = prompts
+        return (yield _Post("template", body))["text"]
 
     def _send_flow(self, to: str, body: Any, kind: str, parent: Optional[int]) -> _Flow:
-        answer = yield _Post("send", {"to": to, "kind": kind, "body": _json_roundtrip(body), "parent": parent})
+        if self.run.mode == "off":
+            return self.run._bus.post(self.id, to, body, kind, parent)
+        body = _plain(body, f"message from agent {self.id!r} to {to!r}: the body holds")
+        answer = yield _Post("send", {"to": to, "kind": kind, "body": body, "parent": parent})
         return answer["seq"]
 
     @staticmethod
     def _recv_flow(timeout: Optional[float]) -> _Flow:
-        m = (yield _Post("recv", {"timeout_s": timeout}))["message"]
-        if m is None:
-            return None
-        return Message(m["seq"], m["sender"], m["body"], parent=m.get("parent"), kind=m.get("kind"))
+        return _message((yield _Post("recv", {"timeout_s": timeout}))["message"])
 
-    @staticmethod
-    def _decide_flow(action: str, target: Optional[str]) -> _Flow:
-        yield _Post("decide", {"action": action, "target": target})
+    def _decide_flow(self, action: str, target: Optional[str]) -> _Flow:
+        if self.run.mode != "off":  # without Retrace a decision is the program's own business
+            yield _Post("decide", {"action": action, "target": target})
 
-    @staticmethod
-    def _exit_flow() -> _Flow:
-        yield _Post("exit", {})
+    def _exit_flow(self) -> _Flow:
+        if self.run.mode == "off":
+            self.run._bus.exit(self.id)
+        else:
+            yield _Post("exit", {})
 
     # ---- the steps -------------------------------------------------------------------------
 
-    def template(self, vars: Optional[dict] = None, template: Optional[str] = None) -> str:
+    def template(self, vars: Optional[dict] = None, template: Optional[str] = None, **named: Any) -> str:
         """The text of this agent's prompt template (``prompt_template`` of :meth:`Run.agent`, or
         ``template``, as ``name@version``), read from ``prompts/<name>/<version>.txt`` (or
         ``RETRACE_PROMPTS``) where the daemon runs, with ``{name}`` placeholders filled from
-        ``vars``. The agent's following model calls carry the template's id and digest, and a
+        keyword arguments (``template(table="users")``) and ``vars`` (a dict, for names such as
+        ``template``). The agent's following model calls carry the template's id and digest, and a
         fork's ``prompt:AGENT=VERSION`` edit hands back that version's text instead."""
-        return self._drive(self._template_flow(vars, template))
+        return self._drive(self._template_flow(vars, template, named))
 
     def tool(self, name: str, args: Any, fn: Callable[..., Any], cls: str = "deterministic", version: str = "1",
              ttl_s: Optional[int] = None, dry_run: Optional[Callable[[Any], Any]] = None) -> Any:
         """Calls a tool: in record runs ``fn()`` and records its result (or error); in replay
         returns the recorded result and ``fn`` never runs. ``cls`` is ``deterministic``,
-        ``time_bound`` (with ``ttl_s``) or ``side_effect`` (whose intent is stored before it runs;
-        never run by replay or fork; a fork hands back ``dry_run(args)`` and records it as the
-        step's output, so replaying the fork hands back the same value without calling it). A side-effect ``fn``
-        that accepts ``idempotency_key`` gets a stable one: ``run/agent/occurrence``."""
+        ``time_bound`` (with ``ttl_s``, whole seconds above 0) or ``side_effect`` (whose intent is
+        stored before it runs; never run by replay or fork; a fork hands back ``dry_run(args)`` and
+        records it as the step's output, so replaying the fork hands back the same value without
+        calling it). A side-effect ``fn`` that accepts ``idempotency_key`` gets a stable one:
+        ``run/agent/occurrence``.
+
+        ``args`` and what ``fn`` returns must be values JSON can hold: anything else is refused
+        with a :class:`RetraceError` (``not_json``) naming the step and the JSON path, ``args``
+        before anything runs, an output once ``fn`` has run (and recorded as the step's failure).
+        When ``fn`` raises, the failure is recorded and ``fn``'s own exception is raised again; in
+        replay, where ``fn`` never runs, a recorded failure raises :class:`StepError`."""
         return self._drive(self._tool_flow(name, args, fn, cls, version, ttl_s, dry_run))
 
     def now(self) -> float:
@@ -312,12 +399,15 @@ class Agent:
 
     def send(self, to: str, body: Any, kind: str = "message", parent: Optional[int] = None) -> int:
         """Sends a message to agent ``to``; returns the seq of its ``send`` event. ``parent`` names
-        the event that caused it (the receiver's ``Message.parent``)."""
+        the event that caused it (the receiver's ``Message.parent``). A ``body`` JSON can't hold is
+        refused before it is sent, as :meth:`tool` refuses its ``args``."""
         return self._drive(self._send_flow(to, body, kind, parent))
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message for this agent (``Message(seq, sender, body, parent, kind)``), or None
         when ``timeout`` seconds pass (a recorded timeout, which replay reproduces at once)."""
+        if self.run.mode == "off":
+            return _message(self.run._bus.take(self.id, timeout))
         return self._drive(self._recv_flow(timeout))
 
     def decide(self, action: str, target: Optional[str] = None) -> None:
@@ -331,8 +421,8 @@ class Agent:
     # Async twins: the same flows on the event loop, over the asyncio transport. No thread,
     # except while a plain (not `async def`) tool function runs: that goes to a worker thread
     # so a blocking tool doesn't stall the loop. An `async def` tool is awaited on the loop.
-    async def atemplate(self, vars: Optional[dict] = None, template: Optional[str] = None) -> str:
-        return await self._adrive(self._template_flow(vars, template))
+    async def atemplate(self, vars: Optional[dict] = None, template: Optional[str] = None, **named: Any) -> str:
+        return await self._adrive(self._template_flow(vars, template, named))
 
     async def atool(self, name: str, args: Any, fn: Callable[..., Any], cls: str = "deterministic",
                     version: str = "1", ttl_s: Optional[int] = None,
@@ -352,6 +442,8 @@ class Agent:
         return await self._adrive(self._send_flow(to, body, kind, parent))
 
     async def arecv(self, timeout: Optional[float] = None) -> Optional[Message]:
+        if self.run.mode == "off":
+            return _message(await self.run._bus.atake(self.id, timeout))
         return await self._adrive(self._recv_flow(timeout))
 
     async def adecide(self, action: str, target: Optional[str] = None) -> None:
@@ -366,38 +458,41 @@ class Agent:
         run, agent = urllib.parse.quote(self.run.id), urllib.parse.quote(self.id)
         return f"{self.run._http.url}/proxy/run/{run}/agent/{agent}/{provider}"
 
+    def _client(self, provider: str, key_var: str, kwargs: dict) -> dict:
+        """The client's arguments: routed through the proxy for this run and agent, or, in mode
+        ``off``, left to the client (its own environment and defaults)."""
+        if self.run.mode == "off":
+            return kwargs
+        kwargs.setdefault("api_key", os.environ.get(key_var, "retrace-placeholder"))
+        token = self.run._http.token
+        return dict(**kwargs, base_url=self._proxy(provider) + ("/v1" if provider == "openai" else ""),
+                    default_headers={"X-Retrace-Token": token} if token else {})
+
     def openai(self, **kwargs: Any) -> Any:
         """An ``openai.OpenAI`` client whose calls are this agent's model steps."""
         import openai
-        kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY", "retrace-placeholder"))
-        return openai.OpenAI(base_url=self._proxy("openai") + "/v1", default_headers=self._headers(), **kwargs)
+        return openai.OpenAI(**self._client("openai", "OPENAI_API_KEY", kwargs))
 
     def anthropic(self, **kwargs: Any) -> Any:
         """An ``anthropic.Anthropic`` client whose calls are this agent's model steps."""
         import anthropic
-        kwargs.setdefault("api_key", os.environ.get("ANTHROPIC_API_KEY", "retrace-placeholder"))
-        return anthropic.Anthropic(base_url=self._proxy("anthropic"), default_headers=self._headers(), **kwargs)
+        return anthropic.Anthropic(**self._client("anthropic", "ANTHROPIC_API_KEY", kwargs))
 
     def aopenai(self, **kwargs: Any) -> Any:
         """An ``openai.AsyncOpenAI`` client whose calls are this agent's model steps."""
         import openai
-        kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY", "retrace-placeholder"))
-        return openai.AsyncOpenAI(base_url=self._proxy("openai") + "/v1", default_headers=self._headers(), **kwargs)
+        return openai.AsyncOpenAI(**self._client("openai", "OPENAI_API_KEY", kwargs))
 
     def aanthropic(self, **kwargs: Any) -> Any:
         """An ``anthropic.AsyncAnthropic`` client whose calls are this agent's model steps."""
         import anthropic
-        kwargs.setdefault("api_key", os.environ.get("ANTHROPIC_API_KEY", "retrace-placeholder"))
-        return anthropic.AsyncAnthropic(base_url=self._proxy("anthropic"), default_headers=self._headers(), **kwargs)
-
-    def _headers(self) -> dict:
-        token = self.run._http.token
-        return {"X-Retrace-Token": token} if token else {}
+        return anthropic.AsyncAnthropic(**self._client("anthropic", "ANTHROPIC_API_KEY", kwargs))
 
 
-def _json_roundtrip(value: Any) -> Any:
-    """What replay will hand back: the value as JSON decodes it (tuples become lists...)."""
-    return json.loads(json.dumps(value, allow_nan=False, default=str))
+def _message(m: Optional[dict]) -> Optional[Message]:
+    if m is None:
+        return None
+    return Message(m["seq"], m["sender"], m["body"], parent=m.get("parent"), kind=m.get("kind"))
 
 
 def _params(fn: Callable[..., Any]) -> set:

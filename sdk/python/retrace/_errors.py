@@ -5,7 +5,9 @@ from typing import Any, Optional
 
 
 class RetraceError(Exception):
-    """The daemon refused a request (bad input, unknown run, store failure...)."""
+    """The daemon refused a request (bad input, unknown run, store failure...), or the SDK refused
+    a step before sending it (``status`` 0; ``code`` ``usage``, or ``not_json`` for a value JSON
+    can't hold)."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"{code}: {message}")
@@ -49,7 +51,9 @@ class NotPermitted(Exception):
 
 
 class StepError(Exception):
-    """The step's function failed (live), or failed when it was recorded (replay)."""
+    """The step's function failed when it was recorded: raised where the function does not run
+    (replay, a step a fork answers from its source). Where it runs (record, a changed step of a
+    fork), the failure is recorded and the function's own exception is raised again."""
 
 
 for _error in (RetraceError, Divergence, DryRun, ApprovalRequired, NotPermitted, StepError):

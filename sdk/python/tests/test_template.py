@@ -1,7 +1,9 @@
 """`Agent.template()` (SPEC §6) against a real daemon: the prompt comes from
 prompts/<name>/<version>.txt where the program runs, its model call carries the template's id,
 replay hands back the same text with nothing live, and a fork's `prompt:planner=v2` edit hands
-the planner version 2 (the model call then runs live: it changed)."""
+the planner version 2 (the model call then runs live: it changed). Variables are keyword
+arguments (`template(table="users")`, as in SPEC §6) or a dict."""
+import asyncio
 import json
 import os
 import subprocess
@@ -9,6 +11,9 @@ import sys
 import time
 import socket
 from pathlib import Path
+
+import retrace as sdk
+from test_checks import daemon  # noqa: F401 - the fixture
 
 HERE = Path(__file__).parent
 BIN = os.environ.get("RETRACE_BIN", str(HERE.parents[2] / "target" / "release" / "retrace"))
@@ -65,3 +70,29 @@ def test_template_versions_replay_and_fork(tmp_path):
 
     rep = retrace(home, project, "replay", run)
     assert rep.stdout.strip().splitlines() == printed, rep.stdout + rep.stderr
+
+
+def test_template_variables_are_keywords_or_a_dict(daemon, tmp_path):
+    (tmp_path / "prompts" / "planner").mkdir(parents=True)
+    (tmp_path / "prompts" / "planner" / "v3.txt").write_text("Rename {table}.{column} in {n} batches, {template}.")
+    run = sdk.connect(url=daemon, name="template-vars")
+    planner = run.agent("planner", prompt_template="planner@v3")
+    want = "Rename users.full_name in 3 batches, v3."
+    assert planner.template(table="users", column="full_name", n=3, vars={"template": "v3"}) == want
+    assert planner.template({"table": "users", "column": "full_name", "n": 3, "template": "v3"}) == want
+    assert planner.template({"table": "users", "template": "v3"}, column="full_name", n=3) == want
+    assert asyncio.run(planner.atemplate({"template": "v3"}, table="users", column="full_name", n=3)) == want
+    run.finish()
+
+
+def test_templates_come_from_the_programs_folder_not_the_daemons(daemon, tmp_path, monkeypatch):
+    """The daemon was started elsewhere (its RETRACE_PROMPTS has no planner@v4); the program
+    runs in its own folder, which has."""
+    project = tmp_path / "elsewhere"
+    (project / "prompts" / "planner").mkdir(parents=True)
+    (project / "prompts" / "planner" / "v4.txt").write_text("Backfill {table} from the program's folder.")
+    monkeypatch.chdir(project)
+    run = sdk.connect(url=daemon, name="template-folder")
+    assert run.agent("planner", prompt_template="planner@v4").template(table="users") == \
+        "Backfill users from the program's folder."
+    run.finish()

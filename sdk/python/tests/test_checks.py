@@ -1,0 +1,157 @@
+"""What the SDK refuses before a step runs or is sent, against a real daemon (`retrace serve`):
+a tool class or `ttl_s` the daemon would refuse only after the tool had run (a side effect with
+nothing recorded), and values JSON can't hold (SPEC §2), which would otherwise reach the log
+stringified (a set in an order that changes between processes). Each refusal names the agent,
+the step and, for a value, its JSON path."""
+import asyncio
+import json
+import os
+import urllib.request
+
+import pytest
+
+import retrace
+from test_async import free_port, started
+
+CLASSES = "want one of deterministic, time_bound, side_effect"
+NEEDS_TTL = "a time_bound tool needs ttl_s, a whole number of seconds above 0"
+NO_TTL = "ttl_s is for time_bound tools only"
+BAD_TOOLS = [
+    ({"cls": "side-effect"}, "cls='side-effect'; " + CLASSES),
+    ({"cls": "bogus"}, "cls='bogus'; " + CLASSES),
+    ({"cls": "time_bound"}, NEEDS_TTL + " (got ttl_s=None)"),
+    ({"cls": "time_bound", "ttl_s": 0}, NEEDS_TTL),
+    ({"cls": "time_bound", "ttl_s": -60}, NEEDS_TTL),
+    ({"cls": "time_bound", "ttl_s": 1.5}, NEEDS_TTL),
+    ({"cls": "time_bound", "ttl_s": True}, NEEDS_TTL),
+    ({"cls": "deterministic", "ttl_s": 60}, NO_TTL + "; a deterministic tool takes none"),
+    ({"cls": "side_effect", "ttl_s": 60}, NO_TTL + "; a side_effect tool takes none"),
+]
+
+# (value, the JSON path of what JSON can't hold, how the refusal shows it)
+NOT_JSON = [
+    ({"ids": {3, 1, 2}}, "$.ids", "set {1, 2, 3}"),
+    ({"rows": [{"seen": frozenset({"a"})}]}, "$.rows[0].seen", "frozenset frozenset({'a'})"),
+    ({"conn": object()}, "$.conn", "an instance of object"),
+    ({"p": [0.5, float("nan")]}, "$.p[1]", "float nan"),
+    ({"limit": float("inf")}, "$.limit", "float inf"),
+    ({"by pair": {("EUR", "USD"): 1.1}}, '$["by pair"]["(\'EUR\', \'USD\')"]', "the tuple key"),
+]
+
+
+@pytest.fixture
+def daemon(tmp_path, monkeypatch):
+    """`retrace serve` on a fresh store; its prompt templates under `tmp_path / "prompts"`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRACE_")}
+    env.update(RETRACE_HOME=str(tmp_path / "home"), RETRACE_PROMPTS=str(tmp_path / "prompts"))
+    port = free_port()
+    serve = started(["serve", "--addr", f"127.0.0.1:{port}"], port, env)
+    for var in ("RETRACE_URL", "RETRACE_RUN", "RETRACE_MODE", "RETRACE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.terminate()
+        serve.wait(timeout=10)
+
+
+def events(daemon, run_id):
+    with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}/events", timeout=10) as r:
+        return json.loads(r.read())["events"]
+
+
+def test_a_bad_tool_class_or_ttl_is_refused_before_the_tool_runs_or_is_sent(daemon):
+    run = retrace.connect(url=daemon, name="bad-class")
+    ops = run.agent("ops")
+    ran = []
+
+    async def send_async():
+        ran.append("async")
+
+    for kwargs, why in BAD_TOOLS:
+        with pytest.raises(retrace.RetraceError) as refused:
+            ops.tool("email.send", {"to": "ops"}, lambda: ran.append("sync"), **kwargs)
+        assert refused.value.code == "usage"
+        assert refused.value.message.startswith(f"tool 'email.send' of agent 'ops': {why}"), refused.value.message
+        with pytest.raises(retrace.RetraceError, match="tool 'email.send' of agent 'ops'") as refused:
+            asyncio.run(ops.atool("email.send", {"to": "ops"}, send_async, **kwargs))
+        assert refused.value.code == "usage"
+    assert ran == [], "a refused tool never runs"
+    assert ops.tool("fx.rate", {}, lambda: 1.1, cls="time_bound", ttl_s=60) == 1.1
+    run.finish()
+    assert [e["name"] for e in events(daemon, run.id)] == ["fx.rate"], "a refused step is never sent"
+
+
+def test_arguments_and_message_bodies_json_cant_hold_are_refused_before_anything_runs(daemon):
+    run = retrace.connect(url=daemon, name="not-json-in")
+    planner = run.agent("planner", prompt_template="planner@v1")
+    ran = []
+    for value, path, shown in NOT_JSON:
+        with pytest.raises(retrace.RetraceError) as refused:
+            planner.tool("sql.query", value, lambda: ran.append(1))
+        assert refused.value.code == "not_json"
+        assert refused.value.message.startswith(f"tool 'sql.query' of agent 'planner': the arguments hold {shown}")
+        assert f" at {path}, which JSON can't hold" in refused.value.message, refused.value.message
+        with pytest.raises(retrace.RetraceError) as refused:
+            planner.send("reviewer", value, kind="rows")
+        assert refused.value.message.startswith(f"message from agent 'planner' to 'reviewer': the body holds {shown}")
+        assert f" at {path}," in refused.value.message, refused.value.message
+        with pytest.raises(retrace.RetraceError, match=r"^not_json: template 'planner@v1' of agent 'planner': the "
+                           r"vars hold"):
+            planner.template(value)
+    with pytest.raises(retrace.RetraceError, match=r"^not_json: tool 'sql.query' of agent 'planner': .* at \$\.ids"):
+        asyncio.run(planner.atool("sql.query", {"ids": {1}}, lambda: ran.append(1)))
+    with pytest.raises(retrace.RetraceError, match=r"^not_json: message from agent 'planner' to 'reviewer'"):
+        asyncio.run(planner.asend("reviewer", {"at": {1.5}}))
+    assert ran == []
+    # A tuple is a JSON array: it is sent, and comes back as a list, as replay hands it back;
+    # bytes and datetimes travel as their text, the same in every process (SPEC §6).
+    assert planner.tool("sql.query", {"ids": (1, 2)}, lambda: (3, 4)) == [3, 4]
+    import datetime
+    at = datetime.datetime(2026, 12, 4, 9, 30)
+    assert planner.tool("sql.query", {"since": at}, lambda: {"raw": b"\x00", "at": at}) == {
+        "raw": "b'\\x00'", "at": "2026-12-04 09:30:00"}
+    run.finish()
+    assert [e["type"] for e in events(daemon, run.id)] == ["tool_call"] * 2, "a refused step is never sent"
+
+
+@pytest.mark.parametrize("cls", ["deterministic", "side_effect"])
+def test_an_output_json_cant_hold_is_refused_and_recorded_as_the_steps_failure(daemon, cls):
+    run = retrace.connect(url=daemon, name="not-json-out")
+    planner = run.agent("planner")
+    for value, path, shown in NOT_JSON:
+        with pytest.raises(retrace.RetraceError) as refused:
+            planner.tool("sql.query", {}, lambda: value, cls=cls)
+        assert refused.value.code == "not_json"
+        assert refused.value.message.startswith(f"tool 'sql.query' of agent 'planner' ran, but its output holds "
+                                                f"{shown}"), refused.value.message
+        assert f" at {path}, which JSON can't hold" in refused.value.message, refused.value.message
+
+    async def rows():
+        return {"ids": {1, 2}}
+
+    with pytest.raises(retrace.RetraceError, match=r"ran, but its output holds set \{1, 2\} at \$\.ids"):
+        asyncio.run(planner.atool("sql.query", {}, rows, cls=cls))
+    run.finish()
+    calls = [e for e in events(daemon, run.id) if e["type"] == "tool_call"]
+    assert len(calls) == len(NOT_JSON) + 1, calls
+    for event, (_, path, _) in zip(calls, NOT_JSON):
+        assert event["error"].startswith("RetraceError: not_json: tool 'sql.query' of agent 'planner' ran, but")
+        assert f" at {path}," in event["error"], event
+    if cls == "side_effect":  # every intent has its completion: nothing waits for `retrace resolve`
+        intents = [e for e in events(daemon, run.id) if e["type"] == "intent"]
+        assert [e["seq"] for e in intents] == [e["causal_parent"] for e in calls]
+
+
+def test_under_a_retrace_command_its_daemon_wins_over_url(daemon, monkeypatch, capsys):
+    """`retrace record` / `replay` set RETRACE_URL and RETRACE_RUN: a program that also passes
+    `url=` (its own `retrace serve`) must still take its steps to the command's daemon."""
+    launched = retrace.connect(url=daemon, name="launched")
+    monkeypatch.setenv("RETRACE_URL", daemon)
+    monkeypatch.setenv("RETRACE_RUN", launched.id)
+    closed = f"http://127.0.0.1:{free_port()}"
+    run = retrace.connect(url=closed)
+    assert run.id == launched.id
+    assert f"connecting to its daemon {daemon}, not {closed}" in capsys.readouterr().err
+    assert run.agent("a").tool("t", {}, lambda: 1) == 1
+    launched.finish()
