@@ -80,8 +80,9 @@ pub struct Alignment {
     pub fork_at: Option<u64>,
 }
 
-/// Tokens and dollars over some steps.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+/// Tokens and dollars over some steps. In JSON, `cost_usd` of no steps is 0, not null (null
+/// says steps were counted whose cost is unknown).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tokens {
     /// How many steps with a usage were counted.
     pub steps: u64,
@@ -91,6 +92,18 @@ pub struct Tokens {
     pub output_tokens: u64,
     /// Sum of `usage.cost_usd`, or `None` when no counted step had a cost.
     pub cost_usd: Option<f64>,
+}
+
+impl Serialize for Tokens {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Tokens", 4)?;
+        s.serialize_field("steps", &self.steps)?;
+        s.serialize_field("input_tokens", &self.input_tokens)?;
+        s.serialize_field("output_tokens", &self.output_tokens)?;
+        s.serialize_field("cost_usd", &self.cost_usd.or((self.steps == 0).then_some(0.0)))?;
+        s.end()
+    }
 }
 
 impl Tokens {
@@ -316,5 +329,21 @@ fn changed_step(store: &dyn Store, names: &Names, x: &Step, y: &Step, options: &
         output_a: x.output_hash,
         output_b: y.output_hash,
         diff,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_steps_cost_nothing_and_unpriced_steps_cost_unknown() {
+        let json = |t: &Tokens| serde_json::to_value(t).unwrap()["cost_usd"].clone();
+        let mut tokens = Tokens::default();
+        assert_eq!(json(&tokens), serde_json::json!(0.0));
+        tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: None });
+        assert_eq!(json(&tokens), serde_json::Value::Null);
+        tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: Some(0.5) });
+        assert_eq!(json(&tokens), serde_json::json!(0.5));
     }
 }
