@@ -626,3 +626,17 @@ fn bad_arguments_are_named_before_anything_runs() {
     );
     assert_eq!(runs_of(&home).len(), 1, "no run was created for a bad upstream");
 }
+
+#[test]
+fn a_timeout_flag_takes_seconds_up_to_a_year() {
+    let home = Home::new();
+    for value in ["1e308", "--upstream-timeout=-1", "soon"] {
+        let args = match value.starts_with("--") {
+            true => vec!["record", value, "--", "true"],
+            false => vec!["record", "--upstream-timeout", value, "--", "true"],
+        };
+        home.run(&args).expect(2, &[], &[value.trim_start_matches("--upstream-timeout="), "seconds"]);
+    }
+    home.run(&["serve", "--stall-timeout", "NaN"]).expect(2, &[], &["NaN", "seconds"]);
+    home.run(&["record", "--upstream-timeout", "0.5", "--", "true"]).expect(0, &[], &[]);
+}

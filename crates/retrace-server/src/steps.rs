@@ -384,7 +384,8 @@ pub async fn recv(
         Ok(a) => a,
         Err(r) => return *r,
     };
-    let timeout = body.timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
+    // A timeout too long for a Duration (1e300 s) is no timeout: the wait has no end either way.
+    let timeout = body.timeout_s.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
     match agent.recv(timeout).await {
         Ok(Some(m)) => {
             Json(json!({"message": {"seq": m.seq, "sender": m.sender, "kind": m.kind, "body": m.body, "parent": m.parent}}))

@@ -37,7 +37,11 @@ def test_the_api_keeps_the_promises_of_its_openapi_document(tmp_path):
         r = subprocess.run(
             [st, "run", f"{base}/api/openapi.json", "--checks",
              "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
-             "--max-examples", "25", "-w", "1", "--seed", "1"],
+             "--max-examples", "25", "-w", "1", "--seed", "1",
+             # recv is a long poll: without a timeout_s it waits for a message as long as it
+             # takes (SPEC §6), which a fuzzer's request timeout reads as a hung server. The SDK
+             # and runtime tests drive it.
+             "--exclude-path-regex", "/recv$"],
             capture_output=True, text=True, timeout=300,
         )
         assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

@@ -98,7 +98,7 @@ pub struct Args {
     #[arg(long, requires = "accept")]
     pub force: bool,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::seconds)]
     pub stall_timeout: f64,
     /// With --accept: the OpenAI-compatible upstream to record against.
     #[arg(long, value_name = "URL", requires = "accept")]

@@ -28,6 +28,17 @@ use retrace_store::{open_store, Store, StoreConfig, StoreLocation};
 
 use crate::exit::usage_hint;
 
+/// A `--*-timeout S` value: a number of seconds, 0 or more, finite and at most a year (a longer
+/// one is not a timeout a person means, and would overflow a `Duration`).
+pub(crate) fn seconds(text: &str) -> Result<f64, String> {
+    const YEAR: f64 = 365.0 * 24.0 * 3600.0;
+    match text.trim().parse::<f64>() {
+        Ok(s) if (0.0..=YEAR).contains(&s) => Ok(s),
+        Ok(_) => Err(format!("{text} is not between 0 and {YEAR} seconds (a year)")),
+        Err(_) => Err(format!("{text} is not a number of seconds")),
+    }
+}
+
 /// Opens the store named by the environment (RETRACE_STORE / RETRACE_HOME), creating it if
 /// there is none: for the commands that record or import.
 pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {

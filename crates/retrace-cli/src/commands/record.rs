@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
     /// Seconds an upstream may take to answer, and between two chunks of a stream.
-    #[arg(long, value_name = "S", default_value_t = 600.0)]
+    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::seconds)]
     upstream_timeout: f64,
     /// Largest model request body the proxy accepts, in bytes (after decoding).
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]

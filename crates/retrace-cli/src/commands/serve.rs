@@ -65,7 +65,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
     /// Declare a replay stalled when its waiting calls make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::seconds)]
     stall_timeout: f64,
     /// OpenAI-compatible upstream, with /v1 (default: $OPENAI_BASE_URL, else api.openai.com).
     #[arg(long, value_name = "URL")]
@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     max_body: usize,
     /// Seconds an upstream may take to answer, and between two chunks of a stream.
-    #[arg(long, value_name = "S", default_value_t = 600.0)]
+    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::seconds)]
     upstream_timeout: f64,
 }
 

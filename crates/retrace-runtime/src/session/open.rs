@@ -187,7 +187,7 @@ impl Session {
             options.chaos_seed = Some(seed);
         }
         if let Some(secs) = std::env::var("RETRACE_STALL_TIMEOUT").ok().and_then(|s| s.parse::<f64>().ok()) {
-            options.stall_timeout = Duration::from_secs_f64(secs.max(0.0));
+            options.stall_timeout = Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX);
         }
         if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
             options.strict = true;

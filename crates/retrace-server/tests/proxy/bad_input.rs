@@ -207,3 +207,25 @@ async fn a_run_waiting_for_its_first_call_holds_its_lease() {
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(d.finish(&run).await["status"], "ok");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recv_timeout_too_long_for_a_duration_waits_and_the_daemon_stays_up() {
+    // 1e300 s used to panic the handler (Duration::from_secs_f64): it means no timeout.
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let base = format!("{}/api/runs/{run}/agents", d.base);
+    let waiting = client().post(format!("{base}/reviewer/recv")).json(&json!({"timeout_s": 1e300})).send();
+    let waiting = tokio::spawn(waiting);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let sent = client()
+        .post(format!("{base}/planner/send"))
+        .json(&json!({"to": "reviewer", "kind": "note", "body": {"x": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 200);
+    let heard: serde_json::Value = waiting.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(heard["message"]["body"], json!({"x": 1}), "{heard}");
+    assert_eq!(d.finish(&run).await["status"], "ok");
+}
