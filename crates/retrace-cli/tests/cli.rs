@@ -404,7 +404,15 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     assert_eq!(agents, ["planner", "reviewer", "schema"].into(), "{shown}");
     let models = events.iter().filter(|e| e["type"] == "model_call").count();
     assert_eq!(models, 4, "one event per call");
-    home.run(&["replay", &run]).expect(0, &["reviewer: "], &["ok"]);
+    let replayed = home.run(&["replay", &run]);
+    replayed.expect(0, &["reviewer: "], &["ok"]);
+    // How the run ended is the launcher's line; the program's session, let go while the run is
+    // the daemon's, doesn't say "running" first.
+    assert!(!replayed.stderr().contains(" running ("), "{}", replayed.stderr());
+    // A program that diverges: the report is printed once, by replay; the program says it stopped.
+    let diverged = home.run(&["replay", &run, "--", "retrace", "demo", "run", "single", "--seed", "3"]);
+    diverged.expect(1, &[], &["the program stopped at the divergence"]);
+    assert_eq!(diverged.stderr().matches("divergence [").count(), 1, "{}", diverged.stderr());
 
     // A fork's changed steps run live against the demo's simulator (the source named no
     // upstream), once each, and nothing is new.

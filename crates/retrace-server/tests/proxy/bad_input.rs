@@ -218,13 +218,11 @@ async fn a_recv_timeout_too_long_for_a_duration_waits_and_the_daemon_stays_up() 
     let waiting = client().post(format!("{base}/reviewer/recv")).json(&json!({"timeout_s": 1e300})).send();
     let waiting = tokio::spawn(waiting);
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let sent = client()
-        .post(format!("{base}/planner/send"))
-        .json(&json!({"to": "reviewer", "kind": "note", "body": {"x": 1}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(sent.status(), 200);
+    d.api(
+        &format!("/api/runs/{run}/agents/planner/send"),
+        json!({"to": "reviewer", "kind": "note", "body": {"x": 1}}),
+    )
+    .await;
     let heard: serde_json::Value = waiting.await.unwrap().unwrap().json().await.unwrap();
     assert_eq!(heard["message"]["body"], json!({"x": 1}), "{heard}");
     assert_eq!(d.finish(&run).await["status"], "ok");

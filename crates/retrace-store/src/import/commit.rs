@@ -141,35 +141,28 @@ fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), Impo
 /// outcome, its command, what it forked from) must be the file's too. Its name, labels and
 /// retention tier are the store's own to change, and are not compared.
 fn compare_header(held: &RunMeta, file: &RunMeta) -> Result<(), ImportError> {
-    let json = |v: serde_json::Result<serde_json::Value>| v.map(|v| v.to_string()).unwrap_or_default();
-    let fields: [(&'static str, String, String); 9] = [
-        ("mode", json(serde_json::to_value(held.mode)), json(serde_json::to_value(file.mode))),
-        ("status", json(serde_json::to_value(held.status)), json(serde_json::to_value(file.status))),
-        (
-            "exit status",
-            json(serde_json::to_value(held.exit_status)),
-            json(serde_json::to_value(file.exit_status)),
-        ),
-        (
-            "decisions",
-            json(serde_json::to_value(&held.decisions)),
-            json(serde_json::to_value(&file.decisions)),
-        ),
-        ("command", json(serde_json::to_value(&held.command)), json(serde_json::to_value(&file.command))),
-        (
-            "source run",
-            json(serde_json::to_value(&held.source_run)),
-            json(serde_json::to_value(&file.source_run)),
-        ),
-        ("fork point", json(serde_json::to_value(held.fork_at)), json(serde_json::to_value(file.fork_at))),
-        ("edits", json(serde_json::to_value(&held.edits)), json(serde_json::to_value(&file.edits))),
-        ("head", json(serde_json::to_value(held.head)), json(serde_json::to_value(file.head))),
+    const FIELDS: [(&str, &str); 9] = [
+        ("mode", "mode"),
+        ("status", "status"),
+        ("exit status", "exit_status"),
+        ("decisions", "decisions"),
+        ("command", "command"),
+        ("source run", "source_run"),
+        ("fork point", "fork_at"),
+        ("edits", "edits"),
+        ("head", "head"),
     ];
-    match fields.into_iter().find(|(_, stored, file)| stored != file) {
+    let as_json = |meta: &RunMeta| serde_json::to_value(meta).unwrap_or_default();
+    let (stored, filed) = (as_json(held), as_json(file));
+    let shown = |v: Option<&serde_json::Value>| v.map_or_else(|| "null".to_owned(), ToString::to_string);
+    match FIELDS.into_iter().find(|(_, key)| stored.get(key) != filed.get(key)) {
         None => Ok(()),
-        Some((field, stored, file)) => {
-            Err(ImportError::HeaderConflict { run_id: held.id.clone(), field, stored, file })
-        }
+        Some((field, key)) => Err(ImportError::HeaderConflict {
+            run_id: held.id.clone(),
+            field,
+            stored: shown(stored.get(key)),
+            file: shown(filed.get(key)),
+        }),
     }
 }
 
