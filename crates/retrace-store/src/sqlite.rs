@@ -32,6 +32,7 @@ pub mod schema;
 mod staged;
 mod summaries;
 mod sync;
+mod tail;
 #[doc(hidden)]
 pub use sync::on_wal_synced;
 mod vault;
@@ -128,6 +129,9 @@ pub struct SqliteStore {
     /// Whether the write connection's page cache is [`LARGE_WRITE_CACHE_BYTES`] (changed with
     /// `writer` locked).
     large_cache: AtomicBool,
+    /// The write connection's copy of the blobs not yet indexed (locked inside a write
+    /// transaction only, after `writer`).
+    tail: Mutex<tail::Tail>,
     readers: Mutex<Vec<Connection>>,
     /// The snapshot connections ([`SNAPSHOT_MMAP_BYTES`]) no snapshot holds, at most
     /// [`SNAPSHOT_POOL`].
@@ -228,6 +232,7 @@ impl SqliteStore {
             files,
             writer: Mutex::new(writer),
             large_cache: AtomicBool::new(false),
+            tail: Mutex::new(tail::Tail::default()),
             readers: Mutex::new(Vec::new()),
             snapshots: Mutex::new(Vec::new()),
             agents: Mutex::new(HashMap::new()),
@@ -316,7 +321,9 @@ impl SqliteStore {
             let value = f(&tx)?;
             tx.commit().ctx(|| what)?;
             Ok(value)
-        })()?;
+        })()
+        // What the transaction noted in the tail's copy was rolled back with it.
+        .inspect_err(|_| self.tail.lock().invalidate())?;
         if let (Some(wal), WalSyncs::Now) = (&self.wal_sync, sync) {
             // Committed but not yet durable: the caller must not acknowledge it.
             wal.sync().ctx(|| format!("{what}: syncing the WAL {}-wal", self.label))?;
@@ -326,6 +333,50 @@ impl SqliteStore {
         }
         self.checkpointer.committed();
         Ok(value)
+    }
+
+    /// The tail's copy, caught up inside the write transaction `tx` and merged first when full
+    /// (see [`tail`]).
+    fn caught_up_tail(&self, tx: &Connection) -> StoreResult<parking_lot::MutexGuard<'_, tail::Tail>> {
+        let mut tail = self.tail.lock();
+        tail.catch_up(tx)?;
+        if tail.len() >= tail::MERGE_AT {
+            self.merge_tail(tx)?;
+            tail.cache_rows = 0;
+            tail.catch_up(tx)?;
+        }
+        Ok(tail)
+    }
+
+    /// [`tail::merge`] inside the write transaction `tx`, with the large page cache: the
+    /// index leaves it rewrites stay in the cache until the commit, instead of spilling.
+    fn merge_tail(&self, tx: &Connection) -> StoreResult<()> {
+        self.grow_cache(tx)?;
+        tail::merge(tx)
+    }
+
+    /// Counts `added` cache entries appended in `tx`, and merges `cache_log` once this
+    /// connection has appended [`tail::CACHE_MERGE_AT`] since its last merge.
+    fn merge_cache_if_full(&self, tx: &Connection, added: usize) -> StoreResult<()> {
+        let mut tail = self.tail.lock();
+        tail.cache_rows += added as i64;
+        if tail.cache_rows < tail::CACHE_MERGE_AT {
+            return Ok(());
+        }
+        tail.cache_rows = 0;
+        self.grow_cache(tx)?;
+        tail::merge_cache(tx)
+    }
+
+    /// Gives the write connection the large page cache for the rest of this transaction (the
+    /// next small write shrinks it again).
+    fn grow_cache(&self, tx: &Connection) -> StoreResult<()> {
+        if !self.large_cache.load(Ordering::Relaxed) {
+            tx.execute_batch(&format!("PRAGMA cache_size = -{}", LARGE_WRITE_CACHE_BYTES >> 10))
+                .ctx(|| "growing the page cache to merge the indexes")?;
+            self.large_cache.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Flushes the WAL to the disk now, whatever the durability level (nothing to do when
@@ -447,7 +498,8 @@ impl BlobStore for SqliteStore {
     fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
         let digest = Digest::of(bytes);
         self.write(&format!("storing blob {digest}"), |tx| {
-            let mut staged = staged::Staged::new(&self.files);
+            let mut tail = self.caught_up_tail(tx)?;
+            let mut staged = staged::Staged::new(&self.files, &mut tail);
             blobs::put(tx, &mut staged, None, &digest, bytes, hint)?;
             staged.finish(tx)
         })?;
@@ -455,7 +507,13 @@ impl BlobStore for SqliteStore {
     }
 
     fn get_blob(&self, digest: &Digest) -> StoreResult<Vec<u8>> {
-        self.read(|conn| blobs::get(conn, &self.files, digest))
+        match self.located(std::slice::from_ref(digest)).pop() {
+            Some(at @ (_, Some(_))) => self
+                .get_many(&[at], blobs::Check::Digest)?
+                .pop()
+                .ok_or_else(|| crate::StoreError::corrupt(format!("blob {digest} was read as nothing"))),
+            _ => self.read(|conn| blobs::get(conn, &self.files, digest)),
+        }
     }
 
     fn has_blob(&self, digest: &Digest) -> StoreResult<bool> {
@@ -467,7 +525,7 @@ impl BlobStore for SqliteStore {
     }
 
     fn get_blobs(&self, digests: &[Digest]) -> StoreResult<Vec<Vec<u8>>> {
-        self.get_many(digests, blobs::Check::Digest)
+        self.get_many(&self.located(digests), blobs::Check::Digest)
     }
 
     fn get_blobs_unverified(&self, blobs: &[crate::BlobRef]) -> StoreResult<Vec<Vec<u8>>> {
@@ -476,6 +534,15 @@ impl BlobStore for SqliteStore {
 }
 
 impl SqliteStore {
+    /// `digests`, each with its row id where this store's write connection holds it in its
+    /// copy of the tail: a hint, checked against the row's digest when read, that saves a
+    /// scan of the tail (skipped while a write transaction holds the copy).
+    fn located(&self, digests: &[Digest]) -> Vec<crate::BlobRef> {
+        let tail = self.tail.try_lock();
+        let at = |d: &Digest| tail.as_ref().and_then(|t| t.get(d)).map(BlobAt::new);
+        digests.iter().map(|d| (*d, at(d))).collect()
+    }
+
     /// [`BlobStore::get_blobs`] in one read transaction, checked as `check` says.
     fn get_many<B: blobs::Wanted>(&self, wanted: &[B], check: blobs::Check) -> StoreResult<Vec<Vec<u8>>> {
         if wanted.len() <= 1 {

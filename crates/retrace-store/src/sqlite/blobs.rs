@@ -3,6 +3,7 @@
 //! requests (chained) and responses as manifests ([`crate::manifest`]). Every read verifies the digest.
 use std::sync::Arc;
 
+use retrace_core::digest_map::DigestMap;
 use retrace_core::Digest;
 use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -11,6 +12,7 @@ use super::files::Files;
 use super::pack;
 use super::schema::{KIND_FILE, KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use super::staged::Staged;
+use super::tail::id_of;
 use crate::error::ResultExt;
 use crate::head::SeqMap;
 use crate::manifest::{self, Manifest, ManifestSource};
@@ -25,23 +27,26 @@ use crate::{BlobAt, BlobHint, BlobPut, BlobRef, StoreError, StoreResult, INLINE_
 /// 5%, for 1.7% more pages in the database (a row-sized gap left at the end of a leaf).
 const ROW_MAX: usize = 256;
 
+/// The row id of `digest`, indexed or in the tail (see [`super::tail`]).
 fn blob_id(conn: &Connection, digest: &Digest) -> StoreResult<Option<i64>> {
-    conn.prepare_cached("SELECT id FROM blobs WHERE digest = ?1")
-        .and_then(|mut s| s.query_row([digest.as_bytes()], |r| r.get(0)).optional())
+    conn.prepare_cached(&format!("SELECT {}", id_of("?1")))
+        .and_then(|mut s| s.query_row([digest.as_bytes()], |r| r.get(0)))
         .ctx(|| format!("looking up blob {digest}"))
 }
 
 /// The row id of `digest` in the write transaction `tx`: from what the transaction already
-/// knows (prefetched or inserted, see [`prefetch`]) or else asked.
-fn stored_id(tx: &Connection, staged: &Staged<'_>, digest: &Digest) -> StoreResult<Option<i64>> {
+/// knows (prefetched or inserted, see [`prefetch`]), from the tail's copy, or else asked of
+/// the digest index.
+fn stored_id(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest) -> StoreResult<Option<i64>> {
     match staged.known.get(digest) {
         Some(known) => Ok(*known),
-        None => blob_id(tx, digest),
+        None => staged.tail.find(tx, digest),
     }
 }
 
-/// Looks up which of `digests` are stored in one query (the digests as a JSON array of hex
-/// strings walked by `json_each`), so that [`put`] asks nothing more about them.
+/// Looks up which of `digests` are stored: in the tail's copy, and in one query of the digest
+/// index (the digests as a JSON array of hex strings walked by `json_each`), so that [`put`]
+/// asks nothing more about them.
 pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Digest]) -> StoreResult<()> {
     if digests.len() < 2 {
         return Ok(());
@@ -49,11 +54,13 @@ pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Dige
     let what = || format!("looking up {} blobs", digests.len());
     let found: Vec<(Vec<u8>, i64)> = tx
         .prepare_cached(
-            "SELECT b.digest, b.id FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)",
+            "SELECT b.digest, b.id FROM json_each(?1) j CROSS JOIN blobs b \
+             ON b.digest = unhex(j.value) AND b.indexed = 1",
         )
         .and_then(|mut s| s.query_map([hex_list(digests)], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
         .ctx(what)?;
-    staged.known.extend(digests.iter().map(|d| (*d, None)));
+    let tail = &*staged.tail;
+    staged.known.extend(digests.iter().map(|d| (*d, tail.get(d))));
     for (digest, id) in found {
         let digest = Digest::from_slice(&digest)
             .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
@@ -96,11 +103,8 @@ pub(crate) fn put_all(
 }
 
 /// Stores plain `bytes` (up to [`INLINE_BLOB_MAX`]) that this transaction hasn't looked up,
-/// unless the store holds them: the row goes in first and its digest's `UNIQUE` index is the
-/// look-up, so a new blob costs one probe of that index instead of a look-up and then an insert
-/// (on an import of fresh blobs the look-ups were a sixth of the storing thread). A packed
-/// blob's row names the place its bytes will go ([`Staged::next_pack_location`]), and they go
-/// there only if the row was new.
+/// unless the store holds them (in the tail's copy or the digest index). A packed blob's row
+/// names the place its bytes will go ([`Staged::next_pack_location`]).
 fn put_plain(
     tx: &Connection,
     rows: &mut RowInserter<'_>,
@@ -108,6 +112,9 @@ fn put_plain(
     digest: &Digest,
     bytes: &[u8],
 ) -> StoreResult<i64> {
+    if let Some(id) = stored_id(tx, staged, digest)? {
+        return Ok(id);
+    }
     let location = match bytes.len() > ROW_MAX {
         true => Some(staged.next_pack_location(tx)?),
         false => None,
@@ -116,10 +123,8 @@ fn put_plain(
         Some(at) => (KIND_PACKED, ValueRef::Integer(at)),
         None => (KIND_INLINE, ValueRef::Blob(bytes)),
     };
-    let Some(id) = rows.insert_if_absent(tx, digest, kind, bytes.len(), data)? else {
-        return blob_id(tx, digest)?
-            .ok_or_else(|| StoreError::corrupt(format!("blob {digest} is both stored and not found")));
-    };
+    let id = rows.insert(tx, digest, kind, bytes.len(), data)?;
+    staged.tail.note(*digest, id);
     if let Some(at) = location {
         let packed_at = staged.pack(tx, bytes)?;
         if packed_at != at {
@@ -193,9 +198,8 @@ fn insert(
     size: usize,
     data: Value,
 ) -> StoreResult<i64> {
-    let id = RowInserter::new(conn)?
-        .insert_if_absent(conn, digest, kind, size, (&data).into())?
-        .ok_or_else(|| StoreError::conflict(format!("blob {digest} was stored while being stored")))?;
+    let id = RowInserter::new(conn)?.insert(conn, digest, kind, size, (&data).into())?;
+    staged.tail.note(*digest, id);
     staged.known.insert(*digest, Some(id));
     Ok(id)
 }
@@ -212,28 +216,27 @@ impl<'c> RowInserter<'c> {
     fn new(conn: &'c Connection) -> StoreResult<Self> {
         let insert = conn
             .prepare_cached(
-                "INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-                 ON CONFLICT (digest) DO NOTHING",
+                "INSERT INTO blobs (digest, kind, size, data, stored_at) VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .ctx(|| "preparing to store blobs")?;
         Ok(RowInserter { insert, now: crate::writer::lease::now_ms() as i64 })
     }
 
-    /// Inserts a blob's row unless its digest has one; the new row's id, or `None`.
-    fn insert_if_absent(
+    /// Inserts a blob's row into the tail (the caller knows its digest has none); the new
+    /// row's id.
+    fn insert(
         &mut self,
         conn: &Connection,
         digest: &Digest,
         kind: i64,
         size: usize,
         data: ValueRef<'_>,
-    ) -> StoreResult<Option<i64>> {
+    ) -> StoreResult<i64> {
         let data = ToSqlOutput::Borrowed(data);
-        let inserted = self
-            .insert
+        self.insert
             .execute(params![digest.as_bytes(), kind, size as i64, data, self.now])
             .ctx(|| format!("storing blob {digest}"))?;
-        Ok((inserted > 0).then(|| conn.last_insert_rowid()))
+        Ok(conn.last_insert_rowid())
     }
 }
 
@@ -325,30 +328,58 @@ pub(crate) fn put(
 pub(crate) type Row = (i64, i64, Value, Option<Vec<u8>>);
 
 fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
-    conn.prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM blobs b WHERE b.digest = ?1"))
+    conn.prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM blobs b WHERE b.id = {}", id_of("?1")))
         .and_then(|mut s| {
             s.query_row([digest.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()
         })
         .ctx(|| format!("reading blob {digest}"))
 }
 
-/// The rows of `digests` in one query, in the order given (`None` for a digest not stored):
-/// the digests go in as one JSON array of hex strings, walked by `json_each` as the outer loop.
+/// The rows of `digests`, in the order given (`None` for a digest not stored): one query of
+/// the digest index (the digests as one JSON array of hex strings, walked by `json_each` as
+/// the outer loop), then, for the digests it lacks, one scan of the tail for all of them.
 fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> {
-    let list = hex_list(digests);
     let mut found: Vec<Option<Row>> = (0..digests.len()).map(|_| None).collect();
     let what = || format!("reading {} blobs", digests.len());
     let mut stmt = conn
         .prepare_cached(&format!(
-            "SELECT j.key, {ROW_COLUMNS} FROM json_each(?1) j CROSS JOIN blobs b ON b.digest = unhex(j.value)"
+            "SELECT j.key, {ROW_COLUMNS} FROM json_each(?1) j CROSS JOIN blobs b \
+             ON b.digest = unhex(j.value) AND b.indexed = 1"
         ))
         .ctx(what)?;
-    let mut rows = stmt.query([&list]).ctx(what)?;
+    let mut rows = stmt.query([hex_list(digests)]).ctx(what)?;
     while let Some(r) = rows.next().ctx(what)? {
         let index: i64 = r.get(0).ctx(what)?;
         let row = (r.get(1).ctx(what)?, r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?);
         if let Some(slot) = usize::try_from(index).ok().and_then(|i| found.get_mut(i)) {
             *slot = Some(row);
+        }
+    }
+    let missing: Vec<Digest> =
+        (0..digests.len()).filter(|&i| found[i].is_none()).map(|i| digests[i]).collect();
+    if missing.is_empty() {
+        return Ok(found);
+    }
+    let mut tail: DigestMap<Row> = DigestMap::default();
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT b.digest, {ROW_COLUMNS} FROM blobs b WHERE b.id > (SELECT merged_to FROM blob_mark) \
+             AND b.digest IN (SELECT unhex(value) FROM json_each(?1))"
+        ))
+        .ctx(what)?;
+    let mut rows = stmt.query([hex_list(&missing)]).ctx(what)?;
+    while let Some(r) = rows.next().ctx(what)? {
+        let digest: Vec<u8> = r.get(0).ctx(what)?;
+        let digest = Digest::from_slice(&digest)
+            .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
+        tail.insert(
+            digest,
+            (r.get(1).ctx(what)?, r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?),
+        );
+    }
+    for (slot, digest) in found.iter_mut().zip(digests) {
+        if slot.is_none() {
+            *slot = tail.get(digest).cloned();
         }
     }
     Ok(found)

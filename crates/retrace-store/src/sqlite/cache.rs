@@ -1,4 +1,5 @@
-//! The LLM and tool caches in SQLite: one `cache` row per step key (see [`super::schema`]).
+//! The LLM and tool caches in SQLite: entries are appended to `cache_log` and merged into
+//! `cache`, one row per step key, now and then (see [`super::tail`]); the newest wins.
 //!
 //! Times and TTLs are stored as SQLite's signed integers with their bits unchanged (as seqs
 //! are), so every `u64` reads back exactly.
@@ -12,7 +13,8 @@ use crate::cache::{check_entry, missing_blob};
 use crate::error::ResultExt;
 use crate::{Cache, CacheEntry, StoreError, StoreResult};
 
-/// Inserts or replaces `entry` under `key` inside the open transaction `tx` (already checked).
+/// Stores `entry` under `key`, replacing any earlier entry, inside the open transaction `tx`
+/// (already checked): appended to `cache_log`.
 pub(crate) fn put(tx: &Connection, key: &Digest, entry: &CacheEntry) -> StoreResult<()> {
     let usage = entry
         .usage
@@ -25,7 +27,7 @@ pub(crate) fn put(tx: &Connection, key: &Digest, entry: &CacheEntry) -> StoreRes
         })
         .transpose()?;
     tx.prepare_cached(
-        "INSERT OR REPLACE INTO cache (key, output_blob, usage, stored_at, class, ttl) \
+        "INSERT INTO cache_log (key, output_blob, usage, stored_at, class, ttl) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )
     .and_then(|mut s| {
@@ -44,14 +46,25 @@ pub(crate) fn put(tx: &Connection, key: &Digest, entry: &CacheEntry) -> StoreRes
 
 type Row = (Vec<u8>, Option<String>, i64, Option<String>, Option<i64>);
 
+/// The newest entry of `key`: the last appended to `cache_log` (a scan of the few rows not
+/// merged yet), else the one in `cache`.
 fn get(conn: &Connection, key: &Digest) -> StoreResult<Option<CacheEntry>> {
-    let row: Option<Row> = conn
-        .prepare_cached("SELECT output_blob, usage, stored_at, class, ttl FROM cache WHERE key = ?1")
-        .and_then(|mut s| {
-            s.query_row([key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
-                .optional()
-        })
-        .ctx(|| format!("reading cache entry {key}"))?;
+    let mut row: Option<Row> = None;
+    for sql in [
+        "SELECT output_blob, usage, stored_at, class, ttl FROM cache_log WHERE key = ?1 ORDER BY id DESC LIMIT 1",
+        "SELECT output_blob, usage, stored_at, class, ttl FROM cache WHERE key = ?1",
+    ] {
+        row = conn
+            .prepare_cached(sql)
+            .and_then(|mut s| {
+                s.query_row([key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                    .optional()
+            })
+            .ctx(|| format!("reading cache entry {key}"))?;
+        if row.is_some() {
+            break;
+        }
+    }
     let Some((output, usage, stored_at, class, ttl)) = row else {
         return Ok(None);
     };

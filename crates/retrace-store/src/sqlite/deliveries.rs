@@ -44,7 +44,8 @@ use super::schema::DELIVERIES_LAG as LAG;
 /// [`FROM_EVENTS`]: what the table holds once caught up.
 const ROW_FROM_EVENT: &str = "d.id & 4294967295 AS seq, d.agent_pk AS agent_pk, \
     d.causal_parent AS send, CASE WHEN s.id IS NULL THEN NULL WHEN s.request_ref IS NULL THEN 0 \
-    ELSE coalesce(s.request_blob, (SELECT b.id FROM blobs b WHERE b.digest = s.request_ref)) END AS blob, \
+    ELSE coalesce(s.request_blob, (SELECT b.id FROM blobs b WHERE b.digest = s.request_ref AND b.indexed = 1), \
+    (SELECT b.id FROM blobs b WHERE b.id > (SELECT merged_to FROM blob_mark) AND b.digest = s.request_ref)) END AS blob, \
     d.extra AS extra, \
     (SELECT n.pk FROM names n WHERE n.name = d.name) AS name, \
     CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.type END AS send_type, \

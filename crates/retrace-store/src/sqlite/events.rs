@@ -108,13 +108,18 @@ impl SqliteStore {
                 let fork = if stored == 0 && first > 1 { fork_at(tx, run, pk)? } else { None };
                 check_seqs(run, stored, fork, &batch.events)?;
             }
-            check_batch(batch, |digest| blobs::has(tx, digest))?;
-            let mut staged = Staged::new(&self.files);
+            let mut tail = self.caught_up_tail(tx)?;
+            check_batch(batch, |digest| Ok(tail.find(tx, digest)?.is_some()))?;
+            let mut staged = Staged::new(&self.files, &mut tail);
             blobs::put_all(tx, &mut staged, pk, &batch.blobs)?;
             let known = std::mem::take(&mut staged.known);
             staged.finish(tx)?;
+            drop(tail);
             for (key, entry) in &batch.cache {
                 cache::put(tx, key, entry)?;
+            }
+            if !batch.cache.is_empty() {
+                self.merge_cache_if_full(tx, batch.cache.len())?;
             }
             let Some(pk) = pk else { return Ok(()) };
             let mut insert = tx
@@ -168,7 +173,8 @@ impl SqliteStore {
         let what = format!("storing {} blobs", blobs.len());
         let bytes = blobs.iter().map(|b| b.bytes().len()).sum();
         self.write_sized(&what, bytes, |tx| {
-            let mut staged = Staged::new(&self.files);
+            let mut tail = self.caught_up_tail(tx)?;
+            let mut staged = Staged::new(&self.files, &mut tail);
             blobs::put_all(tx, &mut staged, None, blobs)?;
             let at = |b: &BlobPut| staged.known.get(&b.digest()).copied().flatten().map(BlobAt::new);
             let located = blobs.iter().map(at).collect();

@@ -30,6 +30,10 @@ impl GcStore for SqliteStore {
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport> {
         let mut conn = self.writer.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| WHAT)?;
+        // Every blob indexed first, so that what follows finds each by its digest alone and
+        // deletes only indexed rows (see `super::tail`).
+        self.merge_tail(&tx)?;
+        super::tail::merge_cache(&tx)?;
         if !request.dry_run {
             restore_trash(&tx, &self.files)?;
         }
@@ -109,6 +113,10 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
         .ctx(|| WHAT)? as u64;
     bytes_freed += sweep_segments(tx)?;
     tx.execute_batch("DROP TABLE temp.gc_keep").ctx(|| WHAT)?;
+    // A new row's id is above every id left (and so is in the tail), even where the deleted
+    // rows had the largest ids.
+    let top: Option<i64> = tx.query_row("SELECT max(id) FROM blobs", [], |r| r.get(0)).ctx(|| WHAT)?;
+    super::tail::set_mark(tx, top.unwrap_or(0))?;
     let report = GcReport {
         dry_run: request.dry_run,
         runs_deleted: doomed,
@@ -259,7 +267,9 @@ fn restore_trash(tx: &Connection, files: &Files) -> StoreResult<()> {
         let row: Option<String> = match digest {
             Some(d) => tx
                 .query_row(
-                    &format!("SELECT data FROM blobs WHERE digest = ?1 AND kind = {KIND_FILE}"),
+                    &format!(
+                        "SELECT data FROM blobs WHERE digest = ?1 AND indexed = 1 AND kind = {KIND_FILE}"
+                    ),
                     [d.as_bytes()],
                     |r| r.get(0),
                 )

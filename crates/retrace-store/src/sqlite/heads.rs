@@ -90,8 +90,10 @@ impl SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT j.key, e.request_ref, {} FROM json_each(?2) j \
                      CROSS JOIN events e ON e.id = (?1 << 32) + j.value AND j.value < 4294967296 \
-                     LEFT JOIN blobs b ON b.digest = e.request_ref",
-                    blobs::ROW_COLUMNS
+                     LEFT JOIN blobs b ON b.id = coalesce((SELECT h.id FROM blobs h \
+                     WHERE h.id = e.request_blob AND h.digest = e.request_ref), {})",
+                    blobs::ROW_COLUMNS,
+                    super::tail::id_of("e.request_ref")
                 ))
                 .ctx(what)?;
             let mut rows = select.query(params![pk, list]).ctx(what)?;

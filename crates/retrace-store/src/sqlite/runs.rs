@@ -80,6 +80,11 @@ impl SqliteStore {
             if updated == 0 {
                 return Err(StoreError::not_found(format!("no run {}", meta.id)));
             }
+            if meta.status != RunStatus::Running {
+                // What the run stored is indexed before anyone reads it (its export, a fork
+                // of it) by digest, rather than found by scanning the tail.
+                self.merge_tail(tx)?;
+            }
             Ok(())
         })
     }

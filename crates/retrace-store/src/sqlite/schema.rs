@@ -73,14 +73,16 @@
 //! 3 had no `ledger`, `ledger_traces` or `approvals`; 4 had no `names` or `heads`; 5 had no
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
 //! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
-//! `deliveries` with each commit; 10 had no blob row ids in `events`.
+//! `deliveries` with each commit; 10 had no blob row ids in `events`; 11 indexed every blob's
+//! digest as it was stored and kept `cache` alone (see [`super::tail`]).
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
 //! 5 → 6 rewrites `heads` in the narrower format, adds `deliveries` and fills it from the stored
 //! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
 //! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty; 10 → 11 adds the
-//! two columns, NULL). A store of a
+//! two columns, NULL; 11 → 12 rebuilds `blobs` with the column `indexed`, 1 in every row
+//! stored, and its digest index partial, and adds `blob_mark` and `cache_log`). A store of a
 //! newer version than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -88,7 +90,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -240,6 +242,48 @@ fn rebuild_events(conn: &Connection, path: &str) -> StoreResult<()> {
         ddl = events_ddl("events_v9")
     ))
     .ctx(what)
+}
+
+/// Version 12: `blobs` with the column `indexed` and a partial digest index (every row stored
+/// so far indexed, each keeping its id), `blob_mark` at the largest id, and `cache_log`
+/// (see [`super::tail`]).
+fn rebuild_blobs(conn: &Connection) -> rusqlite::Result<()> {
+    let rebuilt: i64 =
+        conn.query_row("SELECT count(*) FROM pragma_table_info('blobs') WHERE name = 'indexed'", [], |r| {
+            r.get(0)
+        })?;
+    if rebuilt == 0 {
+        conn.execute_batch(
+            "CREATE TABLE blobs_v12 (
+             id INTEGER PRIMARY KEY,
+             digest BLOB NOT NULL,
+             kind INTEGER NOT NULL,
+             size INTEGER NOT NULL,
+             data BLOB,
+             stored_at INTEGER,
+             indexed INTEGER NOT NULL DEFAULT 0
+         );
+         INSERT INTO blobs_v12 (id, digest, kind, size, data, stored_at, indexed)
+             SELECT id, digest, kind, size, data, stored_at, 1 FROM blobs ORDER BY id;
+         DROP TABLE blobs;
+         ALTER TABLE blobs_v12 RENAME TO blobs;
+         CREATE UNIQUE INDEX blobs_digest ON blobs (digest) WHERE indexed = 1;",
+        )?;
+    }
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS blob_mark (epoch INTEGER NOT NULL, merged_to INTEGER NOT NULL);
+         INSERT INTO blob_mark (epoch, merged_to) SELECT 0, coalesce(max(id), 0) FROM blobs
+             WHERE NOT EXISTS (SELECT 1 FROM blob_mark);
+         CREATE TABLE IF NOT EXISTS cache_log (
+             id INTEGER PRIMARY KEY,
+             key BLOB NOT NULL,
+             output_blob BLOB NOT NULL,
+             usage TEXT,
+             stored_at INTEGER NOT NULL,
+             class TEXT,
+             ttl INTEGER
+         );",
+    )
 }
 
 /// Version 11: the row ids of each event's request and output blobs (`events.request_blob`,
@@ -505,6 +549,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         if version < 11 && version > 0 {
             // NULL in the rows already stored: their blobs are found by digest, as before.
             add_blob_ids(conn).ctx(what)?;
+        }
+        if version < 12 {
+            rebuild_blobs(conn).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

@@ -16,6 +16,7 @@ use tempfile::NamedTempFile;
 
 use super::files::{sync_dir, Files};
 use super::pack::Packer;
+use super::tail::Tail;
 use crate::error::ResultExt;
 use crate::{StoreError, StoreResult};
 
@@ -39,10 +40,13 @@ pub(crate) struct Staged<'a> {
     packer: Packer,
     /// Blob row ids this transaction knows (`None`: not stored), looked up or inserted.
     pub(crate) known: DigestMap<Option<i64>>,
+    /// The write connection's copy of the blobs not yet indexed, caught up in this
+    /// transaction: with the digest index, it says whether a digest is stored.
+    pub(crate) tail: &'a mut Tail,
 }
 
 impl<'a> Staged<'a> {
-    pub(crate) fn new(files: &'a Files) -> Staged<'a> {
+    pub(crate) fn new(files: &'a Files, tail: &'a mut Tail) -> Staged<'a> {
         let packer = Packer::new(files.segment_bytes);
         Staged {
             files,
@@ -51,6 +55,7 @@ impl<'a> Staged<'a> {
             created_folder: false,
             packer,
             known: DigestMap::default(),
+            tail,
         }
     }
 

@@ -10,4 +10,5 @@ mod sqlite_v4;
 mod sqlite_v9;
 mod steps;
 mod storage;
+mod tail;
 mod wal_pages;

@@ -1,0 +1,208 @@
+//! The two-level digest index and cache of the SQLite store (`sqlite/tail.rs`): a blob stored
+//! is found and never stored twice whether it sits in the tail or in the index, whichever
+//! store handle (as another process would) stored it; a collection that deletes tail blobs
+//! leaves no handle taking them for stored; the newest cache entry wins across merges.
+use std::path::Path;
+
+use retrace_core::envelope::Usage;
+use retrace_core::run::{RunMeta, RunStatus};
+use retrace_core::Digest;
+use retrace_store::conformance::sample_run;
+use retrace_store::gc::{GcRequest, GcStore};
+use retrace_store::sqlite::SqliteStore;
+use retrace_store::{Batch, BlobHint, BlobPut, BlobStore, Cache, CacheEntry, Durability, EventStore};
+use rusqlite::Connection;
+
+fn open(dir: &Path) -> SqliteStore {
+    SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), Durability::Os, 5_000).unwrap()
+}
+
+fn raw(dir: &Path) -> Connection {
+    Connection::open(dir.join("retrace.db")).unwrap()
+}
+
+/// Rows holding `digest`, and how many of them are indexed.
+fn rows_of(conn: &Connection, digest: &Digest) -> (i64, i64) {
+    conn.query_row(
+        "SELECT count(*), coalesce(sum(indexed), 0) FROM blobs WHERE digest = ?1",
+        [digest.as_bytes()],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
+fn unindexed(conn: &Connection) -> i64 {
+    conn.query_row("SELECT count(*) FROM blobs WHERE indexed = 0", [], |r| r.get(0)).unwrap()
+}
+
+fn blob(tag: &str, n: usize) -> BlobPut {
+    BlobPut::new(format!("{tag} {n}").into_bytes(), BlobHint::Raw)
+}
+
+fn put(store: &SqliteStore, blobs: &[BlobPut]) {
+    store
+        .commit(&Batch { run_id: "none".into(), events: vec![], blobs: blobs.to_vec(), cache: vec![] })
+        .unwrap();
+}
+
+/// Ends `run` (any status but running merges the tail).
+fn finish(store: &SqliteStore, run: &RunMeta) {
+    let mut done = run.clone();
+    done.status = RunStatus::Ok;
+    store.update_run(&done).unwrap();
+}
+
+#[test]
+fn a_blob_is_stored_once_whichever_handle_stores_it_and_wherever_it_sits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(dir.path()), open(dir.path()));
+    let run = sample_run("r", 1);
+    a.create_run(&run).unwrap();
+    let x = blob("x", 0);
+    put(&a, std::slice::from_ref(&x));
+    let conn = raw(dir.path());
+    assert_eq!(rows_of(&conn, &x.digest()), (1, 0), "a new blob waits in the tail");
+    // The other handle finds it in the tail (a reader's scan) and doesn't store it again.
+    assert_eq!(b.get_blob(&x.digest()).unwrap(), b"x 0");
+    put(&b, &[x.clone(), blob("y", 0)]);
+    assert_eq!(rows_of(&conn, &x.digest()), (1, 0));
+    finish(&b, &run);
+    assert_eq!(rows_of(&conn, &x.digest()), (1, 1), "a run's end indexes the tail");
+    assert_eq!(unindexed(&conn), 0);
+    // Indexed now: neither handle stores it again, and both read it.
+    put(&a, std::slice::from_ref(&x));
+    put(&b, std::slice::from_ref(&x));
+    assert_eq!(rows_of(&conn, &x.digest()), (1, 1));
+    assert_eq!(a.get_blob(&x.digest()).unwrap(), b"x 0");
+    assert!(b.has_blob(&blob("y", 0).digest()).unwrap());
+}
+
+#[test]
+fn blobs_read_together_come_from_the_index_and_the_tail_through_any_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(dir.path()), open(dir.path()));
+    let run = sample_run("r", 1);
+    a.create_run(&run).unwrap();
+    let old = blob("old", 0);
+    put(&a, std::slice::from_ref(&old));
+    finish(&a, &run);
+    let (x, y) = (blob("x", 0), blob("y", 0));
+    put(&a, std::slice::from_ref(&x));
+    put(&b, std::slice::from_ref(&y));
+    let conn = raw(dir.path());
+    assert_eq!((rows_of(&conn, &old.digest()), rows_of(&conn, &x.digest())), ((1, 1), (1, 0)));
+    let wanted = [x.digest(), old.digest(), y.digest()];
+    let expected: Vec<Vec<u8>> = vec![b"x 0".to_vec(), b"old 0".to_vec(), b"y 0".to_vec()];
+    // `a` knows where `x` is from its copy of the tail, `b` where `y` is; a new handle neither.
+    for store in [&a, &b, &open(dir.path())] {
+        assert_eq!(store.get_blobs(&wanted).unwrap(), expected);
+        assert_eq!(store.get_blob(&y.digest()).unwrap(), b"y 0");
+        let missing = store.get_blobs(&[x.digest(), blob("never", 0).digest()]).unwrap_err();
+        assert!(missing.message.contains(&blob("never", 0).digest().to_string()), "{missing}");
+    }
+}
+
+#[test]
+fn a_blob_collected_from_the_tail_is_stored_again_not_taken_for_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(dir.path()), open(dir.path()));
+    let kept = blob("kept", 0);
+    put(&a, std::slice::from_ref(&kept));
+    let doomed = blob("doomed", 0);
+    put(&a, std::slice::from_ref(&doomed));
+    // `a` holds `doomed` in its copy of the tail; `b` collects it (no run references it).
+    let collect = GcRequest { runs: vec![], blob_cutoff_ms: u64::MAX, dry_run: false };
+    let report = b.collect_garbage(&collect).unwrap();
+    assert_eq!(report.blobs_deleted, 2);
+    assert!(!a.has_blob(&doomed.digest()).unwrap());
+    // Stored again through `a`: a new row (whose id the collection may have freed), readable.
+    put(&a, std::slice::from_ref(&doomed));
+    assert_eq!(a.get_blob(&doomed.digest()).unwrap(), b"doomed 0");
+    assert_eq!(b.get_blob(&doomed.digest()).unwrap(), b"doomed 0");
+    let conn = raw(dir.path());
+    assert_eq!(rows_of(&conn, &doomed.digest()), (1, 0));
+    // And again through `a`'s own collection.
+    a.collect_garbage(&collect).unwrap();
+    put(&a, std::slice::from_ref(&doomed));
+    put(&b, std::slice::from_ref(&doomed));
+    assert_eq!(rows_of(&conn, &doomed.digest()), (1, 0));
+    assert_eq!(a.get_blob(&doomed.digest()).unwrap(), b"doomed 0");
+}
+
+#[test]
+fn many_blobs_merge_as_they_go_and_known_ones_are_found_past_the_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let run = sample_run("r", 1);
+    store.create_run(&run).unwrap();
+    let old: Vec<BlobPut> = (0..100).map(|n| blob("old", n)).collect();
+    put(&store, &old);
+    finish(&store, &run);
+    // Enough new digests that the writer stops asking the index for each (its filter), with
+    // the old ones among them: found, not stored again.
+    let mut fresh: Vec<BlobPut> = (0..6_000).map(|n| blob("new", n)).collect();
+    fresh.extend(old.iter().cloned());
+    for chunk in fresh.chunks(500) {
+        put(&store, chunk);
+    }
+    let conn = raw(dir.path());
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 6_100);
+    for b in &old {
+        assert_eq!(rows_of(&conn, &b.digest()), (1, 1));
+    }
+    let more: Vec<BlobPut> = (0..30_000).map(|n| blob("more", n)).collect();
+    for chunk in more.chunks(5_000) {
+        put(&store, chunk);
+    }
+    assert_eq!(unindexed(&conn), 36_000);
+    // Past the merge threshold, the next commit indexes the tail first.
+    put(&store, &more[..10]);
+    assert_eq!(unindexed(&conn), 0, "the tail was merged, and the blobs were found in the index");
+    let rows: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 36_100);
+    let mut done = run.clone();
+    done.status = RunStatus::Failed;
+    store.update_run(&done).unwrap();
+    assert_eq!(unindexed(&conn), 0);
+    assert_eq!(store.get_blob(&more[29_999].digest()).unwrap(), b"more 29999");
+}
+
+#[test]
+fn the_newest_cache_entry_wins_across_merges_and_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(dir.path()), open(dir.path()));
+    let run = sample_run("r", 1);
+    a.create_run(&run).unwrap();
+    let outputs: Vec<BlobPut> = (0..3).map(|n| blob("out", n)).collect();
+    put(&a, &outputs);
+    let key = Digest::of(b"step key");
+    let entry = |n: usize| CacheEntry {
+        output_ref: outputs[n].digest(),
+        usage: Some(Usage { input_tokens: n as u64, output_tokens: 1, cost_usd: None }),
+        stored_at_ms: 1_000 + n as u64,
+        class: None,
+        ttl_s: None,
+    };
+    // A collection that deletes nothing merges the log into the table.
+    let merge = GcRequest { runs: vec![], blob_cutoff_ms: 0, dry_run: false };
+    a.cache_put(&key, &entry(0)).unwrap();
+    assert_eq!(b.cache_get(&key).unwrap(), Some(entry(0)), "read from the log");
+    a.collect_garbage(&merge).unwrap();
+    assert_eq!(b.cache_get(&key).unwrap(), Some(entry(0)), "read from the table");
+    b.cache_put(&key, &entry(1)).unwrap();
+    assert_eq!(a.cache_get(&key).unwrap(), Some(entry(1)), "the log's newer entry wins");
+    a.cache_put(&key, &entry(2)).unwrap();
+    assert_eq!(b.cache_get(&key).unwrap(), Some(entry(2)));
+    finish(&b, &run);
+    assert_eq!(a.cache_get(&key).unwrap(), Some(entry(2)), "a run's end leaves the log as it is");
+    b.collect_garbage(&merge).unwrap();
+    assert_eq!(a.cache_get(&key).unwrap(), Some(entry(2)), "merged in order: the last one stays");
+    let conn = raw(dir.path());
+    let (log, table): (i64, i64) = conn
+        .query_row("SELECT (SELECT count(*) FROM cache_log), (SELECT count(*) FROM cache)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!((log, table), (0, 1));
+}
