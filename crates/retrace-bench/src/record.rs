@@ -2,8 +2,9 @@
 //! for 16 writer threads, against the same-run floor and against Burr's per-step cost; with the
 //! process CPU per event of each (INFO), steadier than wall time on a shared VM, and what each
 //! one's commits carried and cost inside the store (INFO, through [`crate::counting`]): 16 acked
-//! writers on 2 CPUs settle into two cohorts of about 7 events a commit, whose commits cost
-//! about twice as much per event as the pipelined writers' large ones. Last, once, the same
+//! writers on 2 CPUs settle into commits of 5 to 7 events, which cost more per event than the
+//! pipelined writers' large ones (twice as much until schema 12 took the random-key index
+//! inserts off the commit: `retrace_store`'s `sqlite/tail.rs`). Last, once, the same
 //! recordings into a store that already holds [`AT_SCALE`] events (INFO): the targets are
 //! measured on fresh stores, where the digest index and the cache are small enough to stay in
 //! memory, and a store in use for weeks is not.

@@ -74,7 +74,7 @@
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
 //! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
 //! `deliveries` with each commit; 10 had no blob row ids in `events`; 11 indexed every blob's
-//! digest as it was stored and kept `cache` alone (see [`super::tail`]).
+//! digest as it was stored and kept `cache` alone (see `sqlite/tail.rs`).
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
