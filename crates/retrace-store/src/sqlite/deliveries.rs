@@ -42,18 +42,22 @@ use super::schema::DELIVERIES_LAG as LAG;
 /// The columns of a `deliveries` row (`seq, agent_pk, send, blob, extra, name, send_type,
 /// send_agent, send_name, send_parent`) computed from the deliver event `d` of
 /// [`FROM_EVENTS`]: what the table holds once caught up.
-const ROW_FROM_EVENT: &str = "d.id & 4294967295 AS seq, d.agent_pk AS agent_pk, \
+fn row_from_event() -> String {
+    format!(
+        "d.id & 4294967295 AS seq, d.agent_pk AS agent_pk, \
     d.causal_parent AS send, CASE WHEN s.id IS NULL THEN NULL WHEN s.request_ref IS NULL THEN 0 \
-    ELSE coalesce(s.request_blob, (SELECT b.id FROM blobs b WHERE b.digest = s.request_ref AND b.indexed = 1), \
-    (SELECT b.id FROM blobs b WHERE b.id > (SELECT merged_to FROM blob_mark) AND b.digest = s.request_ref)) END AS blob, \
+    ELSE coalesce(s.request_blob, {}) END AS blob, \
     d.extra AS extra, \
     (SELECT n.pk FROM names n WHERE n.name = d.name) AS name, \
     CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.type END AS send_type, \
     CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.agent_pk END AS send_agent, \
     CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN sn.pk END AS send_name, \
-    CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.causal_parent END AS send_parent";
+    CASE WHEN s.name IS NULL OR sn.pk IS NOT NULL THEN s.causal_parent END AS send_parent",
+        super::tail::id_of("s.request_ref")
+    )
+}
 
-/// The events [`ROW_FROM_EVENT`] reads: `d` the delivery, `s` its send (when stored; a head
+/// The events [`row_from_event`] reads: `d` the delivery, `s` its send (when stored; a head
 /// is only kept whole, so a send whose name isn't interned counts as unknown).
 const FROM_EVENTS: &str = "FROM events d LEFT JOIN events s ON d.causal_parent < 4294967296 \
     AND s.id = (d.id >> 32 << 32) + d.causal_parent LEFT JOIN names sn ON sn.name = s.name";
@@ -124,8 +128,9 @@ fn mark(tx: &Connection, run_pk: i64) -> rusqlite::Result<Option<u64>> {
 fn catch_up(tx: &Connection, run_pk: i64, through: u64, last: u64) -> rusqlite::Result<usize> {
     tx.prepare_cached(&format!(
         "INSERT OR REPLACE INTO deliveries (seq, agent_pk, send, blob, extra, name, send_type, \
-         send_agent, send_name, send_parent, run_pk) SELECT {ROW_FROM_EVENT}, ?1 {FROM_EVENTS} \
+         send_agent, send_name, send_parent, run_pk) SELECT {}, ?1 {FROM_EVENTS} \
          WHERE d.id > (?1 << 32) + ?2 AND d.id <= (?1 << 32) + ?3 AND d.type = {}",
+        row_from_event(),
         EventType::Deliver.code()
     ))?
     .execute(params![run_pk, through as i64, last.min(super::schema::MAX_SEQ) as i64])
@@ -147,10 +152,11 @@ pub(crate) fn to_agent_parts() -> [String; 2] {
              AND seq < ?3 AND seq <= coalesce((SELECT through FROM delivery_marks WHERE run_pk = ?1), 4294967295)"
         ),
         format!(
-            "SELECT {COLUMNS} FROM (SELECT {ROW_FROM_EVENT} {FROM_EVENTS} \
+            "SELECT {COLUMNS} FROM (SELECT {} {FROM_EVENTS} \
              WHERE d.id > (?1 << 32) + (SELECT through FROM delivery_marks WHERE run_pk = ?1) \
              AND d.id < (?1 << 32) + ?3 AND d.type = {} \
              AND d.agent_pk = (SELECT pk FROM agents WHERE name = ?2))",
+            row_from_event(),
             EventType::Deliver.code()
         ),
     ]

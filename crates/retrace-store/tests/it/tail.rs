@@ -45,6 +45,15 @@ fn put(store: &SqliteStore, blobs: &[BlobPut]) {
         .unwrap();
 }
 
+/// Two stores on one new file (as two processes would open it), with one running run `r`.
+fn two_handles() -> (tempfile::TempDir, SqliteStore, SqliteStore, RunMeta) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (open(dir.path()), open(dir.path()));
+    let run = sample_run("r", 1);
+    a.create_run(&run).unwrap();
+    (dir, a, b, run)
+}
+
 /// Ends `run` (any status but running merges the tail).
 fn finish(store: &SqliteStore, run: &RunMeta) {
     let mut done = run.clone();
@@ -54,10 +63,7 @@ fn finish(store: &SqliteStore, run: &RunMeta) {
 
 #[test]
 fn a_blob_is_stored_once_whichever_handle_stores_it_and_wherever_it_sits() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (open(dir.path()), open(dir.path()));
-    let run = sample_run("r", 1);
-    a.create_run(&run).unwrap();
+    let (dir, a, b, run) = two_handles();
     let x = blob("x", 0);
     put(&a, std::slice::from_ref(&x));
     let conn = raw(dir.path());
@@ -79,10 +85,7 @@ fn a_blob_is_stored_once_whichever_handle_stores_it_and_wherever_it_sits() {
 
 #[test]
 fn blobs_read_together_come_from_the_index_and_the_tail_through_any_handle() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (open(dir.path()), open(dir.path()));
-    let run = sample_run("r", 1);
-    a.create_run(&run).unwrap();
+    let (dir, a, b, run) = two_handles();
     let old = blob("old", 0);
     put(&a, std::slice::from_ref(&old));
     finish(&a, &run);
@@ -170,10 +173,7 @@ fn many_blobs_merge_as_they_go_and_known_ones_are_found_past_the_filter() {
 
 #[test]
 fn the_newest_cache_entry_wins_across_merges_and_handles() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (open(dir.path()), open(dir.path()));
-    let run = sample_run("r", 1);
-    a.create_run(&run).unwrap();
+    let (dir, a, b, run) = two_handles();
     let outputs: Vec<BlobPut> = (0..3).map(|n| blob("out", n)).collect();
     put(&a, &outputs);
     let key = Digest::of(b"step key");
