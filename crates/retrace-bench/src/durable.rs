@@ -2,7 +2,8 @@
 //! per-event latency against the raw fsync latency of the same disk, and the group-commit
 //! rate of 16 writers against one writer's. The same 16 writers with no sync at all bound
 //! what any group commit can reach: their rate over one `event` writer's is the ratio's
-//! ceiling on this machine (printed as INFO beside the target line).
+//! ceiling on this machine (printed as INFO beside the target line), and the process's CPU time
+//! per event in both 16-writer runs says how close to the two cores' limit each one ran.
 use retrace_store::Durability;
 
 use crate::drive;
@@ -27,6 +28,8 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     let (mut fsync, mut raw, mut latency, mut rate_one, mut rate_many, mut unsynced) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut unsynced_many = vec![];
+    let (mut cpu_many, mut cpu_unsynced) = (vec![], vec![]);
+    let per_event = |rec: &drive::Recorded, n: usize| rec.cpu.map(|c| c.as_secs_f64() * 1e6 / n as f64);
     let mut tails = vec![];
     for _ in 0..cfg.repeats {
         let dir = cfg.temp_dir("fsync");
@@ -51,12 +54,14 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
         let total = THREADS * each;
         let rec = drive::record(store.store.clone(), &data[..total], THREADS, true);
         rate_many.push(total as f64 / rec.wall.as_secs_f64());
+        cpu_many.extend(per_event(&rec, total));
         drop(store);
 
         // The same 16 acknowledged writers with no sync: the most group commit can give back.
         let store = cfg.store("os16", Durability::Os);
         let rec = drive::record(store.store.clone(), &data[..total], THREADS, true);
         unsynced_many.push(total as f64 / rec.wall.as_secs_f64());
+        cpu_unsynced.extend(per_event(&rec, total));
     }
     let fsync = median(&fsync);
     let one = median(&rate_one);
@@ -104,6 +109,15 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             Target::Info,
         ),
     );
+    // CPU time of the whole process (every thread's, both cores) per event: the 16 writers'
+    // rate can't exceed the CPUs over this, whatever the disk does.
+    let cpu_lines =
+        [("record.event 16 writers CPU", &cpu_many), ("record.os (no sync) 16 writers CPU", &cpu_unsynced)];
+    for (name, cpu) in cpu_lines {
+        if !cpu.is_empty() {
+            print(lines, Line::new(name, median(cpu), "us/ev", None, Target::Info));
+        }
+    }
 }
 
 /// `p50/p90/p99/mean` of `latencies`, in µs.
