@@ -80,6 +80,16 @@ pub enum RuntimeError {
     /// The session was used wrongly (finished twice, unknown run, bad environment...).
     #[error("{0}")]
     Usage(String),
+    /// A prompt template holds a placeholder the program gave no value for.
+    #[error("prompt template {template} ({path}): {missing}")]
+    TemplateVar {
+        /// The template, `name@version`.
+        template: String,
+        /// Its file.
+        path: String,
+        /// The placeholder, its line and the names given.
+        missing: Box<crate::template::MissingVar>,
+    },
 }
 
 impl From<Divergence> for RuntimeError {

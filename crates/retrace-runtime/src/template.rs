@@ -24,7 +24,8 @@ impl Agent {
     }
 
     /// The text of the agent's prompt template with `{name}` placeholders filled from `vars`
-    /// (a JSON object; strings are inserted as they are, other values as JSON). Its digest is
+    /// (a JSON object; strings are inserted as they are, other values as JSON; see [`render`]: a
+    /// placeholder without a value is [`RuntimeError::TemplateVar`]). Its digest is
     /// recorded on the agent's following model calls.
     pub fn template(&self, vars: &Value) -> RuntimeResult<String> {
         self.template_in(vars, &self.session.inner.prompts_dir.clone())
@@ -72,34 +73,113 @@ impl Agent {
         })?;
         self.state.lock().prompt =
             Some(PromptRef { id: format!("{name}@{version}"), digest: Digest::of(text.as_bytes()) });
-        Ok(render(&text, vars))
+        render(&text, vars).map_err(|missing| RuntimeError::TemplateVar {
+            template: format!("{name}@{version}"),
+            path: path.display().to_string(),
+            missing: Box::new(missing),
+        })
     }
 }
 
-/// Fills `{key}` placeholders; unknown ones stay as they are.
-pub fn render(text: &str, vars: &Value) -> String {
-    let Some(map) = vars.as_object() else { return text.to_owned() };
-    let mut out = text.to_owned();
-    for (k, v) in map {
-        let value = match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
+/// A placeholder of a template that the program gave no value for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("placeholder {{{name}}} on line {line} has no value (given: {given})")]
+pub struct MissingVar {
+    /// The placeholder's name.
+    pub name: String,
+    /// Its line in the template, from 1.
+    pub line: usize,
+    /// The names the program gave, comma-separated (`none` when it gave none).
+    pub given: String,
+}
+
+/// Fills `{name}` placeholders from `vars` (a JSON object; strings as they are, other values as
+/// compact JSON) in one pass, so a value that itself holds `{other}` is inserted as it is, never
+/// filled again.
+///
+/// A placeholder is `{` + a name of ASCII letters, digits and `_` not starting with a digit +
+/// `}`; one without a value is an error (a prompt sent with `{table}` in it is a bug the model
+/// won't report). Every other brace is text, so JSON examples in a prompt need no escaping; a
+/// literal `{word}` is written by passing `word` as `"{word}"`.
+pub fn render(text: &str, vars: &Value) -> Result<String, MissingVar> {
+    let empty = serde_json::Map::new();
+    let map = vars.as_object().unwrap_or(&empty);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(name) = placeholder(after) else {
+            out.push('{');
+            rest = after;
+            continue;
         };
-        out = out.replace(&format!("{{{k}}}"), &value);
+        match map.get(name) {
+            Some(Value::String(s)) => out.push_str(s),
+            Some(other) => out.push_str(&other.to_string()),
+            None => {
+                let given: Vec<&str> = map.keys().map(String::as_str).collect();
+                return Err(MissingVar {
+                    name: name.to_owned(),
+                    line: text[..text.len() - rest.len() + open].matches('\n').count() + 1,
+                    given: if given.is_empty() { "none".into() } else { given.join(", ") },
+                });
+            }
+        }
+        rest = &after[name.len() + 1..];
     }
-    out
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The name of the placeholder `after` starts with (what follows a `{`), if it is one.
+fn placeholder(after: &str) -> Option<&str> {
+    let end = after.find('}')?;
+    let name = &after[..end];
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    let ok =
+        (first.is_ascii_alphabetic() || first == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    ok.then_some(name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use serde_json::json;
+
     #[test]
     fn placeholders_are_filled() {
-        let vars = serde_json::json!({"table": "users", "n": 3});
+        let vars = json!({"table": "users", "n": 3, "opts": {"b": [1, "x"], "a": null}});
         assert_eq!(
-            render("Backfill {table} in {n} steps; keep {other}", &vars),
-            "Backfill users in 3 steps; keep {other}"
+            render("Backfill {table} in {n} steps with {opts}", &vars).unwrap(),
+            r#"Backfill users in 3 steps with {"a":null,"b":[1,"x"]}"#
         );
+    }
+
+    #[test]
+    fn a_value_is_inserted_as_it_is_never_filled_again() {
+        // Keys sort `analysis` before `topic`: filling one after the other replaced the
+        // `{topic}` a model's answer happened to hold.
+        let vars = json!({"analysis": "use {topic} and {missing}", "topic": "rates"});
+        assert_eq!(render("{topic}: {analysis}", &vars).unwrap(), "rates: use {topic} and {missing}");
+    }
+
+    #[test]
+    fn other_braces_are_text() {
+        let text = r#"Answer as {"verdict": "ok"} or { } or {1x} or {a-b} or {} or a lone { or }"#;
+        assert_eq!(render(text, &json!({})).unwrap(), text);
+        assert_eq!(render("{{x}}", &json!({"x": 1})).unwrap(), "{1}");
+        assert_eq!(render("ends with {", &json!(null)).unwrap(), "ends with {");
+    }
+
+    #[test]
+    fn a_placeholder_without_a_value_is_refused_with_its_line() {
+        let err = render("Plan:\n{steps}\nfor {table}", &json!({"steps": "a"})).unwrap_err();
+        assert_eq!(err, MissingVar { name: "table".into(), line: 3, given: "steps".into() });
+        assert_eq!(err.to_string(), "placeholder {table} on line 3 has no value (given: steps)");
+        let err = render("{_x9}", &json!(null)).unwrap_err();
+        assert_eq!(err.to_string(), "placeholder {_x9} on line 1 has no value (given: none)");
     }
 }

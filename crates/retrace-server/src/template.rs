@@ -72,6 +72,9 @@ pub async fn template(
         Ok(Err(retrace_runtime::RuntimeError::Usage(why))) => {
             fail(StatusCode::NOT_FOUND, "unknown_template", why)
         }
+        Ok(Err(e @ retrace_runtime::RuntimeError::TemplateVar { .. })) => {
+            fail(StatusCode::BAD_REQUEST, "template_var", e)
+        }
         Ok(Err(e)) => runtime_failure(&e, &app, &run),
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }

@@ -116,10 +116,14 @@ class Mailboxes:
 _TEMPLATE_ID = re.compile(r"([A-Za-z0-9_-][A-Za-z0-9._-]*)@([A-Za-z0-9_-][A-Za-z0-9._-]*)")
 
 
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 def template(template_id: str, vars: dict) -> str:
     """The daemon's ``template()`` in process: ``prompts/<name>/<version>.txt`` (or under
-    ``RETRACE_PROMPTS``) with ``{key}`` placeholders filled, strings as they are and other
-    values as compact JSON; unknown placeholders stay."""
+    ``RETRACE_PROMPTS``) with ``{name}`` placeholders filled in one pass, strings as they are and
+    other values as compact JSON. A placeholder is a name of ASCII letters, digits and ``_`` in
+    braces; one without a value raises ``template_var``; every other brace is text."""
     parts = _TEMPLATE_ID.fullmatch(template_id)
     if not parts:
         raise RetraceError(0, "usage", f"template {template_id!r}: want name@version, each of letters, digits, "
@@ -129,8 +133,15 @@ def template(template_id: str, vars: dict) -> str:
         text = path.read_text()
     except OSError as e:
         raise RetraceError(0, "unknown_template", f"prompt template {template_id}: reading {path}: {e}") from None
-    for key in sorted(vars):  # the daemon's order: its JSON objects keep their keys sorted
-        value = vars[key]
-        text = text.replace(f"{{{key}}}", value if isinstance(value, str) else
-                            json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False))
-    return text
+    missing = next((m for m in _PLACEHOLDER.finditer(text) if m[1] not in vars), None)
+    if missing is not None:
+        line = text.count("\n", 0, missing.start()) + 1
+        given = ", ".join(sorted(vars)) or "none"
+        raise RetraceError(0, "template_var", f"prompt template {template_id} ({path}): placeholder {{{missing[1]}}} "
+                           f"on line {line} has no value (given: {given})")
+
+    def fill(m: "re.Match[str]") -> str:
+        value = vars[m[1]]
+        return value if isinstance(value, str) else json.dumps(
+            value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return _PLACEHOLDER.sub(fill, text)

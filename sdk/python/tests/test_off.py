@@ -56,10 +56,14 @@ def test_tools_and_reads_run_directly(off, monkeypatch):
     planner.decide("approve", target="step:backfill_users")
 
     (off / "prompts" / "planner").mkdir(parents=True)
-    (off / "prompts" / "planner" / "v1.txt").write_text("Plan {table}: {n} rows, {opts}, {unknown}.")
-    want = 'Plan users: 3 rows, {"a":true,"b":[1,2]}, {unknown}.'  # the daemon's filling, to the byte
+    (off / "prompts" / "planner" / "v1.txt").write_text('Plan {table}: {n} rows, {opts}, as {"ok": 1}.')
+    want = 'Plan users: 3 rows, {"a":true,"b":[1,2]}, as {"ok": 1}.'  # the daemon's filling, to the byte
     assert planner.template(table="users", n=3, opts={"b": (1, 2), "a": True}) == want
     assert planner.template({"table": "users", "n": 3, "opts": {"a": True, "b": [1, 2]}}) == want
+    # One pass: a value holding `{n}` is inserted as it is.
+    assert planner.template(table="{n}", n=3, opts=None) == 'Plan {n}: 3 rows, null, as {"ok": 1}.'
+    with pytest.raises(retrace.RetraceError, match=r"placeholder \{n\} on line 1 has no value \(given: opts, table\)"):
+        planner.template(table="users", opts=1)
     with pytest.raises(retrace.RetraceError, match="planner@v9: reading prompts/planner/v9.txt"):
         planner.template(template="planner@v9")
 

@@ -12,6 +12,8 @@ import time
 import socket
 from pathlib import Path
 
+import pytest
+
 import retrace as sdk
 from test_checks import daemon  # noqa: F401 - the fixture
 
@@ -82,6 +84,12 @@ def test_template_variables_are_keywords_or_a_dict(daemon, tmp_path):
     assert planner.template({"table": "users", "column": "full_name", "n": 3, "template": "v3"}) == want
     assert planner.template({"table": "users", "template": "v3"}, column="full_name", n=3) == want
     assert asyncio.run(planner.atemplate({"template": "v3"}, table="users", column="full_name", n=3)) == want
+    # One pass: a value that holds a placeholder is inserted as it is, never filled again.
+    assert planner.template(table="{column}", column="c", n=1, vars={"template": "t"}) == "Rename {column}.c in 1 batches, t."
+    with pytest.raises(sdk.RetraceError) as missing:
+        planner.template(table="users", n=3, vars={"template": "v3"})
+    assert missing.value.code == "template_var", missing.value
+    assert "placeholder {column} on line 1 has no value (given: n, table, template)" in str(missing.value)
     run.finish()
 
 

@@ -344,6 +344,42 @@ fn a_prompt_edit_hands_the_agent_another_version() {
 }
 
 #[test]
+fn a_prompt_version_with_a_placeholder_the_program_does_not_pass_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("reviewer")).unwrap();
+    std::fs::write(dir.path().join("reviewer/v1.txt"), "Review {table}.").unwrap();
+    std::fs::write(dir.path().join("reviewer/v2.txt"), "Review {table}\nwith {checklist}.").unwrap();
+    let options = || SessionOptions { prompts_dir: dir.path().to_path_buf(), ..Default::default() };
+    let store = store();
+    let program = |s: &Session| -> Result<String, RuntimeError> {
+        let a = s.agent("reviewer").with_prompt_template("reviewer@v1");
+        let prompt = a.template(&json!({"table": "t"}))?;
+        let call =
+            ModelCall { provider: "openai".into(), endpoint: "chat.completions".into(), body: json!({}) };
+        a.model(&call, |_| Ok::<_, String>(ModelReply { body: json!({}), snapshot: None, usage: None }))?;
+        Ok(prompt)
+    };
+    let s = Session::record(store.clone(), options()).unwrap();
+    assert_eq!(program(&s).unwrap(), "Review t.");
+    s.finish(Outcome::default()).unwrap();
+
+    // The fork's version asks for a variable the program never passes: the prompt is never
+    // sent with `{checklist}` in it.
+    let edit: Edit = "prompt:reviewer=v2".parse().unwrap();
+    let f = Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], options()).unwrap();
+    let err = program(&f).unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::TemplateVar { template, missing, .. }
+        if template == "reviewer@v2" && missing.name == "checklist" && missing.line == 2),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("placeholder {checklist} on line 2 has no value (given: table)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn model_calls_get_a_cost_from_the_price_table_and_model_edits_reach_the_live_call() {
     let store = store();
     let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
