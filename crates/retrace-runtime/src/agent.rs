@@ -1,5 +1,6 @@
 //! An agent's handle: the steps of SPEC §6 (`tool`, `model`, `now`, `random`, `env`, `decide`).
 //! Every step goes through `step.rs`, the one pipeline record and replay share.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -382,13 +383,17 @@ impl Agent {
 
     /// A fork's `model:` and `param:` edits rewrite this agent's requests once it has consumed
     /// every source step before the fork point (in the fork and in replays of it).
-    pub(crate) fn apply_model_edits(&self, call: &ModelCall) -> ModelCall {
+    /// Borrows `call` when none applies: a request body (a whole conversation) is copied only to
+    /// be changed.
+    pub(crate) fn apply_model_edits<'a>(&self, call: &'a ModelCall) -> Cow<'a, ModelCall> {
         let inner = &self.session.inner;
-        let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else { return call.clone() };
+        let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else {
+            return Cow::Borrowed(call);
+        };
         let model = plan.models.get(&self.id);
         let params = plan.params.get(&self.id);
         if (model.is_none() && params.is_none()) || !scheduler.past(&self.id, plan.at) {
-            return call.clone();
+            return Cow::Borrowed(call);
         }
         let mut call = call.clone();
         if let (Some((name, snapshot)), Some(body)) = (model, call.body.as_object_mut()) {
@@ -399,7 +404,7 @@ impl Agent {
                 body.insert(k.clone(), v.clone());
             }
         }
-        call
+        Cow::Owned(call)
     }
 
     /// Declares that this agent takes no more steps (replay can then tell a stall at once).
