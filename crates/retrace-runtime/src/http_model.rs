@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::agent::{Agent, PARAM_FIELDS};
 use crate::error::{RuntimeError, RuntimeResult};
+use crate::matcher::Prefetched;
 use crate::session::Mode;
 use crate::step::{LiveOutput, RawRequest, StepInput};
 
@@ -170,13 +171,17 @@ impl Agent {
                 }
             }
             Mode::Replay => {
-                let (_, step) = self.replay(input.no_output(), prepared, &label, None).await?;
+                let (_, mut step) = self.replay(input.no_output(), prepared, &label, None).await?;
                 let output_ref = step.output_ref.ok_or_else(|| RuntimeError::Decode {
                     agent: self.id.clone(),
                     step: label.clone(),
                     message: "the recorded step has no output".into(),
                 })?;
-                let document = inner.for_program(inner.store.get_blob(&output_ref)?)?;
+                // Read and verified ahead by the log's reader, as stored.
+                let document = match step.output.take() {
+                    Some(Prefetched::Bytes(bytes)) => inner.for_program(bytes)?,
+                    _ => inner.for_program(inner.store.get_blob(&output_ref)?)?,
+                };
                 Ok(HttpModelReply { document, source: Source::Recorded })
             }
         }

@@ -60,10 +60,20 @@ pub struct RecordedStep {
     pub to: Option<String>,
     /// A model call's pinned snapshot, as recorded.
     pub snapshot: Option<String>,
-    /// The recorded output, read, verified and decoded ahead of the step (a streaming replay
-    /// whose program gets outputs as stored): the value `serde_json::from_slice` gives of the
-    /// output blob's bytes.
-    pub(crate) output: Option<Value>,
+    /// The recorded output, read and verified ahead of the step (a streaming replay whose
+    /// program gets outputs as stored).
+    pub(crate) output: Option<Prefetched>,
+}
+
+/// A step's output as the log's reader read it ahead ([`feed`]), its digest verified.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Prefetched {
+    /// What `serde_json::from_slice` gives of the bytes: a tool's or a read's output, which a
+    /// Session step hands back decoded.
+    Value(Value),
+    /// The bytes as stored: a model call's output, which the proxy hands back as the document
+    /// it is (decoded, most of it would be thrown away; a Session's `model` decodes it).
+    Bytes(Vec<u8>),
 }
 
 impl RecordedStep {
@@ -548,7 +558,7 @@ mod tests {
                 e.key = Digest::of(&seq.to_le_bytes());
                 e.output_ref = Some(Digest::of(b"out"));
                 let mut slot = Slot::new(&e, &mut names);
-                slot.output = Some(json!(seq));
+                slot.output = Some(Prefetched::Value(json!(seq)));
                 Item::Step { agent: Arc::clone(&agent), slot }
             })
             .collect();
@@ -574,12 +584,49 @@ mod tests {
         for idx in 0..HELD_OUTPUTS - RESUME_PREFETCH {
             assert!(!flag.load(Ordering::Relaxed), "still paused with {} held", loaded.held_outputs);
             let step = loaded.take("a", idx).expect("a's step");
-            assert_eq!(step.output, Some(json!(idx as u64 + 1)), "a held output is handed over");
+            assert_eq!(
+                step.output,
+                Some(Prefetched::Value(json!(idx as u64 + 1))),
+                "a held output is handed over"
+            );
         }
         assert_eq!(loaded.held_outputs, RESUME_PREFETCH);
         assert!(flag.load(Ordering::Relaxed), "resumed at half the cap");
         // Later pages keep their outputs again.
         loaded.integrate(page("c", next + 10, 1));
-        assert_eq!(loaded.take("c", 0).expect("c's step").output, Some(json!(next + 10)));
+        assert_eq!(loaded.take("c", 0).expect("c's step").output, Some(Prefetched::Value(json!(next + 10))));
+    }
+
+    #[test]
+    fn a_model_calls_output_is_read_ahead_as_stored_and_a_tools_decoded() {
+        use crate::{ModelCall, ModelReply, Outcome, Session, SessionOptions, ToolSpec};
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = retrace_store::sqlite::SqliteStore::open(
+            &dir.path().join("retrace.db"),
+            &dir.path().join("blobs"),
+            retrace_store::Durability::Batch,
+            5_000,
+        )
+        .unwrap();
+        let store: Arc<dyn Store> = Arc::new(sqlite);
+        let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+        let a = s.agent("a");
+        let rows = json!({"rows": [1, 2.5, "x"]});
+        a.tool("t", &json!({"q": 1}), ToolSpec::deterministic("1"), || Ok::<_, String>(rows.clone()))
+            .unwrap();
+        let call =
+            ModelCall { provider: "openai".into(), endpoint: "chat.completions".into(), body: json!({}) };
+        let reply = json!({"choices": [{"message": {"content": "hi"}}]});
+        a.model(&call, |_| Ok::<_, String>(ModelReply { body: reply.clone(), snapshot: None, usage: None }))
+            .unwrap();
+        s.finish(Outcome::default()).unwrap();
+
+        let log = RecordedLog::stream(store.clone(), &s.run_id(), true).unwrap();
+        let tool = log.take_where("a", |st| st.kind == EventType::ToolCall).expect("the tool step");
+        assert_eq!(tool.output, Some(Prefetched::Value(rows)));
+        // The proxy hands a model call's output back byte for byte: read once, never decoded.
+        let model = log.take_where("a", |st| st.kind == EventType::ModelCall).expect("the model step");
+        let stored = store.get_blob(&model.output_ref.unwrap()).unwrap();
+        assert_eq!(model.output, Some(Prefetched::Bytes(stored)));
     }
 }

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::error::{RuntimeError, RuntimeResult};
-use crate::matcher::{RecordedStep, Resolution};
+use crate::matcher::{Prefetched, RecordedStep, Resolution};
 use crate::session::Mode;
 use crate::vaulting::MaskedAs;
 
@@ -537,10 +537,11 @@ impl Agent {
         let mut step = step;
         // Read, verified and decoded ahead by the log's reader (only where the program gets
         // the output as stored).
-        if let Some(value) = step.output.take() {
-            return Ok((value, step));
-        }
-        let bytes = inner.for_program(inner.store.get_blob(&output_ref)?)?;
+        let bytes = match step.output.take() {
+            Some(Prefetched::Value(value)) => return Ok((value, step)),
+            Some(Prefetched::Bytes(bytes)) => inner.for_program(bytes)?,
+            None => inner.for_program(inner.store.get_blob(&output_ref)?)?,
+        };
         let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
             step: label.into(),

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use retrace_core::envelope::Decision;
 use retrace_core::{Digest, Event, EventType};
-use serde_json::Value;
 
 use super::{RecordedDelivery, RecordedStep, Resolution};
 
@@ -24,8 +23,8 @@ pub(super) struct Slot {
     pub(super) output_ref: Option<Digest>,
     pub(super) name: Option<Arc<str>>,
     rare: Option<Box<Rare>>,
-    /// The output, read, verified and decoded ahead of the replay ([`super::feed`]).
-    pub(super) output: Option<Value>,
+    /// The output, read and verified ahead of the replay ([`super::feed`]).
+    pub(super) output: Option<super::Prefetched>,
     /// The next slot with the same key, or [`NONE`].
     next: u32,
     pub(super) kind: EventType,

@@ -14,7 +14,7 @@ use retrace_store::{Store, StoreResult};
 use serde_json::Value;
 
 use super::agent_log::{intern, Slot};
-use super::{RecordedDelivery, Resolution};
+use super::{Prefetched, RecordedDelivery, Resolution};
 
 /// Events a replay's reader reads (and outputs it prefetches) at a time.
 const FEED_PAGE: usize = 1024;
@@ -155,8 +155,9 @@ fn feed(store: &dyn Store, reader: &mut Reader, outputs: Arc<AtomicBool>, tx: &S
 }
 
 /// Reads the outputs of the page's steps in one query (the store verifies each digest) and
-/// decodes them. Any failure leaves the page's outputs unread: the replay then reads each
-/// itself, and meets the failure at the step it belongs to.
+/// decodes them, but a model call's (see [`Prefetched::Bytes`]). Any failure leaves the page's
+/// outputs unread: the replay then reads each itself, and meets the failure at the step it
+/// belongs to.
 fn prefetch_outputs(store: &dyn Store, page: &mut Page) {
     let mut wanted: Vec<(usize, Digest)> = Vec::new();
     for (i, item) in page.items.iter().enumerate() {
@@ -174,9 +175,11 @@ fn prefetch_outputs(store: &dyn Store, page: &mut Page) {
     let digests: Vec<Digest> = wanted.iter().map(|(_, d)| *d).collect();
     let Ok(blobs) = store.get_blobs(&digests) else { return };
     for ((i, _), bytes) in wanted.into_iter().zip(blobs) {
-        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else { continue };
-        if let Some(Item::Step { slot, .. }) = page.items.get_mut(i) {
-            slot.output = Some(value);
-        }
+        let Some(Item::Step { slot, .. }) = page.items.get_mut(i) else { continue };
+        slot.output = if slot.kind == EventType::ModelCall {
+            Some(Prefetched::Bytes(bytes))
+        } else {
+            serde_json::from_slice::<Value>(&bytes).ok().map(Prefetched::Value)
+        };
     }
 }
