@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 use retrace_core::envelope::{ModelRef, Usage};
 use retrace_core::{EventType, Source};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::agent::{Agent, PARAM_FIELDS};
@@ -111,16 +112,18 @@ impl Agent {
         let mut template = self.event(EventType::ModelCall, Some(&name));
         // The agent's prompt template (set by `template()`), as on in-process model calls.
         template.prompt_template = self.state.lock().prompt.clone();
-        let body: Option<Value> = serde_json::from_slice(&call.body).ok();
-        let model_name = body.as_ref().and_then(|b| b.get("model")).and_then(Value::as_str);
+        // The body's top-level fields, each left unparsed: only the model and the sampling
+        // parameters are decoded (a conversation's messages are skipped over, not built).
+        let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(&call.body).unwrap_or_default();
+        let model_name = fields.get("model").and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
         template.model = Some(ModelRef {
             provider: call.provider.clone(),
-            name: model_name.unwrap_or_default().to_owned(),
+            name: model_name.unwrap_or_default(),
             snapshot: None,
         });
         let mut params: BTreeMap<String, Value> = PARAM_FIELDS
             .iter()
-            .filter_map(|f| body.as_ref()?.get(*f).map(|v| ((*f).to_owned(), v.clone())))
+            .filter_map(|f| Some(((*f).to_owned(), serde_json::from_str(fields.get(*f)?.get()).ok()?)))
             .collect();
         for (k, v) in &call.key_headers {
             params.insert(k.clone(), Value::String(v.clone()));

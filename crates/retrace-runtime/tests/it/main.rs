@@ -4,6 +4,7 @@ mod fork;
 mod fork_props;
 mod masking;
 mod messages;
+mod proxied;
 mod replay;
 mod resolve;
 mod roundtrip;
