@@ -128,6 +128,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let dir = std::env::var_os("RETRACE_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("retrace-bench: can't create the bench folder {}: {e}", dir.display());
+        return ExitCode::from(2);
+    }
     let keep = std::env::var_os("RETRACE_BENCH_KEEP").is_some_and(|v| v == "1");
     let config = Config { quick, repeats, dir, keep };
     println!(
