@@ -12,7 +12,7 @@ use super::files::Files;
 use super::pack;
 use super::schema::{KIND_FILE, KIND_INLINE, KIND_MANIFEST, KIND_PACKED};
 use super::staged::Staged;
-use super::tail::id_of;
+use super::tail::{id_of, indexed_of_list};
 use crate::error::ResultExt;
 use crate::head::SeqMap;
 use crate::manifest::{self, Manifest, ManifestSource};
@@ -36,7 +36,7 @@ fn blob_id(conn: &Connection, digest: &Digest) -> StoreResult<Option<i64>> {
 
 /// The row id of `digest` in the write transaction `tx`: from what the transaction already
 /// knows (prefetched or inserted, see [`prefetch`]), from the tail's copy, or else asked of
-/// the digest index.
+/// the digest tables.
 fn stored_id(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest) -> StoreResult<Option<i64>> {
     match staged.known.get(digest) {
         Some(known) => Ok(*known),
@@ -44,23 +44,27 @@ fn stored_id(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest) -> Store
     }
 }
 
-/// Looks up which of `digests` are stored: in the tail's copy, and in one query of the digest
-/// index (the digests as a JSON array of hex strings walked by `json_each`), so that [`put`]
+/// Looks up which of `digests` are stored: in the tail's copy, and those it lacks that the
+/// filter doesn't rule out ([`super::tail::Tail::may_be_indexed`]) in one query of the digest
+/// tables (the digests as a JSON array of hex strings walked by `json_each`), so that [`put`]
 /// asks nothing more about them.
 pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Digest]) -> StoreResult<()> {
-    if digests.len() < 2 {
+    let mut asked = Vec::with_capacity(digests.len());
+    for digest in digests {
+        let id = staged.tail.get(digest);
+        if id.is_none() && staged.tail.may_be_indexed(tx, digest)? {
+            asked.push(*digest);
+        }
+        staged.known.insert(*digest, id);
+    }
+    if asked.is_empty() {
         return Ok(());
     }
-    let what = || format!("looking up {} blobs", digests.len());
+    let what = || format!("looking up {} blobs", asked.len());
     let found: Vec<(Vec<u8>, i64)> = tx
-        .prepare_cached(
-            "SELECT b.digest, b.id FROM json_each(?1) j CROSS JOIN blobs b \
-             ON b.digest = unhex(j.value) AND b.indexed = 1",
-        )
-        .and_then(|mut s| s.query_map([hex_list(digests)], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .prepare_cached(&indexed_of_list("x.digest, x.id", ""))
+        .and_then(|mut s| s.query_map([hex_list(&asked)], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
         .ctx(what)?;
-    let tail = &*staged.tail;
-    staged.known.extend(digests.iter().map(|d| (*d, tail.get(d))));
     for (digest, id) in found {
         let digest = Digest::from_slice(&digest)
             .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
@@ -103,7 +107,7 @@ pub(crate) fn put_all(
 }
 
 /// Stores plain `bytes` (up to [`INLINE_BLOB_MAX`]) that this transaction hasn't looked up,
-/// unless the store holds them (in the tail's copy or the digest index). A packed blob's row
+/// unless the store holds them (in the tail's copy or the digest tables). A packed blob's row
 /// names the place its bytes will go ([`Staged::next_pack_location`]).
 fn put_plain(
     tx: &Connection,
@@ -336,15 +340,15 @@ fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
 }
 
 /// The rows of `digests`, in the order given (`None` for a digest not stored): one query of
-/// the digest index (the digests as one JSON array of hex strings, walked by `json_each` as
+/// the digest tables (the digests as one JSON array of hex strings, walked by `json_each` as
 /// the outer loop), then, for the digests it lacks, one scan of the tail for all of them.
 fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> {
     let mut found: Vec<Option<Row>> = (0..digests.len()).map(|_| None).collect();
     let what = || format!("reading {} blobs", digests.len());
     let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT j.key, {ROW_COLUMNS} FROM json_each(?1) j CROSS JOIN blobs b \
-             ON b.digest = unhex(j.value) AND b.indexed = 1"
+        .prepare_cached(&indexed_of_list(
+            &format!("j.key, {ROW_COLUMNS}"),
+            "CROSS JOIN blobs b ON b.id = x.id",
         ))
         .ctx(what)?;
     let mut rows = stmt.query([hex_list(digests)]).ctx(what)?;

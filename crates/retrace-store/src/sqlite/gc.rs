@@ -107,6 +107,20 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
     let files: Vec<String> = doomed_blobs.iter().filter_map(|(_, _, f)| f.clone()).collect();
     let mut bytes_freed: u64 = doomed_blobs.iter().map(|(_, n, _)| *n as u64).sum();
     let blobs_deleted = tx.execute(&format!("DELETE FROM blobs WHERE {UNKEPT}"), []).ctx(|| WHAT)? as u64;
+    // Every row was in a digest table (merged above): its digest goes with it.
+    let unkept = |table: &str| {
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM temp.gc_keep k WHERE k.digest = {table}.digest)"),
+            [],
+        )
+        .ctx(|| WHAT)
+    };
+    let (indexed, recent) = (unkept("blob_digests")?, unkept("blob_digests_recent")?);
+    tx.execute(
+        "UPDATE blob_mark SET indexed_rows = indexed_rows - ?1, recent_rows = recent_rows - ?2",
+        [indexed as i64, recent as i64],
+    )
+    .ctx(|| WHAT)?;
     tx.execute("DELETE FROM prefixes WHERE blob_id NOT IN (SELECT id FROM blobs)", []).ctx(|| WHAT)?;
     let cache_entries_dropped = tx
         .execute("DELETE FROM cache WHERE output_blob NOT IN (SELECT digest FROM blobs)", [])
@@ -268,7 +282,8 @@ fn restore_trash(tx: &Connection, files: &Files) -> StoreResult<()> {
             Some(d) => tx
                 .query_row(
                     &format!(
-                        "SELECT data FROM blobs WHERE digest = ?1 AND indexed = 1 AND kind = {KIND_FILE}"
+                        "SELECT data FROM blobs b WHERE b.id = {} AND b.kind = {KIND_FILE}",
+                        super::tail::id_of("?1")
                     ),
                     [d.as_bytes()],
                     |r| r.get(0),

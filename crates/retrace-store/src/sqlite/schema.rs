@@ -13,6 +13,9 @@
 //! - `blobs`: rowid table; `kind` 0 = inline bytes (blobs up to 256 B), 1 = a file under the blob
 //!   folder (`data` holds its relative path), 2 = a chained manifest (`data` holds its compact
 //!   encoding), 3 = packed (`data` holds `segment_id << 16 | offset`);
+//! - `blob_digests` and `blob_digests_recent` (since version 13): digest → row id of every blob
+//!   but the most recent ones, without a rowid, in two levels; `blob_mark`: the id up to which
+//!   blobs are in them, and how many each holds (see `sqlite/tail.rs`);
 //! - `segments`: the bytes of packed blobs, appended end to end into rows of one page each
 //!   (page size − [`SEGMENT_SLACK`]); a blob may continue into the following segments. One row
 //!   per blob would leave ~17% of each page empty (append-only inserts split pages wherever the
@@ -74,7 +77,8 @@
 //! `deliveries`; 6 had the indexes `events_agent` and `events_deliver`; 7 had no heads in
 //! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
 //! `deliveries` with each commit; 10 had no blob row ids in `events`; 11 indexed every blob's
-//! digest as it was stored and kept `cache` alone (see `sqlite/tail.rs`).
+//! digest as it was stored and kept `cache` alone (see `sqlite/tail.rs`); 12 kept the indexed
+//! digests in a partial index on `blobs`, one level.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
@@ -82,15 +86,16 @@
 //! deliveries; 6 → 7 drops the two indexes; 7 → 8 adds the head columns to `deliveries` and
 //! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty; 10 → 11 adds the
 //! two columns, NULL; 11 → 12 rebuilds `blobs` with the column `indexed`, 1 in every row
-//! stored, and its digest index partial, and adds `blob_mark` and `cache_log`). A store of a
-//! newer version than this build's is refused, never altered.
+//! stored, and its digest index partial, and adds `blob_mark` and `cache_log`; 12 → 13 moves
+//! the indexed digests into `blob_digests` and drops that index). A store of a newer version
+//! than this build's is refused, never altered.
 use rusqlite::Connection;
 
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -283,6 +288,29 @@ fn rebuild_blobs(conn: &Connection) -> rusqlite::Result<()> {
              class TEXT,
              ttl INTEGER
          );",
+    )
+}
+
+/// Version 13: the digests of the indexed blobs move from the partial index on `blobs` into
+/// the table `blob_digests` (the column `indexed` stays, unused), beside an empty
+/// `blob_digests_recent`, and `blob_mark` counts the rows of each (see [`super::tail`]).
+fn add_digest_tables(conn: &Connection) -> rusqlite::Result<()> {
+    let counted: i64 = conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('blob_mark') WHERE name = 'indexed_rows'",
+        [],
+        |r| r.get(0),
+    )?;
+    if counted > 0 {
+        return Ok(());
+    }
+    conn.execute_batch(
+        "CREATE TABLE blob_digests (digest BLOB PRIMARY KEY, id INTEGER NOT NULL) WITHOUT ROWID;
+         CREATE TABLE blob_digests_recent (digest BLOB PRIMARY KEY, id INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO blob_digests (digest, id) SELECT digest, id FROM blobs WHERE indexed = 1 ORDER BY digest;
+         ALTER TABLE blob_mark ADD COLUMN recent_rows INTEGER NOT NULL DEFAULT 0;
+         ALTER TABLE blob_mark ADD COLUMN indexed_rows INTEGER NOT NULL DEFAULT 0;
+         UPDATE blob_mark SET indexed_rows = (SELECT count(*) FROM blob_digests);
+         DROP INDEX IF EXISTS blobs_digest;",
     )
 }
 
@@ -552,6 +580,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         }
         if version < 12 {
             rebuild_blobs(conn).ctx(what)?;
+        }
+        if version < 13 {
+            add_digest_tables(conn).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
     })();

@@ -41,7 +41,7 @@ pub(crate) struct Staged<'a> {
     /// Blob row ids this transaction knows (`None`: not stored), looked up or inserted.
     pub(crate) known: DigestMap<Option<i64>>,
     /// The write connection's copy of the blobs not yet indexed, caught up in this
-    /// transaction: with the digest index, it says whether a digest is stored.
+    /// transaction: with the digest tables, it says whether a digest is stored.
     pub(crate) tail: &'a mut Tail,
 }
 

@@ -1,7 +1,9 @@
-//! The two-level digest index and cache of the SQLite store (`sqlite/tail.rs`): a blob stored
-//! is found and never stored twice whether it sits in the tail or in the index, whichever
-//! store handle (as another process would) stored it; a collection that deletes tail blobs
-//! leaves no handle taking them for stored; the newest cache entry wins across merges.
+//! The levelled digest index and cache of the SQLite store (`sqlite/tail.rs`): a blob stored
+//! is found and never stored twice whether it sits in the tail or in a digest table, whichever
+//! store handle (as another process would) stored it; each blob sits in one level, and
+//! `blob_mark` counts them; a collection that deletes blobs takes their digests too and leaves
+//! no handle taking them for stored; a store of version 12 keeps every blob through the
+//! upgrade; the newest cache entry wins across merges.
 use std::path::Path;
 
 use retrace_core::envelope::Usage;
@@ -21,18 +23,51 @@ fn raw(dir: &Path) -> Connection {
     Connection::open(dir.join("retrace.db")).unwrap()
 }
 
-/// Rows holding `digest`, and how many of them are indexed.
+/// Rows holding `digest`, and how many digest table rows name it.
 fn rows_of(conn: &Connection, digest: &Digest) -> (i64, i64) {
     conn.query_row(
-        "SELECT count(*), coalesce(sum(indexed), 0) FROM blobs WHERE digest = ?1",
+        "SELECT (SELECT count(*) FROM blobs WHERE digest = ?1), \
+         (SELECT count(*) FROM blob_digests WHERE digest = ?1) + \
+         (SELECT count(*) FROM blob_digests_recent WHERE digest = ?1)",
         [digest.as_bytes()],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
     .unwrap()
 }
 
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// Blob rows in no digest table.
 fn unindexed(conn: &Connection) -> i64 {
-    conn.query_row("SELECT count(*) FROM blobs WHERE indexed = 0", [], |r| r.get(0)).unwrap()
+    count(
+        conn,
+        "SELECT count(*) FROM blobs b WHERE NOT EXISTS (SELECT 1 FROM blob_digests x WHERE x.id = b.id) \
+         AND NOT EXISTS (SELECT 1 FROM blob_digests_recent x WHERE x.id = b.id)",
+    )
+}
+
+/// `(blob_digests rows, blob_digests_recent rows, tail rows)`, checked against `blob_mark`'s
+/// counts and against the blob rows: each row in exactly one place, under its own digest.
+fn levels(conn: &Connection) -> (i64, i64, i64) {
+    let indexed = count(conn, "SELECT count(*) FROM blob_digests");
+    let recent = count(conn, "SELECT count(*) FROM blob_digests_recent");
+    let tail = count(conn, "SELECT count(*) FROM blobs WHERE id > (SELECT merged_to FROM blob_mark)");
+    let marked: (i64, i64) = conn
+        .query_row("SELECT indexed_rows, recent_rows FROM blob_mark", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    assert_eq!(marked, (indexed, recent), "blob_mark counts the rows of each level");
+    assert_eq!(unindexed(conn), tail, "the blobs in no digest table are the tail");
+    let misfiled = count(
+        conn,
+        "SELECT count(*) FROM (SELECT digest, id FROM blob_digests UNION ALL \
+         SELECT digest, id FROM blob_digests_recent) x LEFT JOIN blobs b ON b.id = x.id \
+         WHERE b.digest IS NOT x.digest",
+    );
+    assert_eq!(misfiled, 0, "every digest row names the blob row of that digest");
+    assert_eq!(indexed + recent + tail, count(conn, "SELECT count(*) FROM blobs"));
+    (indexed, recent, tail)
 }
 
 fn blob(tag: &str, n: usize) -> BlobPut {
@@ -167,8 +202,89 @@ fn many_blobs_merge_as_they_go_and_known_ones_are_found_past_the_filter() {
     let mut done = run.clone();
     done.status = RunStatus::Failed;
     store.update_run(&done).unwrap();
-    assert_eq!(unindexed(&conn), 0);
+    assert_eq!(levels(&conn), (36_100, 0, 0), "a young store's recent digests move down at each merge");
     assert_eq!(store.get_blob(&more[29_999].digest()).unwrap(), b"more 29999");
+}
+
+#[test]
+fn a_small_merge_stays_recent_and_a_collection_takes_the_digests_it_deletes() {
+    let (dir, a, b, run) = two_handles();
+    let old: Vec<BlobPut> = (0..100).map(|n| blob("old", n)).collect();
+    put(&a, &old);
+    finish(&a, &run);
+    let conn = raw(dir.path());
+    assert_eq!(levels(&conn), (100, 0, 0));
+    let second = sample_run("r2", 2);
+    b.create_run(&second).unwrap();
+    let mid: Vec<BlobPut> = (0..10).map(|n| blob("mid", n)).collect();
+    put(&b, &mid);
+    assert_eq!(levels(&conn), (100, 0, 10));
+    finish(&b, &second);
+    assert_eq!(levels(&conn), (100, 10, 0), "10 recent digests are too few to move into 100");
+    // Found in either level by either handle and by a new one, one at a time and together.
+    let wanted = [mid[3].digest(), old[7].digest()];
+    for store in [&a, &b, &open(dir.path())] {
+        assert_eq!(store.get_blob(&mid[9].digest()).unwrap(), b"mid 9");
+        assert_eq!(store.get_blobs(&wanted).unwrap(), vec![b"mid 3".to_vec(), b"old 7".to_vec()]);
+    }
+    put(&a, &[old[0].clone(), mid[0].clone()]);
+    put(&b, &mid);
+    assert_eq!((rows_of(&conn, &old[0].digest()), rows_of(&conn, &mid[0].digest())), ((1, 1), (1, 1)));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let cutoff =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let new: Vec<BlobPut> = (0..5).map(|n| blob("new", n)).collect();
+    put(&a, &new);
+    // Nothing references the old and mid blobs; the new ones are younger than the cutoff.
+    let collect = GcRequest { runs: vec![], blob_cutoff_ms: cutoff, dry_run: false };
+    assert_eq!(b.collect_garbage(&collect).unwrap().blobs_deleted, 110);
+    assert_eq!(levels(&conn), (0, 5, 0), "the collection merged the tail, then took 110 digests");
+    for store in [&a, &b] {
+        assert!(!store.has_blob(&old[7].digest()).unwrap());
+        assert!(!store.has_blob(&mid[3].digest()).unwrap());
+        assert_eq!(store.get_blob(&new[4].digest()).unwrap(), b"new 4");
+    }
+    // Stored again, once, and found.
+    put(&a, &[old[7].clone(), new[0].clone()]);
+    put(&b, std::slice::from_ref(&old[7]));
+    assert_eq!(rows_of(&conn, &old[7].digest()), (1, 0));
+    assert_eq!(levels(&conn), (0, 5, 1));
+    assert_eq!(open(dir.path()).get_blob(&old[7].digest()).unwrap(), b"old 7");
+}
+
+#[test]
+fn a_version_12_store_keeps_every_blob_through_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let indexed: Vec<BlobPut> = (0..50).map(|n| blob("indexed", n)).collect();
+    let tail: Vec<BlobPut> = (0..5).map(|n| blob("tail", n)).collect();
+    {
+        let store = open(dir.path());
+        let run = sample_run("r", 1);
+        store.create_run(&run).unwrap();
+        put(&store, &indexed);
+        finish(&store, &run);
+        put(&store, &tail);
+    }
+    // Back to version 12's layout: the indexed digests in a partial index on `blobs`.
+    raw(dir.path())
+        .execute_batch(
+            "UPDATE blobs SET indexed = 1 WHERE id IN (SELECT id FROM blob_digests);
+             CREATE UNIQUE INDEX blobs_digest ON blobs (digest) WHERE indexed = 1;
+             DROP TABLE blob_digests; DROP TABLE blob_digests_recent;
+             ALTER TABLE blob_mark DROP COLUMN recent_rows; ALTER TABLE blob_mark DROP COLUMN indexed_rows;
+             PRAGMA user_version = 12;",
+        )
+        .unwrap();
+    let store = open(dir.path());
+    let conn = raw(dir.path());
+    assert_eq!(count(&conn, "PRAGMA user_version"), 13);
+    assert_eq!(count(&conn, "SELECT count(*) FROM sqlite_master WHERE name = 'blobs_digest'"), 0);
+    assert_eq!(levels(&conn), (50, 0, 5));
+    assert_eq!(store.get_blob(&indexed[49].digest()).unwrap(), b"indexed 49");
+    assert_eq!(store.get_blob(&tail[4].digest()).unwrap(), b"tail 4");
+    put(&store, &[indexed[0].clone(), tail[0].clone()]);
+    assert_eq!(levels(&conn), (50, 0, 5), "nothing stored twice");
 }
 
 #[test]
