@@ -15,7 +15,8 @@
 //!   encoding), 3 = packed (`data` holds `segment_id << 16 | offset`);
 //! - `blob_digests` and `blob_digests_recent` (since version 13): digest → row id of every blob
 //!   but the most recent ones, without a rowid, in two levels; `blob_mark`: the id up to which
-//!   blobs are in them, and how many each holds (see `sqlite/tail.rs`);
+//!   blobs are in them, how many each holds and where the sweep between them is (see
+//!   `sqlite/tail.rs`);
 //! - `segments`: the bytes of packed blobs, appended end to end into rows of one page each
 //!   (page size − [`SEGMENT_SLACK`]); a blob may continue into the following segments. One row
 //!   per blob would leave ~17% of each page empty (append-only inserts split pages wherever the
@@ -293,7 +294,8 @@ fn rebuild_blobs(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Version 13: the digests of the indexed blobs move from the partial index on `blobs` into
 /// the table `blob_digests` (the column `indexed` stays, unused), beside an empty
-/// `blob_digests_recent`, and `blob_mark` counts the rows of each (see [`super::tail`]).
+/// `blob_digests_recent`, and `blob_mark` counts the rows of each and holds where the sweep
+/// from one into the other is (see [`super::tail`]).
 fn add_digest_tables(conn: &Connection) -> rusqlite::Result<()> {
     let counted: i64 = conn.query_row(
         "SELECT count(*) FROM pragma_table_info('blob_mark') WHERE name = 'indexed_rows'",
@@ -309,6 +311,7 @@ fn add_digest_tables(conn: &Connection) -> rusqlite::Result<()> {
          INSERT INTO blob_digests (digest, id) SELECT digest, id FROM blobs WHERE indexed = 1 ORDER BY digest;
          ALTER TABLE blob_mark ADD COLUMN recent_rows INTEGER NOT NULL DEFAULT 0;
          ALTER TABLE blob_mark ADD COLUMN indexed_rows INTEGER NOT NULL DEFAULT 0;
+         ALTER TABLE blob_mark ADD COLUMN sweep INTEGER NOT NULL DEFAULT 0;
          UPDATE blob_mark SET indexed_rows = (SELECT count(*) FROM blob_digests);
          DROP INDEX IF EXISTS blobs_digest;",
     )

@@ -13,13 +13,14 @@
 //!   - `blob_digests_recent`, a small table of `(digest, id)` keyed by digest;
 //!   - `blob_digests`, the same for every other row: the large one.
 //!
-//!   [`merge`] moves the whole tail into `blob_digests_recent` in digest order, and that table
-//!   into `blob_digests` once it has grown to about `sqrt(2 × MERGE_AT × rows in blob_digests)`
-//!   ([`moves_down`]). Either step rewrites each leaf of the table it inserts into about once
-//!   for many keys, and so the cost of merging, per blob, grows with the square root of the
-//!   store instead of with its size: before version 13 each merge inserted the tail straight
-//!   into the one index of every digest, and at 1.3 million blobs took 100 to 230 ms where a
-//!   fresh store's took 40.
+//!   [`merge`] moves the whole tail into `blob_digests_recent` in digest order, then one slice
+//!   of the digest space of that table into `blob_digests`, the next slice at the next merge
+//!   (a sweep; [`slices`] says how many, about the square root of the large table's rows in
+//!   half merges). Each insert rewrites each leaf it touches once for many keys, and so the
+//!   cost of a merge grows with the square root of the store instead of with its size, the
+//!   same at every merge: before version 13 each merge inserted the tail straight into the one
+//!   index of every digest, and at 1.3 million blobs took 100 to 230 ms where a fresh store's
+//!   took 40. A young store (one slice) moves the tail straight down.
 //!   The write connection keeps the tail in memory ([`Tail`], caught up at the start of each
 //!   write transaction from the rows past the last id it saw), so a commit's look-ups never
 //!   scan; that is also how it keeps the three places free of duplicate digests, which no
@@ -273,14 +274,16 @@ impl Tail {
     }
 }
 
-/// Moves the whole tail into `blob_digests_recent`, or, with what that holds, into
-/// `blob_digests` when [`moves_down`] says so, inside `tx`. Each is inserted in digest order, so that each leaf of
-/// the table it goes into is rewritten once however many keys it gains.
+/// Moves the whole tail into `blob_digests_recent`, then the next of its [`slices`] into
+/// `blob_digests`, inside `tx`; while one slice covers every digest, the tail goes straight
+/// down. Each is inserted in digest order, so that each leaf of the table it goes into is
+/// rewritten once however many keys it gains. `blob_mark.sweep` is where the next slice starts
+/// (the first two bytes of its digests, as an integer).
 pub(crate) fn merge(tx: &Connection) -> StoreResult<()> {
     let what = || "indexing the blobs stored since the last merge".to_string();
-    let (merged_to, recent, indexed): (i64, i64, i64) = tx
-        .query_row("SELECT merged_to, recent_rows, indexed_rows FROM blob_mark", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    let (merged_to, recent, indexed, sweep): (i64, i64, i64, i64) = tx
+        .query_row("SELECT merged_to, recent_rows, indexed_rows, sweep FROM blob_mark", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .ctx(what)?;
     let top: Option<i64> = tx.query_row("SELECT max(id) FROM blobs", [], |r| r.get(0)).ctx(what)?;
@@ -294,43 +297,74 @@ pub(crate) fn merge(tx: &Connection) -> StoreResult<()> {
         .prepare_cached("SELECT count(*) FROM blobs WHERE id > ?1")
         .and_then(|mut s| s.query_row([merged_to], |r| r.get(0)))
         .ctx(what)?;
-    let (recent, indexed) = if moves_down(recent + tail, indexed) {
-        // Straight down with what is recent, so that the tail is written once, and the small
-        // table's pages aren't left free (a young store never fills it).
-        tx.prepare_cached(
-            "INSERT INTO blob_digests (digest, id) SELECT digest, id FROM \
-             (SELECT digest, id FROM blob_digests_recent UNION ALL SELECT digest, id FROM blobs WHERE id > ?1) \
-             ORDER BY digest",
-        )
-        .and_then(|mut s| s.execute([merged_to]))
-        .map_err(refused)?;
-        if recent > 0 {
-            tx.execute("DELETE FROM blob_digests_recent", []).ctx(what)?;
+    let (recent, indexed, sweep) = match slices(indexed) {
+        1 => {
+            // Straight down with what is recent, so that the tail is written once, and the
+            // small table's pages aren't left free (a young store never fills it).
+            tx.prepare_cached(
+                "INSERT INTO blob_digests (digest, id) SELECT digest, id FROM \
+                 (SELECT digest, id FROM blob_digests_recent UNION ALL SELECT digest, id FROM blobs WHERE id > ?1) \
+                 ORDER BY digest",
+            )
+            .and_then(|mut s| s.execute([merged_to]))
+            .map_err(refused)?;
+            if recent > 0 {
+                tx.execute("DELETE FROM blob_digests_recent", []).ctx(what)?;
+            }
+            (0, indexed + recent + tail, 0)
         }
-        (0, indexed + recent + tail)
-    } else {
-        tx.prepare_cached(
-            "INSERT INTO blob_digests_recent (digest, id) SELECT digest, id FROM blobs WHERE id > ?1 ORDER BY digest",
-        )
-        .and_then(|mut s| s.execute([merged_to]))
-        .map_err(refused)?;
-        (recent + tail, indexed)
+        n => {
+            tx.prepare_cached(
+                "INSERT INTO blob_digests_recent (digest, id) SELECT digest, id FROM blobs WHERE id > ?1 ORDER BY digest",
+            )
+            .and_then(|mut s| s.execute([merged_to]))
+            .map_err(refused)?;
+            let from = sweep.clamp(0, SWEEP_END - 1);
+            let to = (from + (SWEEP_END + n - 1) / n).min(SWEEP_END);
+            let (low, high) = (slice_bound(from), slice_bound(to));
+            let moved = tx
+                .prepare_cached(
+                    "INSERT INTO blob_digests (digest, id) SELECT digest, id FROM blob_digests_recent \
+                     WHERE digest >= ?1 AND digest < ?2 ORDER BY digest",
+                )
+                .and_then(|mut s| s.execute([&low, &high]))
+                .map_err(refused)? as i64;
+            tx.prepare_cached("DELETE FROM blob_digests_recent WHERE digest >= ?1 AND digest < ?2")
+                .and_then(|mut s| s.execute([&low, &high]))
+                .ctx(what)?;
+            (recent + tail - moved, indexed + moved, to % SWEEP_END)
+        }
     };
-    tx.prepare_cached("UPDATE blob_mark SET recent_rows = ?1, indexed_rows = ?2")
-        .and_then(|mut s| s.execute([recent, indexed]))
+    tx.prepare_cached("UPDATE blob_mark SET recent_rows = ?1, indexed_rows = ?2, sweep = ?3")
+        .and_then(|mut s| s.execute([recent, indexed, sweep]))
         .ctx(what)?;
     set_mark(tx, top.unwrap_or(0))
 }
 
-/// Whether `recent` rows in `blob_digests_recent` are moved into `blob_digests`, which holds
-/// `indexed`: once `recent² ≥ 2 × MERGE_AT × indexed`. A merge of the tail rewrites about
-/// every leaf of the small table, and moving it down about every leaf of the large one; at
-/// this size the two costs, spread over the blobs merged, are about equal and their sum is
-/// least. The leaves rewritten per blob then grow with the square root of the store's blobs
-/// instead of with their number. A young store's small table moves down at every merge.
-pub(crate) fn moves_down(recent: i64, indexed: i64) -> bool {
-    let (recent, indexed) = (i128::from(recent), i128::from(indexed));
-    recent * recent >= 2 * MERGE_AT as i128 * indexed
+/// The end of the sweep's range: slices are ranges of the first two bytes of a digest.
+const SWEEP_END: i64 = 1 << 16;
+
+/// The smallest digest of the slice starting at `at` (two bytes, which every digest starting
+/// with them sorts after), or, at [`SWEEP_END`], a bound above every digest.
+fn slice_bound(at: i64) -> Vec<u8> {
+    match at {
+        SWEEP_END.. => vec![0xff; 33],
+        _ => vec![(at >> 8) as u8, at as u8],
+    }
+}
+
+/// How many slices of the digest space `blob_digests_recent` moves down in turn, one per merge,
+/// when `blob_digests` holds `indexed` rows: `⌈sqrt(indexed / (MERGE_AT / 2))⌉`, at least 1.
+///
+/// A merge rewrites about every leaf of the small table (which holds about `slices × MERGE_AT
+/// / 2` rows: a digest waits half a sweep on average) and the leaves of one slice of the
+/// large one (`indexed / slices` rows). This count makes the two equal and their sum least,
+/// so that every merge rewrites about `2 × sqrt(indexed × MERGE_AT / 2)` rows' worth of
+/// leaves: the cost grows with the square root of the store, every merge alike (a store of
+/// 1.3 million blobs: 9 slices, about a quarter of the leaves a merge into one index rewrote).
+pub(crate) fn slices(indexed: i64) -> i64 {
+    let half = (MERGE_AT / 2) as f64;
+    ((indexed.max(0) as f64 / half).sqrt().ceil() as i64).clamp(1, SWEEP_END)
 }
 
 /// Sets `merged_to` (every row at or below it is in a digest table) and starts a new epoch.
@@ -354,23 +388,39 @@ pub(crate) fn merge_cache(tx: &Connection) -> StoreResult<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{moves_down, MERGE_AT};
+    use super::{slice_bound, slices, MERGE_AT, SWEEP_END};
 
     #[test]
-    fn recent_digests_move_down_at_the_square_root_of_twice_the_merge_size_times_the_store() {
-        let merge = MERGE_AT as i64;
-        // A young store: each merge's tail moves straight down.
-        assert!(moves_down(0, 0));
-        assert!(moves_down(merge, 0));
-        assert!(moves_down(merge, merge / 2));
-        // 1.3 million indexed digests: about 292k recent ones, nine merges' worth.
-        let indexed = 1_300_000;
-        let at = ((2 * merge * indexed) as f64).sqrt().ceil() as i64;
-        assert_eq!(at / 1000, 291);
-        assert!(!moves_down(at - 1, indexed));
-        assert!(moves_down(at, indexed));
-        // No overflow at any size a store can count.
-        assert!(!moves_down(1, i64::MAX));
-        assert!(moves_down(i64::MAX, i64::MAX));
+    fn the_sweep_has_as_many_slices_as_the_square_root_of_the_store_in_half_merges() {
+        let half = MERGE_AT as i64 / 2;
+        // A young store: one slice, the tail goes straight down.
+        assert_eq!(slices(0), 1);
+        assert_eq!(slices(half), 1);
+        assert_eq!(slices(half + 1), 2);
+        assert_eq!(slices(4 * half), 2);
+        assert_eq!(slices(1_300_000), 9);
+        assert_eq!(slices(i64::MAX), SWEEP_END);
+        assert_eq!(slices(-1), 1);
+    }
+
+    #[test]
+    fn slice_bounds_take_every_digest_once() {
+        let digest = |first: u8, second: u8| {
+            let mut d = [0x80u8; 32];
+            (d[0], d[1]) = (first, second);
+            d.to_vec()
+        };
+        let within = |d: &Vec<u8>, from: i64, to: i64| *d >= slice_bound(from) && *d < slice_bound(to);
+        assert!(within(&digest(0, 0), 0, 1));
+        assert!(!within(&digest(0, 1), 0, 1));
+        assert!(within(&digest(0x12, 0x34), 0x1234, 0x1235));
+        assert!(within(&vec![0xff; 32], SWEEP_END - 1, SWEEP_END));
+        assert!(!within(&vec![0xff; 32], 0, SWEEP_END - 1));
+        // Nine slices cover the whole space, each digest in one.
+        let n = 9;
+        let cuts: Vec<i64> = (0..=n).map(|i| (i * (SWEEP_END + n - 1) / n).min(SWEEP_END)).collect();
+        for d in [digest(0, 0), digest(0x71, 0xc7), digest(0x71, 0xc8), vec![0xff; 32]] {
+            assert_eq!(cuts.windows(2).filter(|w| within(&d, w[0], w[1])).count(), 1, "{d:?}");
+        }
     }
 }

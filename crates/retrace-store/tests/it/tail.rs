@@ -206,50 +206,64 @@ fn many_blobs_merge_as_they_go_and_known_ones_are_found_past_the_filter() {
     assert_eq!(store.get_blob(&more[29_999].digest()).unwrap(), b"more 29999");
 }
 
+/// Whether a digest lies in the upper half of the digest space (the second of two slices).
+fn upper(b: &BlobPut) -> bool {
+    b.digest().as_bytes()[0] >= 0x80
+}
+
 #[test]
-fn a_small_merge_stays_recent_and_a_collection_takes_the_digests_it_deletes() {
+fn recent_digests_move_down_a_slice_per_merge_and_a_collection_takes_the_digests_it_deletes() {
     let (dir, a, b, run) = two_handles();
-    let old: Vec<BlobPut> = (0..100).map(|n| blob("old", n)).collect();
-    put(&a, &old);
+    // More than half a merge's worth indexed: from now on, two slices.
+    let old: Vec<BlobPut> = (0..20_000).map(|n| blob("old", n)).collect();
+    for chunk in old.chunks(5_000) {
+        put(&a, chunk);
+    }
     finish(&a, &run);
     let conn = raw(dir.path());
-    assert_eq!(levels(&conn), (100, 0, 0));
+    assert_eq!(levels(&conn), (20_000, 0, 0), "one slice: straight down");
     let second = sample_run("r2", 2);
     b.create_run(&second).unwrap();
-    let mid: Vec<BlobPut> = (0..10).map(|n| blob("mid", n)).collect();
+    let mid: Vec<BlobPut> = (0..40).map(|n| blob("mid", n)).collect();
     put(&b, &mid);
-    assert_eq!(levels(&conn), (100, 0, 10));
+    assert_eq!(levels(&conn), (20_000, 0, 40));
     finish(&b, &second);
-    assert_eq!(levels(&conn), (100, 10, 0), "10 recent digests are too few to move into 100");
+    let high = mid.iter().filter(|b| upper(b)).count() as i64;
+    assert!(high > 0 && high < 40, "both halves hold some of these digests");
+    assert_eq!(levels(&conn), (20_040 - high, high, 0), "the lower half moved down, the upper waits");
     // Found in either level by either handle and by a new one, one at a time and together.
-    let wanted = [mid[3].digest(), old[7].digest()];
+    let (waiting, moved) = (mid.iter().find(|b| upper(b)).unwrap(), mid.iter().find(|b| !upper(b)).unwrap());
+    let wanted = [waiting.digest(), old[7].digest(), moved.digest()];
     for store in [&a, &b, &open(dir.path())] {
-        assert_eq!(store.get_blob(&mid[9].digest()).unwrap(), b"mid 9");
-        assert_eq!(store.get_blobs(&wanted).unwrap(), vec![b"mid 3".to_vec(), b"old 7".to_vec()]);
+        assert_eq!(store.get_blob(&waiting.digest()).unwrap(), waiting.bytes().to_vec());
+        let read = store.get_blobs(&wanted).unwrap();
+        assert_eq!(read, vec![waiting.bytes().to_vec(), b"old 7".to_vec(), moved.bytes().to_vec()]);
     }
-    put(&a, &[old[0].clone(), mid[0].clone()]);
+    put(&a, &[old[0].clone(), waiting.clone(), moved.clone()]);
     put(&b, &mid);
-    assert_eq!((rows_of(&conn, &old[0].digest()), rows_of(&conn, &mid[0].digest())), ((1, 1), (1, 1)));
+    assert_eq!(levels(&conn), (20_040 - high, high, 0), "nothing stored twice");
     std::thread::sleep(std::time::Duration::from_millis(20));
     let cutoff =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let new: Vec<BlobPut> = (0..5).map(|n| blob("new", n)).collect();
+    let new: Vec<BlobPut> = (0..20).map(|n| blob("new", n)).collect();
     put(&a, &new);
-    // Nothing references the old and mid blobs; the new ones are younger than the cutoff.
+    // Nothing references the old and mid blobs; the new ones are younger than the cutoff. The
+    // collection's merge moves the upper half down (the new ones there too), then deletes.
     let collect = GcRequest { runs: vec![], blob_cutoff_ms: cutoff, dry_run: false };
-    assert_eq!(b.collect_garbage(&collect).unwrap().blobs_deleted, 110);
-    assert_eq!(levels(&conn), (0, 5, 0), "the collection merged the tail, then took 110 digests");
+    assert_eq!(b.collect_garbage(&collect).unwrap().blobs_deleted, 20_040);
+    let new_high = new.iter().filter(|b| upper(b)).count() as i64;
+    assert_eq!(levels(&conn), (new_high, 20 - new_high, 0), "the collection took 20,040 digests");
     for store in [&a, &b] {
         assert!(!store.has_blob(&old[7].digest()).unwrap());
-        assert!(!store.has_blob(&mid[3].digest()).unwrap());
+        assert!(!store.has_blob(&waiting.digest()).unwrap());
         assert_eq!(store.get_blob(&new[4].digest()).unwrap(), b"new 4");
     }
     // Stored again, once, and found.
     put(&a, &[old[7].clone(), new[0].clone()]);
     put(&b, std::slice::from_ref(&old[7]));
     assert_eq!(rows_of(&conn, &old[7].digest()), (1, 0));
-    assert_eq!(levels(&conn), (0, 5, 1));
+    assert_eq!(levels(&conn), (new_high, 20 - new_high, 1));
     assert_eq!(open(dir.path()).get_blob(&old[7].digest()).unwrap(), b"old 7");
 }
 
@@ -273,6 +287,7 @@ fn a_version_12_store_keeps_every_blob_through_the_upgrade() {
              CREATE UNIQUE INDEX blobs_digest ON blobs (digest) WHERE indexed = 1;
              DROP TABLE blob_digests; DROP TABLE blob_digests_recent;
              ALTER TABLE blob_mark DROP COLUMN recent_rows; ALTER TABLE blob_mark DROP COLUMN indexed_rows;
+             ALTER TABLE blob_mark DROP COLUMN sweep;
              PRAGMA user_version = 12;",
         )
         .unwrap();
