@@ -19,6 +19,11 @@ use super::{Prefetched, RecordedDelivery, Resolution};
 /// Events a replay's reader reads (and outputs it prefetches) at a time.
 const FEED_PAGE: usize = 1024;
 
+/// Events of the reader's first page; each next page is twice as large, up to [`FEED_PAGE`]. The
+/// replay's first step waits for the first page (and its outputs): a page of 1,024 made that
+/// wait most of a 200-call proxy replay's first call (600-800 us against 110-130 for the others).
+const FIRST_PAGE: usize = 64;
+
 /// Pages the reader may be ahead of the replay, beyond the one it is reading.
 const FEED_AHEAD: usize = 2;
 
@@ -118,8 +123,8 @@ impl Reader {
     }
 }
 
-/// Starts reading `reader`'s run on a thread of its own, [`FEED_AHEAD`] pages ahead of the
-/// receiver; while `outputs` is set, each page's step outputs are read (one query per page),
+/// Starts reading `reader`'s run on a thread of its own, [`FIRST_PAGE`] events first, then
+/// pages twice as large up to [`FEED_PAGE`], [`FEED_AHEAD`] pages ahead of the receiver; while `outputs` is set, each page's step outputs are read (one query per page),
 /// verified and decoded too. The thread ends after the last page, or once the receiver is dropped.
 pub(super) fn spawn(store: Arc<dyn Store>, mut reader: Reader, outputs: Arc<AtomicBool>) -> Receiver<Fed> {
     let (tx, rx) = sync_channel(FEED_AHEAD);
@@ -136,8 +141,9 @@ pub(super) fn spawn(store: Arc<dyn Store>, mut reader: Reader, outputs: Arc<Atom
 }
 
 fn feed(store: &dyn Store, reader: &mut Reader, outputs: Arc<AtomicBool>, tx: &SyncSender<Fed>) {
+    let mut limit = FIRST_PAGE;
     loop {
-        let fed = match reader.next_page(store, FEED_PAGE) {
+        let fed = match reader.next_page(store, limit) {
             Ok(Some(mut page)) => {
                 if outputs.load(Ordering::Relaxed) {
                     prefetch_outputs(store, &mut page);
@@ -151,6 +157,7 @@ fn feed(store: &dyn Store, reader: &mut Reader, outputs: Arc<AtomicBool>, tx: &S
         if tx.send(fed).is_err() || last {
             return;
         }
+        limit = (limit * 2).min(FEED_PAGE);
     }
 }
 
