@@ -54,6 +54,12 @@ pub fn spin_unlimited(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Whether more than [`max_spinners`] threads wait ([`waiter`]) now: a crowd, which runs
+/// better on the CPU a spinner would take.
+pub fn crowded() -> bool {
+    process().crowded()
+}
+
 /// Counts this thread among the threads waiting for another one until the returned guard
 /// drops; [`Waiter::spin_until`] spins only if fewer than [`max_spinners`] others were waiting.
 pub fn waiter() -> Waiter<'static> {
@@ -78,6 +84,10 @@ struct Spinners {
 impl Spinners {
     fn new(max: usize) -> Spinners {
         Spinners { now: AtomicUsize::new(0), max, waiting: AtomicUsize::new(0) }
+    }
+
+    fn crowded(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > self.max
     }
 
     fn waiter(&self) -> Waiter<'_> {
@@ -118,7 +128,7 @@ impl Waiter<'_> {
         if self.crowded {
             return done();
         }
-        spinners.spin_until(bound, || done() || spinners.waiting.load(Ordering::Acquire) > spinners.max);
+        spinners.spin_until(bound, || done() || spinners.crowded());
         done()
     }
 }
@@ -167,6 +177,17 @@ mod tests {
         assert!(!spinners.spin_until(Duration::from_millis(3), || false));
         assert!(began.elapsed() >= Duration::from_millis(3));
         assert_eq!(spinners.now.load(Ordering::Acquire), 0, "every place is given back");
+    }
+
+    #[test]
+    fn a_crowd_is_more_waiters_than_spinners_allowed() {
+        let spinners = Spinners::new(2);
+        let mut waiters = vec![spinners.waiter(), spinners.waiter()];
+        assert!(!spinners.crowded(), "as many waiting as may spin");
+        waiters.push(spinners.waiter());
+        assert!(spinners.crowded());
+        waiters.pop();
+        assert!(!spinners.crowded(), "a waiter that stops waiting is counted out");
     }
 
     #[test]
