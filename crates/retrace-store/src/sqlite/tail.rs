@@ -57,8 +57,9 @@ pub(crate) const MERGE_AT: usize = 32768;
 /// recording into a large store doesn't read every digest first).
 const FILTER_AFTER: u64 = 4096;
 
-/// Filter bits per digest it is built for (it holds up to twice that many: from 16 bits down
-/// to 8 per digest, with 4 probes a false positive rate of 0.2% to 2.4%).
+/// Filter bits per digest a part is built for (at least: its bits are a power of two). A full
+/// part answers a false positive 0.24% of the time (4 probes); a filter started in a small
+/// store has five parts at a million digests, so about 1% of new digests are still looked up.
 const FILTER_BITS_PER_DIGEST: usize = 16;
 
 /// `cache_log` rows at which a write transaction that adds entries merges them into `cache`
@@ -121,20 +122,29 @@ impl Default for Tail {
     }
 }
 
-/// A Bloom filter of the digests of the rows up to `covered_to` (every one of them indexed):
-/// four probes, each 64 bits of the digest (uniform already) reduced to a bit.
+/// Bloom filters of the digests of the rows up to `covered_to` (every one of them indexed), in
+/// parts: when the newest part is full, the next one has room for twice the digests covered so
+/// far. A growing store is then never read whole again: one filter, rebuilt whole once it held
+/// twice its room, read every digest inside a commit (0.75 s at 1.2 million blobs).
 #[derive(Debug)]
 pub(crate) struct Indexed {
-    words: Vec<u64>,
-    digests: usize,
-    capacity: usize,
+    parts: Vec<Bloom>,
     covered_to: i64,
 }
 
-impl Indexed {
+/// One Bloom filter: four probes, each 64 bits of the digest (uniform already) reduced to a bit.
+#[derive(Debug)]
+struct Bloom {
+    words: Vec<u64>,
+    digests: usize,
+    capacity: usize,
+}
+
+impl Bloom {
     fn new(capacity: usize) -> Self {
-        let bits = (capacity.max(1 << 14) * FILTER_BITS_PER_DIGEST).next_power_of_two();
-        Indexed { words: vec![0; bits / 64], digests: 0, capacity: capacity.max(1 << 14), covered_to: 0 }
+        let capacity = capacity.max(1 << 14);
+        let bits = (capacity * FILTER_BITS_PER_DIGEST).next_power_of_two();
+        Bloom { words: vec![0; bits / 64], digests: 0, capacity }
     }
 
     fn bits(digest: &Digest, mask: u64) -> impl Iterator<Item = u64> + '_ {
@@ -155,6 +165,24 @@ impl Indexed {
     fn may_hold(&self, digest: &Digest) -> bool {
         let mask = (self.words.len() * 64 - 1) as u64;
         Self::bits(digest, mask).all(|bit| self.words[(bit >> 6) as usize] & (1 << (bit & 63)) != 0)
+    }
+}
+
+impl Indexed {
+    fn new(capacity: usize) -> Self {
+        Indexed { parts: vec![Bloom::new(capacity)], covered_to: 0 }
+    }
+
+    fn add(&mut self, digest: &Digest) {
+        if self.parts.last().is_none_or(|p| p.digests >= p.capacity) {
+            let held: usize = self.parts.iter().map(|p| p.digests).sum();
+            self.parts.push(Bloom::new(held.saturating_mul(2)));
+        }
+        self.parts.last_mut().expect("pushed above").add(digest);
+    }
+
+    fn may_hold(&self, digest: &Digest) -> bool {
+        self.parts.iter().any(|p| p.may_hold(digest))
     }
 
     /// Adds the digests of the rows in `(covered_to, to]`.
@@ -190,9 +218,7 @@ impl Tail {
             // Rows merged since the filter was built are added to it. Below `covered_to`, a
             // collection deleted the top rows and a new row may reuse a covered id: build anew.
             match &mut self.indexed {
-                Some(f) if merged_to >= f.covered_to && f.digests <= 2 * f.capacity => {
-                    f.extend(tx, merged_to)?
-                }
+                Some(f) if merged_to >= f.covered_to => f.extend(tx, merged_to)?,
                 Some(_) => {
                     self.indexed = None;
                     self.probes = 0;
@@ -388,7 +414,23 @@ pub(crate) fn merge_cache(tx: &Connection) -> StoreResult<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{slice_bound, slices, MERGE_AT, SWEEP_END};
+    use super::{slice_bound, slices, Indexed, MERGE_AT, SWEEP_END};
+    use retrace_core::Digest;
+
+    #[test]
+    fn the_filter_grows_in_parts_holds_every_digest_added_and_rarely_one_not() {
+        let mut filter = Indexed::new(0);
+        let digest = |n: u32| Digest::of(&n.to_le_bytes());
+        for n in 0..300_000 {
+            filter.add(&digest(n));
+        }
+        // Room for 16,384, then twice what is held each time: 16k, 33k, 98k, 295k.
+        let rooms: Vec<usize> = filter.parts.iter().map(|p| p.capacity).collect();
+        assert_eq!(rooms, [16_384, 32_768, 98_304, 294_912]);
+        assert!((0..300_000).all(|n| filter.may_hold(&digest(n))), "no false negatives");
+        let false_positives = (300_000..400_000).filter(|&n| filter.may_hold(&digest(n))).count();
+        assert!(false_positives < 1_500, "{false_positives} of 100,000 absent digests");
+    }
 
     #[test]
     fn the_sweep_has_as_many_slices_as_the_square_root_of_the_store_in_half_merges() {
