@@ -319,34 +319,32 @@ pub(crate) fn merge(tx: &Connection) -> StoreResult<()> {
         }
         _ => StoreError::from_sqlite(e, what()),
     };
-    let tail: i64 = tx
-        .prepare_cached("SELECT count(*) FROM blobs WHERE id > ?1")
-        .and_then(|mut s| s.query_row([merged_to], |r| r.get(0)))
-        .ctx(what)?;
     let (recent, indexed, sweep) = match slices(indexed) {
         1 => {
             // Straight down with what is recent, so that the tail is written once, and the
             // small table's pages aren't left free (a young store never fills it).
-            tx.prepare_cached(
-                "INSERT INTO blob_digests (digest, id) SELECT digest, id FROM \
-                 (SELECT digest, id FROM blob_digests_recent UNION ALL SELECT digest, id FROM blobs WHERE id > ?1) \
-                 ORDER BY digest",
-            )
-            .and_then(|mut s| s.execute([merged_to]))
-            .map_err(refused)?;
+            let moved = tx
+                .prepare_cached(
+                    "INSERT INTO blob_digests (digest, id) SELECT digest, id FROM \
+                     (SELECT digest, id FROM blob_digests_recent UNION ALL SELECT digest, id FROM blobs WHERE id > ?1) \
+                     ORDER BY digest",
+                )
+                .and_then(|mut s| s.execute([merged_to]))
+                .map_err(refused)? as i64;
             if recent > 0 {
                 tx.execute("DELETE FROM blob_digests_recent", []).ctx(what)?;
             }
-            (0, indexed + recent + tail, 0)
+            (0, indexed + moved, 0)
         }
         n => {
-            tx.prepare_cached(
-                "INSERT INTO blob_digests_recent (digest, id) SELECT digest, id FROM blobs WHERE id > ?1 ORDER BY digest",
-            )
-            .and_then(|mut s| s.execute([merged_to]))
-            .map_err(refused)?;
+            let tail = tx
+                .prepare_cached(
+                    "INSERT INTO blob_digests_recent (digest, id) SELECT digest, id FROM blobs WHERE id > ?1 ORDER BY digest",
+                )
+                .and_then(|mut s| s.execute([merged_to]))
+                .map_err(refused)? as i64;
             let from = sweep.clamp(0, SWEEP_END - 1);
-            let to = (from + (SWEEP_END + n - 1) / n).min(SWEEP_END);
+            let to = slice_end(from, n);
             let (low, high) = (slice_bound(from), slice_bound(to));
             let moved = tx
                 .prepare_cached(
@@ -369,6 +367,12 @@ pub(crate) fn merge(tx: &Connection) -> StoreResult<()> {
 
 /// The end of the sweep's range: slices are ranges of the first two bytes of a digest.
 const SWEEP_END: i64 = 1 << 16;
+
+/// Where the slice starting at `from` ends, of `n` slices of the sweep's range (the last one
+/// shorter).
+fn slice_end(from: i64, n: i64) -> i64 {
+    (from + (SWEEP_END + n - 1) / n).min(SWEEP_END)
+}
 
 /// The smallest digest of the slice starting at `at` (two bytes, which every digest starting
 /// with them sorts after), or, at [`SWEEP_END`], a bound above every digest.
@@ -414,7 +418,7 @@ pub(crate) fn merge_cache(tx: &Connection) -> StoreResult<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{slice_bound, slices, Indexed, MERGE_AT, SWEEP_END};
+    use super::{slice_bound, slice_end, slices, Indexed, MERGE_AT, SWEEP_END};
     use retrace_core::Digest;
 
     #[test]
@@ -460,7 +464,12 @@ mod tests {
         assert!(!within(&vec![0xff; 32], 0, SWEEP_END - 1));
         // Nine slices cover the whole space, each digest in one.
         let n = 9;
-        let cuts: Vec<i64> = (0..=n).map(|i| (i * (SWEEP_END + n - 1) / n).min(SWEEP_END)).collect();
+        let mut cuts = vec![0];
+        while cuts.last() != Some(&SWEEP_END) {
+            cuts.push(slice_end(*cuts.last().unwrap(), n));
+        }
+        assert_eq!(cuts.len(), 10, "nine slices: {cuts:?}");
+        assert_eq!(cuts[4], 0x71c8, "0x71c7 ends the fourth slice");
         for d in [digest(0, 0), digest(0x71, 0xc7), digest(0x71, 0xc8), vec![0xff; 32]] {
             assert_eq!(cuts.windows(2).filter(|w| within(&d, w[0], w[1])).count(), 1, "{d:?}");
         }
