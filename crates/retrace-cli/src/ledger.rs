@@ -34,7 +34,7 @@ pub fn record_outcome(
     if agents.is_empty() {
         return Ok(());
     }
-    let store = retrace_store::open_store(real_store)?;
+    let store = crate::commands::open(real_store)?;
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

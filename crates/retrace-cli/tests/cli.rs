@@ -648,3 +648,25 @@ fn a_timeout_flag_takes_seconds_up_to_a_year() {
     home.run(&["serve", "--stall-timeout", "NaN"]).expect(2, &[], &["NaN", "seconds"]);
     home.run(&["record", "--upstream-timeout", "0.5", "--", "true"]).expect(0, &[], &[]);
 }
+
+#[test]
+fn opening_an_older_store_says_it_upgraded_it_once() {
+    let home = Home::with(&conversation(RUN, 2));
+    home.run(&["runs"]).expect(0, &[RUN], &[]);
+    assert!(!home.run(&["runs"]).stderr().contains("upgraded"), "a current store is not upgraded");
+    // Version 1 is version 2 without the cache table.
+    rusqlite::Connection::open(home.file("retrace.db"))
+        .unwrap()
+        .execute_batch("DROP TABLE cache; PRAGMA user_version = 1;")
+        .unwrap();
+    let version = retrace_store::sqlite::schema::SCHEMA_VERSION.to_string();
+    let notice = format!("from schema version 1 to {version}");
+    home.run(&["runs"]).expect(
+        0,
+        &[RUN],
+        &["upgraded the store", "retrace.db", &notice, "older than this one"],
+    );
+    let again = home.run(&["runs", "--json"]);
+    again.expect(0, &[RUN], &[]);
+    assert_eq!(again.stderr(), "", "the upgrade is said once");
+}

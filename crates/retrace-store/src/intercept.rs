@@ -242,4 +242,7 @@ impl<I: Interceptor> Store for Intercepted<I> {
     fn unrecovered(&self, run: &str) -> Option<String> {
         self.inner.unrecovered(run)
     }
+    fn schema_upgrade(&self) -> Option<crate::SchemaUpgrade> {
+        self.inner.schema_upgrade()
+    }
 }

@@ -413,4 +413,36 @@ pub trait Store: EventStore + BlobStore + Cache + VaultStore + GcStore + LedgerS
         let _ = run;
         None
     }
+    /// The schema upgrade opening this store made, if it made one: an older store brought to
+    /// this build's schema, which older builds then refuse to open. `None` by default.
+    fn schema_upgrade(&self) -> Option<SchemaUpgrade> {
+        None
+    }
+}
+
+/// A store's schema brought up to date by opening it ([`Store::schema_upgrade`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaUpgrade {
+    /// The store (its database file, as it was named).
+    pub store: String,
+    /// The schema version it had.
+    pub from: i64,
+    /// The version it has now: this build's.
+    pub to: i64,
+    /// How long the upgrade took.
+    pub took: std::time::Duration,
+}
+
+impl std::fmt::Display for SchemaUpgrade {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "upgraded the store {} from schema version {} to {} in {:.1} s; builds of retrace older \
+             than this one can't open it any more",
+            self.store,
+            self.from,
+            self.to,
+            self.took.as_secs_f64()
+        )
+    }
 }

@@ -50,7 +50,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::error::ResultExt;
 use crate::{
-    Batch, BlobAt, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, Store, StoreResult,
+    Batch, BlobAt, BlobHint, BlobPut, BlobStore, Durability, EventStore, LeaseHolder, SchemaUpgrade, Store,
+    StoreResult,
 };
 
 /// Read connections kept open for reuse.
@@ -148,6 +149,8 @@ pub struct SqliteStore {
     checkpointer: checkpoint::Checkpointer,
     /// Ack logs: written under `Durability::Event`, recovered under every level.
     ack_logs: ack_log::AckLogs,
+    /// The schema upgrade opening the store made ([`Store::schema_upgrade`]).
+    schema_upgrade: Option<SchemaUpgrade>,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -195,7 +198,14 @@ impl SqliteStore {
         // and sync nothing. The connection above created the file if it was missing.
         let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         let path = resolved.as_path();
-        let segment_bytes = schema::migrate(&writer, &label)?;
+        let began = std::time::Instant::now();
+        let (segment_bytes, upgraded_from) = schema::migrate(&writer, &label)?;
+        let schema_upgrade = upgraded_from.map(|from| SchemaUpgrade {
+            store: label.clone(),
+            from,
+            to: schema::SCHEMA_VERSION,
+            took: began.elapsed(),
+        });
         let syncer = match durability {
             Durability::Batch => Some(
                 sync::Syncer::start(sync::wal_path(path))
@@ -242,6 +252,7 @@ impl SqliteStore {
             flusher,
             checkpointer,
             ack_logs: ack_log::AckLogs::new(path),
+            schema_upgrade,
             _temp: temp,
         })
     }
@@ -638,6 +649,9 @@ impl EventStore for SqliteStore {
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+    fn schema_upgrade(&self) -> Option<SchemaUpgrade> {
+        self.schema_upgrade.clone()
     }
     fn unrecovered(&self, run: &str) -> Option<String> {
         self.unrecovered_impl(run)

@@ -29,7 +29,7 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Instant;
 
 use retrace_runtime::masking;
-use retrace_store::{open_store, Store, StoreConfig};
+use retrace_store::{Store, StoreConfig};
 
 use self::job::{Outcome, Settings, Verdict};
 use crate::commands::MaskSetup;
@@ -132,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(store) = real.get() {
             return Ok(store.clone());
         }
-        let store = open_store(&real_config)?;
+        let store = super::open(&real_config)?;
         Ok(real.get_or_init(|| store).clone())
     })?;
     let (mask, key_file, _throwaway) = mask_setup(&real_config)?;

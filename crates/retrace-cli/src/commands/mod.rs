@@ -79,8 +79,11 @@ fn check_folder(db: &std::path::Path) -> anyhow::Result<()> {
 
 /// Opens `config`, saying what to do about a store this user can't write: SQLite writes its
 /// `-wal` and `-shm` files beside the database even to read.
-fn open(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
-    open_store(config).map_err(|e| {
+///
+/// Opening an older store upgrades its schema: that is said on stderr, since older builds of
+/// retrace can't open the store afterwards.
+pub(crate) fn open(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
+    let store = open_store(config).map_err(|e| {
         let text = e.to_string().to_lowercase();
         match text.contains("readonly") || text.contains("read-only") || text.contains("permission denied") {
             true => {
@@ -91,7 +94,11 @@ fn open(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
             }
             false => e.into(),
         }
-    })
+    })?;
+    if let Some(upgrade) = store.schema_upgrade() {
+        eprintln!("retrace: {upgrade}");
+    }
+    Ok(store)
 }
 
 #[derive(Clone)]

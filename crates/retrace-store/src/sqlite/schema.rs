@@ -497,8 +497,10 @@ pub(crate) fn configure(
 }
 
 /// Creates or checks the schema on the write connection (WAL mode, page size, tables);
-/// returns the segment size for the database's page size.
-pub(crate) fn migrate(conn: &Connection, path: &str) -> StoreResult<usize> {
+/// returns the segment size for the database's page size, and the version this call upgraded
+/// the store from (`None` for a store that was new or up to date, or that another process
+/// upgraded first).
+pub(crate) fn migrate(conn: &Connection, path: &str) -> StoreResult<(usize, Option<i64>)> {
     let what = || format!("opening the store {path}");
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).ctx(what)?;
     if version > SCHEMA_VERSION {
@@ -513,17 +515,19 @@ pub(crate) fn migrate(conn: &Connection, path: &str) -> StoreResult<usize> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::io(format!("{}: could not switch to WAL mode (got {mode})", what())));
     }
-    if version < SCHEMA_VERSION {
-        upgrade(conn, path)?;
-    }
+    let upgraded = match version < SCHEMA_VERSION {
+        true => upgrade(conn, path)?.filter(|from| *from > 0),
+        false => None,
+    };
     let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).ctx(what)?;
-    Ok((page_size as usize).saturating_sub(SEGMENT_SLACK).max(512))
+    Ok(((page_size as usize).saturating_sub(SEGMENT_SLACK).max(512), upgraded))
 }
 
 /// Brings a store of an older version (0: new) up to [`SCHEMA_VERSION`] in one `BEGIN IMMEDIATE`
 /// transaction. The version is read again inside it, so two processes opening the same old store
-/// at once upgrade it once; every statement is idempotent besides.
-fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
+/// at once upgrade it once; every statement is idempotent besides. Returns the version it
+/// upgraded from (0: new), or `None` if the store was up to date by then.
+fn upgrade(conn: &Connection, path: &str) -> StoreResult<Option<i64>> {
     let what = || format!("upgrading the schema of the store {path}");
     conn.execute_batch("BEGIN IMMEDIATE").ctx(what)?;
     let upgraded = (|| {
@@ -532,6 +536,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
             return Err(StoreError::invalid(format!(
                 "the store {path} has schema version {version}, newer than this build's {SCHEMA_VERSION}"
             )));
+        }
+        if version == SCHEMA_VERSION {
+            return Ok(None);
         }
         if version == 0 {
             conn.execute_batch(DDL).ctx(what)?;
@@ -587,10 +594,11 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<()> {
         if version < 13 {
             add_digest_tables(conn).ctx(what)?;
         }
-        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)
+        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)?;
+        Ok(Some(version))
     })();
     match upgraded {
-        Ok(()) => conn.execute_batch("COMMIT").ctx(what),
+        Ok(from) => conn.execute_batch("COMMIT").ctx(what).map(|()| from),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)

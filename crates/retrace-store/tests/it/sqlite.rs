@@ -253,6 +253,7 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
     let blob = BlobPut::new(&b"an output from before the cache"[..], BlobHint::Raw);
     {
         let store = open(dir.path(), Durability::Os, 1000);
+        assert_eq!(store.schema_upgrade(), None, "a new store is created, not upgraded");
         store.create_run(&sample_run("old", 1)).unwrap();
         let batch =
             Batch { run_id: "old".into(), events: events.clone(), blobs: vec![blob.clone()], cache: vec![] };
@@ -271,6 +272,13 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
         (a.join().unwrap(), b.join().unwrap())
     });
     assert_eq!(version(&db), SCHEMA_VERSION);
+    // Exactly one of them upgraded, and says so.
+    let upgrades: Vec<_> = [&a, &b].iter().filter_map(|s| s.schema_upgrade()).collect();
+    assert_eq!(upgrades.len(), 1, "{upgrades:?}");
+    assert_eq!((upgrades[0].from, upgrades[0].to), (1, SCHEMA_VERSION));
+    assert!(upgrades[0].store.ends_with("retrace.db"), "{upgrades:?}");
+    assert!(upgrades[0].to_string().contains("from schema version 1 to"), "{}", upgrades[0]);
+    assert_eq!(open(dir.path(), Durability::Os, 1000).schema_upgrade(), None, "upgraded twice");
     assert_eq!(a.events("old", 1, 10).unwrap(), events);
     assert_eq!(b.get_blob(&blob.digest()).unwrap(), blob.bytes().to_vec());
     let key = Digest::of(b"key");
