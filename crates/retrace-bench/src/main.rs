@@ -26,6 +26,7 @@ mod floor;
 mod fork;
 mod gate;
 mod knew;
+mod machine;
 mod mask;
 mod mask_record;
 mod mask_stream;
@@ -142,6 +143,7 @@ fn main() -> ExitCode {
     report::header();
     let began = Instant::now();
     let mut lines = Vec::new();
+    machine::run(&config, &mut lines);
     for (name, bench, _) in selected {
         let start = Instant::now();
         bench(&config, &mut lines);
