@@ -3,9 +3,15 @@
 //! rate of 16 writers against one writer's. The same 16 writers with no sync at all bound
 //! what any group commit can reach: their rate over one `event` writer's is the ratio's
 //! ceiling on this machine (printed as INFO beside the target line), and the process's CPU time
-//! per event in both 16-writer runs says how close to the two cores' limit each one ran.
+//! per event in both 16-writer runs says how close to the two cores' limit each one ran. The
+//! 16 `event` writers' commits are counted too: events per commit (how much group commit
+//! gathered) and the time of each inside the store (its SQLite commit and the ack log's flush,
+//! which overlap), the serial part that bounds the rate.
+use std::sync::Arc;
+
 use retrace_store::Durability;
 
+use crate::counting::{counting, Commits};
 use crate::drive;
 use crate::env::{note, Config};
 use crate::floor::{commit_latencies, fsync_floor, raw_db_with};
@@ -31,6 +37,7 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     let (mut cpu_many, mut cpu_unsynced) = (vec![], vec![]);
     let per_event = |rec: &drive::Recorded, n: usize| rec.cpu.map(|c| c.as_secs_f64() * 1e6 / n as f64);
     let mut tails = vec![];
+    let mut commits_many: Vec<Commits> = vec![];
     for _ in 0..cfg.repeats {
         let dir = cfg.temp_dir("fsync");
         fsync.push(median_us(&fsync_floor(dir.path(), single)));
@@ -52,9 +59,11 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
 
         let store = cfg.store("event16", Durability::Event);
         let total = THREADS * each;
-        let rec = drive::record(store.store.clone(), &data[..total], THREADS, true);
+        let counted = Arc::new(counting(store.store.clone()));
+        let rec = drive::record(counted.clone(), &data[..total], THREADS, true);
         rate_many.push(total as f64 / rec.wall.as_secs_f64());
         cpu_many.extend(per_event(&rec, total));
+        commits_many.push(counted.hooks().counts());
         drop(store);
 
         // The same 16 acknowledged writers with no sync: the most group commit can give back.
@@ -106,6 +115,22 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             median(&unsynced_many),
             "ev/s",
             Some(one),
+            Target::Info,
+        ),
+    );
+    let per_commit: Vec<f64> = commits_many.iter().map(Commits::per_commit).collect();
+    let commit_us: Vec<f64> = commits_many.iter().map(|c| c.in_store_us / c.commits.max(1) as f64).collect();
+    print(
+        lines,
+        Line::new("record.event 16 writers events/commit", median(&per_commit), "ev", None, Target::Info),
+    );
+    print(
+        lines,
+        Line::new(
+            "record.event 16 writers in-store commit",
+            median(&commit_us),
+            "us/commit",
+            None,
             Target::Info,
         ),
     );
