@@ -8,15 +8,17 @@
 //! recordings into a store that already holds [`AT_SCALE`] events (INFO): the targets are
 //! measured on fresh stores, where the digest index and the cache are small enough to stay in
 //! memory, and a store in use for weeks is not; with the slowest acknowledgment of the 16
-//! writers there, which waits for whatever merge of the digest tables its commit ran.
+//! writers there, which waits for whatever merge of the digest tables its commit ran; and a
+//! short recording into that store through a new handle, as the next process would make.
 use std::sync::Arc;
 
+use retrace_store::sqlite::SqliteStore;
 use retrace_store::{Durability, Store};
 use serde_json::Value;
 
 use crate::counting::{counting, Commits};
 use crate::drive;
-use crate::env::{note, Config};
+use crate::env::{note, BenchStore, Config};
 use crate::floor::{raw_db, record_floor};
 use crate::payload::{output, request};
 use crate::report::{median, print, Line, Target};
@@ -150,4 +152,26 @@ fn at_scale(cfg: &Config, data: &[(Value, Value)], lines: &mut Vec<Line>) {
     // about the slowest merge (schema 12's took 100-236 ms at this size, growing with the store).
     let line = format!("record.batch 16 writers (acked), {}k held: slowest ack", held / 1000);
     print(lines, Line::new(&line, slowest, "ms", None, Target::Info));
+    short_run(&store, offset + held + data.len() as u64, held, lines);
+}
+
+/// Steps of [`short_run`]: a few thousand, enough that its writer builds its filter of the
+/// indexed digests (after 4,096 look-ups) partway through.
+const SHORT_RUN: u64 = 5_000;
+
+/// A short recording into the big store through a handle of its own, as the next process to
+/// record there would: one agent, each step acknowledged. Its writer starts with no filter of
+/// the indexed digests and builds one from all of them partway through, inside a commit; the
+/// slowest acknowledgment shows what that costs at this size (INFO).
+fn short_run(store: &BenchStore, first: u64, held: u64, lines: &mut Vec<Line>) {
+    let dir = store.dir.path();
+    let fresh = SqliteStore::open(&dir.join("retrace.db"), &dir.join("blobs"), Durability::Batch, 5_000)
+        .expect("opening the big store again");
+    let steps: Vec<(Value, Value)> = (first..first + SHORT_RUN).map(|i| (request(i), output(i))).collect();
+    let recorded = drive::record(Arc::new(fresh), &steps, 1, true);
+    let per_event = recorded.wall.as_secs_f64() * 1e6 / steps.len() as f64;
+    let slowest = recorded.latencies.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    let name = format!("record.batch {SHORT_RUN} steps (1 writer, acked), new handle, {}k held", held / 1000);
+    print(lines, Line::new(&name, per_event, "us/ev", None, Target::Info));
+    print(lines, Line::new(&format!("{name}: slowest ack"), slowest, "ms", None, Target::Info));
 }
