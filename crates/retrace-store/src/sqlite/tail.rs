@@ -64,7 +64,7 @@ const FILTER_AFTER: u64 = 4096;
 /// twice the cheaper of the two). Measured with `retrace-bench record` (5,000 acknowledged steps
 /// through a new handle on a store of 1.2 million digests, 2-core VM): the build held one
 /// acknowledgment for 0.48 s (0.4 us a digest); without it the steps took 108-112 us each
-/// instead of 200-206, about 50 us more than on a fresh store for their two or three look-ups.
+/// instead of 200-206. A look-up's own cost wasn't measured alone: 32 assumes 10-20 us.
 const DIGESTS_PER_LOOKUP: u64 = 32;
 
 /// Filter bits per digest a part is built for (at least: its bits are a power of two). A full
