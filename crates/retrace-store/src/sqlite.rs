@@ -346,12 +346,17 @@ impl SqliteStore {
         Ok(value)
     }
 
-    /// The tail's copy, caught up inside the write transaction `tx` and merged first when full
-    /// (see [`tail`]).
-    fn caught_up_tail(&self, tx: &Connection) -> StoreResult<parking_lot::MutexGuard<'_, tail::Tail>> {
+    /// The tail's copy, caught up inside the write transaction `tx` and merged first when it
+    /// holds `merge_at` rows ([`tail::MERGE_AT`], or [`tail::BULK_MERGE_AT`] for blobs stored
+    /// on their own; see [`tail`]).
+    fn caught_up_tail(
+        &self,
+        tx: &Connection,
+        merge_at: usize,
+    ) -> StoreResult<parking_lot::MutexGuard<'_, tail::Tail>> {
         let mut tail = self.tail.lock();
         tail.catch_up(tx)?;
-        if tail.len() >= tail::MERGE_AT {
+        if tail.len() >= merge_at {
             self.merge_tail(tx)?;
             tail.cache_rows = 0;
             tail.catch_up(tx)?;
@@ -509,7 +514,7 @@ impl BlobStore for SqliteStore {
     fn put_blob(&self, bytes: &[u8], hint: BlobHint) -> StoreResult<Digest> {
         let digest = Digest::of(bytes);
         self.write(&format!("storing blob {digest}"), |tx| {
-            let mut tail = self.caught_up_tail(tx)?;
+            let mut tail = self.caught_up_tail(tx, tail::MERGE_AT)?;
             let mut staged = staged::Staged::new(&self.files, &mut tail);
             blobs::put(tx, &mut staged, None, &digest, bytes, hint)?;
             staged.finish(tx)

@@ -12,6 +12,7 @@ use super::head_blocks::{self, RawHead};
 use super::rows::{decode_json, event_from_row, event_values, EVENT_COLUMNS, EVENT_COLUMN_COUNT};
 use super::runs::run_pk;
 use super::staged::Staged;
+use super::tail;
 use super::{ack_log, blobs, cache, schema, SqliteStore, WalSyncs};
 use crate::cache::check_batch;
 use crate::error::ResultExt;
@@ -108,7 +109,7 @@ impl SqliteStore {
                 let fork = if stored == 0 && first > 1 { fork_at(tx, run, pk)? } else { None };
                 check_seqs(run, stored, fork, &batch.events)?;
             }
-            let mut tail = self.caught_up_tail(tx)?;
+            let mut tail = self.caught_up_tail(tx, tail::MERGE_AT)?;
             check_batch(batch, |digest| Ok(tail.find(tx, digest)?.is_some()))?;
             let mut staged = Staged::new(&self.files, &mut tail);
             blobs::put_all(tx, &mut staged, pk, &batch.blobs)?;
@@ -173,7 +174,7 @@ impl SqliteStore {
         let what = format!("storing {} blobs", blobs.len());
         let bytes = blobs.iter().map(|b| b.bytes().len()).sum();
         self.write_sized(&what, bytes, |tx| {
-            let mut tail = self.caught_up_tail(tx)?;
+            let mut tail = self.caught_up_tail(tx, tail::BULK_MERGE_AT)?;
             let mut staged = Staged::new(&self.files, &mut tail);
             blobs::put_all(tx, &mut staged, None, blobs)?;
             let at = |b: &BlobPut| staged.known.get(&b.digest()).copied().flatten().map(BlobAt::new);

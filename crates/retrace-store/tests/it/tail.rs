@@ -3,7 +3,8 @@
 //! store handle (as another process would) stored it; each blob sits in one level, and
 //! `blob_mark` counts them; a collection that deletes blobs takes their digests too and leaves
 //! no handle taking them for stored; a store of version 12 keeps every blob through the
-//! upgrade; the newest cache entry wins across merges.
+//! upgrade; the newest cache entry wins across merges; blobs stored on their own (an import's)
+//! wait in the tail past the usual merge threshold, for the next commit.
 use std::path::Path;
 
 use retrace_core::envelope::Usage;
@@ -39,12 +40,14 @@ fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
-/// Blob rows in no digest table.
+/// Blob rows in no digest table under their own digest (looked up by digest, the tables' key:
+/// by id, each row scanned a whole table).
 fn unindexed(conn: &Connection) -> i64 {
     count(
         conn,
-        "SELECT count(*) FROM blobs b WHERE NOT EXISTS (SELECT 1 FROM blob_digests x WHERE x.id = b.id) \
-         AND NOT EXISTS (SELECT 1 FROM blob_digests_recent x WHERE x.id = b.id)",
+        "SELECT count(*) FROM blobs b \
+         WHERE NOT EXISTS (SELECT 1 FROM blob_digests x WHERE x.digest = b.digest AND x.id = b.id) \
+         AND NOT EXISTS (SELECT 1 FROM blob_digests_recent x WHERE x.digest = b.digest AND x.id = b.id)",
     )
 }
 
@@ -204,6 +207,32 @@ fn many_blobs_merge_as_they_go_and_known_ones_are_found_past_the_filter() {
     store.update_run(&done).unwrap();
     assert_eq!(levels(&conn), (36_100, 0, 0), "a young store's recent digests move down at each merge");
     assert_eq!(store.get_blob(&more[29_999].digest()).unwrap(), b"more 29999");
+}
+
+#[test]
+fn blobs_stored_on_their_own_wait_past_the_merge_threshold_for_the_next_commit() {
+    // An import stores its blobs through `put_blobs` while it reads the rest of its file; its
+    // first commit of events merges them, all at once.
+    let (dir, a, b, _run) = two_handles();
+    let many: Vec<BlobPut> = (0..40_000).map(|n| blob("bulk", n)).collect();
+    let mut places = Vec::new();
+    for chunk in many.chunks(8_000) {
+        places.extend(a.put_blobs(chunk).unwrap());
+    }
+    assert!(places.iter().all(Option::is_some), "every blob stored says where it is");
+    let conn = raw(dir.path());
+    assert_eq!(unindexed(&conn), 40_000, "past MERGE_AT (32,768), and still in the tail");
+    // Another handle finds them in the tail, and storing them again stores nothing.
+    assert_eq!(b.get_blob(&many[39_999].digest()).unwrap(), b"bulk 39999");
+    b.put_blobs(&many[..100]).unwrap();
+    a.put_blobs(&many[39_900..]).unwrap();
+    assert_eq!(count(&conn, "SELECT count(*) FROM blobs"), 40_000);
+    // The next commit, from either handle, merges the tail first.
+    put(&b, &[blob("x", 0)]);
+    assert_eq!(levels(&conn), (40_000, 0, 1), "merged, with the commit's own blob in the new tail");
+    for store in [&a, &b] {
+        assert_eq!(store.get_blob(&many[0].digest()).unwrap(), b"bulk 0");
+    }
 }
 
 /// Whether a digest lies in the upper half of the digest space (the second of two slices).
