@@ -14,12 +14,12 @@
 //! unverified ([`crate::BlobStore::get_blobs_unverified`]) and verified by the encoder, so the
 //! reading thread, the slowest, doesn't hash, and doesn't write. Errors keep file order: the
 //! writer's, then the encoder's, about earlier lines, win over the reader's.
-use std::collections::{HashMap, HashSet};
 use std::io::{self, BufWriter, Seek, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 
 use base64::Engine as _;
 use retrace_core::canonical::{write_canonical, write_canonical_value, CanonError};
+use retrace_core::digest_map::{DigestMap, DigestSet};
 use retrace_core::export::{ExportHeader, FORMAT};
 use retrace_core::json::{self, Json};
 use retrace_core::{Digest, Event, EventType};
@@ -196,11 +196,14 @@ fn read_events(
     count: u64,
     encoder: &SyncSender<Vec<Event>>,
     progress: &mut dyn FnMut(u64),
-) -> Result<(Vec<BlobRef>, HashSet<Digest>), ExportError> {
+) -> Result<(Vec<BlobRef>, DigestSet), ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
-    let mut refs = Vec::new();
-    let mut referenced = HashSet::new();
-    let mut requests = HashSet::new();
+    // About two blobs an event (a request and an output), room taken at once: each growth of
+    // these rehashes or copies what they hold while the encoder waits.
+    let room = count.min(1 << 20) as usize * 2;
+    let mut refs = Vec::with_capacity(room);
+    let mut referenced = DigestSet::with_capacity_and_hasher(room, Default::default());
+    let mut requests = DigestSet::default();
     let mut next = 1u64;
     while let Some(located) = pages.next_located_page().map_err(stored)? {
         let gap = located.iter().zip(next..).position(|(l, expected)| l.event.seq != expected);
@@ -350,7 +353,7 @@ fn plan_blobs(
     store: &dyn Store,
     run_id: &str,
     refs: &[BlobRef],
-    mut candidates: HashSet<Digest>,
+    mut candidates: DigestSet,
 ) -> Result<Vec<Planned>, ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
     let unreadable = |digest: &Digest, e: StoreError| {
@@ -358,8 +361,8 @@ fn plan_blobs(
         ExportError::Inconsistent { run_id: run_id.to_owned(), message }
     };
     let mut plan = Vec::with_capacity(refs.len());
-    let mut planned = HashSet::new();
-    let mut pending: HashMap<Digest, Vec<u8>> = HashMap::new();
+    let mut planned = DigestSet::with_capacity_and_hasher(refs.len(), Default::default());
+    let mut pending: DigestMap<Vec<u8>> = DigestMap::default();
     for &(root, at) in refs {
         // Depth-first, post-order, without recursion: manifest chains can be long. Only the
         // roots come with where they are kept; the blobs their manifests name are looked up.
