@@ -49,16 +49,25 @@ pub(super) fn store_trace(
             })
         })
         .collect();
-    for members in chunks {
-        let batch = Batch {
-            run_id: run_id.clone(),
-            events: events.by_ref().take(chunk).collect(),
-            blobs: members.into_iter().filter_map(|i| blobs[i].take()).collect(),
-            cache: Vec::new(),
-        };
-        // Every blob's digest was checked against its bytes as its line was read (`checked`).
-        store.commit(&batch).map_err(stored)?;
-    }
+    // Each batch committed is freed on another thread (its blobs' bytes are most of the file):
+    // the commits are the only work left, and they are serial.
+    let (freed, free) = std::sync::mpsc::channel::<Batch>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || free.into_iter().for_each(drop));
+        for members in chunks {
+            let batch = Batch {
+                run_id: run_id.clone(),
+                events: events.by_ref().take(chunk).collect(),
+                blobs: members.into_iter().filter_map(|i| blobs[i].take()).collect(),
+                cache: Vec::new(),
+            };
+            // Every blob's digest was checked against its bytes as its line was read (`checked`).
+            store.commit(&batch).map_err(stored)?;
+            let _ = freed.send(batch);
+        }
+        drop(freed);
+        Ok(())
+    })?;
     Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count })
 }
 
