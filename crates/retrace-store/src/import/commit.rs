@@ -65,6 +65,8 @@ pub(super) fn store_trace(
             store.commit(&batch).map_err(stored)?;
             let _ = freed.send(batch);
         }
+        // The freeing thread ends when the sender goes (here, or on an early return with the
+        // closure's captures), and the scope waits for it.
         drop(freed);
         Ok(())
     })?;

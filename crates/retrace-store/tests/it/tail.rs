@@ -227,7 +227,7 @@ fn blobs_stored_on_their_own_wait_past_the_merge_threshold_for_the_next_commit()
     b.put_blobs(&many[..100]).unwrap();
     a.put_blobs(&many[39_900..]).unwrap();
     assert_eq!(count(&conn, "SELECT count(*) FROM blobs"), 40_000);
-    // The next commit, from either handle, merges the tail first.
+    // The next commit merges the tail first, even from the handle that stored none of it.
     put(&b, &[blob("x", 0)]);
     assert_eq!(levels(&conn), (40_000, 0, 1), "merged, with the commit's own blob in the new tail");
     for store in [&a, &b] {
