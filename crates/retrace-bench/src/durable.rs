@@ -7,6 +7,12 @@
 //! 16 `event` writers' commits are counted too: events per commit (how much group commit
 //! gathered) and the time of each inside the store (its SQLite commit and the ack log's flush,
 //! which overlap), the serial part that bounds the rate.
+//!
+//! The 10x target asks 16 writers for ten times one `event` writer's rate. The same-run floor
+//! of a step's work ([`record_floor`]: canonicalise, sha256, raw batched insert, on one thread)
+//! says how many CPUs that rate needs before any sync, hand-off or group commit: ten times
+//! one writer's rate times the floor's time per event. Printed beside the CPUs this process may
+//! use, it shows whether the target is reachable on this machine at all.
 use std::sync::Arc;
 
 use retrace_store::Durability;
@@ -14,7 +20,7 @@ use retrace_store::Durability;
 use crate::counting::{counting, Commits};
 use crate::drive;
 use crate::env::{note, Config};
-use crate::floor::{commit_latencies, fsync_floor, raw_db_with};
+use crate::floor::{commit_latencies, fsync_floor, raw_db, raw_db_with, record_floor};
 use crate::record::{steps, THREADS};
 use crate::report::{median, median_us, print, Line, Target};
 
@@ -38,7 +44,13 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     let per_event = |rec: &drive::Recorded, n: usize| rec.cpu.map(|c| c.as_secs_f64() * 1e6 / n as f64);
     let mut tails = vec![];
     let mut commits_many: Vec<Commits> = vec![];
+    let mut floor = vec![];
     for _ in 0..cfg.repeats {
+        let floor_dir = cfg.temp_dir("floor");
+        let (wall, _) = record_floor(&mut raw_db(floor_dir.path()), &data[..THREADS * each]);
+        floor.push(wall.as_secs_f64() * 1e6 / (THREADS * each) as f64);
+        drop(floor_dir);
+
         let dir = cfg.temp_dir("fsync");
         fsync.push(median_us(&fsync_floor(dir.path(), single)));
         let mut conn = raw_db_with(dir.path(), "FULL", 8192);
@@ -115,6 +127,19 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             median(&unsynced_many),
             "ev/s",
             Some(one),
+            Target::Info,
+        ),
+    );
+    // What ten times one writer's rate needs in CPUs, by the floor's work alone.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let needed = 10.0 * one * median(&floor) * 1e-6;
+    print(
+        lines,
+        Line::new(
+            "record.event 16 writers at 10x: CPUs the floor needs",
+            needed,
+            "CPUs",
+            Some(cpus),
             Target::Info,
         ),
     );
