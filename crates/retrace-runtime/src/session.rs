@@ -296,7 +296,7 @@ impl Drop for Inner {
             let _ = writer.flush();
             let mut run = self.run.lock().clone();
             run.status = RunStatus::Interrupted;
-            run.head = writer.head().1;
+            run.head = writer.acknowledged().1;
             let _ = self.store.update_run(&run);
             let _ = writer.release();
         }

@@ -98,6 +98,8 @@ struct State {
     head: Option<Digest>,
     queue: VecDeque<Pending>,
     committed: u64,
+    /// The hash of event `committed`.
+    committed_hash: Option<Digest>,
     poison: Option<StoreError>,
     closing: bool,
     /// Tasks awaiting an acknowledgment, by the seq they wait for.
@@ -132,6 +134,7 @@ impl RunWriter {
             head,
             queue: VecDeque::new(),
             committed: last_seq,
+            committed_hash: head,
             poison: None,
             closing: false,
             wakers: BTreeMap::new(),
@@ -254,6 +257,14 @@ impl RunWriter {
     pub fn head(&self) -> (u64, Option<Digest>) {
         let st = self.shared.state.lock();
         (st.last_seq, st.head)
+    }
+
+    /// The last acknowledged seq and its hash: the run's head as stored. It is [`RunWriter::head`]
+    /// once everything appended is acknowledged; after a failed commit, the events appended
+    /// since are not stored, and this is where the stored run ends.
+    pub fn acknowledged(&self) -> (u64, Option<Digest>) {
+        let st = self.shared.state.lock();
+        (st.committed, st.committed_hash)
     }
 
     /// Flushes, stops the commit thread and releases the lease.
@@ -456,6 +467,7 @@ fn commit(shared: &Shared, pending: Vec<Pending>) {
     let woken = match result {
         Ok(()) => {
             st.committed = last;
+            st.committed_hash = batch.events.last().map(|e| e.hash);
             shared.acked.store(last, Ordering::Release);
             let later = st.wakers.split_off(&(last + 1));
             std::mem::replace(&mut st.wakers, later)

@@ -42,7 +42,8 @@ impl Session {
             (Ok(()), Some(code)) if code != 0 => RunStatus::Failed,
             _ => RunStatus::Ok,
         };
-        let (_, head) = writer.head();
+        // What the store holds: after a failed commit, the events appended since aren't stored.
+        let (_, head) = writer.acknowledged();
         let meta = {
             let mut run = self.inner.run.lock();
             run.status = status;

@@ -105,7 +105,7 @@ pub fn writer_poisoned_after_failing_commit(make: MakeStore<'_>) {
     let store = Arc::new(Flaky::new(make()));
     store.create_run(&sample_run("poisoned", 1)).unwrap();
     let writer = RunWriter::open(store.clone(), "poisoned", LeaseHolder::current()).unwrap();
-    writer.append_sync(step("poisoned", "a", 1), Vec::new()).unwrap();
+    let stored = writer.append_sync(step("poisoned", "a", 1), Vec::new()).unwrap();
     store.fail_commits(true);
     let err = writer.append(step("poisoned", "a", 2), Vec::new()).unwrap().wait().unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::Io);
@@ -115,6 +115,9 @@ pub fn writer_poisoned_after_failing_commit(make: MakeStore<'_>) {
     let later = writer.append(step("poisoned", "a", 3), Vec::new()).unwrap_err();
     assert_eq!((later.kind, later.message.as_str()), (err.kind, err.message.as_str()));
     assert!(writer.flush().is_err());
+    // The run's head as stored is the last acknowledged event, not the one that failed.
+    assert_eq!(writer.head().0, 2, "the failed event took a seq");
+    assert_eq!(writer.acknowledged(), (1, Some(stored.hash)));
     assert!(writer.close().is_err());
     assert_eq!(store.last_seq("poisoned").unwrap(), 1);
 }
