@@ -12,13 +12,17 @@
 //!    (then the import is a no-op); otherwise the run is created and its events and blobs are
 //!    committed in chunks, carrying the blobs stored early with where they are. No run and no
 //!    event is stored unless the whole file verified; a file that fails after some blob lines
-//!    may leave those blobs stored, referenced by nothing, for `retrace gc` to sweep.
+//!    may leave those blobs stored, referenced by nothing, for `retrace gc` to sweep. The run is
+//!    created `running`, with no head and the [`UNFINISHED_LABEL`], and gets the file's header
+//!    once its last event is stored: a store that fails part way (a full disk) leaves a run that
+//!    says it is unfinished, and importing the same file again stores the rest.
 //!
 //! Every error names the line (and the file, when the caller gives its name) and maps to the
 //! CLI's exit codes through [`ImportError::exit_code`]. With [`ImportOptions::forced`]
 //! (`retrace import --force`) verification failures and truncation are reported and the rest is
 //! stored, for `retrace verify` to examine.
 mod commit;
+pub use commit::UNFINISHED_LABEL;
 mod early;
 mod prepare;
 mod read;

@@ -9,9 +9,15 @@ use retrace_core::canonical::canonicalize;
 use retrace_core::envelope::EventType;
 use retrace_core::run::RunMode;
 use retrace_core::Event;
-use retrace_store::import::{ImportErrorKind, ImportOutcome};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use retrace_core::run::RunStatus;
+use retrace_store::import::{
+    import_reader, ImportError, ImportErrorKind, ImportOptions, ImportOutcome, UNFINISHED_LABEL,
+};
+use retrace_store::intercept::{Intercepted, Interceptor};
 use retrace_store::verify::verify_run;
-use retrace_store::{Batch, BlobHint};
+use retrace_store::{Batch, BlobHint, Store, StoreError, StoreResult};
 use trace_fixture::{conversation, export, import, lines, memory, sqlite, Backend, Builder};
 
 fn round_trip(make: fn() -> Backend) {
@@ -425,4 +431,64 @@ fn a_store_that_fails_while_blobs_are_stored_early_fails_the_import() {
         assert!(matches!(import(&flaky, &file).unwrap(), ImportOutcome::Imported { .. }));
         assert!(export(&*b.store, "01flaky") == file);
     }
+}
+
+/// When the store fails as the run's events are stored (after its blobs went in early, as when
+/// the disk fills up then), the import reports the store's error and the run it leaves says it
+/// is an unfinished import: `running`, no head, the [`UNFINISHED_LABEL`] label; it verifies as
+/// far as it goes. Importing the same file again stores the rest, and the run is the file's.
+#[test]
+fn an_import_that_fails_while_events_are_stored_leaves_a_run_marked_unfinished_and_completes() {
+    for make in [memory, sqlite] {
+        let a = make();
+        let fixture = tool_calls("01fails", EARLY_EVENTS, "");
+        fixture.commit(&*a.store);
+        let file = export(&*a.store, "01fails");
+        let b = make();
+        let failing = Intercepted::wrap(b.store.clone(), FailEventCommits::default());
+        // The first chunk of events goes in, the second fails.
+        failing.hooks().0.store(1, Ordering::SeqCst);
+        let err = import_chunked(&failing, &file, 100).unwrap_err();
+        assert_eq!(err.kind(), ImportErrorKind::Store, "{err}");
+        assert!(err.to_string().contains("01fails"), "{err}");
+        let left = b.store.run("01fails").unwrap();
+        assert_eq!(left.status, RunStatus::Running);
+        assert_eq!(left.head, None);
+        assert_eq!(left.labels.get(UNFINISHED_LABEL).map(String::as_str), Some("stored in part"));
+        assert_eq!(b.store.last_seq("01fails").unwrap(), 100);
+        assert!(verify_run(&*b.store, "01fails").is_empty());
+
+        failing.hooks().0.store(u64::MAX, Ordering::SeqCst);
+        let imported = import_chunked(&failing, &file, 64).unwrap();
+        assert!(
+            matches!(imported, ImportOutcome::Imported { events, .. } if events == EARLY_EVENTS),
+            "{imported:?}"
+        );
+        let done = b.store.run("01fails").unwrap();
+        assert_eq!(done, fixture.meta, "the run is the file's");
+        assert!(verify_run(&*b.store, "01fails").is_empty());
+        assert!(export(&*b.store, "01fails") == file);
+        assert!(matches!(import(&failing, &file).unwrap(), ImportOutcome::AlreadyPresent { .. }));
+    }
+}
+
+/// Lets this many more event commits through, then fails each one (`StoreErrorKind::Full`).
+#[derive(Default)]
+struct FailEventCommits(AtomicU64);
+
+impl Interceptor for FailEventCommits {
+    fn commit(&self, inner: &dyn Store, batch: &Batch) -> StoreResult<()> {
+        let left = self.0.load(Ordering::SeqCst);
+        if left == 0 {
+            return Err(StoreError::full("injected: disk full"));
+        }
+        self.0.store(left.saturating_sub(1), Ordering::SeqCst);
+        inner.commit(batch)
+    }
+}
+
+/// Imports `file` into `store` in chunks of `chunk` events.
+fn import_chunked(store: &dyn Store, file: &[u8], chunk: usize) -> Result<ImportOutcome, ImportError> {
+    let options = ImportOptions { chunk_events: chunk, ..ImportOptions::default() };
+    import_reader(store, file, options)
 }

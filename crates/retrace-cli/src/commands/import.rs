@@ -3,7 +3,9 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::PathBuf;
 
-use retrace_store::import::{import_reader, ImportError, ImportErrorKind, ImportOptions, ImportOutcome};
+use retrace_store::import::{
+    import_reader, ImportError, ImportErrorKind, ImportOptions, ImportOutcome, UNFINISHED_LABEL,
+};
 
 use crate::commands::store_from_env;
 use crate::exit;
@@ -107,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ImportError::Conflict { ref run_id, ref detail, .. } if !detail.starts_with("the fork ") => {
             replaceable(&e, run_id, &name)
         }
+        ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &name),
         _ => failure(e.exit_code(), &e),
     })?;
     match outcome {
@@ -130,6 +133,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The store failed (a full disk, say); if that left the run stored in part, the hint says
+/// how to finish it.
+fn unfinished(store: &dyn retrace_store::Store, e: &ImportError, run_id: &str, name: &str) -> anyhow::Error {
+    let mut failed = failure(e.exit_code(), e);
+    let left = store.run(run_id).is_ok_and(|m| m.labels.contains_key(UNFINISHED_LABEL));
+    if let (true, Some(f)) = (left, failed.downcast_mut::<exit::Failure>()) {
+        f.hint = Some(format!(
+            "run {run_id} is stored in part and marked unfinished; once the store works again \
+             (room on its disk), `retrace import {name}` stores the rest"
+        ));
+    }
+    failed
 }
 
 /// A conflict with the stored run, with the hint that replaces it by the file's.

@@ -3,6 +3,7 @@ use std::io::Write;
 
 use crate::commands::existing_store_from_env;
 use crate::output::{fit, print_json, table, utc_time};
+use retrace_store::import::UNFINISHED_LABEL;
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -68,10 +69,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|(meta, events, unrecovered)| {
             let forced = meta.labels.contains_key(super::import::FORCED_LABEL);
-            let marked = match (unrecovered.is_some(), forced) {
-                (true, _) => "*",
-                (false, true) => "!",
-                (false, false) => "",
+            let unfinished = meta.labels.contains_key(UNFINISHED_LABEL);
+            let marked = match (unrecovered.is_some(), forced, unfinished) {
+                (true, _, _) => "*",
+                (false, true, _) => "!",
+                (false, false, true) => "?",
+                (false, false, false) => "",
             };
             vec![
                 meta.id.clone(),
@@ -88,6 +91,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (meta, _, unrecovered) in &counted {
         if let Some(why) = unrecovered {
             text.push_str(&format!("* {} may lack acknowledged events: {why}\n", meta.id));
+        }
+        if meta.labels.contains_key(UNFINISHED_LABEL) {
+            text.push_str(&format!(
+                "? {} is an unfinished import: importing its file again stores the rest\n",
+                meta.id
+            ));
         }
         if let Some(what) = meta.labels.get(super::import::FORCED_LABEL) {
             text.push_str(&format!(

@@ -1,7 +1,7 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
 use retrace_core::digest_map::DigestSet;
 use retrace_core::envelope::EventType;
-use retrace_core::run::RunMeta;
+use retrace_core::run::{RunMeta, RunStatus};
 use retrace_core::{Digest, Event};
 
 use super::read::Trace;
@@ -10,6 +10,12 @@ use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
 
 /// Events compared per page when the run (or a fork's source) is already stored.
 const PAGE: usize = 4096;
+
+/// The label a run carries while its import is under way: created with it (and `running`, with
+/// no head), the run gets the file's own header, this label gone, once its last event is
+/// stored. An import that failed part way (a full disk, a killed process) leaves the run
+/// marked so, never looking whole, and importing the same file again stores what is missing.
+pub const UNFINISHED_LABEL: &str = "retrace.unfinished_import";
 
 /// Stores a verified trace, or finds it already present.
 pub(super) fn store_trace(
@@ -20,21 +26,32 @@ pub(super) fn store_trace(
     let run_id = trace.header.run.id.clone();
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
     check_sources(store, &run_id, &trace.events)?;
-    match store.run(&run_id) {
+    let done = match store.run(&run_id) {
+        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => {
+            stored_prefix(store, &run_id, &trace.events)?
+        }
         Ok(held) => {
             compare(store, &run_id, &trace.events)?;
             compare_header(&held, &trace.header.run)?;
             return Ok(ImportOutcome::AlreadyPresent { run_id });
         }
-        Err(e) if e.kind == StoreErrorKind::NotFound => {}
+        Err(e) if e.kind == StoreErrorKind::NotFound => {
+            let mut importing = trace.header.run.clone();
+            importing.status = RunStatus::Running;
+            importing.head = None;
+            importing.finished_at_ms = None;
+            importing.labels.insert(UNFINISHED_LABEL.to_owned(), "stored in part".to_owned());
+            store.create_run(&importing).map_err(stored)?;
+            0
+        }
         Err(e) => return Err(stored(e)),
-    }
+    };
 
-    let chunks = assign_chunks(&trace, chunk);
+    let chunks = assign_chunks(&trace, chunk, done);
     let hints = hints(&trace);
     let (event_count, blob_count) = (trace.events.len() as u64, trace.blobs.len() as u64);
-    store.create_run(&trace.header.run).map_err(stored)?;
-    let mut events = trace.events.into_iter();
+    let header = trace.header.run;
+    let mut events = trace.events.into_iter().skip(done);
     let early = trace.stored;
     let mut blobs: Vec<Option<BlobPut>> = trace
         .blobs
@@ -55,6 +72,9 @@ pub(super) fn store_trace(
     std::thread::scope(|scope| {
         scope.spawn(move || free.into_iter().for_each(drop));
         for members in chunks {
+            if events.len() == 0 {
+                break;
+            }
             let batch = Batch {
                 run_id: run_id.clone(),
                 events: events.by_ref().take(chunk).collect(),
@@ -70,31 +90,38 @@ pub(super) fn store_trace(
         drop(freed);
         Ok(())
     })?;
+    // Every event is stored: the run becomes the file's (its status, head, labels).
+    store.update_run(&header).map_err(stored)?;
     Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count })
 }
 
-/// For each chunk of events, the blobs (indexes in file order) first needed by that chunk.
-/// A manifest's names go with the manifest, before it, so each batch is self-contained.
-fn assign_chunks(trace: &Trace, chunk: usize) -> Vec<Vec<usize>> {
+/// For each chunk of the events after the first `done` (stored already, with every blob they
+/// need), the blobs (indexes in file order) first needed by that chunk. A manifest's names go
+/// with the manifest, before it, so each batch is self-contained.
+fn assign_chunks(trace: &Trace, chunk: usize, done: usize) -> Vec<Vec<usize>> {
+    const STORED: usize = usize::MAX - 1;
     let index = &trace.index;
-    let count = trace.events.len().div_ceil(chunk).max(1);
+    let count = (trace.events.len() - done).div_ceil(chunk).max(1);
     let mut chunk_of = vec![usize::MAX; trace.blobs.len()];
     let mut stack = Vec::new();
     for (i, event) in trace.events.iter().enumerate() {
+        let c = if i < done { STORED } else { (i - done) / chunk };
         stack.extend([event.request_ref, event.output_ref].into_iter().flatten());
         while let Some(digest) = stack.pop() {
             let Some(&blob) = index.get(&digest) else { continue };
             if chunk_of[blob] != usize::MAX {
                 continue;
             }
-            chunk_of[blob] = i / chunk;
+            chunk_of[blob] = c;
             stack.extend(trace.blobs[blob].names.iter().flatten());
         }
     }
     let mut chunks = vec![Vec::new(); count];
     for (blob, &c) in chunk_of.iter().enumerate() {
         // Every blob is referenced (read verified it); a stray one goes with the last chunk.
-        chunks[c.min(count - 1)].push(blob);
+        if c != STORED {
+            chunks[c.min(count - 1)].push(blob);
+        }
     }
     chunks
 }
@@ -131,16 +158,33 @@ pub(super) fn model_requests(events: &[Event]) -> impl Iterator<Item = Digest> +
     model_calls(events).filter_map(|e| e.request_ref)
 }
 
-/// The run is stored already: its events must be the file's, hash for hash. Both are the run as
-/// exported: a fork recorded here stores only its own events and inherits the rest from its
-/// source, while its file holds them all.
-fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), ImportError> {
+/// The run is stored in part (an import that didn't finish): its events must be the first of
+/// the file's, hash for hash. How many it holds.
+fn stored_prefix(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<usize, ImportError> {
+    let held = held_hashes(store, run_id)?;
+    let file: Vec<Digest> = events.iter().take(held.len()).map(|e| e.hash).collect();
+    match first_difference(&held, &file) {
+        None => Ok(held.len()),
+        Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
+    }
+}
+
+/// The hashes of every event of a stored run, as exported.
+fn held_hashes(store: &dyn Store, run_id: &str) -> Result<Vec<Digest>, ImportError> {
     let stored = |source| ImportError::Store { run_id: run_id.to_owned(), source };
     let mut pages = crate::export::RunEvents::new(store, run_id).map_err(stored)?;
     let mut held = Vec::new();
     while let Some(page) = pages.next_page().map_err(stored)? {
         held.extend(page.iter().map(|e| e.hash));
     }
+    Ok(held)
+}
+
+/// The run is stored already: its events must be the file's, hash for hash. Both are the run as
+/// exported: a fork recorded here stores only its own events and inherits the rest from its
+/// source, while its file holds them all.
+fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), ImportError> {
+    let held = held_hashes(store, run_id)?;
     let file: Vec<Digest> = events.iter().map(|e| e.hash).collect();
     match first_difference(&held, &file) {
         None => Ok(()),
