@@ -1,8 +1,10 @@
 //! A full disk (issue 2, "bad input"): recording into a store whose filesystem fills up fails
-//! the step that can't be stored with a `full` error that names it, never panics, and damages
-//! nothing. Once space is freed the store opens, the run is `interrupted`, it verifies, its
-//! seqs are dense and it holds every step that returned, with its output; a new run records.
-//! At every durability level, with outputs both inline and kept as blob files.
+//! the step that can't be stored with a `disk full` error naming the run and its seqs (or the
+//! blob file), fails every later step too, never panics, and damages nothing. Once room is
+//! freed the store opens, the run is `failed` (or `interrupted`, where even writing its end
+//! found no room), it verifies, its seqs are dense and it holds every step that returned, with
+//! its output; a new run records. At every durability level, with outputs both inline and kept
+//! as blob files.
 //!
 //! The filesystem is a 4 MiB tmpfs mounted in a private mount namespace: a shell run under
 //! `unshare --user --map-root-user --mount` (no root needed where user namespaces are allowed)
