@@ -35,13 +35,16 @@ large.\n\n\
 Importing a run that is already stored with the same events does nothing (exit 0, and says so); \
 one stored with different events is refused (exit 1, naming the first differing seq). A fork's \
 inherited events must equal its source's where the source is stored.\n\n\
+The run looks whole only once its last event is stored: an import stopped part way (a full disk, \
+a killed process) leaves it marked as an unfinished import (`retrace runs` shows `?`), and \
+importing the same file again stores the rest.\n\n\
 With --force, a file that fails verification or is truncated is imported anyway, for inspection: \
 each failure is printed as a warning, events are stored as they are, a blob that doesn't match its \
 digest is left out, and a truncated file's complete lines are kept; `retrace verify` then names \
 the damage. A line that is not JSON, an unknown format or seqs out of order are refused even then.\n\n\
 Exit codes: 0 imported or already present (with --force, even with warnings); 1 the file fails \
 verification or conflicts with the store; 2 the file is not a trace, is truncated, or has an \
-unknown format version.",
+unknown format version, or the store failed (a full disk, say).",
         "\n\n",
         examples!()
     )
