@@ -24,6 +24,7 @@
 mod commit;
 pub use commit::UNFINISHED_LABEL;
 mod early;
+mod identity;
 mod prepare;
 mod read;
 mod text_line;
@@ -39,8 +40,12 @@ use crate::{Store, StoreError, StoreErrorKind};
 pub struct ImportOptions<'a> {
     /// The file's name, for error messages (`trace.jsonl:12: ...`).
     pub file_name: Option<String>,
-    /// Events per stored transaction.
+    /// Events per stored transaction, at most.
     pub chunk_events: usize,
+    /// Bytes a stored transaction is given to write, about: one ends after the event that takes
+    /// it past this many, counting the blobs it stores (a model request held in the file as a
+    /// manifest counts as the whole request it is rebuilt into, since the store is handed that).
+    pub chunk_bytes: u64,
     /// Called with the number of bytes read so far.
     pub progress: Option<&'a mut dyn FnMut(u64)>,
     /// `--force`: when set, a file that fails verification is stored anyway and each failure
@@ -53,7 +58,13 @@ pub struct ImportOptions<'a> {
 
 impl Default for ImportOptions<'_> {
     fn default() -> Self {
-        ImportOptions { file_name: None, chunk_events: 4096, progress: None, forced: None }
+        ImportOptions {
+            file_name: None,
+            chunk_events: 4096,
+            chunk_bytes: 32 << 20,
+            progress: None,
+            forced: None,
+        }
     }
 }
 
@@ -62,6 +73,7 @@ impl fmt::Debug for ImportOptions<'_> {
         f.debug_struct("ImportOptions")
             .field("file_name", &self.file_name)
             .field("chunk_events", &self.chunk_events)
+            .field("chunk_bytes", &self.chunk_bytes)
             .field("progress", &self.progress.is_some())
             .field("forced", &self.forced.is_some())
             .finish()
@@ -255,5 +267,5 @@ pub fn import_reader(
     mut opts: ImportOptions<'_>,
 ) -> Result<ImportOutcome, ImportError> {
     let trace = read::read_trace(reader, &mut opts, store)?;
-    commit::store_trace(store, trace, opts.chunk_events.max(1))
+    commit::store_trace(store, trace, opts.chunk_events.max(1), opts.chunk_bytes)
 }

@@ -73,6 +73,30 @@ pub fn rebuild<'s>(manifest: &[u8], lookup: &dyn Fn(&Digest) -> Option<&'s [u8]>
 /// stored as manifests are followed; a base stored flat is cut into its elements. The caller
 /// checks the digest of the result.
 pub fn rebuild_with(manifest: &[u8], source: &mut dyn ManifestSource) -> StoreResult<Vec<u8>> {
+    let mut out = Vec::new();
+    rebuild_into(manifest, source, &mut |piece| out.extend_from_slice(piece))?;
+    Ok(out)
+}
+
+/// The digest and length of the request a manifest stands for, hashed piece by piece as
+/// [`rebuild_with`] would put it together, so the request is never held whole: a conversation's
+/// requests together hold every earlier turn again at each turn, while their manifests hold
+/// each message once.
+pub fn digest_with(manifest: &[u8], source: &mut dyn ManifestSource) -> StoreResult<(Digest, u64)> {
+    let (mut hasher, mut len) = (DigestWriter::new(), 0u64);
+    rebuild_into(manifest, source, &mut |piece| {
+        hasher.update(piece);
+        len += piece.len() as u64;
+    })?;
+    Ok((hasher.finish(), len))
+}
+
+/// Hands the request a manifest stands for to `out`, piece by piece, in order.
+fn rebuild_into(
+    manifest: &[u8],
+    source: &mut dyn ManifestSource,
+    out: &mut dyn FnMut(&[u8]),
+) -> StoreResult<()> {
     let top = Manifest::decode(manifest)?;
     // New elements per level, top first; the root level may come as a flat request's bytes.
     let mut levels: Vec<Vec<Digest>> = vec![top.elements.clone()];
@@ -118,24 +142,24 @@ pub fn rebuild_with(manifest: &[u8], source: &mut dyn ManifestSource) -> StoreRe
             top.skeleton, top.offset
         ))
     })?;
-    let mut out = skeleton[..offset].to_vec();
+    out(&skeleton[..offset]);
     let mut first = true;
-    let mut push = |out: &mut Vec<u8>, element: &[u8]| {
+    let mut push = |element: &[u8]| {
         if !std::mem::take(&mut first) {
-            out.push(b',');
+            out(b",");
         }
-        out.extend_from_slice(element);
+        out(element);
     };
     if let Some((bytes, split)) = &flat_root {
         for range in &split.elements {
-            push(&mut out, &bytes[range.clone()]);
+            push(&bytes[range.clone()]);
         }
     }
     for digest in levels.iter().rev().flatten() {
-        push(&mut out, &source.bytes(digest)?);
+        push(&source.bytes(digest)?);
     }
-    out.extend_from_slice(&skeleton[offset..]);
-    Ok(out)
+    out(&skeleton[offset..]);
+    Ok(())
 }
 
 /// `P_1..P_n` for elements with these digests.

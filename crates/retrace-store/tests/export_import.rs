@@ -204,6 +204,39 @@ fn sqlite_exports_chained_manifests_after_what_they_name() {
     }
 }
 
+/// A long conversation's requests, held in the file as chained manifests, are rebuilt only as
+/// they are stored, a transaction's worth of bytes at a time: with a small `chunk_bytes` the
+/// import commits in many transactions, and stores the same run as one that commits at once.
+#[test]
+fn a_conversation_imports_in_transactions_bounded_by_its_rebuilt_requests_bytes() {
+    let a = sqlite();
+    let fixture = conversation("01longchat", 40);
+    fixture.commit(&*a.store);
+    let file = export(&*a.store, "01longchat");
+    assert!(String::from_utf8_lossy(&file).contains("\"manifest\":"), "requests travel as manifests");
+    let largest_request = fixture
+        .events
+        .iter()
+        .filter_map(|e| e.request_ref)
+        .map(|d| a.store.get_blob(&d).unwrap().len())
+        .max()
+        .unwrap();
+    let mut commits = Vec::new();
+    for budget in [32 << 20, largest_request as u64] {
+        let b = sqlite();
+        let counted = Intercepted::wrap(b.store.clone(), CountCommits::default());
+        let options = ImportOptions { chunk_bytes: budget, ..ImportOptions::default() };
+        let outcome = import_reader(&counted, &file[..], options).unwrap();
+        assert!(matches!(outcome, ImportOutcome::Imported { events: 161, .. }), "{outcome:?}");
+        assert_eq!(export(&*b.store, "01longchat"), file, "budget {budget}: re-export differs");
+        assert_eq!(verify_run(&*b.store, "01longchat"), vec![]);
+        commits.push(counted.hooks().0.load(Ordering::SeqCst));
+    }
+    assert_eq!(commits[0], 1, "161 events and under 32 MB: one transaction");
+    // Each transaction ends after the request that takes it to the largest request's size.
+    assert!(commits[1] >= 10, "a budget of one request's bytes cuts the import: {commits:?}");
+}
+
 #[test]
 fn different_run_under_the_same_id_is_refused_naming_the_seq() {
     for make in [memory, sqlite] {
@@ -483,6 +516,17 @@ impl Interceptor for FailEventCommits {
             return Err(StoreError::full("injected: disk full"));
         }
         self.0.store(left.saturating_sub(1), Ordering::SeqCst);
+        inner.commit(batch)
+    }
+}
+
+/// Counts the commits it forwards.
+#[derive(Default)]
+struct CountCommits(AtomicU64);
+
+impl Interceptor for CountCommits {
+    fn commit(&self, inner: &dyn Store, batch: &Batch) -> StoreResult<()> {
+        self.0.fetch_add(1, Ordering::SeqCst);
         inner.commit(batch)
     }
 }

@@ -4,7 +4,8 @@ use retrace_core::envelope::EventType;
 use retrace_core::run::{RunMeta, RunStatus};
 use retrace_core::{Digest, Event};
 
-use super::read::Trace;
+use super::identity::{first_difference, Identity, Mismatched};
+use super::read::{Held, Trace, TraceSource};
 use super::{ImportError, ImportOutcome};
 use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
 
@@ -22,16 +23,15 @@ pub(super) fn store_trace(
     store: &dyn Store,
     trace: Trace,
     chunk: usize,
+    budget: u64,
 ) -> Result<ImportOutcome, ImportError> {
     let run_id = trace.header.run.id.clone();
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
-    check_sources(store, &run_id, &trace.events)?;
+    check_sources(store, &run_id, &trace.events, &trace.mismatched)?;
     let done = match store.run(&run_id) {
-        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => {
-            stored_prefix(store, &run_id, &trace.events)?
-        }
+        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => stored_prefix(store, &run_id, &trace)?,
         Ok(held) => {
-            compare(store, &run_id, &trace.events)?;
+            compare(store, &run_id, &trace)?;
             compare_header(&held, &trace.header.run)?;
             return Ok(ImportOutcome::AlreadyPresent { run_id });
         }
@@ -47,27 +47,31 @@ pub(super) fn store_trace(
         Err(e) => return Err(stored(e)),
     };
 
-    let chunks = assign_chunks(&trace, chunk, done);
+    let chunks = assign_chunks(&trace, chunk, budget, done);
     let hints = hints(&trace);
     let (event_count, blob_count) = (trace.events.len() as u64, trace.blobs.len() as u64);
-    let header = trace.header.run;
-    let mut events = trace.events.into_iter().skip(done);
-    let early = trace.stored;
-    let mut blobs: Vec<Option<BlobPut>> = trace
-        .blobs
-        .into_iter()
-        .zip(hints)
-        .map(|(b, hint)| {
-            let put = BlobPut::checked(b.digest, b.bytes, hint);
-            // Stored while the file was read: the commit confirms it where it is.
-            Some(match early.get(&b.digest) {
-                Some(&at) => put.stored_at(at),
-                None => put,
-            })
+    let Trace { header, events, blobs, index, stored: early, .. } = trace;
+    let header = header.run;
+    let mut events = events.into_iter().skip(done);
+    // The blob at `i`, to store: a manifest line's request rebuilt now, from the lines it names.
+    let put = |i: usize| -> Result<BlobPut, ImportError> {
+        let blob = &blobs[i];
+        let bytes = match &blob.held {
+            Held::Bytes(bytes) => bytes.clone(),
+            Held::Manifest { compact, .. } => {
+                TraceSource::new(&blobs, &index).rebuild(compact).map_err(stored)?.into()
+            }
+        };
+        // Every blob's digest was checked against its bytes as its line was read (`checked`).
+        let put = BlobPut::checked(blob.digest, bytes, hints[i]);
+        // Stored while the file was read: the commit confirms it where it is.
+        Ok(match early.get(&blob.digest) {
+            Some(&at) => put.stored_at(at),
+            None => put,
         })
-        .collect();
-    // Each batch committed is freed on another thread (its blobs' bytes are most of the file):
-    // the commits are the only work left, and they are serial.
+    };
+    // Each batch committed is freed on another thread (its rebuilt requests may be large): the
+    // commits are the only work left, and they are serial.
     let (freed, free) = std::sync::mpsc::channel::<Batch>();
     std::thread::scope(|scope| {
         scope.spawn(move || free.into_iter().for_each(drop));
@@ -77,35 +81,59 @@ pub(super) fn store_trace(
             }
             let batch = Batch {
                 run_id: run_id.clone(),
-                events: events.by_ref().take(chunk).collect(),
-                blobs: members.into_iter().filter_map(|i| blobs[i].take()).collect(),
+                events: events.by_ref().take(members.events).collect(),
+                blobs: members.blobs.into_iter().map(put).collect::<Result<_, _>>()?,
                 cache: Vec::new(),
             };
-            // Every blob's digest was checked against its bytes as its line was read (`checked`).
             store.commit(&batch).map_err(stored)?;
             let _ = freed.send(batch);
         }
         // The freeing thread ends when the sender goes (here, or on an early return with the
         // closure's captures), and the scope waits for it.
         drop(freed);
-        Ok(())
+        Ok::<_, ImportError>(())
     })?;
+    // The blob lines' bytes, most of the file, are freed on another thread too (here, if none
+    // can start).
+    let _ = std::thread::Builder::new().name("import-free".into()).spawn(move || drop(blobs));
     // Every event is stored: the run becomes the file's (its status, head, labels).
     store.update_run(&header).map_err(stored)?;
     Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count })
 }
 
-/// For each chunk of the events after the first `done` (stored already, with every blob they
-/// need), the blobs (indexes in file order) first needed by that chunk. A manifest's names go
-/// with the manifest, before it, so each batch is self-contained.
-fn assign_chunks(trace: &Trace, chunk: usize, done: usize) -> Vec<Vec<usize>> {
+/// One transaction of an import: its events (the next ones in order) and its blobs.
+#[derive(Debug, Default)]
+struct Chunk {
+    events: usize,
+    /// Indexes in `Trace::blobs`.
+    blobs: Vec<usize>,
+}
+
+/// The events after the first `done` (stored already, with every blob they need), cut into
+/// chunks of at most `chunk` events and about `budget` bytes, each with the blobs first needed
+/// by its events. A manifest's names go with the manifest, before it, so each batch is
+/// self-contained. Blobs stored while the file was read don't count against `budget`; a
+/// manifest line counts as the request it is rebuilt into, so the requests of a long
+/// conversation, each holding every earlier turn again, are rebuilt a few at a time.
+fn assign_chunks(trace: &Trace, chunk: usize, budget: u64, done: usize) -> Vec<Chunk> {
     const STORED: usize = usize::MAX - 1;
     let index = &trace.index;
-    let count = (trace.events.len() - done).div_ceil(chunk).max(1);
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let mut bytes = 0u64;
     let mut chunk_of = vec![usize::MAX; trace.blobs.len()];
     let mut stack = Vec::new();
     for (i, event) in trace.events.iter().enumerate() {
-        let c = if i < done { STORED } else { (i - done) / chunk };
+        let c = if i < done {
+            STORED
+        } else {
+            if chunks.last().is_none_or(|c| c.events >= chunk || bytes >= budget) {
+                chunks.push(Chunk::default());
+                bytes = 0;
+            }
+            let last = chunks.len() - 1;
+            chunks[last].events += 1;
+            last
+        };
         stack.extend([event.request_ref, event.output_ref].into_iter().flatten());
         while let Some(digest) = stack.pop() {
             let Some(&blob) = index.get(&digest) else { continue };
@@ -113,14 +141,21 @@ fn assign_chunks(trace: &Trace, chunk: usize, done: usize) -> Vec<Vec<usize>> {
                 continue;
             }
             chunk_of[blob] = c;
-            stack.extend(trace.blobs[blob].names.iter().flatten());
+            let blob = &trace.blobs[blob];
+            if !trace.stored.contains_key(&blob.digest) {
+                bytes += blob.len();
+            }
+            stack.extend(blob.names.iter().flatten());
         }
     }
-    let mut chunks = vec![Vec::new(); count];
+    if chunks.is_empty() {
+        chunks.push(Chunk::default());
+    }
+    let last = chunks.len() - 1;
     for (blob, &c) in chunk_of.iter().enumerate() {
         // Every blob is referenced (read verified it); a stray one goes with the last chunk.
         if c != STORED {
-            chunks[c.min(count - 1)].push(blob);
+            chunks[c.min(last)].blobs.push(blob);
         }
     }
     chunks
@@ -160,22 +195,22 @@ pub(super) fn model_requests(events: &[Event]) -> impl Iterator<Item = Digest> +
 
 /// The run is stored in part (an import that didn't finish): its events must be the first of
 /// the file's, hash for hash. How many it holds.
-fn stored_prefix(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<usize, ImportError> {
-    let held = held_hashes(store, run_id)?;
-    let file: Vec<Digest> = events.iter().take(held.len()).map(|e| e.hash).collect();
+fn stored_prefix(store: &dyn Store, run_id: &str, trace: &Trace) -> Result<usize, ImportError> {
+    let held = held_events(store, run_id)?;
+    let file = Identity::of_file(&trace.events[..held.len().min(trace.events.len())], &trace.mismatched);
     match first_difference(&held, &file) {
         None => Ok(held.len()),
         Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
     }
 }
 
-/// The hashes of every event of a stored run, as exported.
-fn held_hashes(store: &dyn Store, run_id: &str) -> Result<Vec<Digest>, ImportError> {
+/// Every event of a stored run, as exported, as compared ([`Identity`]).
+fn held_events(store: &dyn Store, run_id: &str) -> Result<Vec<Identity>, ImportError> {
     let stored = |source| ImportError::Store { run_id: run_id.to_owned(), source };
     let mut pages = crate::export::RunEvents::new(store, run_id).map_err(stored)?;
     let mut held = Vec::new();
     while let Some(page) = pages.next_page().map_err(stored)? {
-        held.extend(page.iter().map(|e| e.hash));
+        held.extend(page.iter().map(Identity::stored));
     }
     Ok(held)
 }
@@ -183,9 +218,9 @@ fn held_hashes(store: &dyn Store, run_id: &str) -> Result<Vec<Digest>, ImportErr
 /// The run is stored already: its events must be the file's, hash for hash. Both are the run as
 /// exported: a fork recorded here stores only its own events and inherits the rest from its
 /// source, while its file holds them all.
-fn compare(store: &dyn Store, run_id: &str, events: &[Event]) -> Result<(), ImportError> {
-    let held = held_hashes(store, run_id)?;
-    let file: Vec<Digest> = events.iter().map(|e| e.hash).collect();
+fn compare(store: &dyn Store, run_id: &str, trace: &Trace) -> Result<(), ImportError> {
+    let held = held_events(store, run_id)?;
+    let file = Identity::of_file(&trace.events, &trace.mismatched);
     match first_difference(&held, &file) {
         None => Ok(()),
         Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
@@ -222,7 +257,12 @@ fn compare_header(held: &RunMeta, file: &RunMeta) -> Result<(), ImportError> {
 }
 
 /// A fork's inherited events must equal its source's events where the source is stored.
-pub(super) fn check_sources(store: &dyn Store, own: &str, events: &[Event]) -> Result<(), ImportError> {
+pub(super) fn check_sources(
+    store: &dyn Store,
+    own: &str,
+    events: &[Event],
+    mismatched: &Mismatched,
+) -> Result<(), ImportError> {
     let mut start = 0;
     while start < events.len() {
         let source = &events[start].run_id;
@@ -238,8 +278,8 @@ pub(super) fn check_sources(store: &dyn Store, own: &str, events: &[Event]) -> R
             Err(source) => return Err(ImportError::Store { run_id: own.to_owned(), source }),
         }
         let first = group[0].seq;
-        let held = stored_hashes(store, source, first, group.len())?;
-        let file: Vec<Digest> = group.iter().map(|e| e.hash).collect();
+        let held = stored_events(store, source, first, group.len())?;
+        let file = Identity::of_file(group, mismatched);
         if let Some((offset, detail)) = first_difference(&held, &file) {
             let seq = first + offset - 1;
             let detail = format!("the fork {own} inherits it: {detail}");
@@ -249,8 +289,13 @@ pub(super) fn check_sources(store: &dyn Store, own: &str, events: &[Event]) -> R
     Ok(())
 }
 
-/// Hashes of up to `limit` stored events of `run` from seq `from`, read page by page.
-fn stored_hashes(store: &dyn Store, run: &str, from: u64, limit: usize) -> Result<Vec<Digest>, ImportError> {
+/// Up to `limit` stored events of `run` from seq `from`, as compared, read page by page.
+fn stored_events(
+    store: &dyn Store,
+    run: &str,
+    from: u64,
+    limit: usize,
+) -> Result<Vec<Identity>, ImportError> {
     let stored = |source| ImportError::Store { run_id: run.to_owned(), source };
     let mut hashes = Vec::new();
     let mut next = from;
@@ -259,22 +304,10 @@ fn stored_hashes(store: &dyn Store, run: &str, from: u64, limit: usize) -> Resul
         let Some(last) = page.last() else { break };
         next = last.seq + 1;
         let full = page.len() == PAGE;
-        hashes.extend(page.iter().map(|e| e.hash));
+        hashes.extend(page.iter().map(Identity::stored));
         if !full {
             break;
         }
     }
     Ok(hashes)
-}
-
-/// The first 1-based position where two hash lists differ, and how.
-fn first_difference(held: &[Digest], file: &[Digest]) -> Option<(u64, String)> {
-    if let Some(i) = held.iter().zip(file).position(|(a, b)| a != b) {
-        let detail = format!("hash {} in the store, {} in the file", held[i], file[i]);
-        return Some((i as u64 + 1, detail));
-    }
-    (held.len() != file.len()).then(|| {
-        let detail = format!("the store holds {} events, the file {}", held.len(), file.len());
-        (held.len().min(file.len()) as u64 + 1, detail)
-    })
 }

@@ -23,7 +23,8 @@ use retrace_core::Event;
 
 use retrace_core::export::ExportHeader;
 
-use super::read::ReadBlob;
+use super::identity::Mismatched;
+use super::read::{Held, ReadBlob};
 use crate::{BlobAt, BlobHint, BlobPut, Store, StoreError, StoreErrorKind};
 
 /// Blobs per early transaction. Each transaction rewrites every page of the blobs' digest
@@ -43,9 +44,14 @@ pub(super) type Stored = DigestMap<BlobAt>;
 
 /// Whether to store early for a file whose `events` have verified: the store doesn't hold its
 /// run, and a fork's stored source agrees with the events it inherits.
-pub(super) fn wanted(store: &dyn Store, header: &ExportHeader, events: &[Event]) -> bool {
+pub(super) fn wanted(
+    store: &dyn Store,
+    header: &ExportHeader,
+    events: &[Event],
+    mismatched: &Mismatched,
+) -> bool {
     let absent = matches!(store.run(&header.run.id), Err(e) if e.kind == StoreErrorKind::NotFound);
-    absent && super::commit::check_sources(store, &header.run.id, events).is_ok()
+    absent && super::commit::check_sources(store, &header.run.id, events, mismatched).is_ok()
 }
 
 /// The storing thread, and the blobs not yet handed to it.
@@ -86,11 +92,12 @@ impl<'scope> Early<'scope> {
 
     /// A blob line that has verified: stored now if it is stored the same way without a run.
     pub fn offer(&mut self, blob: &ReadBlob) {
-        if blob.names.is_some() || self.model.contains(&blob.digest) || self.send.is_none() {
+        let Held::Bytes(bytes) = &blob.held else { return };
+        if self.model.contains(&blob.digest) || self.send.is_none() {
             return;
         }
-        self.pending_bytes += blob.bytes.len();
-        self.pending.push(BlobPut::checked(blob.digest, blob.bytes.clone(), BlobHint::Raw));
+        self.pending_bytes += bytes.len();
+        self.pending.push(BlobPut::checked(blob.digest, bytes.clone(), BlobHint::Raw));
         if self.pending.len() >= CHUNK_BLOBS || self.pending_bytes >= CHUNK_BYTES {
             self.hand_over();
         }

@@ -1,4 +1,5 @@
-//! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory.
+//! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory
+//! (a manifest line as itself, not as the request it stands for: see [`Held`]).
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
 use std::io::BufRead;
@@ -10,9 +11,11 @@ use retrace_core::export::{check_format, ExportHeader, FormatError};
 use retrace_core::{Digest, Event};
 
 use super::early::{self, Early};
+use super::identity::Mismatched;
 use super::prepare::{Body, Line, ParsedBlob, ParsedEvent, Pipeline, Prepared};
 use super::{ImportError, ImportOptions, Location};
-use crate::Store;
+use crate::manifest::{self, Manifest, ManifestSource};
+use crate::{Store, StoreError, StoreResult};
 
 /// Events (and blob lines) whose room is taken at once from the header's counts, at most: a
 /// header that overstates them costs address space, not memory, up to this bound. Growing the
@@ -31,14 +34,93 @@ pub(super) struct Trace {
     pub index: DigestMap<usize>,
     /// Where the blobs stored while the file was read are (`import/early.rs`).
     pub stored: early::Stored,
+    /// Events whose content doesn't give their hash (a forced import only).
+    pub mismatched: Mismatched,
 }
 
-/// One verified blob line, decoded (a manifest rebuilt into the bytes it stands for).
+/// One verified blob line.
 pub(super) struct ReadBlob {
     pub digest: Digest,
-    pub bytes: Arc<[u8]>,
+    pub held: Held,
     /// For a manifest line: the digests the manifest names.
     pub names: Option<Vec<Digest>>,
+}
+
+/// What a verified blob line keeps until it is stored.
+pub(super) enum Held {
+    /// A text or base64 line's bytes.
+    Bytes(Arc<[u8]>),
+    /// A manifest line, in the compact encoding, and the length of the request it stands for.
+    /// The request is rebuilt from the lines it names only as it is stored
+    /// ([`TraceSource`]): together, a conversation's requests hold every earlier turn again
+    /// at each turn, so holding them whole would take memory quadratic in its length.
+    Manifest { compact: Arc<[u8]>, len: u64 },
+}
+
+impl ReadBlob {
+    /// Bytes of the blob as stored: a manifest's rebuilt request.
+    pub fn len(&self) -> u64 {
+        match &self.held {
+            Held::Bytes(bytes) => bytes.len() as u64,
+            Held::Manifest { len, .. } => *len,
+        }
+    }
+}
+
+/// The blob lines of a trace, read so far, as what a manifest among them is rebuilt from.
+pub(super) struct TraceSource<'a> {
+    pub blobs: &'a [ReadBlob],
+    pub index: &'a DigestMap<usize>,
+    /// Manifests being rebuilt as another's part (not its base), innermost last.
+    nested: usize,
+}
+
+impl<'a> TraceSource<'a> {
+    /// At most this many manifests are rebuilt inside each other. A manifest names another
+    /// as a part only where a model's response has the bytes of a later request's message.
+    const NESTED: usize = 4;
+
+    pub fn new(blobs: &'a [ReadBlob], index: &'a DigestMap<usize>) -> Self {
+        TraceSource { blobs, index, nested: 0 }
+    }
+
+    fn find(&self, digest: &Digest) -> StoreResult<&'a ReadBlob> {
+        let blobs = self.blobs;
+        match self.index.get(digest) {
+            Some(&i) => Ok(&blobs[i]),
+            None => Err(StoreError::not_found(format!("blob {digest} named by a manifest is missing"))),
+        }
+    }
+
+    /// The request the manifest line `compact` stands for.
+    pub fn rebuild(&mut self, compact: &[u8]) -> StoreResult<Vec<u8>> {
+        manifest::rebuild_with(compact, self)
+    }
+}
+
+impl ManifestSource for TraceSource<'_> {
+    fn manifest(&mut self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
+        Ok(match &self.find(digest)?.held {
+            Held::Manifest { compact, .. } => Some(compact.to_vec()),
+            Held::Bytes(_) => None,
+        })
+    }
+
+    fn bytes(&mut self, digest: &Digest) -> StoreResult<Vec<u8>> {
+        match &self.find(digest)?.held {
+            Held::Bytes(bytes) => Ok(bytes.to_vec()),
+            Held::Manifest { compact, .. } => {
+                if self.nested == Self::NESTED {
+                    let message = format!("manifests nest more than {} deep at blob {digest}", Self::NESTED);
+                    return Err(StoreError::corrupt(message));
+                }
+                self.nested += 1;
+                let rebuilt = manifest::rebuild_with(compact, self);
+                self.nested -= 1;
+                rebuilt
+            }
+        }
+    }
 }
 
 /// Lines of the input after the header, numbered from 2, parsed and hashed ahead by the
@@ -148,7 +230,7 @@ fn read_body<'scope, 'env, R: BufRead>(
     header: ExportHeader,
     store: &'env dyn Store,
 ) -> Result<Trace, ImportError> {
-    let events = read_events(lines, &header)?;
+    let (events, mismatched) = read_events(lines, &header)?;
     let mut needed: DigestMap<u64> =
         DigestMap::with_capacity_and_hasher(2 * events.len(), FastHash::default());
     for event in events.iter().rev() {
@@ -158,7 +240,7 @@ fn read_body<'scope, 'env, R: BufRead>(
     }
     // A forced import of a file cut among its events has no blob lines left to read.
     let cut = (events.len() as u64) < header.events;
-    let wanted = !cut && early::wanted(store, &header, &events);
+    let wanted = !cut && early::wanted(store, &header, &events, &mismatched);
     let mut early = wanted.then(|| Early::start(scope, store, &events));
     let (blobs, index) = match cut {
         true => (Vec::new(), DigestMap::default()),
@@ -185,7 +267,7 @@ fn read_body<'scope, 'env, R: BufRead>(
         }
         None => early::Stored::default(),
     };
-    Ok(Trace { header, events, blobs, index, stored })
+    Ok(Trace { header, events, blobs, index, stored, mismatched })
 }
 
 fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
@@ -217,11 +299,13 @@ fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader
     Ok(header)
 }
 
+/// The file's events, and those whose content doesn't give their hash (kept only when forced).
 fn read_events<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
-) -> Result<Vec<Event>, ImportError> {
+) -> Result<(Vec<Event>, Mismatched), ImportError> {
     let run = &header.run;
+    let mut mismatched = Mismatched::new();
     let mut events: Vec<Event> = Vec::with_capacity(header.events.min(PREALLOCATED) as usize);
     let mut prev: Option<Digest> = None;
     for expected in 1..=header.events {
@@ -275,10 +359,12 @@ fn read_events<R: BufRead>(
                     event.seq, event.hash
                 );
                 lines.forgive(lines.verification(seq, None, message))?;
+                mismatched.insert(event.seq, Some(hash));
             }
             Err(e) => {
                 let message = format!("seq {} can't be hashed: {e}", event.seq);
                 lines.forgive(lines.verification(seq, None, message))?;
+                mismatched.insert(event.seq, None);
             }
         }
         if event.prev != prev {
@@ -294,7 +380,7 @@ fn read_events<R: BufRead>(
         prev = Some(event.hash);
         events.push(event);
     }
-    Ok(events)
+    Ok((events, mismatched))
 }
 
 /// Whether `line` is a JSON object with a top-level member `key` (for better messages only).
@@ -377,30 +463,30 @@ fn decode_blob<R: BufRead>(
     index: &DigestMap<usize>,
 ) -> Result<ReadBlob, ImportError> {
     let digest = line.digest;
-    let (what, bytes, actual, names): (&str, Arc<[u8]>, Digest, _) = match line.body {
-        Body::Bytes { what, bytes, actual } => (what, bytes, actual, None),
+    let (what, held, actual, names): (&str, Held, Digest, _) = match line.body {
+        Body::Bytes { what, bytes, actual } => (what, Held::Bytes(bytes), actual, None),
         Body::BadBase64(e) => return Err(lines.malformed(format!("blob {digest}: bad base64: {e}"))),
         Body::Manifest(manifest) => {
+            let bad = |e: StoreError| lines.malformed(format!("blob {digest}: bad manifest: {e}"));
             let manifest = canonical_value(&manifest)
                 .map_err(|e| lines.malformed(format!("blob {digest}: bad manifest: {e}")))?;
-            let names = crate::manifest::references(&manifest)
-                .map_err(|e| lines.malformed(format!("blob {digest}: bad manifest: {e}")))?;
+            let names = manifest::references(&manifest).map_err(bad)?;
             if let Some(missing) = names.iter().find(|d| !index.contains_key(d)) {
                 let message = format!(
                     "the manifest of blob {digest} names blob {missing}, which no earlier line holds"
                 );
                 return Err(lines.verification(None, Some(digest), message));
             }
-            let lookup = |d: &Digest| index.get(d).map(|&i| &blobs[i].bytes[..]);
-            let bytes = crate::manifest::rebuild(&manifest, &lookup).map_err(|e| {
-                lines.verification(
-                    None,
-                    Some(digest),
-                    format!("blob {digest}: the manifest can't be rebuilt: {e}"),
-                )
-            })?;
-            let actual = Digest::of(&bytes);
-            ("manifest", bytes.into(), actual, Some(names))
+            let compact: Arc<[u8]> = Manifest::decode(&manifest).map_err(bad)?.encode().into();
+            let (actual, len) = manifest::digest_with(&compact, &mut TraceSource::new(blobs, index))
+                .map_err(|e| {
+                    lines.verification(
+                        None,
+                        Some(digest),
+                        format!("blob {digest}: the manifest can't be rebuilt: {e}"),
+                    )
+                })?;
+            ("manifest", Held::Manifest { compact, len }, actual, Some(names))
         }
         Body::NotOne => {
             let message = format!("blob {digest}: a blob line holds exactly one of text, base64 or manifest");
@@ -411,7 +497,7 @@ fn decode_blob<R: BufRead>(
         let message = format!("digest mismatch for blob {digest}: its {what} hashes to {actual}");
         return Err(lines.verification(None, Some(digest), message));
     }
-    Ok(ReadBlob { digest, bytes, names })
+    Ok(ReadBlob { digest, held, names })
 }
 
 /// Every blob an event references is present, and every blob is referenced.

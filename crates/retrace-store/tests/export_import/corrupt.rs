@@ -302,3 +302,32 @@ fn forced_imports_store_what_verify_then_names_but_never_what_the_store_cannot_h
     assert!(matches!(outcome, Err(ImportError::Verification { seq: Some(4), .. })), "{outcome:?}");
     assert!(store.runs().unwrap().is_empty(), "out-of-order seqs are never stored");
 }
+
+/// A run stored by a forced import of an edited file is not the genuine file's run, nor the
+/// other way round, though each event says the same hash: its content must give that hash on
+/// both sides. The same edited file forced in twice is the same run.
+#[test]
+fn an_edited_event_that_kept_its_hash_is_not_the_same_run_whichever_side_holds_it() {
+    let genuine = join(&good());
+    let mut lines = good();
+    lines[4] = lines[4].replace("\"agent_id\":\"reviewer\"", "\"agent_id\":\"reviewes\"");
+    let edited = join(&lines);
+    let conflict_at_4 = |outcome: Result<String, ImportError>, needle: &str| {
+        let err = outcome.unwrap_err();
+        check(&err, ImportErrorKind::Conflict, 1, &["seq 4", needle]);
+    };
+
+    let store = MemoryStore::new();
+    forced(&store, &edited).0.unwrap();
+    let opts = ImportOptions::default();
+    conflict_at_4(
+        import_reader(&store, &genuine[..], opts).map(|o| o.run_id().to_owned()),
+        "stored event's content",
+    );
+    let (again, _) = forced(&store, &edited);
+    assert_eq!(again.unwrap(), "01corrupt", "the same forced file again is the same run");
+
+    let store = MemoryStore::new();
+    import_reader(&store, &genuine[..], ImportOptions::default()).unwrap();
+    conflict_at_4(forced(&store, &edited).0, "file's event content");
+}
