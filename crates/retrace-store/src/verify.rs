@@ -1,13 +1,15 @@
-//! Checking a stored run: hash chain, dense seqs, blob digests, Lamport clocks and causality.
+//! Checking a stored run: hash chain, dense seqs, blob digests, Lamport clocks, causality, and
+//! that a finished recording's final decisions are its decision events.
 //!
 //! [`verify_run`] streams a run's events page by page, a fork's inherited ones included (a run of
 //! a million events is never loaded at once), and keeps only a few bytes per event for the
 //! causal checks. Every finding is a [`Problem`] that names the run, the seq or digest, and what
 //! is wrong; an empty list means the run is sound.
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use retrace_core::envelope::EventType;
+use retrace_core::run::{FinalDecision, RunMeta, RunMode, RunStatus};
 use retrace_core::{Digest, Event};
 use serde::Serialize;
 
@@ -42,6 +44,8 @@ pub enum ProblemKind {
     Head,
     /// Acknowledged events wait in an ack log that recovery could not apply.
     Unrecovered,
+    /// A finished recording's final decisions are not its agents' `decision` events.
+    Decisions,
 }
 
 /// One thing wrong with a stored run.
@@ -112,6 +116,8 @@ struct RunCheck<'a> {
     clocks: Vec<Option<u64>>,
     blobs: HashSet<Digest>,
     prev: Option<Digest>,
+    /// Each `decision` event's agent, action and target, in seq order.
+    decisions: Vec<FinalDecision>,
 }
 
 impl<'a> RunCheck<'a> {
@@ -125,6 +131,7 @@ impl<'a> RunCheck<'a> {
             clocks: Vec::new(),
             blobs: HashSet::new(),
             prev: None,
+            decisions: Vec::new(),
         }
     }
 
@@ -166,6 +173,13 @@ impl<'a> RunCheck<'a> {
                 self.problem(ProblemKind::Head, (last > 0).then_some(last), message);
             }
         }
+        self.final_decisions(&meta);
+    }
+
+    fn final_decisions(&mut self, meta: &RunMeta) {
+        if let Some(message) = decisions_disagree(meta, &self.decisions) {
+            self.problem(ProblemKind::Decisions, None, message);
+        }
     }
 
     fn event(&mut self, e: &Event, fork_at: Option<u64>) {
@@ -180,6 +194,14 @@ impl<'a> RunCheck<'a> {
         }
         self.chain(e);
         self.causality(e);
+        if let (EventType::Decision, Some(d)) = (e.kind, &e.decision) {
+            let decision = FinalDecision {
+                agent: e.agent_id.clone(),
+                action: d.action.clone(),
+                target: d.target.clone(),
+            };
+            self.decisions.push(decision);
+        }
         for digest in [e.request_ref, e.output_ref].into_iter().flatten() {
             self.blob(e.seq, digest);
         }
@@ -271,4 +293,49 @@ impl<'a> RunCheck<'a> {
         let message = format!("referenced by seq {seq}: {e}");
         self.problems.push(Problem { run, seq: Some(seq), digest: Some(digest), kind, message });
     }
+}
+
+/// Each agent's decisions (action, target), in order.
+type ByAgent<'a> = BTreeMap<&'a str, Vec<(&'a str, Option<&'a str>)>>;
+
+fn by_agent(all: &[FinalDecision]) -> ByAgent<'_> {
+    let mut by = ByAgent::new();
+    for d in all {
+        by.entry(d.agent.as_str()).or_default().push((d.action.as_str(), d.target.as_deref()));
+    }
+    by
+}
+
+/// The decision an event records, if it is a `decision` event.
+pub(crate) fn decision_of(e: &Event) -> Option<FinalDecision> {
+    let d = e.decision.as_ref().filter(|_| e.kind == EventType::Decision)?;
+    Some(FinalDecision { agent: e.agent_id.clone(), action: d.action.clone(), target: d.target.clone() })
+}
+
+/// Why `meta`'s final decisions are not the decisions its events `taken` (in seq order), if
+/// they are not. A recording or fork that finished `ok` took each decision of its header as a
+/// `decision` event: per agent, the same ones in the same order (agents interleave as they ran,
+/// so only each agent's order is compared, as replay does). Any other run is not judged: it
+/// may have taken a decision whose event was never stored, and a replay run holds no events.
+pub(crate) fn decisions_disagree(meta: &RunMeta, taken: &[FinalDecision]) -> Option<String> {
+    let finished = meta.status == RunStatus::Ok && matches!(meta.mode, RunMode::Record | RunMode::Fork);
+    if !finished {
+        return None;
+    }
+    let (header, events) = (by_agent(&meta.decisions), by_agent(taken));
+    let agents: BTreeSet<&str> = header.keys().chain(events.keys()).copied().collect();
+    let agent = agents.into_iter().find(|a| header.get(a) != events.get(a))?;
+    let show = |ds: Option<&Vec<(&str, Option<&str>)>>| {
+        let shown: Vec<String> = ds
+            .into_iter()
+            .flatten()
+            .map(|(action, target)| target.map_or_else(|| action.to_string(), |t| format!("{action} {t}")))
+            .collect();
+        format!("[{}]", shown.join(", "))
+    };
+    Some(format!(
+        "the run's final decisions of agent {agent} are {} but its decision events say {}",
+        show(header.get(agent)),
+        show(events.get(agent))
+    ))
 }

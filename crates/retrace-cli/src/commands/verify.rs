@@ -80,7 +80,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Some(_) => format!("run {}", runs[0]),
                 None => format!("{} runs", runs.len()),
             };
-            writeln!(out, "ok: {what}, {events} events: hash chain, blobs, seqs and clocks verified")?;
+            writeln!(
+                out,
+                "ok: {what}, {events} events: hash chain, blobs, seqs, clocks and decisions verified"
+            )?;
         }
     }
     match problems.len() {

@@ -254,6 +254,11 @@ fn read_body<'scope, 'env, R: BufRead>(
         return Err(lines.malformed(message));
     }
     check_references(lines, &header, &needed, &blobs, &index)?;
+    let taken: Vec<_> = events.iter().filter_map(crate::verify::decision_of).collect();
+    if let Some(message) = crate::verify::decisions_disagree(&header.run, &taken) {
+        let at = Location { file: lines.opts.file_name.clone(), line: 1 };
+        lines.forgive(ImportError::Verification { at, seq: None, digest: None, message })?;
+    }
     let last = events.last().map(|e| e.hash);
     if let Some(head) = header.run.head.filter(|head| Some(*head) != last) {
         let found = last.map_or("no events".to_owned(), |d| d.to_string());

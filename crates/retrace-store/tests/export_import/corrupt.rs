@@ -331,3 +331,34 @@ fn an_edited_event_that_kept_its_hash_is_not_the_same_run_whichever_side_holds_i
     import_reader(&store, &genuine[..], ImportOptions::default()).unwrap();
     conflict_at_4(forced(&store, &edited).0, "file's event content");
 }
+
+/// A header whose final decisions are not the run's decision events (the header is covered by
+/// no hash) is refused; forced in, `verify` names it.
+#[test]
+fn final_decisions_that_are_not_the_decision_events_are_refused_and_verify_names_them() {
+    let mut lines = good();
+    let mut first = header(&lines);
+    assert_eq!(first["run"]["decisions"][0]["action"], "approve", "the fixture decides");
+    first["run"]["decisions"][0]["action"] = "reject".into();
+    lines[0] = serde_json::to_string(&first).unwrap();
+    let err = refused(&join(&lines));
+    check(
+        &err,
+        ImportErrorKind::Verification,
+        1,
+        &[
+            "t.jsonl:1",
+            "final decisions of agent reviewer are [reject step:backfill]",
+            "say [approve step:backfill]",
+        ],
+    );
+
+    let store = MemoryStore::new();
+    let (outcome, forgiven) = forced(&store, &join(&lines));
+    assert_eq!(outcome.unwrap(), "01corrupt");
+    assert_eq!(forgiven.len(), 1, "{forgiven:?}");
+    let problems = retrace_store::verify::verify_run(&store, "01corrupt");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].kind, retrace_store::verify::ProblemKind::Decisions);
+    assert!(problems[0].message.contains("decision events say [approve step:backfill]"), "{problems:?}");
+}

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use retrace_core::envelope::{Decision, MessageRef, ModelRef, ToolClass, ToolRef};
-use retrace_core::run::{RunMeta, RunMode, RunStatus};
+use retrace_core::run::{FinalDecision, RunMeta, RunMode, RunStatus};
 use retrace_core::{Digest, Event, EventType};
 use retrace_store::export::export_run;
 use retrace_store::import::{import_reader, ImportError, ImportOptions, ImportOutcome};
@@ -90,6 +90,19 @@ impl Builder {
         meta.status = RunStatus::Ok;
         meta.finished_at_ms = Some(1_700_000_060_000);
         meta.head = self.events.last().map(|e| e.hash);
+        // As a recording's finish does: every decision taken, in order.
+        meta.decisions = self
+            .events
+            .iter()
+            .filter_map(|e| {
+                let d = e.decision.as_ref()?;
+                Some(FinalDecision {
+                    agent: e.agent_id.clone(),
+                    action: d.action.clone(),
+                    target: d.target.clone(),
+                })
+            })
+            .collect();
         Fixture { meta, events: self.events, blobs: self.blobs }
     }
 }
