@@ -65,6 +65,8 @@ pub const FORCED_LABEL: &str = "retrace.forced_import";
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stdin = args.file.as_os_str() == "-";
     let name = if stdin { "<stdin>".to_owned() } else { args.file.display().to_string() };
+    // How a hint names the input to import again: standard input is read anew.
+    let again = if stdin { "- < FILE".to_owned() } else { name.clone() };
     let (reader, size): (Box<dyn std::io::Read>, u64) = if stdin {
         (Box::new(std::io::stdin().lock()), 0)
     } else {
@@ -102,17 +104,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut failed = failure(e.exit_code(), &e);
             if let Some(f) = failed.downcast_mut::<exit::Failure>() {
                 f.hint = Some(format!(
-                    "`retrace import --force {name}` stores it anyway, for `retrace verify` to examine"
+                    "`retrace import --force {again}` stores it anyway, for `retrace verify` to examine"
                 ));
             }
             failed
         }
         // The imported run itself differs (not a fork's source, which other forks may need).
-        ImportError::HeaderConflict { ref run_id, .. } => replaceable(&e, run_id, &name),
+        ImportError::HeaderConflict { ref run_id, .. } => replaceable(&e, run_id, &again),
         ImportError::Conflict { ref run_id, ref detail, .. } if !detail.starts_with("the fork ") => {
-            replaceable(&e, run_id, &name)
+            replaceable(&e, run_id, &again)
         }
-        ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &name),
+        ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
         _ => failure(e.exit_code(), &e),
     })?;
     match outcome {
