@@ -38,6 +38,7 @@ mod fork_messaging;
 pub mod fork_sched;
 mod fork_step;
 pub mod http_model;
+pub mod log_end;
 pub mod masking;
 pub mod matcher;
 mod messaging;

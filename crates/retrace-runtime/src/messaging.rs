@@ -244,6 +244,12 @@ impl Agent {
                 if let Some(e) = log.failure() {
                     return Err(e.into());
                 }
+                if log.next_of(&self.id).is_none() && self.session.source_ended_early() {
+                    let d = crate::log_end::log_ended(self.id.clone(), log.last_seq())
+                        .step("recv")
+                        .detail("the agent waited for a message after its last recorded step");
+                    return Err(self.diverge(d));
+                }
                 let mut d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone()).step("recv");
                 d = match log.next_of(&self.id) {
                     Some(next) => d.detail(format!(

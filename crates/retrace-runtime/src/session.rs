@@ -220,6 +220,14 @@ impl Session {
         self.inner.run.lock().source_run.clone()
     }
 
+    /// In replay: whether the recorded run ends early, its recorder having died before it
+    /// finished (SPEC §7): past its last event the replay stops with `log_ended`.
+    pub(crate) fn source_ended_early(&self) -> bool {
+        let run = self.inner.run.lock();
+        run.labels.get(crate::log_end::SOURCE_STATUS_LABEL).map(String::as_str)
+            == Some(RunStatus::Interrupted.as_str())
+    }
+
     /// The store; `None` for a session of a daemon's run ([`Session::connect`]), whose store
     /// is the daemon's.
     pub fn store(&self) -> Option<&Arc<dyn Store>> {

@@ -11,7 +11,6 @@ use retrace_core::envelope::Usage;
 use retrace_core::json::{self, Json};
 use retrace_core::json_diff::first_difference_bytes;
 use retrace_core::mask::Masked;
-use retrace_core::run::RunStatus;
 use retrace_core::{Digest, Divergence, DivergenceCode, Event, EventType, Source};
 use retrace_store::{BlobHint, BlobPut, CacheEntry};
 use serde_json::Value;
@@ -566,8 +565,7 @@ impl Agent {
         if let Some(e) = log.failure() {
             return e.into();
         }
-        let interrupted = inner.run.lock().labels.get("source_status").map(String::as_str)
-            == Some(RunStatus::Interrupted.as_str());
+        let interrupted = self.session.source_ended_early();
         let d = match expected {
             Some(step) => {
                 let recorded = step.request_ref.and_then(|r| inner.store.get_blob(&r).ok());
@@ -590,11 +588,10 @@ impl Agent {
                 d
             }
             None if log.next_of(&self.id).is_none() && interrupted => {
-                Divergence::new(DivergenceCode::LogEnded, self.id.clone())
-                    .at(log.last_seq())
+                crate::log_end::log_ended(self.id.clone(), log.last_seq())
                     .step(label)
                     .keys(None, Some(prepared.key))
-                    .detail(format!("the recording ends at seq {}", log.last_seq()))
+                    .detail("the agent asked for this step after its last recorded one")
             }
             None => {
                 let d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone())

@@ -207,37 +207,37 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
 }
 
 /// The divergence of a replay that no session finished, if any: the recording ends early
-/// (`log_ended`, an interrupted source), or steps are left that the program never took. A
-/// recording with no step, replayed by a program that takes none, is no divergence.
+/// (`log_ended`, an interrupted source, as a session's `finish` reports it), or steps are left
+/// that the program never took. A recording with no step, replayed by a program that takes
+/// none, is no divergence.
 fn unfinished(
     store: &dyn retrace_store::Store,
     source: &RunMeta,
     status: i32,
 ) -> anyhow::Result<Option<Divergence>> {
     let recorded = store.last_seq(&source.id)?;
-    if source.status == RunStatus::Interrupted {
-        return Ok(Some(Divergence::new(DivergenceCode::LogEnded, "*").detail(format!(
-            "the recording ends at seq {recorded} (its recorder stopped before the run finished); \
-             the program exited with status {status}"
-        ))));
-    }
-    if recorded == 0 {
+    let ended_early = retrace_runtime::log_end::ends_early(source);
+    if recorded == 0 && !ended_early {
         return Ok(None);
     }
     // SPEC §7 names the first step left of each agent: as no session said which it had taken,
     // they are the agents' first recorded steps.
     let firsts = first_steps(store, &source.id)?;
-    let mut d = match firsts.first() {
-        Some(first) => Divergence::new(DivergenceCode::StepsLeft, first.agent_id.clone())
+    let mut d = match (ended_early, firsts.first()) {
+        (true, _) => retrace_runtime::log_end::log_ended("*", recorded)
+            .detail(format!("the program exited with status {status} before its Retrace session finished")),
+        (false, Some(first)) => Divergence::new(DivergenceCode::StepsLeft, first.agent_id.clone())
             .at(first.seq)
             .step(first.label())
             .keys(Some(first.key), None),
-        None => Divergence::new(DivergenceCode::StepsLeft, "*"),
+        (false, None) => Divergence::new(DivergenceCode::StepsLeft, "*"),
     };
-    d = d.detail(format!(
-        "the program exited with status {status} before its Retrace session finished, with steps \
-         of the recording's {recorded} events left (did it stop early, or end without `finish`?)"
-    ));
+    if !ended_early {
+        d = d.detail(format!(
+            "the program exited with status {status} before its Retrace session finished, with steps \
+             of the recording's {recorded} events left (did it stop early, or end without `finish`?)"
+        ));
+    }
     for e in &firsts {
         d = d.detail(format!(
             "agent {:?}: first unconsumed step is seq {} ({})",

@@ -6,7 +6,8 @@ impl Session {
     /// ends the run if it created it (a launcher ends the run it started, with the program's
     /// exit status), and returns the divergence the daemon found, if any. Record: flushes, stores status, final decisions and exit status. Replay:
     /// checks that every recorded step was consumed, that the final decisions and the exit status
-    /// match, stores the outcome, and returns the first divergence as an error.
+    /// match, stores the outcome, and returns the first divergence as an error. A replay of an
+    /// interrupted recording never ends matched: it ends with `log_ended` ([`crate::log_end`]).
     pub fn finish(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
         if self.inner.finished.swap(true, Ordering::SeqCst) {
             return Err(RuntimeError::Usage("the session was already finished".into()));
@@ -102,6 +103,19 @@ impl Session {
         let leftovers = log.leftovers();
         if log.failure().is_some() {
             return None;
+        }
+        if self.source_ended_early() {
+            // Nothing to compare the ending with: the recording holds no exit status or final
+            // decisions. Steps the program left are named, but the recording's end is the report,
+            // as it is when the program exits without finishing (`retrace replay`).
+            let mut d = crate::log_end::log_ended("*", log.last_seq());
+            for (agent, step) in &leftovers {
+                d = d.detail(format!(
+                    "agent {agent:?}: first unconsumed step is seq {} ({})",
+                    step.seq, step.label
+                ));
+            }
+            return Some(d);
         }
         if let Some((agent, first)) = leftovers.first() {
             let mut d = Divergence::new(DivergenceCode::StepsLeft, agent.clone())

@@ -1,5 +1,6 @@
 //! Opening sessions: record, replay, fork, off, and joining the run a launcher set up.
 use super::*;
+use crate::log_end::SOURCE_STATUS_LABEL;
 use crate::remote_session::{DaemonRun, RemoteRun};
 use crate::vaulting::Reveal;
 
@@ -78,7 +79,7 @@ impl Session {
         let inner = Arc::get_mut(&mut session.inner).expect("just built");
         inner.plan = plan.map(Arc::new);
         inner.reveal = reveal;
-        session.inner.run.lock().labels.insert("source_status".into(), source_meta.status.to_string());
+        session.inner.run.lock().labels.insert(SOURCE_STATUS_LABEL.into(), source_meta.status.to_string());
         Ok(session)
     }
 

@@ -2,6 +2,7 @@
 mod autonomy;
 mod fork;
 mod fork_props;
+mod interrupted;
 mod masking;
 mod messages;
 mod proxied;

@@ -1,6 +1,6 @@
 //! What a gate prints: one line per trace (with `hint:` lines under a divergence), a summary,
 //! the `--json` document and the `--junit` XML.
-use retrace_core::Divergence;
+use retrace_core::{Divergence, DivergenceCode};
 use serde_json::json;
 
 use super::job::{Outcome, Verdict};
@@ -39,11 +39,12 @@ pub fn trace_lines(o: &Outcome) -> String {
     out
 }
 
-/// `at seq N: agent A, expected KEY, got KEY, first differing path P`, or for a divergence
-/// that is not about one step, its code and first detail.
+/// `at seq N: agent A, expected KEY, got KEY, first differing path P` for a step that matched
+/// no recorded one, or for any other divergence (one that is not about two requests, such as a
+/// step asked for past an interrupted recording's end) its code and what it means.
 pub fn divergence_summary(d: &Divergence) -> String {
     let short = |k: &Option<retrace_core::Digest>| k.map_or("-".to_owned(), |k| k.short());
-    match (d.seq, d.got.is_some()) {
+    match (d.seq, d.got.is_some() && d.code == DivergenceCode::StepMismatch) {
         (Some(seq), true) => format!(
             "at seq {seq}: agent {}, expected {}, got {}, first differing path {}",
             d.agent,
