@@ -618,6 +618,61 @@ fn replaying_an_interrupted_recording_that_the_program_never_reaches_is_log_ende
     home.run(&["replay", RUN]).expect(1, &[], &["log_ended", "the recording ends at seq"]);
 }
 
+/// SPEC §7: an interrupted recording replays its events and then stops with `log_ended`, also
+/// when the program takes every recorded step and finishes: with no recorded outcome to compare
+/// the ending with, the replay is never "ok". `replay`, its `--json` and `gate` say the same.
+#[test]
+fn replaying_an_interrupted_recording_to_its_end_is_log_ended_in_replay_and_gate() {
+    let home = Home::new();
+    let recorded = home.run(&["demo", "single", "--runs", "1", "--replays", "0", "--json"]);
+    recorded.expect(0, &[], &[]);
+    let report: serde_json::Value = serde_json::from_str(&recorded.stdout()).unwrap();
+    let run = report["runs"][0]["recorded"].as_str().unwrap().to_owned();
+    // What a recorder killed mid-run leaves once the store is opened again: the run
+    // `interrupted`, with no exit status or final decisions.
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    let mut meta = store.run(&run).unwrap();
+    meta.status = retrace_core::run::RunStatus::Interrupted;
+    meta.exit_status = None;
+    meta.finished_at_ms = None;
+    meta.decisions.clear();
+    store.update_run(&meta).unwrap();
+    let last = store.last_seq(&run).unwrap();
+    drop(store);
+    let ends = format!("the recording ends at seq {last}");
+
+    let replayed = home.run(&["replay", &run, "--json"]);
+    replayed.expect(1, &[], &[&format!("divergence [log_ended] at seq {last}"), &ends]);
+    assert!(!replayed.stderr().contains("ok: every step matched"), "{}", replayed.stderr());
+    let outcome: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
+    let d = &outcome["divergence"];
+    assert_eq!((d["code"].as_str(), d["seq"].as_u64()), (Some("log_ended"), Some(last)), "{outcome}");
+    assert_eq!(outcome["status"], "diverged", "{outcome}");
+
+    let trace = home.file("interrupted.jsonl");
+    home.run(&["export", &run, "-o", trace.to_str().unwrap()]).expect(0, &[], &[]);
+    home.run(&["gate", trace.to_str().unwrap()]).expect(
+        1,
+        &["DIVERGED", &format!("at seq {last}: log_ended"), &ends],
+        &["1 of 1 traces diverged"],
+    );
+}
+
+#[test]
+fn demo_run_counts_start_at_one_and_json_follows_a_demo_s_name() {
+    let home = Home::new();
+    for args in [&["demo", "--runs", "0"][..], &["demo", "single", "--runs", "0"]] {
+        home.run(args).expect(2, &[], &["invalid value '0' for '--runs <RUNS>': want at least 1 run"]);
+    }
+    // Refused before anything ran: not even a store was made.
+    home.run(&["runs"]).expect(2, &[], &["nothing has been recorded there"]);
+    let single = home.run(&["demo", "single", "--runs", "1", "--replays", "1", "--json"]);
+    single.expect(0, &[], &[]);
+    let report: serde_json::Value = serde_json::from_str(&single.stdout()).unwrap();
+    assert_eq!(report["runs"].as_array().map(Vec::len), Some(1), "{report}");
+    assert_eq!(report["runs"][0]["live_calls_replayed"], 0, "{report}");
+}
+
 #[test]
 fn bad_arguments_are_named_before_anything_runs() {
     let home = Home::with(&conversation(RUN, 1));

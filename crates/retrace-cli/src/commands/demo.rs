@@ -58,7 +58,7 @@ recorded, replays exactly.",
 pub struct Args {
     /// How many runs to record under chaos (at least 1); more, up to 8 times as many, while none
     /// has gone wrong.
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 12, value_parser = at_least_one)]
     runs: usize,
     /// Seed of the chaos scheduler and the model simulator.
     #[arg(long, default_value_t = 7)]
@@ -69,8 +69,8 @@ pub struct Args {
     /// Call this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of the simulator.
     #[arg(long, value_name = "URL")]
     upstream_openai: Option<String>,
-    /// Print the outcome as JSON.
-    #[arg(long)]
+    /// Print the outcome as JSON (for `single` and `pipeline` too, before or after their name).
+    #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     program: Option<Program>,
@@ -80,8 +80,8 @@ pub struct Args {
 enum Program {
     /// The single-agent demo: every kind of step, recorded and replayed exactly.
     Single {
-        /// How many runs to record.
-        #[arg(long, default_value_t = 3)]
+        /// How many runs to record (at least 1).
+        #[arg(long, default_value_t = 3, value_parser = at_least_one)]
         runs: usize,
         /// Seed of the model simulator.
         #[arg(long, default_value_t = 7)]
@@ -102,9 +102,6 @@ enum Program {
         /// Call this OpenAI-compatible server instead of the simulator.
         #[arg(long, value_name = "URL")]
         upstream_openai: Option<String>,
-        /// Print the outcome as JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Run one demo program under the session named by the environment (RETRACE_MODE,
     /// RETRACE_RUN, RETRACE_HOME): what `retrace replay RUN` re-runs.
@@ -127,6 +124,16 @@ enum Program {
     },
 }
 
+/// A count of runs, at least 1: zero would ask for nothing to show (the trio would still record
+/// its plain runs and up to 8 chaos runs), so it is refused as a usage error (exit 2).
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("want at least 1 run".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("want a whole number of runs, at least 1".into()),
+    }
+}
+
 /// Runs the demo.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -138,8 +145,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .block_on(run_program(&name, seed, (!no_chaos).then_some(seed), upstream_openai))
             .map_err(reported_by_launcher),
         Some(Program::Single { runs, seed, replays }) => single(runs, seed, replays, args.json),
-        Some(Program::Pipeline { seed, upstream_openai, json }) => {
-            rt.block_on(pipeline::demo(seed, upstream_openai, json || args.json))
+        Some(Program::Pipeline { seed, upstream_openai }) => {
+            rt.block_on(pipeline::demo(seed, upstream_openai, args.json))
         }
         None => rt.block_on(trio_demo(args)),
     }

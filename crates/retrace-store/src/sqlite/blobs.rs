@@ -518,13 +518,13 @@ fn checked(
     let (kind, size, data, packed) = row.ok_or_else(|| StoreError::not_found(format!("no blob {digest}")))?;
     let size = usize::try_from(size).map_err(|_| bad_row(digest))?;
     let (bytes, from) = match (kind, data) {
-        (KIND_INLINE, Value::Blob(bytes)) => (bytes, "its stored bytes".to_string()),
+        (KIND_INLINE, Value::Blob(bytes)) => (bytes, "its stored content".to_string()),
         (KIND_PACKED, Value::Integer(location)) => {
             let bytes = match packed {
                 Some(bytes) if bytes.len() == size => bytes,
                 _ => pack::read(conn, location, size, &digest.to_string())?,
             };
-            (bytes, "its stored bytes".to_string())
+            (bytes, "its stored content".to_string())
         }
         (KIND_FILE, Value::Text(relative)) => {
             let (bytes, path) = files.read(digest, &relative)?;
