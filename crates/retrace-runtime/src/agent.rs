@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use retrace_core::canonical::canonical_value;
 use retrace_core::envelope::{Decision, ModelRef, ToolClass, ToolRef, Usage};
+use retrace_core::mask::Masker;
 use retrace_core::run::FinalDecision;
 use retrace_core::{Event, EventType};
 use serde::de::DeserializeOwned;
@@ -350,15 +352,15 @@ impl Agent {
             let body = json!({ "action": action, "target": target });
             return remote.post_blocking(&self.id, "decide", &body).map(drop);
         }
+        let request = json!({ "action": action, "target": target });
+        // The event and the run's final decisions hold the decision as its request is stored:
+        // masked (a target may name a person, or hold a key). Replay masks its own the same way.
+        let (action, target) = masked_decision(&self.session.inner.masker, &request)?;
         let mut template = self.event(EventType::Decision, None);
-        template.decision = Some(Decision { action: action.into(), target: target.map(str::to_owned) });
-        let input = StepInput::new(template, json!({ "action": action, "target": target })).no_output();
+        template.decision = Some(Decision { action: action.clone(), target: target.clone() });
+        let input = StepInput::new(template, request).no_output();
         self.run_step(input, || Ok(LiveOutput::none()))?;
-        self.session.inner.decisions.lock().push(FinalDecision {
-            agent: self.id.clone(),
-            action: action.into(),
-            target: target.map(str::to_owned),
-        });
+        self.session.inner.decisions.lock().push(FinalDecision { agent: self.id.clone(), action, target });
         Ok(())
     }
 
@@ -475,4 +477,19 @@ fn holds_null(v: &Value) -> bool {
         Value::Object(fields) => fields.values().any(holds_null),
         _ => false,
     }
+}
+
+/// The action and target of a decision's `request` (`{"action", "target"}`) as the masking
+/// stage stores them.
+fn masked_decision(masker: &Masker, request: &Value) -> RuntimeResult<(String, Option<String>)> {
+    let field = |v: &Value, name: &str| v.get(name).and_then(Value::as_str).map(str::to_owned);
+    let masked = if masker.would_mask_value(request) {
+        let canonical =
+            canonical_value(request).map_err(|e| RuntimeError::Usage(format!("decision: {e}")))?;
+        let masked = masker.mask_json(&canonical);
+        serde_json::from_slice(&masked.bytes).expect("masking keeps JSON valid")
+    } else {
+        request.clone()
+    };
+    Ok((field(&masked, "action").unwrap_or_default(), field(&masked, "target")))
 }

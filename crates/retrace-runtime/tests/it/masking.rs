@@ -1,5 +1,5 @@
 //! Masking of recorded outputs: a proxied model call's stream document is stored masked per
-//! output part, with its chunks and their times as they came.
+//! output part, with its chunks and their times as they came; a decision is stored masked.
 use std::sync::Arc;
 
 use retrace_core::http_doc::{layout, BodySpan};
@@ -63,4 +63,45 @@ async fn a_secret_split_across_stream_chunks_is_stored_masked() {
     for fragment in ["Zq7", "Wx", "Vq9", "Jk.io"] {
         assert!(!String::from_utf8_lossy(&stored).contains(fragment), "{fragment} stored");
     }
+}
+
+/// A decision's target is the program's data (it may name a person, or hold a key): the
+/// decision event and the run's final decisions hold it masked, as its request is, and a
+/// replay taking the same decision matches them.
+#[test]
+fn a_decision_is_stored_masked_and_replays_matched() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let key = MaskKey::from_bytes([6; 32]);
+    let rules = MaskRules {
+        rules: vec![MaskRule {
+            name: "canary".into(),
+            kind: "secret".into(),
+            matcher: RuleMatch::Literal { value: SECRET.into() },
+            replay: ReplayAs::Token,
+        }],
+    };
+    let options =
+        || SessionOptions { mask_rules: rules.clone(), mask_key: Some(key.clone()), ..Default::default() };
+    let target = format!("rotate:{SECRET}");
+    let s = Session::record(store.clone(), options()).unwrap();
+    s.agent("ops").decide("approve", Some(&target)).unwrap();
+    s.finish(Outcome::default()).unwrap();
+    let run = s.run_id();
+
+    let masked = format!("rotate:{}", key.token("secret", SECRET));
+    let events = store.events(&run, 1, 10).unwrap();
+    let decision = events.iter().find_map(|e| e.decision.clone()).expect("a decision event");
+    assert_eq!(decision.target.as_deref(), Some(masked.as_str()));
+    let meta = store.run(&run).unwrap();
+    assert_eq!(meta.decisions.len(), 1);
+    assert_eq!(meta.decisions[0].target.as_deref(), Some(masked.as_str()));
+    assert!(meta.holds_tokens, "the run says it holds a token");
+    assert_eq!(retrace_store::verify::verify_run(&*store, &run), vec![]);
+
+    let r = Session::replay(store.clone(), &run, options()).unwrap();
+    r.agent("ops").decide("approve", Some(&target)).unwrap();
+    r.finish(Outcome::default()).expect("the same decision replays matched");
+    let r = Session::replay(store.clone(), &run, options()).unwrap();
+    let other = r.agent("ops").decide("approve", Some("rotate:another"));
+    assert!(other.is_err() || r.finish(Outcome::default()).is_err(), "another target diverges");
 }
