@@ -179,6 +179,9 @@ pub struct ChangedStep {
     /// A unified line diff of the two outputs (of the two requests when neither step has an
     /// output), at most [`DiffOptions::max_diff_lines`] lines; `None` when there is nothing to read.
     pub diff: Option<String>,
+    /// When both steps have outputs and their requests differ too: the diff of the requests,
+    /// what made the outputs differ (a changed prompt, say), in the same form as `diff`.
+    pub request_diff: Option<String>,
 }
 
 /// A step only one run has.
@@ -314,12 +317,19 @@ fn changed_step(store: &dyn Store, names: &Names, x: &Step, y: &Step, options: &
     } else {
         ("request", x.request_ref, y.request_ref)
     };
-    let diff = (blob_a != blob_b).then(|| {
-        let (title_a, title_b) = (format!("A seq {} {what}", x.seq), format!("B seq {} {what}", y.seq));
-        let a = text::Side { title: &title_a, blob: blob_a };
-        let b = text::Side { title: &title_b, blob: blob_b };
-        text::diff_blobs(store, a, b, options.max_diff_lines)
-    });
+    let diff_of = |what: &str, blob_a: Option<Digest>, blob_b: Option<Digest>| {
+        (blob_a != blob_b).then(|| {
+            let (title_a, title_b) = (format!("A seq {} {what}", x.seq), format!("B seq {} {what}", y.seq));
+            let a = text::Side { title: &title_a, blob: blob_a };
+            let b = text::Side { title: &title_b, blob: blob_b };
+            text::diff_blobs(store, a, b, options.max_diff_lines)
+        })
+    };
+    let diff = diff_of(what, blob_a, blob_b);
+    let request_diff = match what {
+        "output" => diff_of("request", x.request_ref, y.request_ref),
+        _ => None,
+    };
     ChangedStep {
         seq_a: x.seq,
         seq_b: y.seq,
@@ -329,6 +339,7 @@ fn changed_step(store: &dyn Store, names: &Names, x: &Step, y: &Step, options: &
         output_a: x.output_hash,
         output_b: y.output_hash,
         diff,
+        request_diff,
     }
 }
 

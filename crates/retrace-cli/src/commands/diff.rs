@@ -173,7 +173,8 @@ fn changed_section(d: &RunDiff, out: &mut String) {
     }
     for (line, c) in lines.zip(&d.changed) {
         out.push_str(&format!("  {line}\n"));
-        for diff_line in c.diff.iter().flat_map(|text| text.lines()) {
+        // What was asked differently first, then what came back differently.
+        for diff_line in c.request_diff.iter().chain(&c.diff).flat_map(|text| text.lines()) {
             out.push_str(&format!("      {diff_line}\n"));
         }
     }
