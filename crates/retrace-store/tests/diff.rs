@@ -31,6 +31,12 @@ fn parse(run: &str, first: u64, lines: &str) -> (Vec<Event>, Vec<BlobPut>) {
         for word in &words[4..] {
             match word.split_at(1) {
                 ("@", origin) => e.origin_seq = Some(origin.parse().unwrap()),
+                ("?", prompt) => {
+                    let blob =
+                        BlobPut::new(format!(r#"{{"prompt":"{prompt}"}}"#).into_bytes(), BlobHint::Raw);
+                    e.request_ref = Some(blob.digest());
+                    blobs.push(blob);
+                }
                 ("$", usage) => {
                     let parts: Vec<&str> = usage.split('/').collect();
                     let (input_tokens, output_tokens) =
@@ -463,4 +469,27 @@ fn two_runs_of_100k_events() {
     let inherited = diff.b.inherited.as_ref().unwrap();
     assert_eq!((inherited.steps, inherited.input_tokens), (AT - 1, 10 * (AT - 1)));
     assert!(diff.decisions.is_empty());
+}
+
+#[test]
+fn a_changed_step_whose_request_changed_too_shows_the_request_diff_first() {
+    let store = MemoryStore::new();
+    commit(&store, recording("a", 10), "x model_call:m k1 one ?hello\nx tool_call:t k2 two ?same");
+    commit(&store, recording("b", 20), "x model_call:m k9 uno ?hola\nx tool_call:t k2 dos ?same");
+    let diff = diff_runs(&store, "a", "b", &DiffOptions::default()).unwrap();
+    assert_eq!(diff.counts.changed, 2);
+    expect![[r#"
+        --- A seq 1 request
+        +++ B seq 1 request
+        @@ -1,3 +1,3 @@
+         {
+        -  "prompt": "hello"
+        +  "prompt": "hola"
+         }
+    "#]]
+    .assert_eq(diff.changed[0].request_diff.as_deref().unwrap());
+    assert!(diff.changed[0].diff.as_deref().unwrap().contains("+  \"out\": \"uno\""));
+    assert_eq!(diff.changed[1].request_diff, None, "the same request: only the output differs");
+    let json = serde_json::to_value(&diff).unwrap();
+    assert!(json["changed"][0]["request_diff"].as_str().unwrap().contains("hola"));
 }
