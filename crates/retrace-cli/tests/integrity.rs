@@ -293,3 +293,27 @@ fn a_run_whose_ack_log_cant_be_recovered_is_flagged_by_runs_and_verify() {
     assert!(why.contains("acklog") && why.contains("could not apply"), "{why}");
     home.run(&["verify", run]).expect(1, &["acklog"], &[]);
 }
+
+/// A replay whose recording can't be read (two of its output blobs swapped in the database)
+/// judges nothing: it is an error naming the run to verify (exit 2), never "ok" and never an
+/// exit-status divergence made of the program's reaction to the failure.
+#[test]
+fn a_replay_that_cannot_read_its_recording_fails_naming_the_run() {
+    let home = Home::new();
+    home.run(&["demo", "single", "--runs", "1"]).expect(0, &[], &[]);
+    let runs: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
+    let runs = runs.as_array().or_else(|| runs["runs"].as_array()).unwrap().clone();
+    let recorded =
+        runs.iter().find(|r| r["mode"] == "record").expect("a recording")["id"].as_str().unwrap().to_owned();
+    let outputs: Vec<Digest> = {
+        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+        let events = store.events(&recorded, 1, 1000).unwrap();
+        let mut outputs: Vec<Digest> = events.iter().filter_map(|e| e.output_ref).collect();
+        outputs.dedup();
+        outputs
+    };
+    assert!(outputs.len() >= 2, "the demo's steps have outputs");
+    swap_blob_rows(&home.db(), &outputs[0], &outputs[1]);
+    let verify = format!("retrace verify {recorded}");
+    home.run(&["replay", &recorded]).expect(2, &[], &["could not be read to its end", &verify]);
+}

@@ -183,7 +183,7 @@ impl Agent {
                 // Read and verified ahead by the log's reader, as stored.
                 let document = match step.output.take() {
                     Some(Prefetched::Bytes(bytes)) => inner.for_program(bytes)?,
-                    _ => inner.for_program(inner.store.get_blob(&output_ref)?)?,
+                    _ => inner.recorded_output(&output_ref)?,
                 };
                 Ok(HttpModelReply { document, source: Source::Recorded })
             }

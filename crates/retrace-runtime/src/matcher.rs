@@ -349,6 +349,13 @@ impl RecordedLog {
         self.loaded.lock().failure.clone()
     }
 
+    /// A step could not read what the recording holds for it (a blob that fails its digest, a
+    /// read error): the replay fails as when the run can't be read to its end (the first
+    /// failure is kept).
+    pub fn fail(&self, e: StoreError) {
+        self.loaded.lock().failure.get_or_insert(e);
+    }
+
     /// Consumes `agent`'s earliest unconsumed step with `key`.
     pub fn take(&self, agent: &str, key: &Digest) -> Option<RecordedStep> {
         self.with(|l| {

@@ -182,6 +182,22 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// A replay step's recorded output, as the program gets it ([`Inner::for_program`]). A
+    /// store that can't serve it fails the replay ([`crate::matcher::RecordedLog::fail`]): the
+    /// session ends `failed`, judging nothing, rather than as a divergence made of whatever
+    /// the program did about the error.
+    pub(crate) fn recorded_output(&self, digest: &retrace_core::Digest) -> RuntimeResult<Vec<u8>> {
+        match self.store.get_blob(digest) {
+            Ok(bytes) => self.for_program(bytes),
+            Err(e) => {
+                if let Some(scheduler) = &self.scheduler {
+                    scheduler.log().fail(e.clone());
+                }
+                Err(e.into())
+            }
+        }
+    }
+
     /// Recorded bytes as the program gets them: with originals where a rule says
     /// `replay = "original"` (replay and fork), else as stored.
     pub(crate) fn for_program(&self, bytes: Vec<u8>) -> RuntimeResult<Vec<u8>> {

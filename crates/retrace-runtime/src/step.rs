@@ -539,7 +539,7 @@ impl Agent {
         let bytes = match step.output.take() {
             Some(Prefetched::Value(value)) => return Ok((value, step)),
             Some(Prefetched::Bytes(bytes)) => inner.for_program(bytes)?,
-            None => inner.for_program(inner.store.get_blob(&output_ref)?)?,
+            None => inner.recorded_output(&output_ref)?,
         };
         let value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),

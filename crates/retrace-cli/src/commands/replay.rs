@@ -203,6 +203,19 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     }
     daemon.stop();
     let outcome = conclude(store.as_ref(), &id, &source, status)?;
+    if outcome.status == RunStatus::Failed && outcome.divergence.is_none() {
+        // The session could not serve the recording (a blob that fails its digest, a read
+        // error): nothing was judged, so this is neither a match nor a divergence.
+        return Err(crate::exit::Failure {
+            code: 2,
+            message: format!(
+                "replay {id} of {} failed: its recording could not be read to its end",
+                source.id
+            ),
+            hint: Some(format!("`retrace verify {}` says what is wrong with the stored run", source.id)),
+        }
+        .into());
+    }
     Ok(Replayed { id, source, outcome, exit_status: status, program_seconds })
 }
 
@@ -274,7 +287,9 @@ fn conclude(
 ) -> anyhow::Result<RunMeta> {
     let mut meta = store.run(id)?;
     meta.exit_status = Some(status);
-    if meta.divergence.is_none() {
+    // `failed`: the session could not read the recording; the program's exit status then says
+    // nothing about the replay.
+    if meta.divergence.is_none() && meta.status != RunStatus::Failed {
         // Still `running`: no session of the program finished the replay (none took a step
         // through Retrace, or one stopped before `finish`).
         let unfinished = match meta.status == RunStatus::Running {
