@@ -162,7 +162,8 @@ pub fn runtime_failure(e: &RuntimeError, app: &AppState, run: &str) -> Response 
             fail(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_failed",
-                format!("the step could not be recorded: {s}"),
+                // Recording fails closed; a replay can't serve the step from its recording.
+                format!("the store failed at this step (the run is marked failed): {s}"),
             )
         }
         other => fail(StatusCode::BAD_REQUEST, "bad_step", other),
