@@ -10,7 +10,9 @@
 //! run's earliest leftover step of the same type and name. Deliveries pair per agent in order.
 //!
 //! **Same or changed.** A pair is the same when the output hashes are equal, or when neither
-//! step has an output and the keys are equal; else it is changed. Hashes are compared first:
+//! step has an output and the keys are equal; else it is changed. A delivery's key names only
+//! its sender, so a pair of deliveries is the same only if the sends they carry are aligned
+//! with each other and the same as well (or are one inherited send). Hashes are compared first:
 //! output blobs are read only for the changed steps shown, to print a short line diff.
 //!
 //! **Cost.** A run's cost is the usage of its own events whose output came from a live call;
@@ -25,9 +27,11 @@ mod load;
 mod outcome;
 mod text;
 
+use std::collections::HashMap;
+
 use retrace_core::envelope::Usage;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
-use retrace_core::Digest;
+use retrace_core::{Digest, EventType};
 use serde::Serialize;
 
 use self::align::Aligned;
@@ -177,7 +181,7 @@ pub struct ChangedStep {
     /// B's output hash.
     pub output_b: Option<Digest>,
     /// A unified line diff of the two outputs (of the two requests when neither step has an
-    /// output), at most [`DiffOptions::max_diff_lines`] lines; `None` when there is nothing to read.
+    /// output; of the sends' requests, the messages, for two deliveries), at most [`DiffOptions::max_diff_lines`] lines; `None` when there is nothing to read.
     pub diff: Option<String>,
     /// When both steps have outputs and their requests differ too: the diff of the requests,
     /// what made the outputs differ (a changed prompt, say), in the same form as `diff`.
@@ -252,10 +256,11 @@ pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> 
             (&other, &source, only_other, only_source)
         }
     };
+    let messages = Messages { a: run_a, b: run_b, inherited, b_of: pairs.iter().copied().collect() };
     let (mut same, mut changed) = (inherited, Vec::new());
     for (seq_a, seq_b) in pairs {
         match (run_a.step(seq_a), run_b.step(seq_b)) {
-            (Some(x), Some(y)) if x.same_as(y) => same += 1,
+            (Some(x), Some(y)) if x.same_as(y) && messages.same(x, y) => same += 1,
             (Some(x), Some(y)) => changed.push((x, y)),
             _ => unreachable!("aligned seqs are loaded"),
         }
@@ -273,8 +278,11 @@ pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> 
             .map(|s| LoneStep { seq: s.seq, agent: names.name(s.agent).to_owned(), label: s.label(&names) })
             .collect()
     };
-    let changed =
-        changed.iter().take(options.limit).map(|(x, y)| changed_step(store, &names, x, y, options)).collect();
+    let changed = changed
+        .iter()
+        .take(options.limit)
+        .map(|(x, y)| changed_step(store, &names, &messages, x, y, options))
+        .collect();
     let (fork_a, fork_b) = match (alignment.fork_at, alignment.source) {
         (Some(at), Which::A) => (None, Some(at)),
         (Some(at), Which::B) => (Some(at), None),
@@ -309,11 +317,61 @@ fn choose_alignment(a: &RunMeta, b: &RunMeta) -> Alignment {
     Alignment { by: AlignedBy::Pairing, source: older, fork_at: None }
 }
 
-/// A changed pair, with the diff of its outputs (or requests, when neither has an output).
-fn changed_step(store: &dyn Store, names: &Names, x: &Step, y: &Step, options: &DiffOptions) -> ChangedStep {
+/// The messages deliveries carry: a delivery holds only who sent it, so a pair of deliveries
+/// is the same only when the sends they carry correspond and are the same too.
+struct Messages<'a> {
+    a: &'a Loaded,
+    b: &'a Loaded,
+    /// Seqs up to this are a fork's inherited events: the same steps in both runs.
+    inherited: u64,
+    /// B's seq of each aligned step of A.
+    b_of: HashMap<u64, u64>,
+}
+
+impl Messages<'_> {
+    /// Whether `x` (of A) and `y` (of B) carry the same message, or are not deliveries.
+    fn same(&self, x: &Step, y: &Step) -> bool {
+        if x.kind != EventType::Deliver || y.kind != EventType::Deliver {
+            return true;
+        }
+        match (x.causal_parent, y.causal_parent) {
+            (None, None) => true,
+            (Some(p), Some(q)) if p == q && p <= self.inherited => true,
+            (Some(p), Some(q)) if self.b_of.get(&p) == Some(&q) => {
+                matches!(self.sends(x, y), (Some(s), Some(t)) if s.same_as(t))
+            }
+            _ => false,
+        }
+    }
+
+    /// The sends deliveries `x` (of A) and `y` (of B) carry, where loaded (a fork is loaded from
+    /// its fork point: what it inherits is read from its source).
+    fn sends(&self, x: &Step, y: &Step) -> (Option<&Step>, Option<&Step>) {
+        (self.send(self.a, self.b, x.causal_parent), self.send(self.b, self.a, y.causal_parent))
+    }
+
+    fn send<'r>(&self, run: &'r Loaded, other: &'r Loaded, seq: Option<u64>) -> Option<&'r Step> {
+        let seq = seq?;
+        run.step(seq).or_else(|| other.step(seq).filter(|_| seq <= self.inherited))
+    }
+}
+
+/// A changed pair, with the diff of its outputs (or requests, when neither has an output; or,
+/// for deliveries, of the messages they carry).
+fn changed_step(
+    store: &dyn Store,
+    names: &Names,
+    messages: &Messages<'_>,
+    x: &Step,
+    y: &Step,
+    options: &DiffOptions,
+) -> ChangedStep {
     let has_output = |s: &Step| s.output_hash.is_some() || s.output_ref.is_some();
     let (what, blob_a, blob_b) = if has_output(x) || has_output(y) {
         ("output", x.output_ref, y.output_ref)
+    } else if x.kind == EventType::Deliver && y.kind == EventType::Deliver {
+        let (s, t) = messages.sends(x, y);
+        ("message", s.and_then(|s| s.request_ref), t.and_then(|t| t.request_ref))
     } else {
         ("request", x.request_ref, y.request_ref)
     };

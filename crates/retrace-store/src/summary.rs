@@ -15,6 +15,8 @@ pub struct EventSummary {
     pub kind: EventType,
     /// The step's name.
     pub name: Option<String>,
+    /// The seq of the step this one answers (a delivery's send).
+    pub causal_parent: Option<u64>,
     /// Digest of the canonical request.
     pub key: Digest,
     /// Blob of the masked request.
@@ -40,6 +42,7 @@ impl From<Event> for EventSummary {
             agent_id: e.agent_id,
             kind: e.kind,
             name: e.name,
+            causal_parent: e.causal_parent,
             key: e.key,
             request_ref: e.request_ref,
             output_ref: e.output_ref,

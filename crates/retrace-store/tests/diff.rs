@@ -12,8 +12,9 @@ use retrace_store::diff::{diff_runs, Counts, DiffOptions, RunDiff, Tokens};
 use retrace_store::memory::MemoryStore;
 use retrace_store::{Batch, BlobHint, BlobPut, EventStore, Store, StoreErrorKind};
 
-/// One event per line: `AGENT TYPE[:NAME] KEY OUTPUT [@ORIGIN] [rec|hit|dry] [$IN/OUT/COST]
-/// [!ACTION:TARGET]`; OUTPUT `-` for none, else the output is `{"out":"OUTPUT"}`.
+/// One event per line: `AGENT TYPE[:NAME] KEY OUTPUT [@ORIGIN] [^PARENT] [?PROMPT] [rec|hit|dry]
+/// [$IN/OUT/COST] [!ACTION:TARGET]`; OUTPUT `-` for none, else the output is `{"out":"OUTPUT"}`;
+/// PROMPT makes the request `{"prompt":"PROMPT"}`.
 fn parse(run: &str, first: u64, lines: &str) -> (Vec<Event>, Vec<BlobPut>) {
     let (mut events, mut blobs) = (Vec::new(), Vec::new());
     for (i, line) in lines.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {
@@ -31,6 +32,7 @@ fn parse(run: &str, first: u64, lines: &str) -> (Vec<Event>, Vec<BlobPut>) {
         for word in &words[4..] {
             match word.split_at(1) {
                 ("@", origin) => e.origin_seq = Some(origin.parse().unwrap()),
+                ("^", parent) => e.causal_parent = Some(parent.parse().unwrap()),
                 ("?", prompt) => {
                     let blob =
                         BlobPut::new(format!(r#"{{"prompt":"{prompt}"}}"#).into_bytes(), BlobHint::Raw);
@@ -492,4 +494,89 @@ fn a_changed_step_whose_request_changed_too_shows_the_request_diff_first() {
     assert_eq!(diff.changed[1].request_diff, None, "the same request: only the output differs");
     let json = serde_json::to_value(&diff).unwrap();
     assert!(json["changed"][0]["request_diff"].as_str().unwrap().contains("hola"));
+}
+
+/// A delivery's key names only its sender: one that carries a changed message is changed, and
+/// shows the message diff; one that carries the same send (inherited, or aligned and the same) is
+/// the same.
+#[test]
+fn a_delivery_is_changed_when_the_message_it_carries_changed() {
+    let store = MemoryStore::new();
+    let source = "
+        planner send:reviewer s1 - ?hello
+        reviewer deliver:planner d1 - ^1
+        planner send:reviewer s2 - ?again
+        reviewer deliver:planner d2 - ^3
+        reviewer model_call:gpt m1 v1";
+    commit(&store, recording("src", 10), source);
+    let edited = "
+        planner send:reviewer s2x - ?changed @3
+        reviewer deliver:planner d2 - ^3 @4
+        reviewer model_call:gpt m1 v1 @5";
+    commit(&store, fork("edited", "src", 3, 20), edited);
+    check(
+        &store,
+        "src",
+        "edited",
+        expect![[r#"
+            by OriginSeq, source A, fork at Some(3)
+            same 3 changed 2 only_in_a 0 only_in_b 0
+            changed a3 b3 planner send reviewer
+            changed a4 b4 reviewer deliver planner
+            a live 0 steps 0/0 -
+            b live 0 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
+        "#]],
+    );
+    let diff = diff_runs(&store, "src", "edited", &DiffOptions::default()).unwrap();
+    expect![[r#"
+        --- A seq 4 message
+        +++ B seq 4 message
+        @@ -1,3 +1,3 @@
+         {
+        -  "prompt": "again"
+        +  "prompt": "changed"
+         }
+    "#]]
+    .assert_eq(diff.changed[1].diff.as_deref().unwrap());
+
+    // The same messages: one inherited send (seq 1), one re-sent the same (seq 3).
+    let rerun = "
+        reviewer deliver:planner d1 - ^1 @2
+        planner send:reviewer s2 - ?again @3
+        reviewer deliver:planner d2 - ^3 @4
+        reviewer model_call:gpt m1 v1 @5";
+    commit(&store, fork("rerun", "src", 2, 30), rerun);
+    check(
+        &store,
+        "src",
+        "rerun",
+        expect![[r#"
+            by OriginSeq, source A, fork at Some(2)
+            same 5 changed 0 only_in_a 0 only_in_b 0
+            a live 0 steps 0/0 -
+            b live 0 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
+        "#]],
+    );
+
+    // Unrelated runs pair sends by name and deliveries in order: the same verdict.
+    let recorded_again = "
+        planner send:reviewer s1 - ?hello
+        reviewer deliver:planner d1 - ^1
+        planner send:reviewer s2x - ?changed
+        reviewer deliver:planner d2 - ^3
+        reviewer model_call:gpt m1 v1";
+    commit(&store, recording("again", 40), recorded_again);
+    check(
+        &store,
+        "src",
+        "again",
+        expect![[r#"
+            by Pairing, source A, fork at None
+            same 3 changed 2 only_in_a 0 only_in_b 0
+            changed a3 b3 planner send reviewer
+            changed a4 b4 reviewer deliver planner
+            a live 0 steps 0/0 -
+            b live 0 steps 0/0 -
+        "#]],
+    );
 }

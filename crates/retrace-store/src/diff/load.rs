@@ -40,6 +40,8 @@ pub(super) struct Step {
     pub(super) kind: EventType,
     /// The step's name, if any.
     pub(super) name: Option<u32>,
+    /// A delivery's send.
+    pub(super) causal_parent: Option<u64>,
     pub(super) key: Digest,
     pub(super) request_ref: Option<Digest>,
     pub(super) output_ref: Option<Digest>,
@@ -156,6 +158,7 @@ impl Loaded {
             agent,
             kind: event.kind,
             name: event.name.as_deref().map(|n| names.id(n)),
+            causal_parent: event.causal_parent,
             key: event.key,
             request_ref: event.request_ref,
             output_ref: event.output_ref,

@@ -41,6 +41,7 @@ fn summary_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<StoreResult<Ev
     let name: Option<String> = row.get(3)?;
     let flags: i64 = row.get(8)?;
     let extra = row.get_ref(9)?.as_str_or_null()?;
+    let causal_parent = row.get::<_, Option<i64>>(10)?.map(|p| p as u64);
     Ok((|| {
         let kind = u8::try_from(code).ok().and_then(EventType::from_code).ok_or_else(|| bad("type"))?;
         let what = || format!("event {seq} of run {run}");
@@ -58,6 +59,7 @@ fn summary_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<StoreResult<Ev
             agent_id,
             kind,
             name,
+            causal_parent,
             key: key?.ok_or_else(|| bad("key"))?,
             request_ref: request_ref?,
             output_ref,
@@ -83,7 +85,7 @@ impl SqliteStore {
             let from = super::schema::seq_bound(from);
             conn.prepare_cached(
                 "SELECT e.seq, e.type, a.name, e.name, e.key, e.request_ref, e.output_ref, e.output_hash, \
-                 e.flags, e.extra FROM events e JOIN agents a ON a.pk = e.agent_pk \
+                 e.flags, e.extra, e.causal_parent FROM events e JOIN agents a ON a.pk = e.agent_pk \
                  WHERE e.id >= (?1 << 32) + ?2 AND e.id < (?1 + 1) << 32 ORDER BY e.id LIMIT ?3",
             )
             .and_then(|mut s| s.query_map(params![pk, from, limit], |r| summary_from_row(run, r))?.collect())
