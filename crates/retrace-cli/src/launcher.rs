@@ -86,14 +86,26 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-/// Ends run `id` `failed` when its program could not be started, rather than leaving it
-/// `running` until its lease lapses and it turns `interrupted` (`record`, `replay`, `fork`).
-pub fn fail_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::Result<()> {
+/// Ends run `id` when its program could not be started (`record`, `replay`, `fork`), rather
+/// than leaving it `running` until its lease lapses and it turns `interrupted`. A recording or
+/// fork that holds no step is deleted (a mistyped command should not leave a run behind); a
+/// replay is kept, `failed`, as every replay of a run is (see `retrace_store::gc`).
+pub fn discard_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::Result<()> {
     use retrace_runtime::env_sources::{Clock, SystemClock};
+    let now = SystemClock.now_ms();
     let mut failed = store.run(id)?;
     failed.status = retrace_core::run::RunStatus::Failed;
-    failed.finished_at_ms.get_or_insert(SystemClock.now_ms());
+    failed.finished_at_ms.get_or_insert(now);
     store.update_run(&failed)?;
+    if store.last_seq(id)? == 0 {
+        let config = retrace_store::gc::GcConfig::new(now, 0);
+        let deleted = retrace_store::gc::delete(store, std::slice::from_ref(&failed), &config);
+        if deleted.is_ok_and(|report| report.runs_deleted.iter().any(|r| r == id)) {
+            eprintln!("retrace: run {id} discarded: its program never started");
+            return Ok(());
+        }
+    }
+    eprintln!("retrace: run {id} ended failed: its program never started");
     Ok(())
 }
 

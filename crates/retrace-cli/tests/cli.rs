@@ -539,7 +539,7 @@ fn runs_of(home: &Home) -> Vec<(String, String, String)> {
 }
 
 #[test]
-fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_fails_its_replay() {
+fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_leaves_no_run() {
     let home = Home::new();
     let recorded = home.run(&["record", "--json", "--", "true"]);
     recorded.expect(0, &[], &["(0 events)"]);
@@ -549,12 +549,29 @@ fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_fails_it
     // A different exit status still diverges.
     home.run(&["replay", &run, "--", "false"]).expect(1, &[], &["exit_status", "recorded exit status 0"]);
 
-    home.run(&["replay", &run, "--", "no-such-program-5e1d"]).expect(2, &[], &["no-such-program-5e1d"]);
+    home.run(&["replay", &run, "--", "no-such-program-5e1d"]).expect(
+        2,
+        &[],
+        &["no-such-program-5e1d", "ended failed: its program never started"],
+    );
     let replays: Vec<_> = runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "replay").collect();
     assert_eq!(replays.len(), 3, "{replays:?}");
-    // The one that never started is `failed` at once, not `running` until its lease lapses.
+    // The one that never started is kept, as every replay is, and `failed` at once, not
+    // `running` until its lease lapses.
     assert_eq!(replays.iter().filter(|(_, _, status)| status == "failed").count(), 1, "{replays:?}");
     assert!(replays.iter().all(|(_, _, status)| status != "running"), "{replays:?}");
+    // A recording or a fork of a mistyped command leaves no run behind.
+    home.run(&["record", "--", "/no/such/program-5e1d"]).expect(
+        2,
+        &[],
+        &["program not found", "discarded: its program never started"],
+    );
+    home.run(&["fork", &run, "--at", "1", "--", "/no/such/program-5e1d"]).expect(
+        2,
+        &[],
+        &["program not found", "discarded: its program never started"],
+    );
+    assert_eq!(runs_of(&home).len(), 4, "the recording and its three replays");
 }
 
 #[test]

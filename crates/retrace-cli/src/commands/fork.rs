@@ -259,7 +259,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
-            launcher::fail_unstarted(store.as_ref(), &id)?;
+            launcher::discard_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };

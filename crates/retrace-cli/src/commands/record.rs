@@ -210,7 +210,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         Ok(status) => status,
         Err(e) => {
             daemon.stop();
-            launcher::fail_unstarted(store.as_ref(), &id)?;
+            launcher::discard_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };
