@@ -1,7 +1,8 @@
-//! The one `-- CMD` launcher used by `record`, `replay` (and later `fork` and `gate`): runs a
-//! child with Retrace's environment, passes its standard input, output and error through,
-//! forwards SIGINT and SIGTERM, and returns its exit status. Runs remember their working
-//! directory relative to the git top level, so a replay runs from the same place in any clone.
+//! The one `-- CMD` launcher used by `record`, `replay`, `fork` and `gate`: runs a child with
+//! Retrace's environment, passes its standard input, output and error through, forwards SIGINT
+//! and SIGTERM, ends it if Retrace dies first, and returns its exit status. Runs remember their
+//! working directory relative to the git top level, so a replay runs from the same place in any
+//! clone.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -40,6 +41,7 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
         command.env_remove(name);
     }
     command.envs(child.env.iter().map(|(k, v)| (k, v)));
+    end_with_us(&mut command);
     if let Some(path) = &child.output {
         let file = std::fs::File::create(path)
             .with_context(|| format!("creating the program's output file {}", path.display()))?;
@@ -69,6 +71,34 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
     handle.close();
     let _ = forwarder.join();
     Ok(exit_code(status))
+}
+
+/// Has the kernel send the program SIGTERM if this process dies first (`kill -9 retrace`), so a
+/// program whose recorder is gone doesn't run on, each of its steps failing closed. The signal
+/// follows the spawning thread, not the process; that thread waits for the program, so it ends
+/// first only when the process does. A program started after this process died ends at once.
+#[allow(unsafe_code)] // `pre_exec`, the only way to run code between fork and exec
+fn end_with_us(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+        // (prctl, getppid) and allocates nothing but on its error path.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::other("retrace exited before the program started"));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }
 
 /// What to start for `program`: a bare `retrace` (the demos' recorded commands, a program
