@@ -1,0 +1,154 @@
+//! `export` and `import`: byte-identical round trips, FIFOs and symlinks, standard input, bad files.
+use super::*;
+
+#[test]
+fn export_then_import_elsewhere_round_trips_byte_for_byte() {
+    let home = Home::with(&conversation(RUN, 3));
+    let file = home.file("t.jsonl");
+    let path = file.to_str().unwrap();
+    home.run(&["export", "01clir", "-o", path]).expect(0, &[], &["exported run 01clirun", "13 events"]);
+    let exported = std::fs::read(&file).unwrap();
+    assert_eq!(home.run(&["export", RUN]).0.stdout, exported, "stdout and -o give the same bytes");
+
+    let other = Home::new();
+    other.run(&["import", path]).expect(0, &[RUN], &["imported run 01clirun", "13 events"]);
+    other.run(&["import", path]).expect(0, &[RUN], &["already present"]);
+    assert_eq!(other.run(&["export", RUN]).0.stdout, exported);
+    // The same events with another outcome in the header is another run.
+    let text = String::from_utf8(exported.clone()).unwrap();
+    let (header, rest) = text.split_once('\n').unwrap();
+    let mut header: serde_json::Value = serde_json::from_str(header).unwrap();
+    header["run"]["exit_status"] = 3.into();
+    let edited = other.file("edited-header.jsonl");
+    std::fs::write(&edited, format!("{header}\n{rest}")).unwrap();
+    other.run(&["import", edited.to_str().unwrap()]).expect(
+        1,
+        &[],
+        &["same events but a different exit status", "retrace delete 01"],
+    );
+    other.run(&["verify", RUN]).expect(0, &["ok:"], &[]);
+
+    // The same id with different events is refused, naming the first differing seq.
+    let mut changed = conversation(RUN, 3);
+    changed.events[4].latency_ms = Some(5);
+    changed.reseal_from(4);
+    let third = Home::with(&changed);
+    third.run(&["import", path]).expect(
+        1,
+        &[],
+        &["already in the store with different events", "seq 5", "retrace delete 01"],
+    );
+}
+
+fn corrupt(lines: &mut [String], at: usize, from: &str, to: &str) {
+    assert!(lines[at].contains(from), "{}", lines[at]);
+    lines[at] = lines[at].replacen(from, to, 1);
+}
+
+fn write(dir: &Path, name: &str, lines: &[String]) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, trace_fixture::join(lines)).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// `-o` into something that is not a regular file writes into it (as `> /dev/null` would)
+/// rather than renaming a file over it, and `-o` to a symbolic link replaces the file it names
+/// and keeps the link. (A rename over `/dev/null` once replaced the machine's `/dev/null` with
+/// a regular file, so this test uses a FIFO of its own.)
+#[test]
+fn export_writes_into_a_fifo_and_through_a_symlink() {
+    use std::os::unix::fs::FileTypeExt;
+    let home = Home::with(&conversation(RUN, 3));
+    let exported = home.run(&["export", RUN]).0.stdout;
+    let fifo = home.file("pipe");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo");
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    home.run(&["export", RUN, "-o", fifo.to_str().unwrap()]).expect(0, &[], &["exported run"]);
+    assert_eq!(reader.join().unwrap(), exported, "the FIFO's reader got the whole trace");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "still a FIFO");
+    let leftovers: Vec<_> = std::fs::read_dir(home.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary file left: {leftovers:?}");
+
+    let real = home.file("real.jsonl");
+    std::fs::write(&real, b"old contents").unwrap();
+    let link = home.file("link.jsonl");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    home.run(&["export", RUN, "-o", link.to_str().unwrap()]).expect(0, &[], &["exported run"]);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
+    assert_eq!(std::fs::read(&real).unwrap(), exported, "the file it names holds the trace");
+
+    let dir = home.file("a-folder");
+    std::fs::create_dir(&dir).unwrap();
+    home.run(&["export", RUN, "-o", dir.to_str().unwrap()]).expect(2, &[], &["is a directory"]);
+}
+
+#[test]
+fn import_refuses_bad_files_with_the_right_code_and_line() {
+    let source = Home::with(&conversation(RUN, 3));
+    let lines = trace_fixture::lines(&source.run(&["export", RUN]).0.stdout);
+    let home = Home::new();
+    let dir = home.dir.path();
+
+    let mut flipped = lines.clone();
+    corrupt(&mut flipped, 4, "\"reviewer\"", "\"reviewes\"");
+    let path = write(dir, "flipped.jsonl", &flipped);
+    home.run(&["import", &path]).expect(1, &[], &["flipped.jsonl:5", "hash mismatch at seq 4"]);
+
+    let mut newer = lines.clone();
+    corrupt(&mut newer, 0, "retrace-trace/1", "retrace-trace/2");
+    home.run(&["import", &write(dir, "newer.jsonl", &newer)]).expect(
+        2,
+        &[],
+        &["newer.jsonl:1", "unsupported trace format"],
+    );
+
+    let path = write(dir, "text.jsonl", &["not json".to_owned()]);
+    home.run(&["import", &path]).expect(2, &[], &["text.jsonl:1", "not JSON"]);
+
+    let path = write(dir, "short.jsonl", &lines[..lines.len() - 2]);
+    home.run(&["import", &path]).expect(2, &[], &["short.jsonl", "truncated"]);
+
+    home.run(&["import", "/nonexistent/trace.jsonl"]).expect(
+        2,
+        &[],
+        &["cannot open /nonexistent/trace.jsonl"],
+    );
+    home.run(&["runs"]).expect(0, &[], &["no runs yet"]);
+}
+
+#[test]
+fn import_reads_standard_input() {
+    let source = Home::with(&conversation(RUN, 1));
+    let bytes = source.run(&["export", RUN]).0.stdout;
+    let home = Home::new();
+    let mut child = home
+        .command(&["import", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &bytes).unwrap();
+    let out = Result(child.wait_with_output().unwrap());
+    out.expect(0, &[RUN], &["from <stdin>"]);
+}
+
+#[test]
+fn a_closed_pipe_ends_export_quietly() {
+    let home = Home::with(&conversation(RUN, 3)); // holds a 100 KB blob: more than a pipe buffers
+    let mut child =
+        home.command(&["export", RUN]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut head = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    let out = Result(child.wait_with_output().unwrap());
+    out.expect(0, &[], &[]);
+    assert_eq!(out.stderr(), "");
+}

@@ -1,0 +1,216 @@
+//! `--help`, `runs`, `show`, `verify`, `demo`, argument errors, a closed stdout, an older store.
+use super::*;
+
+#[test]
+fn every_command_teaches_with_help() {
+    let home = Home::new();
+    let commands = [
+        "demo", "record", "replay", "fork", "diff", "resolve", "runs", "knew", "show", "verify", "serve",
+        "simulate", "export", "import", "retain", "gc", "delete", "vault", "gate", "ledger", "approve",
+        "agents",
+    ];
+    for command in commands {
+        // `-h` shows the examples; `--help` the whole account before them.
+        let short = home.run(&[command, "-h"]);
+        short.expect(0, &["Usage: retrace", "Examples:\n  "], &[]);
+        let long = home.run(&[command, "--help"]);
+        long.expect(0, &["Usage: retrace", "Examples:\n  "], &[]);
+        assert!(
+            long.stdout().len() > short.stdout().len() + 200,
+            "`retrace {command} --help` explains no more than -h"
+        );
+    }
+    // The edits a fork takes are listed where `--edit` points.
+    let fork = home.run(&["fork", "--help"]);
+    fork.expect(
+        0,
+        &["swap:A,B", "tool-output:SEQ=@FILE", "model:AGENT=NAME[@SNAP]", "each explained under --help"],
+        &[],
+    );
+    home.run(&["show"]).expect(2, &[], &["RUN"]);
+    home.run(&["verify"]).expect(2, &[], &["--all"]);
+}
+
+#[test]
+fn runs_lists_a_table_or_json() {
+    let empty = Home::new();
+    // Reading creates nothing: a mistyped RETRACE_HOME is said, not answered with an empty store.
+    empty.run(&["runs"]).expect(2, &[], &["no store at", "retrace.db", "hint: record a run first"]);
+    assert!(!empty.file("retrace.db").exists());
+    let made = Result(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("sub")).output().unwrap());
+    made.expect(2, &[], &["no store at"]);
+    assert!(!empty.file("sub").exists(), "`runs` made the folder of a store it then found empty");
+    std::fs::write(empty.file("a-file"), "x").unwrap();
+    let file = Result(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("a-file")).output().unwrap());
+    file.expect(2, &[], &["a-file is a file", "RETRACE_HOME names a folder"]);
+    // A store that exists and holds nothing.
+    empty.run(&["record", "--", "true"]).expect(0, &[], &[]);
+    let home = Home::with(&conversation(RUN, 2));
+    home.run(&["runs"]).expect(
+        0,
+        &["ID", "STATUS", RUN, "fixture", "record", "ok", "2023-11-14 22:13:20"],
+        &[],
+    );
+    let json: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
+    assert_eq!((json[0]["id"].as_str(), json[0]["events"].as_u64()), (Some(RUN), Some(9)));
+}
+
+#[test]
+fn show_gives_few_lanes_room_for_long_labels() {
+    const TOOL: &str = "warehouse.inventory.reconcile_backordered_items_v2";
+    let run = |agents: &[&str]| {
+        let mut b = Builder::new(RUN);
+        for agent in agents {
+            b.push(agent, retrace_core::EventType::ToolCall, Some(TOOL), None, Some(b"{}".to_vec()), |_| {});
+        }
+        Home::with(&b.finish(retrace_core::run::RunMode::Record))
+    };
+    let one = run(&["clerk"]).run(&["show", RUN]).expect(0, &[], &[]).stdout();
+    assert!(one.contains(&format!("tool_call {TOOL}")), "one lane shows the whole name:\n{one}");
+    let four =
+        run(&["a", "b", "c", "d"]).run(&["show", RUN]).expect(0, &["tool_call warehouse"], &[]).stdout();
+    assert!(!four.contains(TOOL) && four.contains('…'), "four lanes are cut to fit:\n{four}");
+}
+
+#[test]
+fn show_draws_lanes_and_one_event() {
+    let home = Home::with(&conversation(RUN, 2));
+    let timeline =
+        home.run(&["show", "01clirun"]).expect(0, &["SEQ", "LAMPORT", "planner", "reviewer"], &[]).stdout();
+    let rows: Vec<&str> = timeline.lines().skip(2).collect();
+    assert_eq!(rows.len(), 9, "{timeline}");
+    assert!(rows[0].contains("model_call gpt-4o") && rows[2].contains("deliver <- planner #2"), "{timeline}");
+    // The reviewer's lane is to the right of the planner's.
+    assert!(rows[2].find("deliver").unwrap() > rows[0].find("model_call").unwrap(), "{timeline}");
+    let lane = home.run(&["show", RUN, "--agent", "reviewer"]).expect(0, &["decision approve"], &[]).stdout();
+    assert!(!lane.contains("model_call"), "{lane}");
+    home.run(&["show", RUN, "--seq", "1"]).expect(
+        0,
+        &["seq 1: model_call gpt-4o", "request (sha256:", "JSON):", "\"messages\": [", "output ("],
+        &[],
+    );
+    home.run(&["show", RUN, "--seq", "4"]).expect(0, &["binary, base64", "/wD+AA=="], &[]);
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", RUN, "--seq", "1", "--json"]).stdout()).unwrap();
+    assert_eq!(json["request"]["json"]["model"], "gpt-4o");
+    let all: serde_json::Value = serde_json::from_str(&home.run(&["show", RUN, "--json"]).stdout()).unwrap();
+    assert_eq!(all["events"].as_array().unwrap().len(), 9);
+    home.run(&["show", RUN, "--seq", "99"]).expect(2, &[], &["has 9 events; there is no seq 99"]);
+    home.run(&["show", RUN, "--agent", "nobody"]).expect(
+        2,
+        &[],
+        &["no agent \"nobody\" (agents: planner, reviewer)"],
+    );
+    home.run(&["show", "zzzz"]).expect(2, &[], &["error: no run", "hint: list the runs"]);
+}
+
+#[test]
+fn verify_passes_a_sound_run_and_names_a_tampered_event() {
+    let home = Home::with(&conversation(RUN, 2));
+    home.run(&["verify", RUN]).expect(0, &["ok: run 01clirun", "9 events"], &[]);
+    home.run(&["verify", "--all"]).expect(0, &["ok: 1 runs"], &[]);
+    let mut tampered = conversation("01tampered", 2);
+    tampered.events[6].latency_ms = Some(1);
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    tampered.commit(&*store);
+    drop(store);
+    home.run(&["verify", "01tampered"]).expect(
+        1,
+        &["run 01tampered seq 7: hash mismatch"],
+        &["verification found 1 problem"],
+    );
+    home.run(&["verify", "--all"]).expect(1, &["run 01tampered seq 7"], &[]);
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["verify", "--all", "--json"]).stdout()).unwrap();
+    assert_eq!((json["ok"].as_bool(), json["problems"][0]["kind"].as_str()), (Some(false), Some("hash")));
+}
+
+#[test]
+fn a_closed_stdout_ends_printing_commands_quietly() {
+    let home = Home::with(&conversation(RUN, 3));
+    // The reading end is closed before the command writes: its first write fails, whether
+    // through a returned error (the listings) or `println!` (the demo's story, a record's id).
+    for args in [
+        &["runs", "--json"][..],
+        &["runs"],
+        &["show", RUN],
+        &["demo", "--runs", "1"],
+        &["record", "--", "true"],
+    ] {
+        let mut child = home.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = Result(child.wait_with_output().unwrap());
+        out.expect(0, &[], &[]);
+        if !matches!(args[0], "record" | "demo") {
+            assert_eq!(out.stderr(), "", "{args:?}");
+        }
+    }
+}
+
+#[test]
+fn demo_run_counts_start_at_one_and_json_follows_a_demo_s_name() {
+    let home = Home::new();
+    for args in [&["demo", "--runs", "0"][..], &["demo", "single", "--runs", "0"]] {
+        home.run(args).expect(2, &[], &["invalid value '0' for '--runs <RUNS>': want at least 1 run"]);
+    }
+    // Refused before anything ran: not even a store was made.
+    home.run(&["runs"]).expect(2, &[], &["nothing has been recorded there"]);
+    let single = home.run(&["demo", "single", "--runs", "1", "--replays", "1", "--json"]);
+    single.expect(0, &[], &[]);
+    let report: serde_json::Value = serde_json::from_str(&single.stdout()).unwrap();
+    assert_eq!(report["runs"].as_array().map(Vec::len), Some(1), "{report}");
+    assert_eq!(report["runs"][0]["live_calls_replayed"], 0, "{report}");
+}
+
+#[test]
+fn bad_arguments_are_named_before_anything_runs() {
+    let home = Home::with(&conversation(RUN, 1));
+    home.run(&["record", "--upstream-openai", "notaurl", "--", "true"]).expect(
+        2,
+        &[],
+        &["\"notaurl\"", "--upstream-openai", "not an http:// or https:// URL"],
+    );
+    home.run(&["retain", RUN, "forever"]).expect(2, &[], &["(want one of: routine, incident, pinned)"]);
+    home.run(&["export", RUN, "-o", "/nonexistent-7d2c/x.jsonl"]).expect(
+        2,
+        &[],
+        &["cannot write /nonexistent-7d2c/x.jsonl: no folder /nonexistent-7d2c"],
+    );
+    assert_eq!(runs_of(&home).len(), 1, "no run was created for a bad upstream");
+}
+
+#[test]
+fn a_timeout_flag_takes_seconds_up_to_a_year() {
+    let home = Home::new();
+    for value in ["1e308", "--upstream-timeout=-1", "soon"] {
+        let args = match value.starts_with("--") {
+            true => vec!["record", value, "--", "true"],
+            false => vec!["record", "--upstream-timeout", value, "--", "true"],
+        };
+        home.run(&args).expect(2, &[], &[value.trim_start_matches("--upstream-timeout="), "seconds"]);
+    }
+    home.run(&["serve", "--stall-timeout", "NaN"]).expect(2, &[], &["NaN", "seconds"]);
+    home.run(&["record", "--upstream-timeout", "0.5", "--", "true"]).expect(0, &[], &[]);
+}
+
+#[test]
+fn opening_an_older_store_says_it_upgraded_it_once() {
+    let home = Home::with(&conversation(RUN, 2));
+    home.run(&["runs"]).expect(0, &[RUN], &[]);
+    assert!(!home.run(&["runs"]).stderr().contains("upgraded"), "a current store is not upgraded");
+    // Version 1 is version 2 without the cache table.
+    rusqlite::Connection::open(home.file("retrace.db"))
+        .unwrap()
+        .execute_batch("DROP TABLE cache; PRAGMA user_version = 1;")
+        .unwrap();
+    let version = retrace_store::sqlite::schema::SCHEMA_VERSION.to_string();
+    let notice = format!("from schema version 1 to {version}");
+    home.run(&["runs"]).expect(
+        0,
+        &[RUN],
+        &["upgraded the store", "retrace.db", &notice, "older than this one"],
+    );
+    let again = home.run(&["runs", "--json"]);
+    again.expect(0, &[RUN], &[]);
+    assert_eq!(again.stderr(), "", "the upgrade is said once");
+}

@@ -1,0 +1,345 @@
+//! `record`, `replay` and `fork` of a program: what they launch, what it leaves, what replay says.
+use std::time::{Duration, Instant};
+
+use super::*;
+
+#[test]
+fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vault_key() {
+    let home = Home::new();
+    let project = tempfile::tempdir().unwrap();
+    let record = |vault: Option<&str>| {
+        let mut c = home.command(&["record", "--", "true"]);
+        c.current_dir(project.path()).env_remove("RETRACE_MASK_KEY").env_remove("RETRACE_VAULT_KEY");
+        if let Some(key) = vault {
+            c.env("RETRACE_VAULT_KEY", key);
+        }
+        Result(c.stdin(Stdio::null()).output().unwrap())
+    };
+    // No key anywhere: one is generated into RETRACE_HOME/mask.key, mode 0600, with a notice.
+    record(None).expect(0, &[], &["generated a mask key", "RETRACE_MASK_KEY"]);
+    let key_file = home.file("mask.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777, 0o600);
+    let key = std::fs::read_to_string(&key_file).unwrap();
+    record(None).expect(0, &[], &[]);
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key, "the key is generated once");
+
+    // A rule that replays the original needs the vault.
+    let config = "[[mask.rules]]\nname = \"acct\"\nkind = \"acct\"\njson_path = \"$..account\"\nreplay = \"original\"\n";
+    std::fs::write(project.path().join("retrace.toml"), config).unwrap();
+    record(None).expect(2, &[], &["acct", "RETRACE_VAULT_KEY"]);
+    let vault_key = "dmF1bHQta2V5LWZvci10aGUtY2xpLXRlc3Qtb2YtMzI=";
+    record(Some(vault_key)).expect(0, &[], &[]);
+}
+
+/// The run a `record --json` printed last.
+fn run_of(recorded: &Result) -> String {
+    let last = recorded.stdout().lines().last().map(str::to_owned).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last:?}"));
+    json["run"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy() {
+    // The trio records each model call through the SDK; `record` points OPENAI_BASE_URL at its
+    // proxy, which would record the same call again under the agent `default`.
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "retrace", "demo", "run", "trio", "--seed", "3"]);
+    recorded.expect(0, &["reviewer: "], &[]);
+    let run = run_of(&recorded);
+    let shown: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", &run, "--json"]).stdout()).unwrap();
+    let events = shown["events"].as_array().unwrap();
+    let agents: std::collections::BTreeSet<&str> =
+        events.iter().map(|e| e["agent_id"].as_str().unwrap()).collect();
+    assert_eq!(agents, ["planner", "reviewer", "schema"].into(), "{shown}");
+    let models = events.iter().filter(|e| e["type"] == "model_call").count();
+    assert_eq!(models, 4, "one event per call");
+    let replayed = home.run(&["replay", &run]);
+    replayed.expect(0, &["reviewer: "], &["ok"]);
+    // How the run ended is the launcher's line; the program's session, let go while the run is
+    // the daemon's, doesn't say "running" first.
+    assert!(!replayed.stderr().contains(" running ("), "{}", replayed.stderr());
+    // A program that diverges: the report is printed once, by replay; the program says it stopped.
+    let diverged = home.run(&["replay", &run, "--", "retrace", "demo", "run", "single", "--seed", "3"]);
+    diverged.expect(1, &[], &["the program stopped at the divergence"]);
+    assert_eq!(diverged.stderr().matches("divergence [").count(), 1, "{}", diverged.stderr());
+
+    // A fork's changed steps run live against the demo's simulator (the source named no
+    // upstream), once each, and nothing is new.
+    let forked = home.run(&["fork", &run, "--edit", "model:reviewer=sim-2", "--json"]);
+    // The program's line, then the report: one line, the last.
+    let out = forked.stdout();
+    let last = out.lines().last().unwrap_or_default();
+    let fork: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(fork["status"], "ok", "{fork}");
+    assert_eq!(fork["diff"]["counts"]["only_in_b"], 0, "{fork}");
+    let replayed = home.run(&["replay", fork["fork"].as_str().unwrap(), "--json"]);
+    replayed.expect(0, &["reviewer: "], &["ok"]);
+    let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!((last["status"].as_str(), last["exit_status"].as_i64()), (Some("ok"), Some(0)), "{last}");
+
+    // A program that never joins the run leaves every step: the report names each agent's first.
+    let none = home.run(&["replay", &run, "--json", "--", "true"]);
+    none.expect(1, &[], &["steps_left", "agent \"schema\": first unconsumed step is seq"]);
+    let last: serde_json::Value = serde_json::from_str(none.stdout().lines().last().unwrap()).unwrap();
+    let d = &last["divergence"];
+    assert_eq!((d["code"].as_str(), d["seq"].as_u64()), (Some("steps_left"), Some(1)), "{last}");
+    assert!(d["step"].is_string() && d["agent"] != "*", "{last}");
+}
+
+#[test]
+fn a_replay_whose_program_never_joins_names_each_agents_first_step() {
+    // A run the demo recorded itself: no daemon hosted it, so replay finds the steps left.
+    let home = Home::new();
+    home.run(&["demo", "--runs", "1"]).expect(0, &[], &[]);
+    let run = runs_of(&home)[0].0.clone();
+    let none = home.run(&["replay", &run, "--json", "--", "true"]);
+    none.expect(1, &[], &["steps_left", "agent \"reviewer\": first unconsumed step is seq"]);
+    let last: serde_json::Value = serde_json::from_str(none.stdout().lines().last().unwrap()).unwrap();
+    let d = &last["divergence"];
+    assert_eq!((d["agent"].as_str(), d["seq"].as_u64()), (Some("planner"), Some(1)), "{last}");
+    assert!(d["step"].as_str().is_some_and(|s| s.starts_with("model_call")), "{last}");
+}
+
+#[test]
+fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let providers = runtime.block_on(retrace_demo::providers::Providers::start("127.0.0.1:0")).unwrap();
+    let home = Home::new();
+    let program = home.file("ask.py");
+    std::fs::write(
+        &program,
+        "import json, os, sys, urllib.request\n\
+         body = {'model': 'gpt-sim', 'stream': len(sys.argv) > 1, 'messages': [{'role': 'user', 'content': 'hi'}]}\n\
+         req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions',\n\
+             data=json.dumps(body).encode(), headers={'content-type': 'application/json'})\n\
+         print(urllib.request.urlopen(req).read().decode())\n",
+    )
+    .unwrap();
+    let upstream = providers.openai_url();
+    let record = |extra: &[&str]| {
+        let mut args = vec![
+            "record",
+            "--json",
+            "--upstream-openai",
+            &upstream,
+            "--",
+            "python3",
+            program.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let recorded = home.run(&args);
+        recorded.expect(0, &[], &[]);
+        run_of(&recorded)
+    };
+    let plain = home.file("plain.json");
+    std::fs::write(
+        &plain,
+        r#"{"id": "chatcmpl-edited", "object": "chat.completion", "model": "gpt-sim",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "edited by hand"}, "finish_reason": "stop"}]}"#,
+    )
+    .unwrap();
+    let edit = format!("model-output:1=@{}", plain.display());
+
+    let run = record(&[]);
+    let forked = home.run(&["fork", &run, "--edit", &edit]);
+    forked.expect(0, &["edited by hand"], &[]);
+    let fork = forked
+        .stderr()
+        .lines()
+        .find_map(|l| l.split(" as ").nth(1))
+        .map(|r| r.split(':').next().unwrap().to_owned());
+    home.run(&["replay", &fork.unwrap()]).expect(0, &["edited by hand"], &["ok"]);
+
+    // A streamed answer can't be replaced by a plain body: said before anything runs.
+    let streamed = record(&["stream"]);
+    home.run(&["fork", &streamed, "--edit", &edit]).expect(2, &[], &["streamed response"]);
+    runtime.block_on(providers.stop());
+}
+
+#[test]
+fn record_and_fork_leave_standard_output_to_the_program() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--", "echo", "hi"]);
+    recorded.expect(0, &[], &["retrace: run "]);
+    assert_eq!(recorded.stdout(), "hi\n", "only the program's output");
+    let run = runs_of(&home)[0].0.clone();
+    let replayed = home.run(&["replay", &run]);
+    replayed.expect(0, &[], &["ok"]);
+    assert_eq!(replayed.stdout(), "hi\n", "only the program's output");
+    let forked = home.run(&["fork", &run]);
+    forked.expect(0, &[], &["retrace: fork "]);
+    assert_eq!(forked.stdout(), "hi\n", "only the program's output");
+    let json = home.run(&["record", "--json", "--", "echo", "hi"]);
+    let last: serde_json::Value = serde_json::from_str(json.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (last["status"].as_str(), last["events"].as_u64(), last["exit_status"].as_i64()),
+        (Some("ok"), Some(0), Some(0))
+    );
+    assert!(json.stdout().starts_with("hi\n"));
+}
+
+#[test]
+fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_leaves_no_run() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "true"]);
+    recorded.expect(0, &[], &["(0 events)"]);
+    let run = run_of(&recorded);
+    // Nothing was recorded and nothing was asked: no divergence (it was `steps_left`).
+    home.run(&["replay", &run]).expect(0, &[], &["ok"]);
+    // A different exit status still diverges.
+    home.run(&["replay", &run, "--", "false"]).expect(1, &[], &["exit_status", "recorded exit status 0"]);
+
+    home.run(&["replay", &run, "--", "no-such-program-5e1d"]).expect(
+        2,
+        &[],
+        &["no-such-program-5e1d", "ended failed: its program never started"],
+    );
+    let replays: Vec<_> = runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "replay").collect();
+    assert_eq!(replays.len(), 3, "{replays:?}");
+    // The one that never started is kept, as every replay is, and `failed` at once, not
+    // `running` until its lease lapses.
+    assert_eq!(replays.iter().filter(|(_, _, status)| status == "failed").count(), 1, "{replays:?}");
+    assert!(replays.iter().all(|(_, _, status)| status != "running"), "{replays:?}");
+    // A recording or a fork of a mistyped command leaves no run behind.
+    home.run(&["record", "--", "/no/such/program-5e1d"]).expect(
+        2,
+        &[],
+        &["program not found", "discarded: its program never started"],
+    );
+    home.run(&["fork", &run, "--at", "1", "--", "/no/such/program-5e1d"]).expect(
+        2,
+        &[],
+        &["program not found", "discarded: its program never started"],
+    );
+    assert_eq!(runs_of(&home).len(), 4, "the recording and its three replays");
+}
+
+#[test]
+fn a_fork_whose_program_fails_exits_1_and_says_so() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "true"]);
+    recorded.expect(0, &[], &[]);
+    let run = run_of(&recorded);
+    let forked = home.run(&["fork", &run, "--", "sh", "-c", "exit 3"]);
+    forked.expect(1, &[], &["failed: the program exited with status 3"]);
+    assert!(runs_of(&home).iter().any(|(_, mode, status)| mode == "fork" && status == "failed"));
+    // Many at once: a fork that failed is said, and fails the command, not "no decision moved".
+    let many = home.run(&["fork", "--runs", &run, "--", "sh", "-c", "exit 3"]);
+    many.expect(1, &[], &["failed (exit status 3)", "1 of 1 forks did not finish"]);
+    home.run(&["fork", "--runs", &run, "--", "true"]).expect(0, &[], &["no decision moved"]);
+}
+
+#[test]
+fn a_recorded_retrace_command_replays_with_this_binary_off_path() {
+    let home = Home::new();
+    // PATH without the build's folder: `retrace` is this executable all the same.
+    let path = "/usr/bin:/bin";
+    let recorded = Result(
+        home.command(&["record", "--json", "--", "retrace", "--version"]).env("PATH", path).output().unwrap(),
+    );
+    recorded.expect(0, &["retrace "], &["retrace --version"]);
+    let run = run_of(&recorded);
+    let replayed = Result(home.command(&["replay", &run]).env("PATH", path).output().unwrap());
+    replayed.expect(0, &["retrace "], &["ok"]);
+}
+
+#[test]
+fn replaying_an_interrupted_recording_that_the_program_never_reaches_is_log_ended() {
+    let mut fixture = conversation(RUN, 2);
+    fixture.meta.status = retrace_core::run::RunStatus::Interrupted;
+    fixture.meta.command = Some(retrace_core::run::Command { argv: vec!["true".into()], cwd: ".".into() });
+    let home = Home::with(&fixture);
+    // `true` takes no step: the recording's end (its recorder died) is what the report names.
+    home.run(&["replay", RUN]).expect(1, &[], &["log_ended", "the recording ends at seq"]);
+}
+
+/// SPEC §7: an interrupted recording replays its events and then stops with `log_ended`, also
+/// when the program takes every recorded step and finishes: with no recorded outcome to compare
+/// the ending with, the replay is never "ok". `replay`, its `--json` and `gate` say the same.
+#[test]
+fn replaying_an_interrupted_recording_to_its_end_is_log_ended_in_replay_and_gate() {
+    let home = Home::new();
+    let recorded = home.run(&["demo", "single", "--runs", "1", "--replays", "0", "--json"]);
+    recorded.expect(0, &[], &[]);
+    let report: serde_json::Value = serde_json::from_str(&recorded.stdout()).unwrap();
+    let run = report["runs"][0]["recorded"].as_str().unwrap().to_owned();
+    // What a recorder killed mid-run leaves once the store is opened again: the run
+    // `interrupted`, with no exit status or final decisions.
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    let mut meta = store.run(&run).unwrap();
+    meta.status = retrace_core::run::RunStatus::Interrupted;
+    meta.exit_status = None;
+    meta.finished_at_ms = None;
+    meta.decisions.clear();
+    store.update_run(&meta).unwrap();
+    let last = store.last_seq(&run).unwrap();
+    drop(store);
+    let ends = format!("the recording ends at seq {last}");
+
+    let replayed = home.run(&["replay", &run, "--json"]);
+    replayed.expect(1, &[], &[&format!("divergence [log_ended] at seq {last}"), &ends]);
+    assert!(!replayed.stderr().contains("ok: every step matched"), "{}", replayed.stderr());
+    let outcome: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
+    let d = &outcome["divergence"];
+    assert_eq!((d["code"].as_str(), d["seq"].as_u64()), (Some("log_ended"), Some(last)), "{outcome}");
+    assert_eq!(outcome["status"], "diverged", "{outcome}");
+
+    let trace = home.file("interrupted.jsonl");
+    home.run(&["export", &run, "-o", trace.to_str().unwrap()]).expect(0, &[], &[]);
+    home.run(&["gate", trace.to_str().unwrap()]).expect(
+        1,
+        &["DIVERGED", &format!("at seq {last}: log_ended"), &ends],
+        &["1 of 1 traces diverged"],
+    );
+}
+
+// A program Retrace launched does not outlive Retrace: `kill -9` of `retrace record` ends it
+// (its recorder is gone, so every step it took would fail closed anyway).
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            !matches!(stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()), Some("Z"))
+        }
+        Err(_) => false,
+    }
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[test]
+fn killing_retrace_record_ends_the_program_it_launched() {
+    let home = tempfile::tempdir().unwrap();
+    let pid_file = home.path().join("program.pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
+    let mut retrace = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["record", "--", "sh", "-c", &script])
+        .env("RETRACE_HOME", home.path())
+        .env_remove("RETRACE_STORE")
+        .env_remove("RETRACE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the program to start", || read_pid(&pid_file).is_some());
+    let program = read_pid(&pid_file).unwrap();
+    assert!(alive(program));
+
+    retrace.kill().unwrap(); // SIGKILL: no handler runs, nothing is forwarded
+    retrace.wait().unwrap();
+    wait_for("the orphaned program to end", || !alive(program));
+}
