@@ -11,6 +11,18 @@ use retrace_store::Store;
 
 const SECRET: &str = "sk-Zq7/Wx@Vq9Jk.io";
 
+/// One rule: [`SECRET`] is a `secret`, replayed as its token.
+fn canary_rules() -> MaskRules {
+    MaskRules {
+        rules: vec![MaskRule {
+            name: "canary".into(),
+            kind: "secret".into(),
+            matcher: RuleMatch::Literal { value: SECRET.into() },
+            replay: ReplayAs::Token,
+        }],
+    }
+}
+
 fn event(content: &str) -> String {
     format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}}}}]}}\n\n")
 }
@@ -19,14 +31,7 @@ fn event(content: &str) -> String {
 async fn a_secret_split_across_stream_chunks_is_stored_masked() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let key = MaskKey::from_bytes([5; 32]);
-    let rules = MaskRules {
-        rules: vec![MaskRule {
-            name: "canary".into(),
-            kind: "secret".into(),
-            matcher: RuleMatch::Literal { value: SECRET.into() },
-            replay: ReplayAs::Token,
-        }],
-    };
+    let rules = canary_rules();
     let options = SessionOptions { mask_rules: rules, mask_key: Some(key.clone()), ..Default::default() };
     let s = Session::record(store.clone(), options).unwrap();
     let chunks =
@@ -72,14 +77,7 @@ async fn a_secret_split_across_stream_chunks_is_stored_masked() {
 fn a_decision_is_stored_masked_and_replays_matched() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let key = MaskKey::from_bytes([6; 32]);
-    let rules = MaskRules {
-        rules: vec![MaskRule {
-            name: "canary".into(),
-            kind: "secret".into(),
-            matcher: RuleMatch::Literal { value: SECRET.into() },
-            replay: ReplayAs::Token,
-        }],
-    };
+    let rules = canary_rules();
     let options =
         || SessionOptions { mask_rules: rules.clone(), mask_key: Some(key.clone()), ..Default::default() };
     let target = format!("rotate:{SECRET}");
