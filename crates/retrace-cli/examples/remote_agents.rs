@@ -17,8 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn agents() -> Result<(), Box<dyn std::error::Error>> {
     let session = Session::from_env()?;
-    let planner = session.agent("planner");
-    let reviewer = session.agent("reviewer");
+    let planner = session.agent("planner").with_role("planner");
+    let reviewer = session.agent("reviewer").with_role("reviewer");
     let rows: Vec<u64> = planner
         .tool_async(
             "sql.query",

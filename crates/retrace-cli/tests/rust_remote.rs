@@ -87,6 +87,11 @@ fn a_rust_program_and_its_proxied_model_call_record_as_one_run_and_replay() {
     assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "dense seqs, one sequencer");
     let model = events.iter().find(|e| e.kind == EventType::ModelCall).expect("the proxied model call");
     assert_eq!(model.agent_id, "planner");
+    // Each agent was declared with its role (`with_role`): the daemon records it on every event
+    // of the agent, the model call through the proxy included.
+    for e in &events {
+        assert_eq!(e.role.as_deref(), Some(e.agent_id.as_str()), "seq {} ({})", e.seq, e.label());
+    }
     for kind in
         [EventType::ToolCall, EventType::Intent, EventType::Clock, EventType::Send, EventType::Deliver]
     {

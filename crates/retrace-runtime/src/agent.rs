@@ -124,9 +124,13 @@ impl Agent {
         &self.id
     }
 
-    /// Sets the agent's role (recorded on each of its events).
+    /// Sets the agent's role (recorded on each of its events). Under `RETRACE_URL` the daemon
+    /// records the events, so it is told too; if it can't be, the agent's next step reports why.
     pub fn with_role(self, role: &str) -> Agent {
         self.state.lock().role = Some(role.to_owned());
+        if let Some(remote) = self.remote() {
+            let _ = remote.post_blocking(&self.id, "role", &json!({ "role": role }));
+        }
         self
     }
 

@@ -265,6 +265,14 @@ impl Session {
         Agent::new(self.clone(), id.to_owned(), state)
     }
 
+    /// Sets agent `id`'s role, recorded on each of its events from now on, without starting
+    /// the agent: how the daemon learns the role an SDK agent was declared with (its model calls
+    /// through the proxy are then recorded with it too).
+    pub fn set_role(&self, id: &str, role: &str) {
+        let state = self.inner.agents.lock().entry(id.to_owned()).or_default().clone();
+        state.lock().role = Some(role.to_owned());
+    }
+
     /// Runs agent `id` as a tokio task: `body` gets the agent's handle, and the agent exits when
     /// the task ends (successfully or not).
     pub fn spawn<F, Fut, T>(&self, id: &str, body: F) -> tokio::task::JoinHandle<RuntimeResult<T>>

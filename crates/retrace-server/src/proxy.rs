@@ -5,6 +5,11 @@
 //! pipeline ([`retrace_runtime::Agent::http_model`]): in record the proxy forwards the call
 //! upstream and records the response's raw bytes; in replay the runtime matches the call by key
 //! and the proxy serves the recorded bytes without contacting any upstream.
+//!
+//! The run and agent come from `X-Retrace-Run` / `X-Retrace-Agent` or the path form; an
+//! optional `X-Retrace-Role` sets the role recorded on the agent's events (as the SDK's
+//! `run.agent(id, role=...)` does through `POST /api/runs/{run}/agents/{agent}/role`). None of
+//! them is forwarded upstream or enters a key.
 mod decode;
 pub mod document;
 mod record;
@@ -175,6 +180,10 @@ async fn handle(
         return error(provider, StatusCode::BAD_REQUEST, msg);
     };
     let agent = target.agent.or_else(|| header("x-retrace-agent")).unwrap_or_else(|| "default".into());
+    let role = header("x-retrace-role");
+    if let Some(Err(why)) = role.as_deref().map(crate::steps::valid_role) {
+        return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: X-Retrace-Role: {why}"));
+    }
     let limit = app.config.max_body;
     if header("content-length").and_then(|n| n.parse::<usize>().ok()).is_some_and(|n| n > limit) {
         return too_large(provider, limit);
@@ -212,6 +221,9 @@ async fn handle(
         Ok(s) => s,
         Err(e) => return host_error(provider, &e),
     };
+    if let Some(role) = &role {
+        session.set_role(&call.agent, role);
+    }
     match session.mode() {
         Mode::Record | Mode::Off | Mode::Fork => record::record(app, session, call).await,
         Mode::Replay => replay::replay(app, session, call).await,

@@ -15,7 +15,9 @@
 //! `model: {provider, endpoint}` and runs through the runtime's own model step, so its event and
 //! key are those of an in-process model call; a completed one adds `model: {snapshot, usage}`,
 //! and a `run` answer carries the `request` to send (a fork's `model:` / `param:` edits applied).
-//! `send`, `recv`, `decide` and `exit` are the agent's messages, decisions and ending.
+//! `send`, `recv`, `decide` and `exit` are the agent's messages, decisions and ending; `role`
+//! (`{"role": "planner"}`) declares the role recorded on each of the agent's events, its model
+//! calls through the proxy included.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -444,5 +446,45 @@ pub async fn exit(
             Json(json!({"status": "done"})).into_response()
         }
         Err(r) => *r,
+    }
+}
+
+/// The body of `role`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleBody {
+    role: String,
+}
+
+/// `POST /api/runs/{run}/agents/{agent}/role`: the role recorded on the agent's events from now
+/// on. It doesn't start the agent (a replay waits for no step of it).
+pub async fn role(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+    body: Result<Json<RoleBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(body) = match body {
+        Ok(b) => b,
+        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    if let Err(why) = valid_role(&body.role) {
+        return fail(StatusCode::BAD_REQUEST, "bad_request", why);
+    }
+    match app.host.session(&run) {
+        Ok(session) => {
+            session.set_role(&agent_id, &body.role);
+            Json(json!({"status": "done"})).into_response()
+        }
+        Err(e) => fail(StatusCode::NOT_FOUND, "unknown_run", e),
+    }
+}
+
+/// A role is 1 to 128 characters, none of them a control character.
+pub(crate) fn valid_role(role: &str) -> Result<(), String> {
+    match role.chars().count() {
+        0 => Err("role must not be empty".into()),
+        n if n > 128 => Err(format!("role is {n} characters long; at most 128")),
+        _ if role.chars().any(char::is_control) => Err(format!("role {role:?} holds a control character")),
+        _ => Ok(()),
     }
 }

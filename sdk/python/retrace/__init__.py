@@ -105,12 +105,19 @@ class Run:
         self._bus = _off.Mailboxes() if mode == "off" else None
 
     def agent(self, agent_id: str, role: Optional[str] = None, prompt_template: Optional[str] = None) -> "Agent":
-        """The agent ``agent_id`` of this run."""
-        if agent_id not in self._agents:
-            self._agents[agent_id] = Agent(self, agent_id, role, prompt_template)
+        """The agent ``agent_id`` of this run. ``role`` is recorded on each of its events from
+        now on, its model calls through ``openai()`` / ``anthropic()`` included."""
+        new = agent_id not in self._agents
+        if new:
+            self._agents[agent_id] = Agent(self, agent_id, None, prompt_template)
             if self._bus is not None:
                 self._bus.join(agent_id)
-        return self._agents[agent_id]
+        agent = self._agents[agent_id]
+        if role is not None and (new or role != agent.role):
+            if self.mode != "off":
+                self._http.call("POST", f"{agent._base}/role", {"role": role})
+            agent.role = role
+        return agent
 
     def finish(self, exit_status: int = 0) -> dict:
         """Ends the run. Under ``retrace record`` / ``replay`` the launcher ends it with the

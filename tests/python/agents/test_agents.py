@@ -91,7 +91,14 @@ def test_recording_holds_every_kind_of_step(retrace: Retrace, recorded, variant)
         assert label in show.stdout, f"{label!r} not in\n{show.stdout}"
     verify = retrace("verify", run)
     assert verify.returncode == 0, verify.explain()
-    assert OPENAI_KEY not in retrace("export", run).stdout
+    exported = retrace("export", run).stdout
+    assert OPENAI_KEY not in exported
+    # Each agent was declared with its role (run.agent(id, role=id)): every event of it holds
+    # it, the planner's model call through the proxy included.
+    events = [e for e in map(json.loads, exported.splitlines()) if "agent_id" in e and "seq" in e]
+    roles = {(e["agent_id"], e["type"], e.get("role")) for e in events}
+    assert all(role == agent for agent, _, role in roles), sorted(roles, key=str)
+    assert ("planner", "model_call", "planner") in roles, sorted(roles, key=str)
 
 
 @pytest.mark.parametrize("variant", list(APPS))

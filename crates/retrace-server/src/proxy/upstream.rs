@@ -22,6 +22,7 @@ const NOT_FORWARDED: &[&str] = &[
     "proxy-authorization",
     "x-retrace-run",
     "x-retrace-agent",
+    "x-retrace-role",
     "x-retrace-token",
 ];
 

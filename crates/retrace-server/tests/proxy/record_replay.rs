@@ -231,3 +231,52 @@ async fn a_run_opened_by_racing_calls_keeps_its_lease() {
         d.finish(&run).await;
     }
 }
+
+/// `X-Retrace-Role` (an unmodified program's default header) and the SDK's
+/// `POST .../agents/{agent}/role` set the role recorded on the agent's model calls; a bad role is
+/// refused in the provider's shape and nothing is recorded of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_role_is_recorded_on_the_agents_model_calls() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let path = format!("{OPENAI}/chat/completions");
+    let by_header = d
+        .call_with(
+            &run,
+            &path,
+            chat("one", false).to_string().into_bytes(),
+            &[("x-retrace-agent", "writer"), ("x-retrace-role", "drafting")],
+        )
+        .await;
+    assert_eq!(by_header.status, 200, "{}", by_header.text());
+    d.api(&format!("/api/runs/{run}/agents/critic/role"), json!({"role": "review"})).await;
+    let by_sdk = d
+        .call_with(&run, &path, chat("two", false).to_string().into_bytes(), &[("x-retrace-agent", "critic")])
+        .await;
+    assert_eq!(by_sdk.status, 200, "{}", by_sdk.text());
+    let too_long = "r".repeat(129);
+    let refused = d
+        .call_with(
+            &run,
+            &path,
+            chat("three", false).to_string().into_bytes(),
+            &[("x-retrace-agent", "critic"), ("x-retrace-role", &too_long)],
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("X-Retrace-Role: role is 129 characters long"), "{}", refused.text());
+    let empty = crate::support::client()
+        .post(format!("{}/api/runs/{run}/agents/critic/role", d.base))
+        .json(&json!({"role": ""}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 400);
+
+    let events = d.store.events(&run, 1, 10).unwrap();
+    let roles: Vec<(&str, Option<&str>)> =
+        events.iter().map(|e| (e.agent_id.as_str(), e.role.as_deref())).collect();
+    assert_eq!(roles, [("writer", Some("drafting")), ("critic", Some("review"))]);
+    assert_eq!(providers.requests(), 2, "the refused call never went upstream");
+}
