@@ -29,11 +29,11 @@ pub use cache::{
     writer_append_cached,
 };
 pub use events::{
-    causal_reads_match_events, commit_requires_dense_seqs, commit_to_unknown_run_is_not_found,
-    deliveries_and_events_at, event_round_trips_exactly, events_paging_and_lookup,
-    failed_commit_stores_nothing, fork_starts_at_fork_point, heard_by_matches_its_parts,
-    located_reads_match_blob_reads, put_blobs_then_commit_where_they_are, request_blobs_match_blob_reads,
-    summaries_match_events,
+    blobs_carried_without_bytes_are_confirmed_or_refused, causal_reads_match_events,
+    commit_requires_dense_seqs, commit_to_unknown_run_is_not_found, deliveries_and_events_at,
+    event_round_trips_exactly, events_paging_and_lookup, failed_commit_stores_nothing,
+    fork_starts_at_fork_point, heard_by_matches_its_parts, located_reads_match_blob_reads,
+    put_blobs_then_commit_where_they_are, request_blobs_match_blob_reads, summaries_match_events,
 };
 pub use gc::{
     aged_run, gc_deletes_expired_runs_and_their_blobs, gc_keeps_recent_blobs_and_running_runs,
@@ -73,6 +73,10 @@ pub fn run_all(make: MakeStore<'_>) {
         ("request_blobs_match_blob_reads", request_blobs_match_blob_reads),
         ("located_reads_match_blob_reads", located_reads_match_blob_reads),
         ("put_blobs_then_commit_where_they_are", put_blobs_then_commit_where_they_are),
+        (
+            "blobs_carried_without_bytes_are_confirmed_or_refused",
+            blobs_carried_without_bytes_are_confirmed_or_refused,
+        ),
         ("heard_by_matches_its_parts", heard_by_matches_its_parts),
         ("fork_starts_at_fork_point", fork_starts_at_fork_point),
         ("summaries_match_events", summaries_match_events),

@@ -7,10 +7,15 @@
 //!    Worker threads parse lines and hash them ahead of these checks (`import/prepare.rs`);
 //!    the checks and their errors stay in file order on the calling thread. Once the events
 //!    have verified, a thread stores each plain blob line that verifies while the rest is
-//!    read (`import/early.rs`).
+//!    read (`import/early.rs`), and the line's bytes are dropped once it is stored. The lines
+//!    left for phase 2 (model requests; every line when nothing is stored early) are kept in
+//!    memory up to half of [`ImportOptions::chunk_bytes`] and spilled to a temporary file past
+//!    it (`import/held.rs`), so what an import holds is bounded by its chunk, not by its file
+//!    ([`ImportStats`]); a manifest line naming a line held no more reads it back, verified.
 //! 2. **Store** (`import/commit.rs`): if the run already exists it must hold the same events
 //!    (then the import is a no-op); otherwise the run is created and its events and blobs are
-//!    committed in chunks, carrying the blobs stored early with where they are. No run and no
+//!    committed in chunks, carrying the blobs stored early with where they are and without
+//!    their bytes ([`BlobPut::stored`](crate::BlobPut)), the rest read back. No run and no
 //!    event is stored unless the whole file verified; a file that fails after some blob lines
 //!    may leave those blobs stored, referenced by nothing, for `retrace gc` to sweep. The run is
 //!    created `running`, with no head and the [`UNFINISHED_LABEL`], and gets the file's header
@@ -24,6 +29,7 @@
 mod commit;
 pub use commit::UNFINISHED_LABEL;
 mod early;
+mod held;
 mod identity;
 mod prepare;
 mod read;
@@ -45,6 +51,8 @@ pub struct ImportOptions<'a> {
     /// Bytes a stored transaction is given to write, about: one ends after the event that takes
     /// it past this many, counting the blobs it stores (a model request held in the file as a
     /// manifest counts as the whole request it is rebuilt into, since the store is handed that).
+    /// It bounds the memory the blob lines are held in too, at about one and a half times this
+    /// ([`ImportStats::peak_held_bytes`]), whatever the size of the file.
     pub chunk_bytes: u64,
     /// Called with the number of bytes read so far.
     pub progress: Option<&'a mut dyn FnMut(u64)>,
@@ -54,6 +62,31 @@ pub struct ImportOptions<'a> {
     /// truncated file's complete lines are kept. What the store can't hold is still refused:
     /// a line that is not JSON, an unknown format, seqs out of order.
     pub forced: Option<&'a mut dyn FnMut(&ImportError)>,
+    /// When set, filled in with what the import held in memory ([`ImportStats`]) once it has
+    /// stored the run or found it present.
+    pub stats: Option<&'a mut ImportStats>,
+}
+
+/// What an import's blob bytes cost: the memory it held them in, what it spilled to its
+/// temporary file and read back. What tests and benchmarks check memory against, instead of
+/// the resident set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportStats {
+    /// The most bytes of blob lines held in memory at once while the file was read (counted
+    /// after each line): lines waiting to be stored early (up to three quarters of
+    /// [`ImportOptions::chunk_bytes`] and a blob per transaction in flight), lines kept for
+    /// phase 2 within their allowance (half of it) and bytes cached as they were read back (a
+    /// quarter).
+    pub peak_held_bytes: u64,
+    /// Bytes of blob lines written to the import's temporary file: lines kept for phase 2
+    /// past their allowance (model requests, or every line of a run the store holds already).
+    pub spilled_bytes: u64,
+    /// Bytes read back from the store or the temporary file and verified again, for a manifest
+    /// that names them or to be stored.
+    pub read_back_bytes: u64,
+    /// The most bytes of blobs one stored transaction carried (blobs stored early are carried
+    /// without their bytes).
+    pub peak_batch_bytes: u64,
 }
 
 impl Default for ImportOptions<'_> {
@@ -64,6 +97,7 @@ impl Default for ImportOptions<'_> {
             chunk_bytes: 32 << 20,
             progress: None,
             forced: None,
+            stats: None,
         }
     }
 }
@@ -76,6 +110,7 @@ impl fmt::Debug for ImportOptions<'_> {
             .field("chunk_bytes", &self.chunk_bytes)
             .field("progress", &self.progress.is_some())
             .field("forced", &self.forced.is_some())
+            .field("stats", &self.stats.is_some())
             .finish()
     }
 }
@@ -267,5 +302,10 @@ pub fn import_reader(
     mut opts: ImportOptions<'_>,
 ) -> Result<ImportOutcome, ImportError> {
     let trace = read::read_trace(reader, &mut opts, store)?;
-    commit::store_trace(store, trace, opts.chunk_events.max(1), opts.chunk_bytes)
+    let mut stats = ImportStats::default();
+    let outcome = commit::store_trace(store, trace, opts.chunk_events.max(1), opts.chunk_bytes, &mut stats);
+    if let Some(out) = opts.stats {
+        *out = stats;
+    }
+    outcome
 }

@@ -95,18 +95,29 @@ pub struct BlobPut {
     hint: BlobHint,
     /// Where the caller was told the blob is stored ([`BlobPut::stored_at`]).
     at: Option<BlobAt>,
+    /// Whether `bytes` are the blob's: false for one carried only to be confirmed
+    /// ([`BlobPut::stored`]), whose `bytes` are empty.
+    carried: bool,
 }
 
 impl BlobPut {
     /// A blob of `bytes`, digest computed here.
     pub fn new(bytes: impl Into<Arc<[u8]>>, hint: BlobHint) -> BlobPut {
         let bytes = bytes.into();
-        BlobPut { digest: Digest::of(&bytes), bytes, hint, at: None }
+        BlobPut { digest: Digest::of(&bytes), bytes, hint, at: None, carried: true }
     }
 
     /// A blob whose `digest` this crate has just checked against `bytes` (an import).
     pub(crate) fn checked(digest: Digest, bytes: Arc<[u8]>, hint: BlobHint) -> BlobPut {
-        BlobPut { digest, bytes, hint, at: None }
+        BlobPut { digest, bytes, hint, at: None, carried: true }
+    }
+
+    /// A blob this crate stored itself through [`EventStore::put_blobs`] (an import's early
+    /// blobs), carried again without its bytes: a commit only confirms it, where `at` says or
+    /// by its digest, and fails with `NotFound` if it is gone (collected meanwhile), never
+    /// storing anything for it. So an import need not hold the bytes of what it stored early.
+    pub(crate) fn stored(digest: Digest, at: Option<BlobAt>, hint: BlobHint) -> BlobPut {
+        BlobPut { digest, bytes: Arc::from(&[][..]), hint, at, carried: false }
     }
 
     /// The same blob, said to be stored already where [`EventStore::put_blobs`] put it: a
@@ -123,9 +134,16 @@ impl BlobPut {
         self.digest
     }
 
-    /// The bytes.
+    /// The bytes: empty when they are not [`carried`](BlobPut::carries_bytes).
     pub fn bytes(&self) -> &Arc<[u8]> {
         &self.bytes
+    }
+
+    /// Whether the blob's bytes are carried: false for a blob this crate stored earlier and
+    /// carries again only to be confirmed where it is (an import's early blobs), which a
+    /// backend must find stored or refuse the batch (`NotFound`).
+    pub fn carries_bytes(&self) -> bool {
+        self.carried
     }
 
     /// How to store it.
@@ -189,7 +207,8 @@ pub struct Batch {
     pub run_id: String,
     /// Events in seq order, sealed (seq, prev and hash set).
     pub events: Vec<Event>,
-    /// Blobs the events reference (already-stored blobs may be repeated; they are skipped).
+    /// Blobs the events reference (already-stored blobs may be repeated; they are skipped; one
+    /// that doesn't [carry its bytes](BlobPut::carries_bytes) must be stored).
     pub blobs: Vec<BlobPut>,
     /// Cache entries the events produced, by step key, in order (a later entry of the same key
     /// replaces an earlier one). Each entry's output blob must be in `blobs` or already stored.

@@ -159,8 +159,17 @@ impl EventStore for MemoryStore {
             check_seqs(&batch.run_id, last, entry.meta.fork_at, &batch.events)?;
         }
         check_batch(batch, |d| Ok(inner.blobs.contains_key(d)))?;
+        // A blob carried without its bytes is confirmed only: it must be stored.
+        if let Some(gone) =
+            batch.blobs.iter().find(|b| !b.carries_bytes() && !inner.blobs.contains_key(&b.digest))
+        {
+            return Err(StoreError::not_found(format!(
+                "blob {}, stored earlier without a run, is gone",
+                gone.digest
+            )));
+        }
         let now = now_ms();
-        for blob in &batch.blobs {
+        for blob in batch.blobs.iter().filter(|b| b.carries_bytes()) {
             inner.blobs.entry(blob.digest).or_insert_with(|| (Arc::clone(&blob.bytes), now));
         }
         for (key, entry) in &batch.cache {

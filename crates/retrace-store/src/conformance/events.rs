@@ -606,3 +606,44 @@ pub fn put_blobs_then_commit_where_they_are(make: MakeStore<'_>) {
     }
     assert_eq!(store.get_blob(&never.digest()).unwrap(), never.bytes().to_vec(), "stored despite its hint");
 }
+
+/// A blob stored through [`crate::EventStore::put_blobs`] and carried again without its bytes
+/// (`BlobPut::stored`, what an import commits for its early blobs; see
+/// [`crate::BlobPut::carries_bytes`]) is confirmed, with its place or without, and reads its
+/// own bytes; one that was never stored fails the whole batch (`NotFound`) and stores nothing,
+/// not even an empty blob under its digest.
+pub fn blobs_carried_without_bytes_are_confirmed_or_refused(make: MakeStore<'_>) {
+    use crate::{BlobHint, BlobPut};
+    let store = make();
+    let mut seed = 33;
+    let mut text = |n: usize| super::text(&mut seed, n).into_bytes();
+    let puts = [text(40), text(1200), text(crate::INLINE_BLOB_MAX + 3)]
+        .map(|bytes| BlobPut::new(bytes, BlobHint::Raw));
+    let places = store.put_blobs(&puts).unwrap();
+    let never = BlobPut::new(text(600), BlobHint::Raw);
+    let carried = |put: &BlobPut, at| BlobPut::stored(put.digest(), at, BlobHint::Raw);
+    store.create_run(&sample_run("confirmed", 1)).unwrap();
+    let event = |seq: u64, prev, request: &BlobPut, output: &BlobPut| {
+        let mut e = retrace_core::Event::new("confirmed", "agent", retrace_core::EventType::ToolCall);
+        e.seq = seq;
+        e.key = Digest::of(seq.to_string().as_bytes());
+        e.request_ref = Some(request.digest());
+        e.output_ref = Some(output.digest());
+        e.seal(prev).unwrap();
+        e
+    };
+    let first = event(1, None, &puts[0], &puts[1]);
+    let blobs = vec![carried(&puts[0], places[0]), carried(&puts[1], None), carried(&puts[2], places[2])];
+    assert!(blobs.iter().all(|b| !b.carries_bytes() && b.bytes().is_empty()));
+    let batch = |events, blobs| Batch { run_id: "confirmed".into(), events, blobs, cache: Vec::new() };
+    store.commit(&batch(vec![first.clone()], blobs)).unwrap();
+    for put in &puts {
+        assert_eq!(store.get_blob(&put.digest()).unwrap(), put.bytes().to_vec());
+    }
+    let second = event(2, Some(first.hash), &puts[2], &never);
+    let refused =
+        store.commit(&batch(vec![second], vec![carried(&never, places[1]), carried(&puts[2], None)]));
+    assert_eq!(err_kind(refused), StoreErrorKind::NotFound);
+    assert_eq!(store.last_seq("confirmed").unwrap(), 1, "a refused batch stored its event");
+    assert_eq!(err_kind(store.get_blob(&never.digest())), StoreErrorKind::NotFound);
+}

@@ -4,9 +4,10 @@ use retrace_core::envelope::EventType;
 use retrace_core::run::{RunMeta, RunStatus};
 use retrace_core::{Digest, Event};
 
+use super::held::Held;
 use super::identity::{first_difference, Identity, Mismatched};
-use super::read::{Held, Trace, TraceSource};
-use super::{ImportError, ImportOutcome};
+use super::read::{Trace, TraceSource};
+use super::{ImportError, ImportOutcome, ImportStats};
 use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
 
 /// Events compared per page when the run (or a fork's source) is already stored.
@@ -18,18 +19,23 @@ const PAGE: usize = 4096;
 /// marked so, never looking whole, and importing the same file again stores what is missing.
 pub const UNFINISHED_LABEL: &str = "retrace.unfinished_import";
 
-/// Stores a verified trace, or finds it already present.
+/// Stores a verified trace, or finds it already present; `stats` says what its blobs' bytes
+/// cost in memory.
 pub(super) fn store_trace(
     store: &dyn Store,
-    trace: Trace,
+    trace: Trace<'_>,
     chunk: usize,
     budget: u64,
+    stats: &mut ImportStats,
 ) -> Result<ImportOutcome, ImportError> {
+    *stats = trace.keep.stats.clone();
     let run_id = trace.header.run.id.clone();
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
     check_sources(store, &run_id, &trace.events, &trace.mismatched)?;
     let done = match store.run(&run_id) {
-        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => stored_prefix(store, &run_id, &trace)?,
+        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => {
+            stored_prefix(store, &run_id, &trace.events, &trace.mismatched)?
+        }
         Ok(held) => {
             compare(store, &run_id, &trace)?;
             compare_header(&held, &trace.header.run)?;
@@ -50,26 +56,25 @@ pub(super) fn store_trace(
     let chunks = assign_chunks(&trace, chunk, budget, done);
     let hints = hints(&trace);
     let (event_count, blob_count) = (trace.events.len() as u64, trace.blobs.len() as u64);
-    let Trace { header, events, blobs, index, stored: early, .. } = trace;
+    let Trace { header, events, blobs, index, mut keep, .. } = trace;
     let header = header.run;
     let mut events = events.into_iter().skip(done);
     // The blob at `i`, to store: a manifest line's request rebuilt now, from the lines it names.
-    let put = |i: usize| -> Result<BlobPut, ImportError> {
+    let mut put = |i: usize| -> Result<BlobPut, ImportError> {
         let blob = &blobs[i];
         let bytes = match &blob.held {
-            Held::Bytes(bytes) => bytes.clone(),
+            // Stored while the file was read: the commit confirms it where it is.
+            &Held::Stored { at, .. } => return Ok(BlobPut::stored(blob.digest, at, hints[i])),
             Held::Manifest { compact, .. } => {
-                TraceSource::new(&blobs, &index).rebuild(compact).map_err(stored)?.into()
+                TraceSource::new(&blobs, &index, &mut keep).rebuild(compact).map_err(stored)?.into()
             }
+            held => keep.for_storing(&blob.digest, held).map_err(stored)?,
         };
-        // Every blob's digest was checked against its bytes as its line was read (`checked`).
-        let put = BlobPut::checked(blob.digest, bytes, hints[i]);
-        // Stored while the file was read: the commit confirms it where it is.
-        Ok(match early.get(&blob.digest) {
-            Some(&at) => put.stored_at(at),
-            None => put,
-        })
+        // Every blob's digest was checked against its bytes as its line was read (`checked`),
+        // and again as it was read back.
+        Ok(BlobPut::checked(blob.digest, bytes, hints[i]))
     };
+    let mut peak_batch = 0u64;
     // Each batch committed is freed on another thread (its rebuilt requests may be large): the
     // commits are the only work left, and they are serial.
     let (freed, free) = std::sync::mpsc::channel::<Batch>();
@@ -82,9 +87,11 @@ pub(super) fn store_trace(
             let batch = Batch {
                 run_id: run_id.clone(),
                 events: events.by_ref().take(members.events).collect(),
-                blobs: members.blobs.into_iter().map(put).collect::<Result<_, _>>()?,
+                blobs: members.blobs.into_iter().map(&mut put).collect::<Result<_, _>>()?,
                 cache: Vec::new(),
             };
+            let bytes = batch.blobs.iter().map(|b| b.bytes().len() as u64).sum::<u64>();
+            peak_batch = peak_batch.max(bytes);
             store.commit(&batch).map_err(stored)?;
             let _ = freed.send(batch);
         }
@@ -93,6 +100,7 @@ pub(super) fn store_trace(
         drop(freed);
         Ok::<_, ImportError>(())
     })?;
+    *stats = ImportStats { peak_batch_bytes: peak_batch, ..keep.stats.clone() };
     // The blob lines' bytes, most of the file, are freed on another thread too (here, if none
     // can start).
     let _ = std::thread::Builder::new().name("import-free".into()).spawn(move || drop(blobs));
@@ -115,7 +123,7 @@ struct Chunk {
 /// self-contained. Blobs stored while the file was read don't count against `budget`; a
 /// manifest line counts as the request it is rebuilt into, so the requests of a long
 /// conversation, each holding every earlier turn again, are rebuilt a few at a time.
-fn assign_chunks(trace: &Trace, chunk: usize, budget: u64, done: usize) -> Vec<Chunk> {
+fn assign_chunks(trace: &Trace<'_>, chunk: usize, budget: u64, done: usize) -> Vec<Chunk> {
     const STORED: usize = usize::MAX - 1;
     let index = &trace.index;
     let mut chunks: Vec<Chunk> = Vec::new();
@@ -142,7 +150,7 @@ fn assign_chunks(trace: &Trace, chunk: usize, budget: u64, done: usize) -> Vec<C
             }
             chunk_of[blob] = c;
             let blob = &trace.blobs[blob];
-            if !trace.stored.contains_key(&blob.digest) {
+            if !matches!(blob.held, Held::Stored { .. }) {
                 bytes += blob.len();
             }
             stack.extend(blob.names.iter().flatten());
@@ -163,7 +171,7 @@ fn assign_chunks(trace: &Trace, chunk: usize, budget: u64, done: usize) -> Vec<C
 
 /// How to store each blob (by its place in `trace.blobs`): model requests and responses as
 /// such (so the store may keep them as manifests, as at record), the rest raw.
-fn hints(trace: &Trace) -> Vec<BlobHint> {
+fn hints(trace: &Trace<'_>) -> Vec<BlobHint> {
     let mut hints = vec![None; trace.blobs.len()];
     for request in model_requests(&trace.events) {
         if let Some(&i) = trace.index.get(&request) {
@@ -195,9 +203,14 @@ pub(super) fn model_requests(events: &[Event]) -> impl Iterator<Item = Digest> +
 
 /// The run is stored in part (an import that didn't finish): its events must be the first of
 /// the file's, hash for hash. How many it holds.
-fn stored_prefix(store: &dyn Store, run_id: &str, trace: &Trace) -> Result<usize, ImportError> {
+pub(super) fn stored_prefix(
+    store: &dyn Store,
+    run_id: &str,
+    events: &[Event],
+    mismatched: &Mismatched,
+) -> Result<usize, ImportError> {
     let held = held_events(store, run_id)?;
-    let file = Identity::of_file(&trace.events[..held.len().min(trace.events.len())], &trace.mismatched);
+    let file = Identity::of_file(&events[..held.len().min(events.len())], mismatched);
     match first_difference(&held, &file) {
         None => Ok(held.len()),
         Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
@@ -218,7 +231,7 @@ fn held_events(store: &dyn Store, run_id: &str) -> Result<Vec<Identity>, ImportE
 /// The run is stored already: its events must be the file's, hash for hash. Both are the run as
 /// exported: a fork recorded here stores only its own events and inherits the rest from its
 /// source, while its file holds them all.
-fn compare(store: &dyn Store, run_id: &str, trace: &Trace) -> Result<(), ImportError> {
+fn compare(store: &dyn Store, run_id: &str, trace: &Trace<'_>) -> Result<(), ImportError> {
     let held = held_events(store, run_id)?;
     let file = Identity::of_file(&trace.events, &trace.mismatched);
     match first_difference(&held, &file) {

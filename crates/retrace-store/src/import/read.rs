@@ -1,5 +1,6 @@
-//! Phase 1 of an import: read every line and verify it, keeping what will be stored in memory
-//! (a manifest line as itself, not as the request it stands for: see [`Held`]).
+//! Phase 1 of an import: read every line and verify it, keeping what will be stored (within a
+//! bounded memory, and a manifest line as itself, not as the request it stands for: see
+//! `import/held.rs`).
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
 use std::io::BufRead;
@@ -11,6 +12,7 @@ use retrace_core::export::{check_format, ExportHeader, FormatError};
 use retrace_core::{Digest, Event};
 
 use super::early::{self, Early};
+use super::held::{Held, Keep};
 use super::identity::Mismatched;
 use super::prepare::{Body, Line, ParsedBlob, ParsedEvent, Pipeline, Prepared};
 use super::{ImportError, ImportOptions, Location};
@@ -25,15 +27,15 @@ use crate::{Store, StoreError, StoreResult};
 const PREALLOCATED: u64 = 1 << 20;
 
 /// A verified trace, ready to store.
-pub(super) struct Trace {
+pub(super) struct Trace<'s> {
     pub header: ExportHeader,
     pub events: Vec<Event>,
     /// Blob lines in file order: every manifest after the blobs it names.
     pub blobs: Vec<ReadBlob>,
     /// Where each blob is in `blobs`.
     pub index: DigestMap<usize>,
-    /// Where the blobs stored while the file was read are (`import/early.rs`).
-    pub stored: early::Stored,
+    /// Where the blob lines' bytes are, and what holding them cost.
+    pub keep: Keep<'s>,
     /// Events whose content doesn't give their hash (a forced import only).
     pub mismatched: Mismatched,
 }
@@ -46,42 +48,29 @@ pub(super) struct ReadBlob {
     pub names: Option<Vec<Digest>>,
 }
 
-/// What a verified blob line keeps until it is stored.
-pub(super) enum Held {
-    /// A text or base64 line's bytes.
-    Bytes(Arc<[u8]>),
-    /// A manifest line, in the compact encoding, and the length of the request it stands for.
-    /// The request is rebuilt from the lines it names only as it is stored
-    /// ([`TraceSource`]): together, a conversation's requests hold every earlier turn again
-    /// at each turn, so holding them whole would take memory quadratic in its length.
-    Manifest { compact: Arc<[u8]>, len: u64 },
-}
-
 impl ReadBlob {
     /// Bytes of the blob as stored: a manifest's rebuilt request.
     pub fn len(&self) -> u64 {
-        match &self.held {
-            Held::Bytes(bytes) => bytes.len() as u64,
-            Held::Manifest { len, .. } => *len,
-        }
+        self.held.len()
     }
 }
 
 /// The blob lines of a trace, read so far, as what a manifest among them is rebuilt from.
-pub(super) struct TraceSource<'a> {
+pub(super) struct TraceSource<'a, 's> {
     pub blobs: &'a [ReadBlob],
     pub index: &'a DigestMap<usize>,
+    keep: &'a mut Keep<'s>,
     /// Manifests being rebuilt as another's part (not its base), innermost last.
     nested: usize,
 }
 
-impl<'a> TraceSource<'a> {
+impl<'a, 's> TraceSource<'a, 's> {
     /// At most this many manifests are rebuilt inside each other. A manifest names another
     /// as a part only where a model's response has the bytes of a later request's message.
     const NESTED: usize = 4;
 
-    pub fn new(blobs: &'a [ReadBlob], index: &'a DigestMap<usize>) -> Self {
-        TraceSource { blobs, index, nested: 0 }
+    pub fn new(blobs: &'a [ReadBlob], index: &'a DigestMap<usize>, keep: &'a mut Keep<'s>) -> Self {
+        TraceSource { blobs, index, keep, nested: 0 }
     }
 
     fn find(&self, digest: &Digest) -> StoreResult<&'a ReadBlob> {
@@ -98,17 +87,16 @@ impl<'a> TraceSource<'a> {
     }
 }
 
-impl ManifestSource for TraceSource<'_> {
+impl ManifestSource for TraceSource<'_, '_> {
     fn manifest(&mut self, digest: &Digest) -> StoreResult<Option<Vec<u8>>> {
         Ok(match &self.find(digest)?.held {
             Held::Manifest { compact, .. } => Some(compact.to_vec()),
-            Held::Bytes(_) => None,
+            _ => None,
         })
     }
 
     fn bytes(&mut self, digest: &Digest) -> StoreResult<Vec<u8>> {
         match &self.find(digest)?.held {
-            Held::Bytes(bytes) => Ok(bytes.to_vec()),
             Held::Manifest { compact, .. } => {
                 if self.nested == Self::NESTED {
                     let message = format!("manifests nest more than {} deep at blob {digest}", Self::NESTED);
@@ -119,6 +107,7 @@ impl ManifestSource for TraceSource<'_> {
                 self.nested -= 1;
                 rebuilt
             }
+            held => Ok(self.keep.bytes(digest, held)?.to_vec()),
         }
     }
 }
@@ -199,11 +188,11 @@ fn json_message(err: &serde_json::Error) -> String {
 
 /// Reads and verifies a whole trace; worker threads parse and hash lines ahead of the checks.
 /// Blobs that verify are stored into `store` while the rest is read, when [`early::wanted`].
-pub(super) fn read_trace(
+pub(super) fn read_trace<'s>(
     mut reader: impl BufRead,
     opts: &mut ImportOptions<'_>,
-    store: &dyn Store,
-) -> Result<Trace, ImportError> {
+    store: &'s dyn Store,
+) -> Result<Trace<'s>, ImportError> {
     let header_at = Location { file: opts.file_name.clone(), line: 1 };
     let mut first = Vec::new();
     let read = reader
@@ -229,7 +218,7 @@ fn read_body<'scope, 'env, R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: ExportHeader,
     store: &'env dyn Store,
-) -> Result<Trace, ImportError> {
+) -> Result<Trace<'env>, ImportError> {
     let (events, mismatched) = read_events(lines, &header)?;
     let mut needed: DigestMap<u64> =
         DigestMap::with_capacity_and_hasher(2 * events.len(), FastHash::default());
@@ -241,10 +230,12 @@ fn read_body<'scope, 'env, R: BufRead>(
     // A forced import of a file cut among its events has no blob lines left to read.
     let cut = (events.len() as u64) < header.events;
     let wanted = !cut && early::wanted(store, &header, &events, &mismatched);
-    let mut early = wanted.then(|| Early::start(scope, store, &events));
-    let (blobs, index) = match cut {
+    let chunk_bytes = lines.opts.chunk_bytes;
+    let mut early = wanted.then(|| Early::start(scope, store, &events, chunk_bytes));
+    let mut keep = Keep::new(store, chunk_bytes);
+    let (mut blobs, index) = match cut {
         true => (Vec::new(), DigestMap::default()),
-        false => read_blobs(lines, &header, &needed, early.as_mut())?,
+        false => read_blobs(lines, &header, &needed, early.as_mut(), &mut keep)?,
     };
     if lines.next()?.is_some() {
         let message = format!(
@@ -266,13 +257,12 @@ fn read_body<'scope, 'env, R: BufRead>(
         let at = Location { file: lines.opts.file_name.clone(), line: 1 };
         lines.forgive(ImportError::Verification { at, seq: None, digest: None, message })?;
     }
-    let stored = match early {
-        Some(early) => {
-            early.finish().map_err(|source| ImportError::Store { run_id: header.run.id.clone(), source })?
-        }
-        None => early::Stored::default(),
-    };
-    Ok(Trace { header, events, blobs, index, stored, mismatched })
+    if let Some(early) = early {
+        let placed =
+            early.finish().map_err(|source| ImportError::Store { run_id: header.run.id.clone(), source })?;
+        place(&mut keep, &mut blobs, &index, placed);
+    }
+    Ok(Trace { header, events, blobs, index, keep, mismatched })
 }
 
 fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
@@ -394,11 +384,26 @@ fn looks_like(line: &[u8], key: &str) -> bool {
         .is_ok_and(|map| map.contains_key(key))
 }
 
+/// The blobs stored early, `placed` where the store said: their bytes are dropped.
+fn place(
+    keep: &mut Keep<'_>,
+    blobs: &mut [ReadBlob],
+    index: &DigestMap<usize>,
+    placed: impl IntoIterator<Item = early::Placed>,
+) {
+    for (digest, at) in placed.into_iter().flatten() {
+        if let Some(&i) = index.get(&digest) {
+            keep.stored(&mut blobs[i].held, at);
+        }
+    }
+}
+
 fn read_blobs<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
     needed: &DigestMap<u64>,
     mut early: Option<&mut Early<'_>>,
+    keep: &mut Keep<'_>,
 ) -> Result<(Vec<ReadBlob>, DigestMap<usize>), ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(PREALLOCATED) as usize);
     let mut index: DigestMap<usize> =
@@ -444,13 +449,28 @@ fn read_blobs<R: BufRead>(
             let first_line = 2 + header.events + first as u64;
             return Err(lines.malformed(format!("blob {digest} appears twice (first on line {first_line})")));
         }
-        match decode_blob(lines, parsed, &blobs, &index) {
+        match decode_blob(lines, parsed, &blobs, &index, keep) {
             Ok(blob) => {
-                if let Some(early) = early.as_deref_mut() {
-                    early.offer(&blob);
-                }
-                index.insert(digest, blobs.len());
+                let i = blobs.len();
+                index.insert(digest, i);
                 blobs.push(blob);
+                let blob = &mut blobs[i];
+                if let Held::Bytes(bytes) = &blob.held {
+                    let bytes = bytes.clone();
+                    let taken = early.as_deref_mut().is_some_and(|early| early.offer(digest, &bytes));
+                    blob.held = match taken {
+                        true => keep.hold(bytes),
+                        false => keep
+                            .keep(bytes)
+                            .map_err(|source| ImportError::Store { run_id: header.run.id.clone(), source })?,
+                    };
+                }
+                // What was stored while this line was handed over is dropped before the bytes
+                // held are counted.
+                if let Some(early) = early.as_deref() {
+                    place(keep, &mut blobs, &index, early.placed());
+                }
+                keep.count();
             }
             // Forced: a blob that doesn't verify is left out (events referencing it then
             // reference a missing blob, which `retrace verify` reports).
@@ -466,6 +486,7 @@ fn decode_blob<R: BufRead>(
     line: ParsedBlob,
     blobs: &[ReadBlob],
     index: &DigestMap<usize>,
+    keep: &mut Keep<'_>,
 ) -> Result<ReadBlob, ImportError> {
     let digest = line.digest;
     let (what, held, actual, names): (&str, Held, Digest, _) = match line.body {
@@ -483,7 +504,7 @@ fn decode_blob<R: BufRead>(
                 return Err(lines.verification(None, Some(digest), message));
             }
             let compact: Arc<[u8]> = Manifest::decode(&manifest).map_err(bad)?.encode().into();
-            let (actual, len) = manifest::digest_with(&compact, &mut TraceSource::new(blobs, index))
+            let (actual, len) = manifest::digest_with(&compact, &mut TraceSource::new(blobs, index, keep))
                 .map_err(|e| {
                     lines.verification(
                         None,

@@ -320,12 +320,12 @@ pub(crate) fn remove_dead_temps(dir: &Path) {
     }
 }
 
-/// Whether the log may take `batch`: it has events, and no blob is kept as a file ([`encode`]
-/// still refuses a record over [`MAX_RECORD_BYTES`]).
+/// Whether the log may take `batch`: it has events, and no blob is kept as a file or carried
+/// without its bytes ([`encode`] still refuses a record over [`MAX_RECORD_BYTES`]).
 pub(crate) fn takes(batch: &Batch) -> bool {
     let blob_bytes: usize = batch.blobs.iter().map(|b| b.bytes().len()).sum();
     !batch.events.is_empty()
-        && batch.blobs.iter().all(|b| b.bytes().len() <= INLINE_BLOB_MAX)
+        && batch.blobs.iter().all(|b| b.carries_bytes() && b.bytes().len() <= INLINE_BLOB_MAX)
         && blob_bytes <= MAX_RECORD_BYTES
 }
 

@@ -74,7 +74,8 @@ pub(crate) fn prefetch(tx: &Connection, staged: &mut Staged<'_>, digests: &[Dige
 }
 
 /// Stores a batch's blobs inside `tx`: those said to be stored already ([`BlobPut::at`]) are
-/// confirmed where they are said to be; plain blobs up to [`INLINE_BLOB_MAX`] are inserted at
+/// confirmed where they are said to be (one carried without its bytes must be found, by its
+/// place or its digest, or the batch fails); plain blobs up to [`INLINE_BLOB_MAX`] are inserted at
 /// once unless their digest is there ([`put_plain`]); the rest (model requests and responses,
 /// which may become manifests, and blobs kept as files) are looked up together ([`prefetch`])
 /// and put ([`put`]) unless stored. `staged.known` ends up holding every blob's row id.
@@ -88,7 +89,7 @@ pub(crate) fn put_all(
     let plain = |b: &BlobPut| b.hint() == BlobHint::Raw && b.bytes().len() <= INLINE_BLOB_MAX;
     let unknown: Vec<Digest> = blobs
         .iter()
-        .filter(|b| !plain(b))
+        .filter(|b| !plain(b) || !b.carries_bytes())
         .map(|b| b.digest())
         .filter(|d| !staged.known.contains_key(d))
         .collect();
@@ -96,7 +97,12 @@ pub(crate) fn put_all(
     let mut rows = RowInserter::new(tx)?;
     for blob in blobs {
         let digest = blob.digest();
-        let id = if plain(blob) && !staged.known.contains_key(&digest) {
+        let id = if !blob.carries_bytes() {
+            // Carried only to be confirmed: it must be stored, and nothing is stored for it.
+            stored_id(tx, staged, &digest)?.ok_or_else(|| {
+                StoreError::not_found(format!("blob {digest}, stored earlier without a run, is gone"))
+            })?
+        } else if plain(blob) && !staged.known.contains_key(&digest) {
             put_plain(tx, &mut rows, staged, &digest, blob.bytes())?
         } else {
             put(tx, staged, run_pk, &digest, blob.bytes(), blob.hint())?
