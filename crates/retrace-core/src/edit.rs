@@ -224,12 +224,48 @@ impl FromStr for Edit {
                 }
                 let value = serde_json::from_str(value)
                     .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+                if let Some(want) = param_type(name).filter(|want| !want.fits(&value)) {
+                    return Err(bad(&format!("{name} takes {}, not {value}", want.name())));
+                }
                 Ok(Edit::Param { agent: agent.into(), name: name.into(), value })
             }
             _ => Err(bad(
                 "unknown kind; want swap, message, tool-output, model-output, prompt, model or param",
             )),
         }
+    }
+}
+
+/// What a well-known sampling parameter takes (the providers refuse anything else).
+#[derive(Clone, Copy)]
+enum ParamType {
+    Number,
+    Integer,
+}
+
+impl ParamType {
+    fn fits(self, value: &serde_json::Value) -> bool {
+        match self {
+            ParamType::Number => value.is_number(),
+            ParamType::Integer => value.is_u64() || value.is_i64(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ParamType::Number => "a number",
+            ParamType::Integer => "an integer",
+        }
+    }
+}
+
+fn param_type(name: &str) -> Option<ParamType> {
+    match name {
+        "temperature" | "top_p" | "frequency_penalty" | "presence_penalty" => Some(ParamType::Number),
+        "max_tokens" | "max_completion_tokens" | "max_output_tokens" | "seed" | "n" | "top_k" => {
+            Some(ParamType::Integer)
+        }
+        _ => None,
     }
 }
 
@@ -271,6 +307,8 @@ mod tests {
             ("frob:1", "unknown kind"),
             ("nocolon", "KIND:"),
             ("param:reviewer=1", "AGENT.NAME"),
+            ("param:reviewer.temperature=hot", "temperature takes a number, not \"hot\""),
+            ("param:reviewer.max_tokens=1.5", "max_tokens takes an integer, not 1.5"),
         ] {
             let err = text.parse::<Edit>().unwrap_err();
             assert!(err.to_string().contains(why), "{text}: {err}");

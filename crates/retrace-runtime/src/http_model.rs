@@ -89,13 +89,15 @@ impl Agent {
         }
     }
 
-    /// Runs one proxied model call. Record: runs `live`, then appends the event and waits for
-    /// its acknowledgment, so whatever the caller releases afterwards depends on a stored event.
-    /// Replay: matches the call by key against this agent's unconsumed recorded steps (SPEC §7)
-    /// and returns the recorded document; `live` never runs.
+    /// Runs one proxied model call. Record: runs `live` with the body to send, then appends the
+    /// event and waits for its acknowledgment, so whatever the caller releases afterwards depends
+    /// on a stored event. In a fork the body handed to `live` is the call's with the fork's
+    /// `model:` and `param:` edits applied (SPEC §4: the proxy rewrites the body's fields), the
+    /// request the event records. Replay: matches the call by key against this agent's
+    /// unconsumed recorded steps (SPEC §7) and returns the recorded document; `live` never runs.
     pub async fn http_model<F, Fut>(&self, call: HttpModelCall, live: F) -> RuntimeResult<HttpModelReply>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Vec<u8>) -> Fut,
         Fut: Future<Output = RuntimeResult<HttpModelOutput>>,
     {
         if self.remote().is_some() {
@@ -130,6 +132,11 @@ impl Agent {
         }
         template.params = (!params.is_empty()).then_some(params);
         let mut input = StepInput::new(template, Value::Null).model_request().acknowledged();
+        // What goes upstream, if anything does: the request as recorded.
+        let send = match inner.mode {
+            Mode::Replay => Vec::new(),
+            _ => call.body.clone(),
+        };
         input.raw_request = Some(RawRequest { body: call.body, key_headers: call.key_headers });
         if let Some(d) = self.session.divergence() {
             return Err(d.into());
@@ -140,14 +147,14 @@ impl Agent {
         match inner.mode {
             Mode::Off => {
                 inner.live_calls.fetch_add(1, Ordering::Relaxed);
-                let out = live().await?;
+                let out = live(send).await?;
                 Ok(HttpModelReply { document: out.document, source: Source::Live })
             }
             Mode::Record | Mode::Fork => {
                 let mut document = None;
                 let slot = &mut document;
                 let live = || async move {
-                    let out = live().await?;
+                    let out = live(send).await?;
                     *slot = Some(out.document.clone());
                     Ok(LiveOutput::raw(out.document)
                         .latency(out.latency_ms)

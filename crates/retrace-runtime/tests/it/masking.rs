@@ -51,7 +51,7 @@ async fn a_secret_split_across_stream_chunks_is_stored_masked() {
     let live = document.clone().into_bytes();
     let reply = s
         .agent("default")
-        .http_model(call, || async move { Ok(HttpModelOutput { document: live, ..Default::default() }) })
+        .http_model(call, |_| async move { Ok(HttpModelOutput { document: live, ..Default::default() }) })
         .await
         .unwrap();
     assert_eq!(reply.document, document.as_bytes(), "the client gets the live document");

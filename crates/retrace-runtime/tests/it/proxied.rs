@@ -41,10 +41,9 @@ async fn the_event_names_the_model_and_params_and_replay_hands_back_the_document
     for (body, document) in bodies.iter().zip(&documents) {
         let live = document.clone();
         let reply = agent
-            .http_model(
-                call(body),
-                || async move { Ok(HttpModelOutput { document: live, ..Default::default() }) },
-            )
+            .http_model(call(body), |_| async move {
+                Ok(HttpModelOutput { document: live, ..Default::default() })
+            })
             .await
             .unwrap();
         assert_eq!(&reply.document, document);
@@ -67,8 +66,58 @@ async fn the_event_names_the_model_and_params_and_replay_hands_back_the_document
     let agent = r.agent("default");
     for (body, document) in bodies.iter().zip(&documents) {
         let reply =
-            agent.http_model(call(body), || async { panic!("replay calls nothing live") }).await.unwrap();
+            agent.http_model(call(body), |_| async { panic!("replay calls nothing live") }).await.unwrap();
         assert_eq!(&reply.document, document);
     }
+    r.finish(Outcome::default()).unwrap();
+}
+
+/// A fork's `model:` and `param:` edits rewrite the body the proxy sends upstream, not only the
+/// request the fork records (SPEC §4: "the proxy rewrites the body's field"); a replay of the
+/// fork matches the edited request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forks_model_and_param_edits_reach_the_body_sent_upstream() {
+    let store: Arc<dyn Store> = Arc::new(retrace_store::memory::MemoryStore::new());
+    let body = r#"{"model":"gpt-4o-mini","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+    let document = br#"{"format":"retrace-http/1","status":200,"headers":[],"body":{"choices":[]}}"#.to_vec();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let live = document.clone();
+    s.agent("critic")
+        .http_model(
+            call(body),
+            |_| async move { Ok(HttpModelOutput { document: live, ..Default::default() }) },
+        )
+        .await
+        .unwrap();
+    s.finish(Outcome::default()).unwrap();
+
+    let edits = vec!["model:critic=gpt-4o".parse().unwrap(), "param:critic.temperature=0.9".parse().unwrap()];
+    let f = Session::fork_new(store.clone(), &s.run_id(), None, edits, SessionOptions::default()).unwrap();
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (seen, live) = (sent.clone(), document.clone());
+    f.agent("critic")
+        .http_model(call(body), |body| async move {
+            *seen.lock().unwrap() = body;
+            Ok(HttpModelOutput { document: live, ..Default::default() })
+        })
+        .await
+        .unwrap();
+    f.finish(Outcome::default()).unwrap();
+    let sent: serde_json::Value = serde_json::from_slice(&sent.lock().unwrap()).unwrap();
+    assert_eq!((&sent["model"], &sent["temperature"]), (&json!("gpt-4o"), &json!(0.9)), "{sent}");
+    assert_eq!(sent["messages"], json!([{"role": "user", "content": "hi"}]));
+    let event =
+        store.events(&f.run_id(), 1, 10).unwrap().into_iter().find(|e| e.kind == EventType::ModelCall);
+    let event = event.expect("the fork's model call");
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&store.get_blob(&event.request_ref.unwrap()).unwrap()).unwrap();
+    assert_eq!(recorded["body"].get("model").or(recorded.get("model")), Some(&json!("gpt-4o")), "{recorded}");
+
+    // The fork replays: the program sends its original body, the edits apply again, it matches.
+    let r = Session::replay(store.clone(), &f.run_id(), SessionOptions::default()).unwrap();
+    r.agent("critic")
+        .http_model(call(body), |_| async { panic!("replay calls nothing live") })
+        .await
+        .unwrap();
     r.finish(Outcome::default()).unwrap();
 }

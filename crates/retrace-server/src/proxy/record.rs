@@ -61,7 +61,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
             let agent = session.agent(&call.agent);
             let live = {
                 let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
-                move || live(app, call, reply)
+                move |body| live(app, call, reply, body)
             };
             let result = agent.http_model(call.model_call(), live).await;
             let pending = reply.pending.lock().take();
@@ -111,12 +111,20 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
     }
 }
 
-/// The step's live function: calls the upstream and builds the output document.
-async fn live(app: Arc<AppState>, call: Arc<Call>, reply: Arc<Reply>) -> RuntimeResult<HttpModelOutput> {
+/// The step's live function: sends `body` (the call's, with a fork's edits applied) upstream
+/// and builds the output document.
+async fn live(
+    app: Arc<AppState>,
+    call: Arc<Call>,
+    reply: Arc<Reply>,
+    body: Vec<u8>,
+) -> RuntimeResult<HttpModelOutput> {
     let started = Instant::now();
-    let asked = &call.model;
+    // The model asked for: a fork's `model:` edit may have changed it.
+    let edited = (body != call.body).then(|| super::asked_model(&body).ok()).flatten();
+    let asked = edited.as_ref().unwrap_or(&call.model);
     let upstreams = &app.upstreams;
-    let response = match upstreams.send(call.provider, &call.path, &call.headers, call.body.clone()).await {
+    let response = match upstreams.send(call.provider, &call.path, &call.headers, body).await {
         Ok(r) => r,
         Err(e) => return Ok(own_error(&reply, call.provider, &e, started)),
     };

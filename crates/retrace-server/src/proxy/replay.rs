@@ -17,7 +17,7 @@ use crate::AppState;
 /// Serves `call` from the log.
 pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> Response {
     let agent = session.agent(&call.agent);
-    let never = || async { Err(RuntimeError::Usage("replay never calls the upstream".into())) };
+    let never = |_| async { Err(RuntimeError::Usage("replay never calls the upstream".into())) };
     match agent.http_model(call.model_call(), never).await {
         Ok(reply) => match Recorded::decode(&reply.document) {
             Ok(doc) => respond(doc, true),
