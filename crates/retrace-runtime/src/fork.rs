@@ -120,6 +120,13 @@ impl ForkPlan {
                     )))
                 }
             };
+            if send < self.at {
+                return Err(ForkError::BadEdit(format!(
+                    "message:{seq}: the message that delivery carries is sent at seq {send}, before the \
+                     fork point --at {}; fork at {send} or earlier (--at {send})",
+                    self.at
+                )));
+            }
             messages.insert(send, blob);
         }
         self.messages = messages;
@@ -259,6 +266,21 @@ fn causal_path(events: &[Event], from: u64, target: u64) -> Option<Vec<u64>> {
         }
     }
     None
+}
+
+/// The fork point when none is given: the smallest seq the edits name, a `message` edit naming
+/// a delivery counting as its send (the message is edited where it is sent), or 1.
+pub fn default_at(store: &dyn Store, source: &str, edits: &[Edit]) -> StoreResult<u64> {
+    let mut at = retrace_core::edit::default_fork_point(edits);
+    for edit in edits {
+        if let Edit::Message { seq, .. } = edit {
+            let Ok(e) = store.event(source, *seq) else { continue }; // validation names it
+            if let (EventType::Deliver, Some(send)) = (e.kind, e.causal_parent) {
+                at = at.min(send);
+            }
+        }
+    }
+    Ok(at)
 }
 
 fn all_events(store: &dyn Store, run: &str) -> StoreResult<Vec<Event>> {

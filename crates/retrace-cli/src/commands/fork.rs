@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use retrace_core::canonical::canonicalize;
-use retrace_core::edit::{default_fork_point, Content, Edit};
+use retrace_core::edit::{Content, Edit};
 use retrace_core::mask::Masker;
 use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
@@ -37,7 +37,8 @@ macro_rules! examples {
         "Fork a run: re-run its program from the start with one input changed, serve every step the \
 change doesn't reach from the source run at zero tokens, run changed and new steps (from the \
 caches when possible; side effects only as dry runs), and report what moved.\n\n\
-Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, or 1):\n  \
+Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, a message's send for\n\
+a delivery, or 1):\n  \
 swap:A,B                 deliveries A < B to one agent trade messages\n  \
 message:SEQ=@FILE        replace a message body (SEQ: its send or delivery)\n  \
 tool-output:SEQ=@FILE    replace a tool call's recorded output\n  \
@@ -56,7 +57,8 @@ diverged before the fork point; 2 bad usage (an edit that doesn't fit the run, a
 pub struct Args {
     /// The run to fork (id or unique prefix); omit with --runs.
     run: Option<String>,
-    /// The first seq the fork re-decides (default: the smallest seq an edit names, or 1).
+    /// The first seq the fork re-decides (default: the smallest seq an edit names, a message
+    /// edit's send for a delivery, or 1).
     #[arg(long, value_name = "SEQ")]
     at: Option<u64>,
     // The help is a string, not a doc comment: rustdoc would read `[@SNAP]` as a link.
@@ -201,7 +203,10 @@ struct Forked {
 fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
     let source = launcher::source_run(store.as_ref(), run)?;
     let edits = &as_recorded_responses(store.as_ref(), &source.id, edits)?;
-    let at = args.at.unwrap_or_else(|| default_fork_point(edits));
+    let at = match args.at {
+        Some(at) => at,
+        None => retrace_runtime::fork::default_at(store.as_ref(), &source.id, edits)?,
+    };
     ForkPlan::new(at, edits.to_vec())
         .and_then(|p| p.validate(store.as_ref(), &source.id))
         .map_err(|e| usage(format!("can't fork {}: {e}", source.id)))?;

@@ -132,7 +132,10 @@ impl Session {
         options: SessionOptions,
     ) -> RuntimeResult<Session> {
         let source_meta = store.find_run(source)?;
-        let at = at.unwrap_or_else(|| retrace_core::edit::default_fork_point(&edits));
+        let at = match at {
+            Some(at) => at,
+            None => crate::fork::default_at(store.as_ref(), &source_meta.id, &edits)?,
+        };
         ForkPlan::new(at, edits.clone())
             .and_then(|p| p.validate(store.as_ref(), &source_meta.id))
             .map_err(|e| RuntimeError::Usage(e.to_string()))?;

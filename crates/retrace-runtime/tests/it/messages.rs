@@ -90,6 +90,36 @@ async fn replaying_a_fork_hands_the_edited_message_again() {
     assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "{report:?}");
 }
 
+/// `message:SEQ` may name the delivery (fork help: "SEQ: its send or delivery"): the fork then
+/// starts at its send by default, and the receiver hears the edit; an explicit `--at` past the
+/// send is refused, naming the send, rather than forking without the edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_edit_naming_the_delivery_edits_its_send() {
+    use retrace_core::edit::{Content, Edit};
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 3).await;
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let send = events.iter().filter(|e| e.kind == EventType::Send).nth(1).unwrap().seq;
+    let delivery = events.iter().find(|e| e.causal_parent == Some(send) && e.kind == EventType::Deliver);
+    let delivery = delivery.unwrap().seq;
+    assert!(delivery > send);
+    let blob = store.put_blob(br#"{"i":99}"#, retrace_store::BlobHint::Raw).unwrap();
+    let edit = Edit::Message { seq: delivery, content: Content::Blob(blob) };
+    let f =
+        Session::fork_new(store.clone(), &s.run_id(), None, vec![edit.clone()], SessionOptions::default())
+            .unwrap();
+    assert_eq!(store.run(&f.run_id()).unwrap().fork_at, Some(send), "forked at the send");
+    assert_eq!(pipeline(&f, 3).await, ["even:0", "odd:99", "even:2"], "the reviewer hears the edit");
+    f.finish(Outcome::default()).unwrap();
+
+    let late =
+        Session::fork_new(store.clone(), &s.run_id(), Some(delivery), vec![edit], SessionOptions::default());
+    let err = late.err().expect("refused").to_string();
+    assert!(err.contains(&format!("sent at seq {send}, before the fork point --at {delivery}")), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorded_timeout_replays_at_once() {
     let store = store();
