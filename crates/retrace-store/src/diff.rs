@@ -9,8 +9,8 @@
 //! identical keys in recorded order, then each leftover step of the newer run with the older
 //! run's earliest leftover step of the same type and name. Deliveries pair per agent in order.
 //!
-//! **Same or changed.** A pair is the same when the output hashes are equal, or when neither
-//! step has an output and the keys are equal; else it is changed. A delivery's key names only
+//! **Same or changed.** A pair is the same when the keys are equal (the same request) and so
+//! are the output hashes (or neither step has an output); else it is changed. A delivery's key names only
 //! its sender, so a pair of deliveries is the same only if the sends they carry are aligned
 //! with each other and the same as well (or are one inherited send). Hashes are compared first:
 //! output blobs are read only for the changed steps shown, to print a short line diff.
@@ -153,9 +153,9 @@ pub struct RunSide {
 /// likewise for B.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
-    /// Pairs with the same output (inherited events included).
+    /// Pairs with the same request and output (inherited events included).
     pub same: u64,
-    /// Pairs whose outputs differ.
+    /// Pairs whose requests or outputs differ.
     pub changed: u64,
     /// Steps of A nothing in B corresponds to.
     pub only_in_a: u64,
@@ -163,7 +163,7 @@ pub struct Counts {
     pub only_in_b: u64,
 }
 
-/// A pair of corresponding steps whose outputs differ.
+/// A pair of corresponding steps whose requests or outputs differ.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ChangedStep {
     /// The step's seq in A.

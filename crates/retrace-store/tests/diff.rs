@@ -205,7 +205,7 @@ fn recorded_and_cached_steps_cost_nothing_and_count_as_saved() {
         planner tool_call:sql t1 rows1 @2 rec
         planner send:reviewer s1 - @3 rec
         reviewer deliver:planner d1 - @4 rec
-        reviewer model_call:gpt m2b verdict1 @5 hit $2000/50/1.0
+        reviewer model_call:gpt m2 verdict1 @5 hit $2000/50/1.0
         reviewer decision d2 - @6 rec !approve:step:backfill
         planner tool_call:sql t2 rows3 @7
         ",
@@ -246,7 +246,8 @@ fn unrelated_runs_pair_by_key_then_by_type_and_name_with_the_older_as_source() {
     );
     let expected = expect![[r#"
         by Pairing, source A, fork at None
-        same 6 changed 0 only_in_a 1 only_in_b 2
+        same 5 changed 1 only_in_a 1 only_in_b 2
+        changed a7 b5 planner tool_call sql
         only_in_a 6 reviewer decision
         only_in_b 6 planner send reviewer
         only_in_b 7 reviewer deliver planner
@@ -262,7 +263,8 @@ fn unrelated_runs_pair_by_key_then_by_type_and_name_with_the_older_as_source() {
         "old",
         expect![[r#"
             by Pairing, source B, fork at None
-            same 6 changed 0 only_in_a 2 only_in_b 1
+            same 5 changed 1 only_in_a 2 only_in_b 1
+            changed a5 b7 planner tool_call sql
             only_in_a 6 planner send reviewer
             only_in_a 7 reviewer deliver planner
             only_in_b 6 reviewer decision
@@ -289,7 +291,8 @@ fn leftover_steps_pair_with_the_earliest_of_the_same_type_and_name() {
         ",
     );
     // k2 is matched by key although it comes later; k8 and k9 take the earliest leftovers of
-    // x (k1, then k4; the latter with the same output, so the same); z and y have no partner;
+    // x (k1, then k4; the latter with the same output but asked differently, so changed); z
+    // and y have no partner;
     // the deliveries pair in order, the second with another message's key.
     commit(
         &store,
@@ -310,8 +313,9 @@ fn leftover_steps_pair_with_the_earliest_of_the_same_type_and_name() {
         "new",
         expect![[r#"
             by Pairing, source A, fork at None
-            same 3 changed 2 only_in_a 1 only_in_b 2
+            same 2 changed 3 only_in_a 1 only_in_b 2
             changed a1 b1 a tool_call x
+            changed a4 b3 a tool_call x
             changed a6 b6 b deliver a
             only_in_a 3 a tool_call y
             only_in_b 4 a tool_call z
@@ -494,6 +498,13 @@ fn a_changed_step_whose_request_changed_too_shows_the_request_diff_first() {
     assert_eq!(diff.changed[1].request_diff, None, "the same request: only the output differs");
     let json = serde_json::to_value(&diff).unwrap();
     assert!(json["changed"][0]["request_diff"].as_str().unwrap().contains("hola"));
+
+    // Asked differently, answered the same: changed, with only the request diff to show.
+    commit(&store, recording("c", 30), "x model_call:m k1 one ?hello\nx tool_call:t k7 two ?other");
+    let diff = diff_runs(&store, "a", "c", &DiffOptions::default()).unwrap();
+    assert_eq!((diff.counts.same, diff.counts.changed), (1, 1));
+    assert_eq!(diff.changed[0].diff, None, "the outputs are the same");
+    assert!(diff.changed[0].request_diff.as_deref().unwrap().contains("+  \"prompt\": \"other\""));
 }
 
 /// A delivery's key names only its sender: one that carries a changed message is changed, and

@@ -60,13 +60,16 @@ impl Step {
         }
     }
 
-    /// Same output: equal output hashes, or no output on either side and equal keys.
+    /// The same step: the same request (equal keys) and the same output (equal output hashes,
+    /// or none on either side). A step asked differently is changed even where the answer
+    /// came out the same: the request diff shows what it was asked.
     pub(super) fn same_as(&self, other: &Step) -> bool {
-        match (self.output_hash, other.output_hash) {
-            (Some(a), Some(b)) => a == b,
-            (None, None) => self.output_ref == other.output_ref && self.key == other.key,
-            _ => false,
-        }
+        self.key == other.key
+            && match (self.output_hash, other.output_hash) {
+                (Some(a), Some(b)) => a == b,
+                (None, None) => self.output_ref == other.output_ref,
+                _ => false,
+            }
     }
 }
 
