@@ -1,5 +1,5 @@
 //! `retrace diff` through the real binary: a fork against its source (and the other way round),
-//! two unrelated runs, `--json`, `--limit`, unknown runs.
+//! two unrelated runs, `--json`, `--limit`, unknown runs; `show` of a fork's inherited event.
 #[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
 
@@ -188,4 +188,21 @@ fn unknown_runs_are_usage_errors_and_help_teaches() {
         &["Usage: retrace diff", "origin_seq", "Examples:\n  retrace diff"],
         &[],
     );
+}
+
+/// `show --seq` on a fork reaches the events it inherits (they are its source's), and counts
+/// them when a seq is past its end.
+#[test]
+fn show_of_a_forks_inherited_event_is_its_sources() {
+    let home = Home::new();
+    let source = home.run(&["show", SOURCE, "--seq", "2", "--json"]);
+    source.expect(0, &[], &[]);
+    let fork = home.run(&["show", FORK, "--seq", "2", "--json"]);
+    fork.expect(0, &[], &[]);
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&source.stdout()).unwrap(), serde_json::from_str(&fork.stdout()).unwrap());
+    assert_eq!(a["event"], b["event"], "the source's seq 2");
+    assert_eq!(b["run"], FORK);
+    home.run(&["show", FORK, "--seq", "5"]).expect(0, &["model_call"], &[]);
+    home.run(&["show", FORK, "--seq", "10"]).expect(2, &[], &["has 9 events; there is no seq 10"]);
 }

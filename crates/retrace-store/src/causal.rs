@@ -81,14 +81,72 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 }
 
 fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
+    let meta = store.run(run)?;
+    if let (Some(source), Some(at)) = (&meta.source_run, meta.fork_at) {
+        if meta.mode == retrace_core::run::RunMode::Fork {
+            return knew_in_fork(store, run, source, at, seq);
+        }
+    }
     let step = store.event(run, seq)?;
     let (deliveries, chains) = store.heard_with_chains(run, &step.agent_id, seq, MAX_CHAIN)?;
     let heard = assemble(deliveries, &chains);
-    let decision = step.decision.as_ref().map(|d| match &d.target {
+    let decision = decision_text(&step.decision);
+    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+}
+
+/// [`knew`] in a fork: an inherited step (before the fork point `at`) knew what it knew in the
+/// source; a step of the fork's own may have heard inherited messages whose chains run through
+/// the source, which the store's per-run tables don't follow: its answer is built from the
+/// fork's events read whole (inherited ones included), as small as forks are.
+fn knew_in_fork(store: &dyn Store, run: &str, source: &str, at: u64, seq: u64) -> StoreResult<Knew> {
+    if seq < at {
+        return Ok(Knew { run: run.to_owned(), ..knew_inner(store, source, seq)? });
+    }
+    let mut events = Vec::new();
+    let mut pages = crate::export::RunEvents::new(store, run)?;
+    while let Some(page) = pages.next_page()? {
+        events.extend(page);
+    }
+    let event = |s: u64| events.get(usize::try_from(s).ok()?.checked_sub(1)?).filter(|e| e.seq == s);
+    let step = event(seq).ok_or_else(|| {
+        crate::StoreError::not_found(format!(
+            "run {run} has no event {seq} (its last seq is {})",
+            events.len()
+        ))
+    })?;
+    let mut deliveries = Vec::new();
+    let mut chains = Chains::default();
+    for e in events.iter().take_while(|e| e.seq < seq) {
+        if e.kind != EventType::Deliver || e.agent_id != step.agent_id {
+            continue;
+        }
+        let send = e.causal_parent.and_then(event);
+        let body = match send.and_then(|s| s.request_ref) {
+            Some(digest) => store.get_blob(&digest).ok(),
+            None => None,
+        };
+        deliveries.push((DeliveryHead::from(e), body));
+        let mut link = send;
+        for _ in 0..=MAX_CHAIN {
+            let Some(head) = link else { break };
+            if chains.contains(head.seq) {
+                break;
+            }
+            chains.insert(&crate::EventHead::from(head));
+            link = head.causal_parent.and_then(event);
+        }
+    }
+    let heard = assemble(deliveries, &chains);
+    let decision = decision_text(&step.decision);
+    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+}
+
+/// `approve step:backfill_users`.
+fn decision_text(decision: &Option<retrace_core::envelope::Decision>) -> Option<String> {
+    decision.as_ref().map(|d| match &d.target {
         Some(t) => format!("{} {t}", d.action),
         None => d.action.clone(),
-    });
-    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+    })
 }
 
 /// A delivery and its send's request, as [`Store::heard_with_chains`] returns them.

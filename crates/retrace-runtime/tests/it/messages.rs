@@ -120,6 +120,49 @@ async fn a_message_edit_naming_the_delivery_edits_its_send() {
     assert!(err.contains(&format!("sent at seq {send}, before the fork point --at {delivery}")), "{err}");
 }
 
+/// `retrace knew` in a fork (SQLite, whose per-run delivery tables hold only the fork's own
+/// rows): a step of the fork's own knew the messages it heard before the fork point too, each
+/// with its chain through the source's events; an inherited step knew what it knew in the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn knew_in_a_fork_covers_the_messages_heard_before_the_fork_point() {
+    use retrace_core::edit::Edit;
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = retrace_store::sqlite::SqliteStore::open(
+        &dir.path().join("retrace.db"),
+        &dir.path().join("blobs"),
+        retrace_store::Durability::Os,
+        5_000,
+    );
+    let store: Arc<dyn Store> = Arc::new(sqlite.unwrap());
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 4).await;
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let deliveries: Vec<u64> =
+        events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
+    let (third, fourth) = (deliveries[2], deliveries[3]);
+    let edit: Edit = format!("swap:{third},{fourth}").parse().unwrap();
+    let f =
+        Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&f, 4).await, ["even:0", "odd:1", "odd:3", "even:2"]);
+    f.finish(Outcome::default()).unwrap();
+
+    let fork_events = store.events(&f.run_id(), third, 100).unwrap();
+    let decision = fork_events.iter().find(|e| e.kind == EventType::Decision).unwrap().seq;
+    let knew = retrace_store::causal::knew(store.as_ref(), &f.run_id(), decision).unwrap();
+    assert_eq!(knew.run, f.run_id());
+    let bodies: Vec<_> = knew.heard.iter().map(|h| h.body.as_ref().unwrap()["i"].clone()).collect();
+    assert_eq!(bodies, [json!(0), json!(1), json!(3), json!(2)], "inherited deliveries included: {knew:?}");
+    assert!(knew.heard.iter().all(|h| h.chain.first().map(|l| l.seq) == h.send_seq), "{knew:?}");
+
+    let inherited = deliveries[1] + 1;
+    assert!(inherited < third);
+    let in_fork = retrace_store::causal::knew(store.as_ref(), &f.run_id(), inherited).unwrap();
+    let in_source = retrace_store::causal::knew(store.as_ref(), &s.run_id(), inherited).unwrap();
+    assert_eq!((in_fork.run.as_str(), in_fork.heard.len()), (f.run_id().as_str(), in_source.heard.len()));
+    assert_eq!(in_fork.heard, in_source.heard);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorded_timeout_replays_at_once() {
     let store = store();

@@ -43,10 +43,10 @@ const FIELDS: [&str; 27] = [
 
 /// Prints event `seq` of `meta`'s run with its blobs.
 pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool) -> anyhow::Result<()> {
-    let event = match store.event(&meta.id, seq) {
+    let event = match event_of(store, meta, seq) {
         Ok(event) => event,
         Err(e) if e.kind == StoreErrorKind::NotFound => {
-            let count = store.last_seq(&meta.id)?;
+            let count = retrace_store::export::RunEvents::new(store, &meta.id)?.count();
             return Err(exit::usage(format!("run {} has {count} events; there is no seq {seq}", meta.id)));
         }
         Err(e) => return Err(e.into()),
@@ -118,4 +118,14 @@ fn write_blob(out: &mut impl Write, title: &str, blob: &Value) -> anyhow::Result
         writeln!(out, "{}", blob["base64"].as_str().unwrap_or(""))?;
     }
     Ok(())
+}
+
+/// Event `seq` of `meta`'s run: a fork's events before its fork point are its source's.
+fn event_of(store: &dyn Store, meta: &RunMeta, seq: u64) -> retrace_store::StoreResult<retrace_core::Event> {
+    match (&meta.source_run, meta.fork_at) {
+        (Some(source), Some(at)) if meta.mode == retrace_core::run::RunMode::Fork && seq < at => {
+            event_of(store, &store.run(source)?, seq)
+        }
+        _ => store.event(&meta.id, seq),
+    }
 }
