@@ -49,7 +49,7 @@ model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model\n  
 param:AGENT.NAME=VALUE   set a parameter of the agent's model requests\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
 program's output is its own. Exit codes: 0 every fork finished; 1 a fork's program failed or \
-diverged before the fork point; 2 bad usage (an edit that doesn't fit the run, an unknown run).",
+diverged or stopped; 2 bad usage (an edit that doesn't fit the run, an unknown run).",
         "\n\n",
         examples!()
     )
@@ -194,6 +194,60 @@ fn step_output(store: &dyn Store, source: &str, edit: &Edit) -> anyhow::Result<O
     Ok(None)
 }
 
+/// Each `prompt:AGENT=VERSION` edit names a template file the program will find, where that
+/// can be told: when the template the agent used in the source run has a folder in the
+/// program's prompts folder (`RETRACE_PROMPTS`, else `prompts/`, from its working directory
+/// `cwd`), `VERSION` must be in it. Checked before the program runs, which would stop at the
+/// agent's first `template()` and leave the other agents waiting until the stall timeout. A
+/// program may keep its templates elsewhere (`SessionOptions::prompts_dir`; the pipeline demo
+/// writes its own): without the folder there is nothing to check.
+fn check_prompt_edits(store: &dyn Store, source: &str, edits: &[Edit], cwd: &Path) -> anyhow::Result<()> {
+    let prompts: Vec<(&str, &str)> = edits
+        .iter()
+        .filter_map(|e| match e {
+            Edit::Prompt { agent, version } => Some((agent.as_str(), version.as_str())),
+            _ => None,
+        })
+        .collect();
+    if prompts.is_empty() {
+        return Ok(());
+    }
+    let mut used: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let mut pages = retrace_store::export::RunEvents::new(store, source)?;
+    while let Some(page) = pages.next_page()? {
+        for e in page {
+            if let Some(name) = e.prompt_template.as_ref().and_then(|p| p.id.split_once('@')).map(|(n, _)| n)
+            {
+                used.entry(e.agent_id.clone()).or_insert_with(|| name.to_owned());
+            }
+        }
+    }
+    let dir = std::env::var_os("RETRACE_PROMPTS").map_or_else(|| cwd.join("prompts"), |d| cwd.join(d));
+    for (agent, version) in prompts {
+        let edit = format!("prompt:{agent}={version}");
+        let Some(name) = used.get(agent) else {
+            return Err(usage(format!(
+                "can't fork {source}: {edit}: agent {agent:?} used no prompt template in the source run"
+            )));
+        };
+        let path = dir.join(name).join(format!("{version}.txt"));
+        if dir.join(name).is_dir() && !path.is_file() {
+            let mut have: Vec<String> = std::fs::read_dir(dir.join(name))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|f| f.file_name().to_str()?.strip_suffix(".txt").map(str::to_owned))
+                .collect();
+            have.sort();
+            return Err(usage_hint(
+                format!("can't fork {source}: {edit}: there is no {}", path.display()),
+                format!("the versions of {name} there: {}", have.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What one fork did.
 struct Forked {
     fork: RunMeta,
@@ -211,6 +265,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         .and_then(|p| p.validate(store.as_ref(), &source.id))
         .map_err(|e| usage(format!("can't fork {}: {e}", source.id)))?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
+    check_prompt_edits(store.as_ref(), &source.id, edits, &cwd)?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Fork, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
@@ -295,11 +350,9 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
     }
     match (&fork.status, &fork.divergence) {
         (RunStatus::Diverged, Some(d)) => {
-            let text = serde_json::from_value::<retrace_core::Divergence>(d.clone())
-                .map(|d| d.to_string())
-                .unwrap_or(d.to_string());
-            eprint!("{text}");
-            Err(check_failed(format!("fork {} stopped: the program diverged before the fork point", fork.id)))
+            let parsed = serde_json::from_value::<retrace_core::Divergence>(d.clone()).ok();
+            eprint!("{}", parsed.as_ref().map_or(d.to_string(), ToString::to_string));
+            Err(check_failed(stopped(fork, parsed.as_ref())))
         }
         (RunStatus::Failed, _) => Err(check_failed(format!(
             "fork {} failed: the program exited with status {} (its output is above)",
@@ -307,6 +360,21 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
             exit_text(fork),
         ))),
         _ => Ok(()),
+    }
+}
+
+/// Why a fork stopped, from its divergence: before the fork point, the program must ask what
+/// the source asked; from there on, a stall, a pending side effect or a misuse stops it too.
+fn stopped(fork: &RunMeta, d: Option<&retrace_core::Divergence>) -> String {
+    let at = fork.fork_at.unwrap_or(1);
+    match d {
+        Some(d) if d.seq.is_some_and(|seq| seq < at) => format!(
+            "fork {} stopped: the program diverged before the fork point (--at {at}), where it must \
+             take the source's steps",
+            fork.id
+        ),
+        Some(d) => format!("fork {} stopped: {} (above)", fork.id, d.code),
+        None => format!("fork {} stopped: the program diverged (above)", fork.id),
     }
 }
 

@@ -343,3 +343,27 @@ fn killing_retrace_record_ends_the_program_it_launched() {
     retrace.wait().unwrap();
     wait_for("the orphaned program to end", || !alive(program));
 }
+
+/// A `prompt:` edit naming a version missing from the template's folder in the program's
+/// prompts folder is refused before the program runs (it would stop at the agent's first
+/// `template()` and the other agents would wait out the stall timeout); where the program
+/// keeps no such folder (the pipeline demo writes its templates elsewhere) nothing is checked.
+#[test]
+fn a_prompt_edit_naming_a_missing_version_is_refused_before_the_program_runs() {
+    let home = Home::new();
+    let demo = home.command(&["demo", "pipeline"]).current_dir(home.dir.path()).stdin(Stdio::null()).output();
+    assert!(demo.unwrap().status.success());
+    let recorded: Vec<String> =
+        runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "record").map(|(id, _, _)| id).collect();
+    let run = &recorded[0];
+    let fork = |version: &str| {
+        let edit = format!("prompt:critic={version}");
+        Result(home.command(&["fork", run, "--edit", &edit]).current_dir(home.dir.path()).output().unwrap())
+    };
+    fork("v2").expect(0, &[], &["retrace: fork "]);
+    std::fs::create_dir_all(home.file("prompts/critique")).unwrap();
+    std::fs::write(home.file("prompts/critique/v1.txt"), "Critique {draft}.").unwrap();
+    let started = std::time::Instant::now();
+    fork("v9").expect(2, &[], &["prompt:critic=v9: there is no", "versions of critique there: v1"]);
+    assert!(started.elapsed() < Duration::from_secs(10), "refused before anything ran");
+}
