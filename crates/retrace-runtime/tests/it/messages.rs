@@ -116,7 +116,8 @@ async fn a_message_edit_naming_the_delivery_edits_its_send() {
 
     let late =
         Session::fork_new(store.clone(), &s.run_id(), Some(delivery), vec![edit], SessionOptions::default());
-    let err = late.err().expect("refused").to_string();
+    let Err(err) = late else { panic!("an --at past the send is refused") };
+    let err = err.to_string();
     assert!(err.contains(&format!("sent at seq {send}, before the fork point --at {delivery}")), "{err}");
 }
 
