@@ -153,6 +153,23 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let source = plan.source.clone();
     // Refused before anything runs: tokens made under another key would never match.
     retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
+    // A run whose tokens replay as the originals needs the vault's key, or every such step fails.
+    let original: Vec<&str> = source
+        .masking_rules
+        .rules
+        .iter()
+        .filter(|r| r.replay == retrace_core::mask::ReplayAs::Original)
+        .map(|r| r.name.as_str())
+        .collect();
+    let vault_key = std::env::var("RETRACE_VAULT_KEY").is_ok_and(|v| !v.trim().is_empty());
+    if source.holds_tokens && !original.is_empty() && !vault_key {
+        return Err(usage(format!(
+            "can't replay {}: its masking rule(s) {} hand the program the originals from the vault: set \
+             RETRACE_VAULT_KEY to the key it was recorded with",
+            source.id,
+            original.join(", ")
+        )));
+    }
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());

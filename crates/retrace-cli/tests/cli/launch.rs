@@ -30,6 +30,25 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
     record(None).expect(2, &[], &["acct", "RETRACE_VAULT_KEY"]);
     let vault_key = "dmF1bHQta2V5LWZvci10aGUtY2xpLXRlc3Qtb2YtMzI=";
     record(Some(vault_key)).expect(0, &[], &[]);
+
+    // Its replay, once the run holds tokens, needs the vault's key too: refused before the
+    // program starts, not a failure at every step reported as a divergence.
+    let run = runs_of(&home).into_iter().map(|(id, _, _)| id).next_back().unwrap();
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    let mut meta = store.run(&run).unwrap();
+    meta.holds_tokens = true;
+    store.update_run(&meta).unwrap();
+    drop(store);
+    let replay = |vault: Option<&str>| {
+        let mut c = home.command(&["replay", &run]);
+        c.current_dir(project.path()).env_remove("RETRACE_MASK_KEY").env_remove("RETRACE_VAULT_KEY");
+        if let Some(key) = vault {
+            c.env("RETRACE_VAULT_KEY", key);
+        }
+        Result(c.stdin(Stdio::null()).output().unwrap())
+    };
+    replay(None).expect(2, &[], &["rule(s) acct hand the program the originals", "RETRACE_VAULT_KEY"]);
+    replay(Some(vault_key)).expect(0, &[], &["ok"]);
 }
 
 /// The run a `record --json` printed last.
