@@ -1,4 +1,5 @@
 //! Exit codes: 0 ok, 1 divergence or failed check, 2 usage or input error; a broken pipe is 0.
+use std::io::Write;
 use std::process::ExitCode;
 
 use retrace_store::{StoreError, StoreErrorKind};
@@ -49,14 +50,20 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
         Some(f) => (f.code, f.hint.clone()),
         None => (code_of(&err), None),
     };
-    eprintln!("error: {err}");
+    let mut report = format!("error: {err}\n");
     for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        report.push_str(&format!("  caused by: {cause}\n"));
     }
     if let Some(hint) = hint {
-        eprintln!("hint: {hint}");
+        report.push_str(&format!("hint: {hint}\n"));
     }
-    ExitCode::from(code)
+    // Standard error closed under us (`retrace gate ... 2>&1 | head -1`): as for standard
+    // output, a reader that went away ends the command quietly, not with `eprintln!`'s panic.
+    let mut stderr = std::io::stderr().lock();
+    match stderr.write_all(report.as_bytes()).and_then(|()| stderr.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        _ => ExitCode::from(code),
+    }
 }
 
 fn code_of(err: &anyhow::Error) -> u8 {

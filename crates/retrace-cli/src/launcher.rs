@@ -187,6 +187,33 @@ pub fn source_run(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result
     })
 }
 
+/// Refuses (exit 2) to re-execute `run` when the store lacks a run it re-executes in turn: a
+/// fork's source, that source's own source, and so on. A fork's trace imports alone (it holds
+/// the events it inherits), but replaying it reads its source's, so every step would fail;
+/// `gate` imports the sources beside a trace and refuses the same way when one is missing.
+pub fn check_sources(
+    store: &dyn retrace_store::Store,
+    run: &retrace_core::run::RunMeta,
+) -> anyhow::Result<()> {
+    let mut of = run.clone();
+    while let Some(id) = of.source_run.clone() {
+        of = match store.run(&id) {
+            Ok(meta) => meta,
+            Err(e) if e.kind == retrace_store::StoreErrorKind::NotFound => {
+                return Err(usage_hint(
+                    format!("run {} is a {} of run {id}, which is not in this store", of.id, of.mode),
+                    format!(
+                        "import its trace too: `retrace export {id} -o FILE` where it was recorded, \
+                         then `retrace import FILE` here"
+                    ),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(())
+}
+
 /// What to run for `source`: `given` from the current directory, or else the recorded command
 /// from its recorded directory.
 pub fn command_for(

@@ -51,6 +51,11 @@ impl Bench {
     /// `retrace ARGS` from the bench folder, with only PATH and HOME of the outer environment
     /// (no API key, no proxy, no Retrace variable) plus `env`.
     fn retrace(&self, args: &[&str], env: &[(&str, &str)]) -> Ran {
+        Ran(self.command(args, env).output().unwrap())
+    }
+
+    /// The command [`Bench::retrace`] runs, not started.
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut command = Command::new(BIN);
         command.args(args).current_dir(self.dir.path()).env_clear().stdin(Stdio::null());
         for var in ["PATH", "HOME"] {
@@ -60,7 +65,7 @@ impl Bench {
         }
         command.env("RETRACE_HOME", self.path("gate-home"));
         command.envs(env.iter().copied());
-        Ran(command.output().unwrap())
+        command
     }
 
     /// Records `python3 asker.py ARGS` against `sim` and exports it as `traces/NAME.jsonl`.
@@ -242,6 +247,23 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
     let xml = read(&junit);
     assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
     assert!(xml.contains("<failure type=\"divergence\" message=\"at seq 1: agent default"), "{xml}");
+
+    // A reader that went away (`retrace gate ... 2>&1 | head -1`) ends the gate quietly, as
+    // every command: exit 0, no panic, whether the report goes to standard output or, under
+    // --json, to standard error.
+    for json in [false, true] {
+        let mut args = vec!["gate", "traces"];
+        args.extend(json.then_some("--json"));
+        args.extend(["--", "python3", "asker.py", "--variant", "terse"]);
+        let mut child =
+            bench.command(&args, &[]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stderr.take());
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "--json {json}: stdout:\n{stdout}");
+        let report = if json { "\"diverged\": 1" } else { "gate: 1 traces, 0 ok, 1 diverged" };
+        assert!(stdout.contains(report), "--json {json}: the report went out whole:\n{stdout}");
+    }
 }
 
 #[test]

@@ -138,23 +138,41 @@ fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
         &[],
         &["does not open under vault key vk_"],
     );
-    home.run(&["vault", "reveal", "rtk_email_nope", "--reason", "INC-42"], &with_key).expect(
+    let unknown = "rtk_email_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+    home.run(&["vault", "reveal", unknown, "--reason", "INC-42"], &with_key).expect(
         1,
         &[],
-        &["no original for rtk_email_nope"],
+        &["no original for rtk_email_aaaaaaaaaaaaaaaaaaaaaaaaaa"],
     );
+    // Not shaped like a token at all: a usage error that says what a token looks like.
+    for malformed in ["rtk_email_nope", "hello"] {
+        home.run(&["vault", "reveal", malformed, "--reason", "INC-42"], &with_key).expect(
+            2,
+            &[],
+            &["is not a token: a token is rtk_<kind>_<26 characters of a-z and 2-7>", "hint: copy the token"],
+        );
+    }
+    // A malformed key is said once, not once more as its own cause.
+    let bad = home.run(&["vault", "reveal", TOKEN, "--reason", "INC-42"], &[("RETRACE_VAULT_KEY", "bad!!")]);
+    bad.expect(2, &[], &["RETRACE_VAULT_KEY is unusable"]);
+    let said =
+        String::from_utf8_lossy(&bad.0.stderr).lines().find(|l| l.starts_with("error:")).unwrap().to_owned();
+    let (_, cause) = said.split_once("unusable: ").unwrap();
+    let cause = cause.trim_end_matches(" (this attempt was written to the audit log)");
+    assert_eq!(said.matches(cause).count(), 1, "{said}");
     let revealed = home.run(&["vault", "reveal", TOKEN, "--reason", "INC-42: which customer?"], &with_key);
     revealed.expect(0, &[], &["revealed", "tester"]);
     assert_eq!(revealed.stdout(), "ada@example.com", "the original alone, byte for byte");
 
     let log = home.run(&["vault", "audit", "--json"], &[]).expect(0, &[], &[]).json();
     let actions: Vec<&str> = log.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
-    assert_eq!(actions, ["reveal_refused", "reveal_refused", "reveal_refused", "reveal_refused", "reveal"]);
+    assert_eq!(actions.len(), 8, "{log}");
+    assert!(actions[..7].iter().all(|a| *a == "reveal_refused") && actions[7] == "reveal", "{log}");
     assert!(log.as_array().unwrap().iter().all(|e| e["who"] == "tester" && e["role"] == "admin"), "{log}");
-    assert_eq!(log[4]["reason"], "INC-42: which customer?");
+    assert_eq!(log[7]["reason"], "INC-42: which customer?");
     assert!(!log.to_string().contains("ada@example.com"), "the log never holds the original");
     let token = home.run(&["vault", "audit", "--token", TOKEN, "--json"], &[]).json();
-    assert_eq!(token.as_array().unwrap().len(), 4, "the unknown token's attempt is about another subject");
+    assert_eq!(token.as_array().unwrap().len(), 5, "the other tokens' attempts are about other subjects");
     home.run(&["vault", "audit"], &[]).expect(0, &["ACTION", "reveal_refused", "tester", "INC-42"], &[]);
     let empty = Home::new();
     empty.store();

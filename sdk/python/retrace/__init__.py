@@ -48,6 +48,9 @@ from ._http import Http as _Http
 from ._values import plain as _plain
 
 _CLASSES = ("deterministic", "time_bound", "side_effect")
+# How a daemon answers a route it doesn't serve (`fallback` in retrace-server's lib.rs): a 404
+# whose message starts so. A daemon older than the SDK answers a newer route this way.
+_NO_ROUTE = "retrace: no route for "
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class Run:
         self._http, self.id, self.mode, self._owned = http_, run_id, mode, owned
         self._agents: dict[str, Agent] = {}
         self._bus = _off.Mailboxes() if mode == "off" else None
+        self._roles_served = True  # False once the daemon said it has no route for roles
 
     def agent(self, agent_id: str, role: Optional[str] = None, prompt_template: Optional[str] = None) -> "Agent":
         """The agent ``agent_id`` of this run. ``role`` is recorded on each of its events from
@@ -114,10 +118,24 @@ class Run:
                 self._bus.join(agent_id)
         agent = self._agents[agent_id]
         if role is not None and (new or role != agent.role):
-            if self.mode != "off":
-                self._http.call("POST", f"{agent._base}/role", {"role": role})
+            if self.mode != "off" and self._roles_served:
+                self._declare_role(agent, role)
             agent.role = role
         return agent
+
+    def _declare_role(self, agent: "Agent", role: str) -> None:
+        """Tells the daemon ``agent``'s role. A daemon older than this SDK has no such route: it
+        answers 404 "no route for ..." (its fallback), and the run goes on without roles, said
+        once on standard error. Any other error is raised."""
+        try:
+            self._http.call("POST", f"{agent._base}/role", {"role": role})
+        except RetraceError as e:
+            if not (e.status == 404 and e.message.startswith(_NO_ROUTE)):
+                raise
+            self._roles_served = False
+            print(f"retrace: the daemon at {self._http.url} is older than this SDK: it has no route to "
+                  f"declare an agent's role, so run {self.id} records no roles (upgrade the retrace "
+                  f"binary to record them)", file=sys.stderr)
 
     def finish(self, exit_status: int = 0) -> dict:
         """Ends the run. Under ``retrace record`` / ``replay`` the launcher ends it with the
@@ -302,11 +320,14 @@ class Agent:
                                f"none (got ttl_s={ttl_s!r})")
         request = args if self.run.mode == "off" else _plain(args, f"{what}: the arguments hold")
         call = fn
-        if cls == "side_effect" and "idempotency_key" in _params(fn):
+        if cls == "side_effect":
+            # Every side effect of the tool counts, as each logs an intent: `retrace resolve`
+            # counts those to name the key (`idempotency_key` in its resolve.rs).
             with self._lock:
                 n = self._occurrences.get(name, 0) + 1
                 self._occurrences[name] = n
-            call = functools.partial(fn, idempotency_key=f"{self.run.id}/{self.id}/{name}#{n}")
+            if "idempotency_key" in _params(fn):
+                call = functools.partial(fn, idempotency_key=f"{self.run.id}/{self.id}/{name}#{n}")
         tool = {"version": str(version), "class": cls, "ttl_s": ttl_s}
         if cls == "side_effect" and dry_run is not None:
             tool["dry_run"] = True  # a fork asks for the dry run and records what it returns
@@ -383,7 +404,8 @@ class Agent:
         stored before it runs; never run by replay or fork; a fork hands back ``dry_run(args)`` and
         records it as the step's output, so replaying the fork hands back the same value without
         calling it). A side-effect ``fn`` that accepts ``idempotency_key`` gets a stable one:
-        ``run/agent/occurrence``.
+        ``run/agent/tool#n``, for the agent's ``n``-th side effect of that tool (the key
+        ``retrace resolve`` names).
 
         ``args`` and what ``fn`` returns must be values JSON can hold: anything else is refused
         with a :class:`RetraceError` (``not_json``) naming the step and the JSON path, ``args``

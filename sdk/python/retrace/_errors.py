@@ -28,11 +28,17 @@ class Divergence(RetraceError):
 
 
 class DryRun(Exception):
-    """A fork reached a changed or new side effect that has no ``dry_run``: it did not run."""
+    """A fork reached a changed or new side effect that has no ``dry_run``: it did not run.
+    ``.tool`` is the tool's name and ``.tool_args`` the arguments it was called with;
+    ``.args`` is Exception's own ``(tool, tool_args)``, so the exception pickles and re-raises
+    as it was made."""
 
-    def __init__(self, tool: str, args: Any):
-        super().__init__(f"dry run: side effect {tool} was not executed in this fork (args {args!r})")
-        self.tool, self.args = tool, args
+    def __init__(self, tool: str, tool_args: Any):
+        super().__init__(tool, tool_args)
+        self.tool, self.tool_args = tool, tool_args
+
+    def __str__(self) -> str:
+        return f"dry run: side effect {self.tool} was not executed in this fork (args {self.tool_args!r})"
 
 
 class ApprovalRequired(Exception):

@@ -45,3 +45,16 @@ def test_a_forks_dry_run_is_recorded_and_replayed(tmp_path):
         assert json.loads(again.stdout.strip().splitlines()[0]) == {"queued": False, "would_send_to": "sre"}
         assert "DRY RUN CALLED" not in again.stderr and "SIDE EFFECT RAN" not in again.stderr, again.stderr
     assert retrace(home, "verify", fork_id).returncode == 0
+
+
+def test_dry_run_keeps_its_tool_arguments_and_message():
+    import pickle
+
+    import retrace as sdk
+    args = {"to": "ops", "body": "hi"}
+    e = sdk.DryRun("email.send", args)
+    assert (e.tool, e.tool_args) == ("email.send", args)
+    assert e.args == ("email.send", args), "Exception's own args: what it was made with"
+    assert str(e) == "dry run: side effect email.send was not executed in this fork (args {'to': 'ops', 'body': 'hi'})"
+    again = pickle.loads(pickle.dumps(e))
+    assert (type(again), again.tool, again.tool_args, str(again)) == (sdk.DryRun, "email.send", args, str(e))

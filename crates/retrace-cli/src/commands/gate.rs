@@ -35,7 +35,7 @@ use self::job::{Outcome, Settings, Verdict};
 use crate::commands::MaskSetup;
 use crate::exit::{usage_hint, Failure};
 use crate::ledger::{self, AgentOutcome};
-use crate::output::Progress;
+use crate::output::{to_stderr, Progress};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -152,7 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let seconds = began.elapsed().as_secs_f64();
     let summary = report::summary(&outcomes, seconds, jobs);
     if args.json {
-        eprint!("{summary}");
+        to_stderr(&summary);
     } else {
         print_out(&summary)?;
     }
@@ -216,7 +216,7 @@ fn run_all(
                 progress.finish();
                 let lines = report::trace_lines(outcome);
                 if json {
-                    eprint!("{lines}");
+                    to_stderr(&lines);
                 } else {
                     print_out(&lines)?;
                 }
@@ -244,7 +244,10 @@ fn accept_all(
 ) -> anyhow::Result<()> {
     for outcome in outcomes.iter().filter(|o| matches!(o.verdict, Verdict::Diverged { .. })) {
         let name = &outcome.trace.name;
-        eprintln!("retrace: re-recording {name} against live services: {}", outcome.command.join(" "));
+        to_stderr(&format!(
+            "retrace: re-recording {name} against live services: {}\n",
+            outcome.command.join(" ")
+        ));
         match accept::accept(outcome, settings, upstreams) {
             Ok(a) => print_out(&format!(
                 "\naccepted {name} -> {} (run {}, exit status {}); review, then move it over {name}:\n{}",

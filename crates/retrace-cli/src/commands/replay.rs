@@ -146,8 +146,9 @@ pub struct Replayed {
 /// API keys when none are set, and stores the outcome (SPEC §7). `started` is called with the
 /// new run's id just before the program starts. `replay` and `gate` both run through here.
 ///
-/// A run holding tokens made under another mask key, or a program that can't be started, is
-/// an error (exit 2); a divergence is not an error but the returned outcome.
+/// A run holding tokens made under another mask key, a fork whose source is not in the store,
+/// or a program that can't be started, is an error (exit 2); a divergence is not an error but
+/// the returned outcome.
 pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<Replayed> {
     let store = plan.store.clone();
     let source = plan.source.clone();
@@ -170,6 +171,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
             original.join(", ")
         )));
     }
+    // A fork imported without its source: every step would fail on the missing run.
+    launcher::check_sources(store.as_ref(), &source)?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());

@@ -79,11 +79,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             done.label()
         )));
     }
+    let tool = intent.tool.as_ref().map(|t| t.name.as_str()).unwrap_or("?");
     let occurrence = 1 + store
         .events(&run.id, 1, args.seq as usize)?
         .iter()
-        .filter(|e| e.kind == EventType::Intent && e.agent_id == intent.agent_id && e.seq < args.seq)
+        .filter(|e| {
+            e.kind == EventType::Intent
+                && e.agent_id == intent.agent_id
+                && e.tool.as_ref().map(|t| t.name.as_str()) == Some(tool)
+                && e.seq < args.seq
+        })
         .count();
+    let idempotency = idempotency_key(&run.id, &intent.agent_id, tool, occurrence);
     let mut event = Event::new(run.id.clone(), intent.agent_id.clone(), EventType::Resolution);
     event.causal_parent = Some(args.seq);
     event.tool = intent.tool.clone();
@@ -111,16 +118,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut meta = store.run(&run.id)?;
     meta.head = Some(acked.hash);
     store.update_run(&meta)?;
-    let tool = intent.tool.as_ref().map(|t| t.name.as_str()).unwrap_or("?");
     eprintln!(
-        "retrace: resolved {} seq {} ({tool} by {}; idempotency key {}/{}/{occurrence}) as {} at seq {}",
+        "retrace: resolved {} seq {} ({tool} by {}; idempotency key {idempotency}) as {} at seq {}",
         run.id,
         args.seq,
-        intent.agent_id,
-        run.id,
         intent.agent_id,
         if args.not_executed { "not executed" } else { "executed" },
         acked.seq
     );
     Ok(())
+}
+
+/// The idempotency key a side-effect function that accepts one was handed when it ran:
+/// `RUN/AGENT/TOOL#N`, where `N` counts the agent's side effects of that tool from 1 (its
+/// `intent` events). The Python SDK hands it out (`Agent._tool_flow`); this is the one place
+/// the Rust side writes it, so `resolve` names the key the side effect received.
+fn idempotency_key(run: &str, agent: &str, tool: &str, occurrence: usize) -> String {
+    format!("{run}/{agent}/{tool}#{occurrence}")
 }

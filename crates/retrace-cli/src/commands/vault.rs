@@ -13,9 +13,9 @@ macro_rules! examples {
     () => {
         "Examples:\n  \
          export RETRACE_VAULT_KEY=$(cat vault.key)\n  \
-         retrace vault reveal rtk_email_0123456789abcdefghjkmnpq --reason 'INC-42: which customer?'\n  \
+         retrace vault reveal rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq --reason 'INC-42: which customer?'\n  \
          retrace vault audit\n  \
-         retrace vault audit --token rtk_email_0123456789abcdefghjkmnpq --json"
+         retrace vault audit --token rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq --json"
     };
 }
 
@@ -25,7 +25,7 @@ macro_rules! examples {
     after_help = examples!(),
     after_long_help = concat!(
         "Masking replaces secrets (API keys, e-mail addresses, ...) by tokens such as \
-rtk_email_0123456789abcdefghjkmnpq before anything is stored. Where a masking rule keeps the \
+rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq before anything is stored. Where a masking rule keeps the \
 original, it is sealed in the vault under RETRACE_VAULT_KEY (32 bytes, base64; not the mask key), \
 and only someone holding that key can see it again.\n\n\
 Every attempt to see an original is written to the append-only audit log first, refused ones \
@@ -60,7 +60,8 @@ which is written to the audit log with your OS user name ($USER) and role admin.
 Every attempt is audited before anything is shown, refused ones included (no key, no reason, \
 unknown token, wrong key): see `retrace vault audit`.\n\n\
 Exit codes: 0 revealed; 1 refused (the vault holds no such token, or the key is not the one it \
-was sealed with); 2 usage (no RETRACE_VAULT_KEY, a malformed key, no reason).",
+was sealed with); 2 usage (no RETRACE_VAULT_KEY, a malformed key, no reason, TOKEN not shaped like a \
+token).",
         "\n\n",
         examples!()
     )
@@ -121,6 +122,16 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             eprintln!("revealed {} to {} (written to the audit log)", args.token, by.who);
             Ok(())
         }
+        Err(RevealError::UnknownToken { .. }) if !is_token(&args.token) => Err(Failure {
+            code: 2,
+            message: format!(
+                "{:?} is not a token: a token is rtk_<kind>_<26 characters of a-z and 2-7>, such as \
+                 rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq (this attempt was written to the audit log)",
+                args.token
+            ),
+            hint: Some("copy the token whole from `retrace show RUN --seq N`".to_owned()),
+        }
+        .into()),
         Err(e) => {
             let hint = match &e {
                 RevealError::NoKey | RevealError::BadKey(_) => {
@@ -134,8 +145,11 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             };
             let audited = !matches!(e, RevealError::Store(_));
             let mut message = e.to_string();
-            if let Some(source) = std::error::Error::source(&e) {
-                message = format!("{message}: {source}");
+            // A message that shows its source already (a bad key's) doesn't say it twice.
+            if let Some(source) = std::error::Error::source(&e).map(|s| s.to_string()) {
+                if !message.ends_with(&source) {
+                    message = format!("{message}: {source}");
+                }
             }
             if audited {
                 message.push_str(" (this attempt was written to the audit log)");
@@ -143,6 +157,12 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             Err(Failure { code: e.exit_code(), message, hint: hint.map(str::to_owned) }.into())
         }
     }
+}
+
+/// Whether `text` is a whole token, `rtk_<kind>_<26 base32 characters>` (SPEC §1): the vault
+/// holds originals only for such, so anything else is a mistyped argument, not an unknown token.
+fn is_token(text: &str) -> bool {
+    retrace_core::mask::token_len_at(text) == Some(text.len())
 }
 
 fn run_audit(args: AuditArgs) -> anyhow::Result<()> {

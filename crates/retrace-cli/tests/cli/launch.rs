@@ -386,3 +386,43 @@ fn a_prompt_edit_naming_a_missing_version_is_refused_before_the_program_runs() {
     fork("v9").expect(2, &[], &["prompt:critic=v9: there is no", "versions of critique there: v1"]);
     assert!(started.elapsed() < Duration::from_secs(10), "refused before anything ran");
 }
+
+/// A fork's trace imports alone (it holds the events it inherits), but replaying it reads its
+/// source: without the source in the store, `replay` refuses before anything runs, naming the
+/// source and how to bring it, as `gate` does, instead of running the program into `unknown_run`.
+#[test]
+fn replaying_a_fork_whose_source_is_not_in_the_store_is_refused_up_front() {
+    const FORK: &str = "01clifork0000000000000000a";
+    let source = conversation(RUN, 2);
+    let mut b = Builder::new(FORK);
+    b.push("planner", retrace_core::EventType::ToolCall, Some("t"), None, Some(b"{}".to_vec()), |_| {});
+    let mut fork = b.finish(retrace_core::run::RunMode::Fork);
+    let at = 4;
+    fork.events[0].seq = at;
+    fork.events[0].seal(Some(source.events[at as usize - 2].hash)).unwrap();
+    fork.meta.source_run = Some(RUN.to_owned());
+    fork.meta.fork_at = Some(at);
+    fork.meta.head = Some(fork.events[0].hash);
+    fork.meta.command = Some(retrace_core::run::Command { argv: vec!["true".into()], cwd: ".".into() });
+    let both = Home::with(&source);
+    fork.commit(&*open_store(&StoreConfig::in_home(both.dir.path())).unwrap());
+    let file = both.file("fork.jsonl");
+    both.run(&["export", FORK, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
+
+    let alone = Home::new();
+    alone.run(&["import", file.to_str().unwrap()]).expect(0, &[], &[]);
+    alone.run(&["replay", FORK]).expect(
+        2,
+        &[],
+        &[
+            &format!("error: run {FORK} is a fork of run {RUN}, which is not in this store"),
+            &format!("hint: import its trace too: `retrace export {RUN} -o FILE`"),
+        ],
+    );
+    assert_eq!(runs_of(&alone).len(), 1, "nothing ran: no replay run was made");
+    // With the source imported too, the same replay runs (and `true` takes none of its steps).
+    let source_file = both.file("source.jsonl");
+    both.run(&["export", RUN, "-o", source_file.to_str().unwrap()]).expect(0, &[], &[]);
+    alone.run(&["import", source_file.to_str().unwrap()]).expect(0, &[], &[]);
+    alone.run(&["replay", FORK]).expect(1, &[], &["steps_left"]);
+}

@@ -2,6 +2,7 @@
 mod export_import;
 mod inspect;
 mod launch;
+mod resolve;
 
 #[path = "../../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
