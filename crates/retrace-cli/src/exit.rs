@@ -1,4 +1,5 @@
-//! Exit codes: 0 ok, 1 divergence or failed check, 2 usage or input error; a broken pipe is 0.
+//! Exit codes: 0 ok, 1 divergence or failed check, 2 usage or input error; a broken pipe is 0
+//! (except for `gate`, whose exit code is its verdict however its report was cut short).
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -57,13 +58,12 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
     if let Some(hint) = hint {
         report.push_str(&format!("hint: {hint}\n"));
     }
-    // Standard error closed under us (`retrace gate ... 2>&1 | head -1`): as for standard
-    // output, a reader that went away ends the command quietly, not with `eprintln!`'s panic.
+    // Standard error may have closed under us (`retrace gate ... 2>&1 | head -1`): the report
+    // is dropped rather than panicking (`eprintln!` would, exit 101), and the exit code still
+    // says what happened: a check that failed never turns into a success.
     let mut stderr = std::io::stderr().lock();
-    match stderr.write_all(report.as_bytes()).and_then(|()| stderr.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        _ => ExitCode::from(code),
-    }
+    let _ = stderr.write_all(report.as_bytes()).and_then(|()| stderr.flush());
+    ExitCode::from(code)
 }
 
 fn code_of(err: &anyhow::Error) -> u8 {

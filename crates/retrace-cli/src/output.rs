@@ -19,8 +19,8 @@ pub fn print_json_line(value: &serde_json::Value) -> anyhow::Result<()> {
 }
 
 /// Writes `text` to standard error, as `eprint!` would, but a closed standard error (`retrace
-/// gate ... 2>&1 | head -1`) drops it instead of panicking: a reader that went away ends the
-/// command quietly (exit 0, [`crate::exit::finish`]), not with a panic's 101.
+/// gate ... 2>&1 | head -1`) drops it instead of panicking (a panic exits 101); the exit code
+/// is still the command's ([`crate::exit::finish`]).
 pub fn to_stderr(text: &str) {
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());

@@ -248,9 +248,9 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
     assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
     assert!(xml.contains("<failure type=\"divergence\" message=\"at seq 1: agent default"), "{xml}");
 
-    // A reader that went away (`retrace gate ... 2>&1 | head -1`) ends the gate quietly, as
-    // every command: exit 0, no panic, whether the report goes to standard output or, under
-    // --json, to standard error.
+    // A reader that went away (`retrace gate ... 2>&1 | head -1`) doesn't panic the gate (it
+    // did: 101) nor pass it: the verdict is still exit 1, whether standard error closed (the
+    // report to standard output, or under --json to standard error) or standard output did.
     for json in [false, true] {
         let mut args = vec!["gate", "traces"];
         args.extend(json.then_some("--json"));
@@ -260,9 +260,16 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
         drop(child.stderr.take());
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "--json {json}: stdout:\n{stdout}");
+        assert_eq!(out.status.code(), Some(1), "--json {json}: stdout:\n{stdout}");
         let report = if json { "\"diverged\": 1" } else { "gate: 1 traces, 0 ok, 1 diverged" };
         assert!(stdout.contains(report), "--json {json}: the report went out whole:\n{stdout}");
+        let mut child =
+            bench.command(&args, &[]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--json {json}, stdout closed: stderr:\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
 

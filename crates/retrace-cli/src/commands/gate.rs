@@ -168,7 +168,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        crate::output::print_json(&report::json(&outcomes, seconds, jobs))?;
+        // Through `print_out`: a closed standard output doesn't decide the exit code.
+        let mut text = serde_json::to_string_pretty(&report::json(&outcomes, seconds, jobs))?;
+        text.push('\n');
+        print_out(&text)?;
     }
     if args.accept {
         let upstreams =
@@ -229,11 +232,15 @@ fn run_all(
     Ok(slots.into_iter().map(|o| o.expect("every trace ran")).collect())
 }
 
+/// Prints to standard output. A reader that went away (`retrace gate traces | head`) only stops
+/// the printing: the gate goes on, and its exit code is its verdict, never the broken pipe's 0,
+/// so a CI script can't pass a diverged gate by cutting its report short.
 fn print_out(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
 
 /// Re-records every diverging trace and prints where it went and what changed.
