@@ -191,18 +191,32 @@ fn unknown_runs_are_usage_errors_and_help_teaches() {
 }
 
 /// `show --seq` on a fork reaches the events it inherits (they are its source's), and counts
-/// them when a seq is past its end.
+/// them when a seq is past its end; so does `runs`.
 #[test]
 fn show_of_a_forks_inherited_event_is_its_sources() {
     let home = Home::new();
-    let source = home.run(&["show", SOURCE, "--seq", "2", "--json"]);
-    source.expect(0, &[], &[]);
+    let shown = home.run(&["show", SOURCE, "--seq", "2", "--json"]);
+    shown.expect(0, &[], &[]);
     let fork = home.run(&["show", FORK, "--seq", "2", "--json"]);
     fork.expect(0, &[], &[]);
     let (a, b): (serde_json::Value, serde_json::Value) =
-        (serde_json::from_str(&source.stdout()).unwrap(), serde_json::from_str(&fork.stdout()).unwrap());
+        (serde_json::from_str(&shown.stdout()).unwrap(), serde_json::from_str(&fork.stdout()).unwrap());
     assert_eq!(a["event"], b["event"], "the source's seq 2");
     assert_eq!(b["run"], FORK);
     home.run(&["show", FORK, "--seq", "5"]).expect(0, &["model_call"], &[]);
     home.run(&["show", FORK, "--seq", "10"]).expect(2, &[], &["has 9 events; there is no seq 10"]);
+
+    // A fork that took no step of its own (`--at` past the end) still counts what it inherits.
+    let empty = "01clidiffemptyfork00000000";
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    let mut meta = source().meta;
+    (meta.id, meta.mode, meta.source_run, meta.fork_at) =
+        (empty.into(), RunMode::Fork, Some(SOURCE.into()), Some(10));
+    store.create_run(&meta).unwrap();
+    drop(store);
+    let runs = home.run(&["runs", "--json"]);
+    runs.expect(0, &[], &[]);
+    let runs: serde_json::Value = serde_json::from_str(&runs.stdout()).unwrap();
+    let listed = runs.as_array().unwrap().iter().find(|r| r["id"] == empty).unwrap().clone();
+    assert_eq!(listed["events"], 9, "{listed}");
 }

@@ -43,7 +43,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runs = store.runs()?;
     let mut counted = Vec::with_capacity(runs.len());
     for meta in runs {
-        let events = store.last_seq(&meta.id)?;
+        // A fork's seqs continue its source's: one that took no step of its own still holds
+        // the events before its fork point.
+        let inherited = meta.fork_at.filter(|_| meta.mode == retrace_core::run::RunMode::Fork);
+        let events = store.last_seq(&meta.id)?.max(inherited.map_or(0, |at| at.saturating_sub(1)));
         let unrecovered = store.unrecovered(&meta.id);
         counted.push((meta, events, unrecovered));
     }
