@@ -157,6 +157,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn fallback(uri: axum::http::Uri) -> axum::response::Response {
+    if uri.path().starts_with("/api/") {
+        // The API's own error shape (the SDKs read `error.code`), not a provider's.
+        let msg = format!("retrace: no route for {}; the API's routes are in /api/openapi.json", uri.path());
+        return steps::fail(axum::http::StatusCode::NOT_FOUND, "no_route", msg);
+    }
     let provider = if uri.path().contains("anthropic") || uri.path().starts_with("/v1/messages") {
         proxy::reply::Provider::Anthropic
     } else {

@@ -27,6 +27,12 @@ async fn bad_requests_get_provider_shaped_errors() {
     let unknown = d.call(&run, "/proxy/anthropic/v1/complete", &json!({})).await;
     own_error(&unknown, 404, "not_found_error");
     assert_eq!(unknown.json()["type"], "error", "Anthropic's shape");
+    // An unknown API route answers in the API's shape, which the SDKs read.
+    let api = client().post(format!("{}/api/runs/{run}/nothing", d.base)).send().await.unwrap();
+    let api = Reply::read(api).await;
+    assert_eq!(api.status, 404);
+    assert_eq!(api.json()["error"]["code"], "no_route", "{}", api.text());
+    assert!(api.text().contains("no route for /api/runs/"), "{}", api.text());
     let get = client().get(format!("{}/proxy/openai/v1/chat/completions", d.base)).send().await.unwrap();
     own_error(&Reply::read(get).await, 404, "no route for GET");
     let malformed =
