@@ -138,6 +138,21 @@ fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::
     Ok(edits)
 }
 
+/// `message` with each edit as the user typed it (`tool-output:3=@out.json`), where it names
+/// the stored blob its file became (`tool-output:3=@sha256:…`): `typed` are the `--edit`
+/// arguments, each of `stored` the edits they became, in the same order.
+fn as_typed(message: String, typed: &[String], stored: &[&[Edit]]) -> String {
+    let mut message = message;
+    for edits in stored {
+        for (text, edit) in typed.iter().zip(edits.iter()) {
+            if matches!(edit.content(), Some(Content::Blob(_))) {
+                message = message.replace(&edit.to_string(), text);
+            }
+        }
+    }
+    message
+}
+
 /// A `model-output` edit of a model call the proxy recorded must be what the proxy serves: a
 /// recorded HTTP response (`retrace-http/1`). An edit that is a plain JSON body (what the
 /// provider returns, as a user writes it) of a whole, non-streamed response is stored as a 200
@@ -256,14 +271,15 @@ struct Forked {
 
 fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
     let source = launcher::source_run(store.as_ref(), run)?;
+    let parsed = edits;
     let edits = &as_recorded_responses(store.as_ref(), &source.id, edits)?;
     let at = match args.at {
         Some(at) => at,
         None => retrace_runtime::fork::default_at(store.as_ref(), &source.id, edits)?,
     };
-    ForkPlan::new(at, edits.to_vec())
-        .and_then(|p| p.validate(store.as_ref(), &source.id))
-        .map_err(|e| usage(format!("can't fork {}: {e}", source.id)))?;
+    ForkPlan::new(at, edits.to_vec()).and_then(|p| p.validate(store.as_ref(), &source.id)).map_err(|e| {
+        usage(as_typed(format!("can't fork {}: {e}", source.id), &args.edits, &[parsed, edits]))
+    })?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     check_prompt_edits(store.as_ref(), &source.id, edits, &cwd)?;
     let id = new_run_id();

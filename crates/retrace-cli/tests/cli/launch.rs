@@ -426,3 +426,19 @@ fn replaying_a_fork_whose_source_is_not_in_the_store_is_refused_up_front() {
     alone.run(&["import", source_file.to_str().unwrap()]).expect(0, &[], &[]);
     alone.run(&["replay", FORK]).expect(1, &[], &["steps_left"]);
 }
+
+/// An edit refused for not fitting the run is named as the user typed it (`@out.json`), not as
+/// the stored blob its file became (`@sha256:…`).
+#[test]
+fn a_refused_edit_is_named_with_the_file_the_user_typed() {
+    let home = Home::new();
+    home.run(&["demo", "single", "--runs", "1"]).expect(0, &[], &[]);
+    let recorded: Vec<String> =
+        runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "record").map(|(id, _, _)| id).collect();
+    std::fs::write(home.file("out.json"), r#"{"rows": []}"#).unwrap();
+    let file = home.file("out.json");
+    let edit = format!("tool-output:5=@{}", file.display());
+    let refused = home.run(&["fork", &recorded[0], "--edit", &edit]);
+    refused.expect(2, &[], &[&format!("{edit}: seq 5 is a model_call")]);
+    assert!(!refused.stderr().contains("sha256:"), "{}", refused.stderr());
+}
