@@ -237,12 +237,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
 
 /// SPEC §7: a rule whose replay hands back the original needs the vault to hold originals.
 pub(crate) fn refuse_original_without_vault(rules: &retrace_core::mask::MaskRules) -> anyhow::Result<()> {
-    let original: Vec<&str> = rules
-        .rules
-        .iter()
-        .filter(|r| r.replay == retrace_core::mask::ReplayAs::Original)
-        .map(|r| r.name.as_str())
-        .collect();
+    let original = rules.replaying_originals();
     let vault_key = std::env::var("RETRACE_VAULT_KEY").is_ok_and(|v| !v.trim().is_empty());
     if original.is_empty() || vault_key {
         return Ok(());

@@ -155,13 +155,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     // Refused before anything runs: tokens made under another key would never match.
     retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
     // A run whose tokens replay as the originals needs the vault's key, or every such step fails.
-    let original: Vec<&str> = source
-        .masking_rules
-        .rules
-        .iter()
-        .filter(|r| r.replay == retrace_core::mask::ReplayAs::Original)
-        .map(|r| r.name.as_str())
-        .collect();
+    let original = source.masking_rules.replaying_originals();
     let vault_key = std::env::var("RETRACE_VAULT_KEY").is_ok_and(|v| !v.trim().is_empty());
     if source.holds_tokens && !original.is_empty() && !vault_key {
         return Err(usage(format!(

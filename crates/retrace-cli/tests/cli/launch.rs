@@ -49,6 +49,18 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
     };
     replay(None).expect(2, &[], &["rule(s) acct hand the program the originals", "RETRACE_VAULT_KEY"]);
     replay(Some(vault_key)).expect(0, &[], &["ok"]);
+
+    // Its trace file can't be gated: the originals stay in the vault of the store that recorded
+    // it. Said up front, as a trace that could not be replayed (exit 2), not as a divergence.
+    let file = home.file("vaulted.jsonl");
+    home.run(&["export", &run, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
+    let mut gate = home.command(&["gate", file.to_str().unwrap()]);
+    gate.current_dir(project.path()).env("RETRACE_VAULT_KEY", vault_key);
+    Result(gate.stdin(Stdio::null()).output().unwrap()).expect(
+        2,
+        &["which a trace file doesn't carry"],
+        &["could not be replayed"],
+    );
 }
 
 /// The run a `record --json` printed last.

@@ -90,6 +90,11 @@ impl MaskRules {
         self.rules.is_empty()
     }
 
+    /// The names of the rules whose tokens replay as the originals (from the vault).
+    pub fn replaying_originals(&self) -> Vec<&str> {
+        self.rules.iter().filter(|r| r.replay == ReplayAs::Original).map(|r| r.name.as_str()).collect()
+    }
+
     /// Digest of the canonical rule set.
     pub fn digest(&self) -> Digest {
         let value = serde_json::to_value(self).expect("rules serialize");

@@ -132,6 +132,20 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
     import_sources(&*store, trace, &header, settings)?;
     let source = launcher::source_run(&*store, &header.run.id)?;
+    let original = source.masking_rules.replaying_originals();
+    if source.holds_tokens && !original.is_empty() {
+        // Its steps would fail one by one on originals no trace file carries.
+        return Err(crate::exit::usage_hint(
+            format!(
+                "{}: its masking rule(s) {} hand the program the originals from the vault, which a \
+                 trace file doesn't carry",
+                trace.name,
+                original.join(", ")
+            ),
+            "gate runs whose rules replay as \"token\"; replay this one in the store that recorded it \
+             (`retrace replay RUN`, with RETRACE_VAULT_KEY)",
+        ));
+    }
     if source.id != header.run.id {
         // A replay run's trace replays its source: those are the steps it checks.
         out.steps = store.last_seq(&source.id)?;
