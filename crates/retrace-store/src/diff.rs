@@ -10,7 +10,10 @@
 //! run's earliest leftover step of the same type and name. Deliveries pair per agent in order.
 //!
 //! **Same or changed.** A pair is the same when the keys are equal (the same request) and so
-//! are the output hashes (or neither step has an output); else it is changed. A delivery's key names only
+//! are the output hashes (or neither step has an output); else it is changed. Two model calls
+//! asked the same whose outputs differ only in what a provider writes anew on every response
+//! (ids, creation times, headers, a stream's timings) are the same too (`diff/answer.rs`): their
+//! outputs are read to tell. A delivery's key names only
 //! its sender, so a pair of deliveries is the same only if the sends they carry are aligned
 //! with each other and the same as well (or are one inherited send). Hashes are compared first:
 //! output blobs are read only for the changed steps shown, to print a short line diff.
@@ -23,6 +26,7 @@
 //! Reading is linear in the two runs' events, a page at a time; memory is about 200 bytes per
 //! event.
 mod align;
+mod answer;
 mod load;
 mod outcome;
 mod text;
@@ -261,6 +265,7 @@ pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> 
     for (seq_a, seq_b) in pairs {
         match (run_a.step(seq_a), run_b.step(seq_b)) {
             (Some(x), Some(y)) if x.same_as(y) && messages.same(x, y) => same += 1,
+            (Some(x), Some(y)) if same_model_answer(store, x, y) => same += 1,
             (Some(x), Some(y)) => changed.push((x, y)),
             _ => unreachable!("aligned seqs are loaded"),
         }
@@ -315,6 +320,17 @@ fn choose_alignment(a: &RunMeta, b: &RunMeta) -> Alignment {
     }
     let older = if (b.started_at_ms, &b.id) < (a.started_at_ms, &a.id) { Which::B } else { Which::A };
     Alignment { by: AlignedBy::Pairing, source: older, fork_at: None }
+}
+
+/// Two model calls asked the same whose outputs differ only where a provider writes something
+/// new on every response (`diff/answer.rs`).
+fn same_model_answer(store: &dyn Store, x: &Step, y: &Step) -> bool {
+    match (x.kind, y.kind, x.output_ref, y.output_ref) {
+        (EventType::ModelCall, EventType::ModelCall, Some(a), Some(b)) if x.key == y.key => {
+            answer::same_answer(store, &a, &b)
+        }
+        _ => false,
+    }
 }
 
 /// The messages deliveries carry: a delivery holds only who sent it, so a pair of deliveries

@@ -591,3 +591,34 @@ fn a_delivery_is_changed_when_the_message_it_carries_changed() {
         "#]],
     );
 }
+
+/// Two recordings of one unchanged answer differ in what the provider writes anew each time
+/// (the `date` header, ids, creation times): the same step. Another answer is changed.
+#[test]
+fn a_model_answer_that_differs_only_in_ids_and_headers_is_the_same() {
+    let store = MemoryStore::new();
+    let document = |date: &str, id: &str, content: &str| {
+        format!(
+            r#"{{"format":"retrace-http/1","status":200,"headers":[["date","{date}"]],"body":{{"id":"{id}","created":{},"choices":[{{"message":{{"content":"{content}"}}}}]}}}}"#,
+            id.len()
+        )
+    };
+    let answers = [
+        ("first", document("Sat, 05 Dec 2026 23:01:00 GMT", "chatcmpl-a", "plan: rename, then backfill")),
+        ("again", document("Sat, 05 Dec 2026 23:09:00 GMT", "chatcmpl-bb", "plan: rename, then backfill")),
+        ("other", document("Sat, 05 Dec 2026 23:09:00 GMT", "chatcmpl-c", "plan: backfill first")),
+    ];
+    for (i, (id, output)) in answers.iter().enumerate() {
+        let (mut events, mut blobs) = parse(id, 1, "planner model_call:gpt m1 - ?hello");
+        let blob = BlobPut::new(output.clone().into_bytes(), BlobHint::Raw);
+        (events[0].output_ref, events[0].output_hash) = (Some(blob.digest()), Some(blob.digest()));
+        blobs.push(blob);
+        store.create_run(&recording(id, 10 * (i as u64 + 1))).unwrap();
+        store.commit(&Batch { run_id: (*id).into(), events, blobs, cache: Vec::new() }).unwrap();
+    }
+    let counts = |a: &str, b: &str| diff_runs(&store, a, b, &DiffOptions::default()).unwrap().counts;
+    assert_eq!((counts("first", "again").same, counts("first", "again").changed), (1, 0));
+    let changed = diff_runs(&store, "first", "other", &DiffOptions::default()).unwrap();
+    assert_eq!((changed.counts.same, changed.counts.changed), (0, 1));
+    assert!(changed.changed[0].diff.as_deref().unwrap().contains("backfill first"));
+}
