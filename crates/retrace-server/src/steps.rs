@@ -172,6 +172,18 @@ pub fn runtime_failure(e: &RuntimeError, app: &AppState, run: &str) -> Response 
     }
 }
 
+/// Why a run's session can't take steps, as an SDK answer: 404 for a run the store lacks, 409
+/// for one that has finished (as a second `finish` is) or can't be opened (its lease is held
+/// elsewhere, its masking rules need a key the daemon lacks), with the reason.
+pub(crate) fn host_failure(e: &crate::host::HostError) -> Response {
+    use crate::host::HostError;
+    match e {
+        HostError::UnknownRun(_) => fail(StatusCode::NOT_FOUND, "unknown_run", e),
+        HostError::Finished(_) => fail(StatusCode::CONFLICT, "run_finished", e),
+        HostError::Open { .. } => fail(StatusCode::CONFLICT, "run_unavailable", e),
+    }
+}
+
 /// The agent a request speaks for; its process (`X-Retrace-Process`) must own it.
 pub(crate) fn agent(
     app: &AppState,
@@ -179,8 +191,7 @@ pub(crate) fn agent(
     agent: &str,
     headers: &HeaderMap,
 ) -> Result<Agent, Box<Response>> {
-    let found =
-        app.host.agent(run, agent).map_err(|e| Box::new(fail(StatusCode::NOT_FOUND, "unknown_run", e)))?;
+    let found = app.host.agent(run, agent).map_err(|e| Box::new(host_failure(&e)))?;
     let pid = headers.get("x-retrace-process").and_then(|v| v.to_str().ok()).map(str::parse::<u32>);
     match pid {
         None => Ok(found),
@@ -475,7 +486,7 @@ pub async fn role(
             session.set_role(&agent_id, &body.role);
             Json(json!({"status": "done"})).into_response()
         }
-        Err(e) => fail(StatusCode::NOT_FOUND, "unknown_run", e),
+        Err(e) => host_failure(&e),
     }
 }
 

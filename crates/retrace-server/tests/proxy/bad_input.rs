@@ -233,3 +233,27 @@ async fn a_recv_timeout_too_long_for_a_duration_waits_and_the_daemon_stays_up() 
     assert_eq!(heard["message"]["body"], json!({"x": 1}), "{heard}");
     assert_eq!(d.finish(&run).await["status"], "ok");
 }
+
+/// A step of a finished run is refused as a second `finish` is: 409, saying it has finished
+/// (it was 404 `unknown_run`, as if the run didn't exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_after_finish_is_a_conflict_that_says_so() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    d.finish(&run).await;
+    let body = json!({"type": "tool_call", "name": "t", "request": {}, "tool": {"class": "deterministic", "version": "1"}, "output": 1});
+    let step =
+        client().post(format!("{}/api/runs/{run}/agents/a/steps", d.base)).json(&body).send().await.unwrap();
+    let step = Reply::read(step).await;
+    assert_eq!(step.status, 409, "{}", step.text());
+    assert_eq!(step.json()["error"]["code"], "run_finished", "{}", step.text());
+    assert!(step.text().contains("has finished"), "{}", step.text());
+    let again = client()
+        .post(format!("{}/api/runs/{run}/finish", d.base))
+        .json(&json!({"exit_status": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+}
