@@ -139,7 +139,9 @@ class Run:
 
     def finish(self, exit_status: int = 0) -> dict:
         """Ends the run. Under ``retrace record`` / ``replay`` the launcher ends it with the
-        program's exit status, so this only says the agents are done."""
+        program's exit status, so this only says the agents are done; so does a run joined through
+        ``RETRACE_RUN`` that this program didn't create (``POST /api/runs/RUN/replay`` on a bare
+        ``retrace serve``): whoever created it ends it, with ``POST /api/runs/RUN/finish``."""
         for a in self._agents.values():
             a.exit()
         if not self._owned:

@@ -37,10 +37,9 @@ macro_rules! examples {
         "Fork a run: re-run its program from the start with one input changed, serve every step the \
 change doesn't reach from the source run at zero tokens, run changed and new steps (from the \
 caches when possible; side effects only as dry runs), and report what moved.\n\n\
-Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, a message's send for\n\
-a delivery, or 1):\n  \
+Edits (seqs are the source run's; --at defaults to the smallest seq an edit names, or 1):\n  \
 swap:A,B                 deliveries A < B to one agent trade messages\n  \
-message:SEQ=@FILE        replace a message body (SEQ: its send or delivery)\n  \
+message:SEQ=@FILE        replace a message body (SEQ: its send, or its delivery: the send counts)\n  \
 tool-output:SEQ=@FILE    replace a tool call's recorded output\n  \
 model-output:SEQ=@FILE   replace a model call's recorded output (for a proxied call, the JSON \
 body the provider would return; a streamed one needs its recorded document)\n  \
@@ -58,7 +57,8 @@ pub struct Args {
     /// The run to fork (id or unique prefix); omit with --runs.
     run: Option<String>,
     /// The first seq the fork re-decides (default: the smallest seq an edit names, a message
-    /// edit's send for a delivery, or 1).
+    /// edit's send for a delivery, or 1). One past the source's last seq inherits every event:
+    /// the program re-runs with nothing changed, and whatever it does beyond them is new.
     #[arg(long, value_name = "SEQ")]
     at: Option<u64>,
     // The help is a string, not a doc comment: rustdoc would read `[@SNAP]` as a link.
