@@ -97,7 +97,9 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 /// [`knew`] in a fork: an inherited step (before the fork point `at`) knew what it knew in the
 /// source; a step of the fork's own may have heard inherited messages whose chains run through
 /// the source, which the store's per-run tables don't follow: its answer is built from the
-/// fork's events read whole (inherited ones included), as small as forks are.
+/// fork's events read whole, inherited ones included. That is linear in the fork's length: a
+/// fork of a long recording reads the source's events too (the per-run tables, which answer a
+/// recording's steps without scanning, would have to follow the fork point to avoid it).
 fn knew_in_fork(store: &dyn Store, run: &str, source: &str, at: u64, seq: u64) -> StoreResult<Knew> {
     if seq < at {
         return Ok(Knew { run: run.to_owned(), ..knew_inner(store, source, seq)? });
