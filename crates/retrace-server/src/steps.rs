@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -127,6 +128,13 @@ pub(crate) fn fail(status: StatusCode, code: &str, message: impl std::fmt::Displ
     (status, Json(json!({"error": {"code": code, "message": message.to_string()}}))).into_response()
 }
 
+/// A step route's JSON body, whatever its `Content-Type` says (`curl -d` sends a form type), as
+/// `POST /api/runs` takes its own; a body that doesn't parse is a 400 naming why.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, "bad_request", format!("bad request body: {e}")))
+}
+
 /// The answer for a step's runtime outcome.
 pub fn answer(result: StepResult, app: &AppState, run: &str) -> Response {
     match result {
@@ -212,11 +220,11 @@ pub async fn step(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Json<StepBody>, axum::extract::rejection::JsonRejection>,
+    body: Bytes,
 ) -> Response {
-    let Json(body) = match body {
+    let body: StepBody = match json_body(&body) {
         Ok(b) => b,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+        Err(r) => return r,
     };
     if let Some(id) = body.step {
         let Some((tx, task)) = app.pending.0.lock().remove(&id) else {
@@ -358,11 +366,11 @@ pub async fn send(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Json<SendBody>, axum::extract::rejection::JsonRejection>,
+    body: Bytes,
 ) -> Response {
-    let Json(body) = match body {
+    let body: SendBody = match json_body(&body) {
         Ok(b) => b,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+        Err(r) => return r,
     };
     let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
@@ -424,11 +432,11 @@ pub async fn decide(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Json<DecideBody>, axum::extract::rejection::JsonRejection>,
+    body: Bytes,
 ) -> Response {
-    let Json(body) = match body {
+    let body: DecideBody = match json_body(&body) {
         Ok(b) => b,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+        Err(r) => return r,
     };
     let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
@@ -472,11 +480,11 @@ pub struct RoleBody {
 pub async fn role(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
-    body: Result<Json<RoleBody>, axum::extract::rejection::JsonRejection>,
+    body: Bytes,
 ) -> Response {
-    let Json(body) = match body {
+    let body: RoleBody = match json_body(&body) {
         Ok(b) => b,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+        Err(r) => return r,
     };
     if let Err(why) = valid_role(&body.role) {
         return fail(StatusCode::BAD_REQUEST, "bad_request", why);

@@ -6,6 +6,7 @@
 //! that version's text from the fork point on.
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -13,7 +14,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::steps::{agent, fail, runtime_failure};
+use crate::steps::{agent, fail, json_body, runtime_failure};
 use crate::AppState;
 
 /// The body of a template request.
@@ -36,11 +37,11 @@ pub async fn template(
     State(app): State<Arc<AppState>>,
     Path((run, agent_id)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Json<TemplateBody>, axum::extract::rejection::JsonRejection>,
+    body: Bytes,
 ) -> Response {
-    let Json(body) = match body {
+    let body: TemplateBody = match json_body(&body) {
         Ok(b) => b,
-        Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+        Err(r) => return r,
     };
     let vars = body.vars.unwrap_or_else(|| json!({}));
     if !vars.is_object() {

@@ -196,7 +196,23 @@ async fn an_agent_belongs_to_one_process() {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+    let bad = Reply::read(bad).await;
+    assert!(bad.text().contains("bad request body"), "{}", bad.text());
     assert_eq!(d.store.last_seq(&run).unwrap(), 1, "only the good step was recorded");
+    // A step route takes JSON whatever the Content-Type says, as `POST /api/runs` does:
+    // `curl -d` sends a form type, a raw client none at all.
+    for content_type in [Some("application/x-www-form-urlencoded"), None] {
+        let mut post = client()
+            .post(format!("{}/api/runs/{run}/agents/planner/steps", d.base))
+            .header("x-retrace-process", std::process::id().to_string())
+            .body(r#"{"type": "clock", "name": "wall", "output": {"unix_ms": 2}}"#);
+        if let Some(t) = content_type {
+            post = post.header("content-type", t);
+        }
+        let reply = Reply::read(post.send().await.unwrap()).await;
+        assert_eq!(reply.status, 200, "{content_type:?}: {}", reply.text());
+    }
+    assert_eq!(d.store.last_seq(&run).unwrap(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
