@@ -3,8 +3,12 @@
 #[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
 
-use std::process::{Command, Output, Stdio};
+#[path = "common/ran.rs"]
+mod ran;
 
+use std::process::{Command, Stdio};
+
+use ran::Ran;
 use retrace_core::envelope::{Decision, Usage};
 use retrace_core::run::RunMode;
 use retrace_core::{Digest, Source};
@@ -82,30 +86,6 @@ impl Home {
             command.env_remove(var);
         }
         Ran(command.output().unwrap())
-    }
-}
-
-struct Ran(Output);
-
-impl Ran {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.0.stdout).into_owned()
-    }
-
-    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
-    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
-        let stderr = String::from_utf8_lossy(&self.0.stderr);
-        let context =
-            format!("exit {:?}\nstdout:\n{}\nstderr:\n{stderr}", self.0.status.code(), self.stdout());
-        assert_eq!(self.0.status.code(), Some(code), "{context}");
-        for needle in out {
-            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
-        }
-        for needle in err {
-            assert!(stderr.contains(needle), "stderr lacks {needle:?}\n{context}");
-        }
-        assert!(!stderr.contains("panicked"), "{context}");
-        self
     }
 }
 

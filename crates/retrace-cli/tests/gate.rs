@@ -1,9 +1,14 @@
 //! `retrace gate` through the real binary: programs recorded with `retrace record` against
 //! `retrace simulate` (real processes, real SQLite stores, loopback HTTP), exported, then gated
 //! with the simulator stopped and the environment scrubbed of keys.
+#[path = "common/ran.rs"]
+mod ran;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
+
+use ran::Ran;
 
 const BIN: &str = env!("CARGO_BIN_EXE_retrace");
 
@@ -114,35 +119,6 @@ impl Drop for Simulator {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-struct Ran(Output);
-
-impl Ran {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.0.stdout).into_owned()
-    }
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.0.stderr).into_owned()
-    }
-    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
-    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
-        let context = format!(
-            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-            self.0.status.code(),
-            self.stdout(),
-            self.stderr()
-        );
-        assert_eq!(self.0.status.code(), Some(code), "{context}");
-        for needle in out {
-            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
-        }
-        for needle in err {
-            assert!(self.stderr().contains(needle), "stderr lacks {needle:?}\n{context}");
-        }
-        assert!(!self.stderr().contains("panicked"), "{context}");
-        self
     }
 }
 

@@ -8,9 +8,13 @@ mod power_cut;
 #[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+#[path = "common/ran.rs"]
+mod ran;
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use ran::Ran;
 use retrace_core::Digest;
 use retrace_store::{open_store, StoreConfig};
 use trace_fixture::conversation;
@@ -42,30 +46,6 @@ impl Home {
 
     fn db(&self) -> rusqlite::Connection {
         rusqlite::Connection::open(self.file("retrace.db")).unwrap()
-    }
-}
-
-struct Ran(Output);
-
-impl Ran {
-    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) hold each needle.
-    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Ran {
-        let (stdout, stderr) =
-            (String::from_utf8_lossy(&self.0.stdout), String::from_utf8_lossy(&self.0.stderr));
-        let context = format!("exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", self.0.status.code());
-        assert_eq!(self.0.status.code(), Some(code), "{context}");
-        for needle in out {
-            assert!(stdout.contains(needle), "stdout lacks {needle:?}\n{context}");
-        }
-        for needle in err {
-            assert!(stderr.contains(needle), "stderr lacks {needle:?}\n{context}");
-        }
-        assert!(!stderr.contains("panicked"), "{context}");
-        self
-    }
-
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.0.stdout).into_owned()
     }
 }
 

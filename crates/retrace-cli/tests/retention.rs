@@ -4,8 +4,12 @@
 #[path = "../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
 
-use std::process::{Command, Output, Stdio};
+#[path = "common/ran.rs"]
+mod ran;
 
+use std::process::{Command, Stdio};
+
+use ran::Ran;
 use retrace_core::run::{Retention, RunMeta, RunMode, RunStatus};
 use retrace_core::vault::VaultKey;
 use retrace_core::EventType;
@@ -32,7 +36,7 @@ impl Home {
         open_store(&StoreConfig::in_home(self.dir.path())).unwrap()
     }
 
-    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Ran {
         let mut command = Command::new(env!("CARGO_BIN_EXE_retrace"));
         command.args(args).current_dir(self.dir.path()).env("RETRACE_HOME", self.dir.path());
         for var in ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_RUN", "RETRACE_VAULT_KEY"] {
@@ -40,33 +44,7 @@ impl Home {
         }
         command.env("USER", "tester");
         command.envs(env.iter().copied());
-        Out(command.stdin(Stdio::null()).output().unwrap())
-    }
-}
-
-struct Out(Output);
-
-impl Out {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.0.stdout).into_owned()
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout()).unwrap_or_else(|e| panic!("{e}: {}", self.stdout()))
-    }
-    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
-    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
-        let stderr = String::from_utf8_lossy(&self.0.stderr);
-        let context =
-            format!("exit {:?}\nstdout:\n{}\nstderr:\n{stderr}", self.0.status.code(), self.stdout());
-        assert_eq!(self.0.status.code(), Some(code), "{context}");
-        for needle in out {
-            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
-        }
-        for needle in err {
-            assert!(stderr.contains(needle), "stderr lacks {needle:?}\n{context}");
-        }
-        assert!(!stderr.contains("panicked"), "{context}");
-        self
+        Ran(command.stdin(Stdio::null()).output().unwrap())
     }
 }
 

@@ -137,7 +137,7 @@ fn import_reads_standard_input() {
         .spawn()
         .unwrap();
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), &bytes).unwrap();
-    let out = Result(child.wait_with_output().unwrap());
+    let out = Ran(child.wait_with_output().unwrap());
     out.expect(0, &[RUN], &["from <stdin>"]);
 }
 
@@ -148,7 +148,7 @@ fn a_closed_pipe_ends_export_quietly() {
         home.command(&["export", RUN]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut head = [0u8; 10];
     child.stdout.take().unwrap().read_exact(&mut head).unwrap();
-    let out = Result(child.wait_with_output().unwrap());
+    let out = Ran(child.wait_with_output().unwrap());
     out.expect(0, &[], &[]);
     assert_eq!(out.stderr(), "");
 }

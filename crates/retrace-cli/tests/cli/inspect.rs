@@ -37,11 +37,11 @@ fn runs_lists_a_table_or_json() {
     // Reading creates nothing: a mistyped RETRACE_HOME is said, not answered with an empty store.
     empty.run(&["runs"]).expect(2, &[], &["no store at", "retrace.db", "hint: record a run first"]);
     assert!(!empty.file("retrace.db").exists());
-    let made = Result(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("sub")).output().unwrap());
+    let made = Ran(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("sub")).output().unwrap());
     made.expect(2, &[], &["no store at"]);
     assert!(!empty.file("sub").exists(), "`runs` made the folder of a store it then found empty");
     std::fs::write(empty.file("a-file"), "x").unwrap();
-    let file = Result(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("a-file")).output().unwrap());
+    let file = Ran(empty.command(&["runs"]).env("RETRACE_HOME", empty.file("a-file")).output().unwrap());
     file.expect(2, &[], &["a-file is a file", "RETRACE_HOME names a folder"]);
     // A store that exists and holds nothing.
     empty.run(&["record", "--", "true"]).expect(0, &[], &[]);
@@ -139,7 +139,7 @@ fn a_closed_stdout_ends_printing_commands_quietly() {
     ] {
         let mut child = home.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         drop(child.stdout.take());
-        let out = Result(child.wait_with_output().unwrap());
+        let out = Ran(child.wait_with_output().unwrap());
         out.expect(0, &[], &[]);
         if !matches!(args[0], "record" | "demo") {
             assert_eq!(out.stderr(), "", "{args:?}");

@@ -13,7 +13,7 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
         if let Some(key) = vault {
             c.env("RETRACE_VAULT_KEY", key);
         }
-        Result(c.stdin(Stdio::null()).output().unwrap())
+        Ran(c.stdin(Stdio::null()).output().unwrap())
     };
     // No key anywhere: one is generated into RETRACE_HOME/mask.key, mode 0600, with a notice.
     record(None).expect(0, &[], &["generated a mask key", "RETRACE_MASK_KEY"]);
@@ -45,7 +45,7 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
         if let Some(key) = vault {
             c.env("RETRACE_VAULT_KEY", key);
         }
-        Result(c.stdin(Stdio::null()).output().unwrap())
+        Ran(c.stdin(Stdio::null()).output().unwrap())
     };
     replay(None).expect(2, &[], &["rule(s) acct hand the program the originals", "RETRACE_VAULT_KEY"]);
     replay(Some(vault_key)).expect(0, &[], &["ok"]);
@@ -56,7 +56,7 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
     home.run(&["export", &run, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
     let mut gate = home.command(&["gate", file.to_str().unwrap()]);
     gate.current_dir(project.path()).env("RETRACE_VAULT_KEY", vault_key);
-    Result(gate.stdin(Stdio::null()).output().unwrap()).expect(
+    Ran(gate.stdin(Stdio::null()).output().unwrap()).expect(
         2,
         &["which a trace file doesn't carry"],
         &["could not be replayed"],
@@ -64,7 +64,7 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
 }
 
 /// The run a `record --json` printed last.
-fn run_of(recorded: &Result) -> String {
+fn run_of(recorded: &Ran) -> String {
     let last = recorded.stdout().lines().last().map(str::to_owned).unwrap_or_default();
     let json: serde_json::Value = serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last:?}"));
     json["run"].as_str().unwrap().to_owned()
@@ -267,12 +267,14 @@ fn a_recorded_retrace_command_replays_with_this_binary_off_path() {
     let home = Home::new();
     // PATH without the build's folder: `retrace` is this executable all the same.
     let path = "/usr/bin:/bin";
-    let recorded = Result(
-        home.command(&["record", "--json", "--", "retrace", "--version"]).env("PATH", path).output().unwrap(),
-    );
+    let recorded = Ran(home
+        .command(&["record", "--json", "--", "retrace", "--version"])
+        .env("PATH", path)
+        .output()
+        .unwrap());
     recorded.expect(0, &["retrace "], &["retrace --version"]);
     let run = run_of(&recorded);
-    let replayed = Result(home.command(&["replay", &run]).env("PATH", path).output().unwrap());
+    let replayed = Ran(home.command(&["replay", &run]).env("PATH", path).output().unwrap());
     replayed.expect(0, &["retrace "], &["ok"]);
 }
 
@@ -389,7 +391,7 @@ fn a_prompt_edit_naming_a_missing_version_is_refused_before_the_program_runs() {
     let run = &recorded[0];
     let fork = |version: &str| {
         let edit = format!("prompt:critic={version}");
-        Result(home.command(&["fork", run, "--edit", &edit]).current_dir(home.dir.path()).output().unwrap())
+        Ran(home.command(&["fork", run, "--edit", &edit]).current_dir(home.dir.path()).output().unwrap())
     };
     fork("v2").expect(0, &[], &["retrace: fork "]);
     std::fs::create_dir_all(home.file("prompts/critique")).unwrap();

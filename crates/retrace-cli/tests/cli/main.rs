@@ -7,10 +7,14 @@ mod resolve;
 #[path = "../../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;
 
+#[path = "../common/ran.rs"]
+mod ran;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
+use ran::Ran;
 use retrace_store::{open_store, StoreConfig};
 use trace_fixture::{conversation, Builder, Fixture};
 
@@ -41,41 +45,12 @@ impl Home {
         command
     }
 
-    fn run(&self, args: &[&str]) -> Result {
-        Result(self.command(args).stdin(Stdio::null()).output().unwrap())
+    fn run(&self, args: &[&str]) -> Ran {
+        Ran(self.command(args).stdin(Stdio::null()).output().unwrap())
     }
 
     fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
-    }
-}
-
-struct Result(Output);
-
-impl Result {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.0.stdout).into_owned()
-    }
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.0.stderr).into_owned()
-    }
-    /// Asserts the exit code and that stdout (`out`) and stderr (`err`) contain each needle.
-    fn expect(&self, code: i32, out: &[&str], err: &[&str]) -> &Self {
-        let context = format!(
-            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-            self.0.status.code(),
-            self.stdout(),
-            self.stderr()
-        );
-        assert_eq!(self.0.status.code(), Some(code), "{context}");
-        for needle in out {
-            assert!(self.stdout().contains(needle), "stdout lacks {needle:?}\n{context}");
-        }
-        for needle in err {
-            assert!(self.stderr().contains(needle), "stderr lacks {needle:?}\n{context}");
-        }
-        assert!(!self.stderr().contains("panicked"), "{context}");
-        self
     }
 }
 
