@@ -130,9 +130,9 @@ pub(crate) fn fail(status: StatusCode, code: &str, message: impl std::fmt::Displ
 
 /// A step route's JSON body, whatever its `Content-Type` says (`curl -d` sends a form type), as
 /// `POST /api/runs` takes its own; a body that doesn't parse is a 400 naming why.
-pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Box<Response>> {
     serde_json::from_slice(bytes)
-        .map_err(|e| fail(StatusCode::BAD_REQUEST, "bad_request", format!("bad request body: {e}")))
+        .map_err(|e| Box::new(fail(StatusCode::BAD_REQUEST, "bad_request", format!("bad request body: {e}"))))
 }
 
 /// The answer for a step's runtime outcome.
@@ -224,7 +224,7 @@ pub async fn step(
 ) -> Response {
     let body: StepBody = match json_body(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Some(id) = body.step {
         let Some((tx, task)) = app.pending.0.lock().remove(&id) else {
@@ -370,7 +370,7 @@ pub async fn send(
 ) -> Response {
     let body: SendBody = match json_body(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
@@ -436,7 +436,7 @@ pub async fn decide(
 ) -> Response {
     let body: DecideBody = match json_body(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let agent = match agent(&app, &run, &agent_id, &headers) {
         Ok(a) => a,
@@ -484,7 +484,7 @@ pub async fn role(
 ) -> Response {
     let body: RoleBody = match json_body(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(why) = valid_role(&body.role) {
         return fail(StatusCode::BAD_REQUEST, "bad_request", why);

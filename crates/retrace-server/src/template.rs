@@ -41,7 +41,7 @@ pub async fn template(
 ) -> Response {
     let body: TemplateBody = match json_body(&body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let vars = body.vars.unwrap_or_else(|| json!({}));
     if !vars.is_object() {
