@@ -130,9 +130,57 @@ pub(crate) fn fail(status: StatusCode, code: &str, message: impl std::fmt::Displ
 
 /// A step route's JSON body, whatever its `Content-Type` says (`curl -d` sends a form type), as
 /// `POST /api/runs` takes its own; a body that doesn't parse is a 400 naming why.
+///
+/// An integer beyond 64 bits is refused (400 `not_json`, naming its path): the body becomes
+/// `serde_json` values, which would turn it into the nearest double and give two different ids
+/// one key (SPEC §2 keeps their digits). Send such a number as a string.
 pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Box<Response>> {
+    if let Some((path, digits)) = wide_integer(bytes) {
+        return Err(Box::new(fail(
+            StatusCode::BAD_REQUEST,
+            "not_json",
+            format!(
+                "the integer {digits} at {path} is beyond 64 bits, which a step can't keep exactly: \
+                 send it as a string"
+            ),
+        )));
+    }
     serde_json::from_slice(bytes)
         .map_err(|e| Box::new(fail(StatusCode::BAD_REQUEST, "bad_request", format!("bad request body: {e}"))))
+}
+
+/// The first integer in JSON text that neither `i64` nor `u64` holds, with its path in the
+/// body. A cheap scan first: such an integer has at least 19 digits in a row.
+fn wide_integer(bytes: &[u8]) -> Option<(String, String)> {
+    let mut run = 0;
+    bytes.iter().find(|b| {
+        run = if b.is_ascii_digit() { run + 1 } else { 0 };
+        run >= 19
+    })?;
+    fn walk(value: &retrace_core::json::Json, path: &mut String) -> Option<(String, String)> {
+        use retrace_core::json::{path_push_index, path_push_key, Json};
+        match value {
+            Json::Number(n) if n.is_integer() && n.as_i64().is_none() && n.as_u64().is_none() => {
+                Some((path.clone(), n.as_str().to_owned()))
+            }
+            Json::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+                let len = path.len();
+                path_push_index(path, i);
+                let found = walk(item, path);
+                path.truncate(len);
+                found
+            }),
+            Json::Object(members) => members.iter().find_map(|(key, item)| {
+                let len = path.len();
+                path_push_key(path, key);
+                let found = walk(item, path);
+                path.truncate(len);
+                found
+            }),
+            _ => None,
+        }
+    }
+    walk(&retrace_core::json::parse(bytes).ok()?, &mut String::from("$"))
 }
 
 /// The answer for a step's runtime outcome.

@@ -53,6 +53,11 @@ _CLASSES = ("deterministic", "time_bound", "side_effect")
 _NO_ROUTE = "retrace: no route for "
 
 
+def _segment(name: str) -> str:
+    """``name`` as one path segment: an agent named ``team/alice`` is not two segments."""
+    return urllib.parse.quote(name, safe="")
+
+
 @dataclass(frozen=True)
 class Message:
     """A message an agent heard: the seq of its send, its sender, its body, the event that
@@ -88,7 +93,7 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
     if not run:
         run = http_.call("POST", "/api/runs", {"name": name} if name else {})["run_id"]
         owned = True
-    meta = http_.call("GET", f"/api/runs/{urllib.parse.quote(run)}")
+    meta = http_.call("GET", f"/api/runs/{_segment(run)}")
     return Run(http_, meta["run_id"], meta["mode"], owned)
 
 
@@ -141,12 +146,22 @@ class Run:
         """Ends the run. Under ``retrace record`` / ``replay`` the launcher ends it with the
         program's exit status, so this only says the agents are done; so does a run joined through
         ``RETRACE_RUN`` that this program didn't create (``POST /api/runs/RUN/replay`` on a bare
-        ``retrace serve``): whoever created it ends it, with ``POST /api/runs/RUN/finish``."""
+        ``retrace serve``): whoever created it ends it, with ``POST /api/runs/RUN/finish``.
+
+        ``finish`` says every agent is done and ends the run even when one of them can't be told
+        so (a divergence found at its exit, say); the first such error is raised afterwards."""
+        failed = None
         for a in self._agents.values():
-            a.exit()
-        if not self._owned:
-            return {"run_id": self.id}
-        return self._http.call("POST", f"/api/runs/{self.id}/finish", {"exit_status": exit_status})
+            try:
+                a.exit()
+            except RetraceError as e:
+                failed = failed or e
+        done = {"run_id": self.id}
+        if self._owned:
+            done = self._http.call("POST", f"/api/runs/{_segment(self.id)}/finish", {"exit_status": exit_status})
+        if failed is not None:
+            raise failed
+        return done
 
     async def afinish(self, exit_status: int = 0) -> dict:
         """:meth:`finish` on the event loop; then closes the loop's idle connections."""
@@ -154,11 +169,18 @@ class Run:
             return self.finish(exit_status)
         aio = self._http.aio
         try:
+            failed = None
             for a in self._agents.values():
-                await a.aexit()
-            if not self._owned:
-                return {"run_id": self.id}
-            return await aio.call("POST", f"/api/runs/{self.id}/finish", {"exit_status": exit_status})
+                try:
+                    await a.aexit()
+                except RetraceError as e:
+                    failed = failed or e
+            done = {"run_id": self.id}
+            if self._owned:
+                done = await aio.call("POST", f"/api/runs/{_segment(self.id)}/finish", {"exit_status": exit_status})
+            if failed is not None:
+                raise failed
+            return done
         finally:
             await aio.aclose()
 
@@ -198,7 +220,7 @@ class Agent:
 
     def __init__(self, run: Run, agent_id: str, role: Optional[str], prompt_template: Optional[str]):
         self.run, self.id, self.role, self.prompt_template = run, agent_id, role, prompt_template
-        self._base = f"/api/runs/{urllib.parse.quote(run.id)}/agents/{urllib.parse.quote(agent_id)}"
+        self._base = f"/api/runs/{_segment(run.id)}/agents/{_segment(agent_id)}"
         self._occurrences: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -486,7 +508,7 @@ class Agent:
     # ---- model clients ---------------------------------------------------------------------
 
     def _proxy(self, provider: str) -> str:
-        run, agent = urllib.parse.quote(self.run.id), urllib.parse.quote(self.id)
+        run, agent = _segment(self.run.id), _segment(self.id)
         return f"{self.run._http.url}/proxy/run/{run}/agent/{agent}/{provider}"
 
     def _client(self, provider: str, key_var: str, kwargs: dict) -> dict:
@@ -494,10 +516,17 @@ class Agent:
         ``off``, left to the client (its own environment and defaults)."""
         if self.run.mode == "off":
             return kwargs
+        if "base_url" in kwargs:
+            raise RetraceError(0, "usage", f"{provider}(base_url=...): the client of agent {self.id!r} talks to "
+                               "Retrace's proxy, which forwards to the upstream the daemon was started with "
+                               "(retrace record --upstream-openai / --upstream-anthropic)")
         kwargs.setdefault("api_key", os.environ.get(key_var, "retrace-placeholder"))
         token = self.run._http.token
+        headers = dict(kwargs.pop("default_headers", None) or {})
+        if token:
+            headers["X-Retrace-Token"] = token
         return dict(**kwargs, base_url=self._proxy(provider) + ("/v1" if provider == "openai" else ""),
-                    default_headers={"X-Retrace-Token": token} if token else {})
+                    default_headers=headers)
 
     def openai(self, **kwargs: Any) -> Any:
         """An ``openai.OpenAI`` client whose calls are this agent's model steps."""

@@ -76,12 +76,20 @@ class Http:
                 response = conn.getresponse()
                 raw = response.read()
                 break
-            except (ConnectionError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 self.local.conn = None
                 if attempt:
-                    raise
+                    raise unreachable(self.url, e) from e
         return answer(response.status, raw)
+
+
+def unreachable(url: str, cause: BaseException) -> RetraceError:
+    """The error for a daemon that can't be reached (not running, or gone mid-run): a
+    :class:`RetraceError` (``no_daemon``), which a program that fails closed on Retrace's errors
+    catches, not the socket's own."""
+    return RetraceError(0, "no_daemon", f"the Retrace daemon at {url} can't be reached ({type(cause).__name__}: "
+                        f"{cause}): it has stopped, or RETRACE_URL names the wrong address")
 
 
 class _Stale(Exception):
@@ -103,15 +111,22 @@ class AsyncHttp:
         lines = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}", f"content-length: {len(data)}"]
         lines += [f"{k}: {v}" for k, v in _headers(self.token).items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+        url = f"http://{self.host}:{self.port}"
         for attempt in (0, 1):
-            reader, writer, reused = await self._acquire()
+            try:
+                reader, writer, reused = await self._acquire()
+            except OSError as e:
+                raise unreachable(url, e) from e
             try:
                 status, raw, keep = await self._exchange(reader, writer, request, reused)
             except _Stale:
                 writer.close()
                 if attempt:
-                    raise ConnectionError("the daemon closed the connection")
+                    raise unreachable(url, ConnectionError("the daemon closed the connection"))
                 continue
+            except (OSError, asyncio.IncompleteReadError) as e:  # the daemon went away mid-answer
+                writer.close()
+                raise unreachable(url, e) from e
             except BaseException:  # an error or a cancellation mid-answer: the stream is unusable
                 writer.close()
                 raise

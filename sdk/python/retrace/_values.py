@@ -10,6 +10,7 @@ import datetime
 import decimal
 import json
 import math
+import re
 import reprlib
 import uuid
 from typing import Any, Optional
@@ -32,11 +33,47 @@ def plain(value: Any, what: str) -> Any:
     :class:`RetraceError` (``not_json``) whose message starts with ``what``, which names the step
     and the part (``"tool 'q' of agent 'a': the arguments hold"``)."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False, default=_as_text))
+        text = json.dumps(value, allow_nan=False, default=_as_text)
     except (TypeError, ValueError):
         path, bad = _unencodable(value, "$", ()) or ("$", "a value")
-    raise RetraceError(0, "not_json", f"{what} {bad} at {path}, which JSON can't hold: convert it to "
-                       "dict, list, str, int, a finite float, bool or None first")
+        raise RetraceError(0, "not_json", f"{what} {bad} at {path}, which JSON can't hold: convert it to "
+                           "dict, list, str, int, a finite float, bool or None first") from None
+    # An int beyond 64 bits has 19 digits or more; the daemon would keep only its nearest double,
+    # so two different ids would share a key. The cheap search first, the walk only on a hit.
+    if _LONG_DIGITS.search(text):
+        found = _wide_int(value, "$", ())
+        if found:
+            path, number = found
+            raise RetraceError(0, "not_json", f"{what} the int {number} at {path}, beyond 64 bits, which a "
+                               "step can't keep exactly: pass it as a string (str(n)) first")
+    return json.loads(text)
+
+
+_LONG_DIGITS = re.compile(r"\d{19}")
+_INT_RANGE = (-(2 ** 63), 2 ** 64 - 1)
+
+
+def _wide_int(value: Any, path: str, parents: tuple) -> Optional[tuple]:
+    """The JSON path of the first int in ``value`` beyond 64 bits, and the int."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float) + _AS_TEXT):
+        return None
+    if isinstance(value, int):
+        return None if _INT_RANGE[0] <= value <= _INT_RANGE[1] else (path, value)
+    if id(value) in parents:
+        return None
+    inner = parents + (id(value),)
+    if isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
+    elif isinstance(value, dict):
+        items = ((f"{path}.{k}" if isinstance(k, str) and k.isidentifier() else f"{path}[{json.dumps(str(k))}]", v)
+                 for k, v in value.items())
+    else:
+        return None
+    for at, item in items:
+        found = _wide_int(item, at, inner)
+        if found:
+            return found
+    return None
 
 
 def _unencodable(value: Any, path: str, parents: tuple) -> Optional[tuple]:

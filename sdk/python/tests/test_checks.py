@@ -6,6 +6,7 @@ the step and, for a value, its JSON path."""
 import asyncio
 import json
 import os
+import urllib.error
 import urllib.request
 
 import pytest
@@ -155,3 +156,68 @@ def test_under_a_retrace_command_its_daemon_wins_over_url(daemon, monkeypatch, c
     assert f"connecting to its daemon {daemon}, not {closed}" in capsys.readouterr().err
     assert run.agent("a").tool("t", {}, lambda: 1) == 1
     launched.finish()
+
+
+def test_ints_beyond_64_bits_are_refused_and_those_within_kept_exactly(daemon):
+    """SPEC §2 keeps an integer's digits so two ids never share a key; the daemon's step routes
+    hold 64-bit integers exactly, and would keep only the nearest double of a wider one."""
+    run = retrace.connect(url=daemon, name="wide-ints")
+    planner = run.agent("planner")
+    ran = []
+    with pytest.raises(retrace.RetraceError) as refused:
+        planner.tool("lookup", {"ids": [1, 2 ** 70]}, lambda: ran.append(1))
+    assert refused.value.code == "not_json"
+    assert refused.value.message == (
+        "tool 'lookup' of agent 'planner': the arguments hold the int 1180591620717411303424 at $.ids[1], beyond "
+        "64 bits, which a step can't keep exactly: pass it as a string (str(n)) first"), refused.value.message
+    assert ran == []
+    with pytest.raises(retrace.RetraceError, match=r"ran, but its output holds the int -9223372036854775809 at \$\.id,"):
+        planner.tool("lookup", {}, lambda: {"id": -(2 ** 63) - 1})
+    edges = {"max": 2 ** 64 - 1, "min": -(2 ** 63), "digits": "123456789012345678901234567890"}
+    assert planner.tool("lookup", edges, lambda: edges) == edges
+    run.finish()
+    calls = [e for e in events(daemon, run.id) if e["type"] == "tool_call"]
+    assert len(calls) == 2 and calls[0]["error"].startswith("RetraceError: not_json:"), calls
+    # A client other than the SDK gets the daemon's own refusal, naming the path.
+    other = retrace.connect(url=daemon, name="wide-ints-raw")
+    body = b'{"type": "clock", "name": "wall", "output": {"unix_ms": 123456789012345678901}}'
+    request = urllib.request.Request(f"{daemon}/api/runs/{other.id}/agents/a/steps", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as raw:
+        urllib.request.urlopen(request, timeout=10)
+    assert raw.value.code == 400
+    assert "the integer 123456789012345678901 at $.output.unix_ms is beyond 64 bits" in raw.value.read().decode()
+    other.finish()
+
+
+def test_an_agent_name_with_a_slash_is_one_agent_and_finish_ends_the_run_anyway(daemon):
+    run = retrace.connect(url=daemon, name="slashed")
+    alice = run.agent("team/alice", role="planner")
+    assert alice.tool("t", {}, lambda: 1) == 1
+    client = alice.openai(default_headers={"X-Org": "acme"})
+    assert client.default_headers["X-Org"] == "acme"
+    assert "/agent/team%2Falice/openai/v1" in str(client.base_url)
+    with pytest.raises(retrace.RetraceError, match=r"^usage: openai\(base_url=...\)"):
+        alice.openai(base_url="http://127.0.0.1:1/v1")
+    run.finish()
+    assert [(e["agent_id"], e["role"]) for e in events(daemon, run.id)] == [("team/alice", "planner")]
+    with urllib.request.urlopen(f"{daemon}/api/runs/{run.id}", timeout=10) as r:
+        assert json.loads(r.read())["status"] == "ok"
+
+
+def test_a_daemon_that_cant_be_reached_is_a_retrace_error(daemon):
+    closed = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(retrace.RetraceError) as unreachable:
+        retrace.connect(url=closed)
+    assert unreachable.value.code == "no_daemon"
+    assert f"the Retrace daemon at {closed} can't be reached (ConnectionRefusedError" in unreachable.value.message
+    run = retrace.connect(url=daemon, name="gone")
+    agent = run.agent("a")
+    agent.now()
+    run._http.url = closed  # as if the daemon had stopped: the same address, nothing listening
+    run._http.host, run._http.port = "127.0.0.1", int(closed.rsplit(":", 1)[1])
+    run._http.local.conn = None
+    with pytest.raises(retrace.RetraceError, match=r"^no_daemon: "):
+        agent.now()
+    run._http._async = None
+    with pytest.raises(retrace.RetraceError, match=r"^no_daemon: "):
+        asyncio.run(agent.anow())

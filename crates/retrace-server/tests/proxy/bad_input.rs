@@ -213,6 +213,33 @@ async fn an_agent_belongs_to_one_process() {
         assert_eq!(reply.status, 200, "{content_type:?}: {}", reply.text());
     }
     assert_eq!(d.store.last_seq(&run).unwrap(), 3);
+    // An integer beyond 64 bits would reach the log as the nearest double, two ids sharing one
+    // key: refused, naming where it is. One within 64 bits, however long, is kept.
+    let wide = r#"{"type": "tool_call", "name": "t", "tool": {"class": "deterministic", "version": "1"},
+        "request": {"ids": [1, -1180591620717411303425]}, "output": 1}"#;
+    let refused = Reply::read(
+        client()
+            .post(format!("{}/api/runs/{run}/agents/planner/steps", d.base))
+            .header("x-retrace-process", std::process::id().to_string())
+            .body(wide)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "not_json", "{}", refused.text());
+    assert!(refused.text().contains("-1180591620717411303425 at $.request.ids[1]"), "{}", refused.text());
+    let long = wide.replace("-1180591620717411303425", "18446744073709551615");
+    let kept = client()
+        .post(format!("{}/api/runs/{run}/agents/planner/steps", d.base))
+        .header("x-retrace-process", std::process::id().to_string())
+        .body(long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), 200);
+    assert_eq!(d.store.last_seq(&run).unwrap(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
