@@ -96,6 +96,9 @@ impl GcConfig {
 pub struct GcRequest {
     /// Runs to delete (checked again against the runs stored now: see [`settle`]).
     pub runs: Vec<String>,
+    /// Of `runs`, the replays a user named (`retrace delete REPLAY`): they go even though their
+    /// source remains, which [`settle`] otherwise spares them for.
+    pub named: Vec<String>,
     /// Blobs stored at or after this time (Unix milliseconds) are kept.
     pub blob_cutoff_ms: u64,
     /// Compute the report, change nothing.
@@ -136,6 +139,7 @@ pub fn collect(store: &dyn crate::Store, config: &GcConfig) -> StoreResult<GcRep
     let runs = store.runs()?;
     let request = GcRequest {
         runs: plan(&runs, config),
+        named: vec![],
         blob_cutoff_ms: blob_cutoff(&runs, config),
         dry_run: config.dry_run,
     };

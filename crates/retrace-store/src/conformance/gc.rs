@@ -125,7 +125,7 @@ pub fn gc_keeps_recent_blobs_and_running_runs(make: MakeStore<'_>) {
     running.status = RunStatus::Running;
     let output = raw(b"recorded");
     record_with_outputs(&*store, &running, &[&output]);
-    let keep_all = GcRequest { runs: vec!["rec".into()], blob_cutoff_ms: 0, dry_run: false };
+    let keep_all = GcRequest { runs: vec!["rec".into()], named: vec![], blob_cutoff_ms: 0, dry_run: false };
     let report = store.collect_garbage(&keep_all).unwrap();
     assert_eq!((report.runs_deleted.len(), report.blobs_deleted), (0, 0));
     assert!(store.has_blob(&orphan).unwrap());
@@ -165,6 +165,7 @@ pub fn gc_keeps_what_kept_manifests_name(make: MakeStore<'_>) {
 
     let report = store.collect_garbage(&GcRequest {
         runs: vec!["a".into()],
+        named: vec![],
         blob_cutoff_ms: u64::MAX,
         dry_run: false,
     });

@@ -85,6 +85,7 @@ pub fn delete(
     }
     let request = GcRequest {
         runs: runs.iter().filter(|r| doomed.contains(&r.id)).map(|r| r.id.clone()).collect(),
+        named: now.iter().filter(|r| r.mode == RunMode::Replay).map(|r| r.id.clone()).collect(),
         blob_cutoff_ms: blob_cutoff(&runs, config),
         dry_run: config.dry_run,
     };
@@ -155,5 +156,18 @@ mod tests {
         let refused = delete(&store, &[src], &GcConfig::new(10, 30)).unwrap_err();
         assert!(matches!(&refused, DeleteError::Needed { by_mode: "replay", .. }), "{refused}");
         assert_eq!(ids(&store).len(), 2);
+    }
+
+    /// A replay goes with its source, and a collection spares it while its source remains; one
+    /// named on its own goes (it was "deleted 0 runs").
+    #[test]
+    fn a_named_replay_goes_and_its_source_stays() {
+        let store = MemoryStore::new();
+        stored(&store, "src", RunMode::Record, None);
+        let first = stored(&store, "replay", RunMode::Replay, Some("src"));
+        stored(&store, "again", RunMode::Replay, Some("src"));
+        let done = delete(&store, &[first], &GcConfig::new(10, 30)).unwrap();
+        assert_eq!(done.runs_deleted, ["replay"]);
+        assert_eq!(ids(&store), ["src", "again"]);
     }
 }

@@ -32,15 +32,15 @@ fn keeps_source(run: &RunMeta) -> bool {
 /// The runs of `runs` a collection under `config` deletes, oldest first.
 pub fn plan(runs: &[RunMeta], config: &GcConfig) -> Vec<String> {
     let doomed = runs.iter().filter(|r| !keeps_itself(r, config)).map(|r| r.id.clone()).collect();
-    settle(runs, doomed)
+    settle(runs, doomed, &HashSet::new())
 }
 
 /// Of the runs in `doomed`, those that may go given every run in `runs` (the store's, now),
 /// oldest first (in the order of `runs`): repeatedly, a remaining run that keeps its source
 /// takes its source out of `doomed`, and a doomed replay whose source remains is spared with
-/// it, until nothing changes. A replay whose source is not stored goes. Running runs, and
-/// runs not in `runs`, never go.
-pub fn settle(runs: &[RunMeta], doomed: HashSet<String>) -> Vec<String> {
+/// it (unless it is in `named`: a replay a user asked to delete), until nothing changes. A
+/// replay whose source is not stored goes. Running runs, and runs not in `runs`, never go.
+pub fn settle(runs: &[RunMeta], doomed: HashSet<String>, named: &HashSet<String>) -> Vec<String> {
     let by_id: HashMap<&str, &RunMeta> = runs.iter().map(|r| (r.id.as_str(), r)).collect();
     let mut doomed: HashSet<&str> = doomed
         .iter()
@@ -58,7 +58,7 @@ pub fn settle(runs: &[RunMeta], doomed: HashSet<String>) -> Vec<String> {
             if !gone && keeps_source(run) && doomed.remove(source) {
                 changed = true;
             }
-            if gone && run.mode == RunMode::Replay && !doomed.contains(source) {
+            if gone && run.mode == RunMode::Replay && !doomed.contains(source) && !named.contains(&run.id) {
                 doomed.remove(run.id.as_str());
                 changed = true;
             }
@@ -154,7 +154,7 @@ mod tests {
             run("new-fork", RunMode::Fork, 0, Retention::Routine, Some("src")),
         ];
         let doomed: HashSet<String> = ["src".to_owned(), "gone".to_owned()].into();
-        assert!(settle(&runs, doomed).is_empty());
+        assert!(settle(&runs, doomed, &HashSet::new()).is_empty());
     }
 
     #[test]

@@ -14,7 +14,8 @@ impl GcStore for MemoryStore {
         let mut entries: Vec<_> = inner.runs.values().collect();
         entries.sort_by_key(|e| (e.meta.started_at_ms, e.order));
         let metas: Vec<_> = entries.iter().map(|e| e.meta.clone()).collect();
-        let doomed = settle(&metas, request.runs.iter().cloned().collect());
+        let doomed =
+            settle(&metas, request.runs.iter().cloned().collect(), &request.named.iter().cloned().collect());
         let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
 
         let mut keep: HashSet<Digest> = HashSet::new();

@@ -80,7 +80,8 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
         .map(|(pk, id, json)| Ok((pk, decode_json(json.as_bytes(), &format!("run {id}"))?)))
         .collect::<StoreResult<_>>()?;
     let metas: Vec<RunMeta> = runs.iter().map(|(_, m)| m.clone()).collect();
-    let doomed = settle(&metas, request.runs.iter().cloned().collect());
+    let doomed =
+        settle(&metas, request.runs.iter().cloned().collect(), &request.named.iter().cloned().collect());
     let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
     let mut events_deleted = 0;
     for (pk, meta) in runs.iter().filter(|(_, m)| gone.contains(m.id.as_str())) {

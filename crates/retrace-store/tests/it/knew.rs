@@ -231,7 +231,8 @@ fn garbage_collection_deletes_a_runs_head_blocks_and_only_its_own() {
     };
     assert_eq!(blocks(), 4, "two blocks a run");
     let kept = knew(&sqlite, "kept", 403).unwrap();
-    let request = GcRequest { runs: vec!["gone".into()], blob_cutoff_ms: u64::MAX, dry_run: false };
+    let request =
+        GcRequest { runs: vec!["gone".into()], named: vec![], blob_cutoff_ms: u64::MAX, dry_run: false };
     assert_eq!(sqlite.collect_garbage(&request).unwrap().runs_deleted, ["gone"]);
     assert_eq!(blocks(), 2);
     assert_eq!(knew(&sqlite, "kept", 403).unwrap(), kept);

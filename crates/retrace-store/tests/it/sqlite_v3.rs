@@ -74,7 +74,12 @@ fn a_version_2_store_gains_the_vault_audit_and_blob_times_and_keeps_its_data() {
         })
         .unwrap();
     let report = store
-        .collect_garbage(&GcRequest { runs: vec!["old".into()], blob_cutoff_ms: 1, dry_run: false })
+        .collect_garbage(&GcRequest {
+            runs: vec!["old".into()],
+            named: vec![],
+            blob_cutoff_ms: 1,
+            dry_run: false,
+        })
         .unwrap();
     assert_eq!((report.runs_deleted.len(), report.blobs_deleted), (1, 1), "{report:?}");
     assert!(store.has_blob(&raw(b"new and unreferenced").digest()).unwrap());
@@ -158,7 +163,9 @@ fn a_trashed_file_whose_row_survived_a_crash_is_put_back() {
     std::fs::create_dir_all(&trash).unwrap();
     std::fs::rename(&file, trash.join(big.digest().hex())).unwrap();
     std::fs::write(trash.join("leftover"), b"junk").unwrap();
-    store.collect_garbage(&GcRequest { runs: vec![], blob_cutoff_ms: 0, dry_run: false }).unwrap();
+    store
+        .collect_garbage(&GcRequest { runs: vec![], named: vec![], blob_cutoff_ms: 0, dry_run: false })
+        .unwrap();
     assert_eq!(store.get_blob(&big.digest()).unwrap(), big.bytes().to_vec());
     assert!(!trash.join("leftover").exists());
 }

@@ -152,7 +152,7 @@ fn a_blob_collected_from_the_tail_is_stored_again_not_taken_for_stored() {
     let doomed = blob("doomed", 0);
     put(&a, std::slice::from_ref(&doomed));
     // `a` holds `doomed` in its copy of the tail; `b` collects it (no run references it).
-    let collect = GcRequest { runs: vec![], blob_cutoff_ms: u64::MAX, dry_run: false };
+    let collect = GcRequest { runs: vec![], named: vec![], blob_cutoff_ms: u64::MAX, dry_run: false };
     let report = b.collect_garbage(&collect).unwrap();
     assert_eq!(report.blobs_deleted, 2);
     assert!(!a.has_blob(&doomed.digest()).unwrap());
@@ -279,7 +279,7 @@ fn recent_digests_move_down_a_slice_per_merge_and_a_collection_takes_the_digests
     put(&a, &new);
     // Nothing references the old and mid blobs; the new ones are younger than the cutoff. The
     // collection's merge moves the upper half down (the new ones there too), then deletes.
-    let collect = GcRequest { runs: vec![], blob_cutoff_ms: cutoff, dry_run: false };
+    let collect = GcRequest { runs: vec![], named: vec![], blob_cutoff_ms: cutoff, dry_run: false };
     assert_eq!(b.collect_garbage(&collect).unwrap().blobs_deleted, 20_040);
     let new_high = new.iter().filter(|b| upper(b)).count() as i64;
     assert_eq!(levels(&conn), (new_high, 20 - new_high, 0), "the collection took 20,040 digests");
@@ -345,7 +345,7 @@ fn the_newest_cache_entry_wins_across_merges_and_handles() {
         ttl_s: None,
     };
     // A collection that deletes nothing merges the log into the table.
-    let merge = GcRequest { runs: vec![], blob_cutoff_ms: 0, dry_run: false };
+    let merge = GcRequest { runs: vec![], named: vec![], blob_cutoff_ms: 0, dry_run: false };
     a.cache_put(&key, &entry(0)).unwrap();
     assert_eq!(b.cache_get(&key).unwrap(), Some(entry(0)), "read from the log");
     a.collect_garbage(&merge).unwrap();
