@@ -94,33 +94,69 @@ pub fn utc_time(unix_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
-/// `text` cut to `width` characters, ending in `…` when cut.
-pub fn fit(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        return text.to_owned();
+/// `text` as one line of a terminal: control characters (a newline in a run's name) escaped as
+/// Rust writes them (`\n`), so a cell never breaks its row.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
     }
-    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    text.chars()
+        .map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() })
+        .collect::<String>()
+        .into()
+}
+
+/// The columns `text` takes in a terminal (a CJK character two, a combining mark none).
+pub fn width(text: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(text)
+}
+
+/// `text` on one line ([`one_line`]), cut to `columns` terminal columns, ending in `…` when cut.
+pub fn fit(text: &str, columns: usize) -> String {
+    let text = one_line(text);
+    if width(&text) <= columns {
+        return text.into_owned();
+    }
+    let mut cut = String::new();
+    let mut used = 0;
+    for c in text.chars() {
+        let w = unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used + w > columns.saturating_sub(1) {
+            break;
+        }
+        cut.push(c);
+        used += w;
+    }
     cut.push('…');
     cut
 }
 
-/// Rows as left-aligned columns two spaces apart; the last column is not padded.
+/// `text` padded with spaces to `columns` terminal columns.
+pub fn pad(text: &str, columns: usize) -> String {
+    let mut padded = text.to_owned();
+    padded.extend(std::iter::repeat_n(' ', columns.saturating_sub(width(text))));
+    padded
+}
+
+/// Rows as left-aligned columns two spaces apart, each cell on one line ([`one_line`]) and
+/// measured in terminal columns; the last column is not padded.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> =
+        rows.iter().map(|row| row.iter().map(|cell| one_line(cell)).collect()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(width(cell));
         }
     }
     let mut out = String::new();
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
-    for row in std::iter::once(&header).chain(rows) {
+    let header: Vec<std::borrow::Cow<'_, str>> = header.iter().map(|h| one_line(h)).collect();
+    for row in std::iter::once(&header).chain(&rows) {
         let last = row.len().saturating_sub(1);
         for (i, cell) in row.iter().enumerate() {
             out.push_str(cell);
             if i < last {
-                let pad = widths[i] - cell.chars().count() + 2;
-                out.extend(std::iter::repeat_n(' ', pad));
+                out.extend(std::iter::repeat_n(' ', widths[i] - width(cell) + 2));
             }
         }
         out.push('\n');
@@ -138,5 +174,10 @@ mod tests {
         assert_eq!(utc_time(1_709_210_096_000), "2024-02-29 12:34:56");
         assert_eq!(fit("planner", 4), "pla…");
         assert_eq!(table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]), "a    bb\nxyz  1\n");
+        // A newline stays in its cell; a wide character takes two columns.
+        let rows = [vec!["two\nlines".into(), "1".into()], vec!["名前".into(), "2".into()]];
+        assert_eq!(table(&["NAME", "N"], &rows), "NAME        N\ntwo\\nlines  1\n名前        2\n");
+        assert_eq!(fit("名前の長い", 5), "名前…");
+        assert_eq!(pad("名", 4), "名  ");
     }
 }

@@ -11,7 +11,7 @@ use retrace_store::Store;
 
 use crate::commands::existing_store_from_env;
 use crate::exit;
-use crate::output::{fit, print_json, utc_time};
+use crate::output::{fit, one_line, pad, print_json, utc_time, width};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -114,11 +114,11 @@ struct Lane {
 fn agents(store: &dyn Store, run: &str) -> anyhow::Result<Vec<Lane>> {
     let mut lanes: Vec<Lane> = Vec::new();
     for_each_event(store, run, |e| {
-        let width = cell(e).chars().count();
+        let cell_width = width(&one_line(&cell(e)));
         match lanes.iter_mut().find(|lane| lane.agent == e.agent_id) {
-            Some(lane) => lane.width = lane.width.max(width),
+            Some(lane) => lane.width = lane.width.max(cell_width),
             None => {
-                let width = width.max(e.agent_id.chars().count());
+                let width = cell_width.max(width(&one_line(&e.agent_id)));
                 lanes.push(Lane { agent: e.agent_id.clone(), width });
             }
         }
@@ -162,7 +162,7 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result
     let mut line = format!("{:>seq_width$}  {:>7}  {:<8}", "SEQ", "LAMPORT", "KEY");
     for lane in lanes {
         line.push_str("  ");
-        line.push_str(&format!("{:<width$}", fit(&lane.agent, lane.width), width = lane.width));
+        line.push_str(&pad(&fit(&lane.agent, lane.width), lane.width));
     }
     writeln!(out, "{}", line.trim_end())?;
     for_each_event(store, &meta.id, |e| {
