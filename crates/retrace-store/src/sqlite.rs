@@ -49,7 +49,7 @@ use retrace_core::Digest;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::error::ResultExt;
-use crate::{Durability, SchemaUpgrade, StoreResult};
+use crate::{Durability, SchemaUpgrade, StoreError, StoreResult};
 
 /// Read connections kept open for reuse.
 const READ_POOL: usize = 8;
@@ -180,6 +180,17 @@ impl SqliteStore {
     }
 
     fn open_inner(
+        path: &Path,
+        blobs_dir: &Path,
+        durability: Durability,
+        busy_timeout_ms: u64,
+        temp: Option<tempfile::TempDir>,
+    ) -> StoreResult<SqliteStore> {
+        SqliteStore::open_writable(path, blobs_dir, durability, busy_timeout_ms, temp)
+            .map_err(|e| read_only_folder(path, e))
+    }
+
+    fn open_writable(
         path: &Path,
         blobs_dir: &Path,
         durability: Durability,
@@ -490,6 +501,27 @@ impl Drop for Unpin<'_> {
 /// Sets how many bytes of the database file `conn` maps (`PRAGMA mmap_size`).
 fn set_mmap(conn: &Connection, bytes: u64) -> rusqlite::Result<()> {
     conn.query_row(&format!("PRAGMA mmap_size = {bytes}"), [], |_| Ok(())).optional().map(|_| ())
+}
+
+/// `error`, opening the store at `path`, said plainly when the store's folder can't be written
+/// (a read-only mount, an artifact folder): every command opens the store for writing, even to
+/// read it (its WAL; recovering runs whose recorder died), and SQLite's own words for that are
+/// "unable to open database file".
+fn read_only_folder(path: &Path, error: StoreError) -> StoreError {
+    let folder = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => return error,
+    };
+    match tempfile::tempfile_in(folder) {
+        Err(why) if folder.is_dir() => StoreError::io(format!(
+            "the store's folder {} is not writable ({why}): Retrace opens its store for writing, \
+             even to read it; copy the folder somewhere writable and point RETRACE_HOME at the copy",
+            folder.display()
+        ))
+        .with_source(error),
+        _ => error,
+    }
 }
 
 fn open_connection(path: &Path, durability: Durability, busy_timeout_ms: u64) -> StoreResult<Connection> {

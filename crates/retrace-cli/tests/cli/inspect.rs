@@ -214,3 +214,35 @@ fn opening_an_older_store_says_it_upgraded_it_once() {
     again.expect(0, &[RUN], &[]);
     assert_eq!(again.stderr(), "", "the upgrade is said once");
 }
+
+/// A store whose folder can't be written (a read-only mount, a CI artifact): every command
+/// opens the store for writing, so each says that plainly, not SQLite's "unable to open
+/// database file". Made read-only with `chattr +i`, which holds even for root; skipped where
+/// the file system or the user can't set it.
+#[test]
+fn a_store_in_a_folder_that_cant_be_written_says_so() {
+    struct Immutable<'a>(&'a Path);
+    impl Drop for Immutable<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(self.0).status();
+        }
+    }
+    let home = Home::with(&conversation(RUN, 2));
+    let set = Command::new("chattr").arg("+i").arg(home.dir.path()).stderr(Stdio::null()).status();
+    if !set.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: chattr +i is not available here");
+        return;
+    }
+    let _undo = Immutable(home.dir.path());
+    if std::fs::write(home.file("probe"), "x").is_ok() {
+        eprintln!("skipped: chattr +i did not make the folder read-only");
+        return;
+    }
+    for args in [&["runs"][..], &["show", RUN], &["verify", "--all"]] {
+        home.run(args).expect(
+            2,
+            &[],
+            &["is not writable", "Retrace opens its store for writing, even to read it", "RETRACE_HOME"],
+        );
+    }
+}
