@@ -15,6 +15,13 @@
 //! whose `hub-1000` hears 1,000 messages: the 10 ms target is asked of `hub-1000`, and the
 //! 1k-vs-large comparison asks `hub-250` the very same question (same deliveries, same chains)
 //! in a run a thousand (quick: a hundred) times larger.
+//!
+//! A fork of the large run (by reference, as `retrace fork` makes one: it stores only its own
+//! events) branches off 5% before its end, where `hub-1000` has heard ~950 messages: the
+//! `bg-` group goes on in the fork with messages of its own, `hub-1000` hears the rest of its
+//! 1,000 among them and re-takes its decision. That step is asked about with the recording's
+//! 10 ms target and compared with the recording's `hub-1000` (same count of deliveries, some
+//! of them the fork's own, chains running from the fork's events back into the source's).
 use std::time::{Duration, Instant};
 
 use retrace_core::canonical::canonical_value;
@@ -50,7 +57,20 @@ struct Built {
     run: String,
     /// Each hub's name and the seq of its final step.
     queries: Vec<(&'static str, u64)>,
+    /// Where a fork branches off, when asked for.
+    fork: Option<ForkPoint>,
 }
+
+/// Where a fork of a built run branches off: its last inherited seq and hash, and the first
+/// group (the large run's `bg-` group) as it stood then.
+struct ForkPoint {
+    seq: u64,
+    prev: Option<Digest>,
+    group: Group,
+}
+
+/// Messages at least that a fork's group sends of its own.
+const FORK_MESSAGES: u64 = 200;
 
 /// Runs the bench and prints its lines.
 pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
@@ -58,11 +78,14 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     let label = if cfg.quick { "100k" } else { "1M" };
     note(&format!("knew: building a 1,000-event run and a {large}-event run (setup, untimed)"));
     let small_store = cfg.store("knew-1k", Durability::Batch);
-    let small = build(&small_store, 1_000);
+    let small = build(&small_store, 1_000, None);
     let began = Instant::now();
     let large_store = cfg.store("knew-large", Durability::Batch);
-    let big = build(&large_store, large);
+    let mut big = build(&large_store, large, Some(large - large / 20));
     note(&format!("built the {large}-event run in {:.1} s", began.elapsed().as_secs_f64()));
+    let point = big.fork.take().expect("the large run's fork point");
+    let (fork_at, fork) = (point.seq + 1, build_fork(&large_store, &big.run, point));
+    note(&format!("forked it at seq {fork_at}: the fork's own events are {fork_at}..={}", fork.1));
 
     let seq_of = |b: &Built, hub: &str| b.queries.iter().find(|(h, _)| *h == hub).expect("a hub").1;
     let (q_small, q_big250, q_big1000) =
@@ -70,12 +93,14 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
     describe(small_store.store.as_ref(), &small.run, q_small, 250, "1k run, hub-250");
     describe(large_store.store.as_ref(), &big.run, q_big250, 250, &format!("{label} run, hub-250"));
     describe(large_store.store.as_ref(), &big.run, q_big1000, 1_000, &format!("{label} run, hub-1000"));
+    describe(large_store.store.as_ref(), &fork.0, fork.1, 1_000, &format!("{label} fork, hub-1000"));
 
-    let (mut t_small, mut t_big250, mut t_big1000) = (vec![], vec![], vec![]);
+    let (mut t_small, mut t_big250, mut t_big1000, mut t_fork) = (vec![], vec![], vec![], vec![]);
     for _ in 0..cfg.repeats {
         t_small.push(timed(small_store.store.as_ref(), &small.run, q_small));
         t_big250.push(timed(large_store.store.as_ref(), &big.run, q_big250));
         t_big1000.push(timed(large_store.store.as_ref(), &big.run, q_big1000));
+        t_fork.push(timed(large_store.store.as_ref(), &fork.0, fork.1));
     }
     let opened: Vec<f64> =
         (0..cfg.repeats).map(|_| open_and_query(&large_store, &big.run, q_big1000)).collect();
@@ -109,6 +134,27 @@ pub fn run(cfg: &Config, lines: &mut Vec<Line>) {
             big250,
             ms,
             Some(small),
+            Target::RatioAtMost(2.0),
+        ),
+    );
+    let in_fork = median(&t_fork);
+    print(
+        lines,
+        Line::new(
+            &format!("knew {label} fork, 1000 deliveries vs 10 ms"),
+            in_fork,
+            ms,
+            Some(BUDGET_MS),
+            Target::RatioAtMost(1.0),
+        ),
+    );
+    print(
+        lines,
+        Line::new(
+            &format!("knew {label} fork vs {label} run (1000 dl)"),
+            in_fork,
+            ms,
+            Some(big1000),
             Target::RatioAtMost(2.0),
         ),
     );
@@ -165,6 +211,7 @@ struct AgentState {
 /// A group of agents that message only each other: relays, and a hub they feed, spreading its
 /// deliveries evenly over the group's messages. A group's structure depends only on its seed
 /// and size, not on what it is interleaved with.
+#[derive(Clone)]
 struct Group {
     relays: Vec<String>,
     states: Vec<AgentState>,
@@ -227,8 +274,9 @@ impl Group {
 const SMALL_MESSAGES: u64 = 499;
 
 /// Builds a run of `events` events in a fresh run of `store`: the `hub-250` group, and in a
-/// larger run the `hub-1000` group around it, its messages interleaved evenly.
-fn build(store: &BenchStore, events: u64) -> Built {
+/// larger run the `hub-1000` group around it, its messages interleaved evenly; notes where a
+/// fork branches off at the first message ending at or after seq `fork_after`.
+fn build(store: &BenchStore, events: u64, fork_after: Option<u64>) -> Built {
     let run = format!("knew-{events}");
     store.store.create_run(&RunMeta::new(&run, RunMode::Record, 1)).expect("creating the run");
     let mut b = Builder {
@@ -247,6 +295,7 @@ fn build(store: &BenchStore, events: u64) -> Built {
         groups.insert(0, Group::new("bg-", ("hub-1000", 1_000), (rest - 1) / 2, 2));
     }
     let total: u64 = groups.iter().map(|g| g.messages).sum();
+    let mut fork = None;
     for _ in 0..total {
         // The group furthest behind its even share goes next.
         let g = groups
@@ -257,6 +306,9 @@ fn build(store: &BenchStore, events: u64) -> Built {
             .map(|(i, _)| i)
             .expect("a group with messages left");
         groups[g].step(&mut b);
+        if fork.is_none() && fork_after.is_some_and(|at| b.seq >= at) {
+            fork = Some(ForkPoint { seq: b.seq, prev: b.prev, group: groups[0].clone() });
+        }
     }
     if b.seq + (groups.len() as u64) < events {
         // One event short: a relay's tool call, acting on what it heard last.
@@ -271,7 +323,38 @@ fn build(store: &BenchStore, events: u64) -> Built {
     assert_eq!(b.seq, events, "the run has the events asked for");
     b.flush();
     store.sqlite.checkpoint().expect("checkpointing the built run");
-    Built { run, queries }
+    Built { run, queries, fork }
+}
+
+/// A fork of run `source` of `store` at `point` (mode `fork`, inheriting the seqs up to
+/// `point.seq` by reference): the point's group goes on with messages of its own, at least
+/// [`FORK_MESSAGES`] and four for each delivery its hub has yet to hear, and its hub re-takes
+/// its decision. Returns the fork and the decision's seq.
+fn build_fork(store: &BenchStore, source: &str, point: ForkPoint) -> (String, u64) {
+    let run = format!("{source}-fork");
+    let mut meta = RunMeta::new(&run, RunMode::Fork, 2);
+    meta.source_run = Some(source.to_owned());
+    meta.fork_at = Some(point.seq + 1);
+    store.store.create_run(&meta).expect("creating the fork");
+    let mut b = Builder {
+        store: store.store.as_ref(),
+        run: run.clone(),
+        seq: point.seq,
+        prev: point.prev,
+        events: Vec::with_capacity(BATCH),
+        blobs: Vec::with_capacity(BATCH),
+        rng: Rng::new(point.seq),
+    };
+    let mut group = point.group;
+    let left = (group.want - group.heard) as u64;
+    group.messages = group.sent + FORK_MESSAGES.max(4 * left);
+    while group.sent < group.messages {
+        group.step(&mut b);
+    }
+    let decision = group.decide(&mut b);
+    b.flush();
+    store.sqlite.checkpoint().expect("checkpointing the fork");
+    (run, decision)
 }
 
 /// Seals events onto the chain and commits them a batch at a time.

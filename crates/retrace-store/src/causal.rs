@@ -7,6 +7,15 @@
 //! 256 seqs), never by scanning the run; SQLite reads the head blocks on a thread of their own
 //! while it reads the bodies. The answer (bodies parsed, chains turned into links) is built in
 //! parts on a few threads when it is long.
+//!
+//! In a fork that inherits its source's events by reference, an inherited step knew what it
+//! knew in the source; a step of the fork's own is answered stretch by stretch from the indexes
+//! of the fork and of its sources (`causal/fork.rs`): what the agent heard in the source before
+//! the fork point as a recording answers it, then the fork's own deliveries, their chains
+//! followed from the fork's events into the source's. No step of a fork is answered by reading
+//! its events.
+
+mod fork;
 
 use std::sync::Arc;
 
@@ -95,52 +104,13 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 }
 
 /// [`knew`] in a fork: an inherited step (before the fork point `at`) knew what it knew in the
-/// source; a step of the fork's own may have heard inherited messages whose chains run through
-/// the source, which the store's per-run tables don't follow: its answer is built from the
-/// fork's events read whole, inherited ones included. That is linear in the fork's length: a
-/// fork of a long recording reads the source's events too (the per-run tables, which answer a
-/// recording's steps without scanning, would have to follow the fork point to avoid it).
+/// source; a step of the fork's own heard what its agent heard in the source before `at` and in
+/// the fork since, answered from the indexes of the fork and of its sources (`causal/fork.rs`).
 fn knew_in_fork(store: &dyn Store, run: &str, source: &str, at: u64, seq: u64) -> StoreResult<Knew> {
     if seq < at {
         return Ok(Knew { run: run.to_owned(), ..knew_inner(store, source, seq)? });
     }
-    let mut events = Vec::new();
-    let mut pages = crate::export::RunEvents::new(store, run)?;
-    while let Some(page) = pages.next_page()? {
-        events.extend(page);
-    }
-    let event = |s: u64| events.get(usize::try_from(s).ok()?.checked_sub(1)?).filter(|e| e.seq == s);
-    let step = event(seq).ok_or_else(|| {
-        crate::StoreError::not_found(format!(
-            "run {run} has no event {seq} (its last seq is {})",
-            events.len()
-        ))
-    })?;
-    let mut deliveries = Vec::new();
-    let mut chains = Chains::default();
-    for e in events.iter().take_while(|e| e.seq < seq) {
-        if e.kind != EventType::Deliver || e.agent_id != step.agent_id {
-            continue;
-        }
-        let send = e.causal_parent.and_then(event);
-        let body = match send.and_then(|s| s.request_ref) {
-            Some(digest) => store.get_blob(&digest).ok(),
-            None => None,
-        };
-        deliveries.push((DeliveryHead::from(e), body));
-        let mut link = send;
-        for _ in 0..=MAX_CHAIN {
-            let Some(head) = link else { break };
-            if chains.contains(head.seq) {
-                break;
-            }
-            chains.insert(&crate::EventHead::from(head));
-            link = head.causal_parent.and_then(event);
-        }
-    }
-    let heard = assemble(deliveries, &chains);
-    let decision = decision_text(&step.decision);
-    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+    fork::knew_of_own_step(store, run, seq)
 }
 
 /// `approve step:backfill_users`.

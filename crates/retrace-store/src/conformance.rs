@@ -17,6 +17,7 @@ mod blobs;
 mod cache;
 mod events;
 mod gc;
+mod knew;
 mod leases;
 mod ledger;
 mod runs;
@@ -39,6 +40,7 @@ pub use gc::{
     aged_run, gc_deletes_expired_runs_and_their_blobs, gc_keeps_recent_blobs_and_running_runs,
     gc_keeps_what_kept_manifests_name, record_with_outputs,
 };
+pub use knew::knew_in_forks_answers_as_a_recording;
 pub use leases::{dead_holder_is_recovered, leases_acquire_renew_release};
 pub use ledger::{approvals_are_decided_once, ledger_counts_traces_once_per_hash};
 pub use runs::{
@@ -79,6 +81,7 @@ pub fn run_all(make: MakeStore<'_>) {
         ),
         ("heard_by_matches_its_parts", heard_by_matches_its_parts),
         ("fork_starts_at_fork_point", fork_starts_at_fork_point),
+        ("knew_in_forks_answers_as_a_recording", knew_in_forks_answers_as_a_recording),
         ("summaries_match_events", summaries_match_events),
         ("blobs_small_and_large", blobs_small_and_large),
         ("model_request_manifests", model_request_manifests),

@@ -103,6 +103,17 @@ impl Chains {
         self.heads.entry(seq).or_insert(head);
     }
 
+    /// Adds every head of `other` (keeping those already here: events never change).
+    pub fn extend(&mut self, other: &Chains) {
+        let ids: Vec<u32> = other.strings.iter().map(|s| self.intern(s)).collect();
+        self.heads.reserve(other.heads.len());
+        for (seq, h) in &other.heads {
+            let head =
+                ChainHead { agent: ids[h.agent as usize], name: h.name.map(|n| ids[n as usize]), ..*h };
+            self.insert_interned(*seq, head);
+        }
+    }
+
     /// The head of `seq`, if it is on the chains.
     pub fn get(&self, seq: u64) -> Option<&ChainHead> {
         self.heads.get(&seq)
