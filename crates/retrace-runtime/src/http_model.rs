@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 
 use retrace_core::envelope::{ModelRef, Usage};
-use retrace_core::{EventType, Source};
+use retrace_core::{Event, EventType, Source};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -195,5 +195,74 @@ impl Agent {
                 Ok(HttpModelReply { document, source: Source::Recorded })
             }
         }
+    }
+}
+
+/// A key header (`anthropic-beta`...) whose value differs between a recorded proxied call and
+/// the one replayed, each value as a terminal shows it (`(absent)` when not sent).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HeaderDifference {
+    pub(crate) name: String,
+    pub(crate) recorded: String,
+    pub(crate) replayed: String,
+}
+
+/// The first key header, by name, whose value differs between two model calls' events: a
+/// proxied call records its key headers among its params, beside the body's sampling parameters.
+pub(crate) fn key_header_difference(recorded: &Event, replayed: &Event) -> Option<HeaderDifference> {
+    let headers = |e: &Event| -> BTreeMap<String, Value> {
+        let params = e.params.iter().flatten();
+        params
+            .filter(|(k, _)| !PARAM_FIELDS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let (recorded, replayed) = (headers(recorded), headers(replayed));
+    let shown = |v: Option<&Value>| v.map_or_else(|| "(absent)".to_owned(), Value::to_string);
+    let name =
+        recorded.keys().chain(replayed.keys()).filter(|k| recorded.get(*k) != replayed.get(*k)).min()?;
+    Some(HeaderDifference {
+        name: name.clone(),
+        recorded: shown(recorded.get(name)),
+        replayed: shown(replayed.get(name)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(params: &[(&str, Value)]) -> Event {
+        let mut event = Event::new("r", "a", EventType::ModelCall);
+        event.params = Some(params.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect());
+        event
+    }
+
+    #[test]
+    fn the_first_differing_key_header_is_named_with_both_values() {
+        let beta = |v: &str| ("anthropic-beta", Value::from(v));
+        let version = |v: &str| ("anthropic-version", Value::from(v));
+        let temperature = ("temperature", Value::from(0.5));
+        let check = |recorded: &[(&str, Value)], replayed: &[(&str, Value)]| {
+            key_header_difference(&call(recorded), &call(replayed))
+                .map(|d| format!("{}: {} vs {}", d.name, d.recorded, d.replayed))
+        };
+        let same = [version("2023-06-01"), temperature.clone()];
+        assert_eq!(check(&same, &same), None);
+        // The body's sampling parameters are the body's diff to name, never a header.
+        assert_eq!(check(&[version("2023-06-01")], &same), None);
+        assert_eq!(
+            check(&[version("2023-06-01")], &[version("2023-06-01"), beta("x-2025")]).as_deref(),
+            Some(r#"anthropic-beta: (absent) vs "x-2025""#)
+        );
+        assert_eq!(
+            check(&[beta("a"), version("1")], &[beta("b"), version("2")]).as_deref(),
+            Some(r#"anthropic-beta: "a" vs "b""#),
+            "the first by name"
+        );
+        assert_eq!(
+            check(&[version("2023-06-01")], &[]).as_deref(),
+            Some(r#"anthropic-version: "2023-06-01" vs (absent)"#)
+        );
     }
 }

@@ -569,7 +569,27 @@ impl Agent {
         let d = match expected {
             Some(step) => {
                 let recorded = step.request_ref.and_then(|r| inner.store.get_blob(&r).ok());
-                let path = recorded.as_ref().and_then(|r| first_difference_bytes(r, &prepared.masked));
+                let mut path = recorded.as_ref().and_then(|r| first_difference_bytes(r, &prepared.masked));
+                let mut values = match (&path, &recorded) {
+                    (Some(path), Some(recorded)) => {
+                        Some((value_at(recorded, path), value_at(&prepared.masked, path)))
+                    }
+                    _ => None,
+                };
+                // The same body: a proxied call may differ in a key header (`anthropic-beta`...),
+                // which its event records among its params.
+                if path.is_none() && kind == EventType::ModelCall {
+                    let source = self.session.source_run().unwrap_or_default();
+                    let difference = inner
+                        .store
+                        .event(&source, step.seq)
+                        .ok()
+                        .and_then(|recorded| crate::http_model::key_header_difference(&recorded, event));
+                    if let Some(difference) = difference {
+                        path = Some(format!("header {}", difference.name));
+                        values = Some((difference.recorded, difference.replayed));
+                    }
+                }
                 // The asked-for request (masked, like every stored byte) is kept so that the two
                 // requests can be compared whole (`retrace gate`'s hygiene report); a replay
                 // stores nothing else of its own.
@@ -580,10 +600,10 @@ impl Agent {
                     .keys(Some(step.key), Some(prepared.key))
                     .path(path.clone())
                     .got_request(got_request);
-                if let (Some(path), Some(recorded)) = (path, recorded) {
+                if let (Some(path), Some((recorded, replayed))) = (path, values) {
                     d = d
-                        .detail(format!("recorded {path} = {}", value_at(&recorded, &path)))
-                        .detail(format!("replayed {path} = {}", value_at(&prepared.masked, &path)));
+                        .detail(format!("recorded {path} = {recorded}"))
+                        .detail(format!("replayed {path} = {replayed}"));
                 }
                 d
             }

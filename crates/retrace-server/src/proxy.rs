@@ -6,7 +6,7 @@
 //! upstream and records the response's raw bytes; in replay the runtime matches the call by key
 //! and the proxy serves the recorded bytes without contacting any upstream.
 //!
-//! The run and agent come from `X-Retrace-Run` / `X-Retrace-Agent` or the path form; an
+//! The run and agent come from `X-Retrace-Run` / `X-Retrace-Agent` (UTF-8) or the path form; an
 //! optional `X-Retrace-Role` sets the role recorded on the agent's events (as the SDK's
 //! `run.agent(id, role=...)` does through `POST /api/runs/{run}/agents/{agent}/role`). None of
 //! them is forwarded upstream or enters a key.
@@ -174,13 +174,17 @@ async fn handle(
         return error(provider, StatusCode::NOT_FOUND, &msg);
     }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let Some(run) = target.run.or_else(|| header("x-retrace-run")).or_else(|| app.default_run.clone()) else {
+    let named = match Named::read(&headers) {
+        Ok(named) => named,
+        Err(why) => return error(provider, StatusCode::BAD_REQUEST, &why),
+    };
+    let role = named.role;
+    let Some(run) = target.run.or(named.run).or_else(|| app.default_run.clone()) else {
         let msg = "retrace proxy: which run is this call part of? Send X-Retrace-Run (or use \
                    /proxy/run/{run}/agent/{agent}/...), or start the program with `retrace record -- CMD`";
         return error(provider, StatusCode::BAD_REQUEST, msg);
     };
-    let agent = target.agent.or_else(|| header("x-retrace-agent")).unwrap_or_else(|| "default".into());
-    let role = header("x-retrace-role");
+    let agent = target.agent.or(named.agent).unwrap_or_else(|| "default".into());
     if let Some(Err(why)) = role.as_deref().map(crate::steps::valid_role) {
         return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: X-Retrace-Role: {why}"));
     }
@@ -227,6 +231,39 @@ async fn handle(
     match session.mode() {
         Mode::Record | Mode::Off | Mode::Fork => record::record(app, session, call).await,
         Mode::Replay => replay::replay(app, session, call).await,
+    }
+}
+
+/// What Retrace's own headers name: `X-Retrace-Run`, `X-Retrace-Agent`, `X-Retrace-Role`.
+struct Named {
+    run: Option<String>,
+    agent: Option<String>,
+    role: Option<String>,
+}
+
+impl Named {
+    /// Each value decoded as UTF-8 (a name such as `アリス` arrives as its UTF-8 bytes, as the
+    /// path form takes it percent-encoded), `None` when absent. An empty or non-UTF-8 value is
+    /// refused (the reason names the header) rather than the call recorded under another run or
+    /// agent.
+    fn read(headers: &HeaderMap) -> Result<Named, String> {
+        let value = |name: &str, names: &str| {
+            let Some(value) = headers.get(name.to_ascii_lowercase()) else { return Ok(None) };
+            match std::str::from_utf8(value.as_bytes()) {
+                Ok("") => {
+                    Err(format!("retrace proxy: {name} is empty; send {names}, or leave the header out"))
+                }
+                Ok(text) => Ok(Some(text.to_owned())),
+                Err(e) => {
+                    Err(format!("retrace proxy: {name} is not UTF-8 ({e}); send {names} as UTF-8 text"))
+                }
+            }
+        };
+        Ok(Named {
+            run: value("X-Retrace-Run", "a run id")?,
+            agent: value("X-Retrace-Agent", "an agent id")?,
+            role: value("X-Retrace-Role", "a role")?,
+        })
     }
 }
 

@@ -11,6 +11,9 @@ example's tee transport so their dumps have the same shape.
   quirks.py 429   --dump FILE   a model named *-429 (429, retry-after: 3) with max_retries=1:
                                 the client retries once, then gets RateLimitError (exit 0)
   quirks.py truncate --dump FILE  a stream the upstream breaks off (model *-truncate)
+  quirks.py dropfirst --dump FILE  a Chat Completions and an Anthropic Messages call with the
+                                clients' default retries, against an upstream that drops the
+                                first connection of each (dropping.py): the retry answers
 """
 from __future__ import annotations
 
@@ -116,15 +119,44 @@ def truncate_scenario(calls: app.Calls) -> None:
     app.call(calls, "truncated", read)
 
 
+def dropfirst_scenario(calls: app.Calls) -> None:
+    """The upstream drops the first attempt's connection: the clients' default retries (2) get
+    the answer, with or without Retrace in between."""
+    import anthropic
+
+    oa = openai.OpenAI(http_client=httpx2.Client(transport=app.Tee(calls)))
+    an = anthropic.Anthropic(http_client=httpx2.Client(transport=app.Tee(calls)))
+    app.call(
+        calls,
+        "dropfirst.chat",
+        lambda: oa.chat.completions.create(
+            model="sim-dropfirst", messages=[{"role": "user", "content": "retry me"}]
+        ).choices[0].message.content,
+    )
+    app.call(
+        calls,
+        "dropfirst.anthropic",
+        lambda: an.messages.create(
+            model="claude-dropfirst", max_tokens=16, messages=[{"role": "user", "content": "retry me"}]
+        ).content[0].text,
+    )
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["gzip", "429", "truncate"])
+    p.add_argument("scenario", choices=["gzip", "429", "truncate", "dropfirst"])
     p.add_argument("--dump", default=os.environ.get("APP_DUMP"), required=False)
     args = p.parse_args(argv)
     calls = app.Calls()
     status = 0
     try:
-        {"gzip": gzip_scenario, "429": rate_limit_scenario, "truncate": truncate_scenario}[args.scenario](calls)
+        scenarios = {
+            "gzip": gzip_scenario,
+            "429": rate_limit_scenario,
+            "truncate": truncate_scenario,
+            "dropfirst": dropfirst_scenario,
+        }
+        scenarios[args.scenario](calls)
     except Exception as e:  # noqa: BLE001  (an API error: reported, kept in the dump)
         print(f"error: {e}", file=sys.stderr)
         status = 3

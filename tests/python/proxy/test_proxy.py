@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
 import time
 
 from conftest import (
@@ -18,10 +19,13 @@ from conftest import (
     APP,
     OPENAI_KEY,
     PY,
+    QUIRKS,
+    REPO,
     dump_by_call,
     first_difference,
     read_dump,
 )
+from dropping import Dropping
 
 APP_CALLS = {
     "chat.plain",
@@ -253,6 +257,45 @@ def test_truncated_stream_replays_as_the_client_saw_it_live(recordings, retrace,
     done = retrace.replay(run, APP_DUMP=str(dump))
     assert done.returncode == 0, done.explain()
     assert_same_dump(recordings.dump("truncate"), dump, "truncated stream")
+
+
+# ---- a dropped connection --------------------------------------------------------------------
+
+
+def test_a_dropped_connection_is_retried_as_without_retrace_and_replays_exactly(retrace, tmp_path):
+    """The upstream drops the first connection of each call. Without Retrace the clients'
+    default retries get the answer; under `record` they must too (the proxy's 502 leaves the
+    retry to the client), and replay, with the upstream stopped, answers the failed attempt and
+    the retry as recorded."""
+    upstream = Dropping()
+    try:
+        direct = retrace.env(OPENAI_API_KEY=OPENAI_KEY, ANTHROPIC_API_KEY=ANTHROPIC_KEY)
+        direct.update(OPENAI_BASE_URL=upstream.openai_url, ANTHROPIC_BASE_URL=upstream.anthropic_url)
+        alone = subprocess.run(
+            [PY, QUIRKS, "dropfirst"], cwd=REPO, env=direct, capture_output=True, text=True, timeout=120
+        )
+        assert alone.returncode == 0, f"without retrace:\n{alone.stdout}\n{alone.stderr}"
+        recorded_dump = tmp_path / "dropfirst.recorded.jsonl"
+        done = retrace.record(upstream, PY, QUIRKS, "dropfirst", APP_DUMP=str(recorded_dump))
+        assert done.returncode == 0, done.explain()
+        assert program_stdout(done) == alone.stdout.strip(), "recording changed what the program got"
+        assert upstream.seen == {"sim-dropfirst": 4, "claude-dropfirst": 4}, upstream.seen
+    finally:
+        upstream.stop()
+    run = done.run_id
+    recorded = dump_by_call(recorded_dump)
+    for name in ("dropfirst.chat", "dropfirst.anthropic"):
+        attempts = recorded[name]["attempts"]
+        assert [a["status"] for a in attempts] == [502, 200], attempts
+        assert "x-should-retry" not in attempts[0]["headers"], attempts[0]["headers"]
+        assert recorded[name]["result"] == "answered once the connection was retried"
+    events = retrace.show_json(run)["events"]
+    assert len(events) == 4, events
+
+    replayed_dump = tmp_path / "dropfirst.replayed.jsonl"
+    again = retrace.replay(run, APP_DUMP=str(replayed_dump))
+    assert again.returncode == 0, again.explain()
+    assert_same_dump(recorded_dump, replayed_dump, "dropped connection")
 
 
 # ---- f. launcher errors, and verify ---------------------------------------------------------

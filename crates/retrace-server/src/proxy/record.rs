@@ -20,7 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::document::{keeps_header, Recorded, RecordedBody, StreamDocument, StreamEnd};
 use super::replay::{break_off, respond};
-use super::reply::{error, error_body, Provider};
+use super::reply::{error, error_body, upstream_failure, Provider};
 use super::sse::{body_facts, snapshot_of, SseScanner};
 use super::upstream::{chain, UpstreamError};
 use super::{runtime_error, Call};
@@ -220,17 +220,19 @@ async fn live(
 }
 
 /// An upstream that could not be reached or did not answer: the proxy's own reply (502 or 504,
-/// provider-shaped, `x-should-retry: false`), recorded like any response so replay gives the
-/// program the same failure.
+/// provider-shaped, left to the client's retry policy), recorded like any response, as a failed
+/// step, so replay gives the program the same failure and then, by its key, whatever the
+/// client's retry was answered.
 fn own_error(reply: &Reply, provider: Provider, e: &UpstreamError, started: Instant) -> HttpModelOutput {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let response = error(provider, status, &format!("retrace proxy: {e}"));
+    let message = format!("retrace proxy: {e}");
+    let response = upstream_failure(provider, status, &message);
     let headers = response
         .headers()
         .iter()
         .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
-    let body = error_body(provider, status, &format!("retrace proxy: {e}"));
+    let body = error_body(provider, status, &message);
     let doc = Recorded { status: status.as_u16(), headers, body: RecordedBody::Whole(Bytes::from(body)) };
     let document = doc.encode();
     *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));

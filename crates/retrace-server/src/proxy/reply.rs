@@ -1,6 +1,7 @@
-//! Replies the proxy makes itself (divergence 409, store failure 503, 404, 413, 400, upstream
-//! timeouts), in the provider's error shape and with `x-should-retry: false`, since the official
-//! clients otherwise retry them.
+//! Replies the proxy makes itself, in the provider's error shape. Its refusals (divergence 409,
+//! store failure 503, 404, 413, 400) carry `x-should-retry: false`, since the official clients
+//! otherwise retry them; an upstream that could not be reached or did not answer (502, 504) is
+//! left to the client's own retry policy, as it would be without Retrace.
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
@@ -24,13 +25,21 @@ impl Provider {
     }
 }
 
-/// An error reply in `provider`'s shape.
+/// A refusal in `provider`'s shape, with `x-should-retry: false`.
 pub fn error(provider: Provider, status: StatusCode, message: &str) -> Response {
+    let mut response = upstream_failure(provider, status, message);
+    response.headers_mut().insert("x-should-retry", HeaderValue::from_static("false"));
+    response
+}
+
+/// The reply for an upstream that could not be reached or did not answer, in `provider`'s shape:
+/// no `x-should-retry`, so the client retries it (or not) by its own policy, as it would retry
+/// the connection error it would have seen without Retrace.
+pub fn upstream_failure(provider: Provider, status: StatusCode, message: &str) -> Response {
     let mut response = Response::new(Body::from(error_body(provider, status, message)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
-    headers.insert("x-should-retry", HeaderValue::from_static("false"));
     headers.insert("x-retrace-proxy", HeaderValue::from_static("error"));
     response
 }

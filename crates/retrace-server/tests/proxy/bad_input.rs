@@ -114,6 +114,88 @@ async fn a_divergence_is_409_and_marks_the_replay_diverged() {
     assert_eq!(outcome["divergence"]["code"], "step_mismatch", "{outcome}");
 }
 
+/// A key header is part of the key but not of the stored request: a divergence it alone causes
+/// names it, with the recorded and the replayed value (from the events' params).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_divergence_in_a_key_header_names_the_header_and_both_values() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let path = "/proxy/anthropic/v1/messages";
+    let ask = json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "a"}]});
+    // The `anthropic-beta` sent live and in replay, and the two values the divergence shows.
+    let cases = [
+        (None, Some("x-2025"), "(absent)", "\"x-2025\""),
+        (Some("tools-1"), Some("tools-2"), "\"tools-1\"", "\"tools-2\""),
+        (Some("tools-1"), None, "\"tools-1\"", "(absent)"),
+    ];
+    let beta = |value: Option<&'static str>| value.map(|v| vec![("anthropic-beta", v)]).unwrap_or_default();
+    for (recorded, replayed, was, is) in cases {
+        let (recorded, replayed) = (beta(recorded), beta(replayed));
+        let run = d.new_run().await;
+        let live = d.call_with(&run, path, ask.to_string().into_bytes(), &recorded).await;
+        assert_eq!(live.status, 200, "{}", live.text());
+        d.finish(&run).await;
+        let replay = d.replay_of(&run).await;
+        let other = d.call_with(&replay, path, ask.to_string().into_bytes(), &replayed).await;
+        own_error(&other, 409, "step_mismatch");
+        assert!(other.text().contains("first difference at header anthropic-beta"), "{}", other.text());
+        let outcome = d.finish(&replay).await;
+        let divergence = &outcome["divergence"];
+        assert_eq!(divergence["path"], "header anthropic-beta", "{outcome}");
+        assert_eq!(
+            divergence["detail"],
+            json!([
+                format!("recorded header anthropic-beta = {was}"),
+                format!("replayed header anthropic-beta = {is}")
+            ]),
+            "{outcome}"
+        );
+    }
+}
+
+/// `X-Retrace-Run`, `X-Retrace-Agent` and `X-Retrace-Role` are UTF-8 (as the path form's
+/// percent-encoded names are); an empty or non-UTF-8 one is refused naming the header, never
+/// recorded under another run or agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retrace_headers_are_utf8_and_never_empty() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let path = "/proxy/openai/v1/chat/completions";
+    let named = d
+        .call_with(&run, path, chat("hi", false).to_string().into_bytes(), &[("x-retrace-agent", "アリス")])
+        .await;
+    assert_eq!(named.status, 200, "{}", named.text());
+    let send = |headers: Vec<(&'static str, Vec<u8>)>| {
+        let mut req = client()
+            .post(format!("{}{path}", d.base))
+            .header("content-type", "application/json")
+            .body(chat("hi", false).to_string());
+        for (name, value) in headers {
+            req = req.header(name, reqwest::header::HeaderValue::from_bytes(&value).unwrap());
+        }
+        req.send()
+    };
+    let id = || run.as_bytes().to_vec();
+    let cases = [
+        (vec![("x-retrace-run", id()), ("x-retrace-agent", vec![])], "X-Retrace-Agent is empty"),
+        (
+            vec![("x-retrace-run", id()), ("x-retrace-agent", vec![0xff, 0xfe])],
+            "X-Retrace-Agent is not UTF-8",
+        ),
+        (vec![("x-retrace-run", vec![])], "X-Retrace-Run is empty"),
+        (vec![("x-retrace-run", vec![0xe3, 0x82])], "X-Retrace-Run is not UTF-8"),
+        (vec![("x-retrace-run", id()), ("x-retrace-role", vec![0xa0])], "X-Retrace-Role is not UTF-8"),
+    ];
+    for (headers, needle) in cases {
+        own_error(&Reply::read(send(headers).await.unwrap()).await, 400, needle);
+    }
+    let events = d.store.events(&run, 1, 10).unwrap();
+    let agents: Vec<&str> = events.iter().map(|e| e.agent_id.as_str()).collect();
+    assert_eq!(agents, ["アリス"]);
+    assert_eq!(providers.requests(), 1, "no refused call went upstream");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_whose_program_left_calls_unmade_diverges() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
