@@ -156,12 +156,14 @@ async fn knew_in_a_fork_covers_the_messages_heard_before_the_fork_point() {
     assert_eq!(bodies, [json!(0), json!(1), json!(3), json!(2)], "inherited deliveries included: {knew:?}");
     assert!(knew.heard.iter().all(|h| h.chain.first().map(|l| l.seq) == h.send_seq), "{knew:?}");
 
-    let inherited = deliveries[1] + 1;
-    assert!(inherited < third);
+    // The second delivery, inherited (before the fork point), had heard the first. (The event
+    // after it is not always the reviewer's: the scheduler may put a send there.)
+    let inherited = deliveries[1];
     let in_fork = retrace_store::causal::knew(store.as_ref(), &f.run_id(), inherited).unwrap();
     let in_source = retrace_store::causal::knew(store.as_ref(), &s.run_id(), inherited).unwrap();
     assert_eq!((in_fork.run.as_str(), in_fork.heard.len()), (f.run_id().as_str(), in_source.heard.len()));
     assert_eq!(in_fork.heard, in_source.heard);
+    assert_eq!(in_source.heard.len(), 1, "{in_source:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
