@@ -29,14 +29,15 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
 
 /// The response a recorded document stands for. In replay, a recorded error's `retry-after`
 /// and `retry-after-ms` are served as `retry-after-ms: 1`, so a recorded retry follows at once
-/// (the log keeps the original headers).
+/// (the log keeps the original headers); so is the proxy's own reply for an upstream it could
+/// not reach, which the client retries by its own backoff.
 pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
-    let retry_soon = replaying
-        && doc.status >= 400
-        && doc
-            .headers
-            .iter()
-            .any(|(k, _)| k.eq_ignore_ascii_case("retry-after") || k.eq_ignore_ascii_case("retry-after-ms"));
+    let has = |name: &str| doc.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+    let upstream_failed =
+        doc.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("x-retrace-proxy") && v == "error")
+            && !has("x-should-retry");
+    let retry_soon =
+        replaying && doc.status >= 400 && (has("retry-after") || has("retry-after-ms") || upstream_failed);
     let body = match doc.body {
         RecordedBody::Whole(bytes) => Body::from(bytes),
         RecordedBody::Stream { chunks, end, error } => {

@@ -178,6 +178,8 @@ async fn a_dropped_connection_is_retried_by_the_client_and_replays_exactly() {
     let replay = d.replay_of(&run).await;
     let again = d.call(&replay, path, &chat("hi", false)).await;
     assert_eq!((again.status, again.header("x-should-retry"), again.text()), (502, None, dropped.text()));
+    // The client's retry follows at once, not after its backoff.
+    assert_eq!(again.header("retry-after-ms"), Some("1"));
     let again = d.call(&replay, path, &chat("hi", false)).await;
     assert_eq!((again.status, again.text()), (200, retried.text()));
     assert_eq!(d.finish(&replay).await["status"], "ok");
