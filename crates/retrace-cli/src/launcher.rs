@@ -127,7 +127,9 @@ pub fn discard_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::
     failed.status = retrace_core::run::RunStatus::Failed;
     failed.finished_at_ms.get_or_insert(now);
     store.update_run(&failed)?;
-    if store.last_seq(id)? == 0 {
+    // A replay's record is kept, failed, as every replay of a run is: it says the replay was
+    // tried. A recording or fork that never started holds nothing worth keeping.
+    if store.last_seq(id)? == 0 && failed.mode != retrace_core::run::RunMode::Replay {
         let config = retrace_store::gc::GcConfig::new(now, 0);
         let deleted = retrace_store::gc::delete(store, std::slice::from_ref(&failed), &config);
         if deleted.is_ok_and(|report| report.runs_deleted.iter().any(|r| r == id)) {
