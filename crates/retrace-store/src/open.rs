@@ -172,6 +172,66 @@ pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
     Ok(store)
 }
 
+/// Why this process can't write the store `config` names, if it can't: its folder refuses a
+/// new file (a read-only mount, an immutable folder), or its database or WAL file refuses to
+/// open for writing. A store that doesn't exist yet, or in memory, is writable.
+pub fn why_read_only(config: &StoreConfig) -> Option<String> {
+    let StoreLocation::Sqlite { path } = &config.location else {
+        return None;
+    };
+    let folder = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => return None,
+    };
+    if !folder.is_dir() {
+        return None;
+    }
+    if let Err(why) = tempfile::tempfile_in(folder) {
+        return Some(format!("its folder {} is not writable: {why}", folder.display()));
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    for file in [path.as_path(), Path::new(&wal)] {
+        match std::fs::OpenOptions::new().write(true).open(file) {
+            Err(why) if why.kind() != std::io::ErrorKind::NotFound => {
+                return Some(format!("{} is not writable: {why}", file.display()));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Opens the store `config` names for reading only, as it is, `why` ([`why_read_only`])
+/// saying in the error of any write why it can't be written. Nothing is created, upgraded or
+/// recovered (see [`SqliteStore::open_read_only`]). A store in memory opens as usual.
+///
+/// Also returns a note for the user when the store is read from a temporary copy (a WAL that
+/// SQLite can't read in place), naming its size.
+pub fn open_store_read_only(
+    config: &StoreConfig,
+    why: &str,
+) -> StoreResult<(Arc<dyn Store>, Option<String>)> {
+    match &config.location {
+        StoreLocation::Memory => Ok((open_store(config)?, None)),
+        StoreLocation::Sqlite { path } => {
+            let store = SqliteStore::open_read_only(path, &config.blobs_dir, why)?;
+            let note = store.read_only_copy().map(|copy| {
+                let bytes = std::fs::metadata(copy).map(|m| m.len()).unwrap_or(0);
+                format!(
+                    "{} has a WAL but no -shm file beside it, which SQLite needs to read the WAL and \
+                     can't create there: read from a copy of both ({:.1} MB) in {}",
+                    path.display(),
+                    bytes as f64 / 1e6,
+                    copy.parent().unwrap_or(copy).display()
+                )
+            });
+            Ok((Arc::new(store), note))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

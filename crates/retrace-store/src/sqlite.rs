@@ -105,6 +105,16 @@ thread_local! {
     static PINNED: RefCell<Option<(u64, Connection)>> = const { RefCell::new(None) };
 }
 
+/// How the store's connections open the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Reading and writing (creating the file if missing): the store everyone records to.
+    ReadWrite,
+    /// Reading only ([`SqliteStore::open_read_only`]); `immutable` when there is no WAL to read,
+    /// so that SQLite needs no `-shm` file either (it could not create one).
+    ReadOnly { immutable: bool },
+}
+
 /// Whether a write transaction syncs the WAL under `Durability::Event` before it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WalSyncs {
@@ -143,7 +153,12 @@ pub struct SqliteStore {
     wal_sync: Option<sync::WalSync>,
     /// `Durability::Event`: syncs ack-log records while their batches commit.
     flusher: Option<flusher::Flusher>,
-    checkpointer: checkpoint::Checkpointer,
+    /// `None` in a read-only store.
+    checkpointer: Option<checkpoint::Checkpointer>,
+    /// How connections open the database.
+    access: Access,
+    /// Why the store is read-only, for the error of a write (`None`: writable).
+    read_only: Option<String>,
     /// Ack logs: written under `Durability::Event`, recovered under every level.
     ack_logs: ack_log::AckLogs,
     /// The schema upgrade opening the store made ([`Store::schema_upgrade`]).
@@ -200,7 +215,7 @@ impl SqliteStore {
         let label = path.display().to_string();
         std::fs::create_dir_all(blobs_dir)
             .ctx(|| format!("creating the blob folder {}", blobs_dir.display()))?;
-        let writer = open_connection(path, durability, busy_timeout_ms)?;
+        let writer = open_connection(path, durability, busy_timeout_ms, Access::ReadWrite)?;
         // SQLite keeps the WAL beside the file a symlink names (it resolves the path): so must
         // the WAL's syncs and the ack logs, or they would look beside the link, find no WAL
         // and sync nothing. The connection above created the file if it was missing.
@@ -258,11 +273,113 @@ impl SqliteStore {
             syncer,
             wal_sync,
             flusher,
-            checkpointer,
+            checkpointer: Some(checkpointer),
+            access: Access::ReadWrite,
+            read_only: None,
             ack_logs: ack_log::AckLogs::new(path),
             schema_upgrade,
             _temp: temp,
         })
+    }
+
+    /// Opens the database at `path` for reading only, as it is: for a store whose folder can't
+    /// be written (a read-only mount, a CI artifact), `why` saying so in the error of any write.
+    ///
+    /// Nothing is created, upgraded or recovered: the store must exist at this build's schema
+    /// version, runs whose recorder died are seen as it left them (`running`), and an ack log
+    /// no store applied is named by [`crate::Store::unrecovered`] but not read. Without a WAL
+    /// beside it, the file is opened `immutable` (SQLite then needs no `-shm` file, which it
+    /// couldn't create). A WAL left beside it (a store copied while open, or whose last process
+    /// was killed) holds commits the file doesn't: it is read in place when its `-shm` file is
+    /// there too, and otherwise from a private copy of the database and the WAL in a temporary
+    /// folder ([`SqliteStore::read_only_copy`]), since SQLite can't read a WAL without one.
+    pub fn open_read_only(path: &Path, blobs_dir: &Path, why: &str) -> StoreResult<SqliteStore> {
+        let label = path.display().to_string();
+        if !path.is_file() {
+            return Err(StoreError::not_found(format!("no store at {label}")));
+        }
+        let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = resolved.as_path();
+        let wal = sync::wal_path(path);
+        let has_wal = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+        let (durability, busy_timeout_ms) = (Durability::Os, crate::open::DEFAULT_BUSY_TIMEOUT_MS);
+        let (access, opened, temp) = match has_wal {
+            false => {
+                let access = Access::ReadOnly { immutable: true };
+                (access, open_connection(path, durability, busy_timeout_ms, access)?, None)
+            }
+            true => {
+                let access = Access::ReadOnly { immutable: false };
+                let in_place = open_connection(path, durability, busy_timeout_ms, access)
+                    .and_then(|conn| schema::check_read_only(&conn, &label).map(|_| conn));
+                match in_place {
+                    Ok(conn) => (access, conn, None),
+                    Err(_) => {
+                        let (temp, copy) = copy_with_wal(path, &wal)?;
+                        let conn = open_connection(&copy, durability, busy_timeout_ms, access)?;
+                        (access, conn, Some((temp, copy)))
+                    }
+                }
+            }
+        };
+        let segment_bytes = schema::check_read_only(&opened, &label)?;
+        let files = files::Files::new(blobs_dir.to_path_buf(), false, segment_bytes);
+        let (read_path, temp) = match temp {
+            Some((temp, copy)) => (copy, Some(temp)),
+            None => (path.to_path_buf(), None),
+        };
+        Ok(SqliteStore {
+            id: STORE_IDS.fetch_add(1, Ordering::Relaxed),
+            path: read_path,
+            label,
+            durability,
+            busy_timeout_ms,
+            files,
+            writer: Mutex::new(opened),
+            large_cache: AtomicBool::new(false),
+            tail: Mutex::new(tail::Tail::default()),
+            readers: Mutex::new(Vec::new()),
+            snapshots: Mutex::new(Vec::new()),
+            agents: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
+            syncer: None,
+            wal_sync: None,
+            flusher: None,
+            checkpointer: None,
+            access,
+            read_only: Some(why.to_owned()),
+            ack_logs: ack_log::AckLogs::new(path),
+            schema_upgrade: None,
+            _temp: temp,
+        })
+    }
+
+    /// The temporary copy a read-only store is read from, if [`SqliteStore::open_read_only`]
+    /// made one (a WAL it couldn't read in place).
+    pub fn read_only_copy(&self) -> Option<&Path> {
+        self._temp.as_ref().filter(|_| self.read_only.is_some()).map(|_| self.path.as_path())
+    }
+
+    /// Why the store is read-only, if it is ([`SqliteStore::open_read_only`]).
+    pub fn read_only(&self) -> Option<&str> {
+        self.read_only.as_deref()
+    }
+
+    /// Refuses `what`, a write, in a read-only store.
+    fn writable(&self, what: &str) -> StoreResult<()> {
+        match &self.read_only {
+            None => Ok(()),
+            Some(why) => Err(StoreError::invalid(format!(
+                "{what}: the store {} is open read-only ({why}); copy its folder somewhere \
+                 writable and point RETRACE_HOME at the copy to change it",
+                self.label
+            ))),
+        }
+    }
+
+    /// A new connection to the database, opened as the store's are.
+    fn connect(&self) -> StoreResult<Connection> {
+        open_connection(&self.path, self.durability, self.busy_timeout_ms, self.access)
     }
 
     /// The database file.
@@ -284,6 +401,7 @@ impl SqliteStore {
     /// trying again for up to the busy timeout while the background checkpointer or a reader
     /// keeps it from finishing (SQLite reports that as a result, not an error).
     pub fn checkpoint(&self) -> StoreResult<()> {
+        self.writable("checkpointing")?;
         let conn = self.writer.lock();
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(self.busy_timeout_ms);
         loop {
@@ -323,6 +441,7 @@ impl SqliteStore {
         sync: WalSyncs,
         f: impl FnOnce(&Connection) -> StoreResult<T>,
     ) -> StoreResult<T> {
+        self.writable(what)?;
         let mut conn = self.writer.lock();
         let large = bytes >= LARGE_WRITE_BYTES;
         if large != self.large_cache.load(Ordering::Relaxed) {
@@ -350,7 +469,9 @@ impl SqliteStore {
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
-        self.checkpointer.committed();
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
         Ok(value)
     }
 
@@ -458,7 +579,7 @@ impl SqliteStore {
         match pooled {
             Some(conn) => Ok(conn),
             None => {
-                let conn = open_connection(&self.path, self.durability, self.busy_timeout_ms)?;
+                let conn = self.connect()?;
                 set_mmap(&conn, READ_MMAP_BYTES)
                     .ctx(|| format!("configuring a read connection of {}", self.label))?;
                 Ok(conn)
@@ -498,15 +619,43 @@ impl Drop for Unpin<'_> {
     }
 }
 
+/// Copies the database at `db` and its WAL `wal` into a new temporary folder (deleted with the
+/// returned handle), for a read-only store whose WAL SQLite can't read in place.
+fn copy_with_wal(db: &Path, wal: &Path) -> StoreResult<(tempfile::TempDir, PathBuf)> {
+    let temp = tempfile::Builder::new()
+        .prefix("retrace-read-only-")
+        .tempdir()
+        .ctx(|| "creating a temporary folder for a read-only store's copy")?;
+    let copy = temp.path().join("retrace.db");
+    std::fs::copy(db, &copy).ctx(|| format!("copying {} to {}", db.display(), copy.display()))?;
+    let copy_wal = sync::wal_path(&copy);
+    std::fs::copy(wal, &copy_wal).ctx(|| format!("copying {} to {}", wal.display(), copy_wal.display()))?;
+    Ok((temp, copy))
+}
+
+/// `path` as the path of a `file:` URI: every byte but letters, digits, `/` and `-._~`
+/// percent-encoded (a `?`, `#` or `%` in a folder name would otherwise end or garble it).
+fn uri_path(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::new();
+    for &b in path.as_os_str().as_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'.' | b'_' | b'~' => uri.push(b as char),
+            _ => uri.push_str(&format!("%{b:02X}")),
+        }
+    }
+    uri
+}
+
 /// Sets how many bytes of the database file `conn` maps (`PRAGMA mmap_size`).
 fn set_mmap(conn: &Connection, bytes: u64) -> rusqlite::Result<()> {
     conn.query_row(&format!("PRAGMA mmap_size = {bytes}"), [], |_| Ok(())).optional().map(|_| ())
 }
 
-/// `error`, opening the store at `path`, said plainly when the store's folder can't be written
-/// (a read-only mount, an artifact folder): every command opens the store for writing, even to
-/// read it (its WAL; recovering runs whose recorder died), and SQLite's own words for that are
-/// "unable to open database file".
+/// `error`, opening the store at `path` for writing, said plainly when the store's folder can't
+/// be written (a read-only mount, an artifact folder): SQLite's own words for that are "unable
+/// to open database file". The commands that only read open such a store with
+/// [`SqliteStore::open_read_only`] instead, and the error says which they are.
 fn read_only_folder(path: &Path, error: StoreError) -> StoreError {
     let folder = match path.parent() {
         Some(p) if p.as_os_str().is_empty() => Path::new("."),
@@ -515,8 +664,9 @@ fn read_only_folder(path: &Path, error: StoreError) -> StoreError {
     };
     match tempfile::tempfile_in(folder) {
         Err(why) if folder.is_dir() => StoreError::io(format!(
-            "the store's folder {} is not writable ({why}): Retrace opens its store for writing, \
-             even to read it; copy the folder somewhere writable and point RETRACE_HOME at the copy",
+            "the store's folder {} is not writable ({why}), and this writes to the store: copy the \
+             folder somewhere writable and point RETRACE_HOME at the copy (runs, show, verify, \
+             export, diff and knew read it as it is)",
             folder.display()
         ))
         .with_source(error),
@@ -524,14 +674,31 @@ fn read_only_folder(path: &Path, error: StoreError) -> StoreError {
     }
 }
 
-fn open_connection(path: &Path, durability: Durability, busy_timeout_ms: u64) -> StoreResult<Connection> {
+fn open_connection(
+    path: &Path,
+    durability: Durability,
+    busy_timeout_ms: u64,
+    access: Access,
+) -> StoreResult<Connection> {
     let label = path.display().to_string();
-    let flags =
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = match wal_vfs::register() {
-        Ok(()) => Connection::open_with_flags_and_vfs(path, flags, wal_vfs::NAME),
-        // Without it the store is only slower: SQLite's own VFS writes frame by frame.
-        Err(_) => Connection::open_with_flags(path, flags),
+    let conn = match access {
+        Access::ReadWrite => {
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            match wal_vfs::register() {
+                Ok(()) => Connection::open_with_flags_and_vfs(path, flags, wal_vfs::NAME),
+                // Without it the store is only slower: SQLite's own VFS writes frame by frame.
+                Err(_) => Connection::open_with_flags(path, flags),
+            }
+        }
+        Access::ReadOnly { immutable } => {
+            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let query = if immutable { "?immutable=1" } else { "?mode=ro" };
+            Connection::open_with_flags(format!("file:{}{query}", uri_path(path)), flags)
+        }
     }
     .ctx(|| format!("opening the store {label}"))?;
     conn.set_prepared_statement_cache_capacity(32);

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use retrace_core::autonomy::{AutonomyPolicy, Standing};
 use retrace_runtime::autonomy::Governor;
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::exit::usage;
 use crate::output::{print_json, table};
 
@@ -38,7 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = std::env::current_dir()?;
     let governor = Governor::load(&dir).map_err(|e| usage(e.to_string()))?;
     let project = retrace_runtime::autonomy::project(&dir);
-    let local = existing_store_from_env()?.ledger_entries(Some(&project))?;
+    let local = readable_store_from_env()?.ledger_entries(Some(&project))?;
     let mut names: BTreeSet<String> = local.iter().map(|e| e.agent.clone()).collect();
     if let Some(file) = governor.as_ref().and_then(|g| g.ledger.as_ref()) {
         names.extend(file.entries.iter().filter(|e| e.project == project).map(|e| e.agent.clone()));

@@ -4,7 +4,7 @@ use std::io::{BufWriter, Write};
 use retrace_core::run::RunMode;
 use retrace_store::diff::{diff_runs, AlignedBy, DiffOptions, LoneStep, RunDiff, RunSide, Tokens, Which};
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::output::{fit, table, utc_time};
 
 /// The examples every help shows.
@@ -56,7 +56,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let a = crate::commands::runs::find(&*store, &args.run_a)?;
     let b = crate::commands::runs::find(&*store, &args.run_b)?;
     let options = DiffOptions { limit: args.limit, ..DiffOptions::default() };

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use retrace_store::export::{export_run, ExportError, ExportStats, RunEvents};
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::exit::usage;
 use crate::output::{failure, Progress};
 
@@ -44,7 +44,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     let total = RunEvents::new(&*store, &meta.id).map_or(0, |pages| pages.count());
     let mut progress = Progress::new("exporting events", total);

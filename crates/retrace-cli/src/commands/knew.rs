@@ -2,7 +2,7 @@
 use clap::Parser;
 use retrace_store::causal;
 
-use super::existing_store_from_env;
+use super::readable_store_from_env;
 use crate::output::print_json;
 
 /// The examples every help shows.
@@ -43,7 +43,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let run = store.find_run(&args.run)?;
     let knew = causal::knew(store.as_ref(), &run.id, args.seq)?;
     if args.json {

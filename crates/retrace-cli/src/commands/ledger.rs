@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use retrace_core::ledger::{signing_key, LedgerEntry, LedgerFile};
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::exit::usage_hint;
 use crate::output::{print_json, table, utc_time};
 
@@ -90,7 +90,7 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
         )
     })?;
     let key = signing_key(&seed).map_err(|e| usage_hint(e.to_string(), format!("check {LEDGER_KEY_ENV}")))?;
-    let entries = existing_store_from_env()?.ledger_entries(args.project.as_deref())?;
+    let entries = readable_store_from_env()?.ledger_entries(args.project.as_deref())?;
     let file = LedgerFile::sign(entries, now_ms(), &key);
     let mut text = serde_json::to_vec_pretty(&file)?;
     text.push(b'\n');
@@ -109,7 +109,7 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
 }
 
 fn show(args: ShowArgs) -> anyhow::Result<()> {
-    let entries = existing_store_from_env()?.ledger_entries(None)?;
+    let entries = readable_store_from_env()?.ledger_entries(None)?;
     if args.json {
         return print_json(&serde_json::to_value(&entries)?);
     }

@@ -52,6 +52,27 @@ pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {
 /// Opens the store named by the environment, which must exist: the commands that read, or
 /// change runs already there, never leave an empty store at a mistyped path.
 pub fn existing_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
+    open(&existing_config_from_env()?)
+}
+
+/// [`existing_store_from_env`] for the commands that only read (`runs`, `show`, `verify`,
+/// `export`, `diff`, `knew`, the ledger's): a store this process can't write (a read-only
+/// mount, a CI artifact) is read as it is, with a note on stderr, instead of refused.
+pub fn readable_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
+    let config = existing_config_from_env()?;
+    let Some(why) = retrace_store::why_read_only(&config) else {
+        return open(&config);
+    };
+    let (store, copied) = retrace_store::open_store_read_only(&config, &why)?;
+    eprintln!("retrace: reading the store read-only, as it was left ({why})");
+    if let Some(note) = copied {
+        eprintln!("retrace: {note}");
+    }
+    Ok(store)
+}
+
+/// The store the environment names, refused unless it exists.
+fn existing_config_from_env() -> anyhow::Result<StoreConfig> {
     let config = StoreConfig::from_env()?;
     if let StoreLocation::Sqlite { path } = &config.location {
         check_folder(path)?;
@@ -63,7 +84,7 @@ pub fn existing_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
             ));
         }
     }
-    open(&config)
+    Ok(config)
 }
 
 /// Refuses a database path whose folder is a file (RETRACE_HOME set to a file's name).
@@ -77,8 +98,8 @@ fn check_folder(db: &std::path::Path) -> anyhow::Result<()> {
     }
 }
 
-/// Opens `config`, saying what to do about a store this user can't write: SQLite writes its
-/// `-wal` and `-shm` files beside the database even to read.
+/// Opens `config` for writing, saying what to do about a store this user can't write (the
+/// commands that only read open it with [`readable_store_from_env`]).
 ///
 /// Opening an older store upgrades its schema: that is said on stderr, since older builds of
 /// retrace can't open the store afterwards.
@@ -87,9 +108,10 @@ pub(crate) fn open(config: &StoreConfig) -> anyhow::Result<Arc<dyn Store>> {
         let text = e.to_string().to_lowercase();
         match text.contains("readonly") || text.contains("read-only") || text.contains("permission denied") {
             true => {
-                let hint = "the store's folder and files must be writable by you, even to read (SQLite \
-                            keeps its -wal and -shm files beside the database): check their owner and \
-                            mode, or copy the store (`retrace export` / `import`)";
+                let hint = "this command writes to the store, so its folder and files must be writable \
+                            by you (SQLite keeps its -wal and -shm files beside the database): check \
+                            their owner and mode, or copy the store (`retrace export` / `import`); \
+                            runs, show, verify, export, diff and knew read a store they can't write";
                 usage_hint(format!("{e:#}"), hint)
             }
             false => e.into(),

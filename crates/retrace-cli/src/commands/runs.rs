@@ -1,7 +1,7 @@
 //! `retrace runs`: list the runs in the store, oldest first.
 use std::io::Write;
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::output::{fit, print_json, table, utc_time};
 use retrace_store::import::UNFINISHED_LABEL;
 
@@ -39,7 +39,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let runs = store.runs()?;
     let mut counted = Vec::with_capacity(runs.len());
     for meta in runs {

@@ -9,7 +9,7 @@ use retrace_core::Event;
 use retrace_store::export::RunEvents;
 use retrace_store::Store;
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::exit;
 use crate::output::{fit, one_line, pad, print_json, utc_time, width};
 
@@ -69,7 +69,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     if let Some(seq) = args.seq {
         return event::show(&*store, &meta, seq, args.json);

@@ -4,7 +4,7 @@ use std::io::Write;
 use retrace_store::export::RunEvents;
 use retrace_store::verify::{verify_run, Problem};
 
-use crate::commands::existing_store_from_env;
+use crate::commands::readable_store_from_env;
 use crate::exit;
 use crate::output::{print_json, Progress};
 
@@ -48,7 +48,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let runs: Vec<String> = match &args.run {
         Some(run) => vec![crate::commands::runs::find(&*store, run)?.id],
         None => store.runs()?.into_iter().map(|meta| meta.id).collect(),

@@ -215,12 +215,13 @@ fn opening_an_older_store_says_it_upgraded_it_once() {
     assert_eq!(again.stderr(), "", "the upgrade is said once");
 }
 
-/// A store whose folder can't be written (a read-only mount, a CI artifact): every command
-/// opens the store for writing, so each says that plainly, not SQLite's "unable to open
-/// database file". Made read-only with `chattr +i`, which holds even for root; skipped where
-/// the file system or the user can't set it.
+/// A store whose folder can't be written (a read-only mount, a CI artifact): the commands that
+/// only read it read it as it is, with a note; the ones that write say plainly that the folder
+/// is not writable and what to do, not SQLite's "unable to open database file". Made read-only
+/// with `chattr +i`, which holds even for root; skipped where the file system or the user can't
+/// set it.
 #[test]
-fn a_store_in_a_folder_that_cant_be_written_says_so() {
+fn a_store_in_a_folder_that_cant_be_written_is_read_as_it_is() {
     struct Immutable<'a>(&'a Path);
     impl Drop for Immutable<'_> {
         fn drop(&mut self) {
@@ -228,6 +229,9 @@ fn a_store_in_a_folder_that_cant_be_written_says_so() {
         }
     }
     let home = Home::with(&conversation(RUN, 2));
+    let out = tempfile::tempdir().unwrap();
+    let trace = out.path().join("trace.jsonl");
+    home.run(&["export", RUN, "-o", trace.to_str().unwrap()]).expect(0, &[], &[]);
     let set = Command::new("chattr").arg("+i").arg(home.dir.path()).stderr(Stdio::null()).status();
     if !set.is_ok_and(|s| s.success()) {
         eprintln!("skipped: chattr +i is not available here");
@@ -238,11 +242,15 @@ fn a_store_in_a_folder_that_cant_be_written_says_so() {
         eprintln!("skipped: chattr +i did not make the folder read-only");
         return;
     }
-    for args in [&["runs"][..], &["show", RUN], &["verify", "--all"]] {
-        home.run(args).expect(
-            2,
-            &[],
-            &["is not writable", "Retrace opens its store for writing, even to read it", "RETRACE_HOME"],
-        );
+    let note = "reading the store read-only, as it was left";
+    let exported = out.path().join("again.jsonl");
+    let export = ["export", RUN, "-o", exported.to_str().unwrap()];
+    for args in [&["runs"][..], &["show", RUN], &["verify", "--all"], &["diff", RUN, RUN], &export] {
+        let ran = home.run(args);
+        ran.expect(0, &[], &[note, "is not writable"]);
+    }
+    assert_eq!(std::fs::read(&exported).unwrap(), std::fs::read(&trace).unwrap(), "the same bytes");
+    for args in [&["replay", RUN][..], &["delete", RUN], &["import", trace.to_str().unwrap()]] {
+        home.run(args).expect(2, &[], &["is not writable", "RETRACE_HOME", "read it as it is"]);
     }
 }

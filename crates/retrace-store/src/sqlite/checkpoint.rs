@@ -97,7 +97,7 @@ fn checkpoint_loop(
             state.dirty = false;
         }
         if conn.is_none() {
-            conn = super::open_connection(path, durability, busy_timeout_ms).ok();
+            conn = super::open_connection(path, durability, busy_timeout_ms, super::Access::ReadWrite).ok();
         }
         // A failure here can't be reported to anyone; the writer's own (rare) automatic
         // checkpoints still bound the WAL.

@@ -28,6 +28,7 @@ const UNKEPT: &str = "NOT EXISTS (SELECT 1 FROM temp.gc_keep k WHERE k.digest = 
 
 impl GcStore for SqliteStore {
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport> {
+        self.writable(WHAT)?;
         let mut conn = self.writer.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| WHAT)?;
         // Every blob indexed first, so that what follows finds each by its digest alone and
@@ -60,7 +61,9 @@ impl GcStore for SqliteStore {
         if let Some(syncer) = &self.syncer {
             syncer.committed();
         }
-        self.checkpointer.committed();
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
         // The ack logs of deleted runs go too (a reused run key must not find them).
         let _ = self.recover_dead_ack_logs();
         Ok(report)

@@ -4,9 +4,7 @@
 use retrace_core::run::RunMeta;
 use retrace_core::{Digest, Event};
 
-use super::{
-    blobs, open_connection, set_mmap, staged, tail, SqliteStore, Unpin, PINNED, SNAPSHOT_MMAP_BYTES,
-};
+use super::{blobs, set_mmap, staged, tail, SqliteStore, Unpin, PINNED, SNAPSHOT_MMAP_BYTES};
 use crate::{
     Batch, BlobAt, BlobHint, BlobPut, BlobStore, EventStore, LeaseHolder, SchemaUpgrade, Store, StoreResult,
 };
@@ -194,7 +192,7 @@ impl Store for SqliteStore {
         let conn = match kept {
             Some(conn) => conn,
             None => {
-                let Ok(conn) = open_connection(&self.path, self.durability, self.busy_timeout_ms) else {
+                let Ok(conn) = self.connect() else {
                     return f();
                 };
                 // A failed pragma only loses the speed-up; the snapshot is what matters.

@@ -523,6 +523,24 @@ pub(crate) fn migrate(conn: &Connection, path: &str) -> StoreResult<(usize, Opti
     Ok(((page_size as usize).saturating_sub(SEGMENT_SLACK).max(512), upgraded))
 }
 
+/// [`migrate`] for a read-only connection: the store must already be at [`SCHEMA_VERSION`]
+/// (an upgrade would write it) and in WAL mode; returns the segment size for its page size.
+pub(crate) fn check_read_only(conn: &Connection, path: &str) -> StoreResult<usize> {
+    let what = || format!("opening the store {path} read-only");
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).ctx(what)?;
+    if version != SCHEMA_VERSION {
+        let (than, to) = match version > SCHEMA_VERSION {
+            true => ("newer than this build's", "read it with a newer retrace"),
+            false => ("older than this build's", "upgrading it would write it: copy it somewhere writable"),
+        };
+        return Err(StoreError::invalid(format!(
+            "the store {path} has schema version {version}, {than} {SCHEMA_VERSION}, and is read-only: {to}"
+        )));
+    }
+    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).ctx(what)?;
+    Ok((page_size as usize).saturating_sub(SEGMENT_SLACK).max(512))
+}
+
 /// Brings a store of an older version (0: new) up to [`SCHEMA_VERSION`] in one `BEGIN IMMEDIATE`
 /// transaction. The version is read again inside it, so two processes opening the same old store
 /// at once upgrade it once; every statement is idempotent besides. Returns the version it

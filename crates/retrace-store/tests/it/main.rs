@@ -3,6 +3,7 @@ mod ack_log;
 mod gc_props;
 mod knew;
 mod memory;
+mod read_only;
 mod sqlite;
 mod sqlite_v11;
 mod sqlite_v3;
