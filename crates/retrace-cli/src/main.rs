@@ -17,9 +17,59 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// What `retrace -h` and `retrace --help` say first: what the tool is for.
+const ABOUT: &str = "Record multi-agent LLM programs step by step, replay them exactly, fork them.";
+
+/// `retrace --help`: the account before the commands.
+const LONG_ABOUT: &str = "Record multi-agent LLM programs step by step, replay them exactly, fork them.
+
+`retrace record -- CMD` runs a program and records every step each agent takes (model calls \
+through the built-in proxy, tool calls, messages, clock reads, random ids, env vars, decisions) \
+in a hash-chained event log. `retrace replay RUN` runs it again with zero live calls, answering \
+every step from the log, and reports the first step that differs as a divergence. `retrace fork` \
+replays with one input changed and runs only what the change reaches.";
+
+/// After the commands, in `-h` and `--help` alike: what scripts and CI need (exit codes and the
+/// environment, as `exit.rs`, SPEC §3 and the store's `StoreConfig::from_env` have them).
+const AFTER_HELP: &str =
+    "Start with `retrace demo`: it records a multi-agent program, replays a bad run exactly \
+and forks it, in ./.retrace.
+
+Exit codes:
+  0  ok
+  1  a divergence, or a failed check (verify, gate, an import that conflicts with the store,
+     a store found corrupt)
+  2  usage, input or store error
+  `record` exits with the program's own status.
+
+Environment:
+  RETRACE_HOME          the store's folder (default ./.retrace): retrace.db, blobs/ and mask.key
+  RETRACE_STORE         sqlite:///path/retrace.db (overrides RETRACE_HOME)
+  RETRACE_BLOBS         file:///path: where large blobs go (default: beside the database)
+  RETRACE_DURABILITY    batch (default: fsync at least every 10 ms), event (fsync before each
+                        acknowledgment) or os (never fsync)
+  RETRACE_MASK_KEY      the 32-byte base64 key masked secrets become tokens under; unset, one is
+                        generated into RETRACE_HOME/mask.key. Give CI the same key as a secret
+  RETRACE_VAULT_KEY     the key the originals of masked values are sealed under
+  RETRACE_LEDGER_KEY    the Ed25519 key `ledger export` signs with
+  RETRACE_SERVE_TOKENS  `serve`'s tokens and roles: viewer:T1,debugger:T2,admin:T3
+  RETRACE_URL, RETRACE_RUN, RETRACE_MODE, RETRACE_TOKEN
+                        how an SDK program finds its daemon and run: `record`, `replay`, `fork`
+                        and `gate` set them for the program they run (RETRACE_TOKEN: the
+                        bearer token of a daemon that requires one)
+
+Every command has -h (examples) and --help (the whole account).";
+
 /// Record, replay and fork multi-agent LLM runs, step by step.
 #[derive(Debug, Parser)]
-#[command(name = "retrace", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "retrace",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    propagate_version = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

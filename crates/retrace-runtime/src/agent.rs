@@ -449,8 +449,9 @@ fn field(out: &Value, name: &str, step: &str) -> RuntimeResult<Value> {
     })
 }
 
-/// Serializes a program value, refusing NaN and infinities (serde_json would turn them into null).
-fn to_json<T: Serialize + ?Sized>(value: &T, agent: &str, step: &str) -> RuntimeResult<Value> {
+/// Serializes a program value (tool arguments and outputs, message bodies), refusing NaN and
+/// infinities, naming the step: serde_json would turn them into null.
+pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T, agent: &str, step: &str) -> RuntimeResult<Value> {
     let json = serde_json::to_value(value)
         .map_err(|e| RuntimeError::Usage(format!("value does not serialize to JSON: {e}")))?;
     // serde_json turns NaN and infinities into null: only a value holding a null can hide one,

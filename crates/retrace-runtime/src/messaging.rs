@@ -10,7 +10,7 @@ use retrace_core::{Divergence, DivergenceCode, Event, EventType, Source};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::agent::Agent;
+use crate::agent::{to_json, Agent};
 use crate::bus::Taken;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::scheduler::Delivery;
@@ -35,6 +35,10 @@ pub struct Message {
 impl Agent {
     /// Sends `body` to agent `to`; returns the seq of the `send` event. `parent` names the event
     /// that caused this message (default: the agent's latest delivery).
+    ///
+    /// A body holding NaN or an infinity is refused, naming the step, before anything is
+    /// recorded or delivered (SPEC §2): serde_json would turn it into `null`, and the receiver
+    /// would hear, and the log hold, something other than what was sent.
     pub async fn send<B: Serialize + ?Sized>(
         &self,
         to: &str,
@@ -42,8 +46,7 @@ impl Agent {
         body: &B,
         parent: Option<u64>,
     ) -> RuntimeResult<u64> {
-        let body =
-            serde_json::to_value(body).map_err(|e| RuntimeError::Usage(format!("message body: {e}")))?;
+        let body = to_json(body, &self.id, &format!("send {to}"))?;
         if let Some(remote) = self.remote() {
             self.session.inner.steps.fetch_add(1, Ordering::Relaxed);
             let sent = remote

@@ -32,7 +32,8 @@ pub enum DaemonRun {
     /// A new run to record into, created on the daemon; [`Session::finish`] ends it.
     New,
     /// A run a launcher (`retrace record|replay|fork -- CMD`) created: its mode is the run's,
-    /// and the launcher ends it with the program's exit status.
+    /// and the launcher ends it with the program's exit status; [`Session::finish`] leaves it
+    /// `running` ([`RunReport::status`]).
     Join(String),
     /// A new replay of this recorded run (joined when it names a replay run already);
     /// [`Session::finish`] ends a replay it created.

@@ -138,7 +138,17 @@ pub struct RunReport {
     pub run_id: String,
     /// For a replay: the recorded run.
     pub source_run: Option<String>,
-    /// Final status.
+    /// The run's status when `finish` returned: `ok`, `failed` or `diverged` for a run this
+    /// session ends.
+    ///
+    /// `running` for a session that joined a launcher's run (`retrace record|replay|fork --
+    /// CMD`, where [`Session::from_env`] connects to the launcher's daemon): the program's
+    /// `finish` does not end that run. The launcher ends it after the program exits, with its
+    /// exit status, and only then judges what is left: recorded steps no process consumed,
+    /// the final decisions and the exit status (another process of the same command may
+    /// still take the steps this one left). So there an `Ok` from `finish` means no divergence
+    /// was found so far, not that the replay matched: the launcher's exit code (1 on a
+    /// divergence) is the verdict.
     pub status: RunStatus,
     /// Steps taken.
     pub steps: usize,
@@ -274,7 +284,8 @@ impl Session {
     }
 
     /// Runs agent `id` as a tokio task: `body` gets the agent's handle, and the agent exits when
-    /// the task ends (successfully or not).
+    /// the task ends: with a result, by a panic, or cancelled (the task aborted, or its runtime
+    /// shut down).
     pub fn spawn<F, Fut, T>(&self, id: &str, body: F) -> tokio::task::JoinHandle<RuntimeResult<T>>
     where
         F: FnOnce(Agent) -> Fut,
@@ -282,12 +293,15 @@ impl Session {
         T: Send + 'static,
     {
         let agent = self.agent(id);
-        let exit = agent.clone();
+        // Tokio catches a panic in the task, and a cancelled task's future is dropped without
+        // finishing: the exit is made when the guard is dropped, so it happens either way, and
+        // a replay's waiters on this agent are released at once instead of at the stall
+        // timeout (SPEC §7).
+        let exit = ExitOnDrop(agent.clone());
         let fut = body(agent);
         tokio::spawn(async move {
-            let result = fut.await;
-            exit.exit();
-            result
+            let _exit = exit;
+            fut.await
         })
     }
 
@@ -315,6 +329,15 @@ impl Session {
             w.flush()?;
         }
         Ok(())
+    }
+}
+
+/// Declares its agent exited when dropped ([`Session::spawn`]).
+struct ExitOnDrop(Agent);
+
+impl Drop for ExitOnDrop {
+    fn drop(&mut self) {
+        self.0.exit();
     }
 }
 

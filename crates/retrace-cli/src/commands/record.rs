@@ -19,7 +19,9 @@ macro_rules! examples {
         "Examples:\n  \
          retrace record -- python app.py\n  \
          retrace record --upstream-openai http://127.0.0.1:8000/v1 -- python app.py\n  \
-         retrace record --name nightly --label team=data -- cargo run --example agents"
+         retrace simulate &   # a stand-in model API on 127.0.0.1:8100, for the Rust example below\n  \
+         retrace record --name nightly --label team=data --upstream-openai http://127.0.0.1:8100/v1 \\\n      \
+         -- cargo run -p retrace-cli --example remote_agents"
     };
 }
 

@@ -31,6 +31,35 @@ fn every_command_teaches_with_help() {
     home.run(&["verify"]).expect(2, &[], &["--all"]);
 }
 
+/// `retrace -h` and `--help` teach before any command is chosen: what Retrace does, where to
+/// start, the exit codes scripts rely on and the environment a store and a CI need.
+#[test]
+fn the_top_level_help_says_what_retrace_does_the_exit_codes_and_the_environment() {
+    let home = Home::new();
+    for flag in ["-h", "--help"] {
+        home.run(&[flag]).expect(
+            0,
+            &[
+                "replay them exactly",
+                "Start with `retrace demo`",
+                "Exit codes:\n  0  ok\n  1  a divergence",
+                "  2  usage, input or store error",
+                "RETRACE_HOME",
+                "RETRACE_STORE",
+                "RETRACE_BLOBS",
+                "RETRACE_DURABILITY",
+                "RETRACE_MASK_KEY",
+                "RETRACE_VAULT_KEY",
+                "Commands:",
+            ],
+            &[],
+        );
+    }
+    let long = home.run(&["--help"]);
+    long.expect(0, &["`retrace record -- CMD` runs a program"], &[]);
+    assert!(!long.stdout().contains("The `retrace` command line."), "{}", long.stdout());
+}
+
 #[test]
 fn runs_lists_a_table_or_json() {
     let empty = Home::new();

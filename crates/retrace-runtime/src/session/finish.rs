@@ -4,7 +4,9 @@ use super::*;
 impl Session {
     /// Ends the run. A session of a daemon's run ([`Session::connect`]) says its agents exited,
     /// ends the run if it created it (a launcher ends the run it started, with the program's
-    /// exit status), and returns the divergence the daemon found, if any. Record: flushes, stores status, final decisions and exit status. Replay:
+    /// exit status), and returns the divergence the daemon found, if any; of a launcher's run
+    /// the report's status is `running`, the verdict being the launcher's once the program
+    /// has exited ([`RunReport::status`]). Record: flushes, stores status, final decisions and exit status. Replay:
     /// checks that every recorded step was consumed, that the final decisions and the exit status
     /// match, stores the outcome, and returns the first divergence as an error. A replay of an
     /// interrupted recording never ends matched: it ends with `log_ended` ([`crate::log_end`]).

@@ -206,6 +206,74 @@ async fn a_missing_send_is_a_stall_declared_at_once_naming_every_waiter() {
     assert!(d.to_string().contains("its send is seq 1"), "{d}");
 }
 
+/// SPEC §2: a message body holding NaN or an infinity is refused at record time, naming the
+/// step and the path, and nothing is recorded or delivered for it (serde_json alone would have
+/// sent and stored `null`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_body_holding_nan_is_refused_naming_the_step() {
+    let store: Arc<dyn Store> = Arc::new(retrace_store::sqlite::SqliteStore::temporary().unwrap());
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let planner = s.agent("planner");
+    planner.send("reviewer", "score", &json!({"rid": 1}), None).await.unwrap();
+    let err = planner
+        .send("reviewer", "score", &std::collections::BTreeMap::from([("nan", f64::NAN)]), None)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("send reviewer") && text.contains("\"planner\"") && text.contains("$.nan"),
+        "{text}"
+    );
+    let blocking = planner.clone();
+    let err = tokio::task::spawn_blocking(move || {
+        blocking.send_blocking("reviewer", "score", &(1, [0.5, f64::NEG_INFINITY]), None)
+    })
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert!(err.to_string().contains("send reviewer") && err.to_string().contains("$[1][1]"), "{err}");
+
+    // Only the finite message was recorded, and only it reaches the receiver.
+    let reviewer = s.agent("reviewer");
+    let heard = reviewer.recv(Some(Duration::from_millis(200))).await.unwrap().expect("the finite one");
+    assert_eq!(heard.body, json!({"rid": 1}));
+    assert!(reviewer.recv(Some(Duration::from_millis(200))).await.unwrap().is_none(), "nothing else");
+    s.finish(Outcome::default()).unwrap();
+    let sends = store.events(&s.run_id(), 1, 100).unwrap();
+    let sends: Vec<u64> = sends.iter().filter(|e| e.kind == EventType::Send).map(|e| e.seq).collect();
+    assert_eq!(sends, [1], "one send event: the refused ones left nothing in the log");
+}
+
+/// An agent whose body panics has exited as surely as one that returned: the waiter on its
+/// send is released at once with the stall, not after the stall timeout (30 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_panics_has_exited_and_its_waiters_stall_at_once() {
+    let store: Arc<dyn Store> = Arc::new(retrace_store::sqlite::SqliteStore::temporary().unwrap());
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 2).await;
+    s.finish(Outcome::default()).unwrap();
+
+    let r = Session::replay(store, &s.run_id(), SessionOptions::default()).unwrap();
+    let started = Instant::now();
+    let reviewer = r.spawn("reviewer", |a| async move { a.recv(None).await });
+    let planner = r.spawn("planner", |_a| async move {
+        if true {
+            panic!("the planner's body panics before it sends");
+        }
+        Ok(())
+    });
+    assert!(planner.await.unwrap_err().is_panic());
+    let err = tokio::time::timeout(Duration::from_secs(5), reviewer)
+        .await
+        .expect("the reviewer is released at once, not after the 30 s stall timeout")
+        .unwrap()
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2), "declared at once: {:?}", started.elapsed());
+    let d = err.divergence().unwrap_or_else(|| panic!("a stall, not {err}"));
+    assert_eq!((d.code, d.agent.as_str()), (DivergenceCode::Stall, "reviewer"));
+    assert!(d.to_string().contains("its send is seq 1"), "{d}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_outside_retrace_is_declared_after_the_timeout() {
     let store = store();

@@ -1,11 +1,13 @@
 //! The Rust runtime as a client of the daemon (`Session::connect`, what `Session::from_env`
 //! opens under `RETRACE_URL`): a two-agent program records through the daemon's scheduler (one
 //! sequencer, dense seqs), replays with zero live calls (no closure runs), and a changed tool
-//! argument is a divergence naming the step.
+//! argument is a divergence naming the step. Under a launcher, `finish` leaves the verdict to
+//! the launcher.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use retrace_core::run::RunStatus;
 use retrace_core::EventType;
 use retrace_runtime::{
     DaemonRun, ModelCall, ModelReply, Outcome, RuntimeError, RuntimeResult, Session, SessionOptions, ToolSpec,
@@ -126,4 +128,56 @@ fn an_unreachable_daemon_is_named() {
     let err = Session::connect("http://127.0.0.1:9", DaemonRun::New, SessionOptions::default()).unwrap_err();
     assert!(matches!(&err, RuntimeError::Daemon { code, .. } if code == "unreachable"), "{err}");
     assert!(err.to_string().contains("http://127.0.0.1:9"), "{err}");
+}
+
+/// Under a launcher (`retrace replay -- CMD`) the program's session joins the launcher's run,
+/// and its `finish` can't judge what was left: another process of the command may still take
+/// those steps. So it reports the run as still `running` (not `ok`), and the launcher's own
+/// finish, once the program has exited, finds the steps left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_a_launcher_finish_reports_running_and_the_launcher_judges_the_steps_left() {
+    let (store, _home) = sqlite();
+    let nowhere = "http://127.0.0.1:9".to_owned();
+    let d = daemon_over(store, nowhere.clone(), nowhere, |_| {}).await;
+    let step = |a: &retrace_runtime::Agent, n: u64| {
+        a.tool("sql.count", &json!({ "n": n }), ToolSpec::deterministic("1"), || Ok::<_, String>(n))
+    };
+    let rec = Session::connect(&d.base, DaemonRun::New, SessionOptions::default()).unwrap();
+    let planner = rec.agent("planner");
+    step(&planner, 1).unwrap();
+    step(&planner, 2).unwrap();
+    let run = rec.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+
+    // What `retrace replay RUN -- CMD` does: the launcher makes the replay run and hands its id
+    // to the program, which joins it and skips its second step.
+    let replay = d.replay_of(&run).await;
+    let program =
+        Session::connect(&d.base, DaemonRun::Join(replay.clone()), SessionOptions::default()).unwrap();
+    step(&program.agent("planner"), 1).unwrap();
+    let report = program.finish(Outcome { exit_status: Some(0) }).unwrap();
+    assert_eq!((report.run_id.as_str(), report.status), (replay.as_str(), RunStatus::Running));
+
+    // The launcher ends the run after the program exits: that is the verdict.
+    let verdict = d.finish(&replay).await;
+    assert_eq!(verdict["status"], "diverged", "{verdict}");
+    assert_eq!(verdict["divergence"]["code"], "steps_left", "{verdict}");
+    assert_eq!(verdict["divergence"]["seq"], 2, "{verdict}");
+}
+
+/// SPEC §2 through the daemon too (the QA's `trio nan`): a message body holding NaN is refused
+/// in the program, naming the step, before anything is posted, so the run holds no send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_body_holding_nan_is_refused_before_it_reaches_the_daemon() {
+    let (store, _home) = sqlite();
+    let nowhere = "http://127.0.0.1:9".to_owned();
+    let d = daemon_over(store.clone(), nowhere.clone(), nowhere, |_| {}).await;
+    let rec = Session::connect(&d.base, DaemonRun::New, SessionOptions::default()).unwrap();
+    let mut nan = std::collections::BTreeMap::from([("rid", 1.0)]);
+    nan.insert("nan", f64::NAN);
+    let err = rec.agent("planner").send("reviewer", "score", &nan, None).await.unwrap_err();
+    assert!(err.to_string().contains("send reviewer") && err.to_string().contains("$.nan"), "{err}");
+    rec.agent("planner").send("reviewer", "score", &json!({ "rid": 1 }), None).await.unwrap();
+    let run = rec.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+    let sends = store.events(&run, 1, 100).unwrap();
+    assert_eq!(sends.iter().filter(|e| e.kind == EventType::Send).count(), 1, "only the finite one");
 }
