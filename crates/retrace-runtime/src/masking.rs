@@ -62,7 +62,8 @@ pub fn home_of(store: &StoreConfig) -> Option<PathBuf> {
     }
 }
 
-/// Reads `home/mask.key`, generating it (mode 0600) when absent.
+/// Reads `home/mask.key`, generating it (mode 0600) when absent. Processes starting at once
+/// on a new home each generate one, and all use the first to land ([`publish_key`]).
 fn key_file(home: &Path) -> RuntimeResult<ResolvedKey> {
     let path = home.join(MASK_KEY_FILE);
     let source = path.display().to_string();
@@ -77,15 +78,8 @@ fn key_file(home: &Path) -> RuntimeResult<ResolvedKey> {
     std::fs::create_dir_all(home)
         .map_err(|e| RuntimeError::Usage(format!("can't create {}: {e}", home.display())))?;
     let key = MaskKey::from_bytes(rand::random());
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    match options.open(&path) {
-        Ok(mut file) => {
-            file.write_all(format!("{}\n", key.to_base64()).as_bytes())
-                .and_then(|()| file.sync_all())
-                .map_err(|e| RuntimeError::Usage(format!("can't write the mask key {source}: {e}")))?;
+    match publish_key(home, &path, &key) {
+        Ok(true) => {
             let notice = format!(
                 "retrace: generated a mask key at {source} ({}); traces that hold masked tokens replay \
                  only under this key: give other machines and CI its contents as RETRACE_MASK_KEY (a secret)",
@@ -94,11 +88,35 @@ fn key_file(home: &Path) -> RuntimeResult<ResolvedKey> {
             Ok(ResolvedKey { key, source, notice: Some(notice) })
         }
         // Another process generated it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            Ok(ResolvedKey { key: read(&path)?, source, notice: None })
-        }
+        Ok(false) => Ok(ResolvedKey { key: read(&path)?, source, notice: None }),
         Err(e) => Err(RuntimeError::Usage(format!("can't create the mask key {source}: {e}"))),
     }
+}
+
+/// Puts `key` at `path` whole or not at all; false when another process's key was there first.
+///
+/// A reader must never see a key in part, which it would take for a broken key: so the key is
+/// written to a temporary file beside `path` (mode 0600) and synced, then moved to `path` only
+/// if nothing is there (`persist_noclobber`: `renameat2` with `RENAME_NOREPLACE`, or a hard
+/// link and an unlink), so the name appears with all its bytes, and of two processes
+/// generating keys at once the first to land wins and the other reads it. The folder is synced
+/// too, so the name survives a crash with the file.
+fn publish_key(home: &Path, path: &Path, key: &MaskKey) -> std::io::Result<bool> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".mask.key.").suffix(".tmp");
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600));
+    let mut file = builder.tempfile_in(home)?;
+    file.write_all(format!("{}\n", key.to_base64()).as_bytes())?;
+    file.as_file().sync_all()?;
+    match file.persist_noclobber(path) {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(e.error),
+    }
+    #[cfg(unix)]
+    std::fs::File::open(home)?.sync_all()?;
+    Ok(true)
 }
 
 /// The rule set for new recordings: `[mask]` of `dir/retrace.toml`, or the defaults.

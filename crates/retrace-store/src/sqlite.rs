@@ -49,7 +49,7 @@ use retrace_core::Digest;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::error::ResultExt;
-use crate::{Durability, SchemaUpgrade, StoreError, StoreResult};
+use crate::{Durability, SchemaUpgrade, StoreError, StoreErrorKind, StoreResult};
 
 /// Read connections kept open for reuse.
 const READ_POOL: usize = 8;
@@ -215,14 +215,13 @@ impl SqliteStore {
         let label = path.display().to_string();
         std::fs::create_dir_all(blobs_dir)
             .ctx(|| format!("creating the blob folder {}", blobs_dir.display()))?;
-        let writer = open_connection(path, durability, busy_timeout_ms, Access::ReadWrite)?;
+        let began = std::time::Instant::now();
+        let (writer, segment_bytes, upgraded_from) = open_writer(path, durability, busy_timeout_ms, &label)?;
         // SQLite keeps the WAL beside the file a symlink names (it resolves the path): so must
         // the WAL's syncs and the ack logs, or they would look beside the link, find no WAL
         // and sync nothing. The connection above created the file if it was missing.
         let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         let path = resolved.as_path();
-        let began = std::time::Instant::now();
-        let (segment_bytes, upgraded_from) = schema::migrate(&writer, &label)?;
         let schema_upgrade = upgraded_from.map(|from| SchemaUpgrade {
             store: label.clone(),
             from,
@@ -645,6 +644,38 @@ fn uri_path(path: &Path) -> String {
         }
     }
     uri
+}
+
+/// Opens the write connection and brings the schema up to date ([`schema::migrate`]): the
+/// connection, the database's segment size, and the version it upgraded from.
+///
+/// Several processes opening a store that doesn't exist yet race to create it, and SQLite
+/// answers some of the steps with `SQLITE_BUSY` at once, without calling the busy handler: a
+/// connection that holds a shared lock and wants a write lock another is about to take (SQLite
+/// gives up rather than deadlock), and the switch to WAL, which needs the database alone. Those
+/// steps are tried again, on a fresh connection (one refused part way may hold a lock or a
+/// transaction) after a short sleep, until the busy timeout has passed, as any other wait for
+/// another writer is.
+fn open_writer(
+    path: &Path,
+    durability: Durability,
+    busy_timeout_ms: u64,
+    label: &str,
+) -> StoreResult<(Connection, usize, Option<i64>)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(busy_timeout_ms);
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        let opened = open_connection(path, durability, busy_timeout_ms, Access::ReadWrite).and_then(|writer| {
+            schema::migrate(&writer, label).map(|(segment, from)| (writer, segment, from))
+        });
+        match opened {
+            Err(e) if e.kind == StoreErrorKind::Busy && std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Sets how many bytes of the database file `conn` maps (`PRAGMA mmap_size`).

@@ -1,6 +1,8 @@
 //! Export, import and verify: round trips on every backend, conflicts, forks, corrupted files.
 #[path = "export_import/bounded.rs"]
 mod bounded;
+#[path = "export_import/concurrent.rs"]
+mod concurrent;
 #[path = "export_import/corrupt.rs"]
 mod corrupt;
 mod trace_fixture;

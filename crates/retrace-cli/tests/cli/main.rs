@@ -1,4 +1,5 @@
 //! The real `retrace` binary against a temporary RETRACE_HOME, one module per subject.
+mod concurrent;
 mod export_import;
 mod inspect;
 mod launch;

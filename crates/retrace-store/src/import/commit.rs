@@ -21,6 +21,11 @@ pub const UNFINISHED_LABEL: &str = "retrace.unfinished_import";
 
 /// Stores a verified trace, or finds it already present; `stats` says what its blobs' bytes
 /// cost in memory.
+///
+/// Other imports of the same file may run at once (in other processes): whichever creates the
+/// run or commits a stretch of its events first wins, and a loser that finds what it was about
+/// to store stored already looks at the run again ([`Racing::recheck`]) and carries on from
+/// there, so the same file imported twice at once is stored once and neither import fails.
 pub(super) fn store_trace(
     store: &dyn Store,
     trace: Trace<'_>,
@@ -32,33 +37,18 @@ pub(super) fn store_trace(
     let run_id = trace.header.run.id.clone();
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
     check_sources(store, &run_id, &trace.events, &trace.mismatched)?;
-    let done = match store.run(&run_id) {
-        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => {
-            stored_prefix(store, &run_id, &trace.events, &trace.mismatched)?
-        }
-        Ok(held) => {
-            compare(store, &run_id, &trace)?;
-            compare_header(&held, &trace.header.run)?;
-            return Ok(ImportOutcome::AlreadyPresent { run_id });
-        }
-        Err(e) if e.kind == StoreErrorKind::NotFound => {
-            let mut importing = trace.header.run.clone();
-            importing.status = RunStatus::Running;
-            importing.head = None;
-            importing.finished_at_ms = None;
-            importing.labels.insert(UNFINISHED_LABEL.to_owned(), "stored in part".to_owned());
-            store.create_run(&importing).map_err(stored)?;
-            0
-        }
-        Err(e) => return Err(stored(e)),
+    let (mut done, mut raced) = match starting_point(store, &trace)? {
+        (Start::Present, _) => return Ok(ImportOutcome::AlreadyPresent { run_id }),
+        (Start::At(done), raced) => (done, raced),
     };
 
     let chunks = assign_chunks(&trace, chunk, budget, done);
     let hints = hints(&trace);
     let (event_count, blob_count) = (trace.events.len() as u64, trace.blobs.len() as u64);
-    let Trace { header, events, blobs, index, mut keep, .. } = trace;
+    let Trace { header, events, blobs, index, mut keep, mismatched } = trace;
     let header = header.run;
-    let mut events = events.into_iter().skip(done);
+    let total = events.len();
+    let mut events = events.into_iter();
     // The blob at `i`, to store: a manifest line's request rebuilt now, from the lines it names.
     let mut put = |i: usize| -> Result<BlobPut, ImportError> {
         let blob = &blobs[i];
@@ -75,38 +65,221 @@ pub(super) fn store_trace(
         Ok(BlobPut::checked(blob.digest, bytes, hints[i]))
     };
     let mut peak_batch = 0u64;
+    let mut wrote = false;
     // Each batch committed is freed on another thread (its rebuilt requests may be large): the
     // commits are the only work left, and they are serial.
     let (freed, free) = std::sync::mpsc::channel::<Batch>();
-    std::thread::scope(|scope| {
+    let present = std::thread::scope(|scope| {
         scope.spawn(move || free.into_iter().for_each(drop));
+        let mut end = done;
         for members in chunks {
-            if events.len() == 0 {
-                break;
+            end += members.events;
+            // Events another import stored meanwhile (with the blobs they need) are dropped.
+            skip_to(&mut events, total, done);
+            if events.len() == 0 || end <= done {
+                continue;
             }
-            let batch = Batch {
+            let mut batch = Batch {
                 run_id: run_id.clone(),
-                events: events.by_ref().take(members.events).collect(),
+                events: events.by_ref().take(end - done).collect(),
                 blobs: members.blobs.into_iter().map(&mut put).collect::<Result<_, _>>()?,
                 cache: Vec::new(),
             };
             let bytes = batch.blobs.iter().map(|b| b.bytes().len() as u64).sum::<u64>();
             peak_batch = peak_batch.max(bytes);
-            store.commit(&batch).map_err(stored)?;
+            let racing = Racing { run_id: &run_id, header: &header, mismatched: &mismatched };
+            match racing.commit(store, &mut batch, done, events.as_slice())? {
+                Landed::Stored => (done, wrote) = (end, true),
+                Landed::Ahead { upto } => (done, raced) = (upto, true),
+                Landed::Present => return Ok(true),
+            }
             let _ = freed.send(batch);
         }
         // The freeing thread ends when the sender goes (here, or on an early return with the
         // closure's captures), and the scope waits for it.
         drop(freed);
-        Ok::<_, ImportError>(())
+        Ok::<_, ImportError>(false)
     })?;
     *stats = ImportStats { peak_batch_bytes: peak_batch, ..keep.stats.clone() };
     // The blob lines' bytes, most of the file, are freed on another thread too (here, if none
     // can start).
     let _ = std::thread::Builder::new().name("import-free".into()).spawn(move || drop(blobs));
-    // Every event is stored: the run becomes the file's (its status, head, labels).
-    store.update_run(&header).map_err(stored)?;
-    Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count })
+    if present {
+        return Ok(ImportOutcome::AlreadyPresent { run_id });
+    }
+    let finished = finish(store, &header)?;
+    match wrote || (finished && !raced) {
+        true => Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count }),
+        // Another import of the file stored every event: this one stored nothing.
+        false => Ok(ImportOutcome::AlreadyPresent { run_id }),
+    }
+}
+
+/// Every event is stored: the run becomes the file's (its status, head, labels); true when
+/// this import wrote that. Another import of the file, which stored the events or some of
+/// them, may have done so meanwhile: then the run's header must be the file's, as when the run
+/// is found whole (a file whose header differs is a conflict, not a second writer of it).
+fn finish(store: &dyn Store, header: &RunMeta) -> Result<bool, ImportError> {
+    let stored = |source| ImportError::Store { run_id: header.id.clone(), source };
+    let held = store.run(&header.id).map_err(stored)?;
+    if !held.labels.contains_key(UNFINISHED_LABEL) {
+        compare_header(&held, header)?;
+        return Ok(false);
+    }
+    store.update_run(header).map_err(stored)?;
+    Ok(true)
+}
+
+/// Where storing a trace starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// The store holds the run whole, the same as the file: nothing to store.
+    Present,
+    /// The store holds the file's first this many events (0: the run was created just now);
+    /// the rest are to be stored.
+    At(usize),
+}
+
+/// Where storing `trace` starts: the run found whole, found stored in part (an import that
+/// didn't finish, or one running now), or created. The run created by another import between
+/// looking and creating (the store refuses a second `create_run`) is looked at again, as found;
+/// the flag says so.
+fn starting_point(store: &dyn Store, trace: &Trace<'_>) -> Result<(Start, bool), ImportError> {
+    let run_id = &trace.header.run.id;
+    let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
+    if let Some(start) = existing(store, trace)? {
+        return Ok((start, false));
+    }
+    let mut importing = trace.header.run.clone();
+    importing.status = RunStatus::Running;
+    importing.head = None;
+    importing.finished_at_ms = None;
+    importing.labels.insert(UNFINISHED_LABEL.to_owned(), "stored in part".to_owned());
+    match store.create_run(&importing) {
+        Ok(()) => Ok((Start::At(0), false)),
+        Err(e) if e.kind == StoreErrorKind::Conflict => match existing(store, trace)? {
+            Some(start) => Ok((start, true)),
+            None => Err(stored(e)),
+        },
+        Err(e) => Err(stored(e)),
+    }
+}
+
+/// How the stored run `trace` names compares with the file, `None` when it isn't stored: whole
+/// and the same (events and header), or the same as far as a run stored in part goes. A
+/// difference is a conflict.
+fn existing(store: &dyn Store, trace: &Trace<'_>) -> Result<Option<Start>, ImportError> {
+    let run_id = &trace.header.run.id;
+    match store.run(run_id) {
+        Ok(held) if held.labels.contains_key(UNFINISHED_LABEL) => {
+            stored_prefix(store, run_id, &trace.events, &trace.mismatched).map(|done| Some(Start::At(done)))
+        }
+        Ok(held) => {
+            compare(store, run_id, trace)?;
+            compare_header(&held, &trace.header.run)?;
+            Ok(Some(Start::Present))
+        }
+        Err(e) if e.kind == StoreErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ImportError::Store { run_id: run_id.clone(), source }),
+    }
+}
+
+/// Drops the events before the file's `to`th from `events`, the file's `total` events of which
+/// the rest are left.
+fn skip_to(events: &mut std::vec::IntoIter<Event>, total: usize, to: usize) {
+    let at = total - events.len();
+    if to > at {
+        events.nth(to - at - 1);
+    }
+}
+
+/// What a commit that may race another import of the same file came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Landed {
+    /// This import stored the batch (what was left of it).
+    Stored,
+    /// Another import stored the whole batch, and the store holds the file's first `upto`
+    /// events, the same as the file's; the run is still unfinished.
+    Ahead {
+        /// How many of the file's events the store holds.
+        upto: usize,
+    },
+    /// Another import stored the whole run, the same as the file, header and all.
+    Present,
+}
+
+/// What a commit refused as a conflict is checked against: whether it lost a race to another
+/// import of the same file.
+struct Racing<'a> {
+    run_id: &'a str,
+    header: &'a RunMeta,
+    mismatched: &'a Mismatched,
+}
+
+impl Racing<'_> {
+    /// Commits `batch`, whose first event is the file's `from`th and which `rest` follows. A
+    /// conflict (its seqs stored already) that another import of the file explains is no
+    /// failure: when that import stored the whole run, it is present; when it stored part of
+    /// the batch, the rest is committed again; when all of it, the store is ahead. Anything
+    /// else, a different run above all, stays an error. Each retry starts further on, so this
+    /// ends.
+    fn commit(
+        &self,
+        store: &dyn Store,
+        batch: &mut Batch,
+        mut from: usize,
+        rest: &[Event],
+    ) -> Result<Landed, ImportError> {
+        let stored = |source| ImportError::Store { run_id: self.run_id.to_owned(), source };
+        loop {
+            let end = from + batch.events.len();
+            let refused = match store.commit(batch) {
+                Ok(()) => return Ok(Landed::Stored),
+                Err(e) if e.kind == StoreErrorKind::Conflict => e,
+                Err(e) => return Err(stored(e)),
+            };
+            match self.recheck(store, from, &batch.events, rest)? {
+                Some(Start::Present) => return Ok(Landed::Present),
+                Some(Start::At(upto)) if upto >= end => return Ok(Landed::Ahead { upto }),
+                Some(Start::At(upto)) if upto > from => {
+                    batch.events.drain(..upto - from);
+                    from = upto;
+                }
+                _ => return Err(stored(refused)),
+            }
+        }
+    }
+
+    /// Looks at the stored run again after a commit of the file's events from its `from`th
+    /// (`batch`, then `rest`) was refused: [`existing`]'s answer, `None` when the run is gone or
+    /// holds fewer events than this import found or stored (no other import explains that).
+    /// The events before `from` are not compared again: this import compared or stored them.
+    fn recheck(
+        &self,
+        store: &dyn Store,
+        from: usize,
+        batch: &[Event],
+        rest: &[Event],
+    ) -> Result<Option<Start>, ImportError> {
+        let meta = match store.run(self.run_id) {
+            Ok(meta) => meta,
+            Err(e) if e.kind == StoreErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(ImportError::Store { run_id: self.run_id.to_owned(), source }),
+        };
+        let held = held_events(store, self.run_id)?;
+        let Some(before) = held.get(..from) else { return Ok(None) };
+        let mut file = before.to_vec();
+        file.extend(Identity::of_file(batch, self.mismatched));
+        file.extend(Identity::of_file(rest, self.mismatched));
+        if meta.labels.contains_key(UNFINISHED_LABEL) {
+            file.truncate(held.len());
+            same_events(self.run_id, &held, &file)?;
+            return Ok(Some(Start::At(held.len())));
+        }
+        same_events(self.run_id, &held, &file)?;
+        compare_header(&meta, self.header)?;
+        Ok(Some(Start::Present))
+    }
 }
 
 /// One transaction of an import: its events (the next ones in order) and its blobs.
@@ -211,10 +384,7 @@ pub(super) fn stored_prefix(
 ) -> Result<usize, ImportError> {
     let held = held_events(store, run_id)?;
     let file = Identity::of_file(&events[..held.len().min(events.len())], mismatched);
-    match first_difference(&held, &file) {
-        None => Ok(held.len()),
-        Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
-    }
+    same_events(run_id, &held, &file).map(|()| held.len())
 }
 
 /// Every event of a stored run, as exported, as compared ([`Identity`]).
@@ -234,7 +404,13 @@ fn held_events(store: &dyn Store, run_id: &str) -> Result<Vec<Identity>, ImportE
 fn compare(store: &dyn Store, run_id: &str, trace: &Trace<'_>) -> Result<(), ImportError> {
     let held = held_events(store, run_id)?;
     let file = Identity::of_file(&trace.events, &trace.mismatched);
-    match first_difference(&held, &file) {
+    same_events(run_id, &held, &file)
+}
+
+/// The stored run's events `held` must be the file's `file`, hash for hash: a conflict naming
+/// the first that differs otherwise.
+fn same_events(run_id: &str, held: &[Identity], file: &[Identity]) -> Result<(), ImportError> {
+    match first_difference(held, file) {
         None => Ok(()),
         Some((seq, detail)) => Err(ImportError::Conflict { run_id: run_id.to_owned(), seq, detail }),
     }

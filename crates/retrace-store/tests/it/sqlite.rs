@@ -228,6 +228,38 @@ fn two_stores_on_one_file_write_concurrently() {
     assert_eq!(a.agent_seqs("from-b", "a1").unwrap(), b.agent_seqs("from-b", "a1").unwrap());
 }
 
+/// Stores opened at once on a database that doesn't exist yet all open it: creating it (the
+/// switch to WAL, the schema) answers `SQLITE_BUSY` at once, past the busy handler, to those
+/// that lose the race, and the open tries again. Each store has its own connections, as a
+/// process would; a barrier releases them together, round after round.
+#[test]
+fn stores_opened_at_once_on_a_new_database_all_open_it() {
+    const ROUNDS: usize = 30;
+    const STORES: usize = 6;
+    for round in 0..ROUNDS {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig::in_home(&dir.path().join("fresh"));
+        let start = std::sync::Barrier::new(STORES);
+        let opened: Vec<_> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..STORES)
+                .map(|i| {
+                    let (config, start) = (&config, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        let store = open_store(config)?;
+                        store.create_run(&sample_run(&format!("run-{i}"), 1)).map(|()| store)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let failed: Vec<_> = opened.iter().filter_map(|o| o.as_ref().err()).collect();
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        let store = open_store(&config).unwrap();
+        assert_eq!(store.runs().unwrap().len(), STORES, "round {round}");
+    }
+}
+
 #[test]
 fn foreign_and_newer_databases_are_refused() {
     let dir = tempfile::tempdir().unwrap();
