@@ -14,7 +14,8 @@ use crate::digest::Digest;
 pub enum DivergenceCode {
     /// A step's key matches none of its agent's unconsumed recorded steps.
     StepMismatch,
-    /// The agent asked for a step after its recorded steps ran out.
+    /// The agent asked for a step of a type and name none of its unconsumed recorded steps has
+    /// (an extra step, or one after its recorded steps ran out).
     UnexpectedStep,
     /// The program ended with recorded steps still unconsumed.
     StepsLeft,
@@ -49,7 +50,7 @@ impl DivergenceCode {
     pub fn meaning(self) -> &'static str {
         match self {
             DivergenceCode::StepMismatch => "the step asked for something the recording does not hold",
-            DivergenceCode::UnexpectedStep => "the agent took a step after its recorded steps ran out",
+            DivergenceCode::UnexpectedStep => "the agent took a step its recording holds no more of",
             DivergenceCode::StepsLeft => "the program ended before taking every recorded step",
             DivergenceCode::LogEnded => "the recording ends here (it was interrupted)",
             DivergenceCode::ExitStatus => "the program exited with another status",

@@ -255,7 +255,7 @@ impl Agent {
                 }
                 let mut d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone()).step("recv");
                 d = match log.next_of(&self.id) {
-                    Some(next) => d.detail(format!(
+                    Some(next) => d.at(next.seq).detail(format!(
                         "the recording holds no further delivery for this agent; its next recorded step is seq {} ({})",
                         next.seq,
                         next.label()

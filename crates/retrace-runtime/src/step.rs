@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 
 use retrace_core::canonical::{canonical_value, decodes_to_itself};
-use retrace_core::envelope::ToolClass;
 use retrace_core::envelope::Usage;
+use retrace_core::envelope::{ToolClass, ToolRef};
 use retrace_core::json::{self, Json};
 use retrace_core::json_diff::first_difference_bytes;
 use retrace_core::mask::Masked;
@@ -590,6 +590,19 @@ impl Agent {
                         values = Some((difference.recorded, difference.replayed));
                     }
                 }
+                // The same arguments: a tool's version is part of its key too.
+                if path.is_none() && kind == EventType::ToolCall {
+                    let source = self.session.source_run().unwrap_or_default();
+                    let recorded = inner.store.event(&source, step.seq).ok().and_then(|e| e.tool);
+                    let version = |tool: Option<&ToolRef>| {
+                        tool.map_or("(none)".to_owned(), |t| format!("{:?}", t.version))
+                    };
+                    let (was, is) = (version(recorded.as_ref()), version(event.tool.as_ref()));
+                    if was != is {
+                        path = Some("tool version".to_owned());
+                        values = Some((was, is));
+                    }
+                }
                 // The asked-for request (masked, like every stored byte) is kept so that the two
                 // requests can be compared whole (`retrace gate`'s hygiene report); a replay
                 // stores nothing else of its own.
@@ -617,9 +630,11 @@ impl Agent {
                 let d = Divergence::new(DivergenceCode::UnexpectedStep, self.id.clone())
                     .step(label)
                     .keys(None, Some(prepared.key));
+                // An extra step amid the agent's recorded ones is about the step it skipped to.
                 match log.next_of(&self.id) {
-                    Some(next) => d.detail(format!(
-                        "the agent's next recorded step is seq {} ({})",
+                    Some(next) => d.at(next.seq).detail(format!(
+                        "no unconsumed recorded step of the agent is a {label}; its next recorded step is \
+                         seq {} ({})",
                         next.seq,
                         next.label()
                     )),

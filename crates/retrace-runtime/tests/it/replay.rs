@@ -370,3 +370,45 @@ fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     .unwrap();
     (Arc::new(store), dir)
 }
+
+/// A tool asked for with the recorded arguments but another version diverges naming what
+/// differs (the version is part of the key), not with two bare digests.
+#[test]
+fn a_changed_tool_version_is_named_with_both_versions() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("a");
+    let _: u32 = a
+        .tool("sql.count", &json!({"t": "users"}), ToolSpec::deterministic("2"), || Ok::<_, String>(1))
+        .unwrap();
+    let run = s.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    let replayed: Result<u32, _> =
+        r.agent("a")
+            .tool("sql.count", &json!({"t": "users"}), ToolSpec::deterministic("3"), || Ok::<_, String>(1));
+    let err = replayed.unwrap_err();
+    let d = err.divergence().unwrap();
+    assert_eq!(
+        (d.code, d.seq, d.path.as_deref()),
+        (DivergenceCode::StepMismatch, Some(1), Some("tool version"))
+    );
+    assert_eq!(d.detail, ["recorded tool version = \"2\"", "replayed tool version = \"3\""], "{d}");
+}
+
+/// An extra step amid an agent's recorded ones names the step it skipped to, by seq.
+#[test]
+fn an_extra_step_amid_the_recorded_ones_names_the_next_recorded_step() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("a");
+    a.now_ms().unwrap();
+    a.random_u64().unwrap();
+    let run = s.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    let a = r.agent("a");
+    a.now_ms().unwrap();
+    let d = a.now_ms().unwrap_err().divergence().cloned().unwrap();
+    assert_eq!((d.code, d.seq), (DivergenceCode::UnexpectedStep, Some(2)), "{d}");
+    assert!(d.detail[0].contains("its next recorded step is seq 2 (random"), "{d}");
+    assert!(!d.to_string().contains("ran out"), "{d}");
+}
