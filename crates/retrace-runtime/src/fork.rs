@@ -82,14 +82,14 @@ impl ForkPlan {
             for seq in edit.seqs() {
                 if get(seq).is_none() {
                     return Err(ForkError::BadEdit(format!(
-                        "edit {edit}: seq {seq} does not exist (the source run has seqs 1..={last})"
+                        "edit {edit}: seq {seq} does not exist (the source run has seqs 1-{last})"
                     )));
                 }
             }
         }
         let at_ok = self.at >= 1 && self.at <= last + 1;
         if !at_ok {
-            return Err(ForkError::BadEdit(format!("--at {}: the source run has seqs 1..={last}", self.at)));
+            return Err(ForkError::BadEdit(format!("--at {}: the source run has seqs 1-{last}", self.at)));
         }
         for edit in &self.edits {
             for seq in edit.seqs() {

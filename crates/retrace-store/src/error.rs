@@ -195,6 +195,14 @@ impl<T> ResultExt<T> for Result<T, io::Error> {
     }
 }
 
+/// A stretch of seqs as people write it: `seq 8`, or `seqs 8-12`.
+pub fn seqs(first: u64, last: u64) -> String {
+    match first == last {
+        true => format!("seq {first}"),
+        false => format!("seqs {first}-{last}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

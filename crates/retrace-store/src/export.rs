@@ -26,6 +26,7 @@ use retrace_core::{Digest, Event, EventType};
 use tempfile::SpooledTempFile;
 
 use crate::manifest::Manifest;
+use crate::verify::ChainCheck;
 use crate::{BlobRef, Store, StoreError, StoreErrorKind, INLINE_BLOB_MAX};
 
 mod events;
@@ -242,14 +243,18 @@ fn read_events(
     Ok((refs, requests))
 }
 
-/// Writes the canonical line of every event received to a spool (memory, then a temporary
+/// Checks the hash chain of the events received ([`ChainCheck`]) and writes the canonical line
+/// of each to a spool (memory, then a temporary
 /// file past [`SPOOL_IN_MEMORY`]).
 fn spool_events(run_id: &str, pages: Receiver<Vec<Event>>) -> Result<SpooledTempFile, ExportError> {
     let mut spool = SpooledTempFile::new(SPOOL_IN_MEMORY);
     let mut lines = Vec::with_capacity(1 << 20);
+    let mut chain = ChainCheck::new(run_id);
     for page in pages {
         lines.clear();
         for event in &page {
+            // A file whose chain is broken would be refused by its own import.
+            chain.check(event).map_err(|source| ExportError::Store { run_id: run_id.to_owned(), source })?;
             event.write_canonical(&mut lines).map_err(|source| ExportError::Canon {
                 run_id: run_id.to_owned(),
                 what: format!("seq {}", event.seq),

@@ -219,6 +219,17 @@ pub enum ImportError {
         /// What is wrong.
         message: String,
     },
+    /// Event lines out of order, repeated or missing: content that doesn't verify, which even a
+    /// forced import refuses (it could not store the run's seqs densely).
+    #[error("{at}: {message}")]
+    Order {
+        /// Where.
+        at: Location,
+        /// The seq found.
+        seq: u64,
+        /// What is wrong.
+        message: String,
+    },
     /// The store holds different events under the same run id.
     #[error(
         "run {run_id} is already in the store with different events: \
@@ -272,7 +283,7 @@ impl ImportError {
             ImportError::Malformed { .. } => ImportErrorKind::Malformed,
             ImportError::Truncated { .. } => ImportErrorKind::Truncated,
             ImportError::UnknownFormat { .. } => ImportErrorKind::UnknownFormat,
-            ImportError::Verification { .. } => ImportErrorKind::Verification,
+            ImportError::Verification { .. } | ImportError::Order { .. } => ImportErrorKind::Verification,
             ImportError::Conflict { .. } | ImportError::HeaderConflict { .. } => ImportErrorKind::Conflict,
             ImportError::Io { .. } => ImportErrorKind::Io,
             ImportError::Store { .. } => ImportErrorKind::Store,
@@ -283,6 +294,7 @@ impl ImportError {
     pub fn exit_code(&self) -> u8 {
         match self {
             ImportError::Verification { .. }
+            | ImportError::Order { .. }
             | ImportError::Conflict { .. }
             | ImportError::HeaderConflict { .. } => 1,
             ImportError::Store { source, .. }

@@ -102,6 +102,9 @@ impl<I: Interceptor> EventStore for Intercepted<I> {
     fn runs(&self) -> StoreResult<Vec<RunMeta>> {
         self.inner.runs()
     }
+    fn runs_and_unreadable(&self) -> StoreResult<(Vec<RunMeta>, Vec<crate::UnreadableRun>)> {
+        self.inner.runs_and_unreadable()
+    }
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
         self.hooks.commit(self.inner.as_ref(), batch)
     }

@@ -180,6 +180,15 @@ impl BlobAt {
 /// A blob to read: its digest, and where its backend keeps it when known ([`BlobAt`]).
 pub type BlobRef = (Digest, Option<BlobAt>);
 
+/// A run whose stored record can't be read ([`EventStore::runs_and_unreadable`]).
+#[derive(Debug)]
+pub struct UnreadableRun {
+    /// The run's id.
+    pub id: String,
+    /// Why its record can't be read.
+    pub error: StoreError,
+}
+
 /// An event read with where its request and output blobs are kept ([`EventStore::events_located`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LocatedEvent {
@@ -263,6 +272,12 @@ pub trait EventStore: Send + Sync {
     fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta>;
     /// Every run, oldest first.
     fn runs(&self) -> StoreResult<Vec<RunMeta>>;
+    /// [`EventStore::runs`], with each run whose stored record can't be read set apart (its id
+    /// and why) instead of failing the whole list: for the commands that list or check a whole
+    /// store (`runs`, `verify --all`), which one damaged row must not blind.
+    fn runs_and_unreadable(&self) -> StoreResult<(Vec<RunMeta>, Vec<UnreadableRun>)> {
+        Ok((self.runs()?, Vec::new()))
+    }
     /// Atomically appends a batch of events, their blobs and cache entries. Seqs must continue
     /// the run densely (`Conflict` otherwise); blobs larger than [`INLINE_BLOB_MAX`] are durable
     /// files first; a side effect's cache entry is `Invalid`, one whose output blob is neither in

@@ -665,9 +665,10 @@ fn open_writer(
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(busy_timeout_ms);
     let mut pause = std::time::Duration::from_millis(1);
     loop {
-        let opened = open_connection(path, durability, busy_timeout_ms, Access::ReadWrite).and_then(|writer| {
-            schema::migrate(&writer, label).map(|(segment, from)| (writer, segment, from))
-        });
+        let opened =
+            open_connection(path, durability, busy_timeout_ms, Access::ReadWrite).and_then(|writer| {
+                schema::migrate(&writer, label).map(|(segment, from)| (writer, segment, from))
+            });
         match opened {
             Err(e) if e.kind == StoreErrorKind::Busy && std::time::Instant::now() < deadline => {
                 std::thread::sleep(pause);

@@ -14,7 +14,62 @@ use retrace_core::{Digest, Event};
 use serde::Serialize;
 
 use crate::export::RunEvents;
-use crate::{Store, StoreErrorKind};
+use crate::{Store, StoreError, StoreErrorKind, StoreResult};
+
+/// The problem of a run whose stored record can't be read: its events aren't checked (the
+/// record says where they start, for a fork).
+pub fn unreadable_run(run: &crate::UnreadableRun) -> Problem {
+    Problem {
+        run: run.id.clone(),
+        seq: None,
+        digest: None,
+        kind: ProblemKind::Unreadable,
+        message: format!("its record can't be read, so its events weren't checked: {}", run.error),
+    }
+}
+
+/// A run's hash chain, checked one event at a time as its events are read in order (a fork's
+/// inherited ones first): for the commands that read a run whole, replay and export, which must
+/// not pass on a run that [`verify_run`] rejects (an event edited in the store).
+#[derive(Debug)]
+pub struct ChainCheck {
+    run: String,
+    prev: Option<Digest>,
+}
+
+impl ChainCheck {
+    /// The check of run `run`'s events, from seq 1.
+    pub fn new(run: &str) -> ChainCheck {
+        ChainCheck { run: run.to_owned(), prev: None }
+    }
+
+    /// Checks that `e`, the next event, follows the one before it and hashes to its `hash`: a
+    /// `Corrupt` error naming the run, the seq and both digests if not.
+    pub fn check(&mut self, e: &Event) -> StoreResult<()> {
+        let problem = |what: String| {
+            StoreError::corrupt(format!(
+                "run {} seq {}: {what} (`retrace verify {}` lists every problem)",
+                self.run, e.seq, self.run
+            ))
+        };
+        if e.prev != self.prev {
+            let want = self.prev.map_or("null".to_owned(), |d| d.to_string());
+            let found = e.prev.map_or("null".to_owned(), |d| d.to_string());
+            return Err(problem(format!(
+                "chain broken: prev is {found}, the previous event's hash is {want}"
+            )));
+        }
+        match e.unsealed().map(|unsealed| unsealed.hash(e.seq, e.prev.as_ref())) {
+            Ok(hash) if hash == e.hash => {}
+            Ok(hash) => {
+                return Err(problem(format!("hash mismatch: stored {}, content hashes to {hash}", e.hash)))
+            }
+            Err(err) => return Err(problem(format!("cannot hash: {err}"))),
+        }
+        self.prev = Some(e.hash);
+        Ok(())
+    }
+}
 
 /// What kind of rule a [`Problem`] breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -85,8 +140,12 @@ pub fn verify_run(store: &dyn Store, run_id: &str) -> Vec<Problem> {
 
 /// Checks every run in the store, oldest first.
 pub fn verify_all(store: &dyn Store) -> Vec<Problem> {
-    match store.runs() {
-        Ok(runs) => runs.iter().flat_map(|run| verify_run(store, &run.id)).collect(),
+    match store.runs_and_unreadable() {
+        Ok((runs, unreadable)) => unreadable
+            .iter()
+            .map(unreadable_run)
+            .chain(runs.iter().flat_map(|run| verify_run(store, &run.id)))
+            .collect(),
         Err(e) => vec![Problem {
             run: "*".into(),
             seq: None,

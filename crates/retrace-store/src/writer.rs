@@ -474,7 +474,7 @@ fn commit(shared: &Shared, pending: Vec<Pending>) {
         }
         Err(e) => {
             let run = &shared.run_id;
-            let e = e.context(format!("recording run {run} failed at seqs {first}..={last}"));
+            let e = e.context(format!("recording run {run} failed at {}", crate::error::seqs(first, last)));
             st.poison.get_or_insert(e);
             shared.poisoned.store(true, Ordering::Release);
             st.queue.clear();

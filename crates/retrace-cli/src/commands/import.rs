@@ -97,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Forcing helps a file whose header was read; an empty file stays empty.
     let forcible = |e: &ImportError| match e {
         ImportError::Truncated { at, .. } => at.line > 1,
+        ImportError::Order { .. } => false,
         _ => e.kind() == ImportErrorKind::Verification,
     };
     let outcome = outcome.map_err(|e| match e {

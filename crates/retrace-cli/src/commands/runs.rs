@@ -22,6 +22,8 @@ macro_rules! examples {
         "List the runs in the store (RETRACE_STORE, or RETRACE_HOME, default ./.retrace), \
 oldest first: id, name, mode (record, replay, fork), status (running, ok, failed, diverged, \
 interrupted), number of events, start time (UTC) and, for replays and forks, the source run.\n\n\
+A run whose stored record can't be read (damaged in the database) is listed as `unreadable`, \
+with the reason under the table (`--json`: `{id, unreadable}`), and the others as usual.\n\n\
 A run whose recorder was acknowledged for events the store lacks (an ack log that recovery \
 could not apply, under RETRACE_DURABILITY=event) has its status marked `*` and is explained \
 under the table; `--json` gives the reason as `unrecovered`.\n\n\
@@ -40,7 +42,7 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
-    let runs = store.runs()?;
+    let (runs, unreadable) = store.runs_and_unreadable()?;
     let mut counted = Vec::with_capacity(runs.len());
     for meta in runs {
         // A fork's seqs continue its source's: one that took no step of its own still holds
@@ -61,10 +63,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
                 Ok(value)
             })
+            .chain(
+                unreadable
+                    .iter()
+                    .map(|run| Ok(serde_json::json!({"id": run.id, "unreadable": run.error.to_string()}))),
+            )
             .collect::<anyhow::Result<Vec<_>>>()?;
         return print_json(&serde_json::Value::Array(list));
     }
-    if counted.is_empty() {
+    if counted.is_empty() && unreadable.is_empty() {
         eprintln!("no runs yet: record one with `retrace demo` or `retrace record -- CMD`");
         return Ok(());
     }
@@ -89,8 +96,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 meta.source_run.as_deref().map_or("-".into(), |s| fit(s, 13)),
             ]
         })
+        .chain(unreadable.iter().map(|run| {
+            let mut row = vec!["-".to_owned(); 7];
+            (row[0], row[3]) = (run.id.clone(), "unreadable".to_owned());
+            row
+        }))
         .collect();
     let mut text = table(&["ID", "NAME", "MODE", "STATUS", "EVENTS", "STARTED (UTC)", "SOURCE"], &rows);
+    for run in &unreadable {
+        text.push_str(&format!(
+            "x {}: its record can't be read ({}); `retrace verify --all` checks the other runs\n",
+            run.id, run.error
+        ));
+    }
     for (meta, _, unrecovered) in &counted {
         if let Some(why) = unrecovered {
             text.push_str(&format!("* {} may lack acknowledged events: {why}\n", meta.id));

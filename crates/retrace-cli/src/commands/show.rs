@@ -158,6 +158,13 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result
         let at = meta.fork_at.map(|at| format!(" at seq {at}")).unwrap_or_default();
         writeln!(out, "source {source}{at}")?;
     }
+    // A replay stores its divergence, not the events it replayed: the report is what to show.
+    if let Some(value) = &meta.divergence {
+        match serde_json::from_value::<retrace_core::Divergence>(value.clone()) {
+            Ok(d) => write!(out, "{}", d.to_string().trim_end().to_owned() + "\n")?,
+            Err(_) => writeln!(out, "divergence {value}")?,
+        }
+    }
     let seq_width = count.to_string().len().max(3);
     let mut line = format!("{:>seq_width$}  {:>7}  {:<8}", "SEQ", "LAMPORT", "KEY");
     for lane in lanes {

@@ -49,12 +49,16 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
-    let runs: Vec<String> = match &args.run {
-        Some(run) => vec![crate::commands::runs::find(&*store, run)?.id],
-        None => store.runs()?.into_iter().map(|meta| meta.id).collect(),
+    let (runs, unreadable): (Vec<String>, _) = match &args.run {
+        Some(run) => (vec![crate::commands::runs::find(&*store, run)?.id], Vec::new()),
+        None => {
+            // A run whose record can't be read is a problem; the others are still checked.
+            let (runs, unreadable) = store.runs_and_unreadable()?;
+            (runs.into_iter().map(|meta| meta.id).collect(), unreadable)
+        }
     };
     let mut progress = Progress::new("verifying runs", runs.len() as u64);
-    let mut problems: Vec<Problem> = Vec::new();
+    let mut problems: Vec<Problem> = unreadable.iter().map(retrace_store::verify::unreadable_run).collect();
     let mut events = 0;
     for run in &runs {
         problems.extend(verify_run(&*store, run));
@@ -65,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         let value = serde_json::json!({
             "ok": problems.is_empty(),
-            "runs": runs.len(),
+            "runs": runs.len() + unreadable.len(),
             "events": events,
             "problems": problems,
         });

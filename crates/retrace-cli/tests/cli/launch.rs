@@ -95,6 +95,13 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let diverged = home.run(&["replay", &run, "--", "retrace", "demo", "run", "single", "--seed", "3"]);
     diverged.expect(1, &[], &["the program stopped at the divergence"]);
     assert_eq!(diverged.stderr().matches("divergence [").count(), 1, "{}", diverged.stderr());
+    // `show` of the diverged replay, which stores no events of its own, shows the report.
+    let runs: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
+    let replay =
+        runs.as_array().unwrap().iter().find(|r| r["status"] == "diverged").expect("the diverged replay");
+    let line = diverged.stderr().lines().find(|l| l.contains("divergence [")).unwrap().to_owned();
+    let reported = line[line.find("divergence [").unwrap()..].to_owned();
+    home.run(&["show", replay["id"].as_str().unwrap()]).expect(0, &["replay diverged", &reported], &[]);
 
     // A fork's changed steps run live against the demo's simulator (the source named no
     // upstream), once each, and nothing is new.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use retrace_core::envelope::Decision;
 use retrace_core::{Digest, Event, EventType};
 use retrace_store::export::EventCursor;
+use retrace_store::verify::ChainCheck;
 use retrace_store::{Store, StoreResult};
 use serde_json::Value;
 
@@ -62,6 +63,8 @@ pub(super) enum Fed {
 #[derive(Debug)]
 pub(super) struct Reader {
     cursor: EventCursor,
+    /// A replay never serves a recording whose chain `retrace verify` would reject.
+    chain: ChainCheck,
     names: HashMap<String, Arc<str>>,
     agents: HashMap<String, Arc<str>>,
 }
@@ -69,7 +72,12 @@ pub(super) struct Reader {
 impl Reader {
     /// Resolves where `run`'s events are stored (`NotFound` for a missing run or fork source).
     pub(super) fn new(store: &dyn Store, run: &str) -> StoreResult<Reader> {
-        Ok(Reader { cursor: EventCursor::new(store, run)?, names: HashMap::new(), agents: HashMap::new() })
+        Ok(Reader {
+            cursor: EventCursor::new(store, run)?,
+            chain: ChainCheck::new(run),
+            names: HashMap::new(),
+            agents: HashMap::new(),
+        })
     }
 
     /// The run's last seq.
@@ -77,11 +85,13 @@ impl Reader {
         self.cursor.count()
     }
 
-    /// The next page of at most `limit` events as items, or `None` after the last.
+    /// The next page of at most `limit` events as items, or `None` after the last; `Corrupt` at
+    /// the first event that breaks the hash chain.
     pub(super) fn next_page(&mut self, store: &dyn Store, limit: usize) -> StoreResult<Option<Page>> {
         let Some(events) = self.cursor.next_page(store, limit)? else { return Ok(None) };
         let mut page = Page { items: Vec::with_capacity(events.len()), last_seq: 0 };
         for e in &events {
+            self.chain.check(e)?;
             self.items(e, &mut page.items);
             page.last_seq = e.seq;
         }

@@ -233,8 +233,8 @@ fn read_body<'scope, 'env, R: BufRead>(
     let chunk_bytes = lines.opts.chunk_bytes;
     let mut early = wanted.then(|| Early::start(scope, store, &events, chunk_bytes));
     let mut keep = Keep::new(store, chunk_bytes);
-    let (mut blobs, index) = match cut {
-        true => (Vec::new(), DigestMap::default()),
+    let (mut blobs, index, left_out) = match cut {
+        true => (Vec::new(), DigestMap::default(), DigestSet::default()),
         false => read_blobs(lines, &header, &needed, early.as_mut(), &mut keep)?,
     };
     if lines.next()?.is_some() {
@@ -244,7 +244,7 @@ fn read_body<'scope, 'env, R: BufRead>(
         );
         return Err(lines.malformed(message));
     }
-    check_references(lines, &header, &needed, &blobs, &index)?;
+    check_references(lines, &header, &needed, &blobs, &index, &left_out)?;
     let taken: Vec<_> = events.iter().filter_map(crate::verify::decision_of).collect();
     if let Some(message) = crate::verify::decisions_disagree(&header.run, &taken) {
         let at = Location { file: lines.opts.file_name.clone(), line: 1 };
@@ -339,7 +339,7 @@ fn read_events<R: BufRead>(
             } else {
                 format!("expected seq {expected}, found seq {} (out of order or missing)", event.seq)
             };
-            return Err(lines.verification(seq, None, message));
+            return Err(ImportError::Order { at: lines.at(), seq: event.seq, message });
         }
         let own = run.fork_at.is_none_or(|at| event.seq >= at);
         if own && event.run_id != run.id {
@@ -404,8 +404,9 @@ fn read_blobs<R: BufRead>(
     needed: &DigestMap<u64>,
     mut early: Option<&mut Early<'_>>,
     keep: &mut Keep<'_>,
-) -> Result<(Vec<ReadBlob>, DigestMap<usize>), ImportError> {
+) -> Result<(Vec<ReadBlob>, DigestMap<usize>, DigestSet), ImportError> {
     let mut blobs: Vec<ReadBlob> = Vec::with_capacity(header.blobs.min(PREALLOCATED) as usize);
+    let mut left_out = DigestSet::default();
     let mut index: DigestMap<usize> =
         DigestMap::with_capacity_and_hasher(blobs.capacity(), FastHash::default());
     for number in 1..=header.blobs {
@@ -474,11 +475,14 @@ fn read_blobs<R: BufRead>(
             }
             // Forced: a blob that doesn't verify is left out (events referencing it then
             // reference a missing blob, which `retrace verify` reports).
-            Err(err @ ImportError::Verification { .. }) => lines.forgive(err)?,
+            Err(err @ ImportError::Verification { .. }) => {
+                lines.forgive(err)?;
+                left_out.insert(digest);
+            }
             Err(err) => return Err(err),
         }
     }
-    Ok((blobs, index))
+    Ok((blobs, index, left_out))
 }
 
 fn decode_blob<R: BufRead>(
@@ -526,13 +530,15 @@ fn decode_blob<R: BufRead>(
     Ok(ReadBlob { digest, held, names })
 }
 
-/// Every blob an event references is present, and every blob is referenced.
+/// Every blob an event references is present (`left_out`: the lines a forced import left out
+/// because they don't verify), and every blob is referenced.
 fn check_references<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
     header: &ExportHeader,
     needed: &DigestMap<u64>,
     blobs: &[ReadBlob],
     held: &DigestMap<usize>,
+    left_out: &DigestSet,
 ) -> Result<(), ImportError> {
     let file = lines.opts.file_name.clone();
     let mut missing: Vec<(u64, Digest)> =
@@ -540,7 +546,10 @@ fn check_references<R: BufRead>(
     missing.sort();
     for (seq, digest) in missing {
         let at = Location { file: file.clone(), line: seq + 1 };
-        let message = format!("seq {seq} references blob {digest}, which is not in the file");
+        let message = match left_out.contains(&digest) {
+            true => format!("seq {seq} references blob {digest}, whose line was left out: it doesn't verify"),
+            false => format!("seq {seq} references blob {digest}, which is not in the file"),
+        };
         lines.forgive(ImportError::Verification { at, seq: Some(seq), digest: Some(digest), message })?;
     }
     let named: DigestSet = blobs.iter().filter_map(|b| b.names.as_ref()).flatten().copied().collect();

@@ -481,8 +481,8 @@ impl Record<'_> {
         let seqs = (batch.events.first().map(|e| e.seq), batch.events.last().map(|e| e.seq));
         if seqs != (Some(self.first), Some(self.last)) || !body.0.is_empty() {
             return Err(format!(
-                "a body that doesn't match its header (seqs {}..={})",
-                self.first, self.last
+                "a body that doesn't match its header ({})",
+                crate::error::seqs(self.first, self.last)
             ));
         }
         Ok(batch)

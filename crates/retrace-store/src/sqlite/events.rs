@@ -64,7 +64,8 @@ impl SqliteStore {
         };
         let what = |log: &ack_log::AckLog| {
             format!(
-                "committing seqs {first}..={last} of run {}: writing its ack log {}",
+                "committing {} of run {}: writing its ack log {}",
+                crate::error::seqs(first, last),
                 batch.run_id,
                 log.path().display()
             )
@@ -90,7 +91,7 @@ impl SqliteStore {
             (Some(f), Some(l)) => (f.seq, l.seq),
             _ => (0, 0),
         };
-        let what = format!("committing seqs {first}..={last} of run {run}");
+        let what = format!("committing {} of run {run}", crate::error::seqs(first, last));
         let mut fresh_agents: HashMap<String, i64> = HashMap::new();
         let mut fresh_names: HashMap<String, i64> = HashMap::new();
         // Rows of about this size, and the blobs' bytes.

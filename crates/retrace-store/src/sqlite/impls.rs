@@ -86,6 +86,9 @@ impl EventStore for SqliteStore {
     fn runs(&self) -> StoreResult<Vec<RunMeta>> {
         self.runs_impl()
     }
+    fn runs_and_unreadable(&self) -> StoreResult<(Vec<RunMeta>, Vec<crate::UnreadableRun>)> {
+        self.runs_and_unreadable_impl()
+    }
     fn commit(&self, batch: &Batch) -> StoreResult<()> {
         self.commit_impl(batch)
     }

@@ -118,12 +118,27 @@ impl SqliteStore {
     }
 
     pub(crate) fn runs_impl(&self) -> StoreResult<Vec<RunMeta>> {
-        let rows: Vec<(String, String)> = self.read(|conn| {
+        self.run_rows()?.iter().map(|(id, json)| decode_meta(id, json)).collect()
+    }
+
+    pub(crate) fn runs_and_unreadable_impl(&self) -> StoreResult<(Vec<RunMeta>, Vec<crate::UnreadableRun>)> {
+        let (mut runs, mut unreadable) = (Vec::new(), Vec::new());
+        for (id, json) in self.run_rows()? {
+            match decode_meta(&id, &json) {
+                Ok(meta) => runs.push(meta),
+                Err(error) => unreadable.push(crate::UnreadableRun { id, error }),
+            }
+        }
+        Ok((runs, unreadable))
+    }
+
+    /// Every run's id and stored record, oldest first.
+    fn run_rows(&self) -> StoreResult<Vec<(String, String)>> {
+        self.read(|conn| {
             conn.prepare_cached("SELECT id, meta FROM runs ORDER BY started_at, pk")
                 .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
                 .ctx(|| "listing runs")
-        })?;
-        rows.iter().map(|(id, json)| decode_meta(id, json)).collect()
+        })
     }
 
     /// Takes the lease of `run`, then recovers what its ack log holds (a recorder that held
@@ -226,7 +241,8 @@ impl SqliteStore {
             .map_err(|e| StoreError::from_io(e, format!("reading the ack log {}", path.display())))?;
         let where_ = |first: u64, last: u64, offset: usize| {
             format!(
-                "recovering seqs {first}..={last} of run {run} from its ack log {} (byte {offset})",
+                "recovering {} of run {run} from its ack log {} (byte {offset})",
+                crate::error::seqs(first, last),
                 path.display()
             )
         };

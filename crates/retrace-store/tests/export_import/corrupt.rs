@@ -299,7 +299,7 @@ fn forced_imports_store_what_verify_then_names_but_never_what_the_store_cannot_h
     lines.swap(3, 4);
     let store = MemoryStore::new();
     let (outcome, _) = forced(&store, &join(&lines));
-    assert!(matches!(outcome, Err(ImportError::Verification { seq: Some(4), .. })), "{outcome:?}");
+    assert!(matches!(outcome, Err(ImportError::Order { seq: 4, .. })), "{outcome:?}");
     assert!(store.runs().unwrap().is_empty(), "out-of-order seqs are never stored");
 }
 
