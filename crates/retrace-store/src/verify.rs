@@ -35,12 +35,14 @@ pub fn unreadable_run(run: &crate::UnreadableRun) -> Problem {
 pub struct ChainCheck {
     run: String,
     prev: Option<Digest>,
+    /// Each event's canonical form, one buffer for all.
+    scratch: Vec<u8>,
 }
 
 impl ChainCheck {
     /// The check of run `run`'s events, from seq 1.
     pub fn new(run: &str) -> ChainCheck {
-        ChainCheck { run: run.to_owned(), prev: None }
+        ChainCheck { run: run.to_owned(), prev: None, scratch: Vec::with_capacity(4096) }
     }
 
     /// Checks that `e`, the next event, follows the one before it and hashes to its `hash`: a
@@ -59,7 +61,7 @@ impl ChainCheck {
                 "chain broken: prev is {found}, the previous event's hash is {want}"
             )));
         }
-        match e.unsealed().map(|unsealed| unsealed.hash(e.seq, e.prev.as_ref())) {
+        match e.compute_hash_with(&mut self.scratch) {
             Ok(hash) if hash == e.hash => {}
             Ok(hash) => {
                 return Err(problem(format!("hash mismatch: stored {}, content hashes to {hash}", e.hash)))
