@@ -419,6 +419,21 @@ impl Event {
         Ok(chain::link(self.prev.as_ref(), &self.canonical_without_hash()?))
     }
 
+    /// Appends [`Event::canonical`] to `out` and returns [`Event::compute_hash`], hashing the
+    /// bytes just written but the `hash` member: what an export checks of each event it writes,
+    /// for one write of its canonical form.
+    pub fn write_canonical_hashing(&self, out: &mut Vec<u8>) -> Result<Digest, CanonError> {
+        let start = out.len();
+        let [_, _, hash] = canonical_form::write(self, true, out)?;
+        let mut w = crate::digest::DigestWriter::new();
+        if let Some(prev) = &self.prev {
+            w.update(prev.to_string().as_bytes());
+        }
+        w.update(&out[start..hash.start]);
+        w.update(&out[hash.end..]);
+        Ok(w.finish())
+    }
+
     /// [`Event::compute_hash`], writing the canonical form into `scratch` (cleared first): for
     /// a reader checking every event of a run, which reuses one buffer.
     pub fn compute_hash_with(&self, scratch: &mut Vec<u8>) -> Result<Digest, CanonError> {
@@ -439,7 +454,7 @@ impl Event {
     /// section only hashes ([`Event::seal_with`]).
     pub fn unsealed(&self) -> Result<Unsealed, CanonError> {
         let mut canonical = Vec::with_capacity(1024);
-        let [prev, seq] = canonical_form::write(self, false, &mut canonical)?;
+        let [prev, seq, _] = canonical_form::write(self, false, &mut canonical)?;
         // The members around `prev` and `seq`, without the commas that joined them.
         let part = |range: Range<usize>| {
             let bytes = &canonical[range];
@@ -619,6 +634,9 @@ mod tests {
             proptest::prop_assert_eq!(sealed.hash, chain::link(event.prev.as_ref(), &without));
             let mut scratch = b"left over".to_vec();
             proptest::prop_assert_eq!(sealed.hash, event.compute_hash_with(&mut scratch).unwrap());
+            let mut line = b"earlier lines\n".to_vec();
+            proptest::prop_assert_eq!(sealed.hash, event.write_canonical_hashing(&mut line).unwrap());
+            proptest::prop_assert_eq!(&line[14..], &event.canonical().unwrap()[..]);
         }
     }
 

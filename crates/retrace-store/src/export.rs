@@ -253,13 +253,18 @@ fn spool_events(run_id: &str, pages: Receiver<Vec<Event>>) -> Result<SpooledTemp
     for page in pages {
         lines.clear();
         for event in &page {
+            let computed = event.write_canonical_hashing(&mut lines);
+            if let Err(source) = &computed {
+                return Err(ExportError::Canon {
+                    run_id: run_id.to_owned(),
+                    what: format!("seq {}", event.seq),
+                    source: source.clone(),
+                });
+            }
             // A file whose chain is broken would be refused by its own import.
-            chain.check(event).map_err(|source| ExportError::Store { run_id: run_id.to_owned(), source })?;
-            event.write_canonical(&mut lines).map_err(|source| ExportError::Canon {
-                run_id: run_id.to_owned(),
-                what: format!("seq {}", event.seq),
-                source,
-            })?;
+            chain
+                .check_hashed(event, computed)
+                .map_err(|source| ExportError::Store { run_id: run_id.to_owned(), source })?;
             lines.push(b'\n');
         }
         spool.write_all(&lines)?;

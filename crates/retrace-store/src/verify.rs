@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
+use retrace_core::canonical::CanonError;
 use retrace_core::envelope::EventType;
 use retrace_core::run::{FinalDecision, RunMeta, RunMode, RunStatus};
 use retrace_core::{Digest, Event};
@@ -48,6 +49,13 @@ impl ChainCheck {
     /// Checks that `e`, the next event, follows the one before it and hashes to its `hash`: a
     /// `Corrupt` error naming the run, the seq and both digests if not.
     pub fn check(&mut self, e: &Event) -> StoreResult<()> {
+        let computed = e.compute_hash_with(&mut self.scratch);
+        self.check_hashed(e, computed)
+    }
+
+    /// [`ChainCheck::check`] of `e` whose hash the caller computed already
+    /// ([`Event::write_canonical_hashing`]).
+    pub fn check_hashed(&mut self, e: &Event, computed: Result<Digest, CanonError>) -> StoreResult<()> {
         let problem = |what: String| {
             StoreError::corrupt(format!(
                 "run {} seq {}: {what} (`retrace verify {}` lists every problem)",
@@ -61,7 +69,7 @@ impl ChainCheck {
                 "chain broken: prev is {found}, the previous event's hash is {want}"
             )));
         }
-        match e.compute_hash_with(&mut self.scratch) {
+        match computed {
             Ok(hash) if hash == e.hash => {}
             Ok(hash) => {
                 return Err(problem(format!("hash mismatch: stored {}, content hashes to {hash}", e.hash)))

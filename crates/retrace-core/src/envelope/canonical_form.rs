@@ -17,12 +17,13 @@ use crate::Digest;
 
 /// Appends the canonical JSON of `event` to `out`, without its `hash` member unless
 /// `with_hash`. Returns where the members `prev` and `seq` lie in `out` (key through value, no
-/// comma).
+/// comma), and the `hash` member with the comma before it (empty without it): the bytes to
+/// leave out for the form without `hash`.
 pub(super) fn write(
     event: &Event,
     with_hash: bool,
     out: &mut Vec<u8>,
-) -> Result<[Range<usize>; 2], CanonError> {
+) -> Result<[Range<usize>; 3], CanonError> {
     let mut m = Members { out, first: true };
     m.out.push(b'{');
     m.key(b"\"agent_id\":");
@@ -37,9 +38,12 @@ pub(super) fn write(
         m.key(b"\"error\":");
         m.text(error);
     }
+    let mut hash = 0..0;
     if with_hash {
-        m.key(b"\"hash\":");
+        // `agent_id` always comes first, so a comma precedes the member.
+        let at = m.key(b"\"hash\":") - 1;
         m.digest(Some(&event.hash));
+        hash = at..m.out.len();
     }
     m.key(b"\"inbound\":");
     m.out.push(b'[');
@@ -93,7 +97,7 @@ pub(super) fn write(
     m.key(b"\"usage\":");
     m.nested(event.usage.as_ref())?;
     m.out.push(b'}');
-    Ok([prev, seq])
+    Ok([prev, seq, hash])
 }
 
 /// Writes an object's members, in the order they are given.

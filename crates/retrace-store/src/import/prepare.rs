@@ -40,6 +40,8 @@ struct BlobLine {
 pub(super) struct ParsedEvent {
     pub event: Event,
     pub hash: Result<Digest, CanonError>,
+    /// Members of the line no field of [`Event`] holds ([`unknown_fields`]).
+    pub unknown: Vec<String>,
 }
 
 /// A parsed blob line: the digest it claims and what its body holds.
@@ -218,6 +220,23 @@ impl<R: BufRead> Pipeline<R> {
     }
 }
 
+/// The members of event line `line` that its event's canonical form, `canonical`, lacks:
+/// parsing drops them and the hash doesn't cover them, so content added to a trace would pass
+/// unseen and vanish from its re-export. None for a line in canonical form, as every export
+/// writes it, which is checked first; members whose value is null are not counted (an absent
+/// optional field, written out).
+fn unknown_fields(canonical: &[u8], line: &[u8]) -> Vec<String> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if canonical == line {
+        return Vec::new();
+    }
+    let parsed = (serde_json::from_slice(line), serde_json::from_slice(canonical));
+    let (Ok(serde_json::Value::Object(written)), Ok(serde_json::Value::Object(known))) = parsed else {
+        return Vec::new();
+    };
+    written.iter().filter(|(k, v)| !known.contains_key(*k) && !v.is_null()).map(|(k, _)| k.clone()).collect()
+}
+
 /// Parses and hashes every line of `chunk` (line numbers `2..=1 + events` are events).
 fn prepare(chunk: Chunk, events: u64) -> Vec<Line> {
     let mut lines = Vec::with_capacity(chunk.ends.len());
@@ -231,8 +250,15 @@ fn prepare(chunk: Chunk, events: u64) -> Vec<Line> {
         let number = chunk.first + i as u64;
         let prepared = match (2..=1 + events).contains(&number) {
             true => Prepared::Event(serde_json::from_slice::<Event>(bytes).map(|event| {
-                let hash = event.compute_hash();
-                Box::new(ParsedEvent { event, hash })
+                // One write of the canonical form gives the hash and the check for members
+                // the event doesn't hold.
+                let mut canonical = Vec::with_capacity(bytes.len() + 64);
+                let hash = event.write_canonical_hashing(&mut canonical);
+                let unknown = match hash {
+                    Ok(_) => unknown_fields(&canonical, bytes),
+                    Err(_) => Vec::new(),
+                };
+                Box::new(ParsedEvent { event, hash, unknown })
             })),
             false => match text_line::read(bytes) {
                 Some((digest, text)) => {

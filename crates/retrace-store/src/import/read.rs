@@ -314,7 +314,7 @@ fn read_events<R: BufRead>(
             Prepared::Event(parsed) => parsed,
             Prepared::Blob(_) => unreachable!("the pipeline prepares event lines as events"),
         };
-        let ParsedEvent { event, hash } = match parsed {
+        let ParsedEvent { event, hash, unknown } = match parsed {
             Ok(parsed) => *parsed,
             Err(e) if looks_like(&line.unparsed, "blob") => {
                 let message = format!(
@@ -333,6 +333,15 @@ fn read_events<R: BufRead>(
             },
         };
         let seq = Some(event.seq);
+        if !unknown.is_empty() {
+            let message = format!(
+                "seq {} holds members no retrace-trace/1 event has ({}): its hash doesn't cover them, \
+                 and importing would drop them",
+                event.seq,
+                unknown.join(", ")
+            );
+            lines.forgive(lines.verification(seq, None, message))?;
+        }
         if event.seq != expected {
             let message = if event.seq < expected {
                 format!("seq {} is repeated or out of order (expected seq {expected})", event.seq)

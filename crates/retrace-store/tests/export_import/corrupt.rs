@@ -362,3 +362,23 @@ fn final_decisions_that_are_not_the_decision_events_are_refused_and_verify_names
     assert_eq!(problems[0].kind, retrace_store::verify::ProblemKind::Decisions);
     assert!(problems[0].message.contains("decision events say [approve step:backfill]"), "{problems:?}");
 }
+
+/// A member no event has, added to an event line, is refused naming it: parsing would drop it
+/// and the hash doesn't cover it, so it would pass unseen and vanish from the re-export. A line
+/// out of canonical form with only known members still imports.
+#[test]
+fn an_event_line_with_a_member_no_event_has_is_refused_naming_it() {
+    let mut lines = good();
+    assert!(lines[1].contains("\"seq\":1"), "{}", lines[1]);
+    lines[1] = lines[1].replacen('{', "{\"future_field\":1,", 1);
+    let err = refused(&join(&lines));
+    check(&err, ImportErrorKind::Verification, 1, &["t.jsonl:2", "seq 1 holds members", "(future_field)"]);
+    assert!(matches!(err, ImportError::Verification { seq: Some(1), .. }), "{err:?}");
+
+    let mut lines = good();
+    let spaced = lines[2].replacen('{', "{ ", 1).replacen(',', ", ", 3);
+    assert_ne!(spaced, lines[2]);
+    lines[2] = spaced;
+    let store = MemoryStore::new();
+    import_reader(&store, join(&lines).as_slice(), ImportOptions::default()).expect("known members import");
+}
