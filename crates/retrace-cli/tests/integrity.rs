@@ -273,17 +273,25 @@ fn a_run_whose_ack_log_cant_be_recovered_is_flagged_by_runs_and_verify() {
     home.run(&["verify", run]).expect(1, &["acklog"], &[]);
 }
 
+/// A store holding one recording of `retrace demo single`, and its id.
+fn demo_recording() -> (Home, String) {
+    let home = Home::new();
+    home.run(&["demo", "single", "--runs", "1"]).expect(0, &[], &[]);
+    let runs: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
+    let recorded = runs.as_array().unwrap().iter().find(|r| r["mode"] == "record").expect("a recording")
+        ["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (home, recorded)
+}
+
 /// A replay whose recording can't be read (two of its output blobs swapped in the database)
 /// judges nothing: it is an error naming the run to verify (exit 2), never "ok" and never an
 /// exit-status divergence made of the program's reaction to the failure.
 #[test]
 fn a_replay_that_cannot_read_its_recording_fails_naming_the_run() {
-    let home = Home::new();
-    home.run(&["demo", "single", "--runs", "1"]).expect(0, &[], &[]);
-    let runs: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
-    let runs = runs.as_array().or_else(|| runs["runs"].as_array()).unwrap().clone();
-    let recorded =
-        runs.iter().find(|r| r["mode"] == "record").expect("a recording")["id"].as_str().unwrap().to_owned();
+    let (home, recorded) = demo_recording();
     let outputs: Vec<Digest> = {
         let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
         let events = store.events(&recorded, 1, 1000).unwrap();
@@ -303,12 +311,7 @@ fn a_replay_that_cannot_read_its_recording_fails_naming_the_run() {
 /// that its own import would refuse (exit 1, as `verify`).
 #[test]
 fn an_event_edited_in_the_store_is_refused_by_replay_and_export_naming_its_seq() {
-    let home = Home::new();
-    home.run(&["demo", "single", "--runs", "1"]).expect(0, &[], &[]);
-    let runs: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
-    let runs = runs.as_array().or_else(|| runs["runs"].as_array()).unwrap().clone();
-    let recorded =
-        runs.iter().find(|r| r["mode"] == "record").expect("a recording")["id"].as_str().unwrap().to_owned();
+    let (home, recorded) = demo_recording();
     let edited = home
         .db()
         .execute(
