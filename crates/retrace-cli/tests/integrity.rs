@@ -357,6 +357,39 @@ fn a_run_whose_record_is_damaged_is_listed_as_unreadable_and_the_others_still_ve
     home.run(&["verify", SOUND]).expect(0, &["ok: run"], &[]);
 }
 
+/// An event row that can't be read (bad JSON in it) is a problem at its own seq, not at the
+/// start of the page it is in, and `verify` goes on past it: an event edited further on is
+/// named too, and the events beside the hole raise no problem of their own.
+#[test]
+fn verify_names_an_unreadable_event_by_its_seq_and_checks_past_it() {
+    let home = Home::new();
+    {
+        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+        conversation(DAMAGED, 3).commit(&*store);
+    }
+    let db = home.db();
+    let edit = |sql: &str| {
+        let sql = format!("{sql} AND run_pk = (SELECT pk FROM runs WHERE id = ?1)");
+        assert_eq!(db.execute(&sql, [DAMAGED]).unwrap(), 1, "{sql}");
+    };
+    edit("UPDATE events SET extra = '{' WHERE seq = 4");
+    edit("UPDATE events SET name = 'sql.querx' WHERE seq = 8");
+    drop(db);
+
+    let unreadable = format!("run {DAMAGED} seq 4: cannot read the event");
+    let hash = format!("run {DAMAGED} seq 8: hash mismatch");
+    home.run(&["verify", DAMAGED]).expect(1, &[&unreadable, "bad JSON", &hash], &["found 2 problems"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&home.run(&["verify", DAMAGED, "--json"]).stdout()).unwrap();
+    let problems: Vec<(Option<u64>, &str)> = json["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["seq"].as_u64(), p["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(problems, [(Some(4), "unreadable"), (Some(8), "hash")], "{json}");
+}
+
 /// Event lines out of order are refused even with `--force` (the seqs couldn't be stored
 /// densely), so the refusal doesn't suggest it; a blob line a forced import leaves out because
 /// it doesn't verify is named as such by the seq that needs it, not as missing from the file.

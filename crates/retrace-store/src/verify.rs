@@ -3,7 +3,8 @@
 //!
 //! [`verify_run`] streams a run's events page by page, a fork's inherited ones included (a run of
 //! a million events is never loaded at once), and keeps only a few bytes per event for the
-//! causal checks. Every finding is a [`Problem`] that names the run, the seq or digest, and what
+//! causal checks. An event that can't be read is a problem at its own seq, and the check goes on
+//! past it (the events beside it aren't blamed for the hole). Every finding is a [`Problem`] that names the run, the seq or digest, and what
 //! is wrong; an empty list means the run is sound.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -14,7 +15,7 @@ use retrace_core::run::{FinalDecision, RunMeta, RunMode, RunStatus};
 use retrace_core::{Digest, Event};
 use serde::Serialize;
 
-use crate::export::RunEvents;
+use crate::export::{RunEvents, PAGE};
 use crate::{Store, StoreError, StoreErrorKind, StoreResult};
 
 /// The problem of a run whose stored record can't be read: its events aren't checked (the
@@ -187,6 +188,10 @@ struct RunCheck<'a> {
     prev: Option<Digest>,
     /// Each `decision` event's agent, action and target, in seq order.
     decisions: Vec<FinalDecision>,
+    /// The seqs of events that couldn't be read (their `seen` entries are placeholders).
+    unreadable: BTreeSet<u64>,
+    /// The event before the next one couldn't be read, so its `prev` isn't known.
+    after_hole: bool,
 }
 
 impl<'a> RunCheck<'a> {
@@ -201,6 +206,8 @@ impl<'a> RunCheck<'a> {
             blobs: HashSet::new(),
             prev: None,
             decisions: Vec::new(),
+            unreadable: BTreeSet::new(),
+            after_hole: false,
         }
     }
 
@@ -228,11 +235,16 @@ impl<'a> RunCheck<'a> {
                 Ok(Some(page)) => page.iter().for_each(|event| self.event(event, meta.fork_at)),
                 Ok(None) => break,
                 Err(e) => {
-                    let from = self.seen.len() as u64 + 1;
-                    let message = format!("cannot read events from seq {from}: {e}");
-                    return self.problem(ProblemKind::Unreadable, Some(from), message);
+                    if !self.one_at_a_time(&mut pages, meta.fork_at, e) {
+                        return;
+                    }
                 }
             }
+        }
+        if !self.unreadable.is_empty() {
+            // The head and the decisions are judged from every event: a skipped one would
+            // make both look wrong.
+            return;
         }
         if let Some(head) = meta.head {
             if self.prev != Some(head) {
@@ -243,6 +255,46 @@ impl<'a> RunCheck<'a> {
             }
         }
         self.final_decisions(&meta);
+    }
+
+    /// Reads the events of a page that couldn't be read, `failed`, one at a time: each event
+    /// that can't be read is a problem at its own seq, and the check goes on past it. False
+    /// when [`RunCheck::GIVE_UP`] events in a row can't be read either (the store, not an
+    /// event, is what fails), after saying so.
+    fn one_at_a_time(&mut self, pages: &mut RunEvents<'_>, fork_at: Option<u64>, failed: StoreError) -> bool {
+        let mut in_a_row = 0;
+        for _ in 0..PAGE {
+            let Some((seq, read)) = pages.next_single() else { return true };
+            match read {
+                Ok(event) => {
+                    in_a_row = 0;
+                    self.event(&event, fork_at);
+                }
+                Err(e) => {
+                    in_a_row += 1;
+                    if in_a_row == Self::GIVE_UP {
+                        let from = seq + 1 - Self::GIVE_UP;
+                        let message = format!("cannot read events from seq {from} on: {failed}");
+                        self.problem(ProblemKind::Unreadable, Some(from), message);
+                        return false;
+                    }
+                    self.skipped(seq, e);
+                }
+            }
+        }
+        true
+    }
+
+    /// Unreadable events in a row after which [`RunCheck::one_at_a_time`] stops.
+    const GIVE_UP: u64 = 8;
+
+    /// Event `seq`, which can't be read: a problem, and a hole its neighbours' checks skip.
+    fn skipped(&mut self, seq: u64, e: StoreError) {
+        self.problem(ProblemKind::Unreadable, Some(seq), format!("cannot read the event: {e}"));
+        self.unreadable.insert(seq);
+        self.seen.push(Seen { lamport: 0, agent: u32::MAX, kind: EventType::Decision });
+        self.prev = None;
+        self.after_hole = true;
     }
 
     fn final_decisions(&mut self, meta: &RunMeta) {
@@ -278,7 +330,9 @@ impl<'a> RunCheck<'a> {
     }
 
     fn chain(&mut self, e: &Event) {
-        if e.prev != self.prev {
+        if std::mem::take(&mut self.after_hole) {
+            // The event before it can't be read: its `prev` can't be checked.
+        } else if e.prev != self.prev {
             let want = self.prev.map_or("null".to_owned(), |d| d.to_string());
             let found = e.prev.map_or("null".to_owned(), |d| d.to_string());
             let message = format!("chain broken: prev is {found}, the previous event's hash is {want}");
@@ -310,12 +364,13 @@ impl<'a> RunCheck<'a> {
             }
         }
         self.clocks[agent as usize] = Some(e.lamport);
-        if let Some(parent) = e.causal_parent {
+        if let Some(parent) = e.causal_parent.filter(|p| !self.unreadable.contains(p)) {
             self.parent(e, parent);
         }
         for &seq in &e.inbound {
-            let ok =
-                seq < e.seq && self.at(seq).is_some_and(|s| s.kind == EventType::Deliver && s.agent == agent);
+            let ok = self.unreadable.contains(&seq)
+                || seq < e.seq
+                    && self.at(seq).is_some_and(|s| s.kind == EventType::Deliver && s.agent == agent);
             if !ok {
                 let message = format!("inbound {seq} is not an earlier deliver to {}", e.agent_id);
                 self.problem(ProblemKind::Inbound, Some(e.seq), message);

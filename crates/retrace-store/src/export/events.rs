@@ -66,6 +66,26 @@ impl EventCursor {
         self.advance(limit, |run, from, want| store.events_located(run, from, want), |e| e.event.seq)
     }
 
+    /// The one event at the cursor, read alone, with its seq: the cursor moves past it even
+    /// when it can't be read, so a reader that reports what it can't read goes on past it
+    /// ([`crate::verify`] does, where a page failed). `None` after the last.
+    pub fn next_single(&mut self, store: &dyn Store) -> Option<(u64, StoreResult<Event>)> {
+        let run = self.current()?.run.clone();
+        let seq = self.next;
+        let read = store.event(&run, seq);
+        self.next += 1;
+        Some((seq, read))
+    }
+
+    /// The segment that holds `self.next`, moving past the ones finished; `None` after the last.
+    fn current(&mut self) -> Option<&Segment> {
+        while self.next > self.segments.get(self.index)?.to {
+            self.index += 1;
+            self.next = self.segments.get(self.index).map_or(0, |s| s.from);
+        }
+        self.segments.get(self.index)
+    }
+
     /// The next page read by `read(run, from, limit)`, whose items have seqs `seq`.
     fn advance<T>(
         &mut self,
@@ -73,24 +93,18 @@ impl EventCursor {
         mut read: impl FnMut(&str, u64, usize) -> StoreResult<Vec<T>>,
         seq: impl Fn(&T) -> u64,
     ) -> StoreResult<Option<Vec<T>>> {
-        while let Some(segment) = self.segments.get(self.index) {
-            if self.next > segment.to {
-                self.index += 1;
-                self.next = self.segments.get(self.index).map_or(0, |s| s.from);
-                continue;
-            }
-            let want = usize::try_from(segment.to - self.next + 1).unwrap_or(limit).min(limit);
-            let page = read(&segment.run, self.next, want)?;
-            let Some(last) = page.last() else {
-                return Err(StoreError::corrupt(format!(
-                    "run {} holds no events from seq {} though its last seq is {}",
-                    segment.run, self.next, segment.to
-                )));
-            };
-            self.next = seq(last) + 1;
-            return Ok(Some(page));
-        }
-        Ok(None)
+        let Some(segment) = self.current().cloned() else { return Ok(None) };
+        let next = self.next;
+        let want = usize::try_from(segment.to - next + 1).unwrap_or(limit).min(limit);
+        let page = read(&segment.run, next, want)?;
+        let Some(last) = page.last() else {
+            return Err(StoreError::corrupt(format!(
+                "run {} holds no events from seq {next} though its last seq is {}",
+                segment.run, segment.to
+            )));
+        };
+        self.next = seq(last) + 1;
+        Ok(Some(page))
     }
 }
 
@@ -126,6 +140,11 @@ impl<'a> RunEvents<'a> {
     /// The next page of at most [`PAGE`] events, or `None` after the last.
     pub fn next_page(&mut self) -> StoreResult<Option<Vec<Event>>> {
         self.cursor.next_page(self.store, PAGE)
+    }
+
+    /// The one next event, read alone ([`EventCursor::next_single`]).
+    pub fn next_single(&mut self) -> Option<(u64, StoreResult<Event>)> {
+        self.cursor.next_single(self.store)
     }
 
     /// [`RunEvents::next_page`] with where each event's blobs are kept.

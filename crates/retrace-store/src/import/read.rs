@@ -334,9 +334,13 @@ fn read_events<R: BufRead>(
         };
         let seq = Some(event.seq);
         if !unknown.is_empty() {
+            let newer = match header.format.as_str() {
+                retrace_core::export::FORMAT => String::new(),
+                other => format!(" (the file says {other}: a newer retrace wrote it, import it with that)"),
+            };
             let message = format!(
                 "seq {} holds members no retrace-trace/1 event has ({}): its hash doesn't cover them, \
-                 and importing would drop them",
+                 and importing would drop them{newer}",
                 event.seq,
                 unknown.join(", ")
             );

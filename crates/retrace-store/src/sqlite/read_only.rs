@@ -32,26 +32,27 @@ impl SqliteStore {
         let wal = sync::wal_path(path);
         let has_wal = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
         let (durability, busy_timeout_ms) = (Durability::Os, crate::open::DEFAULT_BUSY_TIMEOUT_MS);
-        let (access, opened, temp) = match has_wal {
+        let open_checked = |db: &Path, access: Access| {
+            let conn = open_connection(db, durability, busy_timeout_ms, access)?;
+            let segment_bytes = schema::check_read_only(&conn, &label)?;
+            Ok::<_, StoreError>((conn, segment_bytes))
+        };
+        let (access, (opened, segment_bytes), temp) = match has_wal {
             false => {
                 let access = Access::ReadOnly { immutable: true };
-                (access, open_connection(path, durability, busy_timeout_ms, access)?, None)
+                (access, open_checked(path, access)?, None)
             }
             true => {
                 let access = Access::ReadOnly { immutable: false };
-                let in_place = open_connection(path, durability, busy_timeout_ms, access)
-                    .and_then(|conn| schema::check_read_only(&conn, &label).map(|_| conn));
-                match in_place {
-                    Ok(conn) => (access, conn, None),
+                match open_checked(path, access) {
+                    Ok(opened) => (access, opened, None),
                     Err(_) => {
                         let (temp, copy) = copy_with_wal(path, &wal)?;
-                        let conn = open_connection(&copy, durability, busy_timeout_ms, access)?;
-                        (access, conn, Some((temp, copy)))
+                        (access, open_checked(&copy, access)?, Some((temp, copy)))
                     }
                 }
             }
         };
-        let segment_bytes = schema::check_read_only(&opened, &label)?;
         let files = files::Files::new(blobs_dir.to_path_buf(), false, segment_bytes);
         let (read_path, temp) = match temp {
             Some((temp, copy)) => (copy, Some(temp)),

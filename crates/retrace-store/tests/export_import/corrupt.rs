@@ -374,6 +374,20 @@ fn an_event_line_with_a_member_no_event_has_is_refused_naming_it() {
     let err = refused(&join(&lines));
     check(&err, ImportErrorKind::Verification, 1, &["t.jsonl:2", "seq 1 holds members", "(future_field)"]);
     assert!(matches!(err, ImportError::Verification { seq: Some(1), .. }), "{err:?}");
+    assert!(!err.to_string().contains("newer retrace"), "{err}");
+
+    // A newer minor version of the format is read, and one of its members this build doesn't
+    // know says who wrote it.
+    let mut first = header(&lines);
+    first["format"] = "retrace-trace/1.7".into();
+    lines[0] = serde_json::to_string(&first).unwrap();
+    let err = refused(&join(&lines));
+    check(
+        &err,
+        ImportErrorKind::Verification,
+        1,
+        &["(future_field)", "the file says retrace-trace/1.7: a newer retrace wrote it"],
+    );
 
     let mut lines = good();
     let spaced = lines[2].replacen('{', "{ ", 1).replacen(',', ", ", 3);
