@@ -47,11 +47,17 @@ pub fn resolve_key(store: &StoreConfig) -> RuntimeResult<ResolvedKey> {
     match home_of(store) {
         Some(home) => key_file(&home),
         None => Ok(ResolvedKey {
-            key: MaskKey::from_bytes(rand::random()),
+            key: ephemeral_key(),
             source: "this process (memory store)".into(),
             notice: None,
         }),
     }
+}
+
+/// A new random mask key that lives only in this process (a store in memory's, or one for a
+/// store nothing can be recorded into).
+pub fn ephemeral_key() -> MaskKey {
+    MaskKey::from_bytes(rand::random())
 }
 
 /// The folder a store keeps its mask key in: the SQLite database's folder.

@@ -42,6 +42,8 @@ pub enum AdminError {
     /// 409 `run_in_use`: a run to delete is running, or a remaining fork or running replay
     /// needs it.
     RunInUse(String),
+    /// 409 `read_only`: the daemon serves a store it can't write.
+    ReadOnly(String),
     /// 503 `store_failed`: the store (or the audit log) could not be used; nothing was revealed.
     Store(String),
     /// 500 `internal`.
@@ -52,6 +54,7 @@ impl AdminError {
     fn from_store(e: &StoreError) -> AdminError {
         match e.kind {
             StoreErrorKind::NotFound => AdminError::UnknownRun(e.to_string()),
+            StoreErrorKind::ReadOnly => AdminError::ReadOnly(e.to_string()),
             _ => AdminError::Store(e.to_string()),
         }
     }
@@ -70,6 +73,7 @@ impl IntoResponse for AdminError {
             NoVaultKey(m) => (StatusCode::CONFLICT, "no_vault_key", m),
             CannotOpen(m) => (StatusCode::CONFLICT, "cannot_open", m),
             RunInUse(m) => (StatusCode::CONFLICT, "run_in_use", m),
+            ReadOnly(m) => (StatusCode::CONFLICT, "read_only", m),
             Store(m) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed", m),
             Internal(m) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", m),
         };

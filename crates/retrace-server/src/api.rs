@@ -45,6 +45,15 @@ fn unfound_run(e: retrace_store::StoreError) -> ApiError {
     }
 }
 
+/// A write the store refused: 409 when it is open read-only (`serve` over a folder it can't
+/// write), else 500.
+fn refused_write(e: retrace_store::StoreError) -> ApiError {
+    match e.kind {
+        retrace_store::StoreErrorKind::ReadOnly => ApiError(StatusCode::CONFLICT, e.to_string()),
+        _ => internal(e),
+    }
+}
+
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
@@ -96,7 +105,7 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
     meta.labels = body.labels;
     meta.masking_rules = app.config.mask_rules.clone();
     meta.mask_key_fingerprint = app.config.mask_key.as_ref().map(|k| k.fingerprint());
-    app.host.store().create_run(&meta).map_err(internal)?;
+    app.host.store().create_run(&meta).map_err(refused_write)?;
     // Open the session now: its writer holds the run's lease while the daemon lives, so a run
     // waiting for its first call is not taken for one whose recorder died (`interrupted`) by
     // the next process that opens the store.
@@ -118,7 +127,7 @@ pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     meta.source_run = Some(source.id.clone());
     meta.name = source.name.clone();
     meta.command = source.command.clone();
-    store.create_run(&meta).map_err(internal)?;
+    store.create_run(&meta).map_err(refused_write)?;
     // Open the session now, so a bad source is reported here and not at the first call.
     app.host.session(&meta.id).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
     Ok(Json(json!({"run_id": meta.id, "mode": "replay", "source_run": source.id})))

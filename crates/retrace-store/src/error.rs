@@ -24,6 +24,8 @@ pub enum StoreErrorKind {
     Io,
     /// The request itself is wrong: an ambiguous prefix, a bad URL, a digest that doesn't match.
     Invalid,
+    /// A write to a store open read-only (a folder this process can't write).
+    ReadOnly,
 }
 
 impl StoreErrorKind {
@@ -37,6 +39,7 @@ impl StoreErrorKind {
             StoreErrorKind::Full => "full",
             StoreErrorKind::Io => "i/o",
             StoreErrorKind::Invalid => "invalid",
+            StoreErrorKind::ReadOnly => "read-only",
         }
     }
 }

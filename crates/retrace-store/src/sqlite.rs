@@ -286,11 +286,14 @@ impl SqliteStore {
     fn writable(&self, what: &str) -> StoreResult<()> {
         match &self.read_only {
             None => Ok(()),
-            Some(why) => Err(StoreError::invalid(format!(
-                "{what}: the store {} is open read-only ({why}); copy its folder somewhere \
+            Some(why) => Err(StoreError::new(
+                StoreErrorKind::ReadOnly,
+                format!(
+                    "{what}: the store {} is open read-only ({why}); copy its folder somewhere \
                  writable and point RETRACE_HOME at the copy to change it",
-                self.label
-            ))),
+                    self.label
+                ),
+            )),
         }
     }
 

@@ -60,15 +60,35 @@ pub fn existing_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
 /// mount, a CI artifact) is read as it is, with a note on stderr, instead of refused.
 pub fn readable_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
     let config = existing_config_from_env()?;
-    let Some(why) = retrace_store::why_read_only(&config) else {
-        return open(&config);
+    Ok(open_readable(&config)?.0)
+}
+
+/// Opens the store `config` names, read-only as it is when this process can't write it (with
+/// a note on stderr): the store, and why it is read-only if it is.
+fn open_readable(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Option<String>)> {
+    let Some(why) = retrace_store::why_read_only(config) else {
+        return Ok((open(config)?, None));
     };
-    let (store, copied) = retrace_store::open_store_read_only(&config, &why)?;
+    let (store, copied) = retrace_store::open_store_read_only(config, &why)?;
     eprintln!("retrace: reading the store read-only, as it was left ({why})");
     if let Some(note) = copied {
         eprintln!("retrace: {note}");
     }
-    Ok(store)
+    Ok((store, Some(why)))
+}
+
+/// The store `serve` runs over: the one the environment names, created if there is none, or,
+/// when it exists and this process can't write it (a CI artifact, a read-only mount), read as
+/// it is so its runs can still be browsed: why it is read-only, then.
+pub fn served_store_from_env() -> anyhow::Result<(Arc<dyn Store>, Option<String>)> {
+    let config = StoreConfig::from_env()?;
+    if let StoreLocation::Sqlite { path } = &config.location {
+        check_folder(path)?;
+        if path.is_file() {
+            return open_readable(&config);
+        }
+    }
+    Ok((open(&config)?, None))
 }
 
 /// The store the environment names, refused unless it exists.
@@ -142,4 +162,18 @@ pub fn mask_from_env() -> anyhow::Result<MaskSetup> {
         NOTICE.call_once(|| eprintln!("{notice}"));
     }
     Ok(MaskSetup { key: resolved.key, rules: masking::rules_from_cwd()? })
+}
+
+/// [`MaskSetup`] for a store this process can't write (`serve` over a CI artifact): its mask key
+/// if it can be read, else one of this process's own. Nothing can be recorded into the store,
+/// so the key never masks anything stored; a key file that isn't there (it is generated on a
+/// store's first use) is not an error.
+pub fn mask_for_read_only() -> anyhow::Result<MaskSetup> {
+    match mask_from_env() {
+        Ok(mask) => Ok(mask),
+        Err(_) => Ok(MaskSetup {
+            key: retrace_runtime::masking::ephemeral_key(),
+            rules: retrace_runtime::masking::rules_from_cwd()?,
+        }),
+    }
 }

@@ -9,7 +9,7 @@ use clap::Parser;
 use retrace_server::auth::Tokens;
 use retrace_server::{AppState, ServerConfig, DEFAULT_ADDR};
 
-use super::store_from_env;
+use super::served_store_from_env;
 use crate::daemon::upstream;
 use crate::exit;
 
@@ -168,8 +168,12 @@ fn check_addr(addr: &str, tokens: &Tokens) -> anyhow::Result<()> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens = tokens(args.tokens.as_deref())?;
     check_addr(&args.addr, &tokens)?;
-    let store = store_from_env()?;
-    let mut config = config(args.upstream_openai, args.upstream_anthropic, args.stall_timeout)?;
+    let (store, read_only) = served_store_from_env()?;
+    let mask = match &read_only {
+        None => super::mask_from_env()?,
+        Some(_) => super::mask_for_read_only()?,
+    };
+    let mut config = config_masked(args.upstream_openai, args.upstream_anthropic, args.stall_timeout, mask)?;
     config.tokens = tokens;
     config.retention = super::gc::retention()?;
     config.max_body = args.max_body;
@@ -182,6 +186,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("retrace: serving on {base} (store: {})", store.backend());
         eprintln!("retrace:   OPENAI_BASE_URL={base}/proxy/openai/v1  → {}", config.upstream_openai);
         eprintln!("retrace:   ANTHROPIC_BASE_URL={base}/proxy/anthropic  → {}", config.upstream_anthropic);
+        if let Some(why) = &read_only {
+            eprintln!(
+                "retrace:   read-only ({why}): runs can be browsed and exported; recording, replays and \
+                 admin changes are refused"
+            );
+        }
         match config.tokens.counts() {
             (0, 0, 0) => eprintln!("retrace:   no tokens: every call on this loopback address is allowed"),
             (viewer, debugger, admin) => eprintln!(

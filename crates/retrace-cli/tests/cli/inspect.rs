@@ -282,4 +282,83 @@ fn a_store_in_a_folder_that_cant_be_written_is_read_as_it_is() {
     for args in [&["replay", RUN][..], &["delete", RUN], &["import", trace.to_str().unwrap()]] {
         home.run(args).expect(2, &[], &["is not writable", "RETRACE_HOME", "read it as it is"]);
     }
+    serve_read_only(&home, &trace);
+}
+
+/// `serve` over the read-only store of [`a_store_in_a_folder_that_cant_be_written_is_read_as_it_is`]
+/// (no mask key in it): its runs are listed and exported byte for byte, and a new recording is
+/// refused saying why.
+fn serve_read_only(home: &Home, trace: &Path) {
+    struct Daemon(std::process::Child);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = home
+        .command(&["serve", "--addr", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let _daemon = Daemon(child);
+    let mut said = String::new();
+    while !said.contains("no tokens") {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        assert!(read > 0, "serve ended before serving: {said}");
+        said.push_str(&line);
+    }
+    for needle in
+        ["reading the store read-only", "serving on", "recording, replays and admin changes are refused"]
+    {
+        assert!(said.contains(needle), "{needle:?} in {said}");
+    }
+    let (status, runs) = http(port, "GET", "/api/runs", "");
+    assert_eq!(status, 200, "{runs}");
+    assert!(runs.contains(RUN), "{runs}");
+    let (status, exported) = http(port, "GET", &format!("/api/runs/{RUN}/export"), "");
+    assert_eq!((status, exported.into_bytes()), (200, std::fs::read(trace).unwrap()), "the same bytes");
+    let (status, refused) = http(port, "POST", "/api/runs", r#"{"name":"new"}"#);
+    assert!(status == 409 && refused.contains("read-only"), "{status} {refused}");
+}
+
+/// One HTTP/1.1 request over a fresh loopback connection: the status and the body.
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a whole response");
+    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+    let body = &answer[split + 4..];
+    let status = head[9..12].parse().unwrap();
+    let body = if head.contains("transfer-encoding: chunked") { unchunk(body) } else { body.to_vec() };
+    (status, String::from_utf8(body).unwrap())
+}
+
+/// The body of a chunked HTTP/1.1 response.
+fn unchunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let end = rest.windows(2).position(|w| w == b"\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&rest[end + 2..end + 2 + size]);
+        rest = &rest[end + 4 + size..];
+    }
 }

@@ -115,7 +115,7 @@ fn a_store_in_a_read_only_folder_reads_as_it_was_left_and_refuses_writes() {
     assert_eq!(store.runs().unwrap().len(), 2);
 
     let refused = store.create_run(&sample_run("new", 1)).unwrap_err();
-    assert_eq!(refused.kind, StoreErrorKind::Invalid);
+    assert_eq!(refused.kind, StoreErrorKind::ReadOnly);
     assert!(refused.message.contains("is open read-only") && refused.message.contains(&why), "{refused}");
     assert!(store.checkpoint().is_err());
     assert_eq!(
