@@ -45,9 +45,13 @@ __all__ = [
 from . import _off
 from ._errors import ApprovalRequired, Divergence, DryRun, NotPermitted, RetraceError, StepError
 from ._http import Http as _Http
-from ._values import plain as _plain
+from ._values import plain as _plain, text as _text
 
 _CLASSES = ("deterministic", "time_bound", "side_effect")
+_MODES = ("record", "replay", "fork", "off")
+# What a mode that takes a launcher's run needs RETRACE_RUN to name (`Session::from_env_with` in
+# retrace-runtime's session/open.rs says the same).
+_NEEDS_RUN = {"replay": "the run to replay", "fork": "the fork run to execute"}
 # How a daemon answers a route it doesn't serve (`fallback` in retrace-server's lib.rs): a 404
 # whose message starts so. A daemon older than the SDK answers a newer route this way.
 _NO_ROUTE = "retrace: no route for "
@@ -70,12 +74,34 @@ class Message:
     kind: Optional[str] = None
 
 
+def _mode(run: Optional[str]) -> str:
+    """``RETRACE_MODE``, checked as the Rust runtime checks it (``Session::from_env_with``),
+    before anything is sent or run: unset, it is ``record``; a value other than ``record``,
+    ``replay``, ``fork`` or ``off`` as written here (``OFF``, an empty value, one with spaces) is
+    refused, and so are ``replay`` and ``fork`` with no run to take (``run``: ``connect(run=...)``
+    or ``RETRACE_RUN``). Either would otherwise record a new run live, side effects included."""
+    mode = os.environ.get("RETRACE_MODE", "record")
+    if mode not in _MODES:
+        raise RetraceError(0, "usage", f"RETRACE_MODE={mode!r}: want record, replay, fork or off "
+                           "(unset, it is record)")
+    if mode in _NEEDS_RUN and not run:
+        raise RetraceError(0, "usage", f"RETRACE_MODE={mode} needs RETRACE_RUN ({_NEEDS_RUN[mode]}): run the "
+                           f"program under `retrace {mode} RUN -- ...`, which sets both")
+    return mode
+
+
 def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional[str] = None) -> "Run":
     """Connects to the daemon (``RETRACE_URL``) for a run (``RETRACE_RUN``, set by
-    ``retrace record`` / ``replay``). With no run, creates a new run to record into.
-    ``RETRACE_MODE=off`` connects to nothing: the run's mode is ``off`` (see :class:`Run`)."""
-    if os.environ.get("RETRACE_MODE") == "off":
+    ``retrace record`` / ``replay`` / ``fork``), in that run's mode. With no run, creates a new
+    run to record into. ``RETRACE_MODE=replay`` naming a run that is not a replay run (a recorded
+    run) starts a new replay of it, which :meth:`Run.finish` ends; ``replay`` and ``fork`` need a
+    run, and any other mode than ``record``, ``replay``, ``fork`` and ``off`` is refused
+    (:class:`RetraceError`, ``usage``) before anything is sent or run. ``RETRACE_MODE=off``
+    connects to nothing: the run's mode is ``off`` (see :class:`Run`)."""
+    mode = _mode(run or os.environ.get("RETRACE_RUN"))
+    if mode == "off":
         return Run(None, f"off-{secrets.token_hex(8)}", "off", owned=False)
+    _text(name, f"connect(name={name!r}): the run's name holds")
     launched = os.environ.get("RETRACE_RUN") and os.environ.get("RETRACE_URL")
     if launched and not run and url and url.rstrip("/") != os.environ["RETRACE_URL"].rstrip("/"):
         # Under `retrace record` / `replay` the run is that command's daemon's: the steps must
@@ -89,11 +115,22 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
                            "or start `retrace serve` and set RETRACE_URL=http://127.0.0.1:7420")
     http_ = _Http(url)
     run = run or os.environ.get("RETRACE_RUN")
+    _text(run, f"run {run!r}: its id holds")
     owned = False
     if not run:
         run = http_.call("POST", "/api/runs", {"name": name} if name else {})["run_id"]
         owned = True
     meta = http_.call("GET", f"/api/runs/{_segment(run)}")
+    if mode == "replay" and meta["mode"] != "replay":
+        # A recorded run (or a fork) named to replay: a new replay of it, as the Rust runtime
+        # starts one (`DaemonRun::Replay`), not steps recorded live into it.
+        made = http_.call("POST", f"/api/runs/{_segment(meta['run_id'])}/replay", {})
+        return Run(http_, made["run_id"], "replay", owned=True)
+    if meta["mode"] == "record" and meta.get("status", "running") != "running":
+        # The daemon would refuse the first step, after a live function had run.
+        raise RetraceError(0, "usage", f"run {meta['run_id']} is a record run with status {meta['status']}: it "
+                           "takes no more steps; unset RETRACE_RUN to record a new run, or set RETRACE_MODE=replay "
+                           "to replay it")
     return Run(http_, meta["run_id"], meta["mode"], owned)
 
 
@@ -116,6 +153,9 @@ class Run:
     def agent(self, agent_id: str, role: Optional[str] = None, prompt_template: Optional[str] = None) -> "Agent":
         """The agent ``agent_id`` of this run. ``role`` is recorded on each of its events from
         now on, its model calls through ``openai()`` / ``anthropic()`` included."""
+        if self.mode != "off":  # both go to the daemon: its name in the route of each of its steps
+            _text(agent_id, f"agent {agent_id!r}: its name holds")
+            _text(role, f"agent {agent_id!r}: its role holds")
         new = agent_id not in self._agents
         if new:
             self._agents[agent_id] = Agent(self, agent_id, None, prompt_template)
@@ -278,6 +318,7 @@ class Agent:
             value, error = yield _Run(fn, inline)
             return value if error is None else _Raise(error)
         what = f"{'tool' if kind == 'tool_call' else kind} {name!r} of agent {self.id!r}"
+        _text(name, f"{what}: its name holds")
         body: dict = {"type": kind, "name": name, "request": request}
         if tool is not None:
             body["tool"] = tool
@@ -310,7 +351,9 @@ class Agent:
                 return {"output": _plain(value, f"{what} ran, but its output holds")}, None
             except RetraceError as refused:
                 error = refused
-        return {"error": f"{type(error).__name__}: {error}"}, error
+        # The message as text JSON can hold: a lone surrogate (from undecodable bytes) escaped.
+        failure = f"{type(error).__name__}: {error}".encode("utf-8", "backslashreplace").decode("utf-8")
+        return {"error": failure}, error
 
     @staticmethod
     def _result(answer: dict, dry_run: Optional[Callable[[Any], Any]]) -> Any:
@@ -380,6 +423,7 @@ class Agent:
         vars = _plain({**(vars or {}), **named}, f"template {chosen!r} of agent {self.id!r}: the vars hold")
         if self.run.mode == "off":
             return _off.template(chosen, vars)
+        _text(chosen, f"template {chosen!r} of agent {self.id!r}: its name holds")
         body = {"template": chosen, "vars": vars}
         # The program's prompts folder, where it runs now, when it has one: not the folder of
         # wherever the daemon was started (a daemon with tokens reads only its own).
@@ -391,7 +435,10 @@ class Agent:
     def _send_flow(self, to: str, body: Any, kind: str, parent: Optional[int]) -> _Flow:
         if self.run.mode == "off":
             return self.run._bus.post(self.id, to, body, kind, parent)
-        body = _plain(body, f"message from agent {self.id!r} to {to!r}: the body holds")
+        what = f"message from agent {self.id!r} to {to!r}"
+        _text(to, f"{what}: the recipient's name holds")
+        _text(kind, f"{what}: its kind holds")
+        body = _plain(body, f"{what}: the body holds")
         answer = yield _Post("send", {"to": to, "kind": kind, "body": body, "parent": parent})
         return answer["seq"]
 
@@ -401,6 +448,9 @@ class Agent:
 
     def _decide_flow(self, action: str, target: Optional[str]) -> _Flow:
         if self.run.mode != "off":  # without Retrace a decision is the program's own business
+            what = f"decision {action!r} of agent {self.id!r}"
+            _text(action, f"{what}: the action holds")
+            _text(target, f"{what}: the target holds")
             yield _Post("decide", {"action": action, "target": target})
 
     def _exit_flow(self) -> _Flow:
@@ -431,7 +481,8 @@ class Agent:
         ``run/agent/tool#n``, for the agent's ``n``-th side effect of that tool (the key
         ``retrace resolve`` names).
 
-        ``args`` and what ``fn`` returns must be values JSON can hold: anything else is refused
+        ``args`` and what ``fn`` returns must be values JSON can hold (a str holding a lone
+        surrogate, from bytes that aren't UTF-8, is none): anything else is refused
         with a :class:`RetraceError` (``not_json``) naming the step and the JSON path, ``args``
         before anything runs, an output once ``fn`` has run (and recorded as the step's failure).
         When ``fn`` raises, the failure is recorded and ``fn``'s own exception is raised again; in

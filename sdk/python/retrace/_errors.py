@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 class RetraceError(Exception):
     """The daemon refused a request (bad input, unknown run, store failure...), or the SDK refused
-    a step before sending it (``status`` 0; ``code`` ``usage``, or ``not_json`` for a value JSON
-    can't hold)."""
+    a step before sending it (``status`` 0; ``code`` ``usage``, or ``not_json`` for a value or a
+    name JSON can't hold)."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"{code}: {message}")

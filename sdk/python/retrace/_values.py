@@ -1,9 +1,12 @@
 """What a step may carry: values JSON can hold (SPEC §2), and the few others whose text is the
 same in every process, which come back as that text, as they will in replay (SPEC §6: bytes,
 datetimes, dates, times, durations, decimals, UUIDs). Anything else (a set, an arbitrary object,
-NaN, an infinity) is refused before it is sent or recorded, naming the step and the JSON path of
-the value: stringified, a set would come back in an order that varies between processes, and
-replay would diverge at random."""
+NaN, an infinity, a str holding a lone surrogate) is refused before it is sent or recorded, naming
+the step and the JSON path of the value: stringified, a set would come back in an order that
+varies between processes, and replay would diverge at random; a lone surrogate (what
+``errors="surrogateescape"`` makes of bytes that aren't UTF-8) is no Unicode character, and the
+daemon would refuse the whole step, after its live function had run. :func:`text` checks a name
+(an agent's, a tool's, a run's) the same way."""
 from __future__ import annotations
 
 import datetime
@@ -38,6 +41,12 @@ def plain(value: Any, what: str) -> Any:
         path, bad = _unencodable(value, "$", ()) or ("$", "a value")
         raise RetraceError(0, "not_json", f"{what} {bad} at {path}, which JSON can't hold: convert it to "
                            "dict, list, str, int, a finite float, bool or None first") from None
+    # json escapes every surrogate (`\udc80`), paired or lone: the walk only on such an escape.
+    if _SURROGATE_ESCAPE.search(text):
+        found = _lone_surrogate(value, "$", ())
+        if found:
+            path, bad = found
+            raise RetraceError(0, "not_json", f"{what} {bad} at {path}, which JSON can't hold: {_VALID_TEXT}")
     # An int beyond 64 bits has 19 digits or more; the daemon would keep only its nearest double,
     # so two different ids would share a key. The cheap search first, the walk only on a hit.
     if _LONG_DIGITS.search(text):
@@ -49,6 +58,23 @@ def plain(value: Any, what: str) -> Any:
     return json.loads(text)
 
 
+def text(value: Any, what: str) -> Any:
+    """``value`` (a name: an agent's, a tool's, a run's...), or a :class:`RetraceError`
+    (``not_json``) whose message starts with ``what`` when it is a str holding a lone surrogate,
+    which JSON can't hold (``"tool 'q' of agent 'a': its name holds"``)."""
+    if isinstance(value, str):
+        found = _LONE.search(value)
+        if found:
+            raise RetraceError(0, "not_json", f"{what} the lone surrogate {found.group()!r}, which JSON can't "
+                               f"hold: {_VALID_TEXT}")
+    return value
+
+
+# A surrogate not paired as high then low: no Unicode character, so no UTF-8 and no JSON text.
+# (A pair is one character split in two, as json writes it: it travels as that character.)
+_LONE = re.compile(r"[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\ud[89a-f]")
+_VALID_TEXT = 'decode bytes with errors="replace" (or pass the bytes themselves, which travel as their text) first'
 _LONG_DIGITS = re.compile(r"\d{19}")
 _INT_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 
@@ -71,6 +97,32 @@ def _wide_int(value: Any, path: str, parents: tuple) -> Optional[tuple]:
         return None
     for at, item in items:
         found = _wide_int(item, at, inner)
+        if found:
+            return found
+    return None
+
+
+def _lone_surrogate(value: Any, path: str, parents: tuple) -> Optional[tuple]:
+    """The JSON path of the first str in ``value`` (a dict's key included) that holds a lone
+    surrogate, and what it is."""
+    if isinstance(value, str):
+        found = _LONE.search(value)
+        return (path, f"the lone surrogate {found.group()!r} in the str {reprlib.repr(value)}") if found else None
+    if id(value) in parents or not isinstance(value, (list, tuple, dict)):
+        return None
+    inner = parents + (id(value),)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            at = f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else f"{path}[{json.dumps(str(key))}]"
+            found = isinstance(key, str) and _LONE.search(key)
+            if found:
+                return at, f"the lone surrogate {found.group()!r} in the key {reprlib.repr(key)}"
+            found = _lone_surrogate(item, at, inner)
+            if found:
+                return found
+        return None
+    for i, item in enumerate(value):
+        found = _lone_surrogate(item, f"{path}[{i}]", inner)
         if found:
             return found
     return None

@@ -1,8 +1,10 @@
 """What the SDK refuses before a step runs or is sent, against a real daemon (`retrace serve`):
 a tool class or `ttl_s` the daemon would refuse only after the tool had run (a side effect with
 nothing recorded), and values JSON can't hold (SPEC §2), which would otherwise reach the log
-stringified (a set in an order that changes between processes). Each refusal names the agent,
-the step and, for a value, its JSON path."""
+stringified (a set in an order that changes between processes), or refused by the daemon only
+after the tool had run (a str holding a lone surrogate, as `surrogateescape` decodes bytes that
+aren't UTF-8, in a value or a name). Each refusal names the agent, the step and, for a value,
+its JSON path."""
 import asyncio
 import json
 import os
@@ -29,6 +31,10 @@ BAD_TOOLS = [
     ({"cls": "side_effect", "ttl_s": 60}, NO_TTL + "; a side_effect tool takes none"),
 ]
 
+# A str holding a lone surrogate: what `surrogateescape` makes of the bytes b"caf\xe9".
+CAFE = b"caf\xe9".decode("utf-8", "surrogateescape")
+LONE = "the lone surrogate '\\udce9'"
+
 # (value, the JSON path of what JSON can't hold, how the refusal shows it)
 NOT_JSON = [
     ({"ids": {3, 1, 2}}, "$.ids", "set {1, 2, 3}"),
@@ -37,6 +43,9 @@ NOT_JSON = [
     ({"p": [0.5, float("nan")]}, "$.p[1]", "float nan"),
     ({"limit": float("inf")}, "$.limit", "float inf"),
     ({"by pair": {("EUR", "USD"): 1.1}}, '$["by pair"]["(\'EUR\', \'USD\')"]', "the tuple key"),
+    ({"q": CAFE}, "$.q", f"{LONE} in the str 'caf\\udce9'"),
+    ({"by name": {CAFE: 1}}, '$["by name"]["caf\\udce9"]', f"{LONE} in the key 'caf\\udce9'"),
+    ({"rows": ["\U0001f600", "half \ud83d"]}, "$.rows[1]", "the lone surrogate '\\ud83d' in the str 'half \\ud83d'"),
 ]
 
 
@@ -112,8 +121,10 @@ def test_arguments_and_message_bodies_json_cant_hold_are_refused_before_anything
     at = datetime.datetime(2026, 12, 4, 9, 30)
     assert planner.tool("sql.query", {"since": at}, lambda: {"raw": b"\x00", "at": at}) == {
         "raw": "b'\\x00'", "at": "2026-12-04 09:30:00"}
+    # A surrogate pair is one character split in two, as JSON writes it: it travels as that one.
+    assert planner.tool("sql.query", {"face": "\ud83d\ude00"}, lambda: ["\ud83d\ude00"]) == ["\U0001f600"]
     run.finish()
-    assert [e["type"] for e in events(daemon, run.id)] == ["tool_call"] * 2, "a refused step is never sent"
+    assert [e["type"] for e in events(daemon, run.id)] == ["tool_call"] * 3, "a refused step is never sent"
 
 
 @pytest.mark.parametrize("cls", ["deterministic", "side_effect"])
@@ -142,6 +153,72 @@ def test_an_output_json_cant_hold_is_refused_and_recorded_as_the_steps_failure(d
     if cls == "side_effect":  # every intent has its completion: nothing waits for `retrace resolve`
         intents = [e for e in events(daemon, run.id) if e["type"] == "intent"]
         assert [e["seq"] for e in intents] == [e["causal_parent"] for e in calls]
+
+
+def test_names_holding_a_lone_surrogate_are_refused_before_anything_runs_or_is_sent(daemon):
+    """The daemon would refuse the request whole ("bad request body: unexpected end of hex
+    escape"), after a record step's function had run; an agent's name in a route is no URL."""
+    run = retrace.connect(url=daemon, name="lone-names")
+    planner = run.agent("planner")
+    ran = []
+    refused = [
+        (lambda: retrace.connect(url=daemon, name=CAFE), "connect(name='caf\\udce9'): the run's name holds"),
+        (lambda: retrace.connect(url=daemon, run=CAFE), "run 'caf\\udce9': its id holds"),
+        (lambda: run.agent(CAFE), "agent 'caf\\udce9': its name holds"),
+        (lambda: run.agent("reviewer", role=CAFE), "agent 'reviewer': its role holds"),
+        (lambda: planner.tool(CAFE, {}, lambda: ran.append(1)), "tool 'caf\\udce9' of agent 'planner': its name holds"),
+        (lambda: planner.tool(CAFE, {}, lambda: ran.append(1), cls="side_effect"), "tool 'caf\\udce9' of agent"),
+        (lambda: asyncio.run(planner.atool(CAFE, {}, lambda: ran.append(1))), "tool 'caf\\udce9' of agent"),
+        (lambda: planner.env(CAFE), "env 'caf\\udce9' of agent 'planner': its name holds"),
+        (lambda: planner.send(CAFE, {}), "message from agent 'planner' to 'caf\\udce9': the recipient's name holds"),
+        (lambda: planner.send("reviewer", {}, kind=CAFE), "message from agent 'planner' to 'reviewer': its kind holds"),
+        (lambda: planner.decide(CAFE), "decision 'caf\\udce9' of agent 'planner': the action holds"),
+        (lambda: planner.decide("approve", target=CAFE), "decision 'approve' of agent 'planner': the target holds"),
+        (lambda: planner.template(template=CAFE), "template 'caf\\udce9' of agent 'planner': its name holds"),
+    ]
+    runs_before = _runs(daemon)
+    for call, what in refused:
+        with pytest.raises(retrace.RetraceError) as refusal:
+            call()
+        assert (refusal.value.status, refusal.value.code) == (0, "not_json"), refusal.value
+        assert refusal.value.message.startswith(what), refusal.value.message
+        assert f"{LONE}, which JSON can't hold" in refusal.value.message, refusal.value.message
+    assert ran == [], "a refused tool never runs"
+    assert _runs(daemon) == runs_before, "no run is made for a refused name"
+    assert planner.tool("t", {}, lambda: 1) == 1
+    run.finish()
+    assert [(e["agent_id"], e["name"]) for e in events(daemon, run.id)] == [("planner", "t")]
+
+
+def test_a_failure_whose_message_holds_a_lone_surrogate_is_recorded_and_replayed_escaped(daemon):
+    run = retrace.connect(url=daemon, name="lone-failure")
+    planner = run.agent("planner")
+    failure = ValueError(f"can't read {CAFE}")
+
+    def read():
+        raise failure
+
+    with pytest.raises(ValueError) as raised:  # the function's own exception, once recorded
+        planner.tool("file.read", {}, read)
+    assert raised.value is failure
+    run.finish()
+    [event] = events(daemon, run.id)
+    assert event["error"] == "ValueError: can't read caf\\udce9", event
+    replay = retrace.connect(url=daemon, run=_replay_of(daemon, run.id))
+    with pytest.raises(retrace.StepError, match=r"^ValueError: can't read caf\\udce9$"):
+        replay.agent("planner").tool("file.read", {}, read)
+    replay.finish()
+
+
+def _runs(daemon):
+    with urllib.request.urlopen(f"{daemon}/api/runs", timeout=10) as r:
+        return [run["run_id"] for run in json.loads(r.read())]
+
+
+def _replay_of(daemon, run_id):
+    request = urllib.request.Request(f"{daemon}/api/runs/{run_id}/replay", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())["run_id"]
 
 
 def test_under_a_retrace_command_its_daemon_wins_over_url(daemon, monkeypatch, capsys):
