@@ -234,11 +234,22 @@ pub fn command_for(
 /// The store variables for a child, made absolute so the child finds the same store wherever
 /// it runs.
 pub fn store_env() -> anyhow::Result<Vec<(String, String)>> {
+    // An empty variable is an unset one, as for the store itself (`StoreConfig::from_env`).
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let mut env = Vec::new();
-    if let Ok(url) = std::env::var("RETRACE_STORE") {
+    if let Some(url) = var("RETRACE_STORE") {
+        // A relative database path would name another file in a replay's recorded folder.
+        let url = match url.strip_prefix("sqlite://").map(std::path::Path::new) {
+            Some(path) if path.is_relative() => {
+                let path =
+                    std::path::absolute(path).with_context(|| format!("resolving RETRACE_STORE={url}"))?;
+                format!("sqlite://{}", path.display())
+            }
+            _ => url,
+        };
         env.push(("RETRACE_STORE".into(), url));
     }
-    let home = std::env::var("RETRACE_HOME").unwrap_or_else(|_| "./.retrace".into());
+    let home = var("RETRACE_HOME").unwrap_or_else(|| "./.retrace".into());
     let home = std::path::absolute(&home).with_context(|| format!("resolving RETRACE_HOME={home}"))?;
     env.push(("RETRACE_HOME".into(), home.to_string_lossy().into_owned()));
     for passthrough in ["RETRACE_BLOBS", "RETRACE_DURABILITY", "RETRACE_MASK_KEY"] {

@@ -18,6 +18,11 @@ pub fn print_json_line(value: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether an output path is `-`: standard output, as `import -` reads standard input.
+pub fn is_stdout(path: &std::path::Path) -> bool {
+    path.as_os_str() == "-"
+}
+
 /// Writes `text` to standard error, as `eprint!` would, but a closed standard error (`retrace
 /// gate ... 2>&1 | head -1`) drops it instead of panicking (a panic exits 101); the exit code
 /// is still the command's ([`crate::exit::finish`]).
@@ -94,17 +99,7 @@ pub fn utc_time(unix_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
-/// `text` as one line of a terminal: control characters (a newline in a run's name) escaped as
-/// Rust writes them (`\n`), so a cell never breaks its row.
-pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
-        return text.into();
-    }
-    text.chars()
-        .map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() })
-        .collect::<String>()
-        .into()
-}
+pub use retrace_core::terminal::one_line;
 
 /// The columns `text` takes in a terminal (a CJK character two, a combining mark none).
 pub fn width(text: &str) -> usize {

@@ -166,6 +166,21 @@ fn good_traces_pass_with_no_api_key_and_no_upstream() {
     );
     let xml = read(&junit);
     assert!(xml.contains("tests=\"2\" failures=\"0\" errors=\"0\"") && !xml.contains("<failure"), "{xml}");
+    // `--junit -` is standard output, the summary going to standard error; with --json it is
+    // refused, since both would write standard output.
+    let piped = bench.retrace(&["gate", "traces/asker.jsonl", "--junit", "-"], &[]);
+    piped.expect(0, &[], &["gate: 1 traces, 1 ok"]);
+    assert!(
+        piped.stdout().starts_with("<?xml") && piped.stdout().contains("tests=\"1\""),
+        "{}",
+        piped.stdout()
+    );
+    assert!(!bench.path("-").exists(), "no file named -");
+    bench.retrace(&["gate", "traces/asker.jsonl", "--junit", "-", "--json"], &[]).expect(
+        2,
+        &[],
+        &["standard output"],
+    );
 
     let json = bench.retrace(&["gate", "traces/asker.jsonl", "--json"], &[]);
     json.expect(0, &[], &["ok        traces/asker.jsonl"]);

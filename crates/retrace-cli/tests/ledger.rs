@@ -134,6 +134,13 @@ fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
         text(&exported.stderr)
     );
     assert_eq!(file.entry("billing", "planner").unwrap().clean_streak, 2);
+    // `-o -` is standard output: the same signed entries, and no file named `-`.
+    let piped = p.retrace(&["ledger", "export", "-o", "-"], &[("RETRACE_LEDGER_KEY", KEY)]);
+    assert!(piped.status.success(), "{}", text(&piped.stderr));
+    let again = LedgerFile::parse(&piped.stdout).unwrap();
+    again.verify(&pubkey).unwrap();
+    assert_eq!(again.entries, file.entries);
+    assert!(!p.path("-").exists(), "no file named -");
 
     let policy = |traces: u64| {
         format!(

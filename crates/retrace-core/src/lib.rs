@@ -43,6 +43,7 @@ pub mod mask_http;
 pub mod mask_stream;
 pub mod prices;
 pub mod run;
+pub mod terminal;
 pub mod unmask;
 pub mod vault;
 

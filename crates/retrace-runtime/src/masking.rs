@@ -63,7 +63,10 @@ pub fn ephemeral_key() -> MaskKey {
 /// The folder a store keeps its mask key in: the SQLite database's folder.
 pub fn home_of(store: &StoreConfig) -> Option<PathBuf> {
     match &store.location {
-        StoreLocation::Sqlite { path } => Some(path.parent().unwrap_or(Path::new(".")).to_path_buf()),
+        // `sqlite://retrace.db` names a file in the current folder: its parent is "".
+        StoreLocation::Sqlite { path } => {
+            Some(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf())
+        }
         StoreLocation::Memory => None,
     }
 }

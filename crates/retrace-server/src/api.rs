@@ -16,46 +16,61 @@ use serde_json::{json, Value};
 
 use crate::AppState;
 
-/// An API error: `{"error": {"message": ...}}` with a status.
+/// An API error: `{"error": {"code": ..., "message": ...}}` with a status.
 #[derive(Debug)]
-pub struct ApiError(pub StatusCode, pub String);
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let code = match self.0.as_u16() {
+impl ApiError {
+    /// An error whose code follows from its status (`bad_request`, `unknown_run`, `conflict`,
+    /// `internal`).
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        let code = match status.as_u16() {
             400 => "bad_request",
             404 => "unknown_run",
             409 => "conflict",
             _ => "internal",
         };
-        (self.0, Json(json!({"error": {"code": code, "message": self.1}}))).into_response()
+        ApiError { status, code, message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
     }
 }
 
 fn not_found(e: impl std::fmt::Display) -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, e.to_string())
+    ApiError::new(StatusCode::NOT_FOUND, e.to_string())
 }
 
 /// A run that `find_run` didn't find: 404, or 400 for a prefix that is ambiguous or too short.
 fn unfound_run(e: retrace_store::StoreError) -> ApiError {
     match e.kind {
         retrace_store::StoreErrorKind::NotFound => not_found(e),
-        retrace_store::StoreErrorKind::Invalid => ApiError(StatusCode::BAD_REQUEST, e.to_string()),
+        retrace_store::StoreErrorKind::Invalid => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
         _ => internal(e),
     }
 }
 
-/// A write the store refused: 409 when it is open read-only (`serve` over a folder it can't
-/// write), else 500.
+/// A write the store refused: 409 `read_only` when it is open read-only (`serve` over a folder
+/// it can't write, as the admin routes say), else 500.
 fn refused_write(e: retrace_store::StoreError) -> ApiError {
     match e.kind {
-        retrace_store::StoreErrorKind::ReadOnly => ApiError(StatusCode::CONFLICT, e.to_string()),
+        retrace_store::StoreErrorKind::ReadOnly => {
+            ApiError { status: StatusCode::CONFLICT, code: "read_only", message: e.to_string() }
+        }
         _ => internal(e),
     }
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
-    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
 type ApiResult = Result<Json<Value>, ApiError>;
@@ -68,7 +83,7 @@ pub fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> 
         return Ok(T::default());
     }
     serde_json::from_slice(bytes)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
 }
 
 /// `GET /api/health`
@@ -109,7 +124,7 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
     // Open the session now: its writer holds the run's lease while the daemon lives, so a run
     // waiting for its first call is not taken for one whose recorder died (`interrupted`) by
     // the next process that opens the store.
-    app.host.session(&meta.id).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+    app.host.session(&meta.id).map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
     Ok(Json(json!({"run_id": meta.id, "mode": "record"})))
 }
 
@@ -129,7 +144,7 @@ pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     meta.command = source.command.clone();
     store.create_run(&meta).map_err(refused_write)?;
     // Open the session now, so a bad source is reported here and not at the first call.
-    app.host.session(&meta.id).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+    app.host.session(&meta.id).map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
     Ok(Json(json!({"run_id": meta.id, "mode": "replay", "source_run": source.id})))
 }
 
@@ -156,7 +171,7 @@ pub async fn finish(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     })
     .await
     .map_err(internal)?
-    .map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+    .map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
     let meta = app.host.store().run(&id).map_err(internal)?;
     let mut out = run_json(&meta);
     if let Err(e) = outcome {

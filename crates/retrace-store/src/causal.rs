@@ -19,6 +19,7 @@ mod fork;
 
 use std::sync::Arc;
 
+use retrace_core::terminal::one_line;
 use retrace_core::EventType;
 use serde::Serialize;
 use serde_json::Value;
@@ -241,6 +242,8 @@ fn message_body(request: &[u8]) -> Option<Value> {
 }
 
 /// Renders `knew` for a terminal.
+/// Agent ids, labels and message kinds come from the recorded program: each is kept on one line
+/// ([`one_line`]).
 pub fn render(k: &Knew) -> String {
     let mut out = String::new();
     let acted = match &k.decision {
@@ -248,18 +251,20 @@ pub fn render(k: &Knew) -> String {
         None => k.label.clone(),
     };
     out.push_str(&format!(
-        "{} had heard {} message(s) when it acted at seq {}: {acted}\n",
-        k.agent,
+        "{} had heard {} message(s) when it acted at seq {}: {}\n",
+        one_line(&k.agent),
         k.heard.len(),
-        k.seq
+        k.seq,
+        one_line(&acted)
     ));
     for (i, h) in k.heard.iter().enumerate() {
         match (&h.from, h.send_seq) {
             (Some(from), Some(send)) => out.push_str(&format!(
-                "  {}. seq {:>5}  {} from {from} (sent at seq {send})\n",
+                "  {}. seq {:>5}  {} from {} (sent at seq {send})\n",
                 i + 1,
                 h.deliver_seq,
-                h.kind.as_deref().unwrap_or("message")
+                one_line(h.kind.as_deref().unwrap_or("message")),
+                one_line(from)
             )),
             _ => out.push_str(&format!("  {}. seq {:>5}  recv timed out\n", i + 1, h.deliver_seq)),
         }
@@ -272,8 +277,11 @@ pub fn render(k: &Knew) -> String {
             ));
         }
         if !h.chain.is_empty() {
-            let links: Vec<String> =
-                h.chain.iter().map(|l| format!("seq {} {} {}", l.seq, l.agent, l.label)).collect();
+            let links: Vec<String> = h
+                .chain
+                .iter()
+                .map(|l| format!("seq {} {} {}", l.seq, one_line(&l.agent), one_line(&l.label)))
+                .collect();
             out.push_str(&format!("       chain: {} (origin)\n", links.join(" ← ")));
         }
     }

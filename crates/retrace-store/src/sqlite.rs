@@ -591,7 +591,7 @@ fn read_only_folder(path: &Path, error: StoreError) -> StoreError {
         Err(why) if folder.is_dir() => StoreError::io(format!(
             "the store's folder {} is not writable ({why}), and this writes to the store: copy the \
              folder somewhere writable and point RETRACE_HOME at the copy (runs, show, verify, \
-             export, diff and knew read it as it is)",
+             export, diff, knew, agents, vault audit, serve and the ledger's read it as it is)",
             folder.display()
         ))
         .with_source(error),

@@ -7,7 +7,7 @@ use retrace_store::export::{export_run, ExportError, ExportStats, RunEvents};
 
 use crate::commands::readable_store_from_env;
 use crate::exit::usage;
-use crate::output::{failure, Progress};
+use crate::output::{failure, is_stdout, Progress};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -37,7 +37,8 @@ checked in CI. Writes to standard output unless -o is given.",
 pub struct Args {
     /// The run: its id or a unique prefix of it (at least 4 characters).
     pub run: String,
-    /// Write to FILE (atomically: a temporary file renamed into place) instead of standard output.
+    /// Write to FILE (atomically: a temporary file renamed into place) instead of standard output
+    /// (`-o -` is standard output too).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 }
@@ -53,7 +54,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.add(done - last);
         last = done;
     };
-    let stats = match &args.output {
+    let output = args.output.as_deref().filter(|path| !is_stdout(path));
+    let stats = match output {
         None => {
             // Not locked: a writer thread writes (export buffers 1 MiB per write).
             let mut out = std::io::stdout();
@@ -68,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(ExportError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         Err(e) => return Err(failure(e.exit_code(), &e)),
     };
-    if let Some(path) = &args.output {
+    if let Some(path) = output {
         eprintln!(
             "exported run {} to {}: {events} events, {blobs} blobs, {bytes} bytes",
             meta.id,

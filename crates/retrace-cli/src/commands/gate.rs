@@ -35,7 +35,7 @@ use self::job::{Outcome, Settings, Verdict};
 use crate::commands::MaskSetup;
 use crate::exit::{usage_hint, Failure};
 use crate::ledger::{self, AgentOutcome};
-use crate::output::{to_stderr, Progress};
+use crate::output::{is_stdout, to_stderr, Progress};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -85,7 +85,8 @@ pub struct Args {
     /// Trace files, folders of them, or run ids.
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<String>,
-    /// Write a JUnit XML report to FILE.
+    /// Write a JUnit XML report to FILE (`-`: standard output, the summary then going to
+    /// standard error).
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
     /// Replay N traces at once (default: the number of CPUs).
@@ -125,6 +126,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "accept on a workstation and commit the reviewed NAME.accepted.jsonl files; --force overrides",
         ));
     }
+    if args.json && args.junit.as_deref().is_some_and(is_stdout) {
+        return Err(usage_hint(
+            "--json and --junit - would both write standard output",
+            "write the JUnit report to a file (--junit target/gate.xml), or drop --json",
+        ));
+    }
     let began = Instant::now();
     let real_config = StoreConfig::from_env()?;
     let real: OnceLock<Arc<dyn Store>> = OnceLock::new();
@@ -148,15 +155,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = args.jobs.map_or(cpus, |n| n as usize).clamp(1, traces.len().max(1));
-    let outcomes = run_all(&traces, &settings, jobs, args.json)?;
+    // With --json or `--junit -`, standard output carries the report alone: the lines of each
+    // trace and the summary go to standard error.
+    let junit_out = args.junit.as_deref().is_some_and(is_stdout);
+    let outcomes = run_all(&traces, &settings, jobs, args.json || junit_out)?;
     let seconds = began.elapsed().as_secs_f64();
     let summary = report::summary(&outcomes, seconds, jobs);
-    if args.json {
+    if args.json || junit_out {
         to_stderr(&summary);
     } else {
         print_out(&summary)?;
     }
-    if let Some(path) = &args.junit {
+    if junit_out {
+        print_out(&report::junit(&outcomes, seconds))?;
+    } else if let Some(path) = &args.junit {
         std::fs::write(path, report::junit(&outcomes, seconds)).map_err(|e| {
             usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
         })?;

@@ -1,12 +1,13 @@
 //! `retrace ledger`: the replay ledger (per project and agent, how its traces replayed under
 //! `retrace gate`), shown, or exported as a file signed under `RETRACE_LEDGER_KEY`.
+use std::io::Write;
 use std::path::PathBuf;
 
 use retrace_core::ledger::{signing_key, LedgerEntry, LedgerFile};
 
 use crate::commands::readable_store_from_env;
 use crate::exit::usage_hint;
-use crate::output::{print_json, table, utc_time};
+use crate::output::{is_stdout, print_json, table, utc_time};
 
 /// The environment variable holding the ledger's signing key.
 pub const LEDGER_KEY_ENV: &str = "RETRACE_LEDGER_KEY";
@@ -56,7 +57,7 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 #[command(after_help = examples!())]
 pub struct ExportArgs {
-    /// Where to write the file (`retrace-ledger/1` JSON).
+    /// Where to write the file (`retrace-ledger/1` JSON); `-` is standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
     /// Only this project's entries (default: every project).
@@ -94,6 +95,12 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
     let file = LedgerFile::sign(entries, now_ms(), &key);
     let mut text = serde_json::to_vec_pretty(&file)?;
     text.push(b'\n');
+    if is_stdout(&args.output) {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&text).and_then(|()| out.flush())?;
+        eprintln!("wrote the ledger ({} entries), signed by {}", file.entries.len(), file.public_key);
+        return Ok(());
+    }
     std::fs::write(&args.output, text).map_err(|e| {
         usage_hint(format!("cannot write {}: {e}", args.output.display()), "check the -o path")
     })?;

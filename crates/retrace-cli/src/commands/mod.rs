@@ -56,7 +56,7 @@ pub fn existing_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
 }
 
 /// [`existing_store_from_env`] for the commands that only read (`runs`, `show`, `verify`,
-/// `export`, `diff`, `knew`, the ledger's): a store this process can't write (a read-only
+/// `export`, `diff`, `knew`, `agents`, `vault audit`, the ledger's): a store this process can't write (a read-only
 /// mount, a CI artifact) is read as it is, with a note on stderr, instead of refused.
 pub fn readable_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
     let config = existing_config_from_env()?;

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(name) => match agents.iter().position(|lane| &lane.agent == name) {
             Some(at) => vec![agents.swap_remove(at)],
             None => {
-                let known: Vec<&str> = agents.iter().map(|l| l.agent.as_str()).collect();
+                let known: Vec<_> = agents.iter().map(|l| crate::output::one_line(&l.agent)).collect();
                 let message = format!("run {} has no agent {name:?} (agents: {})", meta.id, known.join(", "));
                 return Err(exit::usage(message));
             }

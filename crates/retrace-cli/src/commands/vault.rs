@@ -4,7 +4,7 @@ use std::io::Write;
 use retrace_core::vault::VAULT_KEY_ENV;
 use retrace_store::vault::{reveal, Reveal, RevealError, Revealer, ROLE_ADMIN};
 
-use crate::commands::existing_store_from_env;
+use crate::commands::{existing_store_from_env, readable_store_from_env};
 use crate::exit::Failure;
 use crate::output::{fit, print_json, table, utc_time};
 
@@ -166,7 +166,7 @@ fn is_token(text: &str) -> bool {
 }
 
 fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
-    let store = existing_store_from_env()?;
+    let store = readable_store_from_env()?;
     let subject = args.token.as_deref().or(args.run.as_deref());
     let records = store.audit_list(subject)?;
     if args.json {

@@ -9,6 +9,9 @@ fn export_then_import_elsewhere_round_trips_byte_for_byte() {
     home.run(&["export", "01clir", "-o", path]).expect(0, &[], &["exported run 01clirun", "13 events"]);
     let exported = std::fs::read(&file).unwrap();
     assert_eq!(home.run(&["export", RUN]).0.stdout, exported, "stdout and -o give the same bytes");
+    let dash = home.command(&["export", RUN, "-o", "-"]).current_dir(home.dir.path()).output().unwrap();
+    assert_eq!(dash.stdout, exported, "-o - is standard output, as `import -` reads standard input");
+    assert!(!home.file("-").exists(), "no file named -");
 
     let other = Home::new();
     other.run(&["import", path]).expect(0, &[RUN], &["imported run 01clirun", "13 events"]);

@@ -274,7 +274,15 @@ fn a_store_in_a_folder_that_cant_be_written_is_read_as_it_is() {
     let note = "reading the store read-only, as it was left";
     let exported = out.path().join("again.jsonl");
     let export = ["export", RUN, "-o", exported.to_str().unwrap()];
-    for args in [&["runs"][..], &["show", RUN], &["verify", "--all"], &["diff", RUN, RUN], &export] {
+    let read = [
+        &["runs"][..],
+        &["show", RUN],
+        &["verify", "--all"],
+        &["diff", RUN, RUN],
+        &["vault", "audit"],
+        &export,
+    ];
+    for args in read {
         let ran = home.run(args);
         ran.expect(0, &[], &[note, "is not writable"]);
     }
@@ -324,7 +332,8 @@ fn serve_read_only(home: &Home, trace: &Path) {
     let (status, exported) = http(port, "GET", &format!("/api/runs/{RUN}/export"), "");
     assert_eq!((status, exported.into_bytes()), (200, std::fs::read(trace).unwrap()), "the same bytes");
     let (status, refused) = http(port, "POST", "/api/runs", r#"{"name":"new"}"#);
-    assert!(status == 409 && refused.contains("read-only"), "{status} {refused}");
+    assert!(status == 409 && refused.contains(r#""code":"read_only""#), "{status} {refused}");
+    assert!(refused.contains("is open read-only"), "{refused}");
 }
 
 /// One HTTP/1.1 request over a fresh loopback connection: the status and the body.
@@ -360,5 +369,47 @@ fn unchunk(mut rest: &[u8]) -> Vec<u8> {
         }
         body.extend_from_slice(&rest[end + 2..end + 2 + size]);
         rest = &rest[end + 4 + size..];
+    }
+}
+
+/// An agent id with a newline and an escape sequence (the recorded program chose it) is shown on
+/// one line, escaped, by every text view: `show --seq`, `knew` and `show --agent`'s error, as by
+/// the timeline. Raw, it would split records and could drive the reader's terminal.
+#[test]
+fn an_agent_id_with_control_characters_is_shown_escaped_everywhere() {
+    use retrace_core::envelope::MessageRef;
+    use retrace_core::run::RunMode;
+    use retrace_core::EventType;
+    let evil = "evil\n\u{1b}[31mred";
+    let mut b = Builder::new(RUN);
+    let send = b.push(
+        evil,
+        EventType::Send,
+        Some("reviewer"),
+        Some((b"{}".to_vec(), retrace_store::BlobHint::Raw)),
+        None,
+        |e| {
+            e.message = Some(MessageRef {
+                from: Some(evil.into()),
+                to: Some("reviewer".into()),
+                kind: None,
+                timed_out: false,
+            });
+        },
+    );
+    let deliver = b.deliver("reviewer", send);
+    let acted = b.push("reviewer", EventType::ToolCall, Some("t"), None, None, |e| e.inbound = vec![deliver]);
+    let home = Home::with(&b.finish(RunMode::Record));
+    let shown = r"evil\n\u{1b}[31mred";
+    let outputs = [
+        home.run(&["show", RUN, "--seq", &send.to_string()]),
+        home.run(&["knew", RUN, &acted.to_string()]),
+        home.run(&["show", RUN, "--agent", "nobody"]),
+        home.run(&["show", RUN]),
+    ];
+    for ran in outputs {
+        let all = format!("{}{}", ran.stdout(), ran.stderr());
+        assert!(all.contains(shown), "escaped: {all}");
+        assert!(!all.contains('\u{1b}') && !all.contains("evil\n"), "raw: {all:?}");
     }
 }

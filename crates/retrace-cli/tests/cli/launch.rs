@@ -463,3 +463,25 @@ fn a_refused_edit_is_named_with_the_file_the_user_typed() {
     refused.expect(2, &[], &[&format!("{edit}: seq 5 is a model_call")]);
     assert!(!refused.stderr().contains("sha256:"), "{}", refused.stderr());
 }
+
+/// An empty RETRACE_HOME is an unset one for `record` as for every other command, and
+/// `RETRACE_STORE=sqlite://name.db` names a file in the current folder: both record, and the
+/// store is where `runs` looks for it (the mask key once failed beside a bare file name).
+#[test]
+fn an_empty_home_and_a_bare_database_name_record_where_runs_finds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let retrace = |args: &[&str], var: (&str, &str)| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrace"));
+        command.args(args).current_dir(dir.path()).stdin(Stdio::null());
+        for name in ["RETRACE_STORE", "RETRACE_BLOBS", "RETRACE_URL", "RETRACE_RUN", "RETRACE_HOME"] {
+            command.env_remove(name);
+        }
+        Ran(command.env(var.0, var.1).output().unwrap())
+    };
+    for var in [("RETRACE_HOME", ""), ("RETRACE_STORE", "sqlite://bare.db")] {
+        retrace(&["record", "--name", "here", "--", "true"], var).expect(0, &[], &["ok (0 events)"]);
+        retrace(&["runs"], var).expect(0, &["here", "record", "ok"], &[]);
+    }
+    assert!(dir.path().join(".retrace/retrace.db").is_file() && dir.path().join("bare.db").is_file());
+    assert!(dir.path().join("mask.key").is_file(), "the bare database's key beside it");
+}

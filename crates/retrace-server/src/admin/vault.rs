@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use base64::Engine as _;
 use retrace_store::vault::{reveal as reveal_original, Reveal, RevealError, Revealer};
+use retrace_store::StoreErrorKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -92,6 +93,9 @@ fn refusal(e: RevealError) -> AdminError {
         RevealError::Role { .. } => AdminError::Forbidden(audited(e.to_string())),
         RevealError::UnknownToken { .. } => AdminError::UnknownToken(audited(e.to_string())),
         RevealError::CannotOpen(_) => AdminError::CannotOpen(audited(e.to_string())),
+        RevealError::Store(ref source) if source.kind == StoreErrorKind::ReadOnly => {
+            AdminError::ReadOnly(format!("{e}: {source}; nothing was revealed"))
+        }
         RevealError::Store(ref source) => AdminError::Store(format!("{e}: {source}; nothing was revealed")),
     }
 }

@@ -8,7 +8,7 @@ use retrace_store::{Store, StoreErrorKind};
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::print_json;
+use crate::output::{one_line, print_json};
 
 /// Event fields in the order they are shown (the envelope's order).
 const FIELDS: [&str; 27] = [
@@ -59,13 +59,16 @@ pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool) -> anyhow::
     }
     let fields = serde_json::to_value(&event)?;
     let mut out = BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "run {} seq {seq}: {} (agent {})", meta.id, event.label(), event.agent_id)?;
+    // Names and ids come from the recorded program: each is kept on one line, its control
+    // characters escaped, as the timeline shows them.
+    let (label, agent) = (event.label(), &event.agent_id);
+    writeln!(out, "run {} seq {seq}: {} (agent {})", meta.id, one_line(&label), one_line(agent))?;
     for name in FIELDS {
         let value = &fields[name];
         let empty = value.is_null() || value.as_array().is_some_and(Vec::is_empty);
         if !empty {
             let text = match value {
-                Value::String(s) => s.clone(),
+                Value::String(s) => one_line(s).into_owned(),
                 other => other.to_string(),
             };
             writeln!(out, "  {name:<16}{text}")?;
