@@ -63,7 +63,12 @@ impl Embedded {
     /// Ends `run`'s hosted session with the program's exit status.
     pub fn finish(&self, run: &str, exit_status: i32) -> anyhow::Result<Result<RunReport, RuntimeError>> {
         let _guard = self.runtime.enter();
-        Ok(self.state.host.finish(run, Outcome { exit_status: Some(exit_status) })?)
+        // A `HostError`'s message names its cause already (the API sends it as the reason):
+        // taken as a chain, `{:#}` would print the cause twice on one line.
+        self.state
+            .host
+            .finish(run, Outcome { exit_status: Some(exit_status) })
+            .map_err(|e| anyhow::anyhow!("{e}"))
     }
 
     /// Stops serving (in-flight calls get two seconds to end).

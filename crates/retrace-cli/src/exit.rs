@@ -1,5 +1,7 @@
-//! Exit codes: 0 ok, 1 divergence or failed check, 2 usage or input error; a broken pipe is 0
-//! (except for `gate`, whose exit code is its verdict however its report was cut short).
+//! Exit codes: 0 ok, 1 divergence or failed check, 2 usage or input error, 128 + signal when
+//! the user stopped the command (130 for SIGINT, 143 for SIGTERM, as a shell reports a program
+//! a signal ended); a broken pipe is 0 (except for `gate`, whose exit code is its verdict
+//! however its report was cut short).
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -8,7 +10,7 @@ use retrace_store::{StoreError, StoreErrorKind};
 /// An error that already knows its exit code and an optional hint.
 #[derive(Debug)]
 pub struct Failure {
-    /// 1 or 2.
+    /// 1 or 2, or 128 + signal ([`interrupted`]).
     pub code: u8,
     /// The message printed after `error: `.
     pub message: String,
@@ -37,6 +39,11 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
 /// Bad usage or bad input with a hint: exit 2.
 pub fn usage_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
     Failure { code: 2, message: message.into(), hint: Some(hint.into()) }.into()
+}
+
+/// The user stopped the command with `signal` (SIGINT, SIGTERM): exit 128 + signal.
+pub fn interrupted(signal: nix::sys::signal::Signal, message: impl Into<String>) -> anyhow::Error {
+    Failure { code: 128 + signal as u8, message: message.into(), hint: None }.into()
 }
 
 /// Ends the process: prints the error chain and picks the exit code.

@@ -1,18 +1,18 @@
 //! The one `-- CMD` launcher used by `record`, `replay`, `fork` and `gate`: runs a child with
 //! Retrace's environment, passes its standard input, output and error through, forwards SIGINT
-//! and SIGTERM, ends it if Retrace dies first, and returns its exit status. Runs remember their
-//! working directory relative to the git top level, so a replay runs from the same place in any
-//! clone.
+//! and SIGTERM ([`signals`]), ends it if Retrace dies first, and returns how it ended. Runs
+//! remember their working directory relative to the git top level, so a replay runs from the
+//! same place in any clone.
+pub mod signals;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
-use crate::exit::usage_hint;
+use crate::exit::{usage, usage_hint};
 
 /// A child process to run.
 #[derive(Debug, Clone, Default)]
@@ -30,11 +30,30 @@ pub struct Child {
     pub output: Option<PathBuf>,
 }
 
-/// Runs `child` to completion; returns its exit status (128 + signal when killed by one).
-pub fn run(child: &Child) -> anyhow::Result<i32> {
+/// How a program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// Its exit status (128 + signal when killed by one).
+    pub status: i32,
+    /// The signal Retrace itself received (and forwarded) before the program ended: the user
+    /// stopped it. `None` when it ended on its own, whatever its status (a program may exit 130
+    /// by itself).
+    pub interrupted: Option<Signal>,
+}
+
+/// Runs `child` to completion; returns how it ended. A program is not started once Retrace
+/// has received SIGINT or SIGTERM (an error that exits `128 + signal`).
+pub fn run(child: &Child) -> anyhow::Result<Ended> {
     let Some((program, args)) = child.argv.split_first() else {
         return Err(usage_hint("no command to run", "put the program after `--`, e.g. `-- python app.py`"));
     };
+    signals::watch()?;
+    if let Some(signal) = signals::received() {
+        return Err(crate::exit::interrupted(
+            signal,
+            format!("interrupted ({signal}) before `{program}` started"),
+        ));
+    }
     let mut command = Command::new(executable(program));
     command.args(args).current_dir(&child.cwd);
     for name in &child.remove_env {
@@ -50,6 +69,8 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
     let mut process = match command.spawn() {
         Ok(p) => p,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // The same error when the working directory is missing: say which it is.
+            check_cwd(&child.argv, &child.cwd)?;
             return Err(usage_hint(
                 format!("program not found: `{}` (in {})", child.argv.join(" "), child.cwd.display()),
                 "check the command, or pass another one after `--`",
@@ -57,20 +78,59 @@ pub fn run(child: &Child) -> anyhow::Result<i32> {
         }
         Err(e) => return Err(e).with_context(|| format!("starting `{}`", child.argv.join(" "))),
     };
-    let pid = Pid::from_raw(process.id() as i32);
-    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal forwarding")?;
-    let handle = signals.handle();
-    let forwarder = std::thread::spawn(move || {
-        for sig in signals.forever() {
-            if let Ok(sig) = Signal::try_from(sig) {
-                let _ = kill(pid, sig);
-            }
-        }
-    });
+    let forwarding = signals::Forwarding::to(Pid::from_raw(process.id() as i32));
     let status = process.wait().context("waiting for the program")?;
-    handle.close();
-    let _ = forwarder.join();
-    Ok(exit_code(status))
+    drop(forwarding);
+    let status = exit_code(status);
+    Ok(Ended { status, interrupted: signals::received_by_end(status) })
+}
+
+/// Refuses (exit 2) to run `argv` in `cwd` when that directory doesn't exist: a replay or fork
+/// run from another checkout, or after the directory was removed. Said before anything is
+/// created, rather than as the spawn's "not found", which reads as a missing program.
+pub fn check_cwd(argv: &[String], cwd: &Path) -> anyhow::Result<()> {
+    if cwd.is_dir() {
+        return Ok(());
+    }
+    Err(usage_hint(
+        format!(
+            "the working directory {} does not exist (`{}` was to run there)",
+            cwd.display(),
+            argv.join(" ")
+        ),
+        "run retrace from the checkout the run was recorded in (a recorded directory is kept relative to \
+         the git top level), or give the program to run after `--`: it then runs in the current directory",
+    ))
+}
+
+/// Refuses (exit 2) to `verb` (`replay`, `fork`, `gate`) run `source` while it is still being
+/// recorded: it is `running` with a live lease (its recorder is alive), or with none yet (the
+/// store was just opened, which marks a run whose recorder died `interrupted`, so a `running`
+/// run without a lease is one whose program has not taken a step yet, or an import under way).
+/// Its log is still growing: a replay would find it ending early, and a fork would branch from
+/// what is stored so far.
+pub fn check_finished(
+    store: &dyn retrace_store::Store,
+    source: &retrace_core::run::RunMeta,
+    verb: &str,
+) -> anyhow::Result<()> {
+    if source.status != retrace_core::run::RunStatus::Running {
+        return Ok(());
+    }
+    let id = &source.id;
+    if source.labels.contains_key(retrace_store::import::UNFINISHED_LABEL) {
+        return Err(usage(format!(
+            "run {id} is still being imported; {verb} it once the import has finished"
+        )));
+    }
+    let by = match store.lease_holder(id)? {
+        Some(holder) => match holder.parts() {
+            Some((host, pid, _)) => format!(" (by process {pid} on {host})"),
+            None => format!(" (by {holder})"),
+        },
+        None => String::new(),
+    };
+    Err(usage(format!("run {id} is still being recorded{by}; {verb} it once it has finished")))
 }
 
 /// Has the kernel send the program SIGTERM if this process dies first (`kill -9 retrace`), so a
@@ -117,9 +177,9 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 }
 
 /// Ends run `id` when its program could not be started (`record`, `replay`, `fork`), rather
-/// than leaving it `running` until its lease lapses and it turns `interrupted`. A recording or
-/// fork that holds no step is deleted (a mistyped command should not leave a run behind); a
-/// replay is kept, `failed`, as every replay of a run is (see `retrace_store::gc`).
+/// than leaving it `running` until its lease lapses and it turns `interrupted`: a run that holds
+/// no step is deleted (a mistyped command, a missing directory, should not leave a run behind;
+/// a replay's run holds only its outcome, and there is none), else it is kept, `failed`.
 pub fn discard_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::Result<()> {
     use retrace_runtime::env_sources::{Clock, SystemClock};
     let now = SystemClock.now_ms();
@@ -127,9 +187,7 @@ pub fn discard_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::
     failed.status = retrace_core::run::RunStatus::Failed;
     failed.finished_at_ms.get_or_insert(now);
     store.update_run(&failed)?;
-    // A replay's record is kept, failed, as every replay of a run is: it says the replay was
-    // tried. A recording or fork that never started holds nothing worth keeping.
-    if store.last_seq(id)? == 0 && failed.mode != retrace_core::run::RunMode::Replay {
+    if store.last_seq(id)? == 0 {
         let config = retrace_store::gc::GcConfig::new(now, 0);
         let deleted = retrace_store::gc::delete(store, std::slice::from_ref(&failed), &config);
         if deleted.is_ok_and(|report| report.runs_deleted.iter().any(|r| r == id)) {

@@ -40,6 +40,8 @@ Exit codes:
   1  a divergence, or a failed check (verify, gate, an import that conflicts with the store,
      a store found corrupt)
   2  usage, input or store error
+  130/143  stopped by Ctrl-C (SIGINT) / SIGTERM: a replay, fork or gate is stored `interrupted`,
+     judged neither way
   `record` exits with the program's own status.
 
 Environment:

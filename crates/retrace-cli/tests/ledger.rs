@@ -11,9 +11,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_retrace");
 const KEY: &str = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
 const OTHER_KEY: &str = "CAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAg=";
 
-/// One agent reading the clock twice through the daemon's SDK route (plain HTTP, no SDK).
+/// One agent reading the clock twice through the daemon's SDK route (plain HTTP, no SDK). With
+/// `GO` and `READY` set, between the two it creates the file `$READY` and waits for `$GO`.
 const STEPPER: &str = r#"
-import json, os, urllib.request
+import json, os, time, urllib.request
 def step(body):
     url = f"{os.environ['RETRACE_URL']}/api/runs/{os.environ['RETRACE_RUN']}/agents/planner/steps"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
@@ -21,6 +22,10 @@ def step(body):
         return json.load(r)
 for n in (1, 2):
     print(step({"type": "clock", "name": "wall", "request": {}, "output": {"unix_ms": n}})["output"])
+    if n == 1 and os.environ.get("GO"):
+        open(os.environ["READY"], "w").close()
+        while not os.path.exists(os.environ["GO"]):
+            time.sleep(0.02)
 "#;
 
 struct Project {
@@ -41,6 +46,11 @@ impl Project {
     }
 
     fn retrace(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.command(args, env).output().unwrap()
+    }
+
+    /// The command [`Project::retrace`] runs, not started.
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut command = Command::new(BIN);
         command.args(args).current_dir(self.dir.path()).env_clear().stdin(Stdio::null());
         for var in ["PATH", "HOME"] {
@@ -50,7 +60,7 @@ impl Project {
         }
         command.env("RETRACE_HOME", self.path("home"));
         command.envs(env.iter().copied());
-        command.output().unwrap()
+        command
     }
 
     fn ok(&self, args: &[&str], env: &[(&str, &str)]) -> String {
@@ -108,6 +118,40 @@ fn gate_counts_a_trace_file_once_per_content_hash() {
         (Some(3), Some(1), Some(3))
     );
     assert!(p.ok(&["ledger", "show"], &[]).contains("billing"));
+}
+
+#[test]
+fn a_gate_the_user_stops_leaves_the_ledger_as_it_was() {
+    use std::os::unix::process::CommandExt;
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    record(&p, "a");
+    p.ok(&["gate", "traces"], &[]);
+    let before = planner(&p);
+    assert_eq!(before["clean_streak"].as_u64(), Some(1), "{before}");
+
+    // Ctrl-C while the trace's program is between its steps: to the gate's process group, as
+    // a terminal sends it.
+    let (go, ready) = (p.path("go"), p.path("ready"));
+    let env = [("GO", go.to_str().unwrap()), ("READY", ready.to_str().unwrap())];
+    let mut command = p.command(&["gate", "traces"], &env);
+    let gate = command.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().unwrap();
+    let waited = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the program never took its first step"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let group = nix::unistd::Pid::from_raw(gate.id() as i32);
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGINT).unwrap();
+    let stopped = gate.wait_with_output().unwrap();
+    let (out, err) = (text(&stopped.stdout), text(&stopped.stderr));
+    assert_eq!(stopped.status.code(), Some(130), "{out}\n{err}");
+    assert!(out.contains("STOPPED   traces/a.jsonl: interrupted (SIGINT)"), "{out}");
+    assert!(!out.contains("DIVERGED"), "{out}");
+    assert!(err.contains("gate interrupted (SIGINT)") && err.contains("ledger was left as it was"), "{err}");
+    assert_eq!(planner(&p), before, "the ledger is untouched");
 }
 
 #[test]

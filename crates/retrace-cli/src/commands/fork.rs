@@ -14,7 +14,7 @@ use retrace_store::{BlobHint, Store};
 
 use super::existing_store_from_env;
 use crate::daemon::Embedded;
-use crate::exit::{check_failed, usage, usage_hint};
+use crate::exit::{check_failed, interrupted, usage, usage_hint};
 use crate::launcher::{self, Child};
 use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
@@ -271,6 +271,8 @@ struct Forked {
 
 fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
     let source = launcher::source_run(store.as_ref(), run)?;
+    // Its log is still growing: the fork would branch from whatever part of it is stored.
+    launcher::check_finished(store.as_ref(), &source, "fork")?;
     let parsed = edits;
     let edits = &as_recorded_responses(store.as_ref(), &source.id, edits)?;
     let at = match args.at {
@@ -281,6 +283,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         usage(as_typed(format!("can't fork {}: {e}", source.id), &args.edits, &[parsed, edits]))
     })?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
+    launcher::check_cwd(&argv, &cwd)?;
     check_prompt_edits(store.as_ref(), &source.id, edits, &cwd)?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Fork, SystemClock.now_ms());
@@ -331,14 +334,15 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     if let Some(seed) = args.chaos {
         env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
     }
-    let status = match launcher::run(&Child { argv, cwd, env, ..Child::default() }) {
-        Ok(status) => status,
+    let ended = match launcher::run(&Child { argv, cwd, env, ..Child::default() }) {
+        Ok(ended) => ended,
         Err(e) => {
             daemon.stop();
             launcher::discard_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };
+    let status = ended.status;
     let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
     if daemon.hosts(&id) || (recorded_by_daemon && store.run(&id)?.status == RunStatus::Running) {
         if let Err(e) = daemon.finish(&id, status) {
@@ -351,6 +355,10 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     if fork.status == RunStatus::Running && store.lease_holder(&id)?.is_none() {
         fork.status = if status == 0 { RunStatus::Ok } else { RunStatus::Failed };
     }
+    if ended.interrupted.is_some() && fork.status != RunStatus::Running {
+        // The user stopped it: how it ended says nothing about the edits.
+        fork.status = RunStatus::Interrupted;
+    }
     fork.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&fork)?;
     let diff = diff_runs(store.as_ref(), &source.id, &id, &DiffOptions { limit: 10, max_diff_lines: 12 })?;
@@ -359,6 +367,12 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
 
 fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
     let Forked { fork, diff } = outcome;
+    if let (RunStatus::Interrupted, Some(signal)) = (fork.status, launcher::signals::received()) {
+        return Err(interrupted(
+            signal,
+            format!("fork {} interrupted ({signal}): stopped before it finished", fork.id),
+        ));
+    }
     if json {
         print_json_line(&serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff }))?;
     } else {
@@ -432,13 +446,23 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             "--runs applies one edit to many runs: {e} names a seq of one run; use prompt:, model: or param:"
         )));
     }
-    let runs = select_runs(store, query)?;
+    let (live, runs): (Vec<RunMeta>, Vec<RunMeta>) =
+        select_runs(store, query)?.into_iter().partition(|r| r.status == RunStatus::Running);
+    for run in &live {
+        eprintln!("retrace: skipping {}: it is still being recorded", run.id);
+    }
     if runs.is_empty() {
-        return Err(usage(format!("--runs {query}: no run matches")));
+        return Err(usage(format!("--runs {query}: no finished run matches")));
     }
     let mut results = Vec::new();
     let mut moved_runs = 0;
     for (i, run) in runs.iter().enumerate() {
+        if let Some(signal) = launcher::signals::received() {
+            return Err(interrupted(
+                signal,
+                format!("fork --runs interrupted ({signal}) after {i} of {} runs", runs.len()),
+            ));
+        }
         eprintln!("retrace: [{}/{}] forking {}", i + 1, runs.len(), run.id);
         let outcome = fork_one(store, &run.id, edits, args)?;
         if !outcome.diff.decisions.is_empty() {

@@ -76,7 +76,8 @@ does. Review it, then move it over the old trace. The gate still exits 1: the ol
 diverge. --accept refuses to run when CI=true unless --force.\n\n\
 Exit codes: 0 every trace replayed exactly; 1 a trace diverged (a step, the final decisions or \
 the exit status); 2 a trace could not be replayed (not a trace, a program that can't be started, \
-tokens under another mask key) or bad usage.",
+tokens under another mask key) or bad usage; 130 or 143 the gate was stopped (SIGINT, SIGTERM): \
+the traces it was replaying are reported STOPPED, and the replay ledger is left as it was.",
         "\n\n",
         examples!()
     )
@@ -133,6 +134,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     let began = Instant::now();
+    // From here on a Ctrl-C stops the gate (exit 130), which then judges nothing.
+    crate::launcher::signals::watch()?;
     let real_config = StoreConfig::from_env()?;
     let real: OnceLock<Arc<dyn Store>> = OnceLock::new();
     let traces = discover::find(&args.paths, || {
@@ -173,9 +176,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
         })?;
     }
+    // Stopped by the user: its verdicts are incomplete, and a replay cut short says nothing
+    // about an agent, so the ledger is left as it was.
+    let stopped = crate::launcher::signals::received();
     let project = ledger::project(&std::env::current_dir()?);
-    for outcome in &outcomes {
-        if let (Some(digest), false) = (&outcome.digest, matches!(outcome.verdict, Verdict::Error { .. })) {
+    for outcome in outcomes.iter().filter(|_| stopped.is_none()) {
+        let judged = matches!(outcome.verdict, Verdict::Ok | Verdict::Diverged { .. });
+        if let (Some(digest), true) = (&outcome.digest, judged) {
             ledger::record_outcome(&real_config, &project, digest, &agent_outcomes(outcome))?;
         }
     }
@@ -184,6 +191,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut text = serde_json::to_string_pretty(&report::json(&outcomes, seconds, jobs))?;
         text.push('\n');
         print_out(&text)?;
+    }
+    if let Some(signal) = stopped {
+        let tally = report::Tally::of(&outcomes);
+        return Err(crate::exit::interrupted(
+            signal,
+            format!(
+                "gate interrupted ({signal}): {} of {} traces not judged; the replay ledger was left as it was",
+                tally.interrupted,
+                outcomes.len()
+            ),
+        ));
     }
     if args.accept {
         let upstreams =

@@ -209,7 +209,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let child =
         Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
     let status = match launcher::run(&child) {
-        Ok(status) => status,
+        // Stopped by the user or not, the program's status is the recording's (SPEC §3).
+        Ok(ended) => ended.status,
         Err(e) => {
             daemon.stop();
             launcher::discard_unstarted(store.as_ref(), &id)?;

@@ -9,7 +9,7 @@ use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
 use super::existing_store_from_env;
 use crate::daemon::Embedded;
-use crate::exit::{check_failed, usage};
+use crate::exit::{check_failed, interrupted, usage};
 use crate::launcher::{self, Child};
 use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
@@ -32,7 +32,9 @@ macro_rules! examples {
         "Replay a recorded run exactly: run its program again (by default the recorded command, from the \
 same directory relative to the git top level) with zero live calls. Every step is answered from \
 the log; a step the log doesn't hold, recorded steps left over, other final decisions or \
-another exit status are a divergence (exit 1, report on standard error).",
+another exit status are a divergence (exit 1, report on standard error). A run still being \
+recorded is refused until it has finished (exit 2). Stopped with Ctrl-C (SIGINT) or SIGTERM, the \
+replay is stored `interrupted`, judged neither way, and retrace exits 130 or 143.",
         "\n\n",
         examples!()
     )
@@ -59,6 +61,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = existing_store_from_env()?;
     let source = launcher::source_run(store.as_ref(), &args.run)?;
+    // Refused before anything runs: the replay session would refuse every step.
+    launcher::check_finished(store.as_ref(), &source, "replay")?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     let plan = Plan {
         store: store.clone(),
@@ -87,15 +91,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "divergence": outcome.divergence,
         }))?;
     }
-    match &outcome.divergence {
-        None => {
+    let rendered = outcome.divergence.as_ref().map(|d| {
+        serde_json::from_value::<Divergence>(d.clone()).map(|d| d.to_string()).unwrap_or(d.to_string())
+    });
+    match (replayed.interrupted, rendered) {
+        (Some(signal), found) => {
+            // The user stopped it: no verdict. A divergence found before then is shown, as found.
+            if let Some(rendered) = found {
+                eprint!("before it was stopped, the replay had found:\n{rendered}");
+            }
+            Err(interrupted(
+                signal,
+                format!(
+                    "replay {id} of {} interrupted ({signal}): stopped before it could be judged, stored as \
+                     interrupted",
+                    replayed.source.id
+                ),
+            ))
+        }
+        (None, None) => {
             eprintln!("retrace: replay {id} ok: every step matched, exit status {status}");
             Ok(())
         }
-        Some(d) => {
-            let rendered = serde_json::from_value::<Divergence>(d.clone())
-                .map(|d| d.to_string())
-                .unwrap_or(d.to_string());
+        (None, Some(rendered)) => {
             eprint!("{rendered}");
             Err(check_failed(format!("replay {id} of {} diverged", replayed.source.id)))
         }
@@ -139,6 +157,9 @@ pub struct Replayed {
     pub exit_status: i32,
     /// How long the program ran, from start to exit, seconds.
     pub program_seconds: f64,
+    /// The signal the user stopped the replay with, if they did ([`launcher::Ended`]): the
+    /// replay is stored `interrupted` and judged neither a match nor a divergence.
+    pub interrupted: Option<nix::sys::signal::Signal>,
 }
 
 /// Replays `plan.source` by running `plan.argv` with zero live calls: creates the replay run,
@@ -147,11 +168,14 @@ pub struct Replayed {
 /// new run's id just before the program starts. `replay` and `gate` both run through here.
 ///
 /// A run holding tokens made under another mask key, a fork whose source is not in the store,
-/// or a program that can't be started, is an error (exit 2); a divergence is not an error but
-/// the returned outcome.
+/// or a program that can't be started (a missing program or working directory), is an error
+/// (exit 2), and leaves no replay run; a divergence is not an error but the returned outcome,
+/// and so is a replay the user stopped (SIGINT, SIGTERM): stored `interrupted`, unjudged.
 pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<Replayed> {
     let store = plan.store.clone();
     let source = plan.source.clone();
+    // From here on a Ctrl-C is the user stopping the replay, not the end of this process.
+    launcher::signals::watch()?;
     // Refused before anything runs: tokens made under another key would never match.
     retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
     // A run whose tokens replay as the originals needs the vault's key, or every such step fails.
@@ -167,6 +191,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     }
     // A fork imported without its source: every step would fail on the missing run.
     launcher::check_sources(store.as_ref(), &source)?;
+    // A directory that isn't there (another checkout): said as such, and before a run exists.
+    launcher::check_cwd(&plan.argv, &plan.cwd)?;
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
@@ -197,15 +223,28 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let child =
         Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
     let program = std::time::Instant::now();
-    let status = match launcher::run(&child) {
-        Ok(status) => status,
+    let ended = match launcher::run(&child) {
+        Ok(ended) => ended,
         Err(e) => {
             daemon.stop();
             launcher::discard_unstarted(store.as_ref(), &id)?;
             return Err(e);
         }
     };
-    let program_seconds = program.elapsed().as_secs_f64();
+    let (status, program_seconds) = (ended.status, program.elapsed().as_secs_f64());
+    if let Some(signal) = ended.interrupted {
+        // Not finished: what the program left unconsumed, and its status, are the stop's doing.
+        daemon.stop();
+        let outcome = stopped(store.as_ref(), &id, status)?;
+        return Ok(Replayed {
+            id,
+            source,
+            outcome,
+            exit_status: status,
+            program_seconds,
+            interrupted: Some(signal),
+        });
+    }
     let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
     let unfinished = store.run(&id)?.status == RunStatus::Running;
     if daemon.hosts(&id) || (recorded_by_daemon && unfinished) {
@@ -230,7 +269,18 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         }
         .into());
     }
-    Ok(Replayed { id, source, outcome, exit_status: status, program_seconds })
+    Ok(Replayed { id, source, outcome, exit_status: status, program_seconds, interrupted: None })
+}
+
+/// Stores the replay run the user stopped as `interrupted`, with the program's exit status. A
+/// divergence its session stored before then stays in the record, for `retrace show`.
+fn stopped(store: &dyn retrace_store::Store, id: &str, status: i32) -> anyhow::Result<RunMeta> {
+    let mut meta = store.run(id)?;
+    meta.exit_status = Some(status);
+    meta.status = RunStatus::Interrupted;
+    meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
+    store.update_run(&meta)?;
+    Ok(meta)
 }
 
 /// The divergence of a replay that no session finished, if any: the recording ends early

@@ -4,6 +4,7 @@ mod export_import;
 mod inspect;
 mod launch;
 mod resolve;
+mod stopping;
 
 #[path = "../../../retrace-store/tests/trace_fixture/mod.rs"]
 mod trace_fixture;

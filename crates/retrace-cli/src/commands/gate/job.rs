@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use nix::sys::signal::Signal;
 use retrace_core::export::ExportHeader;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
 use retrace_store::export::{export_run, RunEvents};
@@ -59,6 +60,12 @@ pub enum Verdict {
         /// What to do about it.
         hint: Option<String>,
     },
+    /// The user stopped the gate (SIGINT, SIGTERM) before this trace's replay ended, or before
+    /// it started: neither a match nor a divergence (exit 128 + signal, the ledger untouched).
+    Interrupted {
+        /// The signal Retrace received.
+        signal: Signal,
+    },
 }
 
 /// One trace's result.
@@ -101,15 +108,21 @@ pub fn run(trace: &Trace, settings: &Settings) -> Outcome {
         output_tail: Vec::new(),
         verdict: Verdict::Ok,
     };
-    out.verdict = replay_trace(trace, settings, &mut out).unwrap_or_else(|e| error_verdict(&e));
+    // Once the user has stopped the gate, no trace starts.
+    out.verdict = match launcher::signals::received() {
+        Some(signal) => Verdict::Interrupted { signal },
+        None => replay_trace(trace, settings, &mut out).unwrap_or_else(|e| error_verdict(&e)),
+    };
     out.seconds = started.elapsed().as_secs_f64();
     out
 }
 
 fn error_verdict(err: &anyhow::Error) -> Verdict {
-    match err.downcast_ref::<Failure>() {
-        Some(f) => Verdict::Error { message: f.message.clone(), hint: f.hint.clone() },
-        None => Verdict::Error { message: format!("{err:#}"), hint: None },
+    match (err.downcast_ref::<Failure>(), launcher::signals::received()) {
+        // Refused because the user stopped the gate first (the program was not started).
+        (Some(f), Some(signal)) if f.code > 128 => Verdict::Interrupted { signal },
+        (Some(f), _) => Verdict::Error { message: f.message.clone(), hint: f.hint.clone() },
+        (None, _) => Verdict::Error { message: format!("{err:#}"), hint: None },
     }
 }
 
@@ -177,6 +190,9 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     out.output_tail = tail(&log, 8);
     let replayed = result?;
     out.program_seconds = replayed.program_seconds;
+    if let Some(signal) = replayed.interrupted {
+        return Ok(Verdict::Interrupted { signal });
+    }
     let divergence = replayed.outcome.divergence.map(|d| {
         serde_json::from_value::<Divergence>(d.clone())
             .unwrap_or_else(|_| Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string()))
@@ -202,6 +218,8 @@ pub(super) fn trace_bytes(trace: &Trace, settings: &Settings) -> anyhow::Result<
         Origin::Run(id) => {
             let store =
                 settings.real.as_ref().ok_or_else(|| usage(format!("{id}: the store is not open")))?;
+            // Exported now, a run still being recorded would be a trace cut short.
+            launcher::check_finished(&**store, &store.run(id)?, "gate")?;
             let mut bytes = Vec::new();
             export_run(&**store, id, &mut bytes, &mut |_| {}).map_err(|e| crate::output::failure(2, &e))?;
             Ok(bytes)
@@ -258,9 +276,7 @@ fn header(bytes: &[u8]) -> anyhow::Result<ExportHeader> {
 fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
     let shown = || format!("`{}` (in {})", argv.join(" "), cwd.display());
     let fix = "check the command, or pass another one after `--`";
-    if !cwd.is_dir() {
-        return Err(usage_hint(format!("the working directory of {} does not exist", shown()), fix));
-    }
+    launcher::check_cwd(argv, cwd)?;
     let Some(program) = argv.first() else {
         return Err(usage_hint("no command to run", "put the program after `--`"));
     };

@@ -29,8 +29,10 @@ pub fn trace_lines(o: &Outcome) -> String {
             }
             text
         }
+        Verdict::Interrupted { signal } => format!("STOPPED   {name}: interrupted ({signal}), not judged\n"),
     };
-    if !matches!(o.verdict, Verdict::Ok) && !o.output_tail.is_empty() {
+    let judged = !matches!(o.verdict, Verdict::Ok | Verdict::Interrupted { .. });
+    if judged && !o.output_tail.is_empty() {
         out.push_str("          the program's last output:\n");
         for line in &o.output_tail {
             out.push_str(&format!("          | {line}\n"));
@@ -81,6 +83,8 @@ pub struct Tally {
     pub diverged: usize,
     /// Traces that could not be replayed.
     pub errors: usize,
+    /// Traces whose replay the user stopped, or that never started once they had.
+    pub interrupted: usize,
 }
 
 impl Tally {
@@ -92,17 +96,23 @@ impl Tally {
                 Verdict::Ok => t.ok += 1,
                 Verdict::Diverged { .. } => t.diverged += 1,
                 Verdict::Error { .. } => t.errors += 1,
+                Verdict::Interrupted { .. } => t.interrupted += 1,
             }
         }
         t
     }
 }
 
-/// `gate: 5 traces, 4 ok, 1 diverged, 0 errors in 3.2 s (2 jobs)`.
+/// `gate: 5 traces, 4 ok, 1 diverged, 0 errors in 3.2 s (2 jobs)`, with `, N interrupted`
+/// after the errors when the user stopped the gate.
 pub fn summary(outcomes: &[Outcome], seconds: f64, jobs: usize) -> String {
     let t = Tally::of(outcomes);
+    let interrupted = match t.interrupted {
+        0 => String::new(),
+        n => format!(", {n} interrupted"),
+    };
     format!(
-        "gate: {} traces, {} ok, {} diverged, {} errors in {seconds:.1} s ({jobs} job{})\n",
+        "gate: {} traces, {} ok, {} diverged, {} errors{interrupted} in {seconds:.1} s ({jobs} job{})\n",
         outcomes.len(),
         t.ok,
         t.diverged,
@@ -131,6 +141,7 @@ pub fn json(outcomes: &[Outcome], seconds: f64, jobs: usize) -> serde_json::Valu
                 Verdict::Error { message, hint } => {
                     ("error", None, vec![], Some(json!({"message": message, "hint": hint})))
                 }
+                Verdict::Interrupted { .. } => ("interrupted", None, vec![], None),
             };
             json!({
                 "name": o.trace.name, "run": o.run_id, "status": status, "steps": o.steps,
@@ -143,12 +154,12 @@ pub fn json(outcomes: &[Outcome], seconds: f64, jobs: usize) -> serde_json::Valu
     json!({
         "traces": traces,
         "summary": {"traces": outcomes.len(), "ok": t.ok, "diverged": t.diverged, "errors": t.errors,
-                    "seconds": seconds, "jobs": jobs},
+                    "interrupted": t.interrupted, "seconds": seconds, "jobs": jobs},
     })
 }
 
 /// JUnit XML: one test suite, one test case per trace; a divergence is a `failure`, a trace
-/// that could not be replayed an `error`.
+/// that could not be replayed an `error`, one the user stopped `skipped`.
 pub fn junit(outcomes: &[Outcome], seconds: f64) -> String {
     let t = Tally::of(outcomes);
     let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
@@ -159,10 +170,11 @@ pub fn junit(outcomes: &[Outcome], seconds: f64) -> String {
         t.errors
     ));
     x.push_str(&format!(
-        "  <testsuite name=\"retrace gate\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"0\" time=\"{seconds:.3}\">\n",
+        "  <testsuite name=\"retrace gate\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{seconds:.3}\">\n",
         outcomes.len(),
         t.diverged,
-        t.errors
+        t.errors,
+        t.interrupted
     ));
     for o in outcomes {
         x.push_str(&format!(
@@ -182,6 +194,9 @@ pub fn junit(outcomes: &[Outcome], seconds: f64) -> String {
                 ">\n      <error type=\"input\" message=\"{}\">{}</error>\n    </testcase>\n",
                 escape(message),
                 escape(&body)
+            )),
+            Verdict::Interrupted { signal } => x.push_str(&format!(
+                ">\n      <skipped message=\"interrupted ({signal})\"/>\n    </testcase>\n"
             )),
         }
     }
