@@ -48,6 +48,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     let total = RunEvents::new(&*store, &meta.id).map_or(0, |pages| pages.count());
+    if meta.status == retrace_core::run::RunStatus::Running {
+        eprintln!(
+            "retrace: warning: run {} is still being recorded: the file holds the {total} events stored so \
+             far, and a replay or gate of it ends there (log_ended); export it again once it has finished",
+            meta.id
+        );
+    }
     let mut progress = Progress::new("exporting events", total);
     let mut last = 0;
     let mut report = |done: u64| {

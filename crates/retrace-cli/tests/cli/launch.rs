@@ -332,6 +332,25 @@ fn replaying_an_interrupted_recording_to_its_end_is_log_ended_in_replay_and_gate
         &["DIVERGED", &format!("at seq {last}: log_ended"), &ends],
         &["1 of 1 traces diverged"],
     );
+
+    // Exported while still being recorded (`running`): export warns, and the gate, which no
+    // recorder feeds, takes it as interrupted too, not as a run with no exit status to compare.
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    let mut meta = store.run(&run).unwrap();
+    meta.status = retrace_core::run::RunStatus::Running;
+    store.update_run(&meta).unwrap();
+    drop(store);
+    let running = home.file("running.jsonl");
+    let warning =
+        format!("run {run} is still being recorded: the file holds the {last} events stored so far");
+    home.run(&["export", &run, "-o", running.to_str().unwrap()]).expect(0, &[], &[&warning]);
+    let header = std::fs::read_to_string(&running).unwrap();
+    assert!(header.lines().next().unwrap().contains(r#""status":"running""#), "the file says so");
+    home.run(&["gate", running.to_str().unwrap()]).expect(
+        1,
+        &["DIVERGED", &format!("at seq {last}: log_ended"), &ends],
+        &["1 of 1 traces diverged"],
+    );
 }
 
 // A program Retrace launched does not outlive Retrace: `kill -9` of `retrace record` ends it

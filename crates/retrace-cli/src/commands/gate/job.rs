@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use retrace_core::export::ExportHeader;
+use retrace_core::run::RunStatus;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
 use retrace_store::export::{export_run, RunEvents};
 use retrace_store::import::{import_reader, ImportOptions};
@@ -144,7 +145,14 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     let options = ImportOptions { file_name: Some(trace.name.clone()), ..ImportOptions::default() };
     import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
     import_sources(&*store, trace, &header, settings)?;
-    let source = launcher::source_run(&*store, &header.run.id)?;
+    let mut source = launcher::source_run(&*store, &header.run.id)?;
+    if source.status == RunStatus::Running {
+        // A trace exported while its run was being recorded: no one records it here, so it is
+        // `interrupted`, as a store opened after its recorder died would say, and it replays to
+        // `log_ended` as `retrace replay` of the same file does.
+        source.status = RunStatus::Interrupted;
+        store.update_run(&source)?;
+    }
     let original = source.masking_rules.replaying_originals();
     if source.holds_tokens && !original.is_empty() {
         // Its steps would fail one by one on originals no trace file carries.
