@@ -3,6 +3,7 @@
 //! and SIGTERM ([`signals`]), ends it if Retrace dies first, and returns how it ended. Runs
 //! remember their working directory relative to the git top level, so a replay runs from the
 //! same place in any clone.
+pub mod line_end;
 pub mod signals;
 
 use std::path::{Path, PathBuf};
@@ -65,6 +66,8 @@ pub fn run(child: &Child) -> anyhow::Result<Ended> {
         let file = std::fs::File::create(path)
             .with_context(|| format!("creating the program's output file {}", path.display()))?;
         command.stdin(std::process::Stdio::null()).stdout(file.try_clone()?).stderr(file);
+    } else if line_end::tracked() {
+        command.stdout(std::process::Stdio::piped());
     }
     let mut process = match command.spawn() {
         Ok(p) => p,
@@ -79,8 +82,12 @@ pub fn run(child: &Child) -> anyhow::Result<Ended> {
         Err(e) => return Err(e).with_context(|| format!("starting `{}`", child.argv.join(" "))),
     };
     let forwarding = signals::Forwarding::to(Pid::from_raw(process.id() as i32));
+    let copied = process.stdout.take().map(line_end::copy);
     let status = process.wait().context("waiting for the program")?;
     drop(forwarding);
+    if let Some(copied) = copied {
+        copied.drained();
+    }
     let status = exit_code(status);
     Ok(Ended { status, interrupted: signals::received_by_end(status) })
 }

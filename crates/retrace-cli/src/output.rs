@@ -13,6 +13,8 @@ pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
 /// after the program's own standard output, so a script reads the last line.
 pub fn print_json_line(value: &serde_json::Value) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
+    // On a line of its own, even after a program whose output ended mid-line.
+    crate::launcher::line_end::start_line(&mut out)?;
     serde_json::to_writer(&mut out, value)?;
     writeln!(out)?;
     Ok(())

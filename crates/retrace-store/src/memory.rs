@@ -129,19 +129,7 @@ impl EventStore for MemoryStore {
     }
 
     fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
-        let inner = self.inner.lock();
-        if let Some(entry) = inner.runs.get(id_or_prefix) {
-            return Ok(entry.meta.clone());
-        }
-        check_prefix(id_or_prefix)?;
-        let mut found: Vec<&str> =
-            inner.runs.keys().filter(|id| id.starts_with(id_or_prefix)).map(String::as_str).collect();
-        found.sort_unstable();
-        match found.as_slice() {
-            [] => Err(StoreError::not_found(format!("no run matches {id_or_prefix}"))),
-            [one] => Ok(inner.runs[*one].meta.clone()),
-            [a, b, ..] => Err(ambiguous(id_or_prefix, a, b)),
-        }
+        case_folding(id_or_prefix, |id| self.find_run_as_given(id))
     }
 
     fn runs(&self) -> StoreResult<Vec<RunMeta>> {
@@ -317,6 +305,25 @@ impl Cache for MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The run `id_or_prefix` names, its case as given.
+    fn find_run_as_given(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
+        let inner = self.inner.lock();
+        if let Some(entry) = inner.runs.get(id_or_prefix) {
+            return Ok(entry.meta.clone());
+        }
+        check_prefix(id_or_prefix)?;
+        let mut found: Vec<&str> =
+            inner.runs.keys().filter(|id| id.starts_with(id_or_prefix)).map(String::as_str).collect();
+        found.sort_unstable();
+        match found.as_slice() {
+            [] => Err(StoreError::not_found(format!("no run matches {id_or_prefix}"))),
+            [one] => Ok(inner.runs[*one].meta.clone()),
+            [a, b, ..] => Err(ambiguous(id_or_prefix, a, b)),
+        }
+    }
+}
+
 impl Store for MemoryStore {
     fn backend(&self) -> &'static str {
         "memory"
@@ -331,6 +338,26 @@ pub(crate) fn check_prefix(prefix: &str) -> StoreResult<()> {
         )));
     }
     Ok(())
+}
+
+/// Finds a run by `find(id_or_prefix)`, and, when nothing matches an id or prefix holding
+/// capitals, by its lower-case form: run ids are lower-case ULIDs, which are case-insensitive,
+/// and one pasted from an upper-casing UI should still be found. An id stored with capitals
+/// (imported) is still found as given.
+pub(crate) fn case_folding(
+    id_or_prefix: &str,
+    find: impl Fn(&str) -> StoreResult<RunMeta>,
+) -> StoreResult<RunMeta> {
+    match find(id_or_prefix) {
+        Err(e) if e.kind == crate::StoreErrorKind::NotFound => {
+            let lower = id_or_prefix.to_ascii_lowercase();
+            match lower != id_or_prefix {
+                true => find(&lower).map_err(|_| e),
+                false => Err(e),
+            }
+        }
+        other => other,
+    }
 }
 
 /// The `Invalid` error for a prefix that matches two runs or more.

@@ -97,6 +97,9 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.json {
+        launcher::line_end::track();
+    }
     let store = existing_store_from_env()?;
     // Edit files are masked like any input: with the fork's rules (the source's plus today's).
     let mask = super::mask_from_env()?;

@@ -77,6 +77,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_from_env()?;
     let args_json = args.json;
+    if args_json {
+        launcher::line_end::track();
+    }
     let mut labels = BTreeMap::new();
     for label in &args.labels {
         let (k, v) =
@@ -109,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // One line, the last of standard output, whatever the program printed before it.
         let json =
             serde_json::json!({ "run": id, "status": meta.status, "events": events, "exit_status": status });
-        println!("{json}");
+        crate::output::print_json_line(&json)?;
     }
     std::process::exit(status);
 }

@@ -59,6 +59,9 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.json {
+        launcher::line_end::track();
+    }
     let store = existing_store_from_env()?;
     let source = launcher::source_run(store.as_ref(), &args.run)?;
     // Refused before anything runs: the replay session would refuse every step.

@@ -503,3 +503,27 @@ fn an_empty_home_and_a_bare_database_name_record_where_runs_finds_them() {
     assert!(dir.path().join(".retrace/retrace.db").is_file() && dir.path().join("bare.db").is_file());
     assert!(dir.path().join("mask.key").is_file(), "the bare database's key beside it");
 }
+
+/// `--json`'s summary is the last line of standard output even after a program whose output
+/// ends mid-line (`printf abc`): it starts a line of its own, and the program's bytes are kept.
+#[test]
+fn the_json_summary_is_a_line_of_its_own_after_output_that_ends_mid_line() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "printf", "abc"]);
+    recorded.expect(0, &[], &[]);
+    let out = recorded.stdout();
+    let (program, summary) = out.trim_end_matches('\n').rsplit_once('\n').expect("two lines");
+    assert_eq!(program, "abc", "{out:?}");
+    let summary: serde_json::Value = serde_json::from_str(summary).unwrap();
+    let run = summary["run"].as_str().unwrap();
+    let replayed = home.run(&["replay", run, "--json"]);
+    replayed.expect(0, &[], &[]);
+    let out = replayed.stdout();
+    let (program, summary) = out.trim_end_matches('\n').rsplit_once('\n').expect("two lines");
+    assert_eq!(program, "abc", "{out:?}");
+    let summary: serde_json::Value = serde_json::from_str(summary).unwrap();
+    assert_eq!(summary["status"], "ok", "{summary}");
+    // Output that ends its line gets no blank line before the summary.
+    let whole = home.run(&["record", "--json", "--", "printf", "abc\\n"]).stdout();
+    assert!(whole.starts_with("abc\n{"), "{whole:?}");
+}

@@ -32,6 +32,9 @@ pub fn runs_find_by_prefix(make: MakeStore<'_>) {
     }
     assert_eq!(store.find_run("01hxyz0000").unwrap().id, "01hxyz0000");
     assert_eq!(store.find_run("01hx").unwrap().id, "01hxyz0000");
+    // Run ids are ULIDs, which are case-insensitive: one pasted in capitals is found.
+    assert_eq!(store.find_run("01HXYZ0000").unwrap().id, "01hxyz0000");
+    assert_eq!(store.find_run("01HX").unwrap().id, "01hxyz0000");
     assert_eq!(store.find_run("01habc").unwrap().id, "01habc0000");
     let ambiguous = store.find_run("01ha").unwrap_err();
     assert_eq!(ambiguous.kind, StoreErrorKind::Invalid);

@@ -81,7 +81,7 @@ impl EventStore for SqliteStore {
         self.run_impl(id)
     }
     fn find_run(&self, id_or_prefix: &str) -> StoreResult<RunMeta> {
-        self.find_run_impl(id_or_prefix)
+        crate::memory::case_folding(id_or_prefix, |id| self.find_run_impl(id))
     }
     fn runs(&self) -> StoreResult<Vec<RunMeta>> {
         self.runs_impl()
