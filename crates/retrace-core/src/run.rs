@@ -32,7 +32,8 @@ pub enum RunStatus {
     Failed,
     /// Replay found a divergence.
     Diverged,
-    /// The recorder died before finishing.
+    /// Ended before it finished: a recording's recorder died (or a trace was exported while
+    /// it was being recorded), or the user stopped a replay or fork (SIGINT, SIGTERM).
     Interrupted,
 }
 
