@@ -96,8 +96,11 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
     run to record into. ``RETRACE_MODE=replay`` naming a run that is not a replay run (a recorded
     run) starts a new replay of it, which :meth:`Run.finish` ends; ``replay`` and ``fork`` need a
     run, and any other mode than ``record``, ``replay``, ``fork`` and ``off`` is refused
-    (:class:`RetraceError`, ``usage``) before anything is sent or run. ``RETRACE_MODE=off``
-    connects to nothing: the run's mode is ``off`` (see :class:`Run`)."""
+    (:class:`RetraceError`, ``usage``) before anything is sent or run. So are, as ``retrace replay``
+    and ``retrace fork`` refuse them, ``replay`` naming a run still being recorded (status
+    ``running``) and ``fork`` naming a run that is no fork run (the fork run ``retrace fork`` makes):
+    neither records steps live into the run. ``RETRACE_MODE=off`` connects to nothing: the run's
+    mode is ``off`` (see :class:`Run`)."""
     mode = _mode(run or os.environ.get("RETRACE_RUN"))
     if mode == "off":
         return Run(None, f"off-{secrets.token_hex(8)}", "off", owned=False)
@@ -121,16 +124,31 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
         run = http_.call("POST", "/api/runs", {"name": name} if name else {})["run_id"]
         owned = True
     meta = http_.call("GET", f"/api/runs/{_segment(run)}")
+    status = meta.get("status", "running")
     if mode == "replay" and meta["mode"] != "replay":
         # A recorded run (or a fork) named to replay: a new replay of it, as the Rust runtime
-        # starts one (`DaemonRun::Replay`), not steps recorded live into it.
+        # starts one (`DaemonRun::Replay`), not steps recorded live into it. One still being
+        # recorded is refused first, as `retrace replay` refuses it (`check_finished` in
+        # retrace-cli's launcher.rs): its log is still growing, and the daemon would refuse it
+        # only after making a replay run that nothing ends.
+        if status == "running":
+            raise RetraceError(0, "usage", f"run {meta['run_id']} is a {meta['mode']} run with status running: it "
+                               "is still being recorded; replay it once it has finished")
         made = http_.call("POST", f"/api/runs/{_segment(meta['run_id'])}/replay", {})
         return Run(http_, made["run_id"], "replay", owned=True)
-    if meta["mode"] == "record" and meta.get("status", "running") != "running":
+    if meta["mode"] == "record" and status != "running":
         # The daemon would refuse the first step, after a live function had run.
-        raise RetraceError(0, "usage", f"run {meta['run_id']} is a record run with status {meta['status']}: it "
+        raise RetraceError(0, "usage", f"run {meta['run_id']} is a record run with status {status}: it "
                            "takes no more steps; unset RETRACE_RUN to record a new run, or set RETRACE_MODE=replay "
                            "to replay it")
+    if mode == "fork" and meta["mode"] != "fork":
+        # `fork` executes the fork run `retrace fork` made, as the Rust runtime's `Session::fork`
+        # does ("not a fork"). Joining a record run would record into it live, side effects
+        # included; a replay run would replay.
+        raise RetraceError(0, "usage", f"run {meta['run_id']} is a {meta['mode']} run with status {status}, not a "
+                           f"fork: RETRACE_MODE=fork executes the fork run that `retrace fork` makes; fork this run "
+                           f"with `retrace fork {meta['run_id']} -- ...`"
+                           + (" once it has finished" if status == "running" else ""))
     return Run(http_, meta["run_id"], meta["mode"], owned)
 
 
@@ -188,8 +206,16 @@ class Run:
         ``RETRACE_RUN`` that this program didn't create (``POST /api/runs/RUN/replay`` on a bare
         ``retrace serve``): whoever created it ends it, with ``POST /api/runs/RUN/finish``.
 
+        A run this program created is ended here: ``finish`` returns the run as the daemon stored
+        it (``status``, ``exit_status``, ``decisions``...). A replay it started (``RETRACE_MODE=replay``
+        naming a recorded run) is checked as it ends, as the Rust runtime checks one: steps left
+        unconsumed, other final decisions or another ``exit_status`` than the recording's store it
+        ``diverged`` and raise :class:`Divergence` (``code`` ``steps_left``, ``decisions`` or
+        ``exit_status``, with ``seq``, ``agent``...); so does a divergence found earlier in the run.
+
         ``finish`` says every agent is done and ends the run even when one of them can't be told
-        so (a divergence found at its exit, say); the first such error is raised afterwards."""
+        so (a divergence found at its exit, say); the first such error is raised afterwards, else
+        the divergence the run ended with."""
         failed = None
         for a in self._agents.values():
             try:
@@ -201,7 +227,7 @@ class Run:
             done = self._http.call("POST", f"/api/runs/{_segment(self.id)}/finish", {"exit_status": exit_status})
         if failed is not None:
             raise failed
-        return done
+        return _ended(done)
 
     async def afinish(self, exit_status: int = 0) -> dict:
         """:meth:`finish` on the event loop; then closes the loop's idle connections."""
@@ -220,9 +246,23 @@ class Run:
                 done = await aio.call("POST", f"/api/runs/{_segment(self.id)}/finish", {"exit_status": exit_status})
             if failed is not None:
                 raise failed
-            return done
+            return _ended(done)
         finally:
             await aio.aclose()
+
+
+def _ended(done: dict) -> dict:
+    """What :meth:`Run.finish` returns of the daemon's answer to ``POST /api/runs/RUN/finish`` (the
+    run as stored), with what the run ended with raised, as the Rust runtime's ``finish_remote``
+    raises it: its divergence (the run is stored ``diverged``), or the error that ended it
+    otherwise (``error``: a recording that could not be read to its end, the run ``failed``; or
+    one whose events could not all be stored)."""
+    if done.get("divergence") is not None:
+        raise Divergence.ended(done["divergence"])
+    if done.get("error"):
+        # The daemon answered 200, having ended the run: the error is what it ended with.
+        raise RetraceError(200, "finish", f"run {done.get('run_id')}: {done['error']}")
+    return done
 
 
 # A step is written once, as a flow: a generator that yields what it needs done (a request to

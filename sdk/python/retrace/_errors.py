@@ -1,6 +1,7 @@
 """The exceptions the SDK raises (re-exported by ``retrace``)."""
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 
@@ -25,6 +26,28 @@ class Divergence(RetraceError):
         self.expected: Optional[str] = report.get("expected")
         self.got: Optional[str] = report.get("got")
         self.path: Optional[str] = report.get("path")
+
+    @classmethod
+    def ended(cls, report: dict) -> "Divergence":
+        """The divergence a run ended with (``divergence`` of the run the daemon's
+        ``POST /api/runs/RUN/finish`` answers, found when the run ended: steps left unconsumed, other
+        final decisions, another exit status; or earlier, mid-run). That answer carries the report
+        alone, so its message is written here as the daemon writes one (the Rust ``Display``), less
+        the line saying what the code means; ``status`` is 409, as for a divergence found mid-run."""
+        head = f"divergence [{report.get('code', 'divergence')}]"
+        if report.get("seq") is not None:
+            head += f" at seq {report['seq']}"
+        lines = [f"{head}, agent {json.dumps(report.get('agent'))}"]
+        if report.get("step"):
+            lines.append(f"  step:      {report['step']}")
+        if report.get("expected"):
+            lines.append(f"  expected:  {report['expected']}")
+        if report.get("got"):
+            lines.append(f"  got:       {report['got']}")
+        if report.get("path"):
+            lines.append(f"  first difference at {report['path']}")
+        lines += [f"  {line}" for line in report.get("detail") or []]
+        return cls(409, "\n".join(lines), report)
 
 
 class DryRun(Exception):

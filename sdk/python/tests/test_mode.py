@@ -3,7 +3,9 @@ daemon (`retrace serve`), as the Rust runtime reads them (`Session::from_env_wit
 `record`; `replay` and `fork` need a run; any other value (`OFF`, an empty one, one with spaces)
 is refused. A refused mode is a `usage` error raised before anything is sent to the daemon or
 run: it would otherwise record a new run live, side effects included. A run named to replay
-that is no replay run yet gets a new replay, and a finished record run takes no more steps."""
+that is no replay run yet gets a new replay, and a finished record run takes no more steps. As
+`retrace replay` and `retrace fork` refuse them, `replay` naming a run still being recorded and
+`fork` naming a run that is no fork are refused too, before any step runs."""
 import json
 import urllib.request
 
@@ -119,3 +121,33 @@ def test_replay_naming_a_recorded_run_replays_it_and_a_finished_record_run_takes
         assert refused.value.message.startswith(f"run {source} is a record run with status ok: it takes no more "
                                                 "steps"), refused.value.message
         assert ran == []
+
+
+@pytest.mark.parametrize("mode", ["fork", "replay"])
+def test_fork_or_replay_naming_a_run_still_being_recorded_is_refused_before_anything_is_sent_or_runs(
+        daemon, monkeypatch, mode):
+    """As `retrace fork` and `retrace replay` refuse a run still being recorded (`check_finished`
+    in retrace-cli's launcher.rs), and the Rust runtime's `Session::fork` a run that is not a
+    fork: never steps recorded live into it, side effects included, nor a replay of a log that is
+    still growing (the daemon would refuse that only after making a replay run nothing ends)."""
+    monkeypatch.setenv("RETRACE_URL", daemon)
+    live = retrace.connect(name="live")  # still recording: its program is running
+    assert live.agent("ops").tool("sql.query", {}, lambda: [1]) == [1]
+    before = runs(daemon)
+    assert before[live.id]["status"] == "running"
+    monkeypatch.setenv("RETRACE_MODE", mode)
+    monkeypatch.setenv("RETRACE_RUN", live.id)
+    sent = []
+    with pytest.raises(retrace.RetraceError) as refused:
+        run = retrace.connect()
+        run.agent("ops").tool("email.send", {"to": "ops"}, lambda: sent.append("live"), cls="side_effect")
+    assert (refused.value.status, refused.value.code) == (0, "usage")
+    why = {"fork": "not a fork", "replay": "it is still being recorded; replay it once it has finished"}[mode]
+    assert refused.value.message.startswith(f"run {live.id} is a record run with status running"), refused.value.message
+    assert why in refused.value.message, refused.value.message
+    assert sent == [], "the side effect never runs"
+    assert runs(daemon) == before, "no replay run is made, and the recording is untouched"
+    assert [e["type"] for e in events(daemon, live.id)] == ["tool_call"]
+
+    live.finish()  # its recorder ends it as it would have
+    assert runs(daemon)[live.id]["status"] == "ok"
