@@ -83,6 +83,27 @@ fn exported(dir: &Path, kind: Kind) -> std::path::PathBuf {
     file
 }
 
+/// Runs `script` under `sh` in a private user and mount namespace (so it may mount a tmpfs),
+/// `$1` being `args[0]`, `$2` the CLI, `$3`... the rest of `args`; its stdout and stderr, once
+/// it has succeeded.
+fn in_private_mount(script: &str, args: &[&std::ffi::OsStr]) -> (String, String) {
+    let ran = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--", "sh", "-c", script, "sh"])
+        .arg(args[0])
+        .arg(env!("CARGO_BIN_EXE_retrace"))
+        .args(&args[1..])
+        .env_remove("RETRACE_STORE")
+        .env_remove("RETRACE_BLOBS")
+        .env_remove("RETRACE_URL")
+        .env_remove("RETRACE_RUN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running unshare (util-linux) for a private tmpfs");
+    let (out, err) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    assert!(ran.status.success(), "the script failed ({}):\nstdout:\n{out}\nstderr:\n{err}", ran.status);
+    (out.into_owned(), err.into_owned())
+}
+
 /// Imports `kind`'s file onto a full disk, then again with room, all in one mount namespace;
 /// what the script printed.
 fn import_onto_a_full_disk(kind: Kind) -> String {
@@ -102,22 +123,8 @@ fn import_onto_a_full_disk(kind: Kind) -> String {
         echo "== export"; "$2" export "$4" -o "$1/again.jsonl"; echo "== exit $?"
         cmp "$3" "$1/again.jsonl" && echo "== same bytes"
     "#;
-    let ran = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "--", "sh", "-c", script, "sh"])
-        .arg(&mnt)
-        .arg(env!("CARGO_BIN_EXE_retrace"))
-        .arg(&file)
-        .arg(RUN)
-        .env_remove("RETRACE_STORE")
-        .env_remove("RETRACE_BLOBS")
-        .env_remove("RETRACE_URL")
-        .env_remove("RETRACE_RUN")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running unshare (util-linux) for a private tmpfs");
-    let (out, err) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    let (out, err) = in_private_mount(script, &[mnt.as_os_str(), file.as_os_str(), RUN.as_ref()]);
     let said = format!("stdout:\n{out}\nstderr:\n{err}");
-    assert!(ran.status.success(), "{kind:?}: the script failed ({}):\n{said}", ran.status);
     // What each step printed on stdout, by the `== ` line before it.
     let step = |name: &str| -> String {
         let from =
@@ -151,4 +158,30 @@ fn import_onto_a_full_disk_says_so_exits_2_and_leaves_no_partial_run() {
     for kind in [Kind::Tools, Kind::Models] {
         import_onto_a_full_disk(kind);
     }
+}
+
+/// A disk filled after the store was made: opening it fails in SQLite as a bare "disk I/O
+/// error" (no room for the WAL index); every command says the disk is full instead, and once
+/// there is room again the store reads as it was.
+#[test]
+fn a_store_on_a_disk_that_filled_up_says_the_disk_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let script = r#"
+        mount -t tmpfs -o size=2m tmpfs "$1" || exit 90
+        export RETRACE_HOME="$1/home"
+        "$2" record -- true >/dev/null 2>&1 || exit 92
+        # A command that closes the store cleanly removes its WAL index: the next must make one.
+        "$2" runs >/dev/null || exit 93
+        dd if=/dev/zero of="$1/fill" bs=1k 2>/dev/null
+        echo "== runs"; "$2" runs; echo "== exit $?"
+        rm "$1/fill"
+        echo "== runs with room"; "$2" runs --json; echo "== exit $?"
+    "#;
+    let (out, err) = in_private_mount(script, &[mnt.as_os_str()]);
+    let said = format!("stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("== runs\n== exit 2\n"), "{said}");
+    assert!(err.contains("is full; make room there"), "{said}");
+    assert!(out.contains("== exit 0") && out.contains("\"status\": \"ok\""), "{said}");
 }

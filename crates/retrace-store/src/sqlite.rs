@@ -135,20 +135,8 @@ pub struct SqliteStore {
     busy_timeout_ms: u64,
     files: files::Files,
     writer: Mutex<Connection>,
-    /// Whether the write connection's page cache is [`LARGE_WRITE_CACHE_BYTES`] (changed with
-    /// `writer` locked).
-    large_cache: AtomicBool,
-    /// The write connection's copy of the blobs not yet indexed (locked inside a write
-    /// transaction only, after `writer`).
-    tail: Mutex<tail::Tail>,
-    readers: Mutex<Vec<Connection>>,
-    /// The snapshot connections ([`SNAPSHOT_MMAP_BYTES`]) no snapshot holds, at most
-    /// [`SNAPSHOT_POOL`].
-    snapshots: Mutex<Vec<Connection>>,
-    /// Agent name → interned id (ids are never reused, so the cache never goes stale).
-    agents: Mutex<HashMap<String, i64>>,
-    /// Step name → interned id in `names` (for the head blocks; never reused either).
-    names: Mutex<HashMap<String, i64>>,
+    /// What the open store keeps in memory: pools and caches, empty at first.
+    state: State,
     syncer: Option<sync::Syncer>,
     /// `Durability::Event`: the WAL, synced after every commit.
     wal_sync: Option<sync::WalSync>,
@@ -166,6 +154,25 @@ pub struct SqliteStore {
     schema_upgrade: Option<SchemaUpgrade>,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
+}
+
+/// What an open [`SqliteStore`] builds up in memory (every constructor starts it empty).
+#[derive(Debug, Default)]
+struct State {
+    /// Whether the write connection's page cache is [`LARGE_WRITE_CACHE_BYTES`] (changed with
+    /// `writer` locked).
+    large_cache: AtomicBool,
+    /// The write connection's copy of the blobs not yet indexed (locked inside a write
+    /// transaction only, after `writer`).
+    tail: Mutex<tail::Tail>,
+    readers: Mutex<Vec<Connection>>,
+    /// The snapshot connections ([`SNAPSHOT_MMAP_BYTES`]) no snapshot holds, at most
+    /// [`SNAPSHOT_POOL`].
+    snapshots: Mutex<Vec<Connection>>,
+    /// Agent name → interned id (ids are never reused, so the cache never goes stale).
+    agents: Mutex<HashMap<String, i64>>,
+    /// Step name → interned id in `names` (for the head blocks; never reused either).
+    names: Mutex<HashMap<String, i64>>,
 }
 
 impl SqliteStore {
@@ -264,12 +271,7 @@ impl SqliteStore {
             busy_timeout_ms,
             files,
             writer: Mutex::new(writer),
-            large_cache: AtomicBool::new(false),
-            tail: Mutex::new(tail::Tail::default()),
-            readers: Mutex::new(Vec::new()),
-            snapshots: Mutex::new(Vec::new()),
-            agents: Mutex::new(HashMap::new()),
-            names: Mutex::new(HashMap::new()),
+            state: State::default(),
             syncer,
             wal_sync,
             flusher,
@@ -364,12 +366,12 @@ impl SqliteStore {
         self.writable(what)?;
         let mut conn = self.writer.lock();
         let large = bytes >= LARGE_WRITE_BYTES;
-        if large != self.large_cache.load(Ordering::Relaxed) {
+        if large != self.state.large_cache.load(Ordering::Relaxed) {
             let size = if large { LARGE_WRITE_CACHE_BYTES } else { WRITER_CACHE_BYTES };
             // Only the speed of commits depends on the cache's size: a small write goes on
             // with the large cache if it can't be shrunk.
             match conn.execute_batch(&format!("PRAGMA cache_size = -{}", size >> 10)).ctx(|| what) {
-                Ok(()) => self.large_cache.store(large, Ordering::Relaxed),
+                Ok(()) => self.state.large_cache.store(large, Ordering::Relaxed),
                 Err(e) if large => return Err(e),
                 Err(_) => {}
             }
@@ -381,7 +383,7 @@ impl SqliteStore {
             Ok(value)
         })()
         // What the transaction noted in the tail's copy was rolled back with it.
-        .inspect_err(|_| self.tail.lock().invalidate())?;
+        .inspect_err(|_| self.state.tail.lock().invalidate())?;
         if let (Some(wal), WalSyncs::Now) = (&self.wal_sync, sync) {
             // Committed but not yet durable: the caller must not acknowledge it.
             wal.sync().ctx(|| format!("{what}: syncing the WAL {}-wal", self.label))?;
@@ -403,7 +405,7 @@ impl SqliteStore {
         tx: &Connection,
         merge_at: usize,
     ) -> StoreResult<parking_lot::MutexGuard<'_, tail::Tail>> {
-        let mut tail = self.tail.lock();
+        let mut tail = self.state.tail.lock();
         tail.catch_up(tx)?;
         if tail.len() >= merge_at {
             self.merge_tail(tx)?;
@@ -423,7 +425,7 @@ impl SqliteStore {
     /// Counts `added` cache entries appended in `tx`, and merges `cache_log` once this
     /// connection has appended [`tail::CACHE_MERGE_AT`] since its last merge.
     fn merge_cache_if_full(&self, tx: &Connection, added: usize) -> StoreResult<()> {
-        let mut tail = self.tail.lock();
+        let mut tail = self.state.tail.lock();
         tail.cache_rows += added as i64;
         if tail.cache_rows < tail::CACHE_MERGE_AT {
             return Ok(());
@@ -436,10 +438,10 @@ impl SqliteStore {
     /// Gives the write connection the large page cache for the rest of this transaction (the
     /// next small write shrinks it again).
     fn grow_cache(&self, tx: &Connection) -> StoreResult<()> {
-        if !self.large_cache.load(Ordering::Relaxed) {
+        if !self.state.large_cache.load(Ordering::Relaxed) {
             tx.execute_batch(&format!("PRAGMA cache_size = -{}", LARGE_WRITE_CACHE_BYTES >> 10))
                 .ctx(|| "growing the page cache to merge the indexes")?;
-            self.large_cache.store(true, Ordering::Relaxed);
+            self.state.large_cache.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -495,7 +497,7 @@ impl SqliteStore {
 
     /// A read connection from the pool, or a new one.
     fn reader(&self) -> StoreResult<Connection> {
-        let pooled = self.readers.lock().pop();
+        let pooled = self.state.readers.lock().pop();
         match pooled {
             Some(conn) => Ok(conn),
             None => {
@@ -512,7 +514,7 @@ impl SqliteStore {
         if !conn.is_autocommit() {
             return;
         }
-        let mut pool = self.readers.lock();
+        let mut pool = self.state.readers.lock();
         if pool.len() < READ_POOL {
             pool.push(conn);
         }
@@ -530,7 +532,7 @@ impl Drop for Unpin<'_> {
         if let Some((id, conn)) = taken {
             debug_assert_eq!(id, self.store.id);
             if conn.execute_batch("COMMIT").is_ok() {
-                let mut kept = self.store.snapshots.lock();
+                let mut kept = self.store.state.snapshots.lock();
                 if kept.len() < SNAPSHOT_POOL {
                     kept.push(conn);
                 }
@@ -581,12 +583,25 @@ fn set_mmap(conn: &Connection, bytes: u64) -> rusqlite::Result<()> {
 /// be written (a read-only mount, an artifact folder): SQLite's own words for that are "unable
 /// to open database file". The commands that only read open such a store with
 /// [`SqliteStore::open_read_only`] instead, and the error says which they are.
+/// Free space under which an I/O error opening the store is taken for a full disk.
+const FULL_BELOW: u64 = 64 << 10;
+
 fn read_only_folder(path: &Path, error: StoreError) -> StoreError {
     let folder = match path.parent() {
         Some(p) if p.as_os_str().is_empty() => Path::new("."),
         Some(p) => p,
         None => return error,
     };
+    // SQLite reports a disk with no room left for the WAL index (`-shm`) as a bare I/O error
+    // (`xShmMap`): say what it is.
+    if error.kind == StoreErrorKind::Io && files::free_bytes(folder).is_some_and(|free| free < FULL_BELOW) {
+        let message = format!(
+            "{}: the disk holding {} is full; make room there (or point RETRACE_HOME at another disk)",
+            error.message,
+            folder.display()
+        );
+        return StoreError::new(StoreErrorKind::Full, message).with_source(error);
+    }
     match tempfile::tempfile_in(folder) {
         Err(why) if folder.is_dir() => StoreError::io(format!(
             "the store's folder {} is not writable ({why}), and this writes to the store: copy the \

@@ -333,6 +333,28 @@ fn a_fork_exports_its_inherited_events_and_imports_before_or_after_its_source() 
         assert_eq!((err.kind(), err.exit_code()), (ImportErrorKind::Conflict, 1));
         assert!(err.to_string().contains("run 01source") && err.to_string().contains("seq 1"), "{err}");
         assert!(c.store.run("01fork").is_err(), "nothing stored");
+
+        // The other way round: a store holding the fork refuses a source that differs from
+        // what the fork inherits, naming the seq and the fork; nothing of it is stored.
+        let d = make();
+        import(&*d.store, &file).unwrap();
+        let other_file = export(&*c.store, "01source");
+        let err = import(&*d.store, &other_file).unwrap_err();
+        assert_eq!((err.kind(), err.exit_code()), (ImportErrorKind::Conflict, 1));
+        let text = err.to_string();
+        assert!(
+            text.contains("run 01source") && text.contains("seq 1") && text.contains("the fork 01fork"),
+            "{text}"
+        );
+        assert!(d.store.run("01source").is_err(), "nothing stored");
+        // A source that differs only after the fork point is no conflict.
+        let (mut later, _) = fork_pair(None);
+        later.events[7].latency_ms = Some(5);
+        later.reseal_from(7);
+        let e = make();
+        later.commit(&*e.store);
+        import(&*d.store, &export(&*e.store, "01source")).unwrap();
+        assert_eq!(verify_run(&*d.store, "01fork"), vec![]);
     }
 }
 

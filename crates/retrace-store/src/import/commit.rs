@@ -1,7 +1,9 @@
 //! Phase 2 of an import: compare with what the store already holds, then store in chunks.
+use std::collections::HashSet;
+
 use retrace_core::digest_map::DigestSet;
 use retrace_core::envelope::EventType;
-use retrace_core::run::{RunMeta, RunStatus};
+use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_core::{Digest, Event};
 
 use super::held::Held;
@@ -37,6 +39,7 @@ pub(super) fn store_trace(
     let run_id = trace.header.run.id.clone();
     let stored = |source| ImportError::Store { run_id: run_id.clone(), source };
     check_sources(store, &run_id, &trace.events, &trace.mismatched)?;
+    check_forks(store, &run_id, &trace.events, &trace.mismatched)?;
     let (mut done, mut raced) = match starting_point(store, &trace)? {
         (Start::Present, _) => return Ok(ImportOutcome::AlreadyPresent { run_id }),
         (Start::At(done), raced) => (done, raced),
@@ -473,6 +476,48 @@ pub(super) fn check_sources(
             let seq = first + offset - 1;
             let detail = format!("the fork {own} inherits it: {detail}");
             return Err(ImportError::Conflict { run_id: source.clone(), seq, detail });
+        }
+    }
+    Ok(())
+}
+
+/// The other way round: forks of the run imported before it hold the events they inherit from
+/// it, which must be the file's. Else the store would hold two histories of one run: the fork's
+/// own copy, which its export and chain keep, and the run's, which `show` of the fork serves.
+///
+/// The forks looked at are those of `own`, and those whose source isn't stored (a fork of a
+/// fork, imported alone, inherits from `own` through a run the store lacks); only the events
+/// they hold that `own` recorded (their `run_id`) before their fork point are read.
+pub(super) fn check_forks(
+    store: &dyn Store,
+    own: &str,
+    events: &[Event],
+    mismatched: &Mismatched,
+) -> Result<(), ImportError> {
+    let failed = |source| ImportError::Store { run_id: own.to_owned(), source };
+    let runs = store.runs().map_err(failed)?;
+    let stored: HashSet<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+    let forks = runs.iter().filter(|r| r.mode == RunMode::Fork && r.id != own).filter_map(|r| {
+        let (source, at) = (r.source_run.as_deref()?, r.fork_at?);
+        (source == own || !stored.contains(source)).then_some((r.id.as_str(), at))
+    });
+    for (fork, at) in forks {
+        let mut next = 1;
+        while next < at {
+            let page = store.events(fork, next, PAGE.min((at - next) as usize)).map_err(failed)?;
+            let Some(last) = page.last() else { break };
+            next = last.seq + 1;
+            for held in page.iter().filter(|e| e.run_id == own && e.seq < at) {
+                let Some(filed) = events.get(held.seq as usize - 1).filter(|e| e.seq == held.seq) else {
+                    let detail = format!("the fork {fork}, stored, inherits it, and the file ends before it");
+                    return Err(ImportError::Conflict { run_id: own.to_owned(), seq: held.seq, detail });
+                };
+                let file = Identity::of_file(std::slice::from_ref(filed), mismatched);
+                if let Some((_, detail)) = first_difference(&[Identity::stored(held)], &file) {
+                    let detail = format!("the fork {fork}, stored, inherits it: {detail}");
+                    return Err(ImportError::Conflict { run_id: own.to_owned(), seq: held.seq, detail });
+                }
+            }
         }
     }
     Ok(())

@@ -267,6 +267,17 @@ fn read_body<'scope, 'env, R: BufRead>(
 
 fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
     let malformed = |message: String| ImportError::Malformed { at: at.clone(), message };
+    // Two ways a trace often reaches us wrapped: say which, rather than only "not JSON".
+    if line.starts_with(&[0x1f, 0x8b]) {
+        let message = "the file is gzip-compressed: import what `gunzip -c FILE | retrace import -` gives";
+        return Err(malformed(message.into()));
+    }
+    if line.starts_with("\u{feff}".as_bytes()) {
+        let message =
+            "the file starts with a UTF-8 byte-order mark, which no trace has (an editor added it): \
+                       remove its first 3 bytes (`tail -c +4 FILE`)";
+        return Err(malformed(message.into()));
+    }
     let value: serde_json::Value = serde_json::from_slice(line)
         .map_err(|e| unparsable(at.clone(), complete, "the header is not JSON", &e))?;
     let Some(format) = value.get("format").and_then(|f| f.as_str()) else {

@@ -337,10 +337,24 @@ pub(crate) fn put(
 /// lie within one segment (fetched in the same query).
 pub(crate) type Row = (i64, i64, Value, Option<Vec<u8>>);
 
+/// A blob row's `data` (column `i`) as a [`Value`]: text that isn't UTF-8 (only a row edited by
+/// hand holds it) comes back as bytes, which the blob's digest check then refuses, where
+/// rusqlite's own conversion would panic.
+fn data(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Value> {
+    Ok(match r.get_ref(i)? {
+        ValueRef::Text(text) => match std::str::from_utf8(text) {
+            Ok(text) => Value::Text(text.to_owned()),
+            Err(_) => Value::Blob(text.to_vec()),
+        },
+        other => other.into(),
+    })
+}
+
 fn row(conn: &Connection, digest: &Digest) -> StoreResult<Option<Row>> {
     conn.prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM blobs b WHERE b.id = {}", id_of("?1")))
         .and_then(|mut s| {
-            s.query_row([digest.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()
+            s.query_row([digest.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, data(r, 2)?, r.get(3)?)))
+                .optional()
         })
         .ctx(|| format!("reading blob {digest}"))
 }
@@ -360,7 +374,7 @@ fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> 
     let mut rows = stmt.query([hex_list(digests)]).ctx(what)?;
     while let Some(r) = rows.next().ctx(what)? {
         let index: i64 = r.get(0).ctx(what)?;
-        let row = (r.get(1).ctx(what)?, r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?);
+        let row = (r.get(1).ctx(what)?, r.get(2).ctx(what)?, data(r, 3).ctx(what)?, r.get(4).ctx(what)?);
         if let Some(slot) = usize::try_from(index).ok().and_then(|i| found.get_mut(i)) {
             *slot = Some(row);
         }
@@ -384,7 +398,7 @@ fn rows(conn: &Connection, digests: &[Digest]) -> StoreResult<Vec<Option<Row>>> 
             .ok_or_else(|| StoreError::corrupt("a blob row holds a bad digest"))?;
         tail.insert(
             digest,
-            (r.get(1).ctx(what)?, r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?),
+            (r.get(1).ctx(what)?, r.get(2).ctx(what)?, data(r, 3).ctx(what)?, r.get(4).ctx(what)?),
         );
     }
     for (slot, digest) in found.iter_mut().zip(digests) {
@@ -452,7 +466,8 @@ fn rows_at<B: Wanted>(conn: &Connection, wanted: &[B]) -> StoreResult<Vec<Option
         if !same {
             continue;
         }
-        found[i] = Some((r.get(2).ctx(what)?, r.get(3).ctx(what)?, r.get(4).ctx(what)?, r.get(5).ctx(what)?));
+        found[i] =
+            Some((r.get(2).ctx(what)?, r.get(3).ctx(what)?, data(r, 4).ctx(what)?, r.get(5).ctx(what)?));
     }
     Ok(found)
 }

@@ -166,8 +166,8 @@ impl SqliteStore {
             deliveries::follow(tx, pk, first, first_delivery, last).ctx(|| what.clone())?;
             head_blocks::put(tx, pk, &heads).ctx(|| what.clone())
         })?;
-        self.agents.lock().extend(fresh_agents);
-        self.names.lock().extend(fresh_names);
+        self.state.agents.lock().extend(fresh_agents);
+        self.state.names.lock().extend(fresh_names);
         Ok(())
     }
 
@@ -188,7 +188,7 @@ impl SqliteStore {
     /// The interned id of `agent`, inserting it in `tx` when new (`fresh` collects those, to
     /// be cached once the transaction commits).
     fn agent_pk(&self, tx: &Connection, agent: &str, fresh: &mut HashMap<String, i64>) -> StoreResult<i64> {
-        if let Some(pk) = self.agents.lock().get(agent).or_else(|| fresh.get(agent)) {
+        if let Some(pk) = self.state.agents.lock().get(agent).or_else(|| fresh.get(agent)) {
             return Ok(*pk);
         }
         let what = || format!("interning agent {agent}");
@@ -210,7 +210,7 @@ impl SqliteStore {
         name: &str,
         fresh: &mut HashMap<String, i64>,
     ) -> rusqlite::Result<i64> {
-        if let Some(pk) = self.names.lock().get(name) {
+        if let Some(pk) = self.state.names.lock().get(name) {
             return Ok(*pk);
         }
         head_blocks::intern_name(tx, fresh, name)

@@ -44,8 +44,32 @@ impl Files {
             Err(e) => {
                 let missing = e.kind() == std::io::ErrorKind::NotFound;
                 let err = StoreError::from_io(e, format!("reading blob {digest} from {}", path.display()));
-                Err(if missing { StoreError { kind: crate::StoreErrorKind::Corrupt, ..err } } else { err })
+                if !missing {
+                    return Err(err);
+                }
+                let mut err = StoreError { kind: crate::StoreErrorKind::Corrupt, ..err };
+                if let Some(hint) = self.elsewhere() {
+                    err.message = format!("{}; {hint}", err.message);
+                }
+                Err(err)
             }
+        }
+    }
+
+    /// What to say of a missing blob file when the folder holds no large blob at all: the store
+    /// most likely wrote them to another folder (`RETRACE_BLOBS` set when they were recorded,
+    /// and not now), rather than lost them.
+    fn elsewhere(&self) -> Option<String> {
+        let holds_blobs = std::fs::read_dir(&self.dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name().len() == 2)
+        });
+        match holds_blobs {
+            true => None,
+            false => Some(format!(
+                "the blob folder {} holds no large blobs: if they were recorded with RETRACE_BLOBS set to \
+                 another folder, set it again",
+                self.dir.display()
+            )),
         }
     }
 
@@ -73,6 +97,12 @@ impl Files {
             recent.pop_front();
         }
     }
+}
+
+/// The bytes an unprivileged writer may still use on the disk holding `folder`.
+pub(crate) fn free_bytes(folder: &Path) -> Option<u64> {
+    let stat = nix::sys::statvfs::statvfs(folder).ok()?;
+    Some((stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64))
 }
 
 /// Syncs a folder, so that the names created in it are durable.

@@ -53,7 +53,7 @@ impl SqliteStore {
     /// copy of the tail: a hint, checked against the row's digest when read, that saves a
     /// scan of the tail (skipped while a write transaction holds the copy).
     fn located(&self, digests: &[Digest]) -> Vec<crate::BlobRef> {
-        let tail = self.tail.try_lock();
+        let tail = self.state.tail.try_lock();
         let at = |d: &Digest| tail.as_ref().and_then(|t| t.get(d)).map(BlobAt::new);
         digests.iter().map(|d| (*d, at(d))).collect()
     }
@@ -191,7 +191,7 @@ impl Store for SqliteStore {
         if PINNED.with(|p| p.borrow().is_some()) {
             return f();
         }
-        let kept = self.snapshots.lock().pop();
+        let kept = self.state.snapshots.lock().pop();
         let conn = match kept {
             Some(conn) => conn,
             None => {

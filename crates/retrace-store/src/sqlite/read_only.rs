@@ -1,12 +1,11 @@
 //! Reading a store this process can't write (a read-only mount, a CI artifact), as it is:
 //! [`SqliteStore::open_read_only`], with no thread, upgrade or recovery of its own.
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use super::{ack_log, files, open_connection, schema, sync, tail, Access, SqliteStore, STORE_IDS};
+use super::{ack_log, files, open_connection, schema, sync, Access, SqliteStore, State, STORE_IDS};
 use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
@@ -66,12 +65,7 @@ impl SqliteStore {
             busy_timeout_ms,
             files,
             writer: Mutex::new(opened),
-            large_cache: AtomicBool::new(false),
-            tail: Mutex::new(tail::Tail::default()),
-            readers: Mutex::new(Vec::new()),
-            snapshots: Mutex::new(Vec::new()),
-            agents: Mutex::new(HashMap::new()),
-            names: Mutex::new(HashMap::new()),
+            state: State::default(),
             syncer: None,
             wal_sync: None,
             flusher: None,

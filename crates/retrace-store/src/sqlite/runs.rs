@@ -423,33 +423,16 @@ impl SqliteStore {
 
     pub(crate) fn recover_interrupted_impl(&self) -> StoreResult<Vec<String>> {
         let unrecovered = self.recover_dead_ack_logs()?;
+        // Looked for first without the write lock, which every command opening the store would
+        // otherwise wait for (up to the busy timeout) while a long write holds it, for nothing
+        // in the usual case: no run's recorder died.
+        if self.read(|conn| dead_runs(conn, &unrecovered))?.is_empty() {
+            return Ok(Vec::new());
+        }
         self.write("recovering interrupted runs", |tx| {
             let what = || "recovering interrupted runs";
-            type Candidate = (i64, String, i64, String, Option<String>, Option<i64>);
-            let candidates: Vec<Candidate> = tx
-                .prepare_cached(
-                    "SELECT r.pk, r.id, r.started_at, r.meta, l.holder, l.expires_at FROM runs r \
-                     LEFT JOIN leases l ON l.run_pk = r.pk WHERE r.status = 'running' ORDER BY r.pk",
-                )
-                .and_then(|mut s| {
-                    s.query_map([], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-                    })?
-                    .collect()
-                })
-                .ctx(what)?;
-            let now = now_ms();
             let mut recovered = Vec::new();
-            for (pk, id, started, json, holder, expires) in candidates {
-                let dead = match (holder, expires) {
-                    (Some(holder), Some(expires)) => {
-                        !Lease { holder: LeaseHolder(holder), expires_at_ms: expires as u64 }.is_live(now)
-                    }
-                    _ => (started as u64).saturating_add(LEASELESS_GRACE_MS) <= now,
-                };
-                if !dead || unrecovered.contains(&id) {
-                    continue;
-                }
+            for (pk, id, json) in dead_runs(tx, &unrecovered)? {
                 let mut meta = decode_meta(&id, &json)?;
                 meta.status = RunStatus::Interrupted;
                 let json = meta_json(&meta)?;
@@ -464,4 +447,38 @@ impl SqliteStore {
             Ok(recovered)
         })
     }
+}
+
+/// The `running` runs whose recorder died (its lease lapsed, or it never took one within
+/// [`LEASELESS_GRACE_MS`]), but for those named in `unrecovered`: pk, id and meta.
+fn dead_runs(
+    conn: &Connection,
+    unrecovered: &std::collections::HashSet<String>,
+) -> StoreResult<Vec<(i64, String, String)>> {
+    let what = || "recovering interrupted runs";
+    type Candidate = (i64, String, i64, String, Option<String>, Option<i64>);
+    let candidates: Vec<Candidate> = conn
+        .prepare_cached(
+            "SELECT r.pk, r.id, r.started_at, r.meta, l.holder, l.expires_at FROM runs r \
+             LEFT JOIN leases l ON l.run_pk = r.pk WHERE r.status = 'running' ORDER BY r.pk",
+        )
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))?
+                .collect()
+        })
+        .ctx(what)?;
+    let now = now_ms();
+    let dead = |started: i64, holder: Option<String>, expires: Option<i64>| match (holder, expires) {
+        (Some(holder), Some(expires)) => {
+            !Lease { holder: LeaseHolder(holder), expires_at_ms: expires as u64 }.is_live(now)
+        }
+        _ => (started as u64).saturating_add(LEASELESS_GRACE_MS) <= now,
+    };
+    Ok(candidates
+        .into_iter()
+        .filter(|(_, id, started, _, holder, expires)| {
+            dead(*started, holder.clone(), *expires) && !unrecovered.contains(id)
+        })
+        .map(|(pk, id, _, json, _, _)| (pk, id, json))
+        .collect())
 }

@@ -167,6 +167,17 @@ fn unknown_format_and_not_a_trace() {
 #[test]
 fn not_json_names_the_line() {
     check(&refused(b"hello\n"), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "not JSON"]);
+    // A trace gzipped, or saved with a byte-order mark, is named as such.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &join(&good())).unwrap();
+    check(
+        &refused(&gz.finish().unwrap()),
+        ImportErrorKind::Malformed,
+        2,
+        &["t.jsonl:1", "gzip-compressed", "gunzip -c"],
+    );
+    let bom = [&b"\xef\xbb\xbf"[..], &join(&good())].concat();
+    check(&refused(&bom), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "byte-order mark"]);
     let mut lines = good();
     lines[2] = "{\"seq\": 2,".into();
     check(&refused(&join(&lines)), ImportErrorKind::Malformed, 2, &["t.jsonl:3", "not a valid event"]);

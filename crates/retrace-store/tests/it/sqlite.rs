@@ -93,6 +93,9 @@ fn altered_bytes_are_corrupt_naming_the_digest() {
     store.create_run(&sample_run("r", 1)).unwrap();
     let packed = BlobPut::new(b"a blob of a few hundred bytes ".repeat(10), BlobHint::Raw);
     let tiny = BlobPut::new(&b"tiny"[..], BlobHint::Raw);
+    // Bytes that aren't UTF-8: SQLite's `||` makes the altered row TEXT that isn't UTF-8,
+    // which must read as corrupt, not panic.
+    let binary = BlobPut::new(vec![0xff, 0xfe, 0x80, 0x00], BlobHint::Raw);
     let request = |n: usize| {
         let messages: Vec<String> =
             (0..n).map(|i| format!("{{\"role\":\"user\",\"content\":\"message {i}\"}}")).collect();
@@ -102,11 +105,11 @@ fn altered_bytes_are_corrupt_naming_the_digest() {
         )
     };
     let (first, second) = (request(2), request(3));
-    for blob in [&packed, &tiny, &first, &second] {
+    for blob in [&packed, &tiny, &binary, &first, &second] {
         put_in_run(&store, "r", blob);
     }
     assert!(store.manifest_of(&second.digest()).unwrap().is_some());
-    for blob in [&packed, &tiny] {
+    for blob in [&packed, &tiny, &binary] {
         alter_stored_bytes(store.path(), &blob.digest());
         let err = store.get_blob(&blob.digest()).unwrap_err();
         assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
