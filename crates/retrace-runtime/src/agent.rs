@@ -388,7 +388,8 @@ impl Agent {
     }
 
     /// A fork's `model:` and `param:` edits rewrite this agent's requests once it has consumed
-    /// every source step before the fork point (in the fork and in replays of it).
+    /// every source step before the fork point (in the fork and in replays of it), those the
+    /// edit fits ([`crate::fork::model_edit_applies`]).
     /// Borrows `call` when none applies: a request body (a whole conversation) is copied only to
     /// be changed.
     pub(crate) fn apply_model_edits<'a>(&self, call: &'a ModelCall) -> Cow<'a, ModelCall> {
@@ -396,8 +397,11 @@ impl Agent {
         let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else {
             return Cow::Borrowed(call);
         };
-        let model = plan.models.get(&self.id);
-        let params = plan.params.get(&self.id);
+        let model = plan
+            .models
+            .get(&self.id)
+            .filter(|(name, _)| crate::fork::model_edit_applies(name, &call.provider, &call.endpoint));
+        let params = plan.params.get(&self.id).filter(|_| crate::fork::param_edit_applies(&call.endpoint));
         if (model.is_none() && params.is_none()) || !scheduler.past(&self.id, plan.at) {
             return Cow::Borrowed(call);
         }

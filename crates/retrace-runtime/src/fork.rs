@@ -77,19 +77,23 @@ impl ForkPlan {
     pub fn validate(mut self, store: &dyn Store, source: &str) -> Result<ForkPlan, ForkError> {
         let events = all_events(store, source)?;
         let last = events.len() as u64;
+        let has = match last {
+            0 => "has no events".to_owned(),
+            _ => format!("has seqs 1-{last}"),
+        };
         let get = |seq: u64| events.get(seq.wrapping_sub(1) as usize);
         for edit in &self.edits {
             for seq in edit.seqs() {
                 if get(seq).is_none() {
                     return Err(ForkError::BadEdit(format!(
-                        "edit {edit}: seq {seq} does not exist (the source run has seqs 1-{last})"
+                        "edit {edit}: seq {seq} does not exist (the source run {has})"
                     )));
                 }
             }
         }
         let at_ok = self.at >= 1 && self.at <= last + 1;
         if !at_ok {
-            return Err(ForkError::BadEdit(format!("--at {}: the source run has seqs 1-{last}", self.at)));
+            return Err(ForkError::BadEdit(format!("--at {}: the source run {has}", self.at)));
         }
         for edit in &self.edits {
             for seq in edit.seqs() {
@@ -206,19 +210,82 @@ impl ForkPlan {
                             had.join(", ")
                         )));
                     }
+                    let fits = |e: &&Event| {
+                        let provider = e.model.as_ref().map_or("", |m| m.provider.as_str());
+                        model_edit_applies(name, provider, e.name.as_deref().unwrap_or(""))
+                    };
+                    if !model_calls(&events, agent).any(|e| fits(&e)) {
+                        return Err(ForkError::BadEdit(format!(
+                            "{edit}: none of agent {agent:?}'s model calls can take {name} ({}: an embedding model \
+                             replaces embedding models, any other model the others, each within its provider)",
+                            called(&events, agent)
+                        )));
+                    }
                 }
-                Edit::Param { agent, .. }
-                    if !events.iter().any(|e| &e.agent_id == agent && e.kind == EventType::ModelCall) =>
-                {
-                    return Err(ForkError::BadEdit(format!(
-                        "{edit}: agent {agent:?} made no model call in the source run"
-                    )));
+                Edit::Param { agent, .. } => {
+                    let generates = |e: &&Event| param_edit_applies(e.name.as_deref().unwrap_or(""));
+                    if !model_calls(&events, agent).any(|e| generates(&e)) {
+                        return Err(ForkError::BadEdit(format!(
+                            "{edit}: agent {agent:?} made no model call that generates text in the source run ({})",
+                            called(&events, agent)
+                        )));
+                    }
                 }
                 _ => {}
             }
         }
         Ok(self)
     }
+}
+
+/// `agent`'s model calls in `events`.
+fn model_calls<'a>(events: &'a [Event], agent: &'a str) -> impl Iterator<Item = &'a Event> {
+    events.iter().filter(move |e| e.agent_id == agent && e.kind == EventType::ModelCall)
+}
+
+/// What `agent`'s model calls were, for an error: `openai/v1/chat/completions (3), ...`, or
+/// that it made none.
+fn called(events: &[Event], agent: &str) -> String {
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for e in model_calls(events, agent) {
+        let (provider, name) =
+            (e.model.as_ref().map_or("?", |m| m.provider.as_str()), e.name.as_deref().unwrap_or("?"));
+        // A proxied call's name starts with its provider already (`openai/v1/embeddings`).
+        let what = match name.starts_with(provider) {
+            true => name.to_owned(),
+            false => format!("{provider} {name}"),
+        };
+        match seen.iter_mut().find(|(w, _)| *w == what) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((what, 1)),
+        }
+    }
+    match seen.is_empty() {
+        true => "it made none".into(),
+        false => seen.iter().map(|(w, n)| format!("{w} ({n})")).collect::<Vec<_>>().join(", "),
+    }
+}
+
+/// Whether a fork's `model:` edit to `name` applies to a model call to `provider`'s `endpoint`:
+/// an agent's calls may go to several providers and endpoints (every call of a program
+/// recorded through the proxy is agent `default`'s), and an edit changes the ones the new model
+/// can serve. A name that says its provider (`claude…`, `gpt…`) applies to that provider's
+/// calls only; an embedding model (a name holding `embedding`) to embedding calls only, any
+/// other model to the calls that aren't.
+pub(crate) fn model_edit_applies(name: &str, provider: &str, endpoint: &str) -> bool {
+    let provider_fits = provider_of(name).is_none_or(|p| p == provider);
+    provider_fits && name.to_ascii_lowercase().contains("embedding") == embeds(endpoint)
+}
+
+/// Whether a fork's `param:` edit (sampling parameters) applies to a call of `endpoint`: the
+/// calls that generate text, not embeddings.
+pub(crate) fn param_edit_applies(endpoint: &str) -> bool {
+    !embeds(endpoint)
+}
+
+/// Whether `endpoint` (`embeddings`, `v1/embeddings`, `chat.completions`...) makes embeddings.
+fn embeds(endpoint: &str) -> bool {
+    endpoint.contains("embeddings")
 }
 
 /// The provider a model name obviously belongs to, when it does.

@@ -352,7 +352,7 @@ impl Drop for Inner {
             let mut run = self.run.lock().clone();
             run.status = RunStatus::Interrupted;
             run.head = writer.acknowledged().1;
-            let _ = self.store.update_run(&run);
+            let _ = self.store.update_run(&finish::with_stored_tier(self.store.as_ref(), run));
             let _ = writer.release();
         }
     }

@@ -58,7 +58,7 @@ impl Session {
             run.head = head;
             run.clone()
         };
-        self.inner.store.update_run(&meta)?;
+        self.inner.store.update_run(&with_stored_tier(self.inner.store.as_ref(), meta))?;
         writer.release()?;
         flushed?;
         match divergence {
@@ -173,4 +173,14 @@ impl Session {
         }
         None
     }
+}
+
+/// `run` with the retention tier the store holds now: `retrace retain` may have pinned the run
+/// while it recorded, and a session's copy of its run is as old as the session, so storing
+/// that copy whole would undo it. (Nothing else about a recording run is changed by others.)
+pub(crate) fn with_stored_tier(store: &dyn Store, mut run: RunMeta) -> RunMeta {
+    if let Ok(stored) = store.run(&run.id) {
+        run.retention = stored.retention;
+    }
+    run
 }

@@ -302,6 +302,19 @@ fn bad_edits_are_refused_with_a_reason() {
         assert!(err.to_string().contains(why), "{edit}: {err}");
     }
     assert_eq!(store.runs().unwrap().len(), 1, "a refused fork creates nothing");
+    // A run without events says so, not "seqs 1-0".
+    let empty = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    empty.finish(Outcome { exit_status: Some(0) }).unwrap();
+    let edit = "tool-output:1=@sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let err = Session::fork_new(
+        store.clone(),
+        &empty.run_id(),
+        None,
+        vec![edit.parse().unwrap()],
+        SessionOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("seq 1 does not exist (the source run has no events)"), "{err}");
 }
 
 #[test]

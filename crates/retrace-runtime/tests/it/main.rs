@@ -8,5 +8,6 @@ mod messages;
 mod proxied;
 mod replay;
 mod resolve;
+mod retention;
 mod roundtrip;
 mod vault;

@@ -121,3 +121,96 @@ async fn a_forks_model_and_param_edits_reach_the_body_sent_upstream() {
         .unwrap();
     r.finish(Outcome::default()).unwrap();
 }
+
+/// An agent whose calls go to several providers and endpoints (a program recorded through the
+/// proxy: every call is agent `default`'s): a `model:` edit changes the calls its model can
+/// serve (its provider's, and embeddings only for an embedding model), a `param:` edit the calls
+/// that generate text; an edit no call can take is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_and_param_edits_change_only_the_calls_they_fit() {
+    let store: Arc<dyn Store> = Arc::new(retrace_store::memory::MemoryStore::new());
+    let calls = [
+        ("openai", "/v1/chat/completions", r#"{"model":"gpt-4o-mini","messages":[]}"#),
+        ("anthropic", "/v1/messages", r#"{"model":"claude-sonnet-4-5","max_tokens":9,"messages":[]}"#),
+        ("openai", "/v1/embeddings", r#"{"model":"text-embedding-3-small","input":"hi"}"#),
+    ];
+    let to = |(provider, path, body): (&str, &str, &str)| HttpModelCall {
+        provider: provider.into(),
+        path: path.into(),
+        body: body.as_bytes().to_vec(),
+        ..call("{}")
+    };
+    let document = br#"{"format":"retrace-http/1","status":200,"headers":[],"body":{}}"#.to_vec();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    for c in calls {
+        let live = document.clone();
+        s.agent("default")
+            .http_model(
+                to(c),
+                |_| async move { Ok(HttpModelOutput { document: live, ..Default::default() }) },
+            )
+            .await
+            .unwrap();
+    }
+    s.finish(Outcome::default()).unwrap();
+
+    let fork = |edits: &[&str]| {
+        let edits = edits.iter().map(|e| e.parse().unwrap()).collect();
+        Session::fork_new(store.clone(), &s.run_id(), None, edits, SessionOptions::default())
+    };
+    let f = fork(&["model:default=gpt-4o", "param:default.temperature=0.9"]).unwrap();
+    let mut sent = Vec::new();
+    for c in calls {
+        let live = document.clone();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        f.agent("default")
+            .http_model(to(c), |body| async move {
+                *into.lock().unwrap() = body;
+                Ok(HttpModelOutput { document: live, ..Default::default() })
+            })
+            .await
+            .unwrap();
+        // A call no edit changed is the source's: served from the cache, nothing is sent.
+        let seen = seen.lock().unwrap();
+        let body: Option<serde_json::Value> =
+            (!seen.is_empty()).then(|| serde_json::from_slice(&seen).unwrap());
+        sent.push(body.map(|b| (b["model"].clone(), b.get("temperature").cloned())));
+    }
+    f.finish(Outcome::default()).unwrap();
+    assert_eq!(
+        sent,
+        [
+            Some((json!("gpt-4o"), Some(json!(0.9)))),
+            Some((json!("claude-sonnet-4-5"), Some(json!(0.9)))),
+            None
+        ]
+    );
+    // An embedding model replaces embedding models only; nothing else can take one.
+    assert!(fork(&["model:default=text-embedding-3-large"]).is_ok());
+    let s2 = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let live = document.clone();
+    s2.agent("e")
+        .http_model(
+            to(calls[2]),
+            |_| async move { Ok(HttpModelOutput { document: live, ..Default::default() }) },
+        )
+        .await
+        .unwrap();
+    s2.finish(Outcome::default()).unwrap();
+    for (edit, said) in [
+        ("model:e=gpt-4o", "none of agent \"e\"'s model calls can take gpt-4o (openai/v1/embeddings (1)"),
+        ("param:e.temperature=0.5", "no model call that generates text"),
+    ] {
+        let refused = Session::fork_new(
+            store.clone(),
+            &s2.run_id(),
+            None,
+            vec![edit.parse().unwrap()],
+            SessionOptions::default(),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{edit} refused"));
+        assert!(refused.to_string().contains(said), "{edit}: {refused}");
+    }
+}
