@@ -98,6 +98,22 @@ pub struct Command {
     pub cwd: String,
 }
 
+/// Why a run can't be given this name and these label keys (`None`: it can). An empty or blank
+/// name, or an empty label key, names nothing anyone could look a run up by (`runs`, a label
+/// query `label:KEY=VALUE`); a label's value may be empty.
+pub fn naming_problem<'a>(
+    name: Option<&str>,
+    label_keys: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
+    if name.is_some_and(|n| n.trim().is_empty()) {
+        return Some("the run's name is empty: give it a name, or none".into());
+    }
+    match label_keys.into_iter().any(|k| k.trim().is_empty()) {
+        true => Some("a label's key is empty: a label is KEY=VALUE".into()),
+        false => None,
+    }
+}
+
 /// Everything stored about a run apart from its events.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunMeta {

@@ -7,7 +7,7 @@
 //! Misbehaviour on request, by the `model` name: `…-gzip` compresses the response whatever the
 //! client accepts; `…-hang` never answers; `…-truncate` breaks a stream off mid-way (and
 //! `…-truncate-early` before its first chunk); `…-429`
-//! answers 429 with `retry-after: 3`; `…-slow` spaces stream chunks by 20 ms; `…-echo…` answers
+//! answers 429 with `retry-after: 3`, `…-500` 500 with no `retry-after`; `…-slow` spaces stream chunks by 20 ms; `…-echo…` answers
 //! with the last user text, streamed in pieces of three characters, and sends it back in an
 //! `x-echo` response header (the privacy canary test's upstream).
 use std::io::Write;
@@ -202,6 +202,10 @@ async fn intake(counter: &AtomicUsize, body: &Bytes) -> Result<(Value, Ask), Res
         );
         r.headers_mut().insert("retry-after", "3".parse().expect("header"));
         return Err(r);
+    }
+    if ask.wants("-500") {
+        let error = json!({"error": {"message": "The server had an error", "type": "server_error", "param": null, "code": null}});
+        return Err(json_response(StatusCode::INTERNAL_SERVER_ERROR, &error, false));
     }
     Ok((body, ask))
 }

@@ -115,6 +115,11 @@ pub struct NewRun {
 /// `POST /api/runs`: a new run to record into; its calls are recorded once they name it.
 pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiResult {
     let body: NewRun = optional_body(&body)?;
+    if let Some(problem) =
+        retrace_core::run::naming_problem(body.name.as_deref(), body.labels.keys().map(String::as_str))
+    {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("retrace: {problem}")));
+    }
     let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());
     meta.name = body.name;
     meta.labels = body.labels;
@@ -144,8 +149,27 @@ pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     meta.command = source.command.clone();
     store.create_run(&meta).map_err(refused_write)?;
     // Open the session now, so a bad source is reported here and not at the first call.
-    app.host.session(&meta.id).map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
+    if let Err(e) = app.host.session(&meta.id) {
+        discard(store.as_ref(), meta);
+        return Err(ApiError::new(StatusCode::CONFLICT, e.to_string()));
+    }
     Ok(Json(json!({"run_id": meta.id, "mode": "replay", "source_run": source.id})))
+}
+
+/// Deletes the replay run `meta` whose session could not open (its source still being recorded,
+/// a mask key that isn't the recording's): it holds nothing, and left `running` it would stay so
+/// while the daemon lives. Marked `failed` first, where the deletion itself fails.
+fn discard(store: &dyn retrace_store::Store, mut meta: RunMeta) {
+    let now = SystemClock.now_ms();
+    meta.status = retrace_core::run::RunStatus::Failed;
+    meta.finished_at_ms = Some(now);
+    if store.update_run(&meta).is_ok() {
+        let _ = retrace_store::gc::delete(
+            store,
+            std::slice::from_ref(&meta),
+            &retrace_store::gc::GcConfig::new(now, 0),
+        );
+    }
 }
 
 /// A body that may be empty or `{}`.

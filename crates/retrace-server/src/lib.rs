@@ -12,6 +12,7 @@ pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod host;
+pub mod json_errors;
 pub mod openapi;
 pub mod processes;
 pub mod proxy;
@@ -124,7 +125,7 @@ impl AppState {
 /// The daemon's routes.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = axum::extract::DefaultBodyLimit::disable();
-    Router::new()
+    let routes = Router::new()
         .route("/api/health", get(api::health))
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/api/runs", get(api::runs).post(api::create_run))
@@ -153,7 +154,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::middleware))
         .layer(limit)
-        .with_state(state)
+        .with_state(state);
+    // Around the whole router, so a 405 reaches it with the `Allow` header axum adds last.
+    Router::new().fallback_service(routes).layer(axum::middleware::from_fn(json_errors::middleware))
 }
 
 async fn fallback(uri: axum::http::Uri) -> axum::response::Response {

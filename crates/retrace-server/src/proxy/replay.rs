@@ -29,15 +29,18 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
 
 /// The response a recorded document stands for. In replay, a recorded error's `retry-after`
 /// and `retry-after-ms` are served as `retry-after-ms: 1`, so a recorded retry follows at once
-/// (the log keeps the original headers); so is the proxy's own reply for an upstream it could
-/// not reach, which the client retries by its own backoff.
+/// (the log keeps the original headers); so is a recorded error the official clients retry
+/// by their own backoff when it says nothing (408, 409, 429, 5xx: up to seconds per retry), and
+/// the proxy's own reply for an upstream it could not reach.
 pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
     let has = |name: &str| doc.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     let upstream_failed =
         doc.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("x-retrace-proxy") && v == "error")
             && !has("x-should-retry");
-    let retry_soon =
-        replaying && doc.status >= 400 && (has("retry-after") || has("retry-after-ms") || upstream_failed);
+    let backed_off = matches!(doc.status, 408 | 409 | 429) || doc.status >= 500;
+    let retry_soon = replaying
+        && doc.status >= 400
+        && (has("retry-after") || has("retry-after-ms") || upstream_failed || backed_off);
     let body = match doc.body {
         RecordedBody::Whole(bytes) => Body::from(bytes),
         RecordedBody::Stream { chunks, end, error } => {

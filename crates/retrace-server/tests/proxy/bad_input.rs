@@ -33,6 +33,30 @@ async fn bad_requests_get_provider_shaped_errors() {
     assert_eq!(api.status, 404);
     assert_eq!(api.json()["error"]["code"], "no_route", "{}", api.text());
     assert!(api.text().contains("no route for /api/runs/"), "{}", api.text());
+    // So do the refusals axum writes before any handler runs: a method the route doesn't
+    // take, a path segment that isn't UTF-8, a query that doesn't parse.
+    let wrong = client().get(format!("{}/api/runs/{run}/finish", d.base)).send().await.unwrap();
+    let wrong = Reply::read(wrong).await;
+    assert_eq!(wrong.status, 405, "{}", wrong.text());
+    assert_eq!(wrong.header("allow"), Some("POST"));
+    assert_eq!(wrong.json()["error"]["code"], "method_not_allowed", "{}", wrong.text());
+    assert!(wrong.text().contains("does not take GET; it takes POST"), "{}", wrong.text());
+    let bytes = client().get(format!("{}/api/runs/%FF%FE", d.base)).send().await.unwrap();
+    let bytes = Reply::read(bytes).await;
+    assert_eq!(bytes.status, 400, "{}", bytes.text());
+    assert_eq!(bytes.json()["error"]["code"], "bad_request", "{}", bytes.text());
+    assert!(bytes.text().contains("UTF-8"), "axum's reason is kept: {}", bytes.text());
+    let query = client().get(format!("{}/api/runs/{run}/events?from=x", d.base)).send().await.unwrap();
+    let query = Reply::read(query).await;
+    assert_eq!(query.status, 400, "{}", query.text());
+    assert!(query.json()["error"]["code"].is_string(), "{}", query.text());
+    // A run named with nothing, or labelled with an empty key, is refused.
+    for body in [json!({"name": ""}), json!({"labels": {"": "x"}})] {
+        let empty = client().post(format!("{}/api/runs", d.base)).json(&body).send().await.unwrap();
+        let empty = Reply::read(empty).await;
+        assert_eq!(empty.status, 400, "{}", empty.text());
+        assert!(empty.text().contains("is empty"), "{}", empty.text());
+    }
     let get = client().get(format!("{}/proxy/openai/v1/chat/completions", d.base)).send().await.unwrap();
     own_error(&Reply::read(get).await, 404, "no route for GET");
     let malformed =
@@ -337,6 +361,25 @@ async fn a_run_waiting_for_its_first_call_holds_its_lease() {
     let reply = d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(d.finish(&run).await["status"], "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_refused_at_its_start_leaves_no_run_behind() {
+    // Its source is still being recorded: 409, and no replay run stays `running` for as long
+    // as the daemon lives.
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let run = d.new_run().await;
+    let refused = client().post(format!("{}/api/runs/{run}/replay", d.base)).send().await.unwrap();
+    let refused = Reply::read(refused).await;
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    assert!(refused.text().contains("still being recorded"), "{}", refused.text());
+    let ids: Vec<String> = d.store.runs().unwrap().into_iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![run.clone()], "only the recording");
+    // Once it has finished, it replays.
+    assert_eq!(d.finish(&run).await["status"], "ok");
+    let replay = d.replay_of(&run).await;
+    assert_eq!(d.finish(&replay).await["status"], "ok");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

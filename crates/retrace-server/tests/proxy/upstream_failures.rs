@@ -39,6 +39,8 @@ async fn failures_replay_as_they_were_recorded() {
     assert!(cut_anthropic.broke_off);
     let early = d.call(&run, path, &ask("m-truncate-early", true)).await;
     assert_eq!((early.status, early.broke_off, early.body.len()), (200, true, 0), "head, then the break");
+    let failed = d.call(&run, path, &ask("m-500", false)).await;
+    assert_eq!((failed.status, failed.header("retry-after-ms")), (500, None), "live: as sent");
     let fine = d.call(&run, path, &chat("hi", false)).await;
     assert_eq!(fine.status, 200, "{}", fine.text());
     d.finish(&run).await;
@@ -46,7 +48,7 @@ async fn failures_replay_as_they_were_recorded() {
     // Every failure is recorded, but only the answer is left in the LLM cache: a fork asking
     // the same again goes live instead of being served a 504, a 429 or half a stream.
     let cached: Vec<bool> = events.iter().map(|e| d.store.cache_get(&e.key).unwrap().is_some()).collect();
-    assert_eq!(cached, [false, false, false, false, false, true], "{events:#?}");
+    assert_eq!(cached, [false, false, false, false, false, false, true], "{events:#?}");
     let doc = Recorded::decode(&d.store.get_blob(&events[2].output_ref.unwrap()).unwrap()).unwrap();
     assert!(matches!(doc.body, RecordedBody::Stream { end: StreamEnd::Truncated, .. }), "{doc:?}");
     providers.stop().await;
@@ -71,6 +73,9 @@ async fn failures_replay_as_they_were_recorded() {
     assert_eq!((again.broke_off, again.text()), (true, cut_anthropic.text()));
     let again = d.call(&replay, path, &ask("m-truncate-early", true)).await;
     assert_eq!((again.status, again.broke_off, again.body.len()), (200, true, 0));
+    // A 500 that said nothing of when to retry: the client's retry follows at once too.
+    let again = d.call(&replay, path, &ask("m-500", false)).await;
+    assert_eq!((again.status, again.text(), again.header("retry-after-ms")), (500, failed.text(), Some("1")));
     let again = d.call(&replay, path, &chat("hi", false)).await;
     assert_eq!(again.text(), fine.text());
     assert_eq!(d.finish(&replay).await["status"], "ok");
