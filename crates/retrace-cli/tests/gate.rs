@@ -151,7 +151,9 @@ fn good_traces_pass_with_no_api_key_and_no_upstream() {
     bench
         .retrace(&["export", &single, "-o", single_file.to_str().unwrap()], &[("RETRACE_HOME", home)])
         .expect(0, &[], &[]);
-    std::fs::write(bench.path("traces/notes.jsonl"), "{\"not\": \"a trace\"}\n").unwrap();
+    // Files that are not `*.jsonl` are not traces: ignored.
+    std::fs::write(bench.path("traces/notes.json"), "{\"not\": \"a trace\"}\n").unwrap();
+    std::fs::write(bench.path("traces/README.md"), "The traces of the gate.\n").unwrap();
     drop(sim);
 
     let junit = bench.path("gate.xml");
@@ -354,6 +356,136 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
 }
 
 #[test]
+fn accept_with_json_prints_one_document_holding_what_was_accepted() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    let argv = ["gate", "traces", "--accept", "--json", "--", "python3", "asker.py", "--variant", "terse"];
+    let accepted_file = bench.path("traces/asker.accepted.jsonl");
+
+    // Refused (no API key: the re-recording fails): the refusal is in the document, its text on
+    // standard error.
+    let ran = bench.retrace(&argv, &[]);
+    ran.expect(
+        1,
+        &[],
+        &["DIVERGED  traces/asker.jsonl", "not accepted traces/asker.jsonl", "exited with status 1"],
+    );
+    let json = ran.json();
+    assert_eq!(json["summary"]["diverged"], 1, "{json:#}");
+    let entry = &json["accepted"][0];
+    assert_eq!(entry["trace"], "traces/asker.jsonl", "{json:#}");
+    assert_eq!(entry["file"], "traces/asker.accepted.jsonl", "{json:#}");
+    assert_eq!(entry["status"], "not_accepted", "{json:#}");
+    assert!(entry["error"]["message"].as_str().unwrap().contains("exited with status 1"), "{json:#}");
+    assert!(!accepted_file.exists());
+
+    // Accepted: the new file, its run and the diff are in the document.
+    let key = [("OPENAI_API_KEY", "sk-test-gate-never-stored")];
+    let ran = bench.retrace(&argv, &key);
+    ran.expect(1, &[], &["accepted traces/asker.jsonl -> traces/asker.accepted.jsonl", "steps: "]);
+    let json = ran.json();
+    let entry = &json["accepted"][0];
+    assert_eq!(entry["status"], "accepted", "{json:#}");
+    assert_eq!(entry["file"], "traces/asker.accepted.jsonl", "{json:#}");
+    assert_eq!(entry["exit_status"], 0, "{json:#}");
+    let run = entry["run"].as_str().unwrap();
+    assert!(read(&accepted_file).contains(run), "the run written is the one named");
+    assert_eq!(entry["diff"]["b"]["id"], run, "{json:#}");
+    assert!(entry["diff"]["counts"]["changed"].as_u64().unwrap() >= 1, "{json:#}");
+    assert!(entry["error"].is_null(), "{json:#}");
+
+    // Never over an existing file, and nothing re-recorded nor announced as being.
+    let ran = bench.retrace(&argv, &key);
+    ran.expect(1, &[], &["not accepted traces/asker.jsonl", "already exists"]);
+    assert!(!ran.stderr().contains("re-recording"), "{}", ran.stderr());
+    let json = ran.json();
+    assert_eq!(json["accepted"][0]["status"], "not_accepted", "{json:#}");
+    assert!(json["accepted"][0]["error"]["message"].as_str().unwrap().contains("already exists"));
+
+    // `--junit -` holds standard output too: the accept report goes to standard error.
+    let mut argv = argv.to_vec();
+    argv.retain(|a| *a != "--json");
+    argv.splice(3..3, ["--junit", "-"]);
+    let ran = bench.retrace(&argv, &key);
+    ran.expect(1, &[], &["not accepted traces/asker.jsonl"]);
+    assert!(ran.stdout().trim_end().ends_with("</testsuites>"), "{}", ran.stdout());
+    drop(sim);
+}
+
+#[test]
+fn every_jsonl_file_under_a_folder_is_gated_and_one_that_is_no_trace_is_an_error() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    let files: &[(&str, &str, &str)] = &[
+        // `retrace export nosuchrun > traces/checkout.jsonl`: the shell made the file.
+        ("checkout", "", "not a trace file: empty file"),
+        ("cut", "{\"format\":\"retrace-trace/1\"", "not a trace file: cut inside its header line"),
+        ("foo", "{\"format\":\"foo/1\"}\n{}\n", "not a trace file: its header says format \"foo/1\""),
+        ("noformat", "{\"not\": \"a trace\"}\n", "not a trace file: its first line has no \"format\""),
+        ("text", "hello\n", "not a trace file: line 1 is not JSON"),
+        (
+            "lfs",
+            "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 12345\n",
+            "not a trace file: a Git LFS pointer",
+        ),
+    ];
+    for (name, text, _) in files {
+        std::fs::write(bench.path(&format!("traces/{name}.jsonl")), text).unwrap();
+    }
+    std::fs::write(bench.path("traces/README.md"), "not a trace, not gated\n").unwrap();
+    let junit = bench.path("gate.xml");
+    let ran = bench.retrace(&["gate", "traces", "--junit", junit.to_str().unwrap()], &[]);
+    let mut lines: Vec<String> =
+        files.iter().map(|(name, _, why)| format!("ERROR     traces/{name}.jsonl: {why}")).collect();
+    lines.push("ok        traces/asker.jsonl".into());
+    lines.push("gate: 7 traces, 1 ok, 0 diverged, 6 errors".into());
+    ran.expect(
+        2,
+        &lines.iter().map(String::as_str).collect::<Vec<_>>(),
+        &["6 of 7 traces could not be replayed"],
+    );
+    assert!(ran.stdout().contains("hint: fetch it: `git lfs pull`"), "{}", ran.stdout());
+    let xml = read(&junit);
+    assert!(xml.contains("tests=\"7\" failures=\"0\" errors=\"6\""), "{xml}");
+    assert!(xml.contains("name=\"traces/checkout.jsonl\""), "{xml}");
+
+    let ran = bench.retrace(&["gate", "traces", "--json"], &[]);
+    ran.expect(2, &[], &[]);
+    let json = ran.json();
+    assert_eq!(json["summary"]["errors"], 6, "{json:#}");
+    let checkout = json["traces"].as_array().unwrap().iter().find(|t| t["name"] == "traces/checkout.jsonl");
+    assert_eq!(checkout.unwrap()["error"]["message"], "not a trace file: empty file", "{json:#}");
+
+    // Named on its own, the same file is a usage error saying why.
+    bench.retrace(&["gate", "traces/checkout.jsonl"], &[]).expect(
+        2,
+        &[],
+        &["traces/checkout.jsonl is not a trace file: empty file"],
+    );
+}
+
+#[test]
+fn an_unwritable_junit_path_is_refused_before_anything_replays() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    let ran = bench.retrace(&["gate", "traces", "--junit", "no/such/folder/gate.xml"], &[]);
+    ran.expect(2, &[], &["cannot write no/such/folder/gate.xml", "check the --junit path"]);
+    assert!(!ran.stdout().contains("traces/asker.jsonl"), "nothing was replayed:\n{}", ran.stdout());
+    // Checked by creating it, which leaves nothing behind when the gate then fails to run.
+    bench.retrace(&["gate", "nothing-here", "--junit", "gate.xml"], &[]).expect(2, &[], &["nothing-here"]);
+    assert!(!bench.path("gate.xml").exists());
+    // An existing report is written over, as before.
+    std::fs::write(bench.path("gate.xml"), "old").unwrap();
+    bench.retrace(&["gate", "traces", "--junit", "gate.xml"], &[]).expect(0, &[], &[]);
+    assert!(read(&bench.path("gate.xml")).contains("tests=\"1\""));
+}
+
+#[test]
 fn a_trace_holding_tokens_under_another_mask_key_is_an_input_error() {
     let bench = Bench::new();
     let sim = Simulator::start();
@@ -370,14 +502,35 @@ fn a_trace_holding_tokens_under_another_mask_key_is_an_input_error() {
         place["mask_key_fingerprint"] = "mk_00000000deadbeef".into();
     }
     std::fs::write(&file, format!("{header}\n{rest}")).unwrap();
-    bench.retrace(&["gate", "traces"], &[]).expect(
+    // A key that is set but another: both fingerprints named.
+    let key = ("RETRACE_MASK_KEY", "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=");
+    let other = bench.retrace(&["gate", "traces"], &[key]);
+    other.expect(
         2,
         &[
             "ERROR     traces/asker.jsonl: run ",
-            "holds masked tokens made under mask key mk_00000000deadbeef",
+            "holds masked tokens made under mask key mk_00000000deadbeef, but this machine's key is mk_",
         ],
         &["1 of 1 traces could not be replayed"],
     );
+    // No key at all (the commonest CI mistake: the secret not configured): said as such, never
+    // as a mismatch with the throwaway key the gate replays under, whose fingerprint changes
+    // every run.
+    for _ in 0..2 {
+        let ran = bench.retrace(&["gate", "traces"], &[]);
+        ran.expect(
+            2,
+            &[
+                "ERROR     traces/asker.jsonl: run ",
+                "holds masked tokens made under mask key mk_00000000deadbeef, and no mask key is set: \
+                 RETRACE_MASK_KEY is unset and ",
+                "has no mask.key",
+                "hint: set RETRACE_MASK_KEY to the key with fingerprint mk_00000000deadbeef",
+            ],
+            &["1 of 1 traces could not be replayed"],
+        );
+        assert!(!ran.stdout().contains("this machine's key"), "{}", ran.stdout());
+    }
 }
 
 #[test]
@@ -390,6 +543,8 @@ fn gate_help_teaches_with_examples() {
             "Examples:\n  retrace gate tests/traces",
             "--accept",
             "CI=true",
+            "Every *.jsonl file under a folder",
+            "never skipped",
             "Exit codes",
         ],
         &[],

@@ -23,11 +23,12 @@ mod job;
 mod report;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Instant;
 
+use retrace_core::terminal::shell_words;
 use retrace_runtime::masking;
 use retrace_store::{Store, StoreConfig};
 
@@ -56,8 +57,11 @@ macro_rules! examples {
     after_help = examples!(),
     after_long_help = concat!(
         "Replay every trace under PATH against the current code, each in its own temporary store, \
-and fail if any diverges. PATH is a trace file written by `retrace export`, a folder (searched \
-recursively for *.jsonl trace files), or a run id of this store.\n\n\
+and fail if any diverges. PATH is a trace file written by `retrace export`, a folder, or a run id \
+of this store. Every *.jsonl file under a folder (recursively, hidden folders skipped) is gated \
+as a trace: one that can't be read as one (empty, cut short, another format, a Git LFS pointer \
+not fetched) is an ERROR, never skipped, so keep other JSON Lines files out of the folders you \
+gate. Files of other extensions are ignored.\n\n\
 Each trace runs CMD (default: the trace's recorded command, from the same directory relative to \
 the git top level, so traces replay from any clone) with zero live calls: the model upstreams \
 point nowhere, every step is answered from the trace, and OPENAI_API_KEY / ANTHROPIC_API_KEY get \
@@ -68,15 +72,17 @@ hold masked tokens need the mask key they were recorded under (RETRACE_MASK_KEY)
 Output: one line per trace (`ok` or `DIVERGED ... at seq N: agent A, expected KEY, got KEY, first \
 differing path P`, with `hint:` lines saying what input was probably not captured: a clock read, \
 a random id, an env var, unordered map iteration, a tool not wrapped, a model alias), then a \
-summary. --junit writes one test case per trace; --json prints everything for scripts.\n\n\
+summary. --junit writes one test case per trace; --json prints everything for scripts, as one \
+JSON document on standard output (the lines for people going to standard error).\n\n\
 --accept re-records each diverging trace against live services (the trace's recorded upstreams, \
 or --upstream-openai / --upstream-anthropic), writes it beside the old one as \
 NAME.accepted.jsonl (never over an existing file) and prints what changed, as `retrace diff` \
-does. Review it, then move it over the old trace. The gate still exits 1: the old traces still \
-diverge. --accept refuses to run when CI=true unless --force.\n\n\
+does (with --json, in the document's `accepted` list: each trace's new file, run and diff, or \
+why it was not accepted). Review it, then move it over the old trace. The gate still exits 1: \
+the old traces still diverge. --accept refuses to run when CI=true unless --force.\n\n\
 Exit codes: 0 every trace replayed exactly; 1 a trace diverged (a step, the final decisions or \
 the exit status); 2 a trace could not be replayed (not a trace, a program that can't be started, \
-tokens under another mask key) or bad usage; 130 or 143 the gate was stopped (SIGINT, SIGTERM): \
+tokens under another mask key or none) or bad usage; 130 or 143 the gate was stopped (SIGINT, SIGTERM): \
 the traces it was replaying are reported STOPPED, and the replay ledger is left as it was.",
         "\n\n",
         examples!()
@@ -108,7 +114,8 @@ pub struct Args {
     /// With --accept: the Anthropic-compatible upstream to record against.
     #[arg(long, value_name = "URL", requires = "accept")]
     pub upstream_anthropic: Option<String>,
-    /// Print the outcome as JSON on standard output (the per-trace lines go to standard error).
+    /// Print the outcome (and --accept's) as one JSON document on standard output (the per-trace
+    /// lines go to standard error).
     #[arg(long)]
     pub json: bool,
     /// The program to run instead of each trace's recorded command.
@@ -133,6 +140,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "write the JUnit report to a file (--junit target/gate.xml), or drop --json",
         ));
     }
+    if let Some(path) = args.junit.as_deref().filter(|p| !is_stdout(p)) {
+        // Before the traces replay, not after: a long gate shouldn't end on a typo.
+        check_writable(path)?;
+    }
     let began = Instant::now();
     // From here on a Ctrl-C stops the gate (exit 130), which then judges nothing.
     crate::launcher::signals::watch()?;
@@ -145,12 +156,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let store = super::open(&real_config)?;
         Ok(real.get_or_init(|| store).clone())
     })?;
-    let (mask, key_file, _throwaway) = mask_setup(&real_config)?;
+    let (mask, key_file, throwaway) = mask_setup(&real_config)?;
     let settings = Settings {
         command: args.command.clone(),
         stall_timeout: args.stall_timeout,
         mask,
         key_file,
+        missing_key: throwaway.as_ref().map(|_| missing_key(&real_config)),
         real: real.get().cloned(),
         runs: discover::runs_of(&traces),
         path: program_path()?,
@@ -159,16 +171,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = args.jobs.map_or(cpus, |n| n as usize).clamp(1, traces.len().max(1));
     // With --json or `--junit -`, standard output carries the report alone: the lines of each
-    // trace and the summary go to standard error.
+    // trace, the summary and what --accept did go to standard error.
     let junit_out = args.junit.as_deref().is_some_and(is_stdout);
-    let outcomes = run_all(&traces, &settings, jobs, args.json || junit_out)?;
+    let people = match args.json || junit_out {
+        true => Lines::ToStderr,
+        false => Lines::ToStdout,
+    };
+    let outcomes = run_all(&traces, &settings, jobs, people)?;
     let seconds = began.elapsed().as_secs_f64();
-    let summary = report::summary(&outcomes, seconds, jobs);
-    if args.json || junit_out {
-        to_stderr(&summary);
-    } else {
-        print_out(&summary)?;
-    }
+    people.print(&report::summary(&outcomes, seconds, jobs))?;
     if junit_out {
         print_out(&report::junit(&outcomes, seconds))?;
     } else if let Some(path) = &args.junit {
@@ -186,9 +197,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ledger::record_outcome(&real_config, &project, digest, &agent_outcomes(outcome))?;
         }
     }
+    // Before the JSON is printed, which holds what it did.
+    let accepted = match (args.accept, stopped) {
+        (true, None) => {
+            let upstreams = accept::Upstreams {
+                openai: args.upstream_openai.clone(),
+                anthropic: args.upstream_anthropic.clone(),
+            };
+            Some(accept_all(&outcomes, &settings, &upstreams, people)?)
+        }
+        _ => None,
+    };
     if args.json {
         // Through `print_out`: a closed standard output doesn't decide the exit code.
-        let mut text = serde_json::to_string_pretty(&report::json(&outcomes, seconds, jobs))?;
+        let document = report::json(&outcomes, seconds, jobs, accepted.as_deref());
+        let mut text = serde_json::to_string_pretty(&document)?;
         text.push('\n');
         print_out(&text)?;
     }
@@ -203,11 +226,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
         ));
     }
-    if args.accept {
-        let upstreams =
-            accept::Upstreams { openai: args.upstream_openai, anthropic: args.upstream_anthropic };
-        accept_all(&outcomes, &settings, &upstreams)?;
-    }
     let tally = report::Tally::of(&outcomes);
     let failure = |code: u8, message: String| Failure { code, message, hint: None }.into();
     match (tally.errors, tally.diverged) {
@@ -217,13 +235,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// Where the lines for people go: standard output, unless it carries the `--json` document or
+/// the `--junit -` report.
+#[derive(Clone, Copy)]
+enum Lines {
+    ToStdout,
+    ToStderr,
+}
+
+impl Lines {
+    fn print(self, text: &str) -> anyhow::Result<()> {
+        match self {
+            Lines::ToStdout => print_out(text),
+            Lines::ToStderr => {
+                to_stderr(text);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Replays every trace on `jobs` threads; prints each trace's lines in trace order as soon as
-/// they and every earlier trace are done (on standard error under `--json`).
+/// they and every earlier trace are done.
 fn run_all(
     traces: &[discover::Trace],
     settings: &Settings,
     jobs: usize,
-    json: bool,
+    lines: Lines,
 ) -> anyhow::Result<Vec<Outcome>> {
     let next = AtomicUsize::new(0);
     let (done, results) = mpsc::channel::<(usize, Outcome)>();
@@ -247,12 +285,7 @@ fn run_all(
             progress.add(1);
             while let Some(Some(outcome)) = slots.get(printed) {
                 progress.finish();
-                let lines = report::trace_lines(outcome);
-                if json {
-                    to_stderr(&lines);
-                } else {
-                    print_out(&lines)?;
-                }
+                lines.print(&report::trace_lines(outcome))?;
                 printed += 1;
             }
         }
@@ -273,43 +306,43 @@ fn print_out(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Re-records every diverging trace and prints where it went and what changed.
+/// Re-records every diverging trace and prints where it went and what changed, or why not.
 fn accept_all(
     outcomes: &[Outcome],
     settings: &Settings,
     upstreams: &accept::Upstreams,
-) -> anyhow::Result<()> {
+    lines: Lines,
+) -> anyhow::Result<Vec<accept::Report>> {
+    let mut reports = Vec::new();
     for outcome in outcomes.iter().filter(|o| matches!(o.verdict, Verdict::Diverged { .. })) {
-        let name = &outcome.trace.name;
-        to_stderr(&format!(
-            "retrace: re-recording {name} against live services: {}\n",
-            outcome.command.join(" ")
-        ));
-        match accept::accept(outcome, settings, upstreams) {
-            Ok(a) => print_out(&format!(
-                "\naccepted {name} -> {} (run {}, exit status {}); review, then move it over {name}:\n{}",
-                a.file.display(),
-                a.run_id,
-                a.exit_status,
-                indent(&a.diff)
-            ))?,
-            Err(e) => {
-                let (message, hint) = match e.downcast_ref::<Failure>() {
-                    Some(f) => (f.message.clone(), f.hint.clone()),
-                    None => (format!("{e:#}"), None),
-                };
-                print_out(&format!("\nnot accepted {name}: {message}\n"))?;
-                if let Some(hint) = hint {
-                    print_out(&format!("  hint: {hint}\n"))?;
-                }
-            }
-        }
+        let announce = || {
+            to_stderr(&format!(
+                "retrace: re-recording {} against live services: {}\n",
+                outcome.trace.name,
+                shell_words(&outcome.command)
+            ))
+        };
+        let report = accept::accept(outcome, settings, upstreams, announce);
+        lines.print(&report.text())?;
+        reports.push(report);
     }
-    Ok(())
+    Ok(reports)
 }
 
-fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("  {l}\n")).collect()
+/// Checks that the `--junit` report can be written: opens it for writing, creating it if
+/// need be and then removing it again, so that a gate that fails before its report leaves no
+/// empty file behind. An existing file is left as it is until the report replaces it.
+fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let cannot = |e: std::io::Error| {
+        usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
+    };
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(_) => std::fs::remove_file(path).map_err(cannot),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::OpenOptions::new().write(true).open(path).map(drop).map_err(cannot)
+        }
+        Err(e) => Err(cannot(e)),
+    }
 }
 
 /// How each agent of a replayed trace fared, for the ledger.
@@ -350,6 +383,17 @@ fn mask_setup(real: &StoreConfig) -> anyhow::Result<(MaskSetup, Option<PathBuf>,
     let key = masking::resolve_key(&StoreConfig::in_home(dir.path()))?.key;
     let file = dir.path().join(masking::MASK_KEY_FILE);
     Ok((MaskSetup { key, rules }, Some(file), Some(dir)))
+}
+
+/// Where the mask key was looked for, when there is none: `RETRACE_MASK_KEY is unset and HOME
+/// has no mask.key`.
+fn missing_key(real: &StoreConfig) -> String {
+    match masking::home_of(real) {
+        Some(home) => {
+            format!("RETRACE_MASK_KEY is unset and {} has no {}", home.display(), masking::MASK_KEY_FILE)
+        }
+        None => "RETRACE_MASK_KEY is unset (and the store is in memory)".into(),
+    }
 }
 
 /// `PATH` for the programs: this executable's folder first.

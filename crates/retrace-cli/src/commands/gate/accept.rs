@@ -1,17 +1,18 @@
 //! `retrace gate --accept`: re-record a diverging trace against live services, write the new
 //! trace beside the old one as `NAME.accepted.jsonl` (never over anything), and show what
-//! changed, as `retrace diff` shows it.
-use std::path::PathBuf;
+//! changed, as `retrace diff` shows it: as text, and as the `accepted` list of `--json`.
+use std::path::{Path, PathBuf};
 
-use retrace_store::diff::{diff_runs, DiffOptions};
+use retrace_store::diff::{diff_runs, DiffOptions, RunDiff};
 use retrace_store::export::export_run;
 use retrace_store::import::{import_reader, ImportOptions};
 use retrace_store::{open_store, StoreConfig};
+use serde_json::json;
 
 use super::discover::Origin;
 use super::job::{trace_bytes, Outcome, Settings};
 use crate::commands::{diff, export, record};
-use crate::exit::usage_hint;
+use crate::exit::{usage_hint, Failure};
 use crate::launcher;
 
 /// The upstreams a re-recording calls (else the trace's recorded ones).
@@ -23,17 +24,15 @@ pub struct Upstreams {
     pub anthropic: Option<String>,
 }
 
-/// A trace re-recorded.
+/// A trace re-recorded (into [`Report::file`]).
 #[derive(Debug)]
 pub struct Accepted {
-    /// The new trace file.
-    pub file: PathBuf,
     /// The new run's id.
     pub run_id: String,
     /// The program's exit status in the re-recording.
     pub exit_status: i32,
-    /// `retrace diff OLD NEW`, rendered.
-    pub diff: String,
+    /// `retrace diff OLD NEW`.
+    pub diff: RunDiff,
 }
 
 /// Where the accepted trace of `outcome` goes: `NAME.accepted.jsonl` beside a file, or
@@ -49,15 +48,99 @@ pub fn destination(outcome: &Outcome) -> PathBuf {
     }
 }
 
-/// Re-records the trace of `outcome` (a divergence) and writes it beside the old one.
-pub fn accept(outcome: &Outcome, settings: &Settings, upstreams: &Upstreams) -> anyhow::Result<Accepted> {
+/// What `--accept` did with one diverging trace.
+#[derive(Debug)]
+pub struct Report {
+    /// The trace, as the gate names it.
+    pub trace: String,
+    /// Where its re-recording goes ([`destination`]).
+    pub file: PathBuf,
+    /// The re-recording, or why there is none.
+    pub result: Result<Accepted, Refusal>,
+}
+
+/// Why a trace was not accepted (nothing was written).
+#[derive(Debug)]
+pub struct Refusal {
+    /// What went wrong.
+    pub message: String,
+    /// What to do about it.
+    pub hint: Option<String>,
+}
+
+impl Report {
+    /// `accepted NAME -> FILE (...)` and the diff, or `not accepted NAME: why`, for people.
+    pub fn text(&self) -> String {
+        let name = &self.trace;
+        match &self.result {
+            Ok(a) => format!(
+                "\naccepted {name} -> {} (run {}, exit status {}); review, then move it over {name}:\n{}",
+                self.file.display(),
+                a.run_id,
+                a.exit_status,
+                diff::render(&a.diff).lines().map(|l| format!("  {l}\n")).collect::<String>()
+            ),
+            Err(refusal) => {
+                let mut text = format!("\nnot accepted {name}: {}\n", refusal.message);
+                if let Some(hint) = &refusal.hint {
+                    text.push_str(&format!("  hint: {hint}\n"));
+                }
+                text
+            }
+        }
+    }
+
+    /// The report's entry in `gate --json`'s `accepted` list.
+    pub fn json(&self) -> serde_json::Value {
+        let (status, accepted, error) = match &self.result {
+            Ok(a) => ("accepted", Some(a), None),
+            Err(r) => ("not_accepted", None, Some(json!({"message": r.message, "hint": r.hint}))),
+        };
+        json!({
+            "trace": self.trace,
+            "file": self.file.display().to_string(),
+            "status": status,
+            "run": accepted.map(|a| &a.run_id),
+            "exit_status": accepted.map(|a| a.exit_status),
+            "diff": accepted.map(|a| &a.diff),
+            "error": error,
+        })
+    }
+}
+
+/// Re-records the trace of `outcome` (a divergence) and writes it beside the old one;
+/// `announce` is called just before the program starts against live services (never when the
+/// destination exists, which is refused first).
+pub fn accept(
+    outcome: &Outcome,
+    settings: &Settings,
+    upstreams: &Upstreams,
+    announce: impl FnOnce(),
+) -> Report {
     let file = destination(outcome);
+    let result = rerecord(outcome, settings, upstreams, &file, announce).map_err(|e| {
+        match e.downcast_ref::<Failure>() {
+            Some(f) => Refusal { message: f.message.clone(), hint: f.hint.clone() },
+            None => Refusal { message: format!("{e:#}"), hint: None },
+        }
+    });
+    Report { trace: outcome.trace.name.clone(), file, result }
+}
+
+fn rerecord(
+    outcome: &Outcome,
+    settings: &Settings,
+    upstreams: &Upstreams,
+    file: &Path,
+    announce: impl FnOnce(),
+) -> anyhow::Result<Accepted> {
     if file.exists() {
         return Err(usage_hint(
             format!("{} already exists; nothing was re-recorded", file.display()),
             "review it and move it over the old trace, or delete it, then run the gate again",
         ));
     }
+    announce();
     let temp = tempfile::Builder::new().prefix("retrace-accept-").tempdir()?;
     let store = open_store(&StoreConfig::in_home(temp.path()))?;
     let bytes = trace_bytes(&outcome.trace, settings)?;
@@ -105,9 +188,9 @@ pub fn accept(outcome: &Outcome, settings: &Settings, upstreams: &Upstreams) -> 
             "check the program, its API keys and the upstreams (--upstream-openai, --upstream-anthropic)",
         ));
     }
-    let written = export::write_atomically(&file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
+    let written = export::write_atomically(file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
     written.map_err(|e| crate::output::failure(e.exit_code(), &e))?;
     let options = DiffOptions { limit: 20, max_diff_lines: 12 };
-    let diff = diff::render(&diff_runs(&*store, &old, &recorded.id, &options)?);
-    Ok(Accepted { file, run_id: recorded.id, exit_status: recorded.exit_status, diff })
+    let diff = diff_runs(&*store, &old, &recorded.id, &options)?;
+    Ok(Accepted { run_id: recorded.id, exit_status: recorded.exit_status, diff })
 }

@@ -1,5 +1,13 @@
-//! Which traces a gate replays: trace files named on the command line, `*.jsonl` trace files
+//! Which traces a gate replays: trace files named on the command line, every `*.jsonl` file
 //! found under folders (recursively, hidden folders skipped), and run ids of the real store.
+//!
+//! **A `*.jsonl` file under a folder is a trace, or an error.** A committed trace that was
+//! emptied or cut (a failed `retrace export ... > FILE`, a bad merge, a disk-full write) or never
+//! fetched (a Git LFS pointer) must fail the gate, not vanish from it: so the walk keeps every
+//! `*.jsonl` file, and one that is not a readable trace becomes that trace's `ERROR` (in the
+//! lines, `--json` and `--junit`), saying why ([`check_header`]). Named on the command line,
+//! such a file is a usage error, before anything replays. Files of other extensions are not
+//! looked at.
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
@@ -53,8 +61,8 @@ pub fn find(
             walk(path, &mut found)?;
             if found.is_empty() {
                 return Err(usage_hint(
-                    format!("no trace files under {arg}"),
-                    "a trace file is a `*.jsonl` file written by `retrace export` (its first line says retrace-trace/1)",
+                    format!("no trace files (*.jsonl) under {arg}"),
+                    "a trace file is a `*.jsonl` file written by `retrace export RUN -o FILE`",
                 ));
             }
             found.sort();
@@ -62,11 +70,8 @@ pub fn find(
                 found.into_iter().map(|p| Trace { name: p.display().to_string(), origin: Origin::File(p) }),
             );
         } else if path.is_file() {
-            if !is_trace(path) {
-                return Err(usage_hint(
-                    format!("{arg} is not a trace file"),
-                    "its first line should be a retrace-trace/1 header: write trace files with `retrace export RUN -o FILE`",
-                ));
+            if let Err(not) = first_line(path).and_then(|line| check_header(&line)) {
+                return Err(usage_hint(format!("{arg} is not a trace file: {}", not.reason), not.hint));
             }
             traces.push(Trace { name: arg.clone(), origin: Origin::File(path.to_path_buf()) });
         } else {
@@ -90,33 +95,121 @@ pub fn find(
     Ok(traces)
 }
 
-/// Trace files under `dir`, recursively; hidden folders (`.git`, `.retrace`) are skipped.
+/// Every `*.jsonl` file under `dir`, recursively; hidden folders (`.git`, `.retrace`) are
+/// skipped. Whether each is a trace is for its replay to say ([`check_header`]).
 fn walk(dir: &Path, found: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| usage_hint(format!("cannot read {}: {e}", dir.display()), "check the path"))?;
     for entry in entries {
         let path = entry?.path();
         let hidden = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));
-        if path.is_dir() && !hidden {
-            walk(&path, found)?;
-        } else if path.extension().is_some_and(|e| e == "jsonl") && is_trace(&path) {
+        if path.is_dir() {
+            if !hidden {
+                walk(&path, found)?;
+            }
+        } else if path.extension().is_some_and(|e| e == "jsonl") {
             found.push(path);
         }
     }
     Ok(())
 }
 
-/// Whether `path`'s first line is a `retrace-trace/…` header.
-pub fn is_trace(path: &Path) -> bool {
-    header_of(path)
-        .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(|f| f.starts_with("retrace-trace/")))
-        .unwrap_or(false)
+/// Why a file is not a trace, and what to do about it.
+#[derive(Debug)]
+pub struct NotATrace {
+    /// `empty file`, `line 1 is not JSON: ...`, `a Git LFS pointer, not the trace`...
+    pub reason: String,
+    /// What to do about it.
+    pub hint: &'static str,
 }
 
-/// The first line of `path` as JSON.
+/// Checks that `first`, a file's first line (with its `\n` unless the file ends there), is a
+/// JSON object whose `format` says `retrace-trace/…`: or says why the file is not a trace. The
+/// version and the rest of the header are the import's to check.
+pub fn check_header(first: &[u8]) -> Result<serde_json::Value, NotATrace> {
+    const EXPORT: &str = "write trace files with `retrace export RUN -o FILE`, and keep other JSON Lines \
+                          files out of the folders you gate";
+    let not = |reason: String, hint| Err(NotATrace { reason, hint });
+    if first.is_empty() {
+        return not("empty file".into(), "export the run again: `retrace export RUN -o FILE`");
+    }
+    if first.starts_with(b"version https://git-lfs.github.com/spec/") {
+        return not(
+            "a Git LFS pointer, not the trace".into(),
+            "fetch it: `git lfs pull` (in CI, check out with LFS enabled)",
+        );
+    }
+    let ended = first.ends_with(b"\n");
+    let line = first.strip_suffix(b"\n").unwrap_or(first);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return not("line 1 is empty (a trace's first line is its header)".into(), EXPORT);
+    }
+    let value: serde_json::Value = match serde_json::from_slice(line) {
+        Ok(value) => value,
+        Err(e) if e.is_eof() && !ended => {
+            return not(
+                format!("cut inside its header line (the file ends after {} bytes)", first.len()),
+                "export the run again: `retrace export RUN -o FILE`",
+            )
+        }
+        Err(e) => return not(format!("line 1 is not JSON: {e}"), EXPORT),
+    };
+    match value.get("format") {
+        None => not("its first line has no \"format\" (a trace's says \"retrace-trace/1\")".into(), EXPORT),
+        Some(serde_json::Value::String(f)) if f.starts_with("retrace-trace/") => Ok(value),
+        Some(serde_json::Value::String(f)) => {
+            not(format!("its header says format {f:?}, not retrace-trace/1"), EXPORT)
+        }
+        Some(f) => not(format!("its header's format is {f}, not \"retrace-trace/1\""), EXPORT),
+    }
+}
+
+/// The first line of `path`, with its `\n` unless the file ends there.
+fn first_line(path: &Path) -> Result<Vec<u8>, NotATrace> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| NotATrace { reason: format!("cannot read it: {e}"), hint: "check the path" })?;
+    let mut first = Vec::new();
+    std::io::BufReader::new(file)
+        .read_until(b'\n', &mut first)
+        .map_err(|e| NotATrace { reason: format!("cannot read it: {e}"), hint: "check the path" })?;
+    Ok(first)
+}
+
+/// The first line of `path` as a trace header, if it is one.
 fn header_of(path: &Path) -> Option<serde_json::Value> {
-    let file = std::fs::File::open(path).ok()?;
-    let mut first = String::new();
-    std::io::BufReader::new(file).read_line(&mut first).ok()?;
-    serde_json::from_str(&first).ok()
+    check_header(&first_line(path).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn why_a_first_line_is_not_a_trace() {
+        let cases: &[(&str, &str)] = &[
+            ("", "empty file"),
+            ("\n", "line 1 is empty (a trace's first line is its header)"),
+            ("  \r\n", "line 1 is empty (a trace's first line is its header)"),
+            ("{\"format\":\"retrace-tr", "cut inside its header line (the file ends after 21 bytes)"),
+            ("hello\n", "line 1 is not JSON: expected value at line 1 column 1"),
+            ("{\"format\":\n", "line 1 is not JSON: EOF while parsing a value at line 1 column 10"),
+            (
+                "{\"not\": \"a trace\"}\n",
+                "its first line has no \"format\" (a trace's says \"retrace-trace/1\")",
+            ),
+            ("[1]\n", "its first line has no \"format\" (a trace's says \"retrace-trace/1\")"),
+            ("{\"format\":\"foo/1\"}\n", "its header says format \"foo/1\", not retrace-trace/1"),
+            ("{\"format\":1}\n", "its header's format is 1, not \"retrace-trace/1\""),
+            ("version https://git-lfs.github.com/spec/v1\n", "a Git LFS pointer, not the trace"),
+        ];
+        for (first, reason) in cases {
+            let got = check_header(first.as_bytes()).map(|_| ()).map_err(|e| e.reason);
+            assert_eq!(got, Err(reason.to_string()), "{first:?}");
+        }
+        // The version and the rest of the header are the import's to check.
+        for first in ["{\"format\":\"retrace-trace/1\"}\n", "{\"format\":\"retrace-trace/2\"}\r\n"] {
+            assert!(check_header(first.as_bytes()).is_ok(), "{first:?}");
+        }
+    }
 }

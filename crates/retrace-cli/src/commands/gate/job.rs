@@ -7,13 +7,14 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use retrace_core::export::ExportHeader;
-use retrace_core::run::RunStatus;
+use retrace_core::run::{RunMeta, RunStatus};
+use retrace_core::terminal::shell_words;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
 use retrace_store::export::{export_run, RunEvents};
 use retrace_store::import::{import_reader, ImportOptions};
 use retrace_store::{open_store, Durability, Store, StoreConfig};
 
-use super::discover::{Origin, Trace};
+use super::discover::{check_header, Origin, Trace};
 use super::hygiene::{self, Evidence, Hint};
 use crate::commands::{replay, MaskSetup};
 use crate::exit::{usage, usage_hint, Failure};
@@ -30,6 +31,10 @@ pub struct Settings {
     /// The real store's `mask.key`, copied into each temporary store so that programs that
     /// open the store themselves (`Session::from_env()`) use the same key.
     pub key_file: Option<PathBuf>,
+    /// Set when no mask key is configured, so that `mask` is a throwaway key: where the key was
+    /// looked for (`RETRACE_MASK_KEY is unset and HOME has no mask.key`). A trace holding
+    /// tokens is then refused saying so, never as a mismatch with the throwaway key.
+    pub missing_key: Option<String>,
     /// The real store, for traces given as run ids.
     pub real: Option<Arc<dyn Store>>,
     /// The runs of the trace files found, by id ([`super::discover::runs_of`]).
@@ -131,7 +136,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     let temp = tempfile::Builder::new().prefix("retrace-gate-").tempdir()?;
     let bytes = trace_bytes(trace, settings)?;
     out.digest = Some(Digest::of(&bytes));
-    let header = header(&bytes).map_err(|e| usage(format!("{}: {e}", trace.name)))?;
+    let header = header(&bytes)?;
     out.run_id = Some(header.run.id.clone());
     out.steps = header.events;
     if let Some(key) = &settings.key_file {
@@ -152,6 +157,9 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         // `log_ended` as `retrace replay` of the same file does.
         source.status = RunStatus::Interrupted;
         store.update_run(&source)?;
+    }
+    if let Some(missing) = &settings.missing_key {
+        check_tokens_without_key(&*store, &source, missing)?;
     }
     let original = source.masking_rules.replaying_originals();
     if source.holds_tokens && !original.is_empty() {
@@ -217,6 +225,29 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     })
 }
 
+/// Refuses a run that holds tokens, or re-executes one that does, when no mask key is set:
+/// replayed under the gate's throwaway key its tokens would never match. Said as a key not set
+/// (the commonest CI mistake: the secret not configured), naming the key the run needs.
+fn check_tokens_without_key(store: &dyn Store, source: &RunMeta, missing: &str) -> anyhow::Result<()> {
+    let mut run = Some(source.clone());
+    while let Some(meta) = run.take() {
+        if meta.holds_tokens {
+            let (made_under, fix) = match &meta.mask_key_fingerprint {
+                Some(fp) => (format!("mask key {fp}"), format!("the key with fingerprint {fp}")),
+                None => ("a mask key it doesn't name".into(), "the key it was recorded with".into()),
+            };
+            return Err(usage_hint(
+                format!("run {} holds masked tokens made under {made_under}, and no mask key is set: {missing}", meta.id),
+                format!(
+                    "set RETRACE_MASK_KEY to {fix} (the recording machine's RETRACE_HOME/mask.key; in CI, a secret)"
+                ),
+            ));
+        }
+        run = meta.source_run.as_deref().and_then(|id| store.run(id).ok());
+    }
+    Ok(())
+}
+
 /// The trace's bytes: the file, or the run exported from the real store.
 pub(super) fn trace_bytes(trace: &Trace, settings: &Settings) -> anyhow::Result<Vec<u8>> {
     match &trace.origin {
@@ -270,19 +301,21 @@ fn import_sources(
     Ok(())
 }
 
+/// The trace's header; a file that is not a trace (empty, cut, another format...) is an input
+/// error saying why ([`check_header`]).
 fn header(bytes: &[u8]) -> anyhow::Result<ExportHeader> {
-    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
-    let value: serde_json::Value =
-        serde_json::from_slice(first).map_err(|e| anyhow::anyhow!("line 1 is not JSON: {e}"))?;
-    let format = value.get("format").and_then(|f| f.as_str()).unwrap_or("");
-    retrace_core::export::check_format(format)?;
-    Ok(serde_json::from_value(value)?)
+    let end = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
+    let value = check_header(&bytes[..end])
+        .map_err(|not| usage_hint(format!("not a trace file: {}", not.reason), not.hint))?;
+    let format = value["format"].as_str().unwrap_or_default();
+    retrace_core::export::check_format(format).map_err(|e| usage(e.to_string()))?;
+    serde_json::from_value(value).map_err(|e| usage(format!("line 1 is not a trace header: {e}")))
 }
 
 /// Refuses a program that can't be started, before anything runs: a missing executable, a
 /// missing working directory, or an interpreter's missing script (exit 2, with the command).
 fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
-    let shown = || format!("`{}` (in {})", argv.join(" "), cwd.display());
+    let shown = || format!("`{}` (in {})", shell_words(argv), cwd.display());
     let fix = "check the command, or pass another one after `--`";
     launcher::check_cwd(argv, cwd)?;
     let Some(program) = argv.first() else {

@@ -3,6 +3,7 @@
 use retrace_core::{Divergence, DivergenceCode};
 use serde_json::json;
 
+use super::accept;
 use super::job::{Outcome, Verdict};
 
 /// The one line for a trace, and the lines under it.
@@ -121,8 +122,13 @@ pub fn summary(outcomes: &[Outcome], seconds: f64, jobs: usize) -> String {
     )
 }
 
-/// The `--json` document.
-pub fn json(outcomes: &[Outcome], seconds: f64, jobs: usize) -> serde_json::Value {
+/// The `--json` document; with `--accept`, what it did with each diverging trace (`accepted`).
+pub fn json(
+    outcomes: &[Outcome],
+    seconds: f64,
+    jobs: usize,
+    accepted: Option<&[accept::Report]>,
+) -> serde_json::Value {
     let t = Tally::of(outcomes);
     let traces: Vec<serde_json::Value> = outcomes
         .iter()
@@ -151,11 +157,15 @@ pub fn json(outcomes: &[Outcome], seconds: f64, jobs: usize) -> serde_json::Valu
             })
         })
         .collect();
-    json!({
+    let mut document = json!({
         "traces": traces,
         "summary": {"traces": outcomes.len(), "ok": t.ok, "diverged": t.diverged, "errors": t.errors,
                     "interrupted": t.interrupted, "seconds": seconds, "jobs": jobs},
-    })
+    });
+    if let Some(accepted) = accepted {
+        document["accepted"] = accepted.iter().map(accept::Report::json).collect();
+    }
+    document
 }
 
 /// JUnit XML: one test suite, one test case per trace; a divergence is a `failure`, a trace
