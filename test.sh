@@ -36,13 +36,17 @@ export RETRACE_HOME="$demo_home"
 retrace demo | tee target/demo-output.txt
 grep -q "the same wrong approval every time, 0 live calls" target/demo-output.txt
 grep -q "decision moved: reviewer on step:backfill_users: approve -> reject" target/demo-output.txt
-bad=$(retrace demo --json --runs 3 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["replayed"]["run"] if d["replayed"] else "")')
+read -r bad forked < <(retrace demo --json --runs 3 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["replayed"]["run"] if d["replayed"] else "-", d["forked"]["fork"] if d["forked"] else "-")')
 retrace demo pipeline | tee target/pipeline-output.txt
 grep -q "dry_run" target/pipeline-output.txt
 retrace demo single --runs 1 >/dev/null
 retrace verify --all
-if [ -n "$bad" ]; then
+if [ "$bad" != "-" ]; then
   retrace replay "$bad"
+fi
+if [ "$forked" != "-" ]; then
+  # The fork's recorded command (its own simulator seed, no chaos) replays it exactly.
+  retrace replay "$forked"
 fi
 run_id=$(retrace runs --json | python3 -c 'import json,sys; print([r for r in json.load(sys.stdin) if r["mode"]=="record"][0]["id"])')
 retrace export "$run_id" -o "$demo_home/a.jsonl"

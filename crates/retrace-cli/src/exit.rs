@@ -1,7 +1,9 @@
 //! Exit codes: 0 ok, 1 divergence or failed check, 2 usage or input error, 128 + signal when
 //! the user stopped the command (130 for SIGINT, 143 for SIGTERM, as a shell reports a program
-//! a signal ended); a broken pipe is 0 (except for `gate`, whose exit code is its verdict
-//! however its report was cut short).
+//! a signal ended). A broken pipe is 0 for a listing (`runs | head`), but `verify` and `gate`
+//! still exit with their verdict however their report was cut short, and `export` to standard
+//! output exits 141 (SIGPIPE's status), silently, as `cat` would: its reader didn't get the
+//! trace whole, and `set -o pipefail` should see it.
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -46,11 +48,27 @@ pub fn interrupted(signal: nix::sys::signal::Signal, message: impl Into<String>)
     Failure { code: 128 + signal as u8, message: message.into(), hint: None }.into()
 }
 
+/// Output its reader closed before it was written whole: exit 141, the status of a program
+/// SIGPIPE ended, with nothing said (the reader chose to stop reading).
+#[derive(Debug)]
+pub struct CutShort;
+
+impl std::fmt::Display for CutShort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output closed before it was written whole")
+    }
+}
+
+impl std::error::Error for CutShort {}
+
 /// Ends the process: prints the error chain and picks the exit code.
 pub fn finish(result: anyhow::Result<()>) -> ExitCode {
     let Err(err) = result else {
         return ExitCode::SUCCESS;
     };
+    if err.downcast_ref::<CutShort>().is_some() {
+        return ExitCode::from(128 + nix::sys::signal::Signal::SIGPIPE as u8);
+    }
     if err.chain().any(broken_pipe) {
         return ExitCode::SUCCESS;
     }

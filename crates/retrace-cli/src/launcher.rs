@@ -12,6 +12,7 @@ use std::process::Command;
 use anyhow::Context;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+use retrace_core::terminal::shell_words;
 
 use crate::exit::{usage, usage_hint};
 
@@ -75,11 +76,11 @@ pub fn run(child: &Child) -> anyhow::Result<Ended> {
             // The same error when the working directory is missing: say which it is.
             check_cwd(&child.argv, &child.cwd)?;
             return Err(usage_hint(
-                format!("program not found: `{}` (in {})", child.argv.join(" "), child.cwd.display()),
+                format!("program not found: `{}` (in {})", shell_words(&child.argv), child.cwd.display()),
                 "check the command, or pass another one after `--`",
             ));
         }
-        Err(e) => return Err(e).with_context(|| format!("starting `{}`", child.argv.join(" "))),
+        Err(e) => return Err(e).with_context(|| format!("starting `{}`", shell_words(&child.argv))),
     };
     let forwarding = signals::Forwarding::to(Pid::from_raw(process.id() as i32));
     let copied = process.stdout.take().map(line_end::copy);
@@ -103,7 +104,7 @@ pub fn check_cwd(argv: &[String], cwd: &Path) -> anyhow::Result<()> {
         format!(
             "the working directory {} does not exist (`{}` was to run there)",
             cwd.display(),
-            argv.join(" ")
+            shell_words(argv)
         ),
         "run retrace from the checkout the run was recorded in (a recorded directory is kept relative to \
          the git top level), or give the program to run after `--`: it then runs in the current directory",

@@ -17,9 +17,90 @@ pub fn one_line(text: &str) -> Cow<'_, str> {
         .into()
 }
 
+/// `argv` as a POSIX shell would take it back: each word bare when it holds only characters no
+/// shell treats specially, else in single quotes (`'it'\''s'`), or, holding a control
+/// character, in `$'...'` quotes with the character escaped (`$'a\nb'`, bash, zsh and ksh read
+/// it), so the line can be pasted and stays one line.
+pub fn shell_words(argv: &[String]) -> String {
+    argv.iter().map(|word| shell_word(word)).collect::<Vec<_>>().join(" ")
+}
+
+fn shell_word(word: &str) -> Cow<'_, str> {
+    let bare = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    if !word.is_empty() && word.chars().all(bare) {
+        return word.into();
+    }
+    if !word.chars().any(char::is_control) {
+        return format!("'{}'", word.replace('\'', r"'\''")).into();
+    }
+    let mut quoted = String::from("$'");
+    for c in word.chars() {
+        match c {
+            '\\' => quoted.push_str(r"\\"),
+            '\'' => quoted.push_str(r"\'"),
+            '\n' => quoted.push_str(r"\n"),
+            '\t' => quoted.push_str(r"\t"),
+            '\r' => quoted.push_str(r"\r"),
+            c if c.is_control() && (c as u32) < 0x80 => quoted.push_str(&format!("\\x{:02x}", c as u32)),
+            c if c.is_control() => quoted.push_str(&format!("\\u{:04x}", c as u32)),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    quoted.into()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{one_line, shell_words};
+
+    fn words(argv: &[&str]) -> String {
+        shell_words(&argv.iter().map(|w| w.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn shell_words_quote_only_what_a_shell_would_read_otherwise() {
+        assert_eq!(
+            words(&["python", "app.py", "--model=gpt-4o", "a/b.c"]),
+            "python app.py --model=gpt-4o a/b.c"
+        );
+        assert_eq!(
+            words(&["echo", "two words", "", "it's", "$HOME", "*"]),
+            r"echo 'two words' '' 'it'\''s' '$HOME' '*'"
+        );
+        assert_eq!(words(&["printf", "a\nb\u{1b}[0m", "it's\\"]), r"printf $'a\nb\x1b[0m' 'it'\''s\'");
+        assert_eq!(words(&["x", "q'\t\\"]), r"x $'q\'\t\\'");
+        assert_eq!(words(&["plänner"]), "'plänner'");
+    }
+
+    /// bash reads every quoted line back to the argv it came from.
+    #[test]
+    fn bash_reads_shell_words_back_word_for_word() {
+        let argv: Vec<String> = [
+            "a b",
+            "",
+            "it's",
+            "$(echo pwned)",
+            "`x`",
+            "\\",
+            "tab\there",
+            "nl\nx\u{1b}[31m",
+            "é'\"\\",
+            "!x",
+            "~",
+            "#c",
+        ]
+        .map(String::from)
+        .to_vec();
+        let line = format!("printf '%s\\0' {}", shell_words(&argv));
+        let out = std::process::Command::new("bash").args(["-c", &line]).output().unwrap();
+        assert!(out.status.success(), "{line}: {}", String::from_utf8_lossy(&out.stderr));
+        // Each word ends in a NUL: the piece after the last one is empty.
+        let mut back: Vec<String> =
+            out.stdout.split(|b| *b == 0).map(|w| String::from_utf8(w.to_vec()).unwrap()).collect();
+        assert_eq!(back.pop().as_deref(), Some(""));
+        assert_eq!(back, argv, "{line}");
+    }
 
     #[test]
     fn control_characters_are_escaped_and_the_rest_is_kept() {

@@ -69,12 +69,15 @@ pub struct TrioReport {
     pub live_calls_recorded: usize,
 }
 
-/// The argv a trio run records: the hidden subcommand that runs exactly that program.
-pub fn trio_command(seed: u64) -> Command {
-    Command {
-        argv: ["retrace", "demo", "run", "trio", "--seed", &seed.to_string()].map(String::from).to_vec(),
-        cwd: ".".into(),
+/// The argv a trio run records: the hidden subcommand that runs exactly that program, its
+/// simulator (and, with `chaos`, its scheduler) seeded with `seed`.
+pub fn trio_command(seed: u64, chaos: bool) -> Command {
+    let mut argv: Vec<String> =
+        ["retrace", "demo", "run", "trio", "--seed", &seed.to_string()].map(String::from).to_vec();
+    if !chaos {
+        argv.push("--no-chaos".into());
     }
+    Command { argv, cwd: ".".into() }
 }
 
 /// Session options of a trio recording under chaos seed `seed` (None: no chaos).
@@ -85,7 +88,7 @@ pub fn trio_options(seed: Option<u64>) -> SessionOptions {
             None => "demo: migration trio (no chaos)".into(),
         }),
         command: Some(match seed {
-            Some(seed) => trio_command(seed),
+            Some(seed) => trio_command(seed, true),
             None => Command {
                 argv: ["retrace", "demo", "run", "trio", "--no-chaos"].map(String::from).to_vec(),
                 cwd: ".".into(),
@@ -183,15 +186,18 @@ async fn fork_swapped(
         anyhow::bail!("the reviewer of run {run} heard fewer than two messages")
     };
     let edit = retrace_core::edit::Edit::Swap { a, b };
+    // A fork delivers in source order (no chaos), its live calls answered by a simulator of
+    // its own seed: what its recorded command says, so a fork of the fork answers the same.
+    let fork_seed = seed ^ 0xf0_4c;
     let server = match upstream {
         Some(_) => None,
-        None => Some(SimServer::start(seed ^ 0xf0_4c).await?),
+        None => Some(SimServer::start(fork_seed).await?),
     };
     let base = upstream.map(str::to_owned).unwrap_or_else(|| server.as_ref().expect("started").base_url());
     let client = Arc::new(ChatClient::new(&base));
     let options = masking.apply(SessionOptions {
         name: Some("demo: the bad run, deliveries swapped".into()),
-        command: Some(trio_command(seed)),
+        command: Some(trio_command(fork_seed, false)),
         ..Default::default()
     });
     let session =

@@ -73,8 +73,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     progress.finish();
     let ExportStats { events, blobs, bytes } = match stats {
         Ok(stats) => stats,
-        // A closed pipe (`retrace export RUN | head`) ends quietly: exit.rs maps it to 0.
-        Err(ExportError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        // A closed pipe (`retrace export RUN | head`) ends quietly, but not as a success: the
+        // reader didn't get the trace whole (exit 141, as `cat` would).
+        Err(ExportError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            return Err(crate::exit::CutShort.into())
+        }
         Err(e) => return Err(failure(e.exit_code(), &e)),
     };
     if let Some(path) = output {

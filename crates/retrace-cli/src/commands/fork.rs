@@ -7,6 +7,7 @@ use retrace_core::canonical::canonicalize;
 use retrace_core::edit::{Content, Edit};
 use retrace_core::mask::Masker;
 use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
+use retrace_core::terminal::shell_words;
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 use retrace_runtime::fork::ForkPlan;
 use retrace_store::diff::{diff_runs, DiffOptions, RunDiff};
@@ -44,8 +45,11 @@ tool-output:SEQ=@FILE    replace a tool call's recorded output\n  \
 model-output:SEQ=@FILE   replace a model call's recorded output (for a proxied call, the JSON \
 body the provider would return; a streamed one needs its recorded document)\n  \
 prompt:AGENT=VERSION     template() hands the agent another version\n  \
-model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model\n  \
-param:AGENT.NAME=VALUE   set a parameter of the agent's model requests\n\n\
+model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model: those the \
+model can serve (its provider's, for a name that says it: gpt-..., claude-...; embedding \
+requests for an embedding model, the others for any other)\n  \
+param:AGENT.NAME=VALUE   set a parameter of the agent's model requests (not its embedding \
+requests)\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
 program's output is its own. Exit codes: 0 every fork finished; 1 a fork's program failed or \
 diverged or stopped; 2 bad usage (an edit that doesn't fit the run, an unknown run).",
@@ -314,7 +318,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     eprintln!(
         "retrace: forking {} at seq {at} as {id}: {} (in {})",
         source.id,
-        argv.join(" "),
+        shell_words(&argv),
         cwd.display()
     );
     // The fork's own daemon: its proxy and SDK steps belong to the fork run; changed and new

@@ -1,8 +1,10 @@
 //! `retrace knew RUN SEQ`: what the agent of event SEQ knew when it acted.
 use clap::Parser;
+use retrace_core::run::RunMode;
 use retrace_store::causal;
 
 use super::readable_store_from_env;
+use crate::exit::usage_hint;
 use crate::output::print_json;
 
 /// The examples every help shows.
@@ -45,6 +47,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
     let run = store.find_run(&args.run)?;
+    if let (RunMode::Replay, Some(source)) = (run.mode, &run.source_run) {
+        // A replay stores no events: what its agents heard is its source's log.
+        return Err(usage_hint(
+            format!("run {} is a replay of {source}, and a replay keeps no events of its own", run.id),
+            format!("ask about the recording: retrace knew {source} {}", args.seq),
+        ));
+    }
     let knew = causal::knew(store.as_ref(), &run.id, args.seq)?;
     if args.json {
         return print_json(&serde_json::to_value(&knew)?);

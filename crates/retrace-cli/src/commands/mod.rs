@@ -39,6 +39,15 @@ pub(crate) fn seconds(text: &str) -> Result<f64, String> {
     }
 }
 
+/// An `--upstream-timeout S` value: as [`seconds`], but more than 0 (an upstream given no
+/// time at all fails every call; a small value would be rounded to nothing).
+pub(crate) fn positive_seconds(text: &str) -> Result<f64, String> {
+    match seconds(text)? {
+        s if s >= 0.001 => Ok(s),
+        _ => Err(format!("{text} would time out every call: give at least 0.001 seconds")),
+    }
+}
+
 /// Opens the store named by the environment (RETRACE_STORE / RETRACE_HOME), creating it if
 /// there is none: for the commands that record or import.
 pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use retrace_core::run::{Command, RunMeta, RunMode, RunStatus};
+use retrace_core::terminal::shell_words;
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
 use super::store_from_env;
@@ -58,8 +59,8 @@ pub struct Args {
     /// Anthropic-compatible upstream (default: $ANTHROPIC_BASE_URL, else api.anthropic.com).
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
-    /// Seconds an upstream may take to answer, and between two chunks of a stream.
-    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::seconds)]
+    /// Seconds an upstream may take to answer, and between two chunks of a stream (more than 0).
+    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::positive_seconds)]
     upstream_timeout: f64,
     /// Largest model request body the proxy accepts, in bytes (after decoding).
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
@@ -75,16 +76,21 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let store = store_from_env()?;
-    let args_json = args.json;
-    if args_json {
-        launcher::line_end::track();
-    }
     let mut labels = BTreeMap::new();
     for label in &args.labels {
         let (k, v) =
             label.split_once('=').ok_or_else(|| usage(format!("--label {label:?}: want KEY=VALUE")))?;
         labels.insert(k.to_owned(), v.to_owned());
+    }
+    if let Some(problem) =
+        retrace_core::run::naming_problem(args.name.as_deref(), labels.keys().map(String::as_str))
+    {
+        return Err(usage(problem));
+    }
+    let store = store_from_env()?;
+    let args_json = args.json;
+    if args_json {
+        launcher::line_end::track();
     }
     let plan = Plan {
         store: store.clone(),
@@ -102,8 +108,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         remove_env: Vec::new(),
         output: None,
     };
-    let recorded =
-        execute(plan, |id, plan| eprintln!("retrace: recording run {id}: {}", plan.logged_argv().join(" ")))?;
+    let recorded = execute(plan, |id, plan| {
+        eprintln!("retrace: recording run {id}: {}", shell_words(&plan.logged_argv()))
+    })?;
     let (id, meta, status) = (&recorded.id, &recorded.meta, recorded.exit_status);
     let events = store.last_seq(id)?;
     // Standard output is the program's alone (SPEC §3): the id goes to standard error.
@@ -192,7 +199,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let argv: Vec<String> = plan.argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect();
     meta.command = Some(Command { argv, cwd: launcher::recorded_cwd_of(&plan.cwd) });
     config.default_run = Some(id.clone());
-    config.upstream_timeout = std::time::Duration::from_secs_f64(plan.upstream_timeout.max(0.001));
+    config.upstream_timeout = std::time::Duration::from_secs_f64(plan.upstream_timeout);
     config.max_body = plan.max_body;
     meta.upstreams.insert("openai".into(), config.upstream_openai.clone());
     meta.upstreams.insert("anthropic".into(), config.upstream_anthropic.clone());

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
+use retrace_core::terminal::shell_words;
 use retrace_core::{Divergence, DivergenceCode};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 
@@ -83,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!(
             "retrace: replaying {} as {id}: {} (in {})",
             plan.source.id,
-            plan.argv.join(" "),
+            shell_words(&plan.argv),
             plan.cwd.display()
         )
     })?;

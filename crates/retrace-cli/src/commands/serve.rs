@@ -76,8 +76,8 @@ pub struct Args {
     /// Largest request body accepted, in bytes (after decoding).
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     max_body: usize,
-    /// Seconds an upstream may take to answer, and between two chunks of a stream.
-    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::seconds)]
+    /// Seconds an upstream may take to answer, and between two chunks of a stream (more than 0).
+    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::positive_seconds)]
     upstream_timeout: f64,
 }
 
@@ -177,7 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.tokens = tokens;
     config.retention = super::gc::retention()?;
     config.max_body = args.max_body;
-    config.upstream_timeout = Duration::from_secs_f64(args.upstream_timeout.max(0.001));
+    config.upstream_timeout = Duration::from_secs_f64(args.upstream_timeout);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let bound =

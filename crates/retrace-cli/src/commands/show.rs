@@ -48,7 +48,8 @@ of the step's key, and the event's label (`model_call gpt-4o`, `tool_call sql.qu
 whose response named no pinned snapshot is marked `(alias only)`: the provider may serve another \
 model under that name tomorrow.\n\n\
 With --seq, show one event: every field, then its request and output blobs, pretty-printed when \
-they are JSON and as text otherwise.",
+they are JSON and as text otherwise; each is cut after its first 64 KiB, saying how much more \
+there is, unless --full is given (--json always holds them whole).",
         "\n\n",
         examples!()
     )
@@ -65,6 +66,10 @@ pub struct Args {
     /// Print JSON: the run and its events, or the event with its blobs.
     #[arg(long)]
     pub json: bool,
+    /// With --seq: print the request and output whole, however large (else each stops after
+    /// 64 KiB).
+    #[arg(long, requires = "seq")]
+    pub full: bool,
 }
 
 /// Runs the command.
@@ -72,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     if let Some(seq) = args.seq {
-        return event::show(&*store, &meta, seq, args.json);
+        return event::show(&*store, &meta, seq, args.json, args.full);
     }
     let mut agents = agents(&*store, &meta.id)?;
     let mut lanes: Vec<Lane> = match &args.agent {

@@ -66,17 +66,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.add(1);
     }
     progress.finish();
+    let printed = print(&args, &runs, unreadable.len(), events, &problems);
+    match problems.len() {
+        // A report cut short (`verify --all | head -1`) still fails a check that failed.
+        0 => printed,
+        1 => Err(exit::check_failed("verification found 1 problem")),
+        n => Err(exit::check_failed(format!("verification found {n} problems"))),
+    }
+}
+
+/// Prints the verdict: each problem, or that all is well.
+fn print(
+    args: &Args,
+    runs: &[String],
+    unreadable: usize,
+    events: u64,
+    problems: &[Problem],
+) -> anyhow::Result<()> {
     if args.json {
         let value = serde_json::json!({
             "ok": problems.is_empty(),
-            "runs": runs.len() + unreadable.len(),
+            "runs": runs.len() + unreadable,
             "events": events,
             "problems": problems,
         });
         print_json(&value)?;
     } else {
         let mut out = std::io::stdout().lock();
-        for problem in &problems {
+        for problem in problems {
             writeln!(out, "{problem}")?;
         }
         if problems.is_empty() {
@@ -90,9 +107,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )?;
         }
     }
-    match problems.len() {
-        0 => Ok(()),
-        1 => Err(exit::check_failed("verification found 1 problem")),
-        n => Err(exit::check_failed(format!("verification found {n} problems"))),
-    }
+    Ok(())
 }

@@ -174,6 +174,22 @@ fn a_closed_stdout_ends_printing_commands_quietly() {
             assert_eq!(out.stderr(), "", "{args:?}");
         }
     }
+    // But a verdict stays a verdict, and a trace its reader didn't get whole is no success:
+    // `verify` of a damaged store exits 1, `export` to the closed pipe 141 (as `cat` would).
+    let mut tampered = conversation("01tampered", 2);
+    tampered.events[6].latency_ms = Some(1);
+    tampered.commit(&*open_store(&StoreConfig::in_home(home.dir.path())).unwrap());
+    for (args, code) in
+        [(&["verify", "--all"][..], 1), (&["verify", "--all", "--json"], 1), (&["export", RUN], 141)]
+    {
+        let mut child = home.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = Ran(child.wait_with_output().unwrap());
+        assert_eq!(out.0.status.code(), Some(code), "{args:?}: {}", out.stderr());
+        if code == 141 {
+            assert_eq!(out.stderr(), "", "{args:?}");
+        }
+    }
 }
 
 #[test]
@@ -209,7 +225,7 @@ fn bad_arguments_are_named_before_anything_runs() {
 }
 
 #[test]
-fn a_timeout_flag_takes_seconds_up_to_a_year() {
+fn a_timeout_flag_takes_seconds_up_to_a_year_and_an_upstream_more_than_none() {
     let home = Home::new();
     for value in ["1e308", "--upstream-timeout=-1", "soon"] {
         let args = match value.starts_with("--") {
@@ -219,6 +235,14 @@ fn a_timeout_flag_takes_seconds_up_to_a_year() {
         home.run(&args).expect(2, &[], &[value.trim_start_matches("--upstream-timeout="), "seconds"]);
     }
     home.run(&["serve", "--stall-timeout", "NaN"]).expect(2, &[], &["NaN", "seconds"]);
+    // An upstream given no time fails every call: refused, not silently made a millisecond.
+    for command in ["record", "serve"] {
+        let args = match command {
+            "record" => vec![command, "--upstream-timeout", "0", "--", "true"],
+            _ => vec![command, "--upstream-timeout", "0"],
+        };
+        home.run(&args).expect(2, &[], &["0 would time out every call", "0.001"]);
+    }
     home.run(&["record", "--upstream-timeout", "0.5", "--", "true"]).expect(0, &[], &[]);
 }
 
@@ -412,4 +436,75 @@ fn an_agent_id_with_control_characters_is_shown_escaped_everywhere() {
         assert!(all.contains(shown), "escaped: {all}");
         assert!(!all.contains('\u{1b}') && !all.contains("evil\n"), "raw: {all:?}");
     }
+}
+
+#[test]
+fn an_empty_name_or_label_key_is_refused_before_a_store_is_made() {
+    let home = Home::new();
+    home.run(&["record", "--name", "", "--", "true"]).expect(2, &[], &["the run's name is empty"]);
+    home.run(&["record", "--name", "  ", "--", "true"]).expect(2, &[], &["the run's name is empty"]);
+    home.run(&["record", "--label", "=data", "--", "true"]).expect(2, &[], &["a label's key is empty"]);
+    let made: Vec<_> = std::fs::read_dir(home.dir.path()).unwrap().collect();
+    assert!(made.is_empty(), "nothing was created: {made:?}");
+    // A label's value may be empty.
+    home.run(&["record", "--name", "n", "--label", "team=", "--", "true"]).expect(0, &[], &[]);
+    assert_eq!(runs_of(&home).len(), 1);
+}
+
+/// `show --seq` prints the first 64 KiB of a large request or output and says what is left and
+/// how to see it all (`--full`, or `--json`); recorded text can't drive the terminal.
+#[test]
+fn show_seq_cuts_a_large_output_and_full_prints_it_whole() {
+    use retrace_core::run::RunMode;
+    use retrace_core::EventType;
+    let text = format!("\u{1b}[2J{}", "é".repeat(100_000));
+    let mut b = Builder::new(RUN);
+    let seq = b.push("a", EventType::ToolCall, Some("t"), None, Some(text.clone().into_bytes()), |_| {});
+    let home = Home::with(&b.finish(RunMode::Record));
+    let shown = home.run(&["show", RUN, "--seq", &seq.to_string()]);
+    shown.expect(0, &["200004 bytes, text", "more bytes", &format!("--seq {seq} --full")], &[]);
+    let out = shown.stdout();
+    assert!(out.len() < 70 << 10, "cut: {} bytes", out.len());
+    assert!(!out.contains('\u{1b}') && out.contains(r"\u{1b}[2J"), "escaped");
+    let full = home.run(&["show", RUN, "--seq", &seq.to_string(), "--full"]);
+    full.expect(0, &[], &[]);
+    assert!(full.stdout().contains(&"é".repeat(100_000)) && !full.stdout().contains("more bytes"));
+    let json = home.run(&["show", RUN, "--seq", &seq.to_string(), "--json"]);
+    assert_eq!(json.json()["output"]["text"], text.as_str(), "--json holds it whole");
+    home.run(&["show", RUN, "--full"]).expect(2, &[], &["--seq"]);
+}
+
+/// Large blobs recorded under `RETRACE_BLOBS` and read without it: the error says where they
+/// most likely are, not only that the store looks damaged.
+#[test]
+fn a_blob_folder_left_behind_by_retrace_blobs_is_named_as_such() {
+    use retrace_core::run::RunMode;
+    use retrace_core::EventType;
+    let home = Home::new();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut b = Builder::new(RUN);
+    b.push("a", EventType::ToolCall, Some("t"), None, Some(vec![b'x'; 100 << 10]), |_| {});
+    let config =
+        StoreConfig { blobs_dir: elsewhere.path().to_owned(), ..StoreConfig::in_home(home.dir.path()) };
+    b.finish(RunMode::Record).commit(&*open_store(&config).unwrap());
+    let hint =
+        "holds no large blobs: if they were recorded with RETRACE_BLOBS set to another folder, set it again";
+    home.run(&["verify", RUN]).expect(1, &[hint], &["verification found 1 problem"]);
+    let url = format!("file://{}", elsewhere.path().display());
+    let ran = Ran(home.command(&["verify", RUN]).env("RETRACE_BLOBS", &url).output().unwrap());
+    ran.expect(0, &[], &[]);
+}
+
+/// A command that only reads doesn't wait for the write lock another process holds (a long
+/// import, a `gc`): opening the store takes it only when a run's recorder died.
+#[test]
+fn reading_commands_run_while_another_process_holds_the_write_lock() {
+    let home = Home::with(&conversation(RUN, 2));
+    let db = home.dir.path().join("retrace.db");
+    let writer = rusqlite::Connection::open(&db).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for args in [&["runs"][..], &["show", RUN], &["verify", "--all"], &["export", RUN, "-o", "-"]] {
+        home.run(args).expect(0, &[], &[]);
+    }
+    writer.execute_batch("COMMIT").unwrap();
 }

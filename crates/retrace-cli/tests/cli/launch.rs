@@ -102,6 +102,9 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let line = diverged.stderr().lines().find(|l| l.contains("divergence [")).unwrap().to_owned();
     let reported = line[line.find("divergence [").unwrap()..].to_owned();
     home.run(&["show", replay["id"].as_str().unwrap()]).expect(0, &["replay diverged", &reported], &[]);
+    // `knew` of a replay, which heard what its source's log says, points at the source.
+    let hint = format!("retrace knew {run} 3");
+    home.run(&["knew", replay["id"].as_str().unwrap(), "3"]).expect(2, &[], &["is a replay of", &hint]);
 
     // A fork's changed steps run live against the demo's simulator (the source named no
     // upstream), once each, and nothing is new.

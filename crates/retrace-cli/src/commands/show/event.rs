@@ -41,8 +41,13 @@ const FIELDS: [&str; 27] = [
     "hash",
 ];
 
-/// Prints event `seq` of `meta`'s run with its blobs.
-pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool) -> anyhow::Result<()> {
+/// How much of a blob the text view prints without `--full`: a page of JSON or text is read
+/// whole; a 20 MB output is not read on a terminal, and would bury the event's fields.
+const SHOWN: usize = 64 << 10;
+
+/// Prints event `seq` of `meta`'s run with its blobs (each cut after [`SHOWN`] bytes unless
+/// `full`).
+pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool, full: bool) -> anyhow::Result<()> {
     let event = match event_of(store, meta, seq) {
         Ok(event) => event,
         Err(e) if e.kind == StoreErrorKind::NotFound => {
@@ -74,10 +79,14 @@ pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool) -> anyhow::
             writeln!(out, "  {name:<16}{text}")?;
         }
     }
+    let limit = if full { usize::MAX } else { SHOWN };
     for (title, blob) in [("request", request), ("output", output)] {
         let Some(blob) = blob else { continue };
         writeln!(out)?;
-        write_blob(&mut out, title, &blob)?;
+        if write_blob(&mut out, title, &blob, limit)? {
+            let whole = format!("retrace show {} --seq {seq} --full", meta.id);
+            writeln!(out, "(the {title} is cut here; all of it: {whole}, or --json)")?;
+        }
     }
     out.flush()?;
     Ok(())
@@ -103,24 +112,45 @@ fn blob(store: &dyn Store, digest: &Digest) -> Value {
     }
 }
 
-fn write_blob(out: &mut impl Write, title: &str, blob: &Value) -> anyhow::Result<()> {
+/// Writes `blob` under a title line, at most `limit` bytes of its body; returns whether it was
+/// cut. Text is the recorded program's: its control characters other than newlines and tabs
+/// are escaped (`\u{1b}`), so an output can't drive the reader's terminal.
+fn write_blob(out: &mut impl Write, title: &str, blob: &Value, limit: usize) -> anyhow::Result<bool> {
     let digest = blob["digest"].as_str().unwrap_or("?");
     if let Some(error) = blob["error"].as_str() {
         writeln!(out, "{title} ({digest}): cannot read: {error}")?;
-        return Ok(());
+        return Ok(false);
     }
     let size = &blob["bytes"];
-    if let Some(value) = blob.get("json") {
-        writeln!(out, "{title} ({digest}, {size} bytes, JSON):")?;
-        writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
+    let (kind, body) = if let Some(value) = blob.get("json") {
+        ("JSON", serde_json::to_string_pretty(value)?)
     } else if let Some(text) = blob["text"].as_str() {
-        writeln!(out, "{title} ({digest}, {size} bytes, text):")?;
-        writeln!(out, "{}", text.trim_end_matches('\n'))?;
+        ("text", printable(text.trim_end_matches('\n')))
     } else {
-        writeln!(out, "{title} ({digest}, {size} bytes, binary, base64):")?;
-        writeln!(out, "{}", blob["base64"].as_str().unwrap_or(""))?;
+        ("binary, base64", blob["base64"].as_str().unwrap_or("").to_owned())
+    };
+    writeln!(out, "{title} ({digest}, {size} bytes, {kind}):")?;
+    let (shown, cut) = cut_at(&body, limit);
+    writeln!(out, "{shown}")?;
+    if cut > 0 {
+        writeln!(out, "… {cut} more bytes")?;
     }
-    Ok(())
+    Ok(cut > 0)
+}
+
+/// `text` with its control characters other than `\n` and `\t` escaped.
+fn printable(text: &str) -> String {
+    let keep = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    text.chars().map(|c| if keep(c) { c.to_string() } else { c.escape_debug().to_string() }).collect()
+}
+
+/// The first `limit` bytes of `text` or fewer (whole characters), and how many bytes are left.
+fn cut_at(text: &str, limit: usize) -> (&str, usize) {
+    if text.len() <= limit {
+        return (text, 0);
+    }
+    let end = (0..=limit).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    (&text[..end], text.len() - end)
 }
 
 /// Event `seq` of `meta`'s run: a fork's events before its fork point are its source's.
