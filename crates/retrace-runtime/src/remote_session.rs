@@ -38,6 +38,9 @@ pub enum DaemonRun {
     /// A new replay of this recorded run (joined when it names a replay run already);
     /// [`Session::finish`] ends a replay it created.
     Replay(String),
+    /// The fork run `retrace fork` made, executed as [`DaemonRun::Join`] does; any other run is
+    /// refused (`RETRACE_MODE=fork` naming a recording would record into it live).
+    Fork(String),
 }
 
 /// A session's run on a daemon.
@@ -59,12 +62,13 @@ impl Session {
     pub fn connect(url: &str, run: DaemonRun, options: SessionOptions) -> RuntimeResult<Session> {
         let token = std::env::var("RETRACE_TOKEN").ok().filter(|t| !t.is_empty());
         let client = Arc::new(Client::new(url, token)?);
+        let fork = matches!(run, DaemonRun::Fork(_));
         let (id, owned) = match run {
             DaemonRun::New => {
                 let body = json!({ "name": options.name, "labels": options.labels });
                 (str_field(&client, &client.post("/api/runs", &body)?, "run_id")?, true)
             }
-            DaemonRun::Join(id) => (id, false),
+            DaemonRun::Join(id) | DaemonRun::Fork(id) => (id, false),
             DaemonRun::Replay(id) => {
                 let found = client.get(&format!("/api/runs/{}", quote(&id)))?;
                 if found.get("mode").and_then(Value::as_str) == Some("replay") {
@@ -79,6 +83,14 @@ impl Session {
         let mode: RunMode = serde_json::from_value(found.get("mode").cloned().unwrap_or_default())
             .map_err(|e| client.error("protocol", format!("run {id} has no mode the runtime knows: {e}")))?;
         let id = str_field(&client, &found, "run_id")?;
+        if fork && mode != RunMode::Fork {
+            let status = found.get("status").and_then(Value::as_str).unwrap_or("?");
+            return Err(RuntimeError::Usage(format!(
+                "run {id} is a {} run with status {status}, not a fork: RETRACE_MODE=fork executes the fork \
+                 run that `retrace fork` makes; fork this run with `retrace fork {id} -- ...`",
+                mode.as_str()
+            )));
+        }
         let mut meta = RunMeta::new(id.clone(), mode, options.clock.now_ms());
         meta.source_run = found.get("source_run").and_then(Value::as_str).map(str::to_owned);
         meta.name = found.get("name").and_then(Value::as_str).map(str::to_owned);

@@ -56,7 +56,10 @@ pub use error::{StoreError, StoreErrorKind, StoreResult};
 pub use gc::{GcReport, GcRequest, GcStore};
 pub use head::{ChainHead, Chains, DeliveryHead, EventHead};
 pub use ledger::LedgerStore;
-pub use open::{open_store, open_store_read_only, why_read_only, Durability, StoreConfig, StoreLocation};
+pub use open::{
+    open_store, open_store_private_copy, open_store_read_only, why_read_only, Durability, StoreConfig,
+    StoreLocation,
+};
 pub use summary::EventSummary;
 pub use vault::VaultStore;
 pub use writer::{Acked, RunWriter, Ticket};

@@ -232,6 +232,23 @@ pub fn open_store_read_only(
     }
 }
 
+/// A writable private copy of the store `config` names ([`SqliteStore::open_private_copy`]),
+/// recovered as [`open_store`] recovers, and a note naming its size: what a dry run over a
+/// store this process can't write works on. A store in memory opens as usual.
+pub fn open_store_private_copy(config: &StoreConfig) -> StoreResult<(Arc<dyn Store>, Option<String>)> {
+    match &config.location {
+        StoreLocation::Memory => Ok((open_store(config)?, None)),
+        StoreLocation::Sqlite { path } => {
+            let store: Arc<dyn Store> = Arc::new(SqliteStore::open_private_copy(path, &config.blobs_dir)?);
+            store.recover_interrupted()?;
+            let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            let note =
+                format!("working on a private copy of {} ({:.1} MB)", path.display(), bytes as f64 / 1e6);
+            Ok((store, Some(note)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

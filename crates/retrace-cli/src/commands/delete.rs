@@ -1,7 +1,6 @@
 //! `retrace delete`: delete named runs now, whatever their tier, and the blobs only they used.
 use retrace_store::gc::{delete, DeleteError, GcConfig};
 
-use crate::commands::existing_store_from_env;
 use crate::commands::gc::{now_ms, print_report, retention};
 use crate::exit;
 
@@ -50,7 +49,7 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let retention = retention()?;
-    let store = existing_store_from_env()?;
+    let store = super::store_for_collecting(args.dry_run)?;
     let named = args
         .runs
         .iter()

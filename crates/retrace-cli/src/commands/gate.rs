@@ -68,7 +68,8 @@ point nowhere, every step is answered from the trace, and OPENAI_API_KEY / ANTHR
 placeholders when unset, so official clients start in a CI without secrets. The folder of this \
 retrace comes first on the program's PATH, so a recorded `retrace ...` command runs this build. \
 The program's output is captured and its last lines shown when its trace fails. Traces that \
-hold masked tokens need the mask key they were recorded under (RETRACE_MASK_KEY).\n\n\
+hold masked tokens need the mask key they were recorded under (RETRACE_MASK_KEY). A fork's or a \
+replay's trace replays its source's log: gate it with its source's trace beside it (export both).\n\n\
 Output: one line per trace (`ok` or `DIVERGED ... at seq N: agent A, expected KEY, got KEY, first \
 differing path P`, with `hint:` lines saying what input was probably not captured: a clock read, \
 a random id, an env var, unordered map iteration, a tool not wrapped, a model alias), then a \

@@ -3,7 +3,6 @@ use std::io::Write;
 
 use retrace_store::gc::{collect, GcConfig, GcReport, RetentionConfig};
 
-use crate::commands::existing_store_from_env;
 use crate::exit;
 use crate::output::print_json;
 
@@ -72,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(days) = args.older_than {
         retention.routine_days = days;
     }
-    let store = existing_store_from_env()?;
+    let store = super::store_for_collecting(args.dry_run)?;
     let mut config = GcConfig::from_retention(now_ms(), &retention);
     config.dry_run = args.dry_run;
     let report = collect(&*store, &config)?;

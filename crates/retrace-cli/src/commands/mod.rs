@@ -64,6 +64,23 @@ pub fn existing_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
     open(&existing_config_from_env()?)
 }
 
+/// [`existing_store_from_env`] for `gc` and `delete`: with `dry_run`, a store this process can't
+/// write (a CI artifact) is worked on as a private copy, with a note, since a dry run writes
+/// and rolls back; without, it is refused as for any write.
+pub fn store_for_collecting(dry_run: bool) -> anyhow::Result<Arc<dyn Store>> {
+    let config = existing_config_from_env()?;
+    let why = dry_run.then(|| retrace_store::why_read_only(&config)).flatten();
+    let Some(why) = why else {
+        return open(&config);
+    };
+    let (store, note) = retrace_store::open_store_private_copy(&config)?;
+    eprintln!("retrace: the store is read-only ({why}): the dry run works on a private copy");
+    if let Some(note) = note {
+        eprintln!("retrace: {note}");
+    }
+    Ok(store)
+}
+
 /// [`existing_store_from_env`] for the commands that only read (`runs`, `show`, `verify`,
 /// `export`, `diff`, `knew`, `agents`, `vault audit`, the ledger's): a store this process can't write (a read-only
 /// mount, a CI artifact) is read as it is, with a note on stderr, instead of refused.

@@ -314,6 +314,15 @@ fn a_store_in_a_folder_that_cant_be_written_is_read_as_it_is() {
     for args in [&["replay", RUN][..], &["delete", RUN], &["import", trace.to_str().unwrap()]] {
         home.run(args).expect(2, &[], &["is not writable", "RETRACE_HOME", "read it as it is"]);
     }
+    // A dry run writes and rolls back: it works on a private copy, and says what it would do.
+    let copy = "the dry run works on a private copy";
+    home.run(&["delete", RUN, "--dry-run"]).expect(0, &[&format!("would delete run {RUN}")], &[copy]);
+    home.run(&["gc", "--dry-run", "--older-than", "0"]).expect(
+        0,
+        &[&format!("would delete run {RUN}")],
+        &[copy],
+    );
+    home.run(&["runs"]).expect(0, &[RUN], &[note]);
     serve_read_only(&home, &trace);
 }
 

@@ -201,7 +201,8 @@ impl Session {
         if let Some(url) = std::env::var("RETRACE_URL").ok().filter(|u| !u.is_empty() && mode != "off") {
             let target = match (mode.as_str(), run) {
                 ("replay", Some(id)) => DaemonRun::Replay(id),
-                ("record" | "fork", Some(id)) => DaemonRun::Join(id),
+                ("record", Some(id)) => DaemonRun::Join(id),
+                ("fork", Some(id)) => DaemonRun::Fork(id),
                 ("record", None) => DaemonRun::New,
                 ("replay" | "fork", None) => {
                     return Err(RuntimeError::Usage(format!("RETRACE_MODE={mode} needs RETRACE_RUN")))

@@ -162,6 +162,17 @@ async fn under_a_launcher_finish_reports_running_and_the_launcher_judges_the_ste
     assert_eq!(verdict["status"], "diverged", "{verdict}");
     assert_eq!(verdict["divergence"]["code"], "steps_left", "{verdict}");
     assert_eq!(verdict["divergence"]["seq"], 2, "{verdict}");
+
+    // `RETRACE_MODE=fork` names the fork run `retrace fork` made: a recording, running or not,
+    // is refused before any step (it would record into it live), and so is a replay.
+    let running = Session::connect(&d.base, DaemonRun::New, SessionOptions::default()).unwrap();
+    for other in [run.clone(), running.run_id(), replay.clone()] {
+        let err = Session::connect(&d.base, DaemonRun::Fork(other.clone()), SessionOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("fork of {other} refused"));
+        assert!(err.to_string().contains("not a fork") && err.to_string().contains(&other), "{err}");
+    }
+    assert_eq!(d.store.last_seq(&running.run_id()).unwrap(), 0, "nothing recorded into it");
 }
 
 /// SPEC §2 through the daemon too (the QA's `trio nan`): a message body holding NaN is refused

@@ -237,7 +237,12 @@ fn read_body<'scope, 'env, R: BufRead>(
         true => (Vec::new(), DigestMap::default(), DigestSet::default()),
         false => read_blobs(lines, &header, &needed, early.as_mut(), &mut keep)?,
     };
-    if lines.next()?.is_some() {
+    // Blank lines at the end (an editor's or a merge tool's `\n`) hold nothing: skipped.
+    while let Some(line) = lines.next()? {
+        let unparsed = matches!(&line.prepared, Prepared::Event(Err(_)) | Prepared::Blob(Err(_)));
+        if unparsed && line.unparsed.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
         let message = format!(
             "unexpected line after the last blob (the header announces {} events and {} blobs)",
             header.events, header.blobs

@@ -90,6 +90,27 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// A writable private copy of the store at `path` (its database and any WAL, copied into a
+    /// temporary folder deleted with the store), large blobs still read from `blobs_dir`: for
+    /// what a read-only store can only be asked by writing and rolling back (a dry run of
+    /// garbage collection), never for a change meant to last.
+    pub fn open_private_copy(path: &Path, blobs_dir: &Path) -> StoreResult<SqliteStore> {
+        let temp = tempfile::Builder::new()
+            .prefix("retrace-private-copy-")
+            .tempdir()
+            .ctx(|| "creating a temporary folder for a private copy of the store")?;
+        let copy = temp.path().join("retrace.db");
+        std::fs::copy(path, &copy).ctx(|| format!("copying {} to {}", path.display(), copy.display()))?;
+        let wal = sync::wal_path(path);
+        if wal.is_file() {
+            let to = sync::wal_path(&copy);
+            std::fs::copy(&wal, &to).ctx(|| format!("copying {} to {}", wal.display(), to.display()))?;
+        }
+        SqliteStore::open_inner(&copy, blobs_dir, Durability::Os, 5_000, Some(temp))
+    }
+}
+
 /// Copies the database at `db` and its WAL `wal` into a new temporary folder (deleted with the
 /// returned handle), for a read-only store whose WAL SQLite can't read in place.
 fn copy_with_wal(db: &Path, wal: &Path) -> StoreResult<(tempfile::TempDir, PathBuf)> {

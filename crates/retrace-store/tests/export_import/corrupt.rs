@@ -198,6 +198,11 @@ fn header_counts_must_match_the_lines() {
     let mut extra = lines.clone();
     extra.push("{\"junk\":true}".into());
     check(&refused(&join(&extra)), ImportErrorKind::Malformed, 2, &["unexpected line after the last blob"]);
+    // Blank lines at the end (`echo >> trace.jsonl`, an editor) hold nothing: the file imports.
+    let blank = [join(&lines), b"\n  \r\n\n".to_vec()].concat();
+    assert!(import_reader(&MemoryStore::new(), &blank[..], ImportOptions::default()).is_ok());
+    let after_blank = [join(&lines), b"\n{\"junk\":true}\n".to_vec()].concat();
+    check(&refused(&after_blank), ImportErrorKind::Malformed, 2, &["unexpected line after the last blob"]);
     let mut fewer_events = lines.clone();
     let mut h = header(&lines);
     h["events"] = 12.into();
