@@ -355,6 +355,8 @@ fn a_run_whose_record_is_damaged_is_listed_as_unreadable_and_the_others_still_ve
         "{json}: the sound run's 5 events"
     );
     home.run(&["verify", SOUND]).expect(0, &["ok: run"], &[]);
+    // `gate RUN` of it says what `show` says, not that there is no such run.
+    home.run(&["gate", DAMAGED]).expect(1, &[], &["its run can't be read", "stored as bad JSON"]);
 }
 
 /// An event row that can't be read (bad JSON in it) is a problem at its own seq, not at the

@@ -83,11 +83,14 @@ pub fn find(
                     "give trace files, folders of them, or run ids",
                 )
             })?;
-            let meta = store.find_run(arg).map_err(|_| {
-                usage_hint(
+            let meta = store.find_run(arg).map_err(|e| match e.kind {
+                // A run there but unreadable (a damaged record) is said as such, as `show` says it.
+                retrace_store::StoreErrorKind::NotFound => usage_hint(
                     format!("{arg}: no such file, folder or run"),
                     "give trace files, folders of them, or run ids (`retrace runs` lists them)",
-                )
+                ),
+                _ => anyhow::Error::new(e)
+                    .context(format!("{arg}: not a file or folder, and its run can't be read")),
             })?;
             traces.push(Trace { name: meta.id.clone(), origin: Origin::Run(meta.id) });
         }
