@@ -46,7 +46,7 @@ impl SqliteStore {
                 match open_checked(path, access) {
                     Ok(opened) => (access, opened, None),
                     Err(_) => {
-                        let (temp, copy) = copy_with_wal(path, &wal)?;
+                        let (temp, copy) = copy_with_wal(path)?;
                         (access, open_checked(&copy, access)?, Some((temp, copy)))
                     }
                 }
@@ -96,32 +96,27 @@ impl SqliteStore {
     /// what a read-only store can only be asked by writing and rolling back (a dry run of
     /// garbage collection), never for a change meant to last.
     pub fn open_private_copy(path: &Path, blobs_dir: &Path) -> StoreResult<SqliteStore> {
-        let temp = tempfile::Builder::new()
-            .prefix("retrace-private-copy-")
-            .tempdir()
-            .ctx(|| "creating a temporary folder for a private copy of the store")?;
-        let copy = temp.path().join("retrace.db");
-        std::fs::copy(path, &copy).ctx(|| format!("copying {} to {}", path.display(), copy.display()))?;
-        let wal = sync::wal_path(path);
-        if wal.is_file() {
-            let to = sync::wal_path(&copy);
-            std::fs::copy(&wal, &to).ctx(|| format!("copying {} to {}", wal.display(), to.display()))?;
-        }
+        let (temp, copy) = copy_with_wal(path)?;
         SqliteStore::open_inner(&copy, blobs_dir, Durability::Os, 5_000, Some(temp))
     }
 }
 
-/// Copies the database at `db` and its WAL `wal` into a new temporary folder (deleted with the
-/// returned handle), for a read-only store whose WAL SQLite can't read in place.
-fn copy_with_wal(db: &Path, wal: &Path) -> StoreResult<(tempfile::TempDir, PathBuf)> {
+/// Copies the database at `db` and its WAL, if there is one, into a new temporary folder
+/// (deleted with the returned handle): for a read-only store whose WAL SQLite can't read in
+/// place, and for a private copy.
+fn copy_with_wal(db: &Path) -> StoreResult<(tempfile::TempDir, PathBuf)> {
     let temp = tempfile::Builder::new()
-        .prefix("retrace-read-only-")
+        .prefix("retrace-copy-")
         .tempdir()
-        .ctx(|| "creating a temporary folder for a read-only store's copy")?;
+        .ctx(|| "creating a temporary folder for a copy of the store")?;
     let copy = temp.path().join("retrace.db");
     std::fs::copy(db, &copy).ctx(|| format!("copying {} to {}", db.display(), copy.display()))?;
-    let copy_wal = sync::wal_path(&copy);
-    std::fs::copy(wal, &copy_wal).ctx(|| format!("copying {} to {}", wal.display(), copy_wal.display()))?;
+    let wal = sync::wal_path(db);
+    if wal.is_file() {
+        let copy_wal = sync::wal_path(&copy);
+        std::fs::copy(&wal, &copy_wal)
+            .ctx(|| format!("copying {} to {}", wal.display(), copy_wal.display()))?;
+    }
     Ok((temp, copy))
 }
 
