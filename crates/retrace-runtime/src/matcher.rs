@@ -460,6 +460,15 @@ impl RecordedLog {
         })
     }
 
+    /// The seq of `agent`'s last recorded step, consumed or not (the whole log loaded), if it
+    /// recorded any.
+    pub fn last_of(&self, agent: &str) -> Option<u64> {
+        self.with(|l| {
+            l.load_all();
+            l.agents.get(agent)?.last_seq()
+        })
+    }
+
     /// The earliest unconsumed step or delivery of every agent that has one, in seq order.
     pub fn leftovers(&self) -> Vec<(String, Leftover)> {
         self.with(|l| {

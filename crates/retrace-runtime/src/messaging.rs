@@ -260,7 +260,12 @@ impl Agent {
                         next.seq,
                         next.label()
                     )),
-                    None => d.detail("the recording holds no further delivery for this agent"),
+                    None => match log.last_of(&self.id) {
+                        Some(last) => d.at(last).detail(format!(
+                            "the recording holds no further delivery for this agent; its last recorded step is seq {last}"
+                        )),
+                        None => d.detail("the recording holds no further delivery for this agent"),
+                    },
                 };
                 Err(self.diverge(d))
             }

@@ -142,6 +142,9 @@ pub(super) struct AgentLog {
     /// The absolute index of the first unconsumed slot (`end()` when there is none).
     first_unconsumed: usize,
     pub(super) deliveries: VecDeque<RecordedDelivery>,
+    /// The seq of the last step pushed (consumed or not): where an agent that asks for more
+    /// steps than it recorded went past its recording.
+    last_seq: Option<u64>,
 }
 
 impl AgentLog {
@@ -166,11 +169,17 @@ impl AgentLog {
         &mut self.steps[idx as usize - self.base]
     }
 
+    /// The seq of the agent's last loaded step, consumed or not.
+    pub(super) fn last_seq(&self) -> Option<u64> {
+        self.last_seq
+    }
+
     /// Appends `slot`; returns its absolute index.
     pub(super) fn push(&mut self, slot: Slot) -> usize {
         let idx = self.end();
         let small = u32::try_from(idx).ok().filter(|&i| i != NONE).expect("fewer than 2^32 steps per agent");
         let key = slot.key;
+        self.last_seq = Some(slot.seq);
         self.steps.push_back(slot);
         if let Some(mut by_key) = self.by_key.take() {
             self.link(&mut by_key, key, small);

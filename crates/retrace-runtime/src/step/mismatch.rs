@@ -101,7 +101,13 @@ impl Agent {
                         next.seq,
                         next.label()
                     )),
-                    None => d.detail("the agent has no recorded steps left"),
+                    // Past the agent's recording: about the last step it recorded.
+                    None => match log.last_of(&self.id) {
+                        Some(last) => d
+                            .at(last)
+                            .detail(format!("the agent has no recorded steps left; its last was seq {last}")),
+                        None => d.detail("the agent recorded no steps"),
+                    },
                 }
             }
         };

@@ -119,7 +119,13 @@ fn an_extra_step_is_unexpected() {
     let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
     program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
     let err = r.agent("planner").random_u64().unwrap_err();
-    assert_eq!(err.divergence().unwrap().code, DivergenceCode::UnexpectedStep);
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::UnexpectedStep);
+    // Past the agent's recording, the divergence is about the last step it recorded.
+    let events = store.events(&run, 1, 100).unwrap();
+    let last = events.iter().filter(|e| e.agent_id == "planner").map(|e| e.seq).max();
+    assert_eq!(d.seq, last, "{d}");
+    assert!(d.to_string().contains(&format!("its last was seq {}", last.unwrap())), "{d}");
 }
 
 #[test]

@@ -506,6 +506,10 @@ fn check_extra(store: &Arc<dyn Store>, case: &Extra) {
     assert_eq!(d.step.as_deref(), Some(label(&case.op).as_str()), "{d}");
     assert_eq!(d.expected, None, "{d}");
     assert!(d.got.is_some(), "{d}");
+    // About the agent's last recorded event (a side effect's completion is its own); an agent
+    // that recorded nothing has none.
+    let last = rec.events.get(a).and_then(|steps| steps.iter().flatten().map(|(seq, _)| *seq).max());
+    assert_eq!(d.seq, last, "{d}");
     assert_eq!(live.load(Ordering::SeqCst), 0, "replay ran a live function");
     let finished = session.finish(Outcome { exit_status: Some(0) }).unwrap_err();
     assert_eq!(finished.divergence(), Some(&d));
