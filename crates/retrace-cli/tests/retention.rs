@@ -306,3 +306,28 @@ fn a_fork_recorded_here_imports_back_as_already_present() {
     other.run(&["import", file], &[]).expect(0, &[FORK], &["already present"]);
     assert_eq!(other.run(&["export", FORK], &[]).stdout(), std::fs::read_to_string(&trace).unwrap());
 }
+
+#[test]
+fn importing_a_file_with_a_stronger_tier_raises_the_stored_runs_and_a_weaker_one_leaves_it() {
+    let home = Home::new();
+    conversation(SOURCE, 2).commit(&*home.store());
+    let routine = home.dir.path().join("routine.jsonl");
+    let incident = home.dir.path().join("incident.jsonl");
+    home.run(&["export", SOURCE, "-o", routine.to_str().unwrap()], &[]).expect(0, &[], &[]);
+    home.run(&["retain", SOURCE, "incident"], &[]).expect(0, &[], &[]);
+    home.run(&["export", SOURCE, "-o", incident.to_str().unwrap()], &[]).expect(0, &[], &[]);
+
+    let other = Home::new();
+    other.run(&["import", routine.to_str().unwrap()], &[]).expect(0, &[SOURCE], &["imported run"]);
+    other.run(&["import", incident.to_str().unwrap()], &[]).expect(
+        0,
+        &[SOURCE],
+        &["nothing imported but its retention, raised from routine to incident as the file has it"],
+    );
+    assert_eq!(other.store().run(SOURCE).unwrap().retention, Retention::Incident);
+    // The routine file again: the run stays kept, and the output says only that it is there.
+    let again = other.run(&["import", routine.to_str().unwrap()], &[]);
+    again.expect(0, &[SOURCE], &["already present with the same events; nothing imported"]);
+    assert!(!again.stderr().contains("raised"), "{}", again.stderr());
+    assert_eq!(other.store().run(SOURCE).unwrap().retention, Retention::Incident);
+}

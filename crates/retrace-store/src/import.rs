@@ -40,6 +40,7 @@ use std::io::{self, BufRead};
 
 use retrace_core::Digest;
 
+use crate::gc::Retained;
 use crate::{Store, StoreError, StoreErrorKind};
 
 /// How to import.
@@ -127,10 +128,13 @@ pub enum ImportOutcome {
         /// Blob lines read.
         blobs: u64,
     },
-    /// The store already holds this run with the same events: nothing was written.
+    /// The store already holds this run with the same events: nothing was written but, when
+    /// the file's retention tier is stronger than the stored run's, the tier.
     AlreadyPresent {
         /// The run's id.
         run_id: String,
+        /// The tier raised to the file's, if it was.
+        raised: Option<Retained>,
     },
 }
 
@@ -138,7 +142,7 @@ impl ImportOutcome {
     /// The run's id.
     pub fn run_id(&self) -> &str {
         match self {
-            ImportOutcome::Imported { run_id, .. } | ImportOutcome::AlreadyPresent { run_id } => run_id,
+            ImportOutcome::Imported { run_id, .. } | ImportOutcome::AlreadyPresent { run_id, .. } => run_id,
         }
     }
 }

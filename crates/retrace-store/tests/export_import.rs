@@ -11,7 +11,7 @@ mod verify;
 
 use retrace_core::canonical::canonicalize;
 use retrace_core::envelope::EventType;
-use retrace_core::run::RunMode;
+use retrace_core::run::{Retention, RunMode};
 use retrace_core::Event;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -56,8 +56,26 @@ fn round_trip(make: fn() -> Backend) {
     assert_eq!(b.store.manifest_of(&output).unwrap().is_some(), as_manifest);
     // Importing the same file again is a no-op.
     let again = import(&*b.store, &first).unwrap();
-    assert_eq!(again, ImportOutcome::AlreadyPresent { run_id: fixture.meta.id.clone() });
+    assert_eq!(again, ImportOutcome::AlreadyPresent { run_id: fixture.meta.id.clone(), raised: None });
     assert_eq!(export(&*b.store, &fixture.meta.id), first);
+
+    // The same run exported where it was pinned raises the tier here; it is all that changes.
+    let mut pinned = fixture.meta.clone();
+    pinned.retention = Retention::Pinned;
+    a.store.update_run(&pinned).unwrap();
+    let pinned_file = export(&*a.store, &fixture.meta.id);
+    match import(&*b.store, &pinned_file).unwrap() {
+        ImportOutcome::AlreadyPresent { raised: Some(r), .. } => {
+            assert_eq!((r.previous, r.retention), (Retention::Routine, Retention::Pinned))
+        }
+        other => panic!("expected the tier raised: {other:?}"),
+    }
+    assert_eq!(b.store.run(&fixture.meta.id).unwrap(), pinned);
+    assert_eq!(export(&*b.store, &fixture.meta.id), pinned_file);
+    // A weaker tier in the file leaves the store's.
+    let again = import(&*b.store, &first).unwrap();
+    assert_eq!(again, ImportOutcome::AlreadyPresent { run_id: fixture.meta.id.clone(), raised: None });
+    assert_eq!(b.store.run(&fixture.meta.id).unwrap().retention, Retention::Pinned);
 }
 
 #[test]

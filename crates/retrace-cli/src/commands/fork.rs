@@ -555,7 +555,7 @@ fn select_runs(store: &Arc<dyn Store>, query: &str) -> anyhow::Result<Vec<RunMet
             };
             let id = match retrace_store::import::import_reader(store.as_ref(), reader, options)? {
                 retrace_store::import::ImportOutcome::Imported { run_id, .. } => run_id,
-                retrace_store::import::ImportOutcome::AlreadyPresent { run_id } => run_id,
+                retrace_store::import::ImportOutcome::AlreadyPresent { run_id, .. } => run_id,
             };
             runs.push(store.run(&id)?);
         }

@@ -32,8 +32,9 @@ seq, hash and link to the previous event, each blob's digest, that every referen
 file and nothing follows the last one. Errors name the file and line. The verified lines are held \
 in memory until they are stored, so an import needs about as much free memory as the file is \
 large.\n\n\
-Importing a run that is already stored with the same events does nothing (exit 0, and says so); \
-one stored with different events is refused (exit 1, naming the first differing seq). A fork's \
+Importing a run that is already stored with the same events does nothing (exit 0, and says so), \
+except that a file whose retention tier is stronger than the stored run's raises it (a run pinned \
+where it was exported is pinned here too; a weaker tier leaves the store's); one stored with different events is refused (exit 1, naming the first differing seq). A fork's \
 inherited events must equal its source's where the source is stored.\n\n\
 The run looks whole only once its last event is stored: an import stopped part way (a full disk, \
 a killed process) leaves it marked as an unfinished import (`retrace runs` shows `?`), and \
@@ -133,8 +134,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             println!("{run_id}");
         }
-        ImportOutcome::AlreadyPresent { run_id } => {
-            eprintln!("run {run_id} is already present with the same events; nothing imported");
+        ImportOutcome::AlreadyPresent { run_id, raised } => {
+            match raised {
+                Some(r) => eprintln!(
+                    "run {run_id} is already present with the same events; nothing imported but its \
+                     retention, raised from {} to {} as the file has it",
+                    r.previous, r.retention
+                ),
+                None => eprintln!("run {run_id} is already present with the same events; nothing imported"),
+            }
             println!("{run_id}");
         }
     }

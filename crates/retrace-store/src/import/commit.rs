@@ -10,6 +10,7 @@ use super::held::Held;
 use super::identity::{first_difference, Identity, Mismatched};
 use super::read::{Trace, TraceSource};
 use super::{ImportError, ImportOutcome, ImportStats};
+use crate::gc::{retain, RetainError};
 use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
 
 /// Events compared per page when the run (or a fork's source) is already stored.
@@ -41,7 +42,7 @@ pub(super) fn store_trace(
     check_sources(store, &run_id, &trace.events, &trace.mismatched)?;
     check_forks(store, &run_id, &trace.events, &trace.mismatched)?;
     let (mut done, mut raced) = match starting_point(store, &trace)? {
-        (Start::Present, _) => return Ok(ImportOutcome::AlreadyPresent { run_id }),
+        (Start::Present, _) => return already_present(store, &trace.header.run),
         (Start::At(done), raced) => (done, raced),
     };
 
@@ -108,14 +109,31 @@ pub(super) fn store_trace(
     // can start).
     let _ = std::thread::Builder::new().name("import-free".into()).spawn(move || drop(blobs));
     if present {
-        return Ok(ImportOutcome::AlreadyPresent { run_id });
+        return already_present(store, &header);
     }
     let finished = finish(store, &header)?;
     match wrote || (finished && !raced) {
         true => Ok(ImportOutcome::Imported { run_id, events: event_count, blobs: blob_count }),
         // Another import of the file stored every event: this one stored nothing.
-        false => Ok(ImportOutcome::AlreadyPresent { run_id }),
+        false => already_present(store, &header),
     }
+}
+
+/// The store holds the run already, with the file's events: nothing is written, except that a
+/// file whose retention tier is stronger than the stored run's (pinned over routine, say)
+/// raises it, so a run kept for an incident where it was exported is kept here too. A weaker
+/// tier in the file changes nothing: the store's was set here on purpose.
+fn already_present(store: &dyn Store, header: &RunMeta) -> Result<ImportOutcome, ImportError> {
+    let stored = |source| ImportError::Store { run_id: header.id.clone(), source };
+    let held = store.run(&header.id).map_err(stored)?;
+    let raised = match header.retention > held.retention && held.mode != RunMode::Replay {
+        true => Some(retain(store, held, header.retention).map_err(|e| match e {
+            RetainError::Store(source) => stored(source),
+            RetainError::Replay { .. } => unreachable!("replay runs are not raised"),
+        })?),
+        false => None,
+    };
+    Ok(ImportOutcome::AlreadyPresent { run_id: header.id.clone(), raised })
 }
 
 /// Every event is stored: the run becomes the file's (its status, head, labels); true when

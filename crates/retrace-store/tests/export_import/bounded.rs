@@ -98,7 +98,7 @@ fn re_importing_a_stored_run_holds_bounded_memory() {
     let fixture = heavy("01again", 400, 8 << 10, EventType::ToolCall);
     let (b, file, _) = round_trip(sqlite, &fixture, CHUNK);
     let (outcome, stats) = import_counted(&*b.store, &file, CHUNK);
-    assert_eq!(outcome, ImportOutcome::AlreadyPresent { run_id: "01again".into() });
+    assert_eq!(outcome, ImportOutcome::AlreadyPresent { run_id: "01again".into(), raised: None });
     assert!(stats.spilled_bytes > blob_bytes(&fixture) - CHUNK, "{stats:?}");
     assert!(stats.peak_held_bytes <= CHUNK / 2, "{stats:?}");
 }
