@@ -41,7 +41,7 @@ pub use gc::{
     gc_keeps_what_kept_manifests_name, record_with_outputs,
 };
 pub use knew::knew_in_forks_answers_as_a_recording;
-pub use leases::{dead_holder_is_recovered, leases_acquire_renew_release};
+pub use leases::{a_kept_run_lives_with_its_keeper, dead_holder_is_recovered, leases_acquire_renew_release};
 pub use ledger::{approvals_are_decided_once, ledger_counts_traces_once_per_hash};
 pub use runs::{
     duplicate_run_conflicts, runs_create_get_update, runs_find_by_prefix, runs_list_oldest_first,
@@ -88,6 +88,7 @@ pub fn run_all(make: MakeStore<'_>) {
         ("request_shapes_round_trip", request_shapes_round_trip),
         ("leases_acquire_renew_release", leases_acquire_renew_release),
         ("dead_holder_is_recovered", dead_holder_is_recovered),
+        ("a_kept_run_lives_with_its_keeper", a_kept_run_lives_with_its_keeper),
         ("writer_concurrent_appends", writer_concurrent_appends),
         ("writer_resumes_after_reopen", writer_resumes_after_reopen),
         ("writer_poisoned_after_failing_commit", writer_poisoned_after_failing_commit),

@@ -162,6 +162,9 @@ impl<I: Interceptor> EventStore for Intercepted<I> {
     fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
         self.inner.recover_interrupted()
     }
+    fn keep_run(&self, run: &str, keeper: &LeaseHolder) -> StoreResult<()> {
+        self.inner.keep_run(run, keeper)
+    }
 }
 
 impl<I: Interceptor> Cache for Intercepted<I> {

@@ -366,8 +366,18 @@ pub trait EventStore: Send + Sync {
     fn release_lease(&self, run: &str, holder: &LeaseHolder) -> StoreResult<()>;
     /// The current holder of `run`'s lease, if any and alive.
     fn lease_holder(&self, run: &str) -> StoreResult<Option<LeaseHolder>>;
-    /// Marks every `running` run whose lease is dead as `interrupted`; returns their ids.
+    /// Marks every `running` run whose lease is dead as `interrupted`; returns their ids. A run
+    /// that holds no lease is dead when its keeper ([`EventStore::keep_run`]) is, or, with none,
+    /// once a grace of 10 s since it started has passed.
     fn recover_interrupted(&self) -> StoreResult<Vec<String>>;
+    /// Names `keeper` as the process that will finish `run`, which it created `running`: while
+    /// that process lives, the run is not taken for one whose recorder died for want of a
+    /// lease. A replay holds none, nor does a recording before its first step. Backends
+    /// without keepers leave it to the grace.
+    fn keep_run(&self, run: &str, keeper: &LeaseHolder) -> StoreResult<()> {
+        let _ = (run, keeper);
+        Ok(())
+    }
 }
 
 /// What [`Store::heard_with_chains`] answers: each delivery with its message's request bytes,

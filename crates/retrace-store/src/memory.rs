@@ -17,7 +17,7 @@ use retrace_core::{Digest, Event, EventType};
 
 use crate::cache::{check_batch, check_entry, missing_blob};
 use crate::writer::check_seqs;
-use crate::writer::lease::{lease_busy, now_ms, Lease, LEASELESS_GRACE_MS};
+use crate::writer::lease::{lease_busy, leaseless_dead, now_ms, Lease};
 use crate::{
     Batch, BlobHint, BlobStore, Cache, CacheEntry, EventStore, LeaseHolder, Store, StoreError, StoreResult,
 };
@@ -51,6 +51,8 @@ struct RunEntry {
     meta: RunMeta,
     events: Vec<Event>,
     by_agent: HashMap<String, Vec<u64>>,
+    /// The process that will finish the run ([`EventStore::keep_run`]).
+    keeper: Option<LeaseHolder>,
 }
 
 impl MemoryStore {
@@ -109,6 +111,7 @@ impl EventStore for MemoryStore {
             meta: meta.clone(),
             events: Vec::new(),
             by_agent: HashMap::new(),
+            keeper: None,
         };
         inner.runs.insert(meta.id.clone(), entry);
         Ok(())
@@ -265,6 +268,13 @@ impl EventStore for MemoryStore {
         Ok(inner.leases.get(run).filter(|l| l.is_live(now)).map(|l| l.holder.clone()))
     }
 
+    fn keep_run(&self, run: &str, keeper: &LeaseHolder) -> StoreResult<()> {
+        let mut inner = self.inner.lock();
+        let entry = inner.runs.get_mut(run).ok_or_else(|| StoreError::not_found(format!("no run {run}")))?;
+        entry.keeper = Some(keeper.clone());
+        Ok(())
+    }
+
     fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
         let mut inner = self.inner.lock();
         let now = now_ms();
@@ -276,7 +286,7 @@ impl EventStore for MemoryStore {
             }
             let dead = match leases.get(id) {
                 Some(lease) => !lease.is_live(now),
-                None => entry.meta.started_at_ms.saturating_add(LEASELESS_GRACE_MS) <= now,
+                None => leaseless_dead(entry.keeper.as_ref(), entry.meta.started_at_ms, now),
             };
             if dead {
                 entry.meta.status = RunStatus::Interrupted;

@@ -11,7 +11,7 @@ use retrace_core::terminal::shell_words;
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 use retrace_runtime::fork::ForkPlan;
 use retrace_store::diff::{diff_runs, DiffOptions, RunDiff};
-use retrace_store::{BlobHint, Store};
+use retrace_store::{BlobHint, LeaseHolder, Store};
 
 use super::existing_store_from_env;
 use crate::daemon::Embedded;
@@ -315,6 +315,9 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         meta.upstreams.insert("anthropic".into(), url.clone());
     }
     store.create_run(&meta)?;
+    // This process finishes the run: while it lives, no one takes the run (which holds no
+    // lease until the program's first step) for one whose recorder died.
+    store.keep_run(&id, &LeaseHolder::current())?;
     eprintln!(
         "retrace: forking {} at seq {at} as {id}: {} (in {})",
         source.id,

@@ -12,7 +12,7 @@ use super::store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::usage;
 use crate::launcher::{self, Child};
-use retrace_store::Store;
+use retrace_store::{LeaseHolder, Store};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -207,6 +207,9 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     meta.mask_key_fingerprint = config.mask_key.as_ref().map(|k| k.fingerprint());
     refuse_original_without_vault(&meta.masking_rules)?;
     store.create_run(&meta)?;
+    // This process finishes the run: while it lives, no one takes the run (which holds no
+    // lease until the program's first step) for one whose recorder died.
+    store.keep_run(&id, &LeaseHolder::current())?;
     started(&id, &plan);
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = plan.store_env;

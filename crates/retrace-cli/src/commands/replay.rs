@@ -14,7 +14,7 @@ use crate::exit::{check_failed, interrupted, usage};
 use crate::launcher::{self, Child};
 use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
-use retrace_store::Store;
+use retrace_store::{LeaseHolder, Store};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -204,6 +204,9 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     meta.command =
         Some(retrace_core::run::Command { argv: plan.argv.clone(), cwd: launcher::recorded_cwd()? });
     store.create_run(&meta)?;
+    // This process finishes the run: while it lives, no one takes the run (a replay holds no
+    // lease) for one whose launcher died, however long the program runs.
+    store.keep_run(&id, &LeaseHolder::current())?;
     started(&id, &plan);
     // Replay makes no live call: the daemon's upstreams point nowhere.
     let nowhere = Some("http://127.0.0.1:9/replay-makes-no-live-calls".to_owned());

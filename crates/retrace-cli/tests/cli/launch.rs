@@ -530,3 +530,51 @@ fn the_json_summary_is_a_line_of_its_own_after_output_that_ends_mid_line() {
     let whole = home.run(&["record", "--json", "--", "printf", "abc\\n"]).stdout();
     assert!(whole.starts_with("abc\n{"), "{whole:?}");
 }
+
+/// A run its launcher is still running is never taken for one whose recorder died, however long
+/// the program goes without the step that would take the run's lease (a replay never takes
+/// one): the launcher keeps it. Killed with SIGKILL, the launcher leaves its run `interrupted`
+/// at the next command that opens the store, with no grace to wait out (QA5 S12).
+#[test]
+fn a_launched_run_lives_with_its_launcher_and_is_interrupted_once_it_dies() {
+    let home = Home::new();
+    home.run(&["record", "--", "true"]).expect(0, &[], &[]);
+    let source = runs_of(&home)[0].0.clone();
+    let launch = |args: &[&str], pid_file: &Path| {
+        let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
+        let mut argv = args.to_vec();
+        argv.extend(["--", "sh", "-c", &script]);
+        let child =
+            home.command(&argv).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        let child = child.unwrap();
+        wait_for("the program to start", || read_pid(pid_file).is_some());
+        (child, read_pid(pid_file).unwrap())
+    };
+    let mut launched = vec![
+        launch(&["record"], &home.file("record.pid")),
+        launch(&["replay", &source], &home.file("replay.pid")),
+    ];
+    // Long past the grace a run without lease or keeper gets (10 s), by its start time.
+    let db = rusqlite::Connection::open(home.file("retrace.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute("UPDATE runs SET started_at = 1 WHERE status = 'running'", []).unwrap();
+    let statuses = |home: &Home| {
+        let mut s: Vec<(String, String)> = runs_of(home)
+            .into_iter()
+            .filter(|(id, ..)| *id != source)
+            .map(|(_, mode, status)| (mode, status))
+            .collect();
+        s.sort();
+        s
+    };
+    let running = |mode: &str| (mode.to_owned(), "running".to_owned());
+    assert_eq!(statuses(&home), [running("record"), running("replay")]);
+
+    for (child, program) in &mut launched {
+        child.kill().unwrap(); // SIGKILL: the launcher concludes nothing
+        child.wait().unwrap();
+        wait_for("the orphaned program to end", || !alive(*program));
+    }
+    let interrupted = |mode: &str| (mode.to_owned(), "interrupted".to_owned());
+    assert_eq!(statuses(&home), [interrupted("record"), interrupted("replay")]);
+}

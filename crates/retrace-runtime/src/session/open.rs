@@ -57,6 +57,9 @@ impl Session {
                 m
             }
         };
+        // A replay holds no lease: while this process, which hosts it, lives, no one takes the
+        // run for one whose replayer died, however long it runs.
+        store.keep_run(&id, &LeaseHolder::current())?;
         meta.source_run = Some(source_meta.id.clone());
         meta.masking_rules = source_meta.masking_rules.clone();
         meta.mask_key_fingerprint = source_meta.mask_key_fingerprint.clone();

@@ -90,3 +90,40 @@ pub fn dead_holder_is_recovered(make: MakeStore<'_>) {
     assert_eq!(store.run("done").unwrap().status, RunStatus::Ok);
     assert!(store.recover_interrupted().unwrap().is_empty());
 }
+
+/// A running run with no lease lives as long as its keeper ([`crate::EventStore::keep_run`]),
+/// past the grace: a replay holds no lease however long it runs. A dead keeper's run is
+/// recovered at once; one whose liveness can't be read here falls back to the grace.
+pub fn a_kept_run_lives_with_its_keeper(make: MakeStore<'_>) {
+    let store = make();
+    let now = now_ms();
+    let me = LeaseHolder::current();
+    let other_host = LeaseHolder("elsewhere:1:1".into());
+    for (id, started) in [("kept", 1), ("dead keeper", now), ("remote old", 1), ("remote fresh", now)] {
+        store.create_run(&sample_run(id, started)).unwrap();
+    }
+    store.keep_run("kept", &me).unwrap();
+    store.keep_run("remote old", &other_host).unwrap();
+    store.keep_run("remote fresh", &other_host).unwrap();
+    let mut expected = vec!["remote old"];
+    match dead_holder() {
+        Some(dead) => {
+            store.keep_run("dead keeper", &dead).unwrap();
+            expected.insert(0, "dead keeper");
+        }
+        None => store.keep_run("dead keeper", &me).unwrap(),
+    }
+    let mut recovered = store.recover_interrupted().unwrap();
+    recovered.sort();
+    assert_eq!(recovered, expected);
+    for id in ["kept", "remote fresh"] {
+        assert_eq!(store.run(id).unwrap().status, RunStatus::Running, "{id}");
+    }
+    // A kept run that takes a lease and releases it is the keeper's again.
+    let writer = LeaseHolder::unique();
+    store.acquire_lease("kept", &writer, 60_000).unwrap();
+    store.release_lease("kept", &writer).unwrap();
+    assert_eq!(store.lease_holder("kept").unwrap(), None);
+    assert!(store.recover_interrupted().unwrap().is_empty());
+    assert_eq!(err_kind(store.keep_run("nope", &me)), StoreErrorKind::NotFound);
+}

@@ -11,7 +11,7 @@ use super::identity::{first_difference, Identity, Mismatched};
 use super::read::{Trace, TraceSource};
 use super::{ImportError, ImportOutcome, ImportStats};
 use crate::gc::{retain, RetainError};
-use crate::{Batch, BlobHint, BlobPut, Store, StoreErrorKind};
+use crate::{Batch, BlobHint, BlobPut, LeaseHolder, Store, StoreErrorKind};
 
 /// Events compared per page when the run (or a fork's source) is already stored.
 const PAGE: usize = 4096;
@@ -177,7 +177,12 @@ fn starting_point(store: &dyn Store, trace: &Trace<'_>) -> Result<(Start, bool),
     importing.finished_at_ms = None;
     importing.labels.insert(UNFINISHED_LABEL.to_owned(), "stored in part".to_owned());
     match store.create_run(&importing) {
-        Ok(()) => Ok((Start::At(0), false)),
+        // Started long ago, as the file says, and holding no lease: only this process being
+        // alive tells others that the import is under way, not dead.
+        Ok(()) => {
+            store.keep_run(&run_id, &LeaseHolder::current()).map_err(stored)?;
+            Ok((Start::At(0), false))
+        }
         Err(e) if e.kind == StoreErrorKind::Conflict => match existing(store, trace)? {
             Some(start) => Ok((start, true)),
             None => Err(stored(e)),

@@ -151,6 +151,9 @@ impl EventStore for SqliteStore {
     fn recover_interrupted(&self) -> StoreResult<Vec<String>> {
         self.recover_interrupted_impl()
     }
+    fn keep_run(&self, run: &str, keeper: &LeaseHolder) -> StoreResult<()> {
+        self.keep_run_impl(run, keeper)
+    }
 }
 
 impl Store for SqliteStore {

@@ -6,7 +6,7 @@ use super::rows::decode_json;
 use super::{ack_log, SqliteStore, WalSyncs};
 use crate::error::ResultExt;
 use crate::memory::{ambiguous, check_prefix};
-use crate::writer::lease::{lease_busy, now_ms, Lease, LEASELESS_GRACE_MS};
+use crate::writer::lease::{lease_busy, leaseless_dead, now_ms, Lease};
 use crate::{LeaseHolder, StoreError, StoreResult};
 
 /// The integer key of run `id`, `NotFound` when absent.
@@ -421,6 +421,20 @@ impl SqliteStore {
         Ok(lease.filter(|l| l.is_live(now)).map(|l| l.holder))
     }
 
+    pub(crate) fn keep_run_impl(&self, run: &str, keeper: &LeaseHolder) -> StoreResult<()> {
+        let what = format!("naming the keeper of run {run}");
+        self.write(&what, |tx| {
+            let updated = tx
+                .prepare_cached("UPDATE runs SET keeper = ?2 WHERE id = ?1")
+                .and_then(|mut s| s.execute(params![run, keeper.0]))
+                .ctx(|| &what)?;
+            match updated {
+                0 => Err(StoreError::not_found(format!("no run {run}"))),
+                _ => Ok(()),
+            }
+        })
+    }
+
     pub(crate) fn recover_interrupted_impl(&self) -> StoreResult<Vec<String>> {
         let unrecovered = self.recover_dead_ack_logs()?;
         // Looked for first without the write lock, which every command opening the store would
@@ -456,29 +470,29 @@ fn dead_runs(
     unrecovered: &std::collections::HashSet<String>,
 ) -> StoreResult<Vec<(i64, String, String)>> {
     let what = || "recovering interrupted runs";
-    type Candidate = (i64, String, i64, String, Option<String>, Option<i64>);
+    type Candidate = (i64, String, i64, String, Option<String>, Option<i64>, Option<String>);
     let candidates: Vec<Candidate> = conn
         .prepare_cached(
-            "SELECT r.pk, r.id, r.started_at, r.meta, l.holder, l.expires_at FROM runs r \
+            "SELECT r.pk, r.id, r.started_at, r.meta, l.holder, l.expires_at, r.keeper FROM runs r \
              LEFT JOIN leases l ON l.run_pk = r.pk WHERE r.status = 'running' ORDER BY r.pk",
         )
         .and_then(|mut s| {
-            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))?
-                .collect()
+            s.query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+            })?
+            .collect()
         })
         .ctx(what)?;
     let now = now_ms();
-    let dead = |started: i64, holder: Option<String>, expires: Option<i64>| match (holder, expires) {
+    let dead = |(_, _, started, _, holder, expires, keeper): &Candidate| match (holder, expires) {
         (Some(holder), Some(expires)) => {
-            !Lease { holder: LeaseHolder(holder), expires_at_ms: expires as u64 }.is_live(now)
+            !Lease { holder: LeaseHolder(holder.clone()), expires_at_ms: *expires as u64 }.is_live(now)
         }
-        _ => (started as u64).saturating_add(LEASELESS_GRACE_MS) <= now,
+        _ => leaseless_dead(keeper.clone().map(LeaseHolder).as_ref(), *started as u64, now),
     };
     Ok(candidates
         .into_iter()
-        .filter(|(_, id, started, _, holder, expires)| {
-            dead(*started, holder.clone(), *expires) && !unrecovered.contains(id)
-        })
-        .map(|(pk, id, _, json, _, _)| (pk, id, json))
+        .filter(|c| dead(c) && !unrecovered.contains(&c.1))
+        .map(|(pk, id, _, json, ..)| (pk, id, json))
         .collect())
 }

@@ -2,7 +2,9 @@
 //!
 //! Compact by design (a storage budget test holds it to ~1.3× the unique message bytes):
 //! - `runs`: integer key, text id, start time and status for ordering and recovery, the rest of
-//!   [`RunMeta`](retrace_core::run::RunMeta) as JSON;
+//!   [`RunMeta`](retrace_core::run::RunMeta) as JSON, and (since version 14) `keeper`: the
+//!   process that created the run `running` and will finish it, NULL when none said so
+//!   ([`crate::EventStore::keep_run`]);
 //! - `agents`: agent names interned to integers;
 //! - `events`: a rowid table keyed by `id = run_pk << 32 | seq` (since version 9; `run_pk` and
 //!   `seq` are virtual columns); digests as 32-byte blobs;
@@ -79,7 +81,7 @@
 //! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
 //! `deliveries` with each commit; 10 had no blob row ids in `events`; 11 indexed every blob's
 //! digest as it was stored and kept `cache` alone (see `sqlite/tail.rs`); 12 kept the indexed
-//! digests in a partial index on `blobs`, one level.
+//! digests in a partial index on `blobs`, one level; 13 had no `runs.keeper`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
@@ -88,7 +90,8 @@
 //! fills them; 8 → 9 rebuilds `events`; 9 → 10 adds `delivery_marks`, empty; 10 → 11 adds the
 //! two columns, NULL; 11 → 12 rebuilds `blobs` with the column `indexed`, 1 in every row
 //! stored, and its digest index partial, and adds `blob_mark` and `cache_log`; 12 → 13 moves
-//! the indexed digests into `blob_digests` and drops that index). A store of a newer version
+//! the indexed digests into `blob_digests` and drops that index; 13 → 14 adds `runs.keeper`,
+//! NULL). A store of a newer version
 //! than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -96,7 +99,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -290,6 +293,19 @@ fn rebuild_blobs(conn: &Connection) -> rusqlite::Result<()> {
              ttl INTEGER
          );",
     )
+}
+
+/// Version 14: `runs.keeper`, the process that will finish a run it created `running` (NULL in
+/// the rows already stored: those runs are judged by their lease, or the grace, as before).
+fn add_keeper(conn: &Connection) -> rusqlite::Result<()> {
+    let has: i64 =
+        conn.query_row("SELECT count(*) FROM pragma_table_info('runs') WHERE name = 'keeper'", [], |r| {
+            r.get(0)
+        })?;
+    if has == 0 {
+        conn.execute_batch("ALTER TABLE runs ADD COLUMN keeper TEXT;")?;
+    }
+    Ok(())
 }
 
 /// Version 13: the digests of the indexed blobs move from the partial index on `blobs` into
@@ -611,6 +627,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<Option<i64>> {
         }
         if version < 13 {
             add_digest_tables(conn).ctx(what)?;
+        }
+        if version < 14 {
+            add_keeper(conn).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)?;
         Ok(Some(version))

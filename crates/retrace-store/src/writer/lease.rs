@@ -91,6 +91,18 @@ pub(crate) fn now_ms() -> u64 {
 /// may not have taken the lease yet.
 pub(crate) const LEASELESS_GRACE_MS: u64 = 10_000;
 
+/// Whether a `running` run holding no lease is dead. Its keeper, the process that created it
+/// and will finish it ([`crate::EventStore::keep_run`]): dead when that process is known dead,
+/// alive however long it takes while it lives (a replay, which never holds a lease; a program
+/// that prepares for a minute before its first step). With no keeper, or one whose liveness
+/// can't be read here, the run is dead once [`LEASELESS_GRACE_MS`] have passed since it started.
+pub(crate) fn leaseless_dead(keeper: Option<&LeaseHolder>, started_ms: u64, now_ms: u64) -> bool {
+    match keeper.and_then(holder_is_alive) {
+        Some(alive) => !alive,
+        None => started_ms.saturating_add(LEASELESS_GRACE_MS) <= now_ms,
+    }
+}
+
 /// The `Busy` error for a run whose lease `lease` is live.
 pub(crate) fn lease_busy(run: &str, lease: &Lease, now_ms: u64) -> StoreError {
     StoreError::busy(format!(

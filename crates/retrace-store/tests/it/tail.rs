@@ -322,7 +322,7 @@ fn a_version_12_store_keeps_every_blob_through_the_upgrade() {
         .unwrap();
     let store = open(dir.path());
     let conn = raw(dir.path());
-    assert_eq!(count(&conn, "PRAGMA user_version"), 13);
+    assert_eq!(count(&conn, "PRAGMA user_version"), retrace_store::sqlite::schema::SCHEMA_VERSION);
     assert_eq!(count(&conn, "SELECT count(*) FROM sqlite_master WHERE name = 'blobs_digest'"), 0);
     assert_eq!(levels(&conn), (50, 0, 5));
     assert_eq!(store.get_blob(&indexed[49].digest()).unwrap(), b"indexed 49");
