@@ -63,6 +63,13 @@ impl Embedded {
     /// Ends `run`'s hosted session with the program's exit status.
     pub fn finish(&self, run: &str, exit_status: i32) -> anyhow::Result<Result<RunReport, RuntimeError>> {
         let _guard = self.runtime.enter();
+        let streaming = self.state.host.calls_in_flight(run);
+        if streaming > 0 {
+            eprintln!(
+                "retrace: waiting for {streaming} model call(s) the program stopped reading: they are recorded \
+                 once their upstream ends (at most --upstream-timeout)"
+            );
+        }
         // A `HostError`'s message names its cause already (the API sends it as the reason):
         // taken as a chain, `{:#}` would print the cause twice on one line.
         self.state

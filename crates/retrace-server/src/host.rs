@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use retrace_core::mask::MaskKey;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_core::vault::VaultKey;
@@ -45,6 +45,36 @@ pub struct RunHost {
     autonomy: Option<Arc<retrace_runtime::autonomy::Governor>>,
     runs: Mutex<HashMap<String, Slot>>,
     opening: Mutex<()>,
+    /// Proxied calls of each run still being recorded: the run's end waits for them.
+    calls: Mutex<HashMap<String, usize>>,
+    call_ended: Condvar,
+    /// The longest a run's end waits for its calls in flight.
+    call_wait: Duration,
+}
+
+/// How long a run's end waits for its proxied calls in flight, beyond the upstream timeout
+/// that ends each of them.
+const CALL_END_MARGIN: Duration = Duration::from_secs(10);
+
+/// A proxied call being recorded ([`RunHost::call_started`]); dropped when its step is stored
+/// (or failed), which is what the run's end waits for.
+#[derive(Debug)]
+pub struct CallInFlight {
+    host: Arc<RunHost>,
+    run: String,
+}
+
+impl Drop for CallInFlight {
+    fn drop(&mut self) {
+        let mut calls = self.host.calls.lock();
+        if let Some(n) = calls.get_mut(&self.run) {
+            *n -= 1;
+            if *n == 0 {
+                calls.remove(&self.run);
+            }
+        }
+        self.host.call_ended.notify_all();
+    }
 }
 
 impl std::fmt::Debug for RunHost {
@@ -74,7 +104,43 @@ impl RunHost {
             autonomy: None,
             runs: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
+            calls: Mutex::new(HashMap::new()),
+            call_ended: Condvar::new(),
+            call_wait: Duration::from_secs(600) + CALL_END_MARGIN,
         }
+    }
+
+    /// Each proxied call ends within `timeout` (the upstream's), so a run's end waits that
+    /// long, and a little more, for the calls it has in flight.
+    pub fn with_upstream_timeout(mut self, timeout: Duration) -> RunHost {
+        self.call_wait = timeout + CALL_END_MARGIN;
+        self
+    }
+
+    /// Counts a proxied call of `run` as in flight until the guard drops: a call whose client
+    /// stopped reading goes on to the upstream's end and is stored then, which the run's end
+    /// ([`RunHost::finish`]) waits for, so the run never ends without it.
+    pub fn call_started(self: &Arc<Self>, run: &str) -> CallInFlight {
+        *self.calls.lock().entry(run.to_owned()).or_default() += 1;
+        CallInFlight { host: self.clone(), run: run.to_owned() }
+    }
+
+    /// How many proxied calls of `run` are in flight.
+    pub fn calls_in_flight(&self, run: &str) -> usize {
+        self.calls.lock().get(run).copied().unwrap_or(0)
+    }
+
+    /// Waits until `run` has no proxied call in flight, or the upstream timeout and a margin
+    /// have passed; returns how many are left.
+    fn wait_for_calls(&self, run: &str) -> usize {
+        let deadline = std::time::Instant::now() + self.call_wait;
+        let mut calls = self.calls.lock();
+        while let Some(&n) = calls.get(run) {
+            if self.call_ended.wait_until(&mut calls, deadline).timed_out() {
+                return n;
+            }
+        }
+        0
     }
 
     /// The autonomy policy the side effects of recorded runs answer to (SPEC §7: only in
@@ -144,15 +210,33 @@ impl RunHost {
     }
 
     /// Ends `run_id`'s session (opening it first if no call ever came, so a replay whose
-    /// program made no call still checks what was left unconsumed).
+    /// program made no call still checks what was left unconsumed), once the proxied calls it
+    /// has in flight are stored: a program that stops reading a stream and exits leaves the
+    /// call running to the upstream's end, and the run must hold it. Blocks: call it off the
+    /// async runtime's workers.
     pub fn finish(
         &self,
         run_id: &str,
         outcome: Outcome,
     ) -> Result<Result<RunReport, RuntimeError>, HostError> {
+        let left = self.wait_for_calls(run_id);
         let session = self.session(run_id)?;
         self.runs.lock().insert(run_id.to_owned(), Slot::Finished);
-        Ok(session.finish(outcome))
+        let report = session.finish(outcome);
+        if left > 0 {
+            // The run lacks those calls: it must not pass for a whole recording.
+            if let Ok(mut meta) = self.store.run(run_id) {
+                meta.status = RunStatus::Failed;
+                let why = format!(
+                    "{left} proxied call(s) were still waiting for their upstream {} s after the run ended, \
+                     and are not recorded",
+                    self.call_wait.as_secs()
+                );
+                meta.labels.insert("failure".into(), why);
+                let _ = self.store.update_run(&meta);
+            }
+        }
+        Ok(report)
     }
 
     /// Marks `run_id` failed: recording failed closed (the store could not take an event).

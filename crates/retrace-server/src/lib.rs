@@ -107,7 +107,8 @@ impl AppState {
         Arc::new(AppState {
             host: Arc::new(
                 RunHost::new(store, config.stall_timeout, config.mask_key.clone(), config.vault_key.clone())
-                    .with_autonomy(config.autonomy.clone()),
+                    .with_autonomy(config.autonomy.clone())
+                    .with_upstream_timeout(config.upstream_timeout),
             ),
             processes: Arc::default(),
             upstreams: Upstreams::new(

@@ -4,7 +4,9 @@
 //! A whole response reaches the client once its event is acknowledged. A stream's chunks pass
 //! through as they arrive, except its terminal event (and whatever follows it), which waits for
 //! the acknowledgment; a stream that closes without one is closed only then (SPEC §1). The step
-//! runs in its own task, so a client that disconnects never cuts a recording short.
+//! runs in its own task, so a client that disconnects never cuts a recording short, and counts
+//! as in flight until it is stored ([`crate::host::RunHost::call_started`]): the run's end
+//! waits for it, so a program that stops reading a stream and exits still has it recorded.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -54,10 +56,13 @@ impl Reply {
 pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> Response {
     let (head_tx, head_rx) = oneshot::channel();
     let reply = Arc::new(Reply { head: Mutex::new(Some(head_tx)), pending: Mutex::new(None) });
+    // Counted until the step is stored: the run's end waits for it, even once the client left.
+    let in_flight = app.host.call_started(&call.run);
     let call = Arc::new(call);
     let task = {
         let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
         tokio::spawn(async move {
+            let _in_flight = in_flight;
             let agent = session.agent(&call.agent);
             let live = {
                 let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
