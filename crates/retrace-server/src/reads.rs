@@ -187,6 +187,13 @@ pub async fn export(State(app): State<Arc<AppState>>, Path(id): Path<String>) ->
         Ok(meta) => meta,
         Err(e) => return e.into_response(),
     };
+    if meta.labels.contains_key(retrace_store::import::UNFINISHED_LABEL) {
+        let why = format!(
+            "retrace: run {} is an unfinished import, not the whole run: import its trace file again, then export it",
+            meta.id
+        );
+        return crate::api::ApiError::new(StatusCode::CONFLICT, why).into_response();
+    }
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
     let run = meta.id.clone();
     tokio::task::spawn_blocking(move || {

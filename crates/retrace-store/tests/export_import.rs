@@ -549,6 +549,27 @@ fn an_import_that_fails_while_events_are_stored_leaves_a_run_marked_unfinished_a
     }
 }
 
+/// A file whose header carries the unfinished-import mark (exported from an unfinished import
+/// by a build whose `export` didn't refuse one) imports whole without it: a store that holds
+/// every event of the file has nothing left to store, and must not say it has (QA7 D3).
+#[test]
+fn a_file_marked_as_an_unfinished_import_imports_whole_without_the_mark() {
+    for make in [memory, sqlite] {
+        let a = make();
+        let fixture = tool_calls("01marked", 20, "");
+        fixture.commit(&*a.store);
+        let mut marked = a.store.run("01marked").unwrap();
+        marked.labels.insert(UNFINISHED_LABEL.to_owned(), "stored in part".to_owned());
+        a.store.update_run(&marked).unwrap();
+        let file = export(&*a.store, "01marked");
+        let b = make();
+        assert!(matches!(import(&*b.store, &file).unwrap(), ImportOutcome::Imported { .. }));
+        assert_eq!(b.store.run("01marked").unwrap(), fixture.meta, "the run is the file's, unmarked");
+        let again = import(&*b.store, &file).unwrap();
+        assert!(matches!(again, ImportOutcome::AlreadyPresent { .. }), "a no-op the second time: {again:?}");
+    }
+}
+
 /// Lets this many more event commits through, then fails each one (`StoreErrorKind::Full`).
 #[derive(Default)]
 struct FailEventCommits(AtomicU64);

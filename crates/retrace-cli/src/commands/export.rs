@@ -48,6 +48,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     let total = RunEvents::new(&*store, &meta.id).map_or(0, |pages| pages.count());
+    if meta.labels.contains_key(retrace_store::import::UNFINISHED_LABEL) {
+        // Its file would carry the mark to every store it reaches, where importing it again
+        // could never store the rest.
+        return Err(crate::exit::usage_hint(
+            format!(
+                "run {} is an unfinished import: the store holds {total} of its events, not the whole run",
+                meta.id
+            ),
+            "import its trace file again (`retrace import FILE` stores the rest), then export it",
+        ));
+    }
     if meta.status == retrace_core::run::RunStatus::Running {
         eprintln!(
             "retrace: warning: run {} is still being recorded: the file holds the {total} events stored so \

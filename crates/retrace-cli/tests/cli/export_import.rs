@@ -157,3 +157,20 @@ fn a_closed_pipe_ends_export_quietly_as_cut_short() {
     assert_eq!(out.0.status.code(), Some(141), "{}", out.stderr());
     assert_eq!(out.stderr(), "");
 }
+
+/// An unfinished import is refused by `export` (exit 2, saying how to finish it): its file
+/// would carry the mark to every store it reaches, where importing it again could never store
+/// the rest (QA7 D3).
+#[test]
+fn an_unfinished_import_is_not_exported() {
+    let home = Home::with(&conversation(RUN, 3));
+    {
+        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
+        let mut meta = store.run(RUN).unwrap();
+        meta.labels.insert(retrace_store::import::UNFINISHED_LABEL.into(), "stored in part".into());
+        store.update_run(&meta).unwrap();
+    }
+    let refused = home.run(&["export", RUN, "-o", home.file("t.jsonl").to_str().unwrap()]);
+    refused.expect(2, &[], &["is an unfinished import", "13 of its events", "import its trace file again"]);
+    assert!(!home.file("t.jsonl").exists(), "no file written");
+}

@@ -63,6 +63,15 @@ async fn events_come_in_pages_and_the_export_is_the_cli_s() {
     let mut want = Vec::new();
     export_run(&*d.store, &run, &mut want, &mut |_| {}).unwrap();
     assert!(export.body == want, "the export differs from `retrace export`'s");
+    // An unfinished import is not the whole run: refused, as `retrace export` refuses it.
+    let mut meta = d.store.run(&run).unwrap();
+    meta.labels.insert(retrace_store::import::UNFINISHED_LABEL.into(), "stored in part".into());
+    d.store.update_run(&meta).unwrap();
+    let unfinished = get(&d, &format!("/api/runs/{run}/export")).await;
+    assert_eq!(unfinished.status, 409, "{}", unfinished.text());
+    assert!(unfinished.text().contains("unfinished import"), "{}", unfinished.text());
+    meta.labels.remove(retrace_store::import::UNFINISHED_LABEL);
+    d.store.update_run(&meta).unwrap();
 
     let digest = stored[0].output_ref.unwrap();
     let blob = get(&d, &format!("/api/blobs/{digest}")).await;

@@ -147,7 +147,11 @@ fn finish(store: &dyn Store, header: &RunMeta) -> Result<bool, ImportError> {
         compare_header(&held, header)?;
         return Ok(false);
     }
-    store.update_run(header).map_err(stored)?;
+    // A file exported from an unfinished import (before `export` refused one) carries the mark:
+    // here the run is whole.
+    let mut header = header.clone();
+    header.labels.remove(UNFINISHED_LABEL);
+    store.update_run(&header).map_err(stored)?;
     Ok(true)
 }
 
