@@ -111,7 +111,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let recorded = execute(plan, |id, plan| {
         eprintln!("retrace: recording run {id}: {}", shell_words(&plan.logged_argv()))
     })?;
-    let (id, meta, status) = (&recorded.id, &recorded.meta, recorded.exit_status);
+    let (id, status) = (&recorded.id, recorded.exit_status);
+    let Some(meta) = &recorded.meta else {
+        eprintln!(
+            "retrace: run {id} ended (exit status {status}) and was deleted at once by another process \
+             (`retrace gc` or `retrace delete`)"
+        );
+        if args_json {
+            let json = serde_json::json!({ "run": id, "status": null, "deleted": true, "exit_status": status });
+            crate::output::print_json_line(&json)?;
+        }
+        std::process::exit(status);
+    };
     let events = store.last_seq(id)?;
     // Standard output is the program's alone (SPEC §3): the id goes to standard error.
     eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
@@ -171,8 +182,9 @@ impl Plan {
 pub struct Recorded {
     /// The run's id.
     pub id: String,
-    /// The run as stored at the end.
-    pub meta: RunMeta,
+    /// The run as stored at the end; `None` when another process deleted it (`gc`, `delete`)
+    /// as soon as it ended, before this one read it back.
+    pub meta: Option<RunMeta>,
     /// The program's exit status.
     pub exit_status: i32,
 }
@@ -239,7 +251,15 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         }
     }
     daemon.stop();
-    let mut meta = store.run(&id)?;
+    let mut meta = match store.run(&id) {
+        Ok(meta) => meta,
+        // Finished, then collected by another process at once: the program's status is still
+        // the recording's (SPEC §3), and nothing is left to store.
+        Err(e) if e.kind == retrace_store::StoreErrorKind::NotFound => {
+            return Ok(Recorded { id, meta: None, exit_status: status });
+        }
+        Err(e) => return Err(e.into()),
+    };
     meta.exit_status = Some(status);
     if meta.status == RunStatus::Running && store.lease_holder(&id)?.is_none() {
         meta.status = if status == 0 { RunStatus::Ok } else { RunStatus::Failed };
@@ -248,7 +268,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     }
     meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&meta)?;
-    Ok(Recorded { id, meta, exit_status: status })
+    Ok(Recorded { id, meta: Some(meta), exit_status: status })
 }
 
 /// SPEC §7: a rule whose replay hands back the original needs the vault to hold originals.

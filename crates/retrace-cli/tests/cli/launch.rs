@@ -578,3 +578,19 @@ fn a_launched_run_lives_with_its_launcher_and_is_interrupted_once_it_dies() {
     let interrupted = |mode: &str| (mode.to_owned(), "interrupted".to_owned());
     assert_eq!(statuses(&home), [interrupted("record"), interrupted("replay")]);
 }
+
+/// A run deleted by another process as soon as it ended (a `gc` hook, say) leaves `record`
+/// exiting with the program's status, saying what happened, not a usage error for the run it
+/// can no longer read (QA7 D6). Here the program finishes its own run through the daemon's API
+/// and deletes it before it exits.
+#[test]
+fn record_exits_with_the_programs_status_when_its_run_was_deleted_at_its_end() {
+    let home = Home::new();
+    let finish = "import os, urllib.request as u; \
+        u.urlopen(u.Request(os.environ['RETRACE_URL'] + '/api/runs/' + os.environ['RETRACE_RUN'] + '/finish', \
+        data=b'{}', method='POST')).read()";
+    let script = format!("python3 -c \"{finish}\" && {} delete \"$RETRACE_RUN\" && exit 3", env!("CARGO_BIN_EXE_retrace"));
+    let ran = home.run(&["record", "--json", "--", "sh", "-c", &script]);
+    ran.expect(3, &["\"deleted\":true", "\"exit_status\":3"], &["ended (exit status 3) and was deleted at once"]);
+    assert!(runs_of(&home).is_empty());
+}
