@@ -118,7 +118,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              (`retrace gc` or `retrace delete`)"
         );
         if args_json {
-            let json = serde_json::json!({ "run": id, "status": null, "deleted": true, "exit_status": status });
+            let json =
+                serde_json::json!({ "run": id, "status": null, "deleted": true, "exit_status": status });
             crate::output::print_json_line(&json)?;
         }
         std::process::exit(status);

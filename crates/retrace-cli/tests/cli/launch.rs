@@ -589,8 +589,15 @@ fn record_exits_with_the_programs_status_when_its_run_was_deleted_at_its_end() {
     let finish = "import os, urllib.request as u; \
         u.urlopen(u.Request(os.environ['RETRACE_URL'] + '/api/runs/' + os.environ['RETRACE_RUN'] + '/finish', \
         data=b'{}', method='POST')).read()";
-    let script = format!("python3 -c \"{finish}\" && {} delete \"$RETRACE_RUN\" && exit 3", env!("CARGO_BIN_EXE_retrace"));
+    let script = format!(
+        "python3 -c \"{finish}\" && {} delete \"$RETRACE_RUN\" && exit 3",
+        env!("CARGO_BIN_EXE_retrace")
+    );
     let ran = home.run(&["record", "--json", "--", "sh", "-c", &script]);
-    ran.expect(3, &["\"deleted\":true", "\"exit_status\":3"], &["ended (exit status 3) and was deleted at once"]);
+    ran.expect(
+        3,
+        &["\"deleted\":true", "\"exit_status\":3"],
+        &["ended (exit status 3) and was deleted at once"],
+    );
     assert!(runs_of(&home).is_empty());
 }

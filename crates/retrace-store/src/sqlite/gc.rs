@@ -272,6 +272,31 @@ fn trash(files: &Files, relatives: &[String]) -> StoreResult<Vec<(PathBuf, PathB
     Ok(moved)
 }
 
+impl SqliteStore {
+    /// Puts back what a `gc` or `delete` stopped between trashing blob files and committing
+    /// (SIGKILL, a CI timeout) left in the trash ([`restore_trash`]): run when the store is
+    /// opened, so a killed collection never leaves a run whose blob files are missing until the
+    /// next collection happens to run. Costs one `read_dir` in the usual case. The write lock
+    /// is only tried: one held means a collection is under way (it restores the trash itself),
+    /// and a store this process can't write is left as it is.
+    pub(crate) fn restore_stopped_collection(&self) -> StoreResult<()> {
+        let trashed = std::fs::read_dir(trash_dir(&self.files)).is_ok_and(|mut e| e.next().is_some());
+        if !trashed || self.writable(WHAT).is_err() {
+            return Ok(());
+        }
+        let what = || "restoring blob files a stopped collection left in the trash";
+        let mut conn = self.writer.lock();
+        conn.busy_timeout(std::time::Duration::ZERO).ctx(what)?;
+        let restored = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => restore_trash(&tx, &self.files).and_then(|()| tx.commit().ctx(what)),
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => Ok(()),
+            Err(e) => Err(e).ctx(what),
+        };
+        conn.busy_timeout(std::time::Duration::from_millis(self.busy_timeout_ms)).ctx(what)?;
+        restored
+    }
+}
+
 /// After a crash between trashing and committing: puts back each trashed file whose blob row
 /// still names it, removes the others.
 fn restore_trash(tx: &Connection, files: &Files) -> StoreResult<()> {

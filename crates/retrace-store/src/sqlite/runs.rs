@@ -436,6 +436,7 @@ impl SqliteStore {
     }
 
     pub(crate) fn recover_interrupted_impl(&self) -> StoreResult<Vec<String>> {
+        self.restore_stopped_collection()?;
         let unrecovered = self.recover_dead_ack_logs()?;
         // Looked for first without the write lock, which every command opening the store would
         // otherwise wait for (up to the busy timeout) while a long write holds it, for nothing

@@ -170,6 +170,43 @@ fn a_trashed_file_whose_row_survived_a_crash_is_put_back() {
     assert!(!trash.join("leftover").exists());
 }
 
+/// The same, put back when the store is next opened, with no collection run: a `delete` or
+/// `gc` killed between trashing and committing leaves no run missing its blob files (QA7 D2).
+/// While another connection holds the write lock (a collection under way), opening neither
+/// waits nor restores.
+#[test]
+fn a_trashed_file_whose_row_survived_a_crash_is_put_back_when_the_store_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = raw(&vec![b'd'; retrace_store::INLINE_BLOB_MAX + 1]);
+    let file = {
+        let store = open(dir.path());
+        record_with_outputs(&store, &aged_run("r", RunMode::Record, 1, Retention::Pinned, None), &[&big]);
+        store.blob_file(&big.digest())
+    };
+    let trash = dir.path().join("blobs/.trash");
+    std::fs::create_dir_all(&trash).unwrap();
+    std::fs::rename(&file, trash.join(big.digest().hex())).unwrap();
+
+    let holder = rusqlite::Connection::open(dir.path().join("retrace.db")).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // As `open_store` opens a store: then looks for what stopped processes left.
+    let opened = |dir: &Path| {
+        let store = open(dir);
+        store.recover_interrupted().unwrap();
+        store
+    };
+    let started = std::time::Instant::now();
+    drop(opened(dir.path()));
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "opening didn't wait for the lock");
+    assert!(!file.exists(), "left for the collection under way");
+    holder.execute_batch("ROLLBACK").unwrap();
+
+    let store = opened(dir.path());
+    assert!(file.exists(), "put back at open");
+    assert_eq!(store.get_blob(&big.digest()).unwrap(), big.bytes().to_vec());
+    assert!(!trash.read_dir().unwrap().any(|_| true), "the trash is empty");
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
