@@ -21,6 +21,7 @@ mod discover;
 mod hygiene;
 mod job;
 mod report;
+mod temp;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -126,6 +127,8 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Folders a gate killed before it could remove them left behind (a mask key among them).
+    temp::sweep_stale(&std::env::temp_dir());
     if args.accept
         && !args.force
         && std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
@@ -380,7 +383,7 @@ fn mask_setup(real: &StoreConfig) -> anyhow::Result<(MaskSetup, Option<PathBuf>,
     {
         return Ok((MaskSetup { key: masking::resolve_key(real)?.key, rules }, Some(file), None));
     }
-    let dir = tempfile::Builder::new().prefix("retrace-gate-key-").tempdir()?;
+    let dir = temp::dir("key-")?;
     let key = masking::resolve_key(&StoreConfig::in_home(dir.path()))?.key;
     let file = dir.path().join(masking::MASK_KEY_FILE);
     Ok((MaskSetup { key, rules }, Some(file), Some(dir)))

@@ -133,7 +133,7 @@ fn error_verdict(err: &anyhow::Error) -> Verdict {
 }
 
 fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow::Result<Verdict> {
-    let temp = tempfile::Builder::new().prefix("retrace-gate-").tempdir()?;
+    let temp = super::temp::dir("")?;
     let bytes = trace_bytes(trace, settings)?;
     out.digest = Some(Digest::of(&bytes));
     let header = header(&bytes)?;
