@@ -118,7 +118,7 @@ pub fn document() -> Value {
                 "set the run's retention tier (admin; `retrace retain`); a replay run has none (400)",
                 &["run"],
                 Some(body(json!({"type": "object", "required": ["tier"], "properties": {"tier": {"type": "string", "enum": ["routine", "incident", "pinned"]}}}), true)),
-                ok("the run's tier now and before; `warning` when it is still running", obj(json!({"run": {"type": "string"}, "retention": {"type": "string"}, "previous": {"type": "string"}, "warning": {"type": "string"}}))),
+                ok("the run's tier now and before (a run still recording keeps it when it ends)", obj(json!({"run": {"type": "string"}, "retention": {"type": "string"}, "previous": {"type": "string"}}))),
             )},
             "/api/gc": {"post": op(
                 "delete expired runs, then unreferenced blobs (admin; `retrace gc`); `dry_run` reports and deletes nothing",

@@ -27,7 +27,9 @@ incident  kept: it explains an incident\n  \
 pinned    kept forever\n\n\
 A run's effective tier is the highest of its own and of every fork of it: a fork inherits its \
 source's early events, so `gc` keeps a source while any fork of it remains. Replay runs have no \
-tier of their own: they go with their source, so retain the source instead.",
+tier of their own: they go with their source, so retain the source instead. A run still \
+recording keeps the tier it is given when it ends. Importing a run's trace file with a stronger \
+tier raises the stored run's.",
         "\n\n",
         examples!()
     )
@@ -61,13 +63,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         RetainError::Store(_) => anyhow::Error::from(e),
     })?;
-    if retained.still_running {
-        eprintln!(
-            "warning: run {} is still running; its recorder writes the run's metadata when it ends, \
-             which may undo this: run `retrace retain {} {}` again once it has",
-            retained.run, retained.run, args.tier
-        );
-    }
     if args.json {
         return print_json(&serde_json::json!({
             "run": retained.run,

@@ -17,7 +17,7 @@ fn a_tier_set_while_recording_survives_the_end_of_the_run() {
         agent.tool("count", &json!({"i": 0}), ToolSpec::deterministic("1"), one).unwrap();
         let run = session.run_id();
         let retained = retain(store.as_ref(), store.run(&run).unwrap(), tier).unwrap();
-        assert!(retained.still_running);
+        assert_eq!(retained.retention, tier);
         agent.tool("count", &json!({"i": 1}), ToolSpec::deterministic("1"), one).unwrap();
         let status = match finished {
             true => {

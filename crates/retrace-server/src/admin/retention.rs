@@ -27,8 +27,8 @@ pub struct RetainBody {
     tier: String,
 }
 
-/// `POST /api/runs/{run}/retain`: sets the run's tier; `{run, retention, previous}`, with a
-/// `warning` when the run is still running (its recorder may write its metadata over this).
+/// `POST /api/runs/{run}/retain`: sets the run's tier; `{run, retention, previous}`. A run still
+/// recording keeps the tier when it ends.
 pub async fn retain(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> Response {
     let tier = match required_body::<RetainBody>(&body).and_then(|b| parse_tier(&b.tier)) {
         Ok(tier) => tier,
@@ -45,18 +45,11 @@ pub async fn retain(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
                 }
                 RetainError::Store(e) => AdminError::from_store(&e),
             })?;
-            let mut out = json!({
+            Ok(json!({
                 "run": retained.run,
                 "retention": retained.retention.as_str(),
                 "previous": retained.previous.as_str(),
-            });
-            if retained.still_running {
-                out["warning"] = json!(
-                    "the run is still running; its recorder writes the run's metadata when it ends, \
-                     which may undo this: retain it again once it has"
-                );
-            }
-            Ok(out)
+            }))
         })
         .await,
     )

@@ -1,6 +1,6 @@
 //! Setting a run's retention tier (SPEC §4 `retrace retain`): what the command line and the
 //! daemon's `POST /api/runs/{run}/retain` both call, so the two can't disagree.
-use retrace_core::run::{Retention, RunMeta, RunMode, RunStatus};
+use retrace_core::run::{Retention, RunMeta, RunMode};
 
 use crate::{EventStore, StoreError};
 
@@ -13,9 +13,6 @@ pub struct Retained {
     pub retention: Retention,
     /// Its tier before.
     pub previous: Retention,
-    /// The run is still `running`: its recorder writes the run's metadata when it ends, which
-    /// may undo the change, so the caller should say so.
-    pub still_running: bool,
 }
 
 /// Why a tier was not set.
@@ -47,13 +44,16 @@ pub fn retain<S: EventStore + ?Sized>(
     let previous = meta.retention;
     meta.retention = tier;
     store.update_run(&meta)?;
-    Ok(Retained { still_running: meta.status == RunStatus::Running, run: meta.id, retention: tier, previous })
+    // A run still recording keeps it too: its recorder stores the tier it reads back when the
+    // run ends (`retrace_runtime`'s `finish::with_stored_tier`).
+    Ok(Retained { run: meta.id, retention: tier, previous })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::memory::MemoryStore;
+    use retrace_core::run::RunStatus;
 
     #[test]
     fn a_tier_is_stored_and_a_replay_is_refused() {
@@ -66,10 +66,7 @@ mod tests {
         store.create_run(&replay).unwrap();
 
         let done = retain(&store, source.clone(), Retention::Incident).unwrap();
-        assert_eq!(
-            (done.previous, done.retention, done.still_running),
-            (Retention::Routine, Retention::Incident, false)
-        );
+        assert_eq!((done.previous, done.retention), (Retention::Routine, Retention::Incident));
         assert_eq!(store.run(&source.id).unwrap().retention, Retention::Incident);
 
         let refused = retain(&store, replay.clone(), Retention::Pinned).unwrap_err();
