@@ -179,6 +179,19 @@ fn executable(program: &str) -> std::ffi::OsString {
     }
 }
 
+/// An exit status as a person reads it: `status 3`, or `status 137 (killed by SIGKILL)` for a
+/// program a signal ended (the shell's 128 + N).
+pub fn status_words(status: i32) -> String {
+    let signal = (129..=128 + 64)
+        .contains(&status)
+        .then(|| nix::sys::signal::Signal::try_from(status - 128).ok())
+        .flatten();
+    match signal {
+        Some(signal) => format!("status {status} (killed by {signal})"),
+        None => format!("status {status}"),
+    }
+}
+
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
@@ -324,4 +337,17 @@ pub fn store_env() -> anyhow::Result<Vec<(String, String)>> {
         }
     }
     Ok(env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_a_signal_ended_names_the_signal() {
+        assert_eq!(status_words(3), "status 3");
+        assert_eq!(status_words(137), "status 137 (killed by SIGKILL)");
+        assert_eq!(status_words(143), "status 143 (killed by SIGTERM)");
+        assert_eq!(status_words(255), "status 255");
+    }
 }

@@ -112,9 +112,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             failed
         }
         // The imported run itself differs (not a fork's source, which other forks may need).
-        ImportError::HeaderConflict { ref run_id, .. } => replaceable(&e, run_id, &again),
+        ImportError::HeaderConflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
         ImportError::Conflict { ref run_id, ref detail, .. } if !detail.starts_with("the fork ") => {
-            replaceable(&e, run_id, &again)
+            replaceable(&*store, &e, run_id, &again)
         }
         ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
         _ => failure(e.exit_code(), &e),
@@ -163,14 +163,22 @@ fn unfinished(store: &dyn retrace_store::Store, e: &ImportError, run_id: &str, n
     failed
 }
 
-/// A conflict with the stored run, with the hint that replaces it by the file's.
-fn replaceable(e: &ImportError, run_id: &str, name: &str) -> anyhow::Error {
+/// A conflict with the stored run, with the hint that replaces it by the file's; a run still
+/// being recorded can't be deleted, so the hint says to wait for it.
+fn replaceable(store: &dyn retrace_store::Store, e: &ImportError, run_id: &str, name: &str) -> anyhow::Error {
     let mut failed = failure(e.exit_code(), e);
+    let running = store.run(run_id).is_ok_and(|m| m.status == retrace_core::run::RunStatus::Running);
     if let Some(f) = failed.downcast_mut::<exit::Failure>() {
-        f.hint = Some(format!(
-            "to replace the stored run with the file's, delete it first: \
-             retrace delete {run_id} && retrace import {name}"
-        ));
+        f.hint = Some(match running {
+            true => format!(
+                "run {run_id} is still being recorded here; once it has finished, `retrace delete {run_id} && \
+                 retrace import {name}` replaces it with the file's"
+            ),
+            false => format!(
+                "to replace the stored run with the file's, delete it first: \
+                 retrace delete {run_id} && retrace import {name}"
+            ),
+        });
     }
     failed
 }

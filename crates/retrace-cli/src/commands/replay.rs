@@ -308,8 +308,10 @@ fn unfinished(
     // they are the agents' first recorded steps.
     let firsts = first_steps(store, &source.id)?;
     let mut d = match (ended_early, firsts.first()) {
-        (true, _) => retrace_runtime::log_end::log_ended("*", recorded)
-            .detail(format!("the program exited with status {status} before its Retrace session finished")),
+        (true, _) => retrace_runtime::log_end::log_ended("*", recorded).detail(format!(
+            "the program exited with {} before its Retrace session finished",
+            launcher::status_words(status)
+        )),
         (false, Some(first)) => Divergence::new(DivergenceCode::StepsLeft, first.agent_id.clone())
             .at(first.seq)
             .step(first.label())
@@ -318,8 +320,9 @@ fn unfinished(
     };
     if !ended_early {
         d = d.detail(format!(
-            "the program exited with status {status} before its Retrace session finished, with steps \
-             of the recording's {recorded} events left (did it stop early, or end without `finish`?)"
+            "the program exited with {} before its Retrace session finished, with steps \
+             of the recording's {recorded} events left (did it stop early, or end without `finish`?)",
+            launcher::status_words(status)
         ));
     }
     for e in &firsts {

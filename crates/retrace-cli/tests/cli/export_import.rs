@@ -174,3 +174,23 @@ fn an_unfinished_import_is_not_exported() {
     refused.expect(2, &[], &["is an unfinished import", "13 of its events", "import its trace file again"]);
     assert!(!home.file("t.jsonl").exists(), "no file written");
 }
+
+/// A conflict with a run still being recorded here doesn't suggest deleting it, which `delete`
+/// refuses: it says to wait for the recording to finish (QA7 S3).
+#[test]
+fn a_conflict_with_a_run_still_recording_says_to_wait_for_it() {
+    let source = Home::with(&conversation(RUN, 3));
+    let file = source.file("t.jsonl");
+    source.run(&["export", RUN, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
+    let home = Home::with(&conversation(RUN, 2));
+    {
+        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
+        let mut meta = store.run(RUN).unwrap();
+        meta.status = retrace_core::run::RunStatus::Running;
+        store.update_run(&meta).unwrap();
+        // Kept by this (live) process, as a launcher keeps the run it records.
+        store.keep_run(RUN, &retrace_store::LeaseHolder::current()).unwrap();
+    }
+    let refused = home.run(&["import", file.to_str().unwrap()]);
+    refused.expect(1, &[], &["is still being recorded here; once it has finished, `retrace delete"]);
+}
