@@ -261,7 +261,7 @@ pub fn resolve_cwd(recorded: &str) -> anyhow::Result<PathBuf> {
 
 /// The run a replay or fork re-executes: `run` itself, or the source of a replay run.
 pub fn source_run(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result<retrace_core::run::RunMeta> {
-    let meta = store.find_run(run)?;
+    let meta = crate::commands::runs::find(store, run)?;
     Ok(match (meta.mode, &meta.source_run) {
         (retrace_core::run::RunMode::Replay, Some(of)) => store.run(of)?,
         _ => meta,

@@ -46,7 +46,7 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
-    let run = store.find_run(&args.run)?;
+    let run = crate::commands::runs::find(&*store, &args.run)?;
     if let (RunMode::Replay, Some(source)) = (run.mode, &run.source_run) {
         // A replay stores no events: what its agents heard is its source's log.
         return Err(usage_hint(

@@ -53,7 +53,7 @@ pub struct Args {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = existing_store_from_env()?;
-    let run = store.find_run(&args.run)?;
+    let run = crate::commands::runs::find(&*store, &args.run)?;
     let intent = store.event(&run.id, args.seq)?;
     if intent.kind != EventType::Intent {
         return Err(usage_hint(

@@ -139,8 +139,30 @@ pub fn find(
     match store.find_run(id_or_prefix) {
         Ok(meta) => Ok(meta),
         Err(e) if matches!(e.kind, StoreErrorKind::NotFound | StoreErrorKind::Invalid) => {
-            Err(crate::exit::usage_hint(e.to_string(), "list the runs in this store with `retrace runs`"))
+            Err(crate::exit::usage_hint(e.to_string(), named_hint(store, id_or_prefix)))
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// What to do about a run that no id matches: a run is named by its id, but one given its
+/// `--name` is the likely meaning, so the runs of that name are listed, newest first.
+fn named_hint(store: &dyn retrace_store::Store, text: &str) -> String {
+    const SHOWN: usize = 5;
+    let mut named: Vec<_> =
+        store.runs().unwrap_or_default().into_iter().filter(|r| r.name.as_deref() == Some(text)).collect();
+    if named.is_empty() {
+        return "list the runs in this store with `retrace runs`".into();
+    }
+    named.sort_by_key(|r| std::cmp::Reverse(r.started_at_ms));
+    let listed: Vec<String> =
+        named.iter().take(SHOWN).map(|r| format!("{} ({} {})", r.id, r.mode, r.status)).collect();
+    let more = match named.len() > SHOWN {
+        true => format!(" and {} more", named.len() - SHOWN),
+        false => String::new(),
+    };
+    format!(
+        "runs are given by id (or a unique prefix of it); the runs named {text:?}: {}{more}",
+        listed.join(", ")
+    )
 }

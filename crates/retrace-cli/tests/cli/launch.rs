@@ -601,3 +601,21 @@ fn record_exits_with_the_programs_status_when_its_run_was_deleted_at_its_end() {
     );
     assert!(runs_of(&home).is_empty());
 }
+
+/// A run is given by id; given its `--name` instead, the error lists the runs of that name
+/// with their ids.
+#[test]
+fn a_run_given_by_its_name_is_refused_listing_the_runs_of_that_name() {
+    let home = Home::new();
+    home.run(&["record", "--name", "nightly", "--", "true"]).expect(0, &[], &[]);
+    let id = runs_of(&home)[0].0.clone();
+    for command in [&["replay", "nightly"][..], &["knew", "nightly", "1"], &["show", "nightly"]] {
+        let ran = home.run(command);
+        ran.expect(
+            2,
+            &[],
+            &["no run matches nightly", "the runs named \"nightly\"", &format!("{id} (record ok)")],
+        );
+    }
+    home.run(&["replay", "nosuch"]).expect(2, &[], &["list the runs in this store with `retrace runs`"]);
+}
