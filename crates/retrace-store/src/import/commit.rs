@@ -184,7 +184,7 @@ fn starting_point(store: &dyn Store, trace: &Trace<'_>) -> Result<(Start, bool),
         // Started long ago, as the file says, and holding no lease: only this process being
         // alive tells others that the import is under way, not dead.
         Ok(()) => {
-            store.keep_run(&run_id, &LeaseHolder::current()).map_err(stored)?;
+            store.keep_run(run_id, &LeaseHolder::current()).map_err(stored)?;
             Ok((Start::At(0), false))
         }
         Err(e) if e.kind == StoreErrorKind::Conflict => match existing(store, trace)? {
