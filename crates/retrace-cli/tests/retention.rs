@@ -279,7 +279,12 @@ fn delete_removes_named_runs_whatever_their_tier_and_a_deleted_run_imports_again
     );
     home.run(&["delete", "01retainfork", "01retainsource"], &[]).expect(
         0,
-        &["deleted run 01retainsource", "deleted run 01retainfork", "deleted 2 runs"],
+        &[
+            "deleted run 01retainsource",
+            "deleted run 01retainfork",
+            "deleted 2 runs",
+            "the database file keeps its size",
+        ],
         &[],
     );
     assert_eq!(ids(&home), [KEPT]);

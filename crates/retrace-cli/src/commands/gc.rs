@@ -25,7 +25,9 @@ const CONFIG: &str = "retrace.toml";
     after_help = examples!(),
     after_long_help = concat!(
         "Delete the runs whose retention has expired, then every blob no remaining run references, \
-and report what went: runs, events, blobs and bytes freed.\n\n\
+and report what went: runs, events, blobs and bytes freed. The bytes are the blobs' (files \
+removed, and space inside the database); the database file doesn't shrink: SQLite reuses the \
+space for new runs.\n\n\
 Which runs go: a `routine` run older than [retention] routine_days in ./retrace.toml (default \
 30, or --older-than). `incident` and `pinned` runs stay (see `retrace retain`), and so does \
 anything they need: a fork inherits its source's early events, so a source stays while any fork \
@@ -110,6 +112,14 @@ pub(crate) fn print_report(
             n => format!("; {n} cache entries dropped with their outputs"),
         }
     )?;
+    if report.events_deleted > 0 || report.bytes_freed > 0 {
+        // What was freed counts the blobs' bytes; the database file itself doesn't shrink.
+        writeln!(
+            out,
+            "(blob files are removed; the database file keeps its size and reuses the space its rows \
+             left for new runs)"
+        )?;
+    }
     Ok(())
 }
 

@@ -10,7 +10,9 @@ macro_rules! examples {
     () => {
         "Examples:\n  \
          retrace runs\n  \
-         retrace runs --json | jq -r '.[] | select(.status == \"diverged\") | .id'"
+         retrace runs --last 10 --mode record\n  \
+         retrace runs --name nightly --status diverged\n  \
+         retrace runs --label team=data --json | jq -r '.[].id'"
     };
 }
 
@@ -27,6 +29,8 @@ with the reason under the table (`--json`: `{id, unreadable}`), and the others a
 A run whose recorder was acknowledged for events the store lacks (an ack log that recovery \
 could not apply, under RETRACE_DURABILITY=event) has its status marked `*` and is explained \
 under the table; `--json` gives the reason as `unrecovered`.\n\n\
+--name, --mode, --status and --label keep the runs that match all of them; --last N keeps the N \
+most recent of those, still listed oldest first. Unreadable runs are listed whatever the filters.\n\n\
 Any command that takes RUN accepts a unique prefix of the id (at least 4 characters).",
         "\n\n",
         examples!()
@@ -37,12 +41,56 @@ pub struct Args {
     /// the reason, for a run that may lack acknowledged events).
     #[arg(long)]
     pub json: bool,
+    /// Only the runs given this `--name` when recorded (replays and forks carry their source's).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Only runs of this mode: record, replay or fork.
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<retrace_core::run::RunMode>,
+    /// Only runs with this status: running, ok, failed, diverged or interrupted.
+    #[arg(long, value_name = "STATUS")]
+    pub status: Option<retrace_core::run::RunStatus>,
+    /// Only runs with this label (repeatable: all of them).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Only the N most recent runs (of those the other filters keep).
+    #[arg(long, value_name = "N")]
+    pub last: Option<usize>,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
+}
+
+impl Args {
+    fn filters(&self) -> bool {
+        self.name.is_some()
+            || self.mode.is_some()
+            || self.status.is_some()
+            || !self.labels.is_empty()
+            || self.last.is_some()
+    }
+
+    fn keeps(&self, meta: &retrace_core::run::RunMeta) -> bool {
+        self.name.as_ref().is_none_or(|name| meta.name.as_ref() == Some(name))
+            && self.mode.is_none_or(|mode| meta.mode == mode)
+            && self.status.is_none_or(|status| meta.status == status)
+            && self.labels.iter().all(|(k, v)| meta.labels.get(k) == Some(v))
+    }
 }
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
-    let (runs, unreadable) = store.runs_and_unreadable()?;
+    let (mut runs, unreadable) = store.runs_and_unreadable()?;
+    runs.retain(|meta| args.keeps(meta));
+    if let Some(last) = args.last {
+        // The store lists oldest first.
+        runs.drain(..runs.len().saturating_sub(last));
+    }
     let mut counted = Vec::with_capacity(runs.len());
     for meta in runs {
         // A fork's seqs continue its source's: one that took no step of its own still holds
@@ -72,7 +120,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return print_json(&serde_json::Value::Array(list));
     }
     if counted.is_empty() && unreadable.is_empty() {
-        eprintln!("no runs yet: record one with `retrace demo` or `retrace record -- CMD`");
+        match args.filters() {
+            true => eprintln!("no runs match: `retrace runs` lists them all"),
+            false => eprintln!("no runs yet: record one with `retrace demo` or `retrace record -- CMD`"),
+        }
         return Ok(());
     }
     let rows: Vec<Vec<String>> = counted

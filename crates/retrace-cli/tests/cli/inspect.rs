@@ -517,3 +517,46 @@ fn reading_commands_run_while_another_process_holds_the_write_lock() {
     }
     writer.execute_batch("COMMIT").unwrap();
 }
+
+/// `runs` filters by name, mode, status and label, and `--last N` keeps the N most recent of
+/// those, still oldest first (QA7 S2: a store of thousands of runs listed whole).
+#[test]
+fn runs_filters_by_name_mode_status_and_label_and_keeps_the_last_n() {
+    let home = Home::new();
+    let record = |name: &str, label: &str, exit: &str| {
+        home.run(&["record", "--name", name, "--label", label, "--", "sh", "-c", &format!("exit {exit}")])
+    };
+    record("nightly", "team=data", "0");
+    record("nightly", "team=web", "3");
+    record("adhoc", "team=data", "0");
+    let nightly_ok = runs_of(&home)[0].0.clone();
+    home.run(&["replay", &nightly_ok]).expect(0, &[], &[]);
+    let listed = |args: &[&str]| -> Vec<(String, String, String)> {
+        let mut argv = vec!["runs", "--json"];
+        argv.extend_from_slice(args);
+        let out = home.run(&argv);
+        out.expect(0, &[], &[]);
+        let runs: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+        let field = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or_default().to_owned();
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (field(r, "name"), field(r, "mode"), field(r, "status")))
+            .collect()
+    };
+    let run = |name: &str, mode: &str, status: &str| (name.to_owned(), mode.to_owned(), status.to_owned());
+    assert_eq!(
+        listed(&["--name", "nightly", "--mode", "record"]),
+        [run("nightly", "record", "ok"), run("nightly", "record", "failed")]
+    );
+    assert_eq!(listed(&["--status", "failed"]), [run("nightly", "record", "failed")]);
+    assert_eq!(
+        listed(&["--label", "team=data", "--mode", "record"]),
+        [run("nightly", "record", "ok"), run("adhoc", "record", "ok")]
+    );
+    assert_eq!(listed(&["--last", "2"]), [run("adhoc", "record", "ok"), run("nightly", "replay", "ok")]);
+    assert_eq!(listed(&["--name", "nope"]), []);
+    home.run(&["runs", "--name", "nope"]).expect(0, &[], &["no runs match"]);
+    home.run(&["runs", "--status", "done"]).expect(2, &[], &["unknown RunStatus \"done\""]);
+    home.run(&["runs", "--label", "team"]).expect(2, &[], &["is not KEY=VALUE"]);
+}
