@@ -144,8 +144,14 @@ impl fmt::Display for Problem {
 
 /// Checks one run; an empty list means it is sound.
 pub fn verify_run(store: &dyn Store, run_id: &str) -> Vec<Problem> {
+    verify_run_reporting(store, run_id, &mut |_| {})
+}
+
+/// [`verify_run`], calling `checked` with the number of events each page added, for progress
+/// on a long run.
+pub fn verify_run_reporting(store: &dyn Store, run_id: &str, checked: &mut dyn FnMut(u64)) -> Vec<Problem> {
     let mut check = RunCheck::new(store, run_id);
-    check.run();
+    check.run(checked);
     check.problems
 }
 
@@ -216,7 +222,7 @@ impl<'a> RunCheck<'a> {
         self.problems.push(Problem { run, seq, digest: None, kind, message });
     }
 
-    fn run(&mut self) {
+    fn run(&mut self, checked: &mut dyn FnMut(u64)) {
         let meta = match self.store.run(self.run) {
             Ok(meta) => meta,
             Err(e) => {
@@ -232,7 +238,10 @@ impl<'a> RunCheck<'a> {
         };
         loop {
             match pages.next_page() {
-                Ok(Some(page)) => page.iter().for_each(|event| self.event(event, meta.fork_at)),
+                Ok(Some(page)) => {
+                    page.iter().for_each(|event| self.event(event, meta.fork_at));
+                    checked(page.len() as u64);
+                }
                 Ok(None) => break,
                 Err(e) => {
                     if !self.one_at_a_time(&mut pages, meta.fork_at, e) {

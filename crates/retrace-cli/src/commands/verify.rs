@@ -2,7 +2,7 @@
 use std::io::Write;
 
 use retrace_store::export::RunEvents;
-use retrace_store::verify::{verify_run, Problem};
+use retrace_store::verify::{verify_run_reporting, Problem};
 
 use crate::commands::readable_store_from_env;
 use crate::exit;
@@ -57,13 +57,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (runs.into_iter().map(|meta| meta.id).collect(), unreadable)
         }
     };
-    let mut progress = Progress::new("verifying runs", runs.len() as u64);
+    // Progress by events, so one long run shows it moving too.
+    let events: u64 =
+        runs.iter().map(|run| RunEvents::new(&*store, run).map_or(0, |pages| pages.count())).sum();
+    let mut progress = Progress::new("verifying events", events);
     let mut problems: Vec<Problem> = unreadable.iter().map(retrace_store::verify::unreadable_run).collect();
-    let mut events = 0;
     for run in &runs {
-        problems.extend(verify_run(&*store, run));
-        events += RunEvents::new(&*store, run).map_or(0, |pages| pages.count());
-        progress.add(1);
+        problems.extend(verify_run_reporting(&*store, run, &mut |n| progress.add(n)));
     }
     progress.finish();
     let printed = print(&args, &runs, unreadable.len(), events, &problems);
