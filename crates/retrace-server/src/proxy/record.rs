@@ -62,13 +62,15 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
     let task = {
         let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
         tokio::spawn(async move {
-            let _in_flight = in_flight;
             let agent = session.agent(&call.agent);
             let live = {
                 let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
                 move |body| live(app, call, reply, body)
             };
             let result = agent.http_model(call.model_call(), live).await;
+            // Stored (or failed): what is left goes to the client only, which the run's end
+            // needn't wait for.
+            drop(in_flight);
             let pending = reply.pending.lock().take();
             match (result, pending) {
                 (Ok(_), Some(Pending::Whole(response))) => reply.send_head(response),

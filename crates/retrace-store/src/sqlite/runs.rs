@@ -436,7 +436,9 @@ impl SqliteStore {
     }
 
     pub(crate) fn recover_interrupted_impl(&self) -> StoreResult<Vec<String>> {
-        self.restore_stopped_collection()?;
+        // Best effort: a store whose blob folder can't be written (a dry run's private copy of
+        // a read-only store) still opens, its trash as it was.
+        let _ = self.restore_stopped_collection();
         let unrecovered = self.recover_dead_ack_logs()?;
         // Looked for first without the write lock, which every command opening the store would
         // otherwise wait for (up to the busy timeout) while a long write holds it, for nothing
