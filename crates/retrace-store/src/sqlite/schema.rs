@@ -227,10 +227,7 @@ pub(crate) fn check_event_id(run: &str, run_pk: i64, seq: u64) -> StoreResult<()
 /// beyond what `id` holds.
 fn rebuild_events(conn: &Connection, path: &str) -> StoreResult<()> {
     let what = || format!("upgrading the events of the store {path} to schema version 9");
-    let has_id: i64 = conn
-        .query_row("SELECT count(*) FROM pragma_table_info('events') WHERE name = 'id'", [], |r| r.get(0))
-        .ctx(what)?;
-    if has_id > 0 {
+    if has_column(conn, "events", "id").ctx(what)? {
         return Ok(());
     }
     let (seq, pk): (Option<i64>, Option<i64>) = conn
@@ -257,11 +254,7 @@ fn rebuild_events(conn: &Connection, path: &str) -> StoreResult<()> {
 /// so far indexed, each keeping its id), `blob_mark` at the largest id, and `cache_log`
 /// (see [`super::tail`]).
 fn rebuild_blobs(conn: &Connection) -> rusqlite::Result<()> {
-    let rebuilt: i64 =
-        conn.query_row("SELECT count(*) FROM pragma_table_info('blobs') WHERE name = 'indexed'", [], |r| {
-            r.get(0)
-        })?;
-    if rebuilt == 0 {
+    if !has_column(conn, "blobs", "indexed")? {
         conn.execute_batch(
             "CREATE TABLE blobs_v12 (
              id INTEGER PRIMARY KEY,
@@ -295,14 +288,19 @@ fn rebuild_blobs(conn: &Connection) -> rusqlite::Result<()> {
     )
 }
 
+/// Whether `table` has `column`: what makes each upgrade step that adds a column idempotent
+/// (`ADD COLUMN` itself is not).
+fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2", [table, column], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map(|n| n > 0)
+}
+
 /// Version 14: `runs.keeper`, the process that will finish a run it created `running` (NULL in
 /// the rows already stored: those runs are judged by their lease, or the grace, as before).
 fn add_keeper(conn: &Connection) -> rusqlite::Result<()> {
-    let has: i64 =
-        conn.query_row("SELECT count(*) FROM pragma_table_info('runs') WHERE name = 'keeper'", [], |r| {
-            r.get(0)
-        })?;
-    if has == 0 {
+    if !has_column(conn, "runs", "keeper")? {
         conn.execute_batch("ALTER TABLE runs ADD COLUMN keeper TEXT;")?;
     }
     Ok(())
@@ -313,12 +311,7 @@ fn add_keeper(conn: &Connection) -> rusqlite::Result<()> {
 /// `blob_digests_recent`, and `blob_mark` counts the rows of each and holds where the sweep
 /// from one into the other is (see [`super::tail`]).
 fn add_digest_tables(conn: &Connection) -> rusqlite::Result<()> {
-    let counted: i64 = conn.query_row(
-        "SELECT count(*) FROM pragma_table_info('blob_mark') WHERE name = 'indexed_rows'",
-        [],
-        |r| r.get(0),
-    )?;
-    if counted > 0 {
+    if has_column(conn, "blob_mark", "indexed_rows")? {
         return Ok(());
     }
     conn.execute_batch(
@@ -336,12 +329,7 @@ fn add_digest_tables(conn: &Connection) -> rusqlite::Result<()> {
 /// Version 11: the row ids of each event's request and output blobs (`events.request_blob`,
 /// `events.output_blob`), unless an upgrade from before version 9 rebuilt `events` with them.
 fn add_blob_ids(conn: &Connection) -> rusqlite::Result<()> {
-    let has: i64 = conn.query_row(
-        "SELECT count(*) FROM pragma_table_info('events') WHERE name = 'request_blob'",
-        [],
-        |r| r.get(0),
-    )?;
-    if has == 0 {
+    if !has_column(conn, "events", "request_blob")? {
         conn.execute_batch(
             "ALTER TABLE events ADD COLUMN request_blob INTEGER;
              ALTER TABLE events ADD COLUMN output_blob INTEGER;",
@@ -468,12 +456,7 @@ const DELIVERY_HEAD_COLUMNS: [&str; 5] = ["name", "send_type", "send_agent", "se
 fn add_delivery_heads(conn: &Connection) -> rusqlite::Result<bool> {
     let mut added = false;
     for column in DELIVERY_HEAD_COLUMNS {
-        let present: i64 = conn.query_row(
-            "SELECT count(*) FROM pragma_table_info('deliveries') WHERE name = ?1",
-            [column],
-            |r| r.get(0),
-        )?;
-        if present == 0 {
+        if !has_column(conn, "deliveries", column)? {
             conn.execute_batch(&format!("ALTER TABLE deliveries ADD COLUMN {column} INTEGER"))?;
             added = true;
         }
@@ -483,12 +466,7 @@ fn add_delivery_heads(conn: &Connection) -> rusqlite::Result<bool> {
 
 /// Adds `blobs.stored_at` unless it is there (`ADD COLUMN` itself is not idempotent).
 fn add_stored_at(conn: &Connection) -> rusqlite::Result<()> {
-    let present: i64 = conn.query_row(
-        "SELECT count(*) FROM pragma_table_info('blobs') WHERE name = 'stored_at'",
-        [],
-        |r| r.get(0),
-    )?;
-    if present == 0 {
+    if !has_column(conn, "blobs", "stored_at")? {
         conn.execute_batch("ALTER TABLE blobs ADD COLUMN stored_at INTEGER")?;
     }
     Ok(())
