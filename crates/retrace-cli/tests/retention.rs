@@ -336,3 +336,49 @@ fn importing_a_file_with_a_stronger_tier_raises_the_stored_runs_and_a_weaker_one
     assert!(!again.stderr().contains("raised"), "{}", again.stderr());
     assert_eq!(other.store().run(SOURCE).unwrap().retention, Retention::Incident);
 }
+
+#[test]
+fn gc_compact_is_refused_while_a_run_is_running_and_then_shrinks_the_database() {
+    let home = Home::new();
+    const LIVE: &str = "01retainlive00000000000000";
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    {
+        let store = home.store();
+        conversation(KEPT, 1).commit(&*store);
+        conversation(EXPIRED, 3).commit(&*store);
+        let mut live = RunMeta::new(LIVE, RunMode::Record, now);
+        live.status = RunStatus::Running;
+        store.create_run(&live).unwrap();
+        // Kept by this process, which outlives the commands below.
+        store.keep_run(LIVE, &retrace_store::LeaseHolder::current()).unwrap();
+    }
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nblob_grace_minutes = 0\n").unwrap();
+    home.run(&["gc", "--help"], &[]).expect(0, &["--compact", "VACUUM"], &[]);
+    home.run(&["retain", KEPT, "pinned"], &[]).expect(0, &[], &[]);
+
+    home.run(&["gc", "--compact"], &[]).expect(
+        2,
+        &[],
+        &["run 01retainlive00000000000000 is running", "retrace runs --status running", "without --compact"],
+    );
+    home.run(&["runs", "--json"], &[]).expect(0, &[EXPIRED], &[]);
+
+    {
+        let store = home.store();
+        let mut live = store.run(LIVE).unwrap();
+        live.status = RunStatus::Ok;
+        live.retention = Retention::Pinned;
+        store.update_run(&live).unwrap();
+    }
+    let planned = home.run(&["gc", "--compact", "--dry-run", "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(planned["compacted"], serde_json::Value::Null, "{planned}");
+    let done = home.run(&["gc", "--compact", "--json"], &[]).expect(0, &[], &[]).json();
+    assert!(done["runs_deleted"].as_array().unwrap().contains(&serde_json::json!(EXPIRED)), "{done}");
+    let (before, after) = (
+        done["compacted"]["bytes_before"].as_u64().unwrap(),
+        done["compacted"]["bytes_after"].as_u64().unwrap(),
+    );
+    assert!(after > 0 && after <= before, "{done}");
+    home.run(&["gc", "--compact"], &[]).expect(0, &["deleted 0 runs", "compacted the database: "], &[]);
+    home.run(&["verify", "--all"], &[]).expect(0, &["ok: 2 runs"], &[]);
+}

@@ -123,8 +123,8 @@ pub fn document() -> Value {
             "/api/gc": {"post": op(
                 "delete expired runs, then unreferenced blobs (admin; `retrace gc`); `dry_run` reports and deletes nothing",
                 &[],
-                Some(body(json!({"type": "object", "required": ["dry_run"], "properties": {"dry_run": {"type": "boolean"}, "older_than_days": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "description": "routine runs expire after this many days (default: the daemon's [retention] routine_days)"}}}), true)),
-                ok("what was (or would be) deleted", json!({"$ref": "#/components/schemas/GcReport"})),
+                Some(body(json!({"type": "object", "required": ["dry_run"], "properties": {"dry_run": {"type": "boolean"}, "older_than_days": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "description": "routine runs expire after this many days (default: the daemon's [retention] routine_days)"}, "compact": {"type": "boolean", "description": "then shrink the database file (VACUUM; `retrace gc --compact`): 409 run_in_use, before anything is deleted, while any run is running"}}}), true)),
+                ok("what was (or would be) deleted; with compact, compacted: {bytes_before, bytes_after} (null in a dry run)", json!({"$ref": "#/components/schemas/GcReport"})),
             )},
             "/api/runs/{run}/delete": {"post": op(
                 "delete the run now, whatever its tier, with its replays, then unreferenced blobs (admin; `retrace delete`); 409 `run_in_use` while it runs or a remaining fork or running replay needs it",
@@ -168,7 +168,8 @@ pub fn document() -> Value {
             "GcReport": {"type": "object", "required": ["dry_run", "runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"], "properties": {
                 "dry_run": {"type": "boolean"}, "runs_deleted": {"type": "array", "items": {"type": "string"}},
                 "events_deleted": {"type": "integer"}, "blobs_deleted": {"type": "integer"}, "bytes_freed": {"type": "integer"},
-                "cache_entries_dropped": {"type": "integer"}, "routine_days": {"type": "integer"}}},
+                "cache_entries_dropped": {"type": "integer"}, "routine_days": {"type": "integer"},
+                "compacted": {"type": ["object", "null"], "properties": {"bytes_before": {"type": "integer"}, "bytes_after": {"type": "integer"}}}}},
             "AuditRecord": {"type": "object", "required": ["id", "at_ms", "who", "role", "action", "subject", "reason", "outcome"], "properties": {
                 "id": {"type": "integer"}, "at_ms": {"type": "integer"}, "who": {"type": "string"}, "role": {"type": "string"},
                 "action": {"type": "string", "enum": ["reveal", "reveal_refused", "replay_original", "replay_original_refused"]},

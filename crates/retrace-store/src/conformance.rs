@@ -37,8 +37,8 @@ pub use events::{
     put_blobs_then_commit_where_they_are, request_blobs_match_blob_reads, summaries_match_events,
 };
 pub use gc::{
-    aged_run, gc_deletes_expired_runs_and_their_blobs, gc_keeps_recent_blobs_and_running_runs,
-    gc_keeps_what_kept_manifests_name, record_with_outputs,
+    aged_run, compact_keeps_everything_and_waits_for_running_runs, gc_deletes_expired_runs_and_their_blobs,
+    gc_keeps_recent_blobs_and_running_runs, gc_keeps_what_kept_manifests_name, record_with_outputs,
 };
 pub use knew::knew_in_forks_answers_as_a_recording;
 pub use leases::{a_kept_run_lives_with_its_keeper, dead_holder_is_recovered, leases_acquire_renew_release};
@@ -103,6 +103,10 @@ pub fn run_all(make: MakeStore<'_>) {
         ("ledger_counts_traces_once_per_hash", ledger_counts_traces_once_per_hash),
         ("approvals_are_decided_once", approvals_are_decided_once),
         ("gc_deletes_expired_runs_and_their_blobs", gc_deletes_expired_runs_and_their_blobs),
+        (
+            "compact_keeps_everything_and_waits_for_running_runs",
+            compact_keeps_everything_and_waits_for_running_runs,
+        ),
         ("gc_keeps_recent_blobs_and_running_runs", gc_keeps_recent_blobs_and_running_runs),
         ("gc_keeps_what_kept_manifests_name", gc_keeps_what_kept_manifests_name),
     ];

@@ -41,6 +41,8 @@ mod delete;
 mod plan;
 mod retain;
 
+use retrace_core::run::{RunMeta, RunStatus};
+
 use crate::StoreResult;
 
 pub use config::{RetentionConfig, RetentionConfigError};
@@ -123,6 +125,15 @@ pub struct GcReport {
     pub cache_entries_dropped: u64,
 }
 
+/// What a compaction ([`GcStore::compact`]) did to the store's files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Compacted {
+    /// Bytes of the database's files (the database and its write-ahead log) before.
+    pub bytes_before: u64,
+    /// The same after: what the store occupies now, but for blob files.
+    pub bytes_after: u64,
+}
+
 /// What a backend needs for [`collect`].
 pub trait GcStore: Send + Sync {
     /// In one atomic step: deletes the runs of `request` that [`settle`] still allows against
@@ -131,6 +142,34 @@ pub trait GcStore: Send + Sync {
     /// doc for what references a blob), the cache entries whose output blob went, and the space
     /// those blobs held. With `dry_run`, reports the same and changes nothing.
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport>;
+
+    /// Gives the space deleted rows left back to the file system (SQLite: `VACUUM`, then a
+    /// checkpoint that truncates the write-ahead log). It rewrites the whole database while
+    /// holding the write lock, so it refuses (`Busy`, naming them) while any run is `running`:
+    /// their commits would wait for it, and fail past the busy timeout. A backend with nothing
+    /// to give back reports zeros.
+    fn compact(&self) -> StoreResult<Compacted>;
+}
+
+/// The `Busy` error of [`GcStore::compact`] when any of `runs` is `running`, naming up to three.
+pub fn refuse_while_running(runs: &[RunMeta]) -> StoreResult<()> {
+    let running: Vec<&str> =
+        runs.iter().filter(|m| m.status == RunStatus::Running).map(|m| m.id.as_str()).collect();
+    if running.is_empty() {
+        return Ok(());
+    }
+    let named = running.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+    let more = match running.len() {
+        n if n > 3 => format!(" and {} more", n - 3),
+        _ => String::new(),
+    };
+    let (runs, are, they) = match running.len() {
+        1 => ("run", "is", "it has"),
+        _ => ("runs", "are", "they have"),
+    };
+    Err(crate::StoreError::busy(format!(
+        "compacting needs the store to itself, and {runs} {named}{more} {are} running: compact once {they} ended"
+    )))
 }
 
 /// Plans and runs one collection over `store` (the whole of `retrace gc` and of the daemon's

@@ -195,6 +195,9 @@ impl<I: Interceptor> GcStore for Intercepted<I> {
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport> {
         self.inner.collect_garbage(request)
     }
+    fn compact(&self) -> StoreResult<crate::gc::Compacted> {
+        self.inner.compact()
+    }
 }
 
 impl<I: Interceptor> LedgerStore for Intercepted<I> {

@@ -1,7 +1,7 @@
 //! `retrace gc`: delete expired runs and the blobs nothing references any more.
 use std::io::Write;
 
-use retrace_store::gc::{collect, GcConfig, GcReport, RetentionConfig};
+use retrace_store::gc::{collect, refuse_while_running, GcConfig, GcReport, RetentionConfig};
 
 use crate::exit;
 use crate::output::print_json;
@@ -12,6 +12,7 @@ macro_rules! examples {
         "Examples:\n  \
          retrace gc --dry-run\n  \
          retrace gc\n  \
+         retrace gc --compact\n  \
          retrace gc --older-than 7 --json | jq .bytes_freed"
     };
 }
@@ -27,7 +28,9 @@ const CONFIG: &str = "retrace.toml";
         "Delete the runs whose retention has expired, then every blob no remaining run references, \
 and report what went: runs, events, blobs and bytes freed. The bytes are the blobs' (files \
 removed, and space inside the database); the database file doesn't shrink: SQLite reuses the \
-space for new runs.\n\n\
+space for new runs. --compact gives that space back to the file system afterwards: it rewrites \
+the database (SQLite's VACUUM), which takes a while on a large store and needs it to itself, so \
+it is refused (exit 2, before anything is deleted) while any run is running.\n\n\
 Which runs go: a `routine` run older than [retention] routine_days in ./retrace.toml (default \
 30, or --older-than). `incident` and `pinned` runs stay (see `retrace retain`), and so does \
 anything they need: a fork inherits its source's early events, so a source stays while any fork \
@@ -51,8 +54,12 @@ pub struct Args {
     /// Routine runs expire after DAYS days (overrides [retention] routine_days).
     #[arg(long, value_name = "DAYS")]
     pub older_than: Option<u64>,
+    /// Then shrink the database file to what it holds (VACUUM): needs no run to be running.
+    #[arg(long)]
+    pub compact: bool,
     /// Print JSON: `{"dry_run", "runs_deleted": [...], "events_deleted", "blobs_deleted",
-    /// "bytes_freed", "cache_entries_dropped", "routine_days"}`.
+    /// "bytes_freed", "cache_entries_dropped", "routine_days"}`, and with --compact
+    /// `"compacted": {"bytes_before", "bytes_after"}` (null in a dry run).
     #[arg(long)]
     pub json: bool,
 }
@@ -76,8 +83,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = super::store_for_collecting(args.dry_run)?;
     let mut config = GcConfig::from_retention(now_ms(), &retention);
     config.dry_run = args.dry_run;
+    if args.compact {
+        // Refused before anything is deleted: the user asked for both.
+        let runs = store.runs()?;
+        refuse_while_running(&runs).map_err(|e| {
+            exit::usage_hint(
+                e.to_string(),
+                "`retrace runs --status running` lists them; `retrace gc` without --compact collects now",
+            )
+        })?;
+    }
     let report = collect(&*store, &config)?;
-    print_report(&report, args.json, &[("routine_days", retention.routine_days.into())])
+    let mut extra = vec![("routine_days", retention.routine_days.into())];
+    let compacted = match args.compact && !args.dry_run {
+        true => Some(store.compact().map_err(|e| {
+            exit::usage_hint(
+                format!("collected, but not compacted: {e}"),
+                "run `retrace gc --compact` again once no run is running",
+            )
+        })?),
+        false => None,
+    };
+    if args.compact {
+        extra.push(("compacted", serde_json::to_value(compacted)?));
+    }
+    print_report(&report, args.json, &extra)?;
+    if args.json || !args.compact {
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    match compacted {
+        Some(c) => writeln!(
+            out,
+            "compacted the database: {} -> {} ({} given back)",
+            human_bytes(c.bytes_before),
+            human_bytes(c.bytes_after),
+            human_bytes(c.bytes_before.saturating_sub(c.bytes_after))
+        )?,
+        None => writeln!(out, "would then compact the database file")?,
+    }
+    Ok(())
 }
 
 /// Prints what a collection deleted (`gc`, `delete`): a line per run and a summary, or, with
@@ -112,12 +157,13 @@ pub(crate) fn print_report(
             n => format!("; {n} cache entries dropped with their outputs"),
         }
     )?;
-    if report.events_deleted > 0 || report.bytes_freed > 0 {
+    let compacting = extra.iter().any(|(k, _)| *k == "compacted");
+    if !compacting && (report.events_deleted > 0 || report.bytes_freed > 0) {
         // What was freed counts the blobs' bytes; the database file itself doesn't shrink.
         writeln!(
             out,
             "(blob files are removed; the database file keeps its size and reuses the space its rows \
-             left for new runs)"
+             left for new runs; `retrace gc --compact` shrinks it)"
         )?;
     }
     Ok(())

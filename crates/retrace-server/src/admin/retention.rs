@@ -10,7 +10,8 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use retrace_core::run::Retention;
 use retrace_store::gc::{
-    collect, delete as delete_runs, retain as retain_run, DeleteError, GcConfig, RetainError,
+    collect, delete as delete_runs, refuse_while_running, retain as retain_run, DeleteError, GcConfig,
+    RetainError,
 };
 use retrace_store::StoreErrorKind;
 use serde::Deserialize;
@@ -76,11 +77,15 @@ pub struct GcBody {
     dry_run: bool,
     /// Routine runs expire after this many days (default: the daemon's `[retention]`).
     older_than_days: Option<u64>,
+    /// Then shrink the database file (`retrace gc --compact`); 409 `run_in_use`, before
+    /// anything is deleted, while any run is running.
+    #[serde(default)]
+    compact: bool,
 }
 
 /// `POST /api/gc`: expired runs, then unreferenced blobs; the report `retrace gc --json` prints
 /// (`dry_run`, `runs_deleted`, `events_deleted`, `blobs_deleted`, `bytes_freed`,
-/// `cache_entries_dropped`, `routine_days`).
+/// `cache_entries_dropped`, `routine_days`, and with `compact` `compacted`).
 pub async fn gc(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     let body: GcBody = match required_body(&body) {
         Ok(body) => body,
@@ -94,9 +99,26 @@ pub async fn gc(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     answer(
         blocking(move || {
             let config = GcConfig { dry_run: body.dry_run, ..GcConfig::from_retention(now_ms(), &retention) };
+            if body.compact {
+                let runs = store.runs().map_err(|e| AdminError::from_store(&e))?;
+                refuse_while_running(&runs).map_err(|e| AdminError::RunInUse(e.to_string()))?;
+            }
             let report = collect(&*store, &config).map_err(|e| AdminError::from_store(&e))?;
             let mut out = serde_json::to_value(&report).map_err(|e| AdminError::Internal(e.to_string()))?;
             out["routine_days"] = retention.routine_days.into();
+            if body.compact {
+                let compacted = match body.dry_run {
+                    true => None,
+                    false => Some(store.compact().map_err(|e| match e.kind {
+                        StoreErrorKind::Busy => {
+                            AdminError::RunInUse(format!("collected, but not compacted: {e}"))
+                        }
+                        _ => AdminError::from_store(&e),
+                    })?),
+                };
+                out["compacted"] =
+                    serde_json::to_value(compacted).map_err(|e| AdminError::Internal(e.to_string()))?;
+            }
             Ok(out)
         })
         .await,

@@ -412,3 +412,43 @@ async fn delete_over_http_is_retrace_delete_and_refuses_a_run_in_use() {
     assert_eq!(ids, std::slice::from_ref(&kept));
     assert!(blobs_of(&*d.store, &kept).iter().all(|b| d.store.get_blob(b).is_ok()));
 }
+
+/// `compact` in `POST /api/gc` is `retrace gc --compact`: refused with 409 `run_in_use` while a
+/// run is running, before anything is deleted; once none is, it collects, then reports the
+/// database's size before and after (null in a dry run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_over_http_compacts_only_when_no_run_is_running() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, admin_config).await;
+    let expired = recorded(&d, "an expired routine run").await;
+    let open = call(&d, "POST", "/api/runs", Some(json!({})), Some(DEBUGGER)).await.json()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let gc = |dry_run: bool| json!({"dry_run": dry_run, "older_than_days": 0, "compact": true});
+
+    let refused = call(&d, "POST", "/api/gc", Some(gc(false)), Some(ADMIN)).await;
+    assert_eq!(error_code(&refused, 409), "run_in_use");
+    assert!(refused.text().contains(&open), "{}", refused.text());
+    assert!(d.store.run(&expired).is_ok(), "a refused compaction deletes nothing");
+
+    let finished = call(
+        &d,
+        "POST",
+        &format!("/api/runs/{open}/finish"),
+        Some(json!({"exit_status": 0})),
+        Some(DEBUGGER),
+    )
+    .await;
+    assert_eq!(finished.json()["status"], "ok", "{}", finished.text());
+    let planned = call(&d, "POST", "/api/gc", Some(gc(true)), Some(ADMIN)).await.json();
+    assert_eq!(planned["compacted"], serde_json::Value::Null, "{planned}");
+    let done = call(&d, "POST", "/api/gc", Some(gc(false)), Some(ADMIN)).await.json();
+    assert!(done["runs_deleted"].as_array().unwrap().contains(&json!(expired)), "{done}");
+    let (before, after) = (
+        done["compacted"]["bytes_before"].as_u64().unwrap(),
+        done["compacted"]["bytes_after"].as_u64().unwrap(),
+    );
+    assert!(after > 0 && after <= before, "{done}");
+    assert_eq!(d.store.runs().unwrap().iter().filter(|r| r.id == expired).count(), 0);
+}

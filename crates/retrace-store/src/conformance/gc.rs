@@ -181,3 +181,43 @@ pub fn gc_keeps_what_kept_manifests_name(make: MakeStore<'_>) {
     assert_eq!(store.get_blob(&r4.digest).unwrap(), r4.bytes.to_vec());
     assert_eq!(store.get_blob(&r3.digest).unwrap(), r3.bytes.to_vec());
 }
+
+/// Compacting refuses (`Busy`, naming the run) while a run is `running`, and changes nothing;
+/// once no run is running it keeps every run, event and blob the store holds, and its report's
+/// sizes are the store's files before and after (never more after than before).
+pub fn compact_keeps_everything_and_waits_for_running_runs(make: MakeStore<'_>) {
+    let store = make();
+    let (kept, gone) = (raw(&[b'k'; 3000]), raw(&[b'g'; 3000]));
+    record_with_outputs(&*store, &aged_run("kept", RunMode::Record, 0, Retention::Pinned, None), &[&kept]);
+    let many: Vec<BlobPut> =
+        (0..200u32).map(|i| raw(format!("{i:04}{}", "x".repeat(2000)).as_bytes())).collect();
+    record_with_outputs(
+        &*store,
+        &aged_run("old", RunMode::Record, 90, Retention::Routine, None),
+        &many.iter().chain([&gone]).collect::<Vec<_>>(),
+    );
+    let mut live = RunMeta::new("live", RunMode::Record, now_ms());
+    live.status = RunStatus::Running;
+    store.create_run(&live).unwrap();
+
+    let err = store.compact().unwrap_err();
+    assert_eq!(err.kind, crate::StoreErrorKind::Busy, "{err}");
+    assert!(err.to_string().contains("run live is running"), "{err}");
+    assert_eq!(ids(&*store), ["old", "kept", "live"], "a refused compaction changes nothing");
+
+    live.status = RunStatus::Ok;
+    store.update_run(&live).unwrap();
+    // A second from now, so that the blobs stored this millisecond are old enough to go.
+    let mut config = GcConfig::new(now_ms() + 1_000, 30);
+    config.blob_grace_ms = 0;
+    assert_eq!(collect(&*store, &config).unwrap().runs_deleted, ["old"]);
+    let compacted = store.compact().unwrap();
+    assert!(compacted.bytes_after <= compacted.bytes_before, "{compacted:?}");
+    assert_eq!(ids(&*store), ["kept", "live"]);
+    assert_eq!(store.events("kept", 1, 10).unwrap().len(), 1);
+    assert_eq!(store.get_blob(&kept.digest()).unwrap(), &kept.bytes()[..]);
+    assert!(store.get_blob(&gone.digest()).is_err(), "the collected blob stays gone");
+    // A second compaction finds nothing more to give back.
+    let again = store.compact().unwrap();
+    assert!(again.bytes_after <= again.bytes_before, "{again:?}");
+}

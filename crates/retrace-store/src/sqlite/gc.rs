@@ -8,6 +8,7 @@
 //! collection puts back each trashed file whose row still exists and removes the others.
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use retrace_core::run::RunMeta;
 use retrace_core::Digest;
@@ -18,7 +19,7 @@ use super::rows::decode_json;
 use super::schema::{KIND_FILE, KIND_MANIFEST, KIND_PACKED};
 use super::SqliteStore;
 use crate::error::ResultExt;
-use crate::gc::{edit_blobs, settle, GcReport, GcRequest, GcStore};
+use crate::gc::{edit_blobs, refuse_while_running, settle, Compacted, GcReport, GcRequest, GcStore};
 use crate::{manifest, StoreError, StoreResult};
 
 const WHAT: &str = "collecting garbage";
@@ -67,6 +68,64 @@ impl GcStore for SqliteStore {
         // The ack logs of deleted runs go too (a reused run key must not find them).
         let _ = self.recover_dead_ack_logs();
         Ok(report)
+    }
+
+    fn compact(&self) -> StoreResult<Compacted> {
+        const WHAT: &str = "compacting the store";
+        self.writable(WHAT)?;
+        let bytes_before = self.database_bytes();
+        let mut conn = self.writer.lock();
+        // Checked under the write lock, so no run of this process starts meanwhile; one of another
+        // process that starts now waits for the lock (its busy timeout) like any commit.
+        let metas: Vec<RunMeta> = {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| WHAT)?;
+            let metas = running_metas(&tx)?;
+            tx.commit().ctx(|| WHAT)?;
+            metas
+        };
+        refuse_while_running(&metas)?;
+        // VACUUM rewrites the database into the WAL; the checkpoint copies it back and truncates
+        // the file to its new size, then empties the WAL. Under `synchronous=NORMAL` the
+        // checkpoint syncs the WAL before it writes the database, and the database before it
+        // truncates the WAL.
+        conn.execute_batch("VACUUM").ctx(|| WHAT)?;
+        if let Some(wal) = &self.wal_sync {
+            wal.sync().ctx(|| format!("{WHAT}: syncing the WAL"))?;
+        }
+        // The background checkpointer may be running one (SQLite then answers busy at once, without
+        // waiting), and a reader of another process may hold an old snapshot (it waits for that
+        // up to the busy timeout): tried again for a while, after which the file shrinks at a
+        // later checkpoint (`bytes_after` says what happened now).
+        let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(1_000));
+        loop {
+            let busy: i64 =
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0)).ctx(|| WHAT)?;
+            if busy == 0 || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(conn);
+        Ok(Compacted { bytes_before, bytes_after: self.database_bytes() })
+    }
+}
+
+/// The metadata of the runs stored as `running`.
+fn running_metas(conn: &Connection) -> StoreResult<Vec<RunMeta>> {
+    let rows: Vec<(String, String)> = conn
+        .prepare("SELECT id, meta FROM runs WHERE status = 'running' ORDER BY pk")
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .ctx(|| "compacting the store")?;
+    rows.into_iter().map(|(id, json)| decode_json(json.as_bytes(), &format!("run {id}"))).collect()
+}
+
+impl SqliteStore {
+    /// Bytes of the database file and its write-ahead log (0 for either that is missing).
+    fn database_bytes(&self) -> u64 {
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        size(&self.path) + size(std::path::Path::new(&wal))
     }
 }
 

@@ -589,3 +589,70 @@ fn a_database_opened_through_a_symlink_syncs_and_logs_beside_the_real_file() {
         assert_eq!(open(real.path(), Durability::Os, 5_000).last_seq(&run).unwrap(), 5);
     }
 }
+
+/// `gc` leaves the database file its size; compacting gives the space back, keeps what
+/// remains readable (in this store and in another one open on the same file), and is refused
+/// while a run of another store is running.
+#[test]
+fn compacting_shrinks_the_file_after_a_collection() {
+    use retrace_core::run::{Retention, RunMode};
+    use retrace_store::conformance::{aged_run, record_with_outputs};
+    use retrace_store::gc::{collect, GcConfig};
+    use retrace_store::GcStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Batch, 5_000);
+    let other = open(dir.path(), Durability::Batch, 5_000);
+    let db = dir.path().join("retrace.db");
+    let file_bytes = || {
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        size(&db) + size(&dir.path().join("retrace.db-wal"))
+    };
+    let blob = |i: u32| BlobPut::new(format!("{i:05}{}", "z".repeat(20_000)).into_bytes(), BlobHint::Raw);
+    let old: Vec<BlobPut> = (0..400).map(blob).collect();
+    record_with_outputs(
+        &store,
+        &aged_run("old", RunMode::Record, 90, Retention::Routine, None),
+        &old.iter().collect::<Vec<_>>(),
+    );
+    let kept = blob(1_000_000);
+    record_with_outputs(&store, &aged_run("kept", RunMode::Record, 0, Retention::Pinned, None), &[&kept]);
+
+    let now_ms =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut config = GcConfig::new(now_ms() + 1_000, 30);
+    config.blob_grace_ms = 0;
+    assert_eq!(collect(&store, &config).unwrap().runs_deleted, ["old"]);
+    let collected = file_bytes();
+    assert!(collected > 8_000_000, "gc alone leaves the file its size: {collected} bytes");
+    let mut live = sample_run("live", 1);
+    live.status = RunStatus::Running;
+    other.create_run(&live).unwrap();
+
+    let refused = store.compact().unwrap_err();
+    assert_eq!(refused.kind, StoreErrorKind::Busy);
+    assert!(refused.to_string().contains("run live is running"), "{refused}");
+    assert_eq!(store.runs().unwrap().len(), 2, "a refused compaction changes nothing");
+
+    live.status = RunStatus::Ok;
+    other.update_run(&live).unwrap();
+    let compacted = store.compact().unwrap();
+    assert!(compacted.bytes_before > 8_000_000, "{compacted:?}");
+    assert_eq!(compacted.bytes_after, file_bytes());
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    assert!(
+        compacted.bytes_after < 1_000_000,
+        "{compacted:?} db {} wal {}",
+        size(&db),
+        size(&dir.path().join("retrace.db-wal"))
+    );
+    for s in [&store, &other] {
+        assert_eq!(s.get_blob(&kept.digest()).unwrap(), &kept.bytes()[..]);
+        assert_eq!(s.events("kept", 1, 10).unwrap().len(), 1);
+        assert_eq!(s.runs().unwrap().len(), 2);
+    }
+    drop((store, other));
+    let reopened = open(dir.path(), Durability::Batch, 5_000);
+    assert_eq!(reopened.get_blob(&kept.digest()).unwrap(), &kept.bytes()[..]);
+    assert!(retrace_store::verify::verify_run(&reopened, "kept").is_empty());
+}
