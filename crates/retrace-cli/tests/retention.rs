@@ -21,7 +21,7 @@ const KEPT: &str = "01retainkept00000000000000";
 const EXPIRED: &str = "01retainexpired00000000000";
 const SOURCE: &str = "01retainsource000000000000";
 const FORK: &str = "01retainfork00000000000000";
-const TOKEN: &str = "rtk_email_0123456789abcdefghjkmnpq";
+const TOKEN: &str = "rtk_email_abcdefghijklmnopqrstuvwxyz";
 
 struct Home {
     dir: tempfile::TempDir,
@@ -148,6 +148,11 @@ fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
     assert!(actions[..7].iter().all(|a| *a == "reveal_refused") && actions[7] == "reveal", "{log}");
     assert!(log.as_array().unwrap().iter().all(|e| e["who"] == "tester" && e["role"] == "admin"), "{log}");
     assert_eq!(log[7]["reason"], "INC-42: which customer?");
+    // The log says what the user was told: a malformed token is "not a token", not unknown.
+    for (entry, malformed) in [(&log[4], "rtk_email_nope"), (&log[5], "hello")] {
+        assert_eq!(entry["subject"], malformed, "{log}");
+        assert!(entry["outcome"].as_str().unwrap().contains("is not a token"), "{entry}");
+    }
     assert!(!log.to_string().contains("ada@example.com"), "the log never holds the original");
     let token = home.run(&["vault", "audit", "--token", TOKEN, "--json"], &[]).json();
     assert_eq!(token.as_array().unwrap().len(), 5, "the other tokens' attempts are about other subjects");

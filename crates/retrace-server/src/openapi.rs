@@ -133,7 +133,7 @@ pub fn document() -> Value {
                 ok("what was (or would be) deleted", json!({"$ref": "#/components/schemas/GcReport"})),
             )},
             "/api/vault/reveal": {"post": op(
-                "the original of a masked value under the daemon's vault key (admin; `retrace vault reveal`); every attempt, refused or not, is in the audit log before the answer",
+                "the original of a masked value under the daemon's vault key (admin; `retrace vault reveal`); every attempt, refused or not, is in the audit log before the answer, a token below admin's included (403 forbidden after it is logged)",
                 &[],
                 Some(body(json!({"type": "object", "required": ["token"], "properties": {"token": {"type": "string", "description": "rtk_<kind>_<26 characters>"}, "reason": {"type": "string", "description": "why (required: a reveal without one is refused, and audited)"}}}), true)),
                 ok("the original: text when it is UTF-8, else base64 with encoding: base64", obj(json!({"token": {"type": "string"}, "original": {"type": "string"}, "encoding": {"type": "string", "enum": ["base64"]}}))),

@@ -122,16 +122,6 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             eprintln!("revealed {} to {} (written to the audit log)", args.token, by.who);
             Ok(())
         }
-        Err(RevealError::UnknownToken { .. }) if !is_token(&args.token) => Err(Failure {
-            code: 2,
-            message: format!(
-                "{:?} is not a token: a token is rtk_<kind>_<26 characters of a-z and 2-7>, such as \
-                 rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq (this attempt was written to the audit log)",
-                args.token
-            ),
-            hint: Some("copy the token whole from `retrace show RUN --seq N`".to_owned()),
-        }
-        .into()),
         Err(e) => {
             let hint = match &e {
                 RevealError::NoKey | RevealError::BadKey(_) => {
@@ -141,6 +131,7 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
                 RevealError::UnknownToken { .. } => {
                     Some("tokens are case-sensitive; copy it from `retrace show`")
                 }
+                RevealError::NotAToken { .. } => Some("copy the token whole from `retrace show RUN --seq N`"),
                 _ => None,
             };
             let audited = !matches!(e, RevealError::Store(_));
@@ -157,12 +148,6 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             Err(Failure { code: e.exit_code(), message, hint: hint.map(str::to_owned) }.into())
         }
     }
-}
-
-/// Whether `text` is a whole token, `rtk_<kind>_<26 base32 characters>` (SPEC §1): the vault
-/// holds originals only for such, so anything else is a mistyped argument, not an unknown token.
-fn is_token(text: &str) -> bool {
-    retrace_core::mask::token_len_at(text) == Some(text.len())
 }
 
 fn run_audit(args: AuditArgs) -> anyhow::Result<()> {

@@ -3,8 +3,13 @@
 //! audit entry (refusals included) before it answers.
 //!
 //! The audit entry names the caller: the name the tokens file gives their token (`admin TOKEN
-//! alice`), else `api`; and their role, `admin` (the route's; a daemon without tokens lets
-//! everyone act as admin).
+//! alice`), else `api token sha256:…` (the start of the token's digest, which tells tokens
+//! apart without revealing them), else, on a daemon without tokens, `api`; and their role (a
+//! daemon without tokens lets everyone act as admin).
+//!
+//! Any token may ask, so that every attempt is audited: one whose role is below `admin` is
+//! refused (403) here, after its attempt is in the log, rather than by the router, which would
+//! leave no trace of a lower-privileged token probing for originals.
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -13,7 +18,9 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use base64::Engine as _;
-use retrace_store::vault::{reveal as reveal_original, Reveal, RevealError, Revealer};
+use retrace_store::vault::{
+    reveal as reveal_original, AuditAction, AuditEntry, Reveal, RevealError, Revealer,
+};
 use retrace_store::StoreErrorKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -45,11 +52,34 @@ pub async fn reveal(
         Ok(body) => body,
         Err(e) => return e.into_response(),
     };
-    let by = revealer(holder.map(|Extension(h)| h));
+    let holder = holder.map(|Extension(h)| h);
+    let below_admin = holder.as_ref().map(|h| h.role).filter(|role| *role < Role::Admin);
+    let by = revealer(holder);
     let key = app.config.vault_key.as_ref().map(|k| k.to_base64());
     let store = app.host.store().clone();
     answer(
         blocking(move || {
+            if let Some(role) = below_admin {
+                let outcome = format!("this needs the admin role; the token's role is {}", role.as_str());
+                store
+                    .audit_append(&AuditEntry {
+                        at_ms: now_ms(),
+                        who: by.who,
+                        role: by.role,
+                        action: AuditAction::RevealRefused,
+                        subject: body.token,
+                        reason: body.reason,
+                        outcome: outcome.clone(),
+                    })
+                    .map_err(|e| {
+                        AdminError::Store(format!(
+                            "the audit log could not be written: {e}; nothing was revealed"
+                        ))
+                    })?;
+                return Err(AdminError::Forbidden(format!(
+                    "{outcome} (this attempt was written to the audit log)"
+                )));
+            }
             let request =
                 Reveal { token: &body.token, reason: &body.reason, key: key.as_deref(), at_ms: now_ms() };
             let original = reveal_original(&*store, &by, &request).map_err(refusal)?;
@@ -61,11 +91,12 @@ pub async fn reveal(
 
 /// The audit log's `who` and `role` for a caller.
 fn revealer(holder: Option<Holder>) -> Revealer {
-    let (name, role) = match holder {
-        Some(Holder { role, name }) => (name, role),
-        None => (None, Role::Admin),
+    let (who, role) = match holder {
+        Some(Holder { role, name: Some(name), .. }) => (name, role),
+        Some(Holder { role, name: None, fingerprint }) => (format!("{ANONYMOUS} token {fingerprint}"), role),
+        None => (ANONYMOUS.to_owned(), Role::Admin),
     };
-    Revealer { who: name.unwrap_or_else(|| ANONYMOUS.to_owned()), role: role.as_str().to_owned() }
+    Revealer { who, role: role.as_str().to_owned() }
 }
 
 /// `{token, original}`: the original as text when it is UTF-8, else base64 with
@@ -90,6 +121,7 @@ fn refusal(e: RevealError) -> AdminError {
                 .into(),
         )),
         RevealError::NoReason => AdminError::MissingReason(audited(e.to_string())),
+        RevealError::NotAToken { .. } => AdminError::BadRequest(audited(e.to_string())),
         RevealError::Role { .. } => AdminError::Forbidden(audited(e.to_string())),
         RevealError::UnknownToken { .. } => AdminError::UnknownToken(audited(e.to_string())),
         RevealError::CannotOpen(_) => AdminError::CannotOpen(audited(e.to_string())),

@@ -16,8 +16,8 @@ use crate::support::{chat, client, daemon, daemon_over, sqlite, Daemon, Reply};
 
 /// An admin token the tokens file names `alice`.
 const ALICE: &str = "alice-admin-token-0123456789";
-const EMAIL: &str = "rtk_email_0123456789abcdefghjkmnpq";
-const BINARY: &str = "rtk_secret_abcdefghjkmnpqrstvwxyz01";
+const EMAIL: &str = "rtk_email_abcdefghijklmnopqrstuvwxyz";
+const BINARY: &str = "rtk_secret_zyxwvutsrqponmlkjihgfedcba";
 
 fn vault_key(byte: u8) -> VaultKey {
     VaultKey::from_bytes([byte; 32])
@@ -101,9 +101,35 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
             assert_eq!(reply.status, status, "{caller} {method} {path}: {}", reply.text());
         }
     }
-    // Nothing the refused callers asked for happened: no reveal (not even an audited one), the
-    // tier is the same, and gc deleted nothing.
-    assert_eq!(d.store.audit_list(None).unwrap(), vec![]);
+    // Nothing the refused callers asked for happened: no reveal, the tier is the same, and gc
+    // deleted nothing. But each attempt of a token to see an original is in the audit log, with
+    // its role and its token's fingerprint; a caller with no token was refused before it named
+    // one, and is not.
+    let audited: Vec<(String, String, String, String)> = d
+        .store
+        .audit_list(None)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.entry.who, r.entry.role, r.entry.action.as_str().to_owned(), r.entry.outcome))
+        .collect();
+    let fingerprint = |t: &str| format!("api token {}", retrace_core::Digest::of(t.as_bytes()).short());
+    assert_eq!(
+        audited,
+        [
+            (
+                fingerprint(VIEWER),
+                "viewer".into(),
+                "reveal_refused".into(),
+                "this needs the admin role; the token's role is viewer".into()
+            ),
+            (
+                fingerprint(DEBUGGER),
+                "debugger".into(),
+                "reveal_refused".into(),
+                "this needs the admin role; the token's role is debugger".into()
+            ),
+        ]
+    );
     assert_eq!(d.store.run(&run).unwrap().retention.as_str(), "routine");
     assert!(blobs_of(&*d.store, &run).iter().all(|b| d.store.get_blob(b).is_ok()));
 
@@ -117,7 +143,12 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
     assert_eq!(answers[0], json!({"run": run, "retention": "pinned", "previous": "routine"}));
     assert_eq!(answers[1]["runs_deleted"], json!([]), "a pinned run stays: {}", answers[1]);
     assert_eq!(answers[2], json!({"token": EMAIL, "original": "ada@example.com"}));
-    assert_eq!(answers[3].as_array().map(Vec::len), Some(1), "{}", answers[3]);
+    assert_eq!(
+        answers[3].as_array().map(Vec::len),
+        Some(3),
+        "the two refused and the one revealed: {}",
+        answers[3]
+    );
     assert_eq!(d.store.run(&run).unwrap().retention.as_str(), "pinned");
 }
 
@@ -214,7 +245,11 @@ async fn every_reveal_is_audited_before_it_is_answered_and_the_log_is_served() {
         who,
         [
             ("alice", "admin", ok),
-            ("api", "admin", ok),
+            (
+                format!("api token {}", retrace_core::Digest::of(ADMIN.as_bytes()).short()).as_str(),
+                "admin",
+                ok
+            ),
             ("alice", "admin", refused),
             ("alice", "admin", refused),
             ("alice", "admin", refused),

@@ -92,7 +92,7 @@ fn routes(run: &str, other: &str, blob: &str) -> Vec<(&'static str, String, Opti
     let v = Some(Role::Viewer);
     let d = Some(Role::Debugger);
     let a = Some(Role::Admin);
-    let token = "rtk_email_0123456789abcdefghjkmnpq";
+    let token = "rtk_email_abcdefghijklmnopqrstuvwxyz";
     vec![
         ("GET", "/api/health".into(), None, None),
         ("GET", "/api/openapi.json".into(), None, None),

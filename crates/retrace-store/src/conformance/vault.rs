@@ -7,7 +7,7 @@ use crate::vault::{
     audit_replay_original, reveal, store_originals, AuditAction, AuditEntry, Reveal, RevealError, Revealer,
 };
 
-const TOKEN: &str = "rtk_email_0123456789abcdefghjkmnpqrs";
+const TOKEN: &str = "rtk_email_abcdefghijklmnopqrstuv2345";
 
 fn entry(subject: &str, action: AuditAction) -> AuditEntry {
     AuditEntry {
@@ -73,16 +73,22 @@ pub fn reveal_audits_every_attempt(make: MakeStore<'_>) {
     assert!(matches!(ask(&admin, TOKEN, "  ", Some(&text)), Err(RevealError::NoReason)));
     let viewer = Revealer { who: "bob".into(), role: "viewer".into() };
     assert!(matches!(ask(&viewer, TOKEN, "why", Some(&text)), Err(RevealError::Role { .. })));
-    assert!(matches!(ask(&admin, "rtk_nope", "why", Some(&text)), Err(RevealError::UnknownToken { .. })));
+    let unknown = "rtk_email_zzzzzzzzzzzzzzzzzzzzzzzzzz";
+    assert!(matches!(ask(&admin, unknown, "why", Some(&text)), Err(RevealError::UnknownToken { .. })));
     let refused = ask(&admin, TOKEN, "why", Some(&wrong)).unwrap_err();
     assert!(matches!(refused, RevealError::CannotOpen(_)), "{refused}");
     assert_eq!(refused.exit_code(), 1);
     assert_eq!(ask(&admin, TOKEN, "incident 42", Some(&text)).unwrap(), b"ada@example.com");
+    // Not shaped like a token: refused as such (a usage error), and audited as such.
+    let malformed = ask(&admin, "rtk_nope", "why", Some(&text)).unwrap_err();
+    assert!(matches!(malformed, RevealError::NotAToken { .. }), "{malformed}");
+    assert_eq!(malformed.exit_code(), 2);
 
     let log = store.audit_list(None).unwrap();
     let actions: Vec<AuditAction> = log.iter().map(|r| r.entry.action).collect();
     assert_eq!(actions[..6], [AuditAction::RevealRefused; 6]);
-    assert_eq!(actions[6], AuditAction::Reveal);
+    assert_eq!(actions[6..], [AuditAction::Reveal, AuditAction::RevealRefused]);
+    assert!(log[7].entry.outcome.contains("\"rtk_nope\" is not a token"), "{:?}", log[7]);
     assert!(log[0].entry.outcome.contains("no vault key"), "{:?}", log[0]);
     assert!(log[3].entry.outcome.contains("viewer") && log[3].entry.who == "bob", "{:?}", log[3]);
     assert!(log[5].entry.outcome.contains("does not open"), "{:?}", log[5]);

@@ -48,6 +48,12 @@ pub enum RevealError {
         /// The role refused.
         role: String,
     },
+    /// What was asked for is not shaped like a token at all.
+    #[error("{token:?} is not a token: a token is rtk_<kind>_<26 characters of a-z and 2-7>, such as rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq")]
+    NotAToken {
+        /// What was asked for.
+        token: String,
+    },
     /// The vault holds no original for the token.
     #[error("the vault holds no original for {token}")]
     UnknownToken {
@@ -68,7 +74,10 @@ impl RevealError {
     /// and for a store failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RevealError::NoKey | RevealError::BadKey(_) | RevealError::NoReason => 2,
+            RevealError::NoKey
+            | RevealError::BadKey(_)
+            | RevealError::NoReason
+            | RevealError::NotAToken { .. } => 2,
             _ => 1,
         }
     }
@@ -91,6 +100,9 @@ pub fn reveal<S: VaultStore + ?Sized>(
         }
         if !allowed(&by.role) {
             return Err(RevealError::Role { role: by.role.clone() });
+        }
+        if retrace_core::mask::token_len_at(request.token) != Some(request.token.len()) {
+            return Err(RevealError::NotAToken { token: request.token.to_owned() });
         }
         let key =
             VaultKey::from_base64(request.key.ok_or(RevealError::NoKey)?).map_err(RevealError::BadKey)?;
