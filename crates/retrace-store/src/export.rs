@@ -140,6 +140,15 @@ fn export_inner(
         read.map(|(refs, requests)| (refs, requests, spool))
     })?;
 
+    // A fork's edits name blobs no event may reference (a `message:` edit's body): the file
+    // carries them too, so a replay of the imported fork can apply its edits again.
+    let mut refs = refs;
+    let mut referenced: DigestSet = refs.iter().map(|(d, _)| *d).collect();
+    for digest in crate::gc::edit_blobs(&run) {
+        if referenced.insert(digest) {
+            refs.push((digest, None));
+        }
+    }
     let plan = plan_blobs(store, run_id, &refs, requests)?;
     let header = ExportHeader {
         format: FORMAT.to_owned(),

@@ -264,6 +264,30 @@ impl<'a> RunCheck<'a> {
             }
         }
         self.final_decisions(&meta);
+        self.edit_blobs(&meta);
+    }
+
+    /// A fork's edits that name a blob (`message:7=@sha256:…`) need it: its replay applies them
+    /// again.
+    fn edit_blobs(&mut self, meta: &RunMeta) {
+        for digest in crate::gc::edit_blobs(meta) {
+            let Err(e) = self.store.get_blob(&digest) else { continue };
+            let kind = match e.kind {
+                StoreErrorKind::NotFound => ProblemKind::BlobMissing,
+                StoreErrorKind::Corrupt => ProblemKind::BlobCorrupt,
+                _ => ProblemKind::Unreadable,
+            };
+            let edit =
+                meta.edits.iter().find(|e| e.contains(&digest.to_string())).cloned().unwrap_or_default();
+            let message = format!("named by the fork's edit {edit}: {e}");
+            self.problems.push(Problem {
+                run: self.run.to_owned(),
+                seq: None,
+                digest: Some(digest),
+                kind,
+                message,
+            });
+        }
     }
 
     /// Reads the events of a page that couldn't be read, `failed`, one at a time: each event

@@ -606,3 +606,73 @@ fn import_chunked(store: &dyn Store, file: &[u8], chunk: usize) -> Result<Import
     let options = ImportOptions { chunk_events: chunk, ..ImportOptions::default() };
     import_reader(store, file, options)
 }
+
+/// A fork's `message:` edit names a blob no event references: the export carries it, the
+/// import stores it, and `verify` reports a fork whose edit blob is missing. A file exported
+/// before exports carried it imports where the store holds the blob, and is refused, naming
+/// the edit, where it doesn't.
+#[test]
+fn a_fork_s_edit_blob_travels_with_its_export() {
+    for make in [memory, sqlite] {
+        let a = make();
+        let (source, mut fork) = fork_pair(None);
+        source.commit(&*a.store);
+        let body = a.store.put_blob(br#"{"draft":"odd!"}"#, BlobHint::Raw).unwrap();
+        fork.meta.edits = vec![format!("message:7=@{body}")];
+        a.store.create_run(&fork.meta).unwrap();
+        let own = fork.events[5..].to_vec();
+        a.store
+            .commit(&Batch {
+                run_id: "01fork".into(),
+                events: own,
+                blobs: fork.blobs.clone(),
+                cache: Vec::new(),
+            })
+            .unwrap();
+        assert_eq!(verify_run(&*a.store, "01fork"), vec![]);
+        let file = export(&*a.store, "01fork");
+        let text = String::from_utf8_lossy(&file).into_owned();
+        assert!(text.contains(&format!("{{\"blob\":\"{body}\"")), "the edit's blob is a line of the file");
+
+        let b = make();
+        import(&*b.store, &file).unwrap();
+        assert_eq!(b.store.get_blob(&body).unwrap(), br#"{"draft":"odd!"}"#);
+        assert_eq!(verify_run(&*b.store, "01fork"), vec![]);
+        assert_eq!(export(&*b.store, "01fork"), file, "export, import, export: the same bytes");
+
+        // The file as exports wrote it before: without the blob line (and one blob fewer).
+        let mut old = lines(&file);
+        old.retain(|l| !l.starts_with(&format!("{{\"blob\":\"{body}\"")));
+        let blobs = old.len() as u64 - 1 - 8;
+        let mut header: serde_json::Value = serde_json::from_str(&old[0]).unwrap();
+        header["blobs"] = blobs.into();
+        old[0] = String::from_utf8(canonicalize(header.to_string().as_bytes()).unwrap()).unwrap();
+        let old = trace_fixture::join(&old);
+        let c = make();
+        let err = import(&*c.store, &old).unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.contains(&format!(
+                "the fork's edit message:7=@{body} references blob {body}, which is not in the file"
+            )),
+            "{said}"
+        );
+        assert!(c.store.run("01fork").is_err(), "nothing stored");
+        c.store.put_blob(br#"{"draft":"odd!"}"#, BlobHint::Raw).unwrap();
+        import(&*c.store, &old).unwrap();
+        assert_eq!(verify_run(&*c.store, "01fork"), vec![], "the store held the blob already");
+
+        // A store that lost it: verify names the edit and the digest.
+        let d = make();
+        import(&*d.store, &export(&*a.store, "01source")).unwrap();
+        let mut meta = fork.meta.clone();
+        meta.id = "01fork2".into();
+        meta.edits = vec![format!("message:7=@{}", retrace_core::Digest::of(b"gone"))];
+        meta.head = None;
+        d.store.create_run(&meta).unwrap();
+        let problems = verify_run(&*d.store, "01fork2");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].kind, retrace_store::verify::ProblemKind::BlobMissing);
+        assert!(problems[0].message.contains("named by the fork's edit message:7=@sha256:"), "{problems:?}");
+    }
+}

@@ -227,6 +227,10 @@ fn read_body<'scope, 'env, R: BufRead>(
             needed.insert(digest, event.seq);
         }
     }
+    // A fork's edits name blobs too (seq 0: the header's); an event's reference comes first.
+    for digest in crate::gc::edit_blobs(&header.run) {
+        needed.entry(digest).or_insert(EDIT_SEQ);
+    }
     // A forced import of a file cut among its events has no blob lines left to read.
     let cut = (events.len() as u64) < header.events;
     let wanted = !cut && early::wanted(store, &header, &events, &mismatched);
@@ -249,7 +253,7 @@ fn read_body<'scope, 'env, R: BufRead>(
         );
         return Err(lines.malformed(message));
     }
-    check_references(lines, &header, &needed, &blobs, &index, &left_out)?;
+    check_references(lines, store, &header, &needed, &blobs, &index, &left_out)?;
     let taken: Vec<_> = events.iter().filter_map(crate::verify::decision_of).collect();
     if let Some(message) = crate::verify::decisions_disagree(&header.run, &taken) {
         let at = Location { file: lines.opts.file_name.clone(), line: 1 };
@@ -559,10 +563,15 @@ fn decode_blob<R: BufRead>(
     Ok(ReadBlob { digest, held, names })
 }
 
-/// Every blob an event references is present (`left_out`: the lines a forced import left out
+/// The seq [`check_references`] gives a blob that only a fork's edit names (the header's line is
+/// 1, an event's is its seq + 1).
+const EDIT_SEQ: u64 = 0;
+
+/// Every blob an event or a fork's edit references is present (`left_out`: the lines a forced import left out
 /// because they don't verify), and every blob is referenced.
 fn check_references<R: BufRead>(
     lines: &mut Lines<'_, '_, R>,
+    store: &dyn Store,
     header: &ExportHeader,
     needed: &DigestMap<u64>,
     blobs: &[ReadBlob],
@@ -575,9 +584,21 @@ fn check_references<R: BufRead>(
     missing.sort();
     for (seq, digest) in missing {
         let at = Location { file: file.clone(), line: seq + 1 };
+        let by = match seq {
+            EDIT_SEQ => {
+                // Files exported before forks carried their edits' blobs lack them: one that
+                // the store holds already (the fork comes home) is still whole here.
+                if !left_out.contains(&digest) && store.has_blob(&digest).unwrap_or(false) {
+                    continue;
+                }
+                let edit = header.run.edits.iter().find(|e| e.contains(&digest.to_string()));
+                format!("the fork's edit {}", edit.map_or("", String::as_str))
+            }
+            _ => format!("seq {seq}"),
+        };
         let message = match left_out.contains(&digest) {
-            true => format!("seq {seq} references blob {digest}, whose line was left out: it doesn't verify"),
-            false => format!("seq {seq} references blob {digest}, which is not in the file"),
+            true => format!("{by} references blob {digest}, whose line was left out: it doesn't verify"),
+            false => format!("{by} references blob {digest}, which is not in the file"),
         };
         lines.forgive(ImportError::Verification { at, seq: Some(seq), digest: Some(digest), message })?;
     }
