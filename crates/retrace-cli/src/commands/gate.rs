@@ -66,7 +66,7 @@ gate. Files of other extensions are ignored.\n\n\
 Each trace runs CMD (default: the trace's recorded command, from the same directory relative to \
 the git top level, so traces replay from any clone) with zero live calls: the model upstreams \
 point nowhere, every step is answered from the trace, and OPENAI_API_KEY / ANTHROPIC_API_KEY get \
-placeholders when unset, so official clients start in a CI without secrets. The folder of this \
+placeholders when unset or empty, so official clients start in a CI without secrets. The folder of this \
 retrace comes first on the program's PATH, so a recorded `retrace ...` command runs this build. \
 The program's output is captured and its last lines shown when its trace fails. Traces that \
 hold masked tokens need the mask key they were recorded under (RETRACE_MASK_KEY). A fork's or a \

@@ -222,8 +222,9 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     if plan.strict {
         env.push(("RETRACE_STRICT".into(), "1".into()));
     }
+    // Unset or empty: a CI expands a secret it doesn't have (a fork's pull request) to "".
     for key in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"] {
-        if std::env::var_os(key).is_none() {
+        if std::env::var_os(key).is_none_or(|v| v.is_empty()) {
             env.push((key.into(), "retrace-replay-placeholder".into()));
         }
     }
