@@ -9,6 +9,23 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Why `name` can't be set with `param:`, if it can't: the request fields that say which model
+/// answers, what it is asked, or how the program reads the reply have edits of their own or
+/// none, since the program would get a reply of another shape than it asked for.
+fn not_a_param(name: &str) -> Option<&'static str> {
+    match name {
+        "model" => Some("use model:AGENT=NAME[@SNAPSHOT], which keeps the agent's provider"),
+        "messages" | "input" | "system" | "prompt" | "instructions" => Some(
+            "what the model is asked changes with message:, model-output: or prompt: edits, or by \
+             the program itself",
+        ),
+        "stream" | "stream_options" => {
+            Some("the program reads the reply as it asked for it: a stream can't be switched under it")
+        }
+        _ => None,
+    }
+}
+
 /// Where an edit's replacement content comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Content {
@@ -212,6 +229,18 @@ impl FromStr for Edit {
                     Some((n, s)) => (n.to_owned(), Some(s.to_owned())),
                     None => (model.to_owned(), None),
                 };
+                if name.is_empty() || snapshot.as_deref().is_some_and(str::is_empty) {
+                    return Err(bad("want model:AGENT=NAME[@SNAPSHOT], with neither part empty"));
+                }
+                // The request names the snapshot when one is given: one of another model would
+                // silently drop NAME.
+                if let Some(snapshot) = snapshot.as_deref().filter(|s| !s.starts_with(name.as_str())) {
+                    return Err(bad(&format!(
+                        "snapshot {snapshot:?} is not one of model {name:?} (a snapshot is the model's name \
+                         and a date, such as gpt-4o@gpt-4o-2024-08-06): name the snapshot alone, \
+                         model:{agent}={snapshot}"
+                    )));
+                }
                 Ok(Edit::Model { agent: agent.into(), name, snapshot })
             }
             "param" => {
@@ -221,6 +250,9 @@ impl FromStr for Edit {
                     target.rsplit_once('.').ok_or_else(|| bad("want param:AGENT.NAME=VALUE"))?;
                 if !agent_ok(agent) || name.is_empty() {
                     return Err(bad("want param:AGENT.NAME=VALUE"));
+                }
+                if let Some(why) = not_a_param(name) {
+                    return Err(bad(&format!("{name} is not a sampling parameter: {why}")));
                 }
                 let value = serde_json::from_str(value)
                     .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
@@ -309,6 +341,15 @@ mod tests {
             ("param:reviewer=1", "AGENT.NAME"),
             ("param:reviewer.temperature=hot", "temperature takes a number, not \"hot\""),
             ("param:reviewer.max_tokens=1.5", "max_tokens takes an integer, not 1.5"),
+            ("param:critic.model=gpt-4o", "use model:AGENT=NAME[@SNAPSHOT], which keeps the agent's provider"),
+            ("param:writer.messages=[]", "not a sampling parameter: what the model is asked"),
+            ("param:writer.stream=true", "a stream can't be switched"),
+            ("model:writer=gpt-4o@", "neither part empty"),
+            ("model:writer=@gpt-4o-2024-08-06", "neither part empty"),
+            (
+                "model:writer=gpt-4o-mini@gpt-4o-2024-08-06",
+                "snapshot \"gpt-4o-2024-08-06\" is not one of model \"gpt-4o-mini\"",
+            ),
         ] {
             let err = text.parse::<Edit>().unwrap_err();
             assert!(err.to_string().contains(why), "{text}: {err}");

@@ -48,8 +48,9 @@ prompt:AGENT=VERSION     template() hands the agent another version\n  \
 model:AGENT=NAME[@SNAP]  rewrite the agent's model requests to another model: those the \
 model can serve (its provider's, for a name that says it: gpt-..., claude-...; embedding \
 requests for an embedding model, the others for any other)\n  \
-param:AGENT.NAME=VALUE   set a parameter of the agent's model requests (not its embedding \
-requests)\n\n\
+param:AGENT.NAME=VALUE   set a sampling parameter of the agent's model requests (not its \
+embedding requests): temperature, top_p, max_tokens, seed...; not model (use model:), \
+messages, input, system or prompt (what is asked), nor stream\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
 program's output is its own. Exit codes: 0 every fork finished; 1 a fork's program failed or \
 diverged or stopped; 2 bad usage (an edit that doesn't fit the run, an unknown run).",
