@@ -235,4 +235,28 @@ fn approve_needs_a_known_id_and_a_reason() {
     assert_eq!(missing.status.code(), Some(2));
     let agents = p.ok(&["agents"], &[]);
     assert!(agents.contains("not governed") && agents.contains("tool(cls=\"side_effect\")"), "{agents}");
+
+    // A call held by a run that has ended can't be released any more: exit 1, nothing decided.
+    let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(&p.path("home"))).unwrap();
+    let run = store.runs().unwrap().pop().unwrap();
+    let held = retrace_store::ledger::ApprovalRecord {
+        id: "ap_ended".into(),
+        run: run.id.clone(),
+        agent: "pub".into(),
+        tool: "publish".into(),
+        key: retrace_core::Digest::of(b"publish"),
+        rung: "probation".into(),
+        why: "below the bar".into(),
+        requested_at_ms: 1,
+        decision: None,
+    };
+    store.approval_request(&held).unwrap();
+    let late = p.retrace(&["approve", "ap_ended", "--reason", "too late"], &[]);
+    assert_eq!(late.status.code(), Some(1), "{}", text(&late.stderr));
+    let said = text(&late.stderr);
+    assert!(
+        said.contains(&format!("run {} has ended (ok)", run.id)) && said.contains("run the program again"),
+        "{said}"
+    );
+    assert_eq!(store.approval("ap_ended").unwrap().unwrap().decision, None, "nothing decided");
 }

@@ -341,7 +341,10 @@ mod tests {
             ("param:reviewer=1", "AGENT.NAME"),
             ("param:reviewer.temperature=hot", "temperature takes a number, not \"hot\""),
             ("param:reviewer.max_tokens=1.5", "max_tokens takes an integer, not 1.5"),
-            ("param:critic.model=gpt-4o", "use model:AGENT=NAME[@SNAPSHOT], which keeps the agent's provider"),
+            (
+                "param:critic.model=gpt-4o",
+                "use model:AGENT=NAME[@SNAPSHOT], which keeps the agent's provider",
+            ),
             ("param:writer.messages=[]", "not a sampling parameter: what the model is asked"),
             ("param:writer.stream=true", "a stream can't be switched"),
             ("model:writer=gpt-4o@", "neither part empty"),

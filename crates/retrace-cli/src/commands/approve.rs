@@ -1,6 +1,7 @@
 //! `retrace approve ID --reason TEXT`: release (or `--refuse`) a side effect held by the
 //! autonomy policy. The decision goes to the store's approvals table; the process recording the
 //! run (the holder of its lease, its one sequencer) appends the `approval` event.
+use retrace_core::run::RunStatus;
 use retrace_store::ledger::ApprovalDecision;
 use retrace_store::StoreErrorKind;
 
@@ -28,7 +29,8 @@ your OS user name and the reason. A blocked call goes on (or fails, with --refus
 sees the decision; a call that raised goes on when the program asks again with the same request. \
 Either way the run records an `approval` event, which replay and fork reproduce without reading \
 the policy.\n\n\
-Exit codes: 0 decided; 1 already decided; 2 usage (no reason, unknown ID).",
+Exit codes: 0 decided; 1 already decided, or the run that held the call has ended (its call \
+was never released, and can't be now); 2 usage (no reason, unknown ID).",
         "\n\n",
         examples!()
     )
@@ -56,6 +58,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         reason: args.reason.clone(),
         at_ms: super::ledger::now_ms(),
     };
+    // A call held by a run that has ended was decided then: it timed out, or the program gave
+    // up on it; a decision now would release nothing.
+    if let Some(held) = store.approval(&args.id)?.filter(|held| held.decision.is_none()) {
+        if let Ok(run) = store.run(&held.run) {
+            if run.status != RunStatus::Running {
+                return Err(Failure {
+                    code: 1,
+                    message: format!(
+                        "run {} has ended ({}): the {} call of agent {:?} it held was never released and \
+                         can't be now",
+                        run.id, run.status, held.tool, held.agent
+                    ),
+                    hint: Some(
+                        "run the program again: the call is held again, under a new id, for you to approve"
+                            .to_owned(),
+                    ),
+                }
+                .into());
+            }
+        }
+    }
     match store.approval_decide(&args.id, &decision) {
         Ok(record) => {
             eprintln!(

@@ -258,7 +258,8 @@ fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_leaves_n
     // An empty provider key (a CI's missing secret) gets the placeholder, as an unset one does,
     // so an official client starts; a key that is set is left alone.
     for (given, expected) in [("", "retrace-replay-placeholder"), ("sk-mine", "sk-mine")] {
-        let mut replay = home.command(&["replay", &run, "--", "sh", "-c", "printf %s \"$OPENAI_API_KEY\" > key.txt"]);
+        let mut replay =
+            home.command(&["replay", &run, "--", "sh", "-c", "printf %s \"$OPENAI_API_KEY\" > key.txt"]);
         replay.env("OPENAI_API_KEY", given).current_dir(home.dir.path());
         Ran(replay.stdin(Stdio::null()).output().unwrap()).expect(0, &[], &["ok"]);
         assert_eq!(std::fs::read_to_string(home.file("key.txt")).unwrap(), expected);
