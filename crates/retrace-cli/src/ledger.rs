@@ -2,9 +2,10 @@
 //!
 //! `retrace gate` calls [`record_outcome`] once per trace it replayed, with the *real* store
 //! (`RETRACE_HOME` / `RETRACE_STORE`, never the trace's temporary store), the project, the
-//! trace's content hash and how each of its agents fared. Each agent's row keyed by (project,
+//! recording the trace holds (its run id and the hash its event chain ends at, not the file's
+//! bytes) and how each of its agents fared. Each agent's row keyed by (project,
 //! agent id) is updated there ([`retrace_store::LedgerStore::ledger_record`]): traces replayed
-//! (each content hash counted once), clean streak, distinct traces, last divergence.
+//! (each recording counted once), clean streak, distinct traces, last divergence.
 use std::path::Path;
 
 use retrace_core::Digest;

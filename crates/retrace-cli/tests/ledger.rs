@@ -102,20 +102,30 @@ fn planner(p: &Project) -> Value {
 }
 
 #[test]
-fn gate_counts_a_trace_file_once_per_content_hash() {
+fn gate_counts_a_recording_once_however_its_file_is_copied() {
     let p = Project::new("[project]\nname = \"billing\"\n");
     let file = record(&p, "a");
     std::fs::copy(&file, p.path("traces/a-copy.jsonl")).unwrap();
+    // The same recording in other bytes: CRLF line ends, and a header a tool wrote again.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(p.path("traces/a-crlf.jsonl"), text.replace('\n', "\r\n")).unwrap();
+    let (header, rest) = text.split_once('\n').unwrap();
+    let header: Value = serde_json::from_str(header).unwrap();
+    let spaced = serde_json::to_string_pretty(&header).unwrap().replace('\n', " ");
+    std::fs::write(p.path("traces/a-spaced.jsonl"), format!("{spaced}\n{rest}")).unwrap();
     p.ok(&["gate", "traces"], &[]);
     let e = planner(&p);
     assert_eq!(e["project"], "billing", "[project] name names the project: {e}");
-    assert_eq!((e["replays"].as_u64(), e["traces_replayed"].as_u64()), (Some(2), Some(1)), "{e}");
-    assert_eq!((e["clean_streak"].as_u64(), e["distinct_traces"].as_u64()), (Some(2), Some(1)), "{e}");
+    assert_eq!((e["replays"].as_u64(), e["traces_replayed"].as_u64()), (Some(4), Some(1)), "{e}");
+    assert_eq!((e["clean_streak"].as_u64(), e["distinct_traces"].as_u64()), (Some(4), Some(1)), "{e}");
+    for copy in ["a-copy", "a-crlf", "a-spaced"] {
+        std::fs::remove_file(p.path(&format!("traces/{copy}.jsonl"))).unwrap();
+    }
     p.ok(&["gate", "traces/a.jsonl"], &[]);
     let e = planner(&p);
     assert_eq!(
         (e["replays"].as_u64(), e["traces_replayed"].as_u64(), e["clean_streak"].as_u64()),
-        (Some(3), Some(1), Some(3))
+        (Some(5), Some(1), Some(5))
     );
     assert!(p.ok(&["ledger", "show"], &[]).contains("billing"));
 }

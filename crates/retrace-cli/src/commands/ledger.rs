@@ -28,7 +28,8 @@ macro_rules! examples {
     after_help = examples!(),
     after_long_help = concat!(
         "Every `retrace gate` adds each replayed trace to the ledger in the real store, per \
-(project, agent): replays, traces replayed (each trace file counted once per content hash), the \
+(project, agent): replays, traces replayed (each recording counted once: by its run id and the \
+hash its event chain ends at, so copies of one file, however re-serialized, are one trace), the \
 clean streak (consecutive clean replays), distinct traces in that streak, and the last divergence. \
 The project is `[project] name` in ./retrace.toml, else the git top-level folder's name.\n\n\
 `retrace ledger export` writes it as a file signed with Ed25519 under RETRACE_LEDGER_KEY (a \

@@ -89,7 +89,7 @@ pub struct Outcome {
     pub program_seconds: f64,
     /// The program run.
     pub command: Vec<String>,
-    /// The trace's content hash (the ledger counts each trace once per hash).
+    /// The recording the trace holds ([`recording_of`]): the ledger counts each once.
     pub digest: Option<Digest>,
     /// The agents that took steps in the trace.
     pub agents: Vec<String>,
@@ -132,11 +132,19 @@ fn error_verdict(err: &anyhow::Error) -> Verdict {
     }
 }
 
+/// What makes two trace files one recording: the run's id and the hash its event chain ends at
+/// (which covers every event), not the file's bytes, so a copy re-serialized by a tool or with
+/// CRLF line ends is the same trace to the ledger's "distinct traces".
+fn recording_of(header: &retrace_core::export::ExportHeader) -> Digest {
+    let head = header.run.head.map_or_else(|| "none".to_owned(), |h| h.to_string());
+    Digest::of(format!("retrace-recording\n{}\n{head}\n{}", header.run.id, header.events).as_bytes())
+}
+
 fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow::Result<Verdict> {
     let temp = super::temp::dir("")?;
     let bytes = trace_bytes(trace, settings)?;
-    out.digest = Some(Digest::of(&bytes));
     let header = header(&bytes)?;
+    out.digest = Some(recording_of(&header));
     out.run_id = Some(header.run.id.clone());
     out.steps = header.events;
     if let Some(key) = &settings.key_file {
