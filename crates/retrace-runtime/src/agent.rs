@@ -397,19 +397,32 @@ impl Agent {
         let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else {
             return Cow::Borrowed(call);
         };
+        // Each edit applies once the agent is past its fork point: this fork's, or for an edit
+        // inherited from the source fork, the source's.
+        let past = |target: String| scheduler.past(&self.id, plan.applies_from(&target));
         let model = plan
             .models
             .get(&self.id)
-            .filter(|(name, _)| crate::fork::model_edit_applies(name, &call.provider, &call.endpoint));
-        let params = plan.params.get(&self.id).filter(|_| crate::fork::param_edit_applies(&call.endpoint));
-        if (model.is_none() && params.is_none()) || !scheduler.past(&self.id, plan.at) {
+            .filter(|(name, _)| crate::fork::model_edit_applies(name, &call.provider, &call.endpoint))
+            .filter(|_| past(crate::fork::model_target(&self.id)));
+        let params: Vec<(&String, &Value)> = match crate::fork::param_edit_applies(&call.endpoint) {
+            true => plan
+                .params
+                .get(&self.id)
+                .into_iter()
+                .flatten()
+                .filter(|(name, _)| past(crate::fork::param_target(&self.id, name)))
+                .collect(),
+            false => Vec::new(),
+        };
+        if model.is_none() && params.is_empty() {
             return Cow::Borrowed(call);
         }
         let mut call = call.clone();
         if let (Some((name, snapshot)), Some(body)) = (model, call.body.as_object_mut()) {
             body.insert("model".into(), Value::String(snapshot.clone().unwrap_or_else(|| name.clone())));
         }
-        if let (Some(params), Some(body)) = (params, call.body.as_object_mut()) {
+        if let Some(body) = call.body.as_object_mut() {
             for (k, v) in params {
                 body.insert(k.clone(), v.clone());
             }

@@ -27,6 +27,28 @@ pub struct ForkPlan {
     pub models: HashMap<String, (String, Option<String>)>,
     /// Agent → parameters to set on its model requests.
     pub params: HashMap<String, BTreeMap<String, Value>>,
+    /// Where an agent's edit inherited from the source fork starts to apply (see
+    /// [`ForkPlan::inherit`]), by target (`prompt:AGENT`, `model:AGENT`, `param:AGENT.NAME`);
+    /// this fork's own edits apply from [`ForkPlan::at`].
+    pub since: HashMap<String, u64>,
+    /// The bodies the source fork's `message:` edits put in place of its program's: the source
+    /// recorded those sends with them, so the same program's send is looked up with them too.
+    pub inherited_messages: Vec<Digest>,
+}
+
+/// The target of a prompt edit for `agent`, as [`ForkPlan::since`] keys it.
+pub(crate) fn prompt_target(agent: &str) -> String {
+    format!("prompt:{agent}")
+}
+
+/// The target of a model edit for `agent`, as [`ForkPlan::since`] keys it.
+pub(crate) fn model_target(agent: &str) -> String {
+    format!("model:{agent}")
+}
+
+/// The target of a parameter edit, as [`ForkPlan::since`] keys it.
+pub(crate) fn param_target(agent: &str, name: &str) -> String {
+    format!("param:{agent}.{name}")
 }
 
 /// Why a fork can't be made.
@@ -70,6 +92,50 @@ impl ForkPlan {
         }
         plan.edits = edits;
         Ok(plan)
+    }
+
+    /// The seq from which the edit of `target` applies: the source fork's fork point for an
+    /// edit inherited from it, else this fork's.
+    pub fn applies_from(&self, target: &str) -> u64 {
+        self.since.get(target).copied().unwrap_or(self.at)
+    }
+
+    /// Takes in the edits of `parent`, the plan of the fork this one forks (itself with what it
+    /// inherited), so a fork of a fork starts from its source's world (SPEC §7: a replay of a
+    /// fork applies its edits again, and so does a fork of it): the source's prompt, model and
+    /// parameter edits apply from the source's fork point, and its `message:` edits' bodies
+    /// are how the program's sends are looked up in the source's log. This plan's own edits of
+    /// the same target win. `source_events` are the source fork's own log: its sends record
+    /// the seq of the send they replaced (`origin_seq`). The source's output and swap edits
+    /// need nothing: its log holds their results.
+    pub fn inherit(&mut self, parent: &ForkPlan) {
+        for (agent, version) in &parent.prompts {
+            if !self.prompts.contains_key(agent) {
+                self.prompts.insert(agent.clone(), version.clone());
+                self.since.insert(prompt_target(agent), parent.applies_from(&prompt_target(agent)));
+            }
+        }
+        for (agent, model) in &parent.models {
+            if !self.models.contains_key(agent) {
+                self.models.insert(agent.clone(), model.clone());
+                self.since.insert(model_target(agent), parent.applies_from(&model_target(agent)));
+            }
+        }
+        for (agent, params) in &parent.params {
+            let own = self.params.entry(agent.clone()).or_default();
+            for (name, value) in params {
+                if !own.contains_key(name) {
+                    own.insert(name.clone(), value.clone());
+                    let target = param_target(agent, name);
+                    self.since.insert(target.clone(), parent.applies_from(&target));
+                }
+            }
+        }
+        for blob in parent.messages.values().chain(&parent.inherited_messages) {
+            if !self.inherited_messages.contains(blob) {
+                self.inherited_messages.push(*blob);
+            }
+        }
     }
 
     /// Checks every edit against the source run's events; a `message` edit naming a delivery is

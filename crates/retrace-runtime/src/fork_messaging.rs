@@ -17,7 +17,7 @@ impl Agent {
     /// A send in a fork; returns the send's seq in the fork's numbering.
     pub(crate) async fn fork_send(
         &self,
-        mut input: StepInput,
+        input: StepInput,
         prepared: Prepared,
         label: &str,
         to: &str,
@@ -27,6 +27,10 @@ impl Agent {
         let inner = &self.session.inner;
         let scheduler = inner.scheduler.clone().expect("forks have a scheduler");
         let plan = inner.plan.clone().expect("forks have a plan");
+        // The source fork sent some bodies in place of the program's (its `message:` edits):
+        // the program's send is the one the source recorded with such a body.
+        let (mut input, prepared, body) =
+            self.body_the_log_holds(input, prepared, label, body, plan.inherited_messages.iter())?;
         let mut probe = input.template.clone();
         probe.key = prepared.key;
         let matched = scheduler.take_fork_step(&self.id, EventType::Send, Some(to), &prepared.key).await?;

@@ -115,19 +115,38 @@ impl Agent {
     /// that body, as SPEC §7's "replay of a fork applies its edits again" asks.
     fn edited_message(
         &self,
-        mut input: StepInput,
+        input: StepInput,
         prepared: Prepared,
         label: &str,
         body: Value,
     ) -> RuntimeResult<(StepInput, Prepared, Value)> {
-        let inner = &self.session.inner;
-        let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) else {
+        let Some(plan) = &self.session.inner.plan else {
             return Ok((input, prepared, body));
         };
-        if plan.messages.is_empty() || scheduler.log().peek(&self.id, &prepared.key).is_some() {
+        let bodies = plan.messages.values().chain(&plan.inherited_messages);
+        self.body_the_log_holds(input, prepared, label, body, bodies)
+    }
+
+    /// The send the log holds where it holds no send of the program's body but holds one of
+    /// `bodies` (edited bodies) in its place: that body and its prepared step; else the send
+    /// as it was.
+    pub(crate) fn body_the_log_holds<'a>(
+        &self,
+        mut input: StepInput,
+        prepared: Prepared,
+        label: &str,
+        body: Value,
+        bodies: impl Iterator<Item = &'a retrace_core::Digest>,
+    ) -> RuntimeResult<(StepInput, Prepared, Value)> {
+        let inner = &self.session.inner;
+        let Some(scheduler) = &inner.scheduler else {
+            return Ok((input, prepared, body));
+        };
+        let mut bodies = bodies.peekable();
+        if bodies.peek().is_none() || scheduler.log().peek(&self.id, &prepared.key).is_some() {
             return Ok((input, prepared, body));
         }
-        for blob in plan.messages.values() {
+        for blob in bodies {
             let Ok(edited) =
                 serde_json::from_slice::<Value>(&inner.for_program(inner.store.get_blob(blob)?)?)
             else {

@@ -62,7 +62,7 @@ impl Agent {
         let inner = &self.session.inner;
         if let (Some(plan), Some(scheduler)) = (&inner.plan, &inner.scheduler) {
             if let Some(edited) = plan.prompts.get(&self.id) {
-                if scheduler.past(&self.id, plan.at) {
+                if scheduler.past(&self.id, plan.applies_from(&crate::fork::prompt_target(&self.id))) {
                     version = edited.clone();
                 }
             }

@@ -51,6 +51,8 @@ requests for an embedding model, the others for any other)\n  \
 param:AGENT.NAME=VALUE   set a sampling parameter of the agent's model requests (not its \
 embedding requests): temperature, top_p, max_tokens, seed...; not model (use model:), \
 messages, input, system or prompt (what is asked), nor stream\n\n\
+A fork of a fork starts from that fork's world: its edits (and those it inherited) apply again, \
+as they do in its replay, and the new edits go on top (one of the same target wins).\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
 program's output is its own. Exit codes: 0 every fork finished; 1 a fork's program failed or \
 diverged or stopped; 2 bad usage (an edit that doesn't fit the run, an unknown run).",

@@ -384,7 +384,14 @@ fn plan_of(store: &dyn Store, fork: &RunMeta) -> RuntimeResult<ForkPlan> {
         .map(|e| e.parse::<Edit>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))?;
-    ForkPlan::new(fork.fork_at.unwrap_or(1), edits)
+    let mut plan = ForkPlan::new(fork.fork_at.unwrap_or(1), edits)
         .and_then(|p| p.validate(store, source))
-        .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))
+        .map_err(|e| RuntimeError::Usage(format!("fork {}: {e}", fork.id)))?;
+    // A fork of a fork starts from its source's world: the source's edits, and what it
+    // inherited from its own source, apply again.
+    let source_meta = store.run(source)?;
+    if source_meta.mode == RunMode::Fork && source_meta.id != fork.id {
+        plan.inherit(&plan_of(store, &source_meta)?);
+    }
+    Ok(plan)
 }

@@ -354,6 +354,27 @@ fn a_prompt_edit_hands_the_agent_another_version() {
     let forked = store.event(&f.run_id(), 1).unwrap();
     assert_eq!(forked.prompt_template.unwrap().id, "reviewer@v2");
     assert_eq!(forked.origin_seq, Some(1), "paired with the source's model call");
+
+    // A fork of that fork starts from its world: the prompt edit applies again, so with no
+    // edits of its own, or forked past its end, nothing runs live and the agent still gets v2.
+    let last = store.last_seq(&f.run_id()).unwrap();
+    for at in [None, Some(last + 1)] {
+        let live = AtomicUsize::new(0);
+        let g = Session::fork_new(store.clone(), &f.run_id(), at, vec![], options()).unwrap();
+        assert_eq!(program(&g, &live).unwrap(), "Review users leniently.", "--at {at:?}");
+        let done = g.finish(Outcome::default()).unwrap();
+        assert_eq!(done.status, retrace_core::run::RunStatus::Ok, "--at {at:?}: {done:?}");
+        assert_eq!(live.load(Ordering::SeqCst), 0, "--at {at:?}: served from the fork");
+        // And its replay, which applies both plans again.
+        let r = Session::replay(store.clone(), &g.run_id(), options()).unwrap();
+        assert_eq!(program(&r, &AtomicUsize::new(0)).unwrap(), "Review users leniently.");
+        assert_eq!(r.finish(Outcome::default()).unwrap().status, retrace_core::run::RunStatus::Ok);
+    }
+    // Its own edit of the same target wins.
+    let back: Edit = "prompt:reviewer=v1".parse().unwrap();
+    let g = Session::fork_new(store.clone(), &f.run_id(), None, vec![back], options()).unwrap();
+    assert_eq!(program(&g, &AtomicUsize::new(0)).unwrap(), "Review users strictly.");
+    g.finish(Outcome::default()).unwrap();
 }
 
 #[test]

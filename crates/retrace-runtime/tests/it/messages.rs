@@ -88,6 +88,21 @@ async fn replaying_a_fork_hands_the_edited_message_again() {
     assert_eq!(pipeline(&r, 3).await, heard);
     let report = r.finish(Outcome::default()).unwrap();
     assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "{report:?}");
+
+    // So does a fork of the fork, from its start or past its end: the reviewer still hears the
+    // edit, every step is the fork's, and its replay agrees.
+    let last = store.last_seq(&f.run_id()).unwrap();
+    for at in [None, Some(1), Some(last + 1)] {
+        let g = Session::fork_new(store.clone(), &f.run_id(), at, vec![], SessionOptions::default()).unwrap();
+        assert_eq!(pipeline(&g, 3).await, heard, "--at {at:?}");
+        let report = g.finish(Outcome::default()).unwrap();
+        assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "--at {at:?}: {report:?}");
+        let own = store.events(&g.run_id(), store.run(&g.run_id()).unwrap().fork_at.unwrap(), 100).unwrap();
+        assert!(own.iter().all(|e| e.source != retrace_core::Source::Live), "--at {at:?}: {own:?}");
+        let r = Session::replay(store.clone(), &g.run_id(), SessionOptions::default()).unwrap();
+        assert_eq!(pipeline(&r, 3).await, heard);
+        assert_eq!(r.finish(Outcome::default()).unwrap().status, retrace_core::run::RunStatus::Ok);
+    }
 }
 
 /// `message:SEQ` may name the delivery (fork help: "SEQ: its send or delivery"): the fork then
