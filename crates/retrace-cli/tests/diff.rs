@@ -200,3 +200,53 @@ fn show_of_a_forks_inherited_event_is_its_sources() {
     let listed = runs.as_array().unwrap().iter().find(|r| r["id"] == empty).unwrap().clone();
     assert_eq!(listed["events"], 9, "{listed}");
 }
+
+/// A replay run stores only its outcome: one that ended ok is its source's steps, the same
+/// throughout, and no decision moved; one that diverged has no steps, its stored decisions,
+/// and a note that says so; in the JSON too.
+#[test]
+fn a_replay_is_compared_by_what_it_reproduced() {
+    use retrace_core::run::{FinalDecision, RunMeta, RunStatus};
+    let home = Home::new();
+    let (ok, bad) = ("01clidiffreplayok000000000", "01clidiffreplaybad00000000");
+    {
+        let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+        let source = store.run(SOURCE).unwrap();
+        for (id, status) in [(ok, RunStatus::Ok), (bad, RunStatus::Diverged)] {
+            let mut replay = RunMeta::new(id, RunMode::Replay, source.started_at_ms + 5_000);
+            replay.source_run = Some(SOURCE.into());
+            replay.status = status;
+            if status == RunStatus::Ok {
+                replay.decisions = source.decisions.clone();
+            } else {
+                replay.divergence = Some(serde_json::json!({"code": "step_mismatch", "seq": 5}));
+                replay.decisions =
+                    vec![FinalDecision { agent: "reviewer".into(), action: "hold".into(), target: None }];
+            }
+            store.create_run(&replay).unwrap();
+        }
+    }
+    let same = home.run(&["diff", SOURCE, ok, "--json"]).expect(0, &[], &[]).json();
+    assert_eq!(same["counts"], serde_json::json!({"same": 9, "changed": 0, "only_in_a": 0, "only_in_b": 0}));
+    assert_eq!(same["decisions"], serde_json::json!([]), "{same}");
+    assert!(same["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("B is a replay of 01clidiffsource00000000000 that ended ok"));
+    assert_eq!(same["b"]["live"]["steps"], 0, "a replay costs nothing: {same}");
+    home.run(&["diff", ok, SOURCE]).expect(0, &["note: A is a replay", "steps: 9 same, 0 changed"], &[]);
+
+    let diverged = home.run(&["diff", SOURCE, bad, "--json"]).expect(0, &[], &[]).json();
+    let note = diverged["notes"][0].as_str().unwrap();
+    assert!(
+        note.contains("ended diverged (step_mismatch at seq 5)") && note.contains("diff 01clidiffsource"),
+        "{note}"
+    );
+    let moved: Vec<(String, String)> = diverged["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["agent"].as_str().unwrap().to_owned(), d["b"].as_str().unwrap_or("-").to_owned()))
+        .collect();
+    assert!(moved.contains(&("reviewer".into(), "hold".into())), "its stored decision: {diverged}");
+}

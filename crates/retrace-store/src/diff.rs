@@ -235,6 +235,8 @@ pub struct RunDiff {
     pub only_in_b: Vec<LoneStep>,
     /// Decisions that moved, by agent and target.
     pub decisions: Vec<MovedDecision>,
+    /// What to know to read the rest (a replay run's steps are its source's, or it has none).
+    pub notes: Vec<String>,
 }
 
 /// Compares runs `a` and `b` (exact ids); `NotFound` when either, or a fork's source, is missing.
@@ -246,8 +248,13 @@ pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> 
         Which::B => (meta_b, meta_a),
     };
     let mut names = Names::default();
-    let source = load::load(store, source_meta, 1, &mut names)?;
-    let other = load::load(store, other_meta, alignment.fork_at.unwrap_or(1), &mut names)?;
+    let mut notes = Vec::new();
+    let source_name = if alignment.source == Which::A { "A" } else { "B" };
+    let other_name = if alignment.source == Which::A { "B" } else { "A" };
+    let source = load_side(store, source_meta, 1, &mut names, source_name, &mut notes)?;
+    let other =
+        load_side(store, other_meta, alignment.fork_at.unwrap_or(1), &mut names, other_name, &mut notes)?;
+    notes.sort();
     let aligned = match alignment.fork_at {
         Some(at) => align::by_origin(&source, &other, at),
         None => align::by_pairing(&source, &other),
@@ -302,7 +309,66 @@ pub fn diff_runs(store: &dyn Store, a: &str, b: &str, options: &DiffOptions) -> 
         only_in_b: show(run_b, &only_b),
         decisions: outcome::moved_decisions(run_a, run_b, fork_a.or(fork_b), alignment.source, &names),
         alignment,
+        notes,
     })
+}
+
+/// Loads a run's steps from `first` on ([`load::load`]). A replay run stores only its outcome:
+/// one that ended `ok` reproduced every step of its source, so its steps are its source's,
+/// served from the recording (at no cost); one that didn't has no steps to compare, and its
+/// decisions are those it stored. Either way `notes` says so, naming the run `name` (A or B).
+fn load_side(
+    store: &dyn Store,
+    meta: RunMeta,
+    first: u64,
+    names: &mut Names,
+    name: &str,
+    notes: &mut Vec<String>,
+) -> StoreResult<Loaded> {
+    let Some(source) = meta.source_run.clone().filter(|_| meta.mode == RunMode::Replay) else {
+        return load::load(store, meta, first, names);
+    };
+    if meta.status == RunStatus::Ok {
+        let mut loaded = load::load(store, store.run(&source)?, first, names)?;
+        for step in &mut loaded.steps {
+            step.source = retrace_core::Source::Recorded;
+        }
+        loaded.meta = meta;
+        notes.push(format!(
+            "{name} is a replay of {source} that ended ok: it reproduced every step, so its steps are \
+             {source}'s, served from the recording"
+        ));
+        return Ok(loaded);
+    }
+    let mut loaded = load::load(store, meta, first, names)?;
+    loaded.decisions = loaded
+        .meta
+        .decisions
+        .iter()
+        .map(|d| load::DecisionStep {
+            seq: first,
+            agent: names.id(&d.agent),
+            target: d.target.clone(),
+            action: d.action.clone(),
+        })
+        .collect();
+    let divergence = match &loaded.meta.divergence {
+        Some(d) => {
+            let code = d.get("code").and_then(|c| c.as_str()).unwrap_or("divergence");
+            let at = d
+                .get("seq")
+                .and_then(serde_json::Value::as_u64)
+                .map_or(String::new(), |s| format!(" at seq {s}"));
+            format!(" ({code}{at})")
+        }
+        None => String::new(),
+    };
+    notes.push(format!(
+        "{name} is a replay of {source} that ended {}{divergence}: a replay stores only its outcome, \
+         so it has no steps to compare (its decisions are those it stored); diff {source} instead",
+        loaded.meta.status
+    ));
+    Ok(loaded)
 }
 
 /// By `origin_seq` when one run is a fork of the other, else by pairing with the older (by

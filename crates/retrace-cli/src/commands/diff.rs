@@ -1,7 +1,6 @@
 //! `retrace diff RUN_A RUN_B`: two trajectories compared step by step (SPEC §4).
 use std::io::{BufWriter, Write};
 
-use retrace_core::run::RunMode;
 use retrace_store::diff::{diff_runs, AlignedBy, DiffOptions, LoneStep, RunDiff, RunSide, Tokens, Which};
 
 use crate::commands::readable_store_from_env;
@@ -36,6 +35,9 @@ earliest leftover step of the same type and name; deliveries pair per agent in o
 Cost counts a run's own events that ran live (recorded and cached steps cost nothing); a fork \
 also shows what it saved: the source's live usage on the steps it served from the recording or \
 the cache.\n\n\
+A replay run stores only its outcome: one that ended ok reproduced its source step for step, so \
+its steps are its source's (served from the recording, at no cost); one that didn't has no steps \
+to compare, only the decisions it stored. A note says which.\n\n\
 Differences are not errors: the exit status is 0 whatever differs.",
         "\n\n",
         examples!()
@@ -47,8 +49,9 @@ pub struct Args {
     /// The second run.
     pub run_b: String,
     /// List at most N changed steps, and N steps only in each run (the counts cover all).
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    pub limit: usize,
+    /// Default: 20, or every one with --json.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
     /// Print the comparison as JSON.
     #[arg(long)]
     pub json: bool,
@@ -59,7 +62,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
     let a = crate::commands::runs::find(&*store, &args.run_a)?;
     let b = crate::commands::runs::find(&*store, &args.run_b)?;
-    let options = DiffOptions { limit: args.limit, ..DiffOptions::default() };
+    let limit = args.limit.unwrap_or(if args.json { usize::MAX } else { DiffOptions::default().limit });
+    let options = DiffOptions { limit, ..DiffOptions::default() };
     let diff = diff_runs(&*store, &a.id, &b.id, &options)?;
     // Rendered whole, then written: a closed pipe is then an `io::Error`, which exits 0.
     let text = match args.json {
@@ -90,13 +94,8 @@ pub(crate) fn render(d: &RunDiff) -> String {
             "aligned by key, then by type and name, with {source} (the older run) as source\n"
         )),
     }
-    for (name, side) in [("A", &d.a), ("B", &d.b)] {
-        if side.mode == RunMode::Replay && side.events == 0 {
-            out.push_str(&format!(
-                "note: {name} is a replay: it stores no events of its own (its steps are its source's); \
-                 diff the source instead\n"
-            ));
-        }
+    for note in &d.notes {
+        out.push_str(&format!("note: {note}\n"));
     }
     let c = d.counts;
     out.push_str(&format!(

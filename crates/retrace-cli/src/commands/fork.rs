@@ -374,7 +374,13 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     }
     fork.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&fork)?;
-    let diff = diff_runs(store.as_ref(), &source.id, &id, &DiffOptions { limit: 10, max_diff_lines: 12 })?;
+    // The summary shows a few changed steps, cut short; the JSON is for scripts: every step, and
+    // each diff as `retrace diff --json` gives it.
+    let options = match args.json {
+        true => DiffOptions { limit: usize::MAX, ..DiffOptions::default() },
+        false => DiffOptions { limit: 10, max_diff_lines: 12 },
+    };
+    let diff = diff_runs(store.as_ref(), &source.id, &id, &options)?;
     Ok(Forked { fork, diff })
 }
 

@@ -17,7 +17,7 @@ pub(super) struct Names {
 }
 
 impl Names {
-    fn id(&mut self, name: &str) -> u32 {
+    pub(super) fn id(&mut self, name: &str) -> u32 {
         if let Some(id) = self.ids.get(name) {
             return *id;
         }
