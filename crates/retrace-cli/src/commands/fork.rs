@@ -15,7 +15,7 @@ use retrace_store::{BlobHint, LeaseHolder, Store};
 
 use super::existing_store_from_env;
 use crate::daemon::Embedded;
-use crate::exit::{check_failed, interrupted, usage, usage_hint};
+use crate::exit::{check_failed, interrupted, usage, usage_hint, Failure};
 use crate::launcher::{self, Child};
 use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
@@ -54,8 +54,11 @@ messages, input, system or prompt (what is asked), nor stream\n\n\
 A fork of a fork starts from that fork's world: its edits (and those it inherited) apply again, \
 as they do in its replay, and the new edits go on top (one of the same target wins).\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
-program's output is its own. Exit codes: 0 every fork finished; 1 a fork's program failed or \
-diverged or stopped; 2 bad usage (an edit that doesn't fit the run, an unknown run).",
+program's output is its own. With --runs, a run the edits don't fit (an agent that made no \
+model call, say) is skipped with why, on its own line and under \"skipped\" in the JSON, and the \
+others are forked. Exit codes: 0 every fork finished; 1 a fork's program failed or diverged or \
+stopped; 2 bad usage (an edit that doesn't fit the run, or fits none of --runs; an unknown \
+run).",
         "\n\n",
         examples!()
     )
@@ -94,7 +97,8 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
     /// Print the outcome as one line of JSON, the last of standard output (after the
-    /// program's own): `{"fork", "status", "diff"}`; with --runs, the summary of every fork.
+    /// program's own): `{"fork", "status", "diff"}`; with --runs, the summary of every fork
+    /// (`{"forks", "runs", "runs_with_moved_decisions", "forks_not_finished", "skipped"}`).
     #[arg(long)]
     json: bool,
     /// The program to run instead of the recorded command.
@@ -474,6 +478,7 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
         return Err(usage(format!("--runs {query}: no finished run matches")));
     }
     let mut results = Vec::new();
+    let mut skipped: Vec<(String, String)> = Vec::new();
     let mut moved_runs = 0;
     for (i, run) in runs.iter().enumerate() {
         if let Some(signal) = launcher::signals::received() {
@@ -483,11 +488,28 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             ));
         }
         eprintln!("retrace: [{}/{}] forking {}", i + 1, runs.len(), run.id);
-        let outcome = fork_one(store, &run.id, edits, args)?;
+        let outcome = match fork_one(store, &run.id, edits, args) {
+            Ok(outcome) => outcome,
+            // A run the edits don't fit (or whose fork can't start) is skipped, with why: the
+            // others are what the batch is for.
+            Err(e) if e.downcast_ref::<Failure>().is_some_and(|f| f.code == 2) => {
+                let why = e.to_string();
+                eprintln!("retrace: [{}/{}] skipping {}: {why}", i + 1, runs.len(), run.id);
+                skipped.push((run.id.clone(), why));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if !outcome.diff.decisions.is_empty() {
             moved_runs += 1;
         }
         results.push(outcome);
+    }
+    if results.is_empty() {
+        return Err(usage(format!(
+            "--runs {query}: the edits fit none of the {} runs; each was skipped (above)",
+            runs.len()
+        )));
     }
     // A fork that failed or diverged decided nothing: its "moved" decisions are not findings.
     let broken: Vec<&Forked> =
@@ -510,9 +532,11 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             .iter()
             .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions}))
             .collect();
+        let skipped: Vec<_> =
+            skipped.iter().map(|(run, why)| serde_json::json!({"source": run, "reason": why})).collect();
         print_json_line(&serde_json::json!({
             "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs,
-            "forks_not_finished": broken.len(),
+            "forks_not_finished": broken.len(), "skipped": skipped,
         }))?;
         return outcome;
     }
@@ -539,6 +563,9 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             (_, false) => moved.join("; "),
         };
         eprintln!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
+    }
+    for (run, why) in &skipped {
+        eprintln!("{run}  skipped: {why}");
     }
     eprintln!("{moved_runs} of {} runs had decisions move.", results.len());
     outcome

@@ -120,6 +120,24 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
     assert_eq!((last["status"].as_str(), last["exit_status"].as_i64()), (Some("ok"), Some(0)), "{last}");
 
+    // Many runs, one the edit doesn't fit (no model call): skipped with why, the other forked.
+    let empty = home.run(&["record", "--json", "--", "true"]);
+    let empty = run_of(&empty);
+    let many =
+        home.run(&["fork", "--runs", &format!("{run},{empty}"), "--edit", "model:reviewer=sim-2", "--json"]);
+    many.expect(0, &[], &[&format!("skipping {empty}"), "made no model call"]);
+    let out = many.stdout();
+    let summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (summary["runs"].as_u64(), summary["forks"][0]["source"].as_str()),
+        (Some(1), Some(run.as_str()))
+    );
+    assert_eq!(summary["skipped"][0]["source"], empty.as_str(), "{summary}");
+    assert!(summary["skipped"][0]["reason"].as_str().unwrap().contains("made no model call"), "{summary}");
+    // None it fits: nothing forked, exit 2.
+    let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2"]);
+    none.expect(2, &[], &["fit none of the 1 runs"]);
+
     // A program that never joins the run leaves every step: the report names each agent's first.
     let none = home.run(&["replay", &run, "--json", "--", "true"]);
     none.expect(1, &[], &["steps_left", "agent \"schema\": first unconsumed step is seq"]);
