@@ -124,6 +124,19 @@ impl Edit {
         }
     }
 
+    /// What this edit changes, for telling two edits of the same thing apart: `output:SEQ`,
+    /// `message:SEQ`, `prompt:AGENT`, `model:AGENT`, `param:AGENT.NAME`; none for a swap.
+    pub fn target(&self) -> Option<String> {
+        match self {
+            Edit::Swap { .. } => None,
+            Edit::Message { seq, .. } => Some(format!("message:{seq}")),
+            Edit::ToolOutput { seq, .. } | Edit::ModelOutput { seq, .. } => Some(format!("output:{seq}")),
+            Edit::Prompt { agent, .. } => Some(format!("prompt:{agent}")),
+            Edit::Model { agent, .. } => Some(format!("model:{agent}")),
+            Edit::Param { agent, name, .. } => Some(format!("param:{agent}.{name}")),
+        }
+    }
+
     /// The agent this edit names, for agent-level edits.
     pub fn agent(&self) -> Option<&str> {
         match self {

@@ -36,6 +36,62 @@ pub struct ForkPlan {
     pub inherited_messages: Vec<Digest>,
 }
 
+/// The agent edits of `edits` that changed none of the fork's own `events` (from its fork point
+/// on), each with why: an agent edit applies once its agent is past the fork point, so one
+/// whose agent asked for no template, or made no model call, from there on leaves the fork as
+/// its source was. A prompt edit changed something when a step of the agent was made from the
+/// edited version; a model edit when a model call of the agent went to the edited model; a
+/// parameter edit when a model call of the agent was not served as recorded.
+pub fn unapplied(edits: &[Edit], events: &[Event]) -> Vec<String> {
+    let mut out = Vec::new();
+    for edit in edits {
+        let Some(agent) = edit.agent() else { continue };
+        let mine = || events.iter().filter(move |e| e.agent_id == agent);
+        let calls = || mine().filter(|e| e.kind == EventType::ModelCall);
+        let (changed, none) = match edit {
+            Edit::Prompt { version, .. } => (
+                mine().any(|e| {
+                    e.prompt_template.as_ref().is_some_and(|p| p.id.ends_with(&format!("@{version}")))
+                }),
+                "no step of it was made from a template since the fork point",
+            ),
+            Edit::Model { name, snapshot, .. } => {
+                let wanted = snapshot.as_deref().unwrap_or(name);
+                (
+                    calls().any(|e| e.model.as_ref().is_some_and(|m| m.name == wanted || m.name == *name)),
+                    "none of its model calls since the fork point could take that model",
+                )
+            }
+            _ => (
+                calls().any(|e| e.source != retrace_core::Source::Recorded),
+                "none of its model calls since the fork point changed",
+            ),
+        };
+        if !changed {
+            out.push(format!(
+                "{edit} changed nothing: agent {agent:?}: {none} (an agent edit applies once the agent \
+                 is past --at; fork earlier to reach its steps)"
+            ));
+        }
+    }
+    out
+}
+
+/// Refuses two edits of the same thing (the same seq's output or message, an agent's prompt,
+/// model or parameter): one would silently undo the other, while the fork lists both.
+pub fn check_distinct(edits: &[Edit]) -> Result<(), ForkError> {
+    let mut seen: HashMap<String, &Edit> = HashMap::new();
+    for edit in edits {
+        let Some(target) = edit.target() else { continue };
+        if let Some(earlier) = seen.insert(target, edit) {
+            return Err(ForkError::BadEdit(format!(
+                "edits {earlier} and {edit} change the same thing; keep the one you mean"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The target of a prompt edit for `agent`, as [`ForkPlan::since`] keys it.
 pub(crate) fn prompt_target(agent: &str) -> String {
     format!("prompt:{agent}")
@@ -197,7 +253,12 @@ impl ForkPlan {
                     self.at
                 )));
             }
-            messages.insert(send, blob);
+            if messages.insert(send, blob).is_some() {
+                return Err(ForkError::BadEdit(format!(
+                    "two message: edits change the message sent at seq {send} (one names its send, \
+                     one its delivery); keep the one you mean"
+                )));
+            }
         }
         self.messages = messages;
         for &seq in self.outputs.keys() {

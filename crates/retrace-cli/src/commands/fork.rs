@@ -51,6 +51,9 @@ requests for an embedding model, the others for any other)\n  \
 param:AGENT.NAME=VALUE   set a sampling parameter of the agent's model requests (not its \
 embedding requests): temperature, top_p, max_tokens, seed...; not model (use model:), \
 messages, input, system or prompt (what is asked), nor stream\n\n\
+Two edits of the same thing (one seq's output or message, one agent's prompt, model or \
+parameter) are refused. An agent edit applies once its agent is past --at: one that changed \
+none of the fork's steps is said, as a warning (and under \"warnings\" in the JSON).\n\n\
 A fork of a fork starts from that fork's world: its edits (and those it inherited) apply again, \
 as they do in its replay, and the new edits go on top (one of the same target wins).\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
@@ -97,7 +100,7 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
     /// Print the outcome as one line of JSON, the last of standard output (after the
-    /// program's own): `{"fork", "status", "diff"}`; with --runs, the summary of every fork
+    /// program's own): `{"fork", "status", "diff", "warnings"}`; with --runs, the summary of every fork
     /// (`{"forks", "runs", "runs_with_moved_decisions", "forks_not_finished", "skipped"}`).
     #[arg(long)]
     json: bool,
@@ -281,6 +284,8 @@ fn check_prompt_edits(store: &dyn Store, source: &str, edits: &[Edit], cwd: &Pat
 struct Forked {
     fork: RunMeta,
     diff: RunDiff,
+    /// Agent edits that changed nothing ([`retrace_runtime::fork::unapplied`]).
+    warnings: Vec<String>,
 }
 
 fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> anyhow::Result<Forked> {
@@ -293,9 +298,12 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         Some(at) => at,
         None => retrace_runtime::fork::default_at(store.as_ref(), &source.id, edits)?,
     };
-    ForkPlan::new(at, edits.to_vec()).and_then(|p| p.validate(store.as_ref(), &source.id)).map_err(|e| {
-        usage(as_typed(format!("can't fork {}: {e}", source.id), &args.edits, &[parsed, edits]))
-    })?;
+    retrace_runtime::fork::check_distinct(edits)
+        .and_then(|()| ForkPlan::new(at, edits.to_vec()))
+        .and_then(|p| p.validate(store.as_ref(), &source.id))
+        .map_err(|e| {
+            usage(as_typed(format!("can't fork {}: {e}", source.id), &args.edits, &[parsed, edits]))
+        })?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     launcher::check_cwd(&argv, &cwd)?;
     check_prompt_edits(store.as_ref(), &source.id, edits, &cwd)?;
@@ -385,11 +393,15 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         false => DiffOptions { limit: 10, max_diff_lines: 12 },
     };
     let diff = diff_runs(store.as_ref(), &source.id, &id, &options)?;
-    Ok(Forked { fork, diff })
+    let warnings = match edits.iter().any(|e| e.agent().is_some()) {
+        true => retrace_runtime::fork::unapplied(edits, &store.events(&id, at, usize::MAX)?),
+        false => Vec::new(),
+    };
+    Ok(Forked { fork, diff, warnings })
 }
 
 fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
-    let Forked { fork, diff } = outcome;
+    let Forked { fork, diff, warnings } = outcome;
     if let (RunStatus::Interrupted, Some(signal)) = (fork.status, launcher::signals::received()) {
         return Err(interrupted(
             signal,
@@ -397,9 +409,14 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
         ));
     }
     if json {
-        print_json_line(&serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff }))?;
+        print_json_line(
+            &serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff, "warnings": warnings }),
+        )?;
     } else {
         eprint!("{}", summary(diff));
+    }
+    for warning in warnings {
+        eprintln!("warning: {warning}");
     }
     match (&fork.status, &fork.divergence) {
         (RunStatus::Diverged, Some(d)) => {
@@ -530,7 +547,7 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
     if args.json {
         let list: Vec<_> = results
             .iter()
-            .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions}))
+            .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions, "warnings": f.warnings}))
             .collect();
         let skipped: Vec<_> =
             skipped.iter().map(|(run, why)| serde_json::json!({"source": run, "reason": why})).collect();
@@ -563,6 +580,9 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
             (_, false) => moved.join("; "),
         };
         eprintln!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
+        for warning in &f.warnings {
+            eprintln!("  warning: {warning}");
+        }
     }
     for (run, why) in &skipped {
         eprintln!("{run}  skipped: {why}");

@@ -134,6 +134,29 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     );
     assert_eq!(summary["skipped"][0]["source"], empty.as_str(), "{summary}");
     assert!(summary["skipped"][0]["reason"].as_str().unwrap().contains("made no model call"), "{summary}");
+    // Past the reviewer's last model call the edit reaches nothing, and the fork says so.
+    let shown: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", &run, "--json"]).stdout()).unwrap();
+    let last = shown["events"].as_array().map(|e| e.len() as u64).unwrap_or_else(|| panic!("{shown}"));
+    let late = home.run(&[
+        "fork",
+        &run,
+        "--at",
+        &(last + 1).to_string(),
+        "--edit",
+        "model:reviewer=sim-2",
+        "--json",
+    ]);
+    late.expect(0, &[], &["warning: model:reviewer=sim-2 changed nothing"]);
+    let report: serde_json::Value = serde_json::from_str(late.stdout().lines().last().unwrap()).unwrap();
+    assert!(report["warnings"][0].as_str().unwrap().contains("changed nothing"), "{report}");
+    assert_eq!(fork["warnings"], serde_json::json!([]), "the first fork's edit reached its steps: {fork}");
+    // Two edits of one thing are refused.
+    home.run(&["fork", &run, "--edit", "model:reviewer=sim-2", "--edit", "model:reviewer=sim-3"]).expect(
+        2,
+        &[],
+        &["change the same thing"],
+    );
     // None it fits: nothing forked, exit 2.
     let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2"]);
     none.expect(2, &[], &["fit none of the 1 runs"]);

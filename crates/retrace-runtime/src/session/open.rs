@@ -139,7 +139,8 @@ impl Session {
             Some(at) => at,
             None => crate::fork::default_at(store.as_ref(), &source_meta.id, &edits)?,
         };
-        ForkPlan::new(at, edits.clone())
+        crate::fork::check_distinct(&edits)
+            .and_then(|()| ForkPlan::new(at, edits.clone()))
             .and_then(|p| p.validate(store.as_ref(), &source_meta.id))
             .map_err(|e| RuntimeError::Usage(e.to_string()))?;
         let id = options.run_id.clone().unwrap_or_else(new_run_id);

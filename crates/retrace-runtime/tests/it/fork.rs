@@ -315,6 +315,47 @@ fn bad_edits_are_refused_with_a_reason() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("seq 1 does not exist (the source run has no events)"), "{err}");
+
+    // Two edits of the same thing: one would silently undo the other.
+    let same = ["param:pipeline.temperature=0.1", "param:pipeline.temperature=0.9"];
+    let err = Session::fork_new(
+        store.clone(),
+        &source,
+        None,
+        same.iter().map(|e| e.parse().unwrap()).collect(),
+        SessionOptions::default(),
+    )
+    .unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains(
+            "edits param:pipeline.temperature=0.1 and param:pipeline.temperature=0.9 change the same thing"
+        ),
+        "{said}"
+    );
+}
+
+/// An agent edit that no step of its agent takes after the fork point is said to have changed
+/// nothing; one that reaches a step is not.
+#[test]
+fn an_agent_edit_that_reaches_no_step_is_reported() {
+    let store = store();
+    let source = record(&store);
+    let edit: Edit = "param:pipeline.temperature=0.5".parse().unwrap();
+    let last = store.last_seq(&source).unwrap();
+    for (at, changed) in [(None, true), (Some(last + 1), false)] {
+        let f = Session::fork_new(store.clone(), &source, at, vec![edit.clone()], SessionOptions::default())
+            .unwrap();
+        pipeline(&f, &Calls::default()).unwrap();
+        f.finish(Outcome::default()).unwrap();
+        let at = store.run(&f.run_id()).unwrap().fork_at.unwrap();
+        let warnings =
+            retrace_runtime::fork::unapplied(&[edit.clone()], &store.events(&f.run_id(), at, 100).unwrap());
+        assert_eq!(warnings.is_empty(), changed, "--at {at}: {warnings:?}");
+        if !changed {
+            assert!(warnings[0].contains("param:pipeline.temperature=0.5 changed nothing"), "{warnings:?}");
+        }
+    }
 }
 
 #[test]
