@@ -83,6 +83,10 @@ pub struct SessionOptions {
     /// Record: the autonomy policy side effects answer to (`None`: not governed).
     /// [`Session::from_env`] loads it from `./retrace.toml` when unset.
     pub autonomy: Option<Arc<crate::autonomy::Governor>>,
+    /// Replay and fork: who is handed originals where a rule replays them, as the audit log
+    /// names them (`None`: the OS user, acting as `admin` on a local store). The daemon sets
+    /// the caller's token and role.
+    pub revealer: Option<retrace_store::vault::Revealer>,
 }
 
 impl Default for SessionOptions {
@@ -105,6 +109,7 @@ impl Default for SessionOptions {
             prompts_dir: crate::template::default_prompts_dir(),
             prices: Arc::new(retrace_core::prices::PriceTable::builtin()),
             autonomy: None,
+            revealer: None,
         }
     }
 }

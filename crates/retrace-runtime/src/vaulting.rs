@@ -183,12 +183,13 @@ impl Reveal {
     }
 
     /// The reveal of run `run_id` masked with `rules`: none when no rule says `original`.
-    /// Otherwise it needs `key` and a role that may see originals, and audits the run once
-    /// (a refusal too) before anything runs.
+    /// Otherwise it needs `key` and a role that may see originals (`by`'s, else the OS user's
+    /// as `admin`), and audits the run once (a refusal too) before anything runs.
     pub(crate) fn open(
         store: &dyn Store,
         rules: &MaskRules,
         key: Option<&VaultKey>,
+        by: Option<&Revealer>,
         run_id: &str,
         at_ms: u64,
     ) -> RuntimeResult<Option<Reveal>> {
@@ -196,11 +197,12 @@ impl Reveal {
         if kinds.is_empty() {
             return Ok(None);
         }
-        // The runtime on a local store acts as `admin`, audited under the OS user (SPEC §3).
-        let by = Revealer { who: os_user(), role: "admin".into() };
+        // The runtime on a local store acts as `admin`, audited under the OS user (SPEC §3);
+        // the daemon names its caller.
+        let local = Revealer { who: os_user(), role: "admin".into() };
         audit_replay_original(
             store,
-            &by,
+            by.unwrap_or(&local),
             run_id,
             "replay hands the program originals (replay = \"original\")",
             key,

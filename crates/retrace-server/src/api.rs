@@ -135,7 +135,12 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
 
 /// `POST /api/runs/{run}/replay`: a new replay run of `run`; returns its id. Calls that name
 /// it are answered from `run`'s log. One daemon hosts any number of concurrent replays.
-pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> ApiResult {
+pub async fn replay(
+    State(app): State<Arc<AppState>>,
+    holder: Option<axum::Extension<crate::auth::Holder>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
     let NoOptions {} = optional_body(&body)?;
     let store = app.host.store();
     let mut source = store.find_run(&id).map_err(unfound_run)?;
@@ -148,8 +153,10 @@ pub async fn replay(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     meta.name = source.name.clone();
     meta.command = source.command.clone();
     store.create_run(&meta).map_err(refused_write)?;
-    // Open the session now, so a bad source is reported here and not at the first call.
-    if let Err(e) = app.host.session(&meta.id) {
+    // Open the session now, so a bad source is reported here and not at the first call; on
+    // behalf of the caller, whom the audit log names if the replay is handed originals.
+    let revealer = crate::admin::vault::revealer(holder.map(|axum::Extension(h)| h));
+    if let Err(e) = app.host.session_for(&meta.id, Some(revealer)) {
         discard(store.as_ref(), meta);
         return Err(ApiError::new(StatusCode::CONFLICT, e.to_string()));
     }

@@ -10,6 +10,7 @@ use retrace_core::mask::MaskKey;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_core::vault::VaultKey;
 use retrace_runtime::{Agent, Outcome, RunReport, RuntimeError, Session, SessionOptions};
+use retrace_store::vault::Revealer;
 use retrace_store::Store;
 
 /// Label set on a run recorded through the daemon: its replay is concluded by the daemon too.
@@ -157,6 +158,12 @@ impl RunHost {
 
     /// The session of `run_id`, opening it on first use.
     pub fn session(&self, run_id: &str) -> Result<Session, HostError> {
+        self.session_for(run_id, None)
+    }
+
+    /// [`RunHost::session`], opened (if it isn't yet) on behalf of `revealer`: the caller a
+    /// replay's originals are handed to, as the audit log names them.
+    pub fn session_for(&self, run_id: &str, revealer: Option<Revealer>) -> Result<Session, HostError> {
         if let Some(slot) = self.runs.lock().get(run_id) {
             return match slot {
                 Slot::Open(s) => Ok(s.clone()),
@@ -173,12 +180,12 @@ impl RunHost {
             None => {}
         }
         let meta = self.store.run(run_id).map_err(|_| HostError::UnknownRun(run_id.to_owned()))?;
-        let session = self.open(&meta)?;
+        let session = self.open(&meta, revealer)?;
         self.runs.lock().insert(run_id.to_owned(), Slot::Open(session.clone()));
         Ok(session)
     }
 
-    fn open(&self, meta: &RunMeta) -> Result<Session, HostError> {
+    fn open(&self, meta: &RunMeta, revealer: Option<Revealer>) -> Result<Session, HostError> {
         // `record --chaos SEED` shuffles deliveries on the daemon's bus too.
         let options = SessionOptions {
             stall_timeout: self.stall_timeout,
@@ -186,6 +193,7 @@ impl RunHost {
             mask_key: self.mask_key.clone(),
             vault_key: self.vault_key.clone(),
             autonomy: self.autonomy.clone(),
+            revealer,
             ..SessionOptions::default()
         };
         let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;

@@ -75,6 +75,7 @@ impl Session {
             store.as_ref(),
             &meta.masking_rules,
             options.vault_key.as_ref(),
+            options.revealer.as_ref(),
             &meta.id,
             options.clock.now_ms(),
         )?;
@@ -112,6 +113,7 @@ impl Session {
             store.as_ref(),
             &meta.masking_rules,
             options.vault_key.as_ref(),
+            options.revealer.as_ref(),
             &meta.id,
             options.clock.now_ms(),
         )?;

@@ -90,7 +90,7 @@ pub async fn reveal(
 }
 
 /// The audit log's `who` and `role` for a caller.
-fn revealer(holder: Option<Holder>) -> Revealer {
+pub(crate) fn revealer(holder: Option<Holder>) -> Revealer {
     let (who, role) = match holder {
         Some(Holder { role, name: Some(name), .. }) => (name, role),
         Some(Holder { role, name: None, fingerprint }) => (format!("{ANONYMOUS} token {fingerprint}"), role),
@@ -160,4 +160,23 @@ pub async fn audit(
         blocking(move || store.audit_list(subject.as_deref()).map_err(|e| AdminError::Store(e.to_string())))
             .await,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_names_a_caller_by_its_token_and_role() {
+        let by = |holder| {
+            let r = revealer(holder);
+            (r.who, r.role)
+        };
+        let named =
+            Holder { role: Role::Debugger, name: Some("alice".into()), fingerprint: "sha256:ab".into() };
+        assert_eq!(by(Some(named)), ("alice".to_owned(), "debugger".to_owned()));
+        let unnamed = Holder { role: Role::Debugger, name: None, fingerprint: "sha256:0123456789ab".into() };
+        assert_eq!(by(Some(unnamed)), ("api token sha256:0123456789ab".to_owned(), "debugger".to_owned()));
+        assert_eq!(by(None), ("api".to_owned(), "admin".to_owned()), "a daemon without tokens");
+    }
 }

@@ -137,4 +137,7 @@ async fn replay_hands_the_client_the_recorded_stream_bytes_where_a_rule_says_ori
     let handed: Vec<_> = audit.iter().filter(|a| a.entry.action == AuditAction::ReplayOriginal).collect();
     assert_eq!(handed.len(), 1, "one audit entry for the replay run: {audit:?}");
     assert_eq!(audit.len(), 1, "{audit:?}");
+    // It names the API's caller (a daemon without tokens: `api`, acting as admin), not the
+    // daemon's OS user.
+    assert_eq!((handed[0].entry.who.as_str(), handed[0].entry.role.as_str()), ("api", "admin"));
 }
