@@ -19,9 +19,18 @@ import argparse, datetime, json, os, urllib.request
 p = argparse.ArgumentParser()
 p.add_argument("--variant", default="")
 p.add_argument("--clock", action="store_true")
+p.add_argument("--tolerant", action="store_true")
 a = p.parse_args()
 
 def ask(text):
+    try:
+        return ask_once(text)
+    except Exception as e:
+        if not a.tolerant:
+            raise
+        return f"(no answer: {e})"
+
+def ask_once(text):
     body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}]}).encode()
     req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
                                  headers={"content-type": "application/json",
@@ -343,6 +352,37 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
     );
     let old = read(&bench.path("traces/asker.jsonl"));
     assert!(read(&bench.path("traces/asker.accepted.jsonl")).contains("users.name (terse)"));
+    std::fs::remove_file(bench.path("traces/asker.accepted.jsonl")).unwrap();
+
+    // A program that shrugs off failed calls exits 0 against an upstream that isn't there: the
+    // re-recording holds the proxy's own 502s, not the service's answers, and is refused.
+    let nowhere = [
+        "--upstream-openai",
+        "http://127.0.0.1:1/v1",
+        "--",
+        "python3",
+        "asker.py",
+        "--variant",
+        "terse",
+        "--tolerant",
+    ];
+    let mut unreachable = vec!["gate", "traces", "--accept"];
+    unreachable.extend(nowhere);
+    bench.retrace(&unreachable, &key).expect(
+        1,
+        &[
+            "not accepted traces/asker.jsonl",
+            "2 model call(s) of the re-recording never got an answer from the upstream (seq 1, 2)",
+            "502",
+        ],
+        &[],
+    );
+    assert!(!bench.path("traces/asker.accepted.jsonl").exists(), "nothing written");
+    bench.retrace(&argv, &key).expect(
+        1,
+        &["accepted traces/asker.jsonl -> traces/asker.accepted.jsonl"],
+        &[],
+    );
     // Never over an existing file.
     bench.retrace(&argv, &key).expect(1, &["not accepted traces/asker.jsonl", "already exists"], &[]);
     assert_eq!(read(&bench.path("traces/asker.jsonl")), old, "the old trace is untouched");

@@ -188,9 +188,48 @@ fn rerecord(
             "check the program, its API keys and the upstreams (--upstream-openai, --upstream-anthropic)",
         ));
     }
+    let unreached = unreached_calls(&*store, &recorded.id)?;
+    if !unreached.is_empty() {
+        let seqs: Vec<String> = unreached.iter().map(|(seq, _)| seq.to_string()).collect();
+        return Err(usage_hint(
+            format!(
+                "{} model call(s) of the re-recording never got an answer from the upstream (seq {}): the \
+                 proxy answered {} itself; nothing was written",
+                unreached.len(),
+                seqs.join(", "),
+                unreached[0].1
+            ),
+            "check the upstreams (--upstream-openai, --upstream-anthropic) and the API keys, then run the \
+             gate again",
+        ));
+    }
     let written = export::write_atomically(file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
     written.map_err(|e| crate::output::failure(e.exit_code(), &e))?;
     let options = DiffOptions { limit: 20, max_diff_lines: 12 };
     let diff = diff_runs(&*store, &old, &recorded.id, &options)?;
     Ok(Accepted { run_id: recorded.id, exit_status: recorded.exit_status, diff })
+}
+
+/// The model calls of `run` that the proxy answered itself (`x-retrace-proxy: error`: it could
+/// not reach the upstream, or got no answer in time), with the first line of its answer: a
+/// re-recording holding one is not what the program does against the real service.
+fn unreached_calls(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result<Vec<(u64, String)>> {
+    use retrace_server::proxy::document::Recorded;
+    let mut unreached = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.events(run, next, 1024)?;
+        let Some(last) = page.last().map(|e| e.seq) else { break };
+        for event in page.iter().filter(|e| e.kind == retrace_core::EventType::ModelCall) {
+            let Some(output) = event.output_ref else { continue };
+            let Ok(doc) = Recorded::decode(&store.get_blob(&output)?) else { continue };
+            let by_proxy =
+                doc.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("x-retrace-proxy") && v == "error");
+            if by_proxy {
+                unreached.push((event.seq, format!("{}", doc.status)));
+            }
+        }
+        next = last + 1;
+    }
+    Ok(unreached)
 }
