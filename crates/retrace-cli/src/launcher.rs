@@ -351,3 +351,19 @@ mod tests {
         assert_eq!(status_words(255), "status 255");
     }
 }
+
+/// Refuses to `verb` (replay, fork) `source` without RETRACE_VAULT_KEY when its tokens replay as
+/// the originals (a rule with `replay = "original"`): every such step would fail on the vault.
+pub fn check_vault_key(source: &retrace_core::run::RunMeta, verb: &str) -> anyhow::Result<()> {
+    let original = source.masking_rules.replaying_originals();
+    let vault_key = std::env::var("RETRACE_VAULT_KEY").is_ok_and(|v| !v.trim().is_empty());
+    if source.holds_tokens && !original.is_empty() && !vault_key {
+        return Err(crate::exit::usage(format!(
+            "can't {verb} {}: its masking rule(s) {} hand the program the originals from the vault: set \
+             RETRACE_VAULT_KEY to the key it was recorded with",
+            source.id,
+            original.join(", ")
+        )));
+    }
+    Ok(())
+}

@@ -304,6 +304,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         .map_err(|e| {
             usage(as_typed(format!("can't fork {}: {e}", source.id), &args.edits, &[parsed, edits]))
         })?;
+    launcher::check_vault_key(&source, "fork")?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     launcher::check_cwd(&argv, &cwd)?;
     check_prompt_edits(store.as_ref(), &source.id, edits, &cwd)?;

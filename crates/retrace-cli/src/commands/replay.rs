@@ -182,17 +182,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     launcher::signals::watch()?;
     // Refused before anything runs: tokens made under another key would never match.
     retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
-    // A run whose tokens replay as the originals needs the vault's key, or every such step fails.
-    let original = source.masking_rules.replaying_originals();
-    let vault_key = std::env::var("RETRACE_VAULT_KEY").is_ok_and(|v| !v.trim().is_empty());
-    if source.holds_tokens && !original.is_empty() && !vault_key {
-        return Err(usage(format!(
-            "can't replay {}: its masking rule(s) {} hand the program the originals from the vault: set \
-             RETRACE_VAULT_KEY to the key it was recorded with",
-            source.id,
-            original.join(", ")
-        )));
-    }
+    launcher::check_vault_key(&source, "replay")?;
     // A fork imported without its source: every step would fail on the missing run.
     launcher::check_sources(store.as_ref(), &source)?;
     // A directory that isn't there (another checkout): said as such, and before a run exists.

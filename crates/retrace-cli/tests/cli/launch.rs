@@ -49,6 +49,16 @@ fn record_generates_a_private_mask_key_and_refuses_original_rules_without_a_vaul
     };
     replay(None).expect(2, &[], &["rule(s) acct hand the program the originals", "RETRACE_VAULT_KEY"]);
     replay(Some(vault_key)).expect(0, &[], &["ok"]);
+    // A fork too: refused before a fork run exists or its program starts.
+    let before = runs_of(&home).len();
+    let mut fork = home.command(&["fork", &run, "--at", "1"]);
+    fork.current_dir(project.path()).env_remove("RETRACE_MASK_KEY").env_remove("RETRACE_VAULT_KEY");
+    Ran(fork.stdin(Stdio::null()).output().unwrap()).expect(
+        2,
+        &[],
+        &["can't fork", "rule(s) acct hand the program the originals"],
+    );
+    assert_eq!(runs_of(&home).len(), before, "nothing created");
 
     // Its trace file can't be gated: the originals stay in the vault of the store that recorded
     // it. Said up front, as a trace that could not be replayed (exit 2), not as a divergence.
