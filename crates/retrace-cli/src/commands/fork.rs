@@ -145,7 +145,17 @@ fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::
                     .map_err(|e| usage(format!("edit {text}: reading {path}: {e}")))?;
                 let canonical = canonicalize(&bytes)
                     .map_err(|e| usage(format!("edit {text}: {path} is not JSON: {e}")))?;
-                let digest = store.put_blob(&masker.mask_json(&canonical).bytes, BlobHint::Raw)?;
+                let masked = masker.mask_json(&canonical);
+                if masked.tokens > 0 {
+                    // Stored masked, like any input; but a message or output the fork hands
+                    // the program is what it stored, so the program gets the tokens.
+                    eprintln!(
+                        "retrace: warning: edit {text}: {} value(s) of {path} matched a masking rule and \
+                         are stored as tokens: the program gets the tokens, not the values as written",
+                        masked.tokens
+                    );
+                }
+                let digest = store.put_blob(&masked.bytes, BlobHint::Raw)?;
                 edit.with_content(Content::Blob(digest))
             }
             _ => edit,

@@ -167,6 +167,12 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
         &[],
         &["change the same thing"],
     );
+    // An edit file holding a value a masking rule takes: stored as a token, and said so.
+    let secret = home.file("secret.json");
+    std::fs::write(&secret, r#"{"note": "mail bob@example.com"}"#).unwrap();
+    let masked = home.run(&["fork", &run, "--edit", &format!("message:10=@{}", secret.display())]);
+    assert!(masked.stderr().contains("1 value(s) of"), "{}", masked.stderr());
+    assert!(masked.stderr().contains("the program gets the tokens"), "{}", masked.stderr());
     // None it fits: nothing forked, exit 2.
     let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2"]);
     none.expect(2, &[], &["fit none of the 1 runs"]);
