@@ -24,8 +24,8 @@ const MAX_LABEL: usize = 40;
 #[command(
     after_help = examples!(),
     after_long_help = concat!(
-        "Compare two runs step by step: how many steps are the same, changed (their outputs \
-differ by hash) or only in one run; the changed steps with a short line diff of their outputs; \
+        "Compare two runs step by step: how many steps are the same, changed (asked differently \
+or answered differently: their requests or their outputs differ, by hash) or only in one run; the changed steps with a short line diff of their outputs; \
 the decisions that moved; and the tokens and cost of each run.\n\n\
 When one run is a fork of the other, steps are aligned by the fork's origin_seq (the source \
 step each fork step was matched or paired with); the events before the fork point are \
