@@ -62,8 +62,12 @@ pub struct Heard {
     pub kind: Option<String>,
     /// The body, from the send's request.
     pub body: Option<Value>,
-    /// The send and its causes, back to an event with no causal parent.
+    /// The send and its causes, back to an event with no causal parent, or [`MAX_CHAIN`] links.
     pub chain: Vec<Link>,
+    /// Whether `chain` stops at [`MAX_CHAIN`] links short of its origin.
+    pub chain_cut: bool,
+    /// A recorded `recv` timeout, not a message: nothing was heard.
+    pub timed_out: bool,
 }
 
 /// What an agent knew when it took a step.
@@ -175,15 +179,19 @@ fn heard_part(deliveries: Vec<Delivered>, chains: &Chains) -> Vec<Heard> {
     deliveries
         .into_iter()
         .map(|(d, request)| {
+            let timed_out = d.message.as_ref().is_some_and(|m| m.timed_out);
             let (from, kind) = d.message.map_or((None, None), |m| (m.from, m.kind));
             let body = d.causal_parent.filter(is_send).and_then(|_| message_body(&request?));
+            let (chain, chain_cut) = d.causal_parent.map(|s| links.chain_from(s)).unwrap_or_default();
             Heard {
                 deliver_seq: d.seq,
                 send_seq: d.causal_parent,
                 from,
                 kind,
                 body,
-                chain: d.causal_parent.map(|s| links.chain_from(s)).unwrap_or_default(),
+                chain,
+                chain_cut,
+                timed_out,
             }
         })
         .collect()
@@ -204,8 +212,9 @@ impl<'a> Links<'a> {
         Links { chains, agents: Vec::new(), labels: SeqMap::default() }
     }
 
-    /// The chain from `start` back to its origin, at most [`MAX_CHAIN`] links.
-    fn chain_from(&mut self, start: u64) -> Vec<Link> {
+    /// The chain from `start` back to its origin, at most [`MAX_CHAIN`] links, and whether it
+    /// was cut there.
+    fn chain_from(&mut self, start: u64) -> (Vec<Link>, bool) {
         let chains = self.chains;
         let mut out = Vec::new();
         let mut cur = Some(start);
@@ -224,11 +233,11 @@ impl<'a> Links<'a> {
             let agent = self.agents[id].get_or_insert_with(|| chains.string(h.agent).into()).clone();
             out.push(Link { seq, agent, label });
             if out.len() >= MAX_CHAIN {
-                break;
+                return (out, h.causal_parent.is_some());
             }
             cur = h.causal_parent;
         }
-        out
+        (out, false)
     }
 }
 
@@ -250,23 +259,31 @@ pub fn render(k: &Knew) -> String {
         Some(d) => format!("{} ({d})", k.label),
         None => k.label.clone(),
     };
+    let timeouts = k.heard.iter().filter(|h| h.timed_out).count();
     out.push_str(&format!(
-        "{} had heard {} message(s) when it acted at seq {}: {}\n",
+        "{} had heard {} message(s){} when it acted at seq {}: {}\n",
         one_line(&k.agent),
-        k.heard.len(),
+        k.heard.len() - timeouts,
+        match timeouts {
+            0 => String::new(),
+            n => format!(" (and waited in vain {n} time(s): recv timed out)"),
+        },
         k.seq,
         one_line(&acted)
     ));
-    for (i, h) in k.heard.iter().enumerate() {
-        match (&h.from, h.send_seq) {
-            (Some(from), Some(send)) => out.push_str(&format!(
-                "  {}. seq {:>5}  {} from {} (sent at seq {send})\n",
-                i + 1,
-                h.deliver_seq,
-                one_line(h.kind.as_deref().unwrap_or("message")),
-                one_line(from)
-            )),
-            _ => out.push_str(&format!("  {}. seq {:>5}  recv timed out\n", i + 1, h.deliver_seq)),
+    let mut number = 0;
+    for h in &k.heard {
+        match (&h.from, h.send_seq, h.timed_out) {
+            (Some(from), Some(send), false) => {
+                number += 1;
+                out.push_str(&format!(
+                    "  {number}. seq {:>5}  {} from {} (sent at seq {send})\n",
+                    h.deliver_seq,
+                    one_line(h.kind.as_deref().unwrap_or("message")),
+                    one_line(from)
+                ))
+            }
+            _ => out.push_str(&format!("  -  seq {:>5}  recv timed out\n", h.deliver_seq)),
         }
         if let Some(body) = &h.body {
             let text = body.to_string();
@@ -282,7 +299,11 @@ pub fn render(k: &Knew) -> String {
                 .iter()
                 .map(|l| format!("seq {} {} {}", l.seq, one_line(&l.agent), one_line(&l.label)))
                 .collect();
-            out.push_str(&format!("       chain: {} (origin)\n", links.join(" ← ")));
+            let end = match h.chain_cut {
+                true => format!("… (cut after {MAX_CHAIN} links)"),
+                false => "(origin)".to_owned(),
+            };
+            out.push_str(&format!("       chain: {} {end}\n", links.join(" ← ")));
         }
     }
     out
@@ -293,6 +314,46 @@ mod tests {
     use super::*;
     use crate::head::ChainHead;
     use retrace_core::envelope::MessageRef;
+
+    /// A timeout is not a message heard, and a chain cut at its cap doesn't claim its origin.
+    #[test]
+    fn render_counts_messages_not_timeouts_and_says_where_a_chain_was_cut() {
+        let link = |seq| Link { seq, agent: "a".into(), label: "send b".into() };
+        let heard = |deliver_seq: u64, timed_out: bool, chain_cut: bool| Heard {
+            deliver_seq,
+            send_seq: (!timed_out).then_some(deliver_seq - 1),
+            from: (!timed_out).then(|| "a".to_owned()),
+            kind: None,
+            body: None,
+            chain: if timed_out { vec![] } else { vec![link(deliver_seq - 1)] },
+            chain_cut,
+            timed_out,
+        };
+        let k = Knew {
+            run: "r".into(),
+            seq: 9,
+            agent: "b".into(),
+            label: "decision".into(),
+            decision: None,
+            heard: vec![heard(1, true, false), heard(4, false, false), heard(8, false, true)],
+        };
+        let text = render(&k);
+        assert!(
+            text.starts_with("b had heard 2 message(s) (and waited in vain 1 time(s): recv timed out)"),
+            "{text}"
+        );
+        assert!(text.contains("  -  seq     1  recv timed out") && text.contains("  2. seq     8"), "{text}");
+        assert!(
+            text.contains("seq 3 a send b (origin)")
+                && text.contains("seq 7 a send b … (cut after 256 links)"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&k).unwrap();
+        assert_eq!(
+            (json["heard"][0]["timed_out"].as_bool(), json["heard"][2]["chain_cut"].as_bool()),
+            (Some(true), Some(true))
+        );
+    }
 
     /// `n` deliveries to `hub`, each of a send whose chain alternates sends and deliveries back
     /// `depth(i)` links, with a body; every tenth is a recorded timeout.
