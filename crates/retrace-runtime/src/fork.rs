@@ -296,6 +296,16 @@ impl ForkPlan {
                     ea.agent_id, eb.agent_id
                 )));
             }
+            let sender = |e: &Event| e.message.as_ref().and_then(|m| m.from.clone());
+            if let (Some(from), true) = (sender(ea), sender(ea) == sender(eb)) {
+                let sent = |e: &Event| e.causal_parent.map_or_else(|| "?".to_owned(), |s| s.to_string());
+                return Err(ForkError::BadEdit(format!(
+                    "swap:{a},{b}: both messages are from {from} (sent at seq {} and {}), and one sender's \
+                     messages arrive in the order it sent them: no schedule hears them the other way round",
+                    sent(ea),
+                    sent(eb)
+                )));
+            }
             if let Some(send_b) = eb.causal_parent {
                 if let Some(chain) = causal_path(&events, send_b, a) {
                     let shown: Vec<String> = chain

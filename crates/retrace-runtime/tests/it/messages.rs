@@ -156,19 +156,23 @@ async fn knew_in_a_fork_covers_the_messages_heard_before_the_fork_point() {
     let events = store.events(&s.run_id(), 1, 100).unwrap();
     let deliveries: Vec<u64> =
         events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
-    let (third, fourth) = (deliveries[2], deliveries[3]);
-    let edit: Edit = format!("swap:{third},{fourth}").parse().unwrap();
+    // (One sender's messages arrive in order: a swap of two is no schedule; an edit of the third
+    // message makes the fork.)
+    let third = deliveries[2];
+    let blob = store.put_blob(br#"{"i":99}"#, retrace_store::BlobHint::Raw).unwrap();
+    let edit = Edit::Message { seq: third, content: retrace_core::edit::Content::Blob(blob) };
     let f =
         Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default()).unwrap();
-    assert_eq!(pipeline(&f, 4).await, ["even:0", "odd:1", "odd:3", "even:2"]);
+    assert_eq!(pipeline(&f, 4).await, ["even:0", "odd:1", "even:99", "odd:3"]);
     f.finish(Outcome::default()).unwrap();
+    let at = store.run(&f.run_id()).unwrap().fork_at.unwrap();
 
-    let fork_events = store.events(&f.run_id(), third, 100).unwrap();
+    let fork_events = store.events(&f.run_id(), at, 100).unwrap();
     let decision = fork_events.iter().find(|e| e.kind == EventType::Decision).unwrap().seq;
     let knew = retrace_store::causal::knew(store.as_ref(), &f.run_id(), decision).unwrap();
     assert_eq!(knew.run, f.run_id());
     let bodies: Vec<_> = knew.heard.iter().map(|h| h.body.as_ref().unwrap()["i"].clone()).collect();
-    assert_eq!(bodies, [json!(0), json!(1), json!(3), json!(2)], "inherited deliveries included: {knew:?}");
+    assert_eq!(bodies, [json!(0), json!(1), json!(99), json!(3)], "inherited deliveries included: {knew:?}");
     assert!(knew.heard.iter().all(|h| h.chain.first().map(|l| l.seq) == h.send_seq), "{knew:?}");
 
     // The second delivery, inherited (before the fork point), had heard the first. (The event
@@ -355,4 +359,28 @@ async fn an_unheard_delivery_is_a_step_left() {
     let d = err.divergence().unwrap();
     assert_eq!(d.code, DivergenceCode::StepsLeft);
     assert_eq!(d.step.as_deref(), Some("deliver from planner"), "{d}");
+}
+
+/// One sender's messages arrive in the order it sent them: a swap of two of them is refused,
+/// as a schedule that can't happen, naming the sender and both sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_of_one_senders_messages_is_refused() {
+    use retrace_core::edit::Edit;
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 2).await;
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let d: Vec<u64> = events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
+    let edit: Edit = format!("swap:{},{}", d[0], d[1]).parse().unwrap();
+    let Err(err) = Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default())
+    else {
+        panic!("a swap of one sender's messages is refused");
+    };
+    let said = err.to_string();
+    assert!(
+        said.contains("both messages are from planner") && said.contains("no schedule hears them"),
+        "{said}"
+    );
+    assert_eq!(store.runs().unwrap().len(), 1, "nothing created");
 }
