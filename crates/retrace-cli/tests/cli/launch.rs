@@ -130,6 +130,25 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
     assert_eq!((last["status"].as_str(), last["exit_status"].as_i64()), (Some("ok"), Some(0)), "{last}");
 
+    // A fork of that fork, gated beside it without the first source: the error follows the
+    // chain to the run whose trace is missing.
+    let f = fork["fork"].as_str().unwrap().to_owned();
+    let ff = home.run(&["fork", &f, "--json"]);
+    let ff: serde_json::Value = serde_json::from_str(ff.stdout().lines().last().unwrap()).unwrap();
+    let ff = ff["fork"].as_str().unwrap().to_owned();
+    let traces = home.file("fork-traces");
+    std::fs::create_dir(&traces).unwrap();
+    for (id, name) in [(&f, "f.jsonl"), (&ff, "ff.jsonl")] {
+        home.run(&["export", id, "-o", traces.join(name).to_str().unwrap()]).expect(0, &[], &[]);
+    }
+    let gated = home.run(&["gate", traces.to_str().unwrap()]);
+    let said = format!("{}{}", gated.stdout(), gated.stderr());
+    assert!(said.contains(&format!("is a fork of run {f} (")), "{said}");
+    assert!(
+        said.contains(&format!("itself a fork of run {run}, whose trace is not among the traces gated")),
+        "{said}"
+    );
+
     // Many runs, one the edit doesn't fit (no model call): skipped with why, the other forked.
     let empty = home.run(&["record", "--json", "--", "true"]);
     let empty = run_of(&empty);

@@ -283,6 +283,8 @@ fn import_sources(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     let mut next = of.run.source_run.clone();
+    // The runs followed so far, each with the trace it came from: how the missing one is reached.
+    let mut path: Vec<String> = vec![format!("{} is a {} of run", trace.name, of.run.mode)];
     while let Some(id) = next.take() {
         if store.run(&id).is_ok() {
             break;
@@ -292,19 +294,22 @@ fn import_sources(
             (Origin::Run(_), None) => Origin::Run(id.clone()),
             (Origin::File(_), None) => {
                 return Err(usage_hint(
-                    format!(
-                        "{} is a {} of run {id}, whose trace is not among the traces gated",
-                        trace.name, of.run.mode
-                    ),
+                    format!("{} {id}, whose trace is not among the traces gated", path.join(" ")),
                     format!("export it beside this one (`retrace export {id} -o FILE`) and gate both"),
                 ))
             }
+        };
+        let name = match &origin {
+            Origin::File(file) => file.display().to_string(),
+            Origin::Run(_) => "this store".to_owned(),
         };
         let source = Trace { name: format!("the source run {id}"), origin };
         let bytes = trace_bytes(&source, settings)?;
         let options = ImportOptions { file_name: Some(source.name.clone()), ..ImportOptions::default() };
         import_reader(store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
-        next = header(&bytes)?.run.source_run;
+        let source_header = header(&bytes)?;
+        path.push(format!("{id} ({name}), itself a {} of run", source_header.run.mode));
+        next = source_header.run.source_run;
     }
     Ok(())
 }
