@@ -73,7 +73,8 @@ hold masked tokens need the mask key they were recorded under (RETRACE_MASK_KEY)
 replay's trace replays its source's log: gate it with its source's trace beside it (export both).\n\n\
 Output: one line per trace (`ok` or `DIVERGED ... at seq N: agent A, expected KEY, got KEY, first \
 differing path P`, with `hint:` lines saying what input was probably not captured: a clock read, \
-a random id, an env var, unordered map iteration, a tool not wrapped, a model alias), then a \
+a random id, an env var, unordered map iteration, a tool not wrapped, a prompt template whose text \
+changed, a model alias), then a \
 summary. --junit writes one test case per trace; --json prints everything for scripts, as one \
 JSON document on standard output (the lines for people going to standard error).\n\n\
 --accept re-records each diverging trace against live services (the trace's recorded upstreams, \

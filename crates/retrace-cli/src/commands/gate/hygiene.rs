@@ -13,9 +13,12 @@
 //!    milliseconds);
 //! 4. **a random id**: both look like ids (UUIDs, ULIDs, runs of hex digits);
 //! 5. **a tool not wrapped**: a model call's prompt differs in data that no recorded step
-//!    produced (a file, a database, a service read directly);
+//!    produced (a file, a database, a service read directly); unless the recorded call's prompt
+//!    came from a template (`template()`) whose text has changed since (its file's digest is
+//!    not the recorded one): then **a changed prompt template**;
 //! 6. **a model called by alias**: a model call whose recorded event has no snapshot, as a
 //!    second hint (the alias may resolve to another model when re-recorded).
+use retrace_core::Digest;
 use serde_json::Value;
 
 /// What the heuristics look at.
@@ -33,6 +36,9 @@ pub struct Evidence<'a> {
     pub env: &'a [(String, String)],
     /// The recorded outputs of the run's steps, as text (what wrapped reads produced).
     pub recorded_outputs: &'a [String],
+    /// For a model call made from a prompt template: its id, the recorded digest of its text,
+    /// and the digest of its file now (None when the file can't be read).
+    pub template: Option<(&'a str, Digest, Option<Digest>)>,
 }
 
 /// The kind of input that was probably not captured.
@@ -50,6 +56,9 @@ pub enum Cause {
     ToolNotWrapped,
     /// A model named by alias, with no pinned snapshot.
     ModelAlias,
+    /// The text of the prompt template, by id, changed since the recording (recorded digest,
+    /// digest now).
+    PromptTemplate(String, Digest, Digest),
 }
 
 /// One hint: the likely cause and where the requests differ.
@@ -66,7 +75,8 @@ pub struct Hint {
 }
 
 impl Hint {
-    /// The stable name of the cause: `clock`, `random_id`, `env`, `map_order`, `tool`, `model_alias`.
+    /// The stable name of the cause: `clock`, `random_id`, `env`, `map_order`, `tool`, `model_alias`,
+    /// `prompt_template`.
     pub fn kind(&self) -> &'static str {
         match self.cause {
             Cause::MapOrder => "map_order",
@@ -75,6 +85,7 @@ impl Hint {
             Cause::RandomId => "random_id",
             Cause::ToolNotWrapped => "tool",
             Cause::ModelAlias => "model_alias",
+            Cause::PromptTemplate(..) => "prompt_template",
         }
     }
 
@@ -103,6 +114,13 @@ impl Hint {
                  step produced; wrap the read that supplies it in agent.tool(...), or, if the prompt changed \
                  on purpose, re-record with `retrace gate --accept`"
             ),
+            Cause::PromptTemplate(id, recorded, now) => format!(
+                "the text of prompt template {id} changed since the recording (recorded {}, now {}): the \
+                 prompt differs at {p} ({e:?} / {g:?}); if it changed on purpose, re-record with \
+                 `retrace gate --accept`, else restore the template's text",
+                recorded.short(),
+                now.short()
+            ),
             Cause::ModelAlias => format!(
                 "the model is called by alias with no pinned snapshot (the recording has none): {e:?}; \
                  pin a dated snapshot so a re-recording asks the same model"
@@ -115,7 +133,12 @@ impl Hint {
 pub fn diagnose(evidence: &Evidence<'_>) -> Vec<Hint> {
     let mut hints = Vec::new();
     if let Some(diff) = first_difference(evidence.expected, evidence.got, "$".to_owned()) {
-        if let Some(cause) = classify(&diff, evidence) {
+        if let Some(mut cause) = classify(&diff, evidence) {
+            if let (Cause::ToolNotWrapped, Some((id, recorded, Some(now)))) = (&cause, evidence.template) {
+                if recorded != now {
+                    cause = Cause::PromptTemplate(id.to_owned(), recorded, now);
+                }
+            }
             hints.push(Hint { cause, path: diff.path.clone(), expected: cut(&diff.a), got: cut(&diff.b) });
         }
     }
@@ -325,6 +348,7 @@ mod tests {
             snapshot_pinned: Some(true),
             env: &env,
             recorded_outputs: &outputs,
+            template: None,
         };
         diagnose(&e).first().map(|h| (h.kind(), h.path.clone()))
     }
@@ -375,6 +399,7 @@ mod tests {
             snapshot_pinned: None,
             env: &[("HOME".into(), "/home/runner".into())],
             recorded_outputs: &[],
+            template: None,
         });
         assert_eq!(hints[0].cause, Cause::EnvVar("HOME".into()));
         assert!(hints[0].message().contains("agent.env(\"HOME\")"), "{}", hints[0].message());
@@ -415,8 +440,34 @@ mod tests {
             snapshot_pinned: None,
             env: &[],
             recorded_outputs: &[],
+            template: None,
         });
         assert_eq!(tool, vec![]);
+    }
+
+    #[test]
+    fn a_changed_prompt_template() {
+        let (a, b) = (prompt("Write one sentence about tea."), prompt("Write TWO sentences about tea."));
+        let (old, new) =
+            (Digest::of(b"Write one sentence about {topic}."), Digest::of(b"Write TWO sentences"));
+        let with = |now: Option<Digest>| {
+            diagnose(&Evidence {
+                model_call: true,
+                expected: &a,
+                got: &b,
+                snapshot_pinned: Some(true),
+                env: &[],
+                recorded_outputs: &[],
+                template: Some(("writer@v1", old, now)),
+            })
+        };
+        let changed = with(Some(new));
+        assert_eq!(changed[0].kind(), "prompt_template");
+        let said = changed[0].message();
+        assert!(said.contains("prompt template writer@v1 changed") && said.contains("--accept"), "{said}");
+        // The template's text is as recorded (or unreadable): the difference came from elsewhere.
+        assert_eq!(with(Some(old))[0].kind(), "tool");
+        assert_eq!(with(None)[0].kind(), "tool");
     }
 
     #[test]
@@ -429,6 +480,7 @@ mod tests {
             snapshot_pinned: Some(false),
             env: &[],
             recorded_outputs: &[],
+            template: None,
         });
         let kinds: Vec<&str> = hints.iter().map(Hint::kind).collect();
         assert_eq!(kinds, ["clock", "model_alias"]);

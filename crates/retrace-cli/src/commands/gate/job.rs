@@ -192,6 +192,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     preflight(&argv, &cwd, &settings.path)?;
     let log = temp.path().join("program-output.log");
     let home = temp.path().to_string_lossy().into_owned();
+    let program_dir = cwd.clone();
     let plan = replay::Plan {
         store: store.clone(),
         source: source.clone(),
@@ -226,8 +227,10 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     Ok(match divergence {
         None => Verdict::Ok,
         Some(d) => {
-            let hints =
-                facts.at.map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env)).unwrap_or_default();
+            let hints = facts
+                .at
+                .map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env, &program_dir))
+                .unwrap_or_default();
             Verdict::Diverged { divergence: Box::new(d), hints }
         }
     })
@@ -401,6 +404,7 @@ fn hints(
     at: &retrace_core::Event,
     outputs: &[Digest],
     env: &[(String, String)],
+    cwd: &Path,
 ) -> Vec<Hint> {
     let json = |digest: Option<Digest>| -> Option<serde_json::Value> {
         serde_json::from_slice(&store.get_blob(&digest?).ok()?).ok()
@@ -415,6 +419,16 @@ fn hints(
         .filter(|b| b.len() <= 1 << 20)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .collect();
+    // A template's text now: `prompts/NAME/VERSION.txt` under the program's folder, as the
+    // runtime reads it (RETRACE_PROMPTS elsewhere).
+    let template = at.prompt_template.as_ref().map(|p| {
+        let now = p.id.split_once('@').and_then(|(name, version)| {
+            let dir = retrace_runtime::template::default_prompts_dir();
+            let file = if dir.is_absolute() { dir } else { cwd.join(dir) };
+            std::fs::read(file.join(name).join(format!("{version}.txt"))).ok().map(|t| Digest::of(&t))
+        });
+        (p.id.as_str(), p.digest, now)
+    });
     hygiene::diagnose(&Evidence {
         model_call: at.kind == EventType::ModelCall,
         expected: &expected,
@@ -422,5 +436,6 @@ fn hints(
         snapshot_pinned: at.model.as_ref().map(|m| m.snapshot.is_some()),
         env,
         recorded_outputs: &texts,
+        template,
     })
 }
