@@ -61,7 +61,8 @@ impl Agent {
                 pending = Some(record.id);
             }
         }
-        let standing = governor.standing(&self.id);
+        let local = inner.store.ledger_entries(Some(&governor.project))?;
+        let standing = governor.standing_with(&self.id, local.iter().find(|e| e.agent == self.id));
         if standing.side_effects_allowed {
             return Ok(());
         }

@@ -6,8 +6,8 @@
 //! can't grant themselves autonomy by writing a ledger).
 use std::path::{Path, PathBuf};
 
-use retrace_core::autonomy::{project_name, AutonomyPolicy, PolicyError, Standing};
-use retrace_core::ledger::LedgerFile;
+use retrace_core::autonomy::{project_name, AutonomyPolicy, PolicyError, Rung, Standing};
+use retrace_core::ledger::{LedgerEntry, LedgerFile};
 
 /// The configuration file read from the working directory.
 pub const CONFIG_FILE: &str = "retrace.toml";
@@ -44,10 +44,31 @@ impl Governor {
         Ok(Some(Governor { policy, project, ledger, warning }))
     }
 
-    /// Where `agent` stands.
+    /// Where `agent` stands, by the signed ledger alone.
     pub fn standing(&self, agent: &str) -> Standing {
         let entry = self.ledger.as_ref().and_then(|l| l.entry(&self.project, agent));
         self.policy.standing(agent, entry)
+    }
+
+    /// Where `agent` stands, by the signed ledger, unless `local` (this store's own ledger entry
+    /// for it) records a divergence after the signed ledger was exported: then it is on
+    /// probation. The local store can't raise a rung (anyone may write it), but what it says
+    /// against an agent can only lower one, so an older signed ledger put back in place doesn't
+    /// restore an autonomy a later divergence took away.
+    pub fn standing_with(&self, agent: &str, local: Option<&LedgerEntry>) -> Standing {
+        let mut standing = self.standing(agent);
+        let exported = self.ledger.as_ref().map_or(0, |l| l.exported_at_ms);
+        let later = local.and_then(|l| l.last_divergence.as_ref()).filter(|d| d.at_ms > exported);
+        if let (true, Some(diverged)) = (standing.side_effects_allowed, later) {
+            standing.rung = Rung::Probation;
+            standing.side_effects_allowed = false;
+            standing.why = format!(
+                "diverged ({}) in a replay at {} ms, after the signed ledger was exported at {exported} ms \
+                 (this store's ledger says so): held until a ledger signed since shows the bar met again",
+                diverged.detail, diverged.at_ms
+            );
+        }
+        standing
     }
 }
 

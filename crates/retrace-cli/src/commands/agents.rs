@@ -22,7 +22,9 @@ top-level folder's name) found in the store's replay ledger or in the policy's s
 rung the policy in ./retrace.toml gives each: unproven (no record in a trusted ledger), probation \
 (below the bar), autonomous (its side effects run without approval). The rung is computed from the \
 signed ledger file [autonomy] names, as the runtime will compute it, not from the local store; a \
-file whose signature doesn't verify against ledger_pubkey counts as none.\n\n\
+file whose signature doesn't verify against ledger_pubkey counts as none. The local store can \
+only lower a rung: an agent it shows diverging after the signed ledger was exported is on \
+probation until a ledger signed since shows the bar met again.\n\n\
 Only side effects routed through tool(cls=\"side_effect\") are governed.\n\n\
 Examples:\n  retrace agents\n  retrace agents --json"
 )]
@@ -43,8 +45,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(file) = governor.as_ref().and_then(|g| g.ledger.as_ref()) {
         names.extend(file.entries.iter().filter(|e| e.project == project).map(|e| e.agent.clone()));
     }
-    let standings: Vec<Option<Standing>> =
-        names.iter().map(|a| governor.as_ref().map(|g| g.standing(a))).collect();
+    let standings: Vec<Option<Standing>> = names
+        .iter()
+        .map(|a| governor.as_ref().map(|g| g.standing_with(a, local.iter().find(|e| &e.agent == a))))
+        .collect();
     if args.json {
         let agents: Vec<_> = names
             .iter()

@@ -119,6 +119,40 @@ fn an_autonomous_agent_runs_its_side_effect_with_no_approval_event() {
     assert_eq!(replay(&store, &run, 1)[0].as_ref().unwrap(), &json!({"sent": true}));
 }
 
+/// The store's own ledger can't raise a rung, but a divergence it records after the signed
+/// ledger was exported lowers one: an older signed ledger put back doesn't restore autonomy.
+#[test]
+fn a_divergence_after_the_signed_ledger_holds_an_autonomous_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let governor = || Governor::new(policy(Below::Refuse, 0), "billing", Some(ledger(3, 2)));
+    let outcome = |at_ms: u64| retrace_store::ledger::ReplayOutcome {
+        project: "billing".into(),
+        agent: "ops".into(),
+        trace: retrace_core::Digest::of(b"trace"),
+        clean: false,
+        seq: Some(2),
+        detail: Some("step_mismatch at seq 2".into()),
+        at_ms,
+    };
+    // Signed at 1 ms: a divergence recorded here at 0 ms is older, and changes nothing.
+    store.ledger_record(&outcome(0)).unwrap();
+    let s = Session::record(store.clone(), options(governor())).unwrap();
+    assert_eq!(send(&s, &AtomicUsize::new(0)).unwrap(), json!({"sent": true}));
+    s.finish(Outcome::default()).unwrap();
+
+    store.ledger_record(&outcome(5)).unwrap();
+    let local = store.ledger_entries(Some("billing")).unwrap();
+    let standing = governor().standing_with("ops", local.first());
+    assert_eq!(standing.rung.as_str(), "probation");
+    assert!(standing.why.contains("after the signed ledger was exported"), "{}", standing.why);
+    let s = Session::record(store.clone(), options(governor())).unwrap();
+    let ran = AtomicUsize::new(0);
+    assert!(send(&s, &ran).is_err(), "refused: the agent diverged since the ledger was signed");
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    s.finish(Outcome::default()).unwrap();
+}
+
 #[test]
 fn a_held_call_blocks_until_approved_from_another_connection_and_replays_approved() {
     let dir = tempfile::tempdir().unwrap();
