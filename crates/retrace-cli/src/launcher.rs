@@ -339,19 +339,6 @@ pub fn store_env() -> anyhow::Result<Vec<(String, String)>> {
     Ok(env)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_status_a_signal_ended_names_the_signal() {
-        assert_eq!(status_words(3), "status 3");
-        assert_eq!(status_words(137), "status 137 (killed by SIGKILL)");
-        assert_eq!(status_words(143), "status 143 (killed by SIGTERM)");
-        assert_eq!(status_words(255), "status 255");
-    }
-}
-
 /// Refuses to `verb` (replay, fork) `source` without RETRACE_VAULT_KEY when its tokens replay as
 /// the originals (a rule with `replay = "original"`): every such step would fail on the vault.
 pub fn check_vault_key(source: &retrace_core::run::RunMeta, verb: &str) -> anyhow::Result<()> {
@@ -366,4 +353,17 @@ pub fn check_vault_key(source: &retrace_core::run::RunMeta, verb: &str) -> anyho
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_a_signal_ended_names_the_signal() {
+        assert_eq!(status_words(3), "status 3");
+        assert_eq!(status_words(137), "status 137 (killed by SIGKILL)");
+        assert_eq!(status_words(143), "status 143 (killed by SIGTERM)");
+        assert_eq!(status_words(255), "status 255");
+    }
 }

@@ -349,8 +349,10 @@ fn an_agent_edit_that_reaches_no_step_is_reported() {
         pipeline(&f, &Calls::default()).unwrap();
         f.finish(Outcome::default()).unwrap();
         let at = store.run(&f.run_id()).unwrap().fork_at.unwrap();
-        let warnings =
-            retrace_runtime::fork::unapplied(&[edit.clone()], &store.events(&f.run_id(), at, 100).unwrap());
+        let warnings = retrace_runtime::fork::unapplied(
+            std::slice::from_ref(&edit),
+            &store.events(&f.run_id(), at, 100).unwrap(),
+        );
         assert_eq!(warnings.is_empty(), changed, "--at {at}: {warnings:?}");
         if !changed {
             assert!(warnings[0].contains("param:pipeline.temperature=0.5 changed nothing"), "{warnings:?}");
