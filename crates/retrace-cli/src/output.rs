@@ -84,6 +84,16 @@ pub fn failure(code: u8, err: &dyn std::error::Error) -> anyhow::Error {
     crate::exit::Failure { code, message, hint: None }.into()
 }
 
+/// A fork's edits for a terminal, `, `-joined, each blob digest cut to its first 12 hex digits
+/// (`message:7=@sha256:cd36775da062`): the JSON keeps them whole.
+pub fn edits_line(edits: &[String]) -> String {
+    let short = |edit: &String| match edit.split_once("=@sha256:") {
+        Some((target, hex)) if hex.len() > 12 => format!("{target}=@sha256:{}", &hex[..12]),
+        _ => edit.clone(),
+    };
+    edits.iter().map(short).collect::<Vec<_>>().join(", ")
+}
+
 /// `2024-05-01 12:30:05` in UTC, from Unix milliseconds.
 pub fn utc_time(unix_ms: u64) -> String {
     let secs = unix_ms / 1000;

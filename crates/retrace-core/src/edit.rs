@@ -267,10 +267,16 @@ impl FromStr for Edit {
                 if let Some(why) = not_a_param(name) {
                     return Err(bad(&format!("{name} is not a sampling parameter: {why}")));
                 }
-                let value = serde_json::from_str(value)
-                    .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+                let typed = value;
+                let value = serde_json::from_str(typed)
+                    .unwrap_or_else(|_| serde_json::Value::String(typed.to_owned()));
                 if let Some(want) = param_type(name).filter(|want| !want.fits(&value)) {
-                    return Err(bad(&format!("{name} takes {}, not {value}", want.name())));
+                    // Said as typed: a number too wide for 64 bits parses as a float (1e+20).
+                    let shown = match value {
+                        serde_json::Value::String(_) => value.to_string(),
+                        _ => typed.to_owned(),
+                    };
+                    return Err(bad(&format!("{name} takes {}, not {shown}", want.name())));
                 }
                 Ok(Edit::Param { agent: agent.into(), name: name.into(), value })
             }
@@ -354,6 +360,7 @@ mod tests {
             ("param:reviewer=1", "AGENT.NAME"),
             ("param:reviewer.temperature=hot", "temperature takes a number, not \"hot\""),
             ("param:reviewer.max_tokens=1.5", "max_tokens takes an integer, not 1.5"),
+            ("param:writer.seed=99999999999999999999", "seed takes an integer, not 99999999999999999999"),
             (
                 "param:critic.model=gpt-4o",
                 "use model:AGENT=NAME[@SNAPSHOT], which keeps the agent's provider",

@@ -144,6 +144,8 @@ pub struct RunSide {
     pub source_run: Option<String>,
     /// Its fork point.
     pub fork_at: Option<u64>,
+    /// The edits that made it, as a fork stores them (empty for any other run).
+    pub edits: Vec<String>,
     /// Usage of its own events that ran live.
     pub live: Tokens,
     /// When it is the fork of the other run: the source's live usage on the steps it served as

@@ -4,7 +4,7 @@ use std::io::{BufWriter, Write};
 use retrace_store::diff::{diff_runs, AlignedBy, DiffOptions, LoneStep, RunDiff, RunSide, Tokens, Which};
 
 use crate::commands::readable_store_from_env;
-use crate::output::{fit, table, utc_time};
+use crate::output::{edits_line, fit, table, utc_time};
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -127,6 +127,9 @@ fn run_line(name: &str, side: &RunSide) -> String {
         (Some(source), Some(at)) => line.push_str(&format!("  fork of {source} at seq {at}")),
         (Some(source), None) => line.push_str(&format!("  from {source}")),
         _ => {}
+    }
+    if !side.edits.is_empty() {
+        line.push_str(&format!("  edits: {}", edits_line(&side.edits)));
     }
     line.push('\n');
     line

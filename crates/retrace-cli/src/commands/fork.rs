@@ -84,7 +84,8 @@ pub struct Args {
     )]
     edits: Vec<String>,
     /// Fork many runs with the same edits (edits that name no seq): `all`, `name~TEXT`,
-    /// `label:KEY=VALUE`, a comma-separated list of run ids, or a folder of exported traces.
+    /// `label:KEY=VALUE`, a comma-separated list of run ids, or a folder of exported traces
+    /// (each imported into the store first, if it isn't there, and said so).
     #[arg(long, value_name = "PATH|QUERY", conflicts_with = "run")]
     runs: Option<String>,
     /// Shuffle deliveries of new messages (seeded).
@@ -100,7 +101,7 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
     /// Print the outcome as one line of JSON, the last of standard output (after the
-    /// program's own): `{"fork", "status", "diff", "warnings"}`; with --runs, the summary of every fork
+    /// program's own): `{"fork", "status", "divergence", "diff", "warnings"}`; with --runs, the summary of every fork
     /// (`{"forks", "runs", "runs_with_moved_decisions", "forks_not_finished", "skipped"}`).
     #[arg(long)]
     json: bool,
@@ -420,9 +421,10 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
         ));
     }
     if json {
-        print_json_line(
-            &serde_json::json!({ "fork": fork.id, "status": fork.status, "diff": diff, "warnings": warnings }),
-        )?;
+        print_json_line(&serde_json::json!({
+            "fork": fork.id, "status": fork.status, "divergence": fork.divergence, "diff": diff,
+            "warnings": warnings,
+        }))?;
     } else {
         eprint!("{}", summary(diff));
     }
@@ -623,8 +625,13 @@ fn select_runs(store: &Arc<dyn Store>, query: &str) -> anyhow::Result<Vec<RunMet
                 file_name: Some(file.display().to_string()),
                 ..Default::default()
             };
+            // A trace not in the store yet is imported, to be forked from there: said, as
+            // `retrace import` says it.
             let id = match retrace_store::import::import_reader(store.as_ref(), reader, options)? {
-                retrace_store::import::ImportOutcome::Imported { run_id, .. } => run_id,
+                retrace_store::import::ImportOutcome::Imported { run_id, events, .. } => {
+                    eprintln!("retrace: imported run {run_id} ({events} events) from {}", file.display());
+                    run_id
+                }
                 retrace_store::import::ImportOutcome::AlreadyPresent { run_id, .. } => run_id,
             };
             runs.push(store.run(&id)?);

@@ -31,7 +31,9 @@ macro_rules! examples {
 (project, agent): replays, traces replayed (each recording counted once: by its run id and the \
 hash its event chain ends at, so copies of one file, however re-serialized, are one trace), the \
 clean streak (consecutive clean replays), distinct traces in that streak, and the last divergence. \
-The project is `[project] name` in ./retrace.toml, else the git top-level folder's name.\n\n\
+The project is `[project] name` in ./retrace.toml, else the git top-level folder's name, else \
+the working folder's name (outside git: set [project] name, so traces gated from two folders count \
+for one project).\n\n\
 `retrace ledger export` writes it as a file signed with Ed25519 under RETRACE_LEDGER_KEY (a \
 base64 32-byte seed, held by CI and not by the agents). A policy names that file and the public \
 key the export prints ([autonomy] ledger, ledger_pubkey in retrace.toml); a file signed by any \

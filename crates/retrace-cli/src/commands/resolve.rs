@@ -30,7 +30,9 @@ With --outcome @FILE, replay returns that output where the program made the call
 (a dry run). The answer is appended to the run as a `resolution` event.",
         "\n\n",
         examples!()
-    )
+    ),
+    // One answer or the other: clap then names both when neither is given.
+    group(clap::ArgGroup::new("answer").required(true).args(["outcome", "not_executed"]))
 )]
 pub struct Args {
     /// The run (id or unique prefix).
@@ -38,12 +40,7 @@ pub struct Args {
     /// The seq of the side effect's `intent` event.
     seq: u64,
     /// The side effect happened; this JSON file is what it returned.
-    #[arg(
-        long,
-        value_name = "@FILE",
-        conflicts_with = "not_executed",
-        required_unless_present = "not_executed"
-    )]
+    #[arg(long, value_name = "@FILE")]
     outcome: Option<String>,
     /// The side effect did not happen.
     #[arg(long)]

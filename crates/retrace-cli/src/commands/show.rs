@@ -46,7 +46,8 @@ one column (lane) per agent. Each row gives the seq, the agent's Lamport clock, 
 of the step's key, and the event's label (`model_call gpt-4o`, `tool_call sql.query`, \
 `deliver <- #4` for a delivery of the message sent at seq 4) in its agent's lane. A model call \
 whose response named no pinned snapshot is marked `(alias only)`: the provider may serve another \
-model under that name tomorrow.\n\n\
+model under that name tomorrow. A fork's step answered from the cache is marked `[cache]`, a side \
+effect it ran as a dry run `[dry run]`.\n\n\
 With --seq, show one event: every field, then its request and output blobs, pretty-printed when \
 they are JSON and as text otherwise; each is cut after its first 64 KiB, saying how much more \
 there is, unless --full is given (--json always holds them whole).",
@@ -163,6 +164,9 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result
         let at = meta.fork_at.map(|at| format!(" at seq {at}")).unwrap_or_default();
         writeln!(out, "source {source}{at}")?;
     }
+    if !meta.edits.is_empty() {
+        writeln!(out, "edits {}", crate::output::edits_line(&meta.edits))?;
+    }
     // A replay stores its divergence, not the events it replayed: the report is what to show.
     if let Some(value) = &meta.divergence {
         match serde_json::from_value::<retrace_core::Divergence>(value.clone()) {
@@ -204,8 +208,12 @@ fn cell(e: &Event) -> String {
     };
     let mut text = match e.kind {
         EventType::ModelCall => match &e.model {
-            // A call whose response named no pinned snapshot may get another model next time.
-            Some(model) if model.snapshot.is_none() => format!("model_call {} (alias only)", model.name),
+            // A call whose response named no pinned snapshot may get another model next time;
+            // a cache hit's answer came from an earlier call, whose snapshot the cache doesn't
+            // keep, so its null snapshot says nothing.
+            Some(model) if model.snapshot.is_none() && e.source != Source::CacheHit => {
+                format!("model_call {} (alias only)", model.name)
+            }
             Some(model) => format!("model_call {}", model.name),
             None => e.label(),
         },

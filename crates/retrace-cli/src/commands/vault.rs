@@ -118,6 +118,11 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
         Ok(original) => {
             let mut out = std::io::stdout().lock();
             out.write_all(&original)?;
+            // The original alone, byte for byte, for a pipe; on a terminal, ended by a newline so
+            // the prompt doesn't run into it.
+            if std::io::IsTerminal::is_terminal(&out) && !original.ends_with(b"\n") {
+                out.write_all(b"\n")?;
+            }
             out.flush()?;
             eprintln!("revealed {} to {} (written to the audit log)", args.token, by.who);
             Ok(())

@@ -130,9 +130,13 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
     assert_eq!((last["status"].as_str(), last["exit_status"].as_i64()), (Some("ok"), Some(0)), "{last}");
 
+    // Which edits made the fork is in its timeline's and the diff's headers, and the JSON.
+    let f = fork["fork"].as_str().unwrap().to_owned();
+    assert_eq!(fork["divergence"], serde_json::Value::Null, "{fork}");
+    home.run(&["show", &f]).expect(0, &["edits model:reviewer=sim-2"], &[]);
+    home.run(&["diff", &run, &f]).expect(0, &["fork of", "edits: model:reviewer=sim-2"], &[]);
     // A fork of that fork, gated beside it without the first source: the error follows the
     // chain to the run whose trace is missing.
-    let f = fork["fork"].as_str().unwrap().to_owned();
     let ff = home.run(&["fork", &f, "--json"]);
     let ff: serde_json::Value = serde_json::from_str(ff.stdout().lines().last().unwrap()).unwrap();
     let ff = ff["fork"].as_str().unwrap().to_owned();

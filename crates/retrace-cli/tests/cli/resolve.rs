@@ -26,6 +26,13 @@ fn resolve_names_the_idempotency_key_the_side_effect_received() {
     // The agent's second `pay` (its fifth side effect) never completed: its process died.
     let open = b.push("payer", EventType::Intent, Some("pay"), None, None, side_effect("pay"));
     let home = Home::with(&b.finish(RunMode::Record));
+    // Neither answer, or both: the usage error names the two.
+    home.run(&["resolve", RUN, &open.to_string()]).expect(2, &[], &["--outcome", "--not-executed"]);
+    home.run(&["resolve", RUN, &open.to_string(), "--not-executed", "--outcome", "@x.json"]).expect(
+        2,
+        &[],
+        &["cannot be used with"],
+    );
     home.run(&["resolve", RUN, &open.to_string(), "--not-executed"]).expect(
         0,
         &[],

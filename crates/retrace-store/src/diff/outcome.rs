@@ -44,6 +44,7 @@ pub(super) fn side(run: &Loaded, other: &Loaded, fork_at: Option<u64>) -> RunSid
         events: run.count,
         source_run: meta.source_run.clone(),
         fork_at: meta.fork_at,
+        edits: meta.edits.clone(),
         live,
         saved,
         inherited,
