@@ -61,8 +61,11 @@ impl std::fmt::Display for CutShort {
 
 impl std::error::Error for CutShort {}
 
-/// Ends the process: prints the error chain and picks the exit code.
-pub fn finish(result: anyhow::Result<()>) -> ExitCode {
+/// Ends the process: prints the error chain and picks the exit code. With `json` (the command
+/// was given `--json`) and no JSON document printed yet, the error is also one line of JSON on
+/// standard output, `{"error": {"code", "message", "hint", "exit_status"}}`, so a script reading
+/// standard output gets a document either way.
+pub fn finish(result: anyhow::Result<()>, json: bool) -> ExitCode {
     let Err(err) = result else {
         return ExitCode::SUCCESS;
     };
@@ -88,7 +91,52 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
     // says what happened: a check that failed never turns into a success.
     let mut stderr = std::io::stderr().lock();
     let _ = stderr.write_all(report.as_bytes()).and_then(|()| stderr.flush());
+    if json && !crate::output::was_json_printed() {
+        let what = error_code(&err, code);
+        let message = err.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ");
+        let line = serde_json::json!({"error": {"code": what, "message": message, "hint": hint_of(&err), "exit_status": code}});
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    }
     ExitCode::from(code)
+}
+
+/// A clap parse error as [`finish`] says errors: with `json`, a JSON line on standard output too.
+pub fn usage_error_json(message: &str, json: bool) {
+    if json {
+        // clap's message up to its usage block, on one line.
+        let said: Vec<&str> = message
+            .lines()
+            .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let first = said.join(" ").trim_start_matches("error: ").to_owned();
+        let line =
+            serde_json::json!({"error": {"code": "usage", "message": first, "hint": null, "exit_status": 2}});
+        println!("{line}");
+    }
+}
+
+fn hint_of(err: &anyhow::Error) -> Option<String> {
+    err.downcast_ref::<Failure>().and_then(|f| f.hint.clone())
+}
+
+/// A stable name for what failed: the store's error kind when one is in the chain (`not_found`,
+/// `conflict`, `corrupt`, `busy`...), `divergence`, else by exit code: `failed` (1), `usage` (2),
+/// `interrupted` (128 + signal).
+fn error_code(err: &anyhow::Error, code: u8) -> String {
+    if err.chain().any(|e| e.downcast_ref::<retrace_core::Divergence>().is_some()) {
+        return "divergence".into();
+    }
+    if let Some(e) = err.chain().find_map(|e| e.downcast_ref::<StoreError>()) {
+        return e.kind.as_str().replace([' ', '-', '/'], "_");
+    }
+    match code {
+        1 => "failed".into(),
+        2 => "usage".into(),
+        _ => "interrupted".into(),
+    }
 }
 
 fn code_of(err: &anyhow::Error) -> u8 {

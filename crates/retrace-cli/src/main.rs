@@ -127,10 +127,16 @@ enum Command {
 
 fn main() -> ExitCode {
     exit::quiet_on_closed_stdout();
+    // `--json` among Retrace's own arguments (not the program's, after `--`): errors are then
+    // a JSON line on standard output too.
+    let json = std::env::args().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
+            if e.use_stderr() {
+                exit::usage_error_json(&e.to_string(), json);
+            }
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
@@ -158,5 +164,5 @@ fn main() -> ExitCode {
         Command::Approve(args) => commands::approve::run(args),
         Command::Agents(args) => commands::agents::run(args),
     };
-    exit::finish(result)
+    exit::finish(result, json)
 }

@@ -1,8 +1,23 @@
 //! Shared output helpers: JSON printing and progress on a terminal.
 use std::io::{IsTerminal, Write};
 
+/// Set once a command printed its JSON document: an error it returns afterwards is then said
+/// on standard error only ([`crate::exit::finish`]), so standard output holds one document.
+static JSON_PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that the command printed its JSON document (for one written without these helpers).
+pub fn json_printed() {
+    JSON_PRINTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the command printed its JSON document.
+pub fn was_json_printed() -> bool {
+    JSON_PRINTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Prints `value` as pretty JSON on standard output.
 pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    json_printed();
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
@@ -12,6 +27,7 @@ pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
 /// Writes `value` as one compact line of JSON: what `record`, `replay` and `fork` print last,
 /// after the program's own standard output, so a script reads the last line.
 pub fn print_json_line(value: &serde_json::Value) -> anyhow::Result<()> {
+    json_printed();
     let mut out = std::io::stdout().lock();
     // On a line of its own, even after a program whose output ended mid-line.
     crate::launcher::line_end::start_line(&mut out)?;

@@ -218,6 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let document = report::json(&outcomes, seconds, jobs, accepted.as_deref());
         let mut text = serde_json::to_string_pretty(&document)?;
         text.push('\n');
+        crate::output::json_printed();
         print_out(&text)?;
     }
     if let Some(signal) = stopped {

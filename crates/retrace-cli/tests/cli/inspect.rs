@@ -560,3 +560,28 @@ fn runs_filters_by_name_mode_status_and_label_and_keeps_the_last_n() {
     home.run(&["runs", "--status", "done"]).expect(2, &[], &["unknown RunStatus \"done\""]);
     home.run(&["runs", "--label", "team"]).expect(2, &[], &["is not KEY=VALUE"]);
 }
+
+/// With --json, a command that fails says so on standard output too, as one JSON line (the
+/// text still goes to standard error); a command that printed its document first adds nothing.
+#[test]
+fn errors_are_json_on_standard_output_with_json() {
+    let home = Home::with(&trace_fixture::conversation(RUN, 1));
+    let check = |args: &[&str], code: &str| {
+        let ran = home.run(args);
+        let stdout = ran.stdout();
+        let line: serde_json::Value =
+            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout:?}"));
+        assert_eq!(line["error"]["code"], code, "{args:?}: {line}");
+        assert_eq!(line["error"]["exit_status"].as_i64(), ran.0.status.code().map(i64::from), "{line}");
+        assert!(!ran.stderr().is_empty(), "the text is on standard error still");
+        line
+    };
+    let unknown = check(&["diff", RUN, "nosuch", "--json"], "usage");
+    assert!(unknown["error"]["message"].as_str().unwrap().contains("no run matches nosuch"), "{unknown}");
+    assert!(unknown["error"]["hint"].is_string(), "{unknown}");
+    check(&["show", RUN, "--seq", "999", "--json"], "usage");
+    let clap = check(&["diff", "--json"], "usage");
+    assert!(clap["error"]["message"].as_str().unwrap().contains("<RUN_A>"), "{clap}");
+    // Without --json, standard output stays empty.
+    assert_eq!(home.run(&["diff", RUN, "nosuch"]).stdout(), "");
+}
