@@ -235,6 +235,13 @@ fn approve_needs_a_known_id_and_a_reason() {
     let nowhere = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
     assert_eq!(nowhere.status.code(), Some(2), "{}", text(&nowhere.stderr));
     assert!(text(&nowhere.stderr).contains("no store at"), "{}", text(&nowhere.stderr));
+    // `agents` needs no store: the rungs come from the signed ledger.
+    let lonely = p.retrace(&["agents"], &[]);
+    assert!(
+        lonely.status.success() && text(&lonely.stderr).contains("no store here"),
+        "{}",
+        text(&lonely.stderr)
+    );
     assert_eq!(p.retrace(&["record", "--", "true"], &[]).status.code(), Some(0));
     let unknown = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));

@@ -40,7 +40,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = std::env::current_dir()?;
     let governor = Governor::load(&dir).map_err(|e| usage(e.to_string()))?;
     let project = retrace_runtime::autonomy::project(&dir);
-    let local = readable_store_from_env()?.ledger_entries(Some(&project))?;
+    // A machine that only runs agents may hold no store: the rungs come from the signed ledger.
+    let config = retrace_store::StoreConfig::from_env()?;
+    let no_store =
+        matches!(&config.location, retrace_store::StoreLocation::Sqlite { path } if !path.exists());
+    let local = match no_store {
+        true => {
+            eprintln!("retrace: no store here: rungs from the signed ledger alone, with no local record");
+            Vec::new()
+        }
+        false => readable_store_from_env()?.ledger_entries(Some(&project))?,
+    };
     let mut names: BTreeSet<String> = local.iter().map(|e| e.agent.clone()).collect();
     if let Some(file) = governor.as_ref().and_then(|g| g.ledger.as_ref()) {
         names.extend(file.entries.iter().filter(|e| e.project == project).map(|e| e.agent.clone()));
