@@ -143,10 +143,13 @@ fn export_inner(
     // A fork's edits name blobs no event may reference (a `message:` edit's body): the file
     // carries them too, so a replay of the imported fork can apply its edits again.
     let mut refs = refs;
-    let mut referenced: DigestSet = refs.iter().map(|(d, _)| *d).collect();
-    for digest in crate::gc::edit_blobs(&run) {
-        if referenced.insert(digest) {
-            refs.push((digest, None));
+    let edit_blobs = crate::gc::edit_blobs(&run);
+    if !edit_blobs.is_empty() {
+        let mut referenced: DigestSet = refs.iter().map(|(d, _)| *d).collect();
+        for digest in edit_blobs {
+            if referenced.insert(digest) {
+                refs.push((digest, None));
+            }
         }
     }
     let plan = plan_blobs(store, run_id, &refs, requests)?;
