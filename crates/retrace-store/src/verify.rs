@@ -6,7 +6,7 @@
 //! causal checks. An event that can't be read is a problem at its own seq, and the check goes on
 //! past it (the events beside it aren't blamed for the hole). Every finding is a [`Problem`] that names the run, the seq or digest, and what
 //! is wrong; an empty list means the run is sound.
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use retrace_core::canonical::CanonError;
@@ -14,6 +14,10 @@ use retrace_core::envelope::EventType;
 use retrace_core::run::{FinalDecision, RunMeta, RunMode, RunStatus};
 use retrace_core::{Digest, Event};
 use serde::Serialize;
+
+mod causality;
+
+pub(crate) use causality::Causality;
 
 use crate::export::{RunEvents, PAGE};
 use crate::{Store, StoreError, StoreErrorKind, StoreResult};
@@ -173,28 +177,16 @@ pub fn verify_all(store: &dyn Store) -> Vec<Problem> {
     }
 }
 
-/// What the causal checks remember of each event: 16 bytes.
-#[derive(Clone, Copy)]
-struct Seen {
-    lamport: u64,
-    agent: u32,
-    kind: EventType,
-}
-
 struct RunCheck<'a> {
     store: &'a dyn Store,
     run: &'a str,
     problems: Vec<Problem>,
-    /// Index `seq - 1`.
-    seen: Vec<Seen>,
-    agents: HashMap<String, u32>,
-    /// Last Lamport value per agent index.
-    clocks: Vec<Option<u64>>,
+    causality: Causality,
     blobs: HashSet<Digest>,
     prev: Option<Digest>,
     /// Each `decision` event's agent, action and target, in seq order.
     decisions: Vec<FinalDecision>,
-    /// The seqs of events that couldn't be read (their `seen` entries are placeholders).
+    /// The seqs of events that couldn't be read (holes in `causality`).
     unreadable: BTreeSet<u64>,
     /// The event before the next one couldn't be read, so its `prev` isn't known.
     after_hole: bool,
@@ -206,9 +198,7 @@ impl<'a> RunCheck<'a> {
             store,
             run,
             problems: Vec::new(),
-            seen: Vec::new(),
-            agents: HashMap::new(),
-            clocks: Vec::new(),
+            causality: Causality::default(),
             blobs: HashSet::new(),
             prev: None,
             decisions: Vec::new(),
@@ -257,7 +247,7 @@ impl<'a> RunCheck<'a> {
         }
         if let Some(head) = meta.head {
             if self.prev != Some(head) {
-                let last = self.seen.len() as u64;
+                let last = self.causality.len();
                 let found = self.prev.map_or("no events".to_owned(), |d| d.to_string());
                 let message = format!("run head is {head} but the last event's hash is {found}");
                 self.problem(ProblemKind::Head, (last > 0).then_some(last), message);
@@ -325,7 +315,7 @@ impl<'a> RunCheck<'a> {
     fn skipped(&mut self, seq: u64, e: StoreError) {
         self.problem(ProblemKind::Unreadable, Some(seq), format!("cannot read the event: {e}"));
         self.unreadable.insert(seq);
-        self.seen.push(Seen { lamport: 0, agent: u32::MAX, kind: EventType::Decision });
+        self.causality.hole();
         self.prev = None;
         self.after_hole = true;
     }
@@ -337,7 +327,7 @@ impl<'a> RunCheck<'a> {
     }
 
     fn event(&mut self, e: &Event, fork_at: Option<u64>) {
-        let expected = self.seen.len() as u64 + 1;
+        let expected = self.causality.len() + 1;
         if e.seq != expected {
             let message = format!("expected seq {expected}, found seq {}", e.seq);
             self.problem(ProblemKind::Seq, Some(e.seq), message);
@@ -347,7 +337,9 @@ impl<'a> RunCheck<'a> {
             self.problem(ProblemKind::RunId, Some(e.seq), format!("event names run {}", e.run_id));
         }
         self.chain(e);
-        self.causality(e);
+        for (kind, message) in self.causality.check(e, &self.unreadable) {
+            self.problem(kind, Some(e.seq), message);
+        }
         if let (EventType::Decision, Some(d)) = (e.kind, &e.decision) {
             let decision = FinalDecision {
                 agent: e.agent_id.clone(),
@@ -379,61 +371,6 @@ impl<'a> RunCheck<'a> {
             }
             Err(err) => self.problem(ProblemKind::Hash, Some(e.seq), format!("cannot hash: {err}")),
         }
-    }
-
-    fn causality(&mut self, e: &Event) {
-        let next = self.agents.len() as u32;
-        let agent = *self.agents.entry(e.agent_id.clone()).or_insert(next);
-        if agent == next {
-            self.clocks.push(None);
-        }
-        if let Some(last) = self.clocks[agent as usize] {
-            if e.lamport <= last {
-                let message = format!(
-                    "lamport {} of agent {} does not increase (its previous event has {last})",
-                    e.lamport, e.agent_id
-                );
-                self.problem(ProblemKind::Lamport, Some(e.seq), message);
-            }
-        }
-        self.clocks[agent as usize] = Some(e.lamport);
-        if let Some(parent) = e.causal_parent.filter(|p| !self.unreadable.contains(p)) {
-            self.parent(e, parent);
-        }
-        for &seq in &e.inbound {
-            let ok = self.unreadable.contains(&seq)
-                || seq < e.seq
-                    && self.at(seq).is_some_and(|s| s.kind == EventType::Deliver && s.agent == agent);
-            if !ok {
-                let message = format!("inbound {seq} is not an earlier deliver to {}", e.agent_id);
-                self.problem(ProblemKind::Inbound, Some(e.seq), message);
-            }
-        }
-        self.seen.push(Seen { lamport: e.lamport, agent, kind: e.kind });
-    }
-
-    fn parent(&mut self, e: &Event, parent: u64) {
-        let Some(found) = self.at(parent).filter(|_| parent < e.seq) else {
-            let message = format!("causal_parent {parent} is not an earlier event");
-            return self.problem(ProblemKind::Causal, Some(e.seq), message);
-        };
-        if e.kind != EventType::Deliver {
-            return;
-        }
-        if found.kind != EventType::Send {
-            let message = format!("deliver names causal_parent {parent}, a {}, not a send", found.kind);
-            self.problem(ProblemKind::Causal, Some(e.seq), message);
-        } else if e.lamport <= found.lamport {
-            let message = format!(
-                "deliver has lamport {} but its send (seq {parent}) has {}",
-                e.lamport, found.lamport
-            );
-            self.problem(ProblemKind::Lamport, Some(e.seq), message);
-        }
-    }
-
-    fn at(&self, seq: u64) -> Option<Seen> {
-        self.seen.get(usize::try_from(seq).ok()?.checked_sub(1)?).copied()
     }
 
     fn blob(&mut self, seq: u64, digest: Digest) {

@@ -116,7 +116,7 @@ pub(super) struct Pipeline<R> {
 
 impl<R: BufRead> Pipeline<R> {
     /// Starts the workers on `scope`; line `first` (after `read` bytes) is the next one of
-    /// `reader`, and lines `2..=1 + events` are event lines.
+    /// `reader`, and the `events` lines from line 2 on are event lines.
     pub fn start<'scope>(
         scope: &'scope Scope<'scope, '_>,
         reader: R,
@@ -237,7 +237,7 @@ fn unknown_fields(canonical: &[u8], line: &[u8]) -> Vec<String> {
     written.iter().filter(|(k, v)| !known.contains_key(*k) && !v.is_null()).map(|(k, _)| k.clone()).collect()
 }
 
-/// Parses and hashes every line of `chunk` (line numbers `2..=1 + events` are events).
+/// Parses and hashes every line of `chunk` (the `events` lines from line 2 on are events).
 fn prepare(chunk: Chunk, events: u64) -> Vec<Line> {
     let mut lines = Vec::with_capacity(chunk.ends.len());
     let mut start = 0;
@@ -248,7 +248,7 @@ fn prepare(chunk: Chunk, events: u64) -> Vec<Line> {
         let bytes = &chunk.buf[start..end - usize::from(complete)];
         read += (end - start) as u64;
         let number = chunk.first + i as u64;
-        let prepared = match (2..=1 + events).contains(&number) {
+        let prepared = match number >= 2 && number - 2 < events {
             true => Prepared::Event(serde_json::from_slice::<Event>(bytes).map(|event| {
                 // One write of the canonical form gives the hash and the check for members
                 // the event doesn't hold.

@@ -3,6 +3,7 @@
 //! `import/held.rs`).
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
+use std::collections::BTreeSet;
 use std::io::BufRead;
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use super::identity::Mismatched;
 use super::prepare::{Body, Line, ParsedBlob, ParsedEvent, Pipeline, Prepared};
 use super::{ImportError, ImportOptions, Location};
 use crate::manifest::{self, Manifest, ManifestSource};
+use crate::verify::Causality;
 use crate::{Store, StoreError, StoreResult};
 
 /// Events (and blob lines) whose room is taken at once from the header's counts, at most: a
@@ -205,10 +207,19 @@ pub(super) fn read_trace<'s>(
         progress(read);
     }
     let complete = first.last() == Some(&b'\n');
-    let header = read_header(&first[..first.len() - usize::from(complete)], complete, header_at)?;
+    let (header, unknown) = read_header(&first[..first.len() - usize::from(complete)], complete, header_at)?;
     std::thread::scope(|scope| {
         let pipe = Pipeline::start(scope, reader, 2, read, header.events);
         let mut lines = Lines { pipe, number: 1, complete, opts };
+        if !unknown.is_empty() {
+            let message = format!(
+                "the header holds members no {} header has ({}): importing would drop them{}",
+                retrace_core::export::FORMAT,
+                unknown.join(", "),
+                newer_format(&header.format)
+            );
+            lines.forgive(lines.verification(None, None, message))?;
+        }
         read_body(scope, &mut lines, header, store)
     })
 }
@@ -274,7 +285,13 @@ fn read_body<'scope, 'env, R: BufRead>(
     Ok(Trace { header, events, blobs, index, keep, mismatched })
 }
 
-fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader, ImportError> {
+/// Reads the header line: the header, and the paths of members it holds that no field of
+/// [`ExportHeader`] does ([`unknown_members`]).
+fn read_header(
+    line: &[u8],
+    complete: bool,
+    at: Location,
+) -> Result<(ExportHeader, Vec<String>), ImportError> {
     let malformed = |message: String| ImportError::Malformed { at: at.clone(), message };
     // Two ways a trace often reaches us wrapped: say which, rather than only "not JSON".
     if line.starts_with(&[0x1f, 0x8b]) {
@@ -297,8 +314,12 @@ fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader
         Err(FormatError::UnknownMajor { found }) => return Err(ImportError::UnknownFormat { at, found }),
         Err(e @ FormatError::NotATrace(_)) => return Err(malformed(e.to_string())),
     }
-    let header: ExportHeader =
-        serde_json::from_value(value).map_err(|e| malformed(format!("bad header: {}", json_message(&e))))?;
+    let header: ExportHeader = serde_json::from_value(value.clone())
+        .map_err(|e| malformed(format!("bad header: {}", json_message(&e))))?;
+    let mut unknown = Vec::new();
+    if let Ok(known) = serde_json::to_value(&header) {
+        unknown_members(&value, &known, "", &mut unknown);
+    }
     let run = &header.run;
     if run.id.is_empty() || run.id.len() > 200 || run.id.chars().any(char::is_control) {
         return Err(malformed(format!("bad run id {:?}", run.id)));
@@ -311,8 +332,51 @@ fn read_header(line: &[u8], complete: bool, at: Location) -> Result<ExportHeader
             "the header's holds_tokens, mask_key_fingerprint or masking_rules disagree with its run";
         return Err(malformed(message.into()));
     }
-    Ok(header)
+    Ok((header, unknown))
 }
+
+/// Appends to `out` the path of each member of `written` that `known` (what parsing kept of
+/// it, written back) lacks: parsing dropped it. A mangled key (`"exit_st`tus":0`) would
+/// otherwise import as an absent field, changing the run. Members whose value is null are
+/// not counted (an absent optional field, written out). Arrays are walked element by element.
+fn unknown_members(
+    written: &serde_json::Value,
+    known: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (written, known) {
+        (Value::Object(written), Value::Object(known)) => {
+            for (key, value) in written {
+                let at = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                match known.get(key) {
+                    Some(kept) => unknown_members(value, kept, &at, out),
+                    None if value.is_null() => {}
+                    None => out.push(at),
+                }
+            }
+        }
+        (Value::Array(written), Value::Array(known)) => {
+            for (i, (value, kept)) in written.iter().zip(known).enumerate() {
+                unknown_members(value, kept, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Said after a complaint about members this build doesn't know, when a newer minor version
+/// of the format wrote the file.
+fn newer_format(format: &str) -> String {
+    match format {
+        retrace_core::export::FORMAT => String::new(),
+        other => format!(" (the file says {other}: a newer retrace wrote it, import it with that)"),
+    }
+}
+
+/// A file's events have no holes: every reference is judged.
+const NO_HOLES: BTreeSet<u64> = BTreeSet::new();
 
 /// The file's events, and those whose content doesn't give their hash (kept only when forced).
 fn read_events<R: BufRead>(
@@ -323,6 +387,7 @@ fn read_events<R: BufRead>(
     let mut mismatched = Mismatched::new();
     let mut events: Vec<Event> = Vec::with_capacity(header.events.min(PREALLOCATED) as usize);
     let mut prev: Option<Digest> = None;
+    let mut causality = Causality::default();
     for expected in 1..=header.events {
         let Some(line) = lines.next()? else {
             let message =
@@ -354,10 +419,7 @@ fn read_events<R: BufRead>(
         };
         let seq = Some(event.seq);
         if !unknown.is_empty() {
-            let newer = match header.format.as_str() {
-                retrace_core::export::FORMAT => String::new(),
-                other => format!(" (the file says {other}: a newer retrace wrote it, import it with that)"),
-            };
+            let newer = newer_format(&header.format);
             let message = format!(
                 "seq {} holds members no retrace-trace/1 event has ({}): its hash doesn't cover them, \
                  and importing would drop them{newer}",
@@ -403,6 +465,10 @@ fn read_events<R: BufRead>(
                 show(event.prev),
                 show(prev)
             );
+            lines.forgive(lines.verification(seq, None, message))?;
+        }
+        for (_, message) in causality.check(&event, &NO_HOLES) {
+            let message = format!("seq {}: {message}", event.seq);
             lines.forgive(lines.verification(seq, None, message))?;
         }
         prev = Some(event.hash);

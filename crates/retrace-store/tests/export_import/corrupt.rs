@@ -4,7 +4,7 @@ use retrace_store::import::{import_reader, ImportError, ImportErrorKind, ImportO
 use retrace_store::memory::MemoryStore;
 use retrace_store::EventStore;
 
-use super::trace_fixture::{conversation, export, join, lines, memory};
+use super::trace_fixture::{conversation, export, join, lines, memory, Fixture};
 
 /// A good export of a 3-turn conversation (13 events) and its lines.
 fn good() -> Vec<String> {
@@ -275,6 +275,17 @@ fn absurd_header_counts_are_truncation_not_exhaustion() {
     lines[0] = h.to_string();
     let err = refused(&join(&lines));
     check(&err, ImportErrorKind::Truncated, 2, &["t.jsonl:1", "the file holds 0"]);
+
+    // The largest count with the lines still there: the blob after the last event is named
+    // (1 + u64::MAX used to wrap, so every line was taken for a blob, and import panicked).
+    for events in [u64::MAX, u64::MAX - 1, 1 << 63] {
+        let mut lines = good();
+        let mut h = header(&lines);
+        h["events"] = events.into();
+        lines[0] = h.to_string();
+        let err = refused(&join(&lines));
+        check(&err, ImportErrorKind::Malformed, 2, &["t.jsonl:15", "expected event 14", "found a blob line"]);
+    }
 }
 
 #[test]
@@ -304,8 +315,10 @@ fn forced_imports_store_what_verify_then_names_but_never_what_the_store_cannot_h
     let store = MemoryStore::new();
     let (outcome, forgiven) = forced(&store, &join(&lines));
     assert_eq!(outcome.unwrap(), "01corrupt");
-    assert_eq!(forgiven.len(), 1, "{forgiven:?}");
+    // The renamed agent also breaks seq 4's inbound link: import says so, as verify does.
+    assert_eq!(forgiven.len(), 2, "{forgiven:?}");
     assert!(forgiven[0].starts_with("line 5: hash mismatch at seq 4"), "{forgiven:?}");
+    assert!(forgiven[1].contains("seq 4: inbound 3 is not an earlier deliver to reviewes"), "{forgiven:?}");
     let problems = retrace_store::verify::verify_run(&store, "01corrupt");
     // The renamed agent also breaks seq 4's inbound link; everything found is at seq 4.
     assert!(problems.iter().all(|p| p.seq == Some(4)), "{problems:?}");
@@ -411,4 +424,59 @@ fn an_event_line_with_a_member_no_event_has_is_refused_naming_it() {
     lines[2] = spaced;
     let store = MemoryStore::new();
     import_reader(&store, join(&lines).as_slice(), ImportOptions::default()).expect("known members import");
+}
+
+/// An import checks what `verify` checks of each event's clock and causal links, so it never
+/// stores a run `verify` then rejects: a resealed file (the chain is unkeyed, anyone can redo
+/// it) with a clock that goes back or a parent that points forward is refused, naming the seq,
+/// and stored only when forced, where `verify` names the same seq.
+#[test]
+fn an_import_checks_clocks_and_causal_links_as_verify_does() {
+    type Edit = fn(&mut Fixture);
+    let cases: [(Edit, u64, &str); 4] = [
+        (|f| f.events[5].lamport = 1, 6, "lamport 1 of agent planner does not increase"),
+        (|f| f.events[3].causal_parent = Some(9), 4, "causal_parent 9 is not an earlier event"),
+        (|f| f.events[2].causal_parent = Some(1), 3, "not a send"),
+        (|f| f.events[3].inbound = vec![2], 4, "inbound 2 is not an earlier deliver to reviewer"),
+    ];
+    for (edit, seq, needle) in cases {
+        let a = memory();
+        let mut fixture = conversation("01corrupt", 3);
+        edit(&mut fixture);
+        fixture.reseal_from(1);
+        fixture.commit(&*a.store);
+        let file = export(&*a.store, "01corrupt");
+        let err = refused(&file);
+        check(&err, ImportErrorKind::Verification, 1, &[&format!("seq {seq}: "), needle, "t.jsonl:"]);
+
+        let store = MemoryStore::new();
+        let (outcome, forgiven) = forced(&store, &file);
+        assert_eq!(outcome.unwrap(), "01corrupt");
+        assert_eq!(forgiven.len(), 1, "{forgiven:?}");
+        let problems = retrace_store::verify::verify_run(&store, "01corrupt");
+        assert!(problems.iter().any(|p| p.seq == Some(seq) && p.message.contains(needle)), "{problems:?}");
+    }
+}
+
+/// A header member this build doesn't know (a key mangled by one flipped bit) would import as
+/// an absent field and change the run: it is refused, naming its path, and dropped only when
+/// forced. A null one (an absent optional field, written out) is no loss.
+#[test]
+fn a_header_member_no_header_has_is_refused_naming_it() {
+    let mut lines = good();
+    let mut h = header(&lines);
+    let run = h["run"].as_object_mut().unwrap();
+    let name = run.remove("name").unwrap_or(serde_json::json!("a name"));
+    run.insert("nane".into(), name);
+    run.insert("gone".into(), serde_json::Value::Null);
+    h["masking_rules"].as_object_mut().unwrap().insert("extra".into(), serde_json::json!(1));
+    lines[0] = String::from_utf8(retrace_core::canonical::canonical_value(&h).unwrap()).unwrap();
+    let err = refused(&join(&lines));
+    check(&err, ImportErrorKind::Verification, 1, &["t.jsonl:1", "run.nane", "masking_rules.extra"]);
+    assert!(!err.to_string().contains("run.gone"), "{err}");
+
+    let store = MemoryStore::new();
+    let (outcome, forgiven) = forced(&store, &join(&lines));
+    assert_eq!(outcome.unwrap(), "01corrupt");
+    assert_eq!(forgiven.len(), 1, "{forgiven:?}");
 }
