@@ -79,8 +79,9 @@ pub fn finish(result: anyhow::Result<()>, json: bool) -> ExitCode {
         Some(f) => (f.code, f.hint.clone()),
         None => (code_of(&err), None),
     };
-    let mut report = format!("error: {err}\n");
-    for cause in err.chain().skip(1) {
+    let said = said(&err);
+    let mut report = format!("error: {}\n", said[0]);
+    for cause in &said[1..] {
         report.push_str(&format!("  caused by: {cause}\n"));
     }
     if let Some(hint) = hint {
@@ -93,7 +94,7 @@ pub fn finish(result: anyhow::Result<()>, json: bool) -> ExitCode {
     let _ = stderr.write_all(report.as_bytes()).and_then(|()| stderr.flush());
     if json && !crate::output::was_json_printed() {
         let what = error_code(&err, code);
-        let message = err.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ");
+        let message = said.join(": ");
         let line = serde_json::json!({"error": {"code": what, "message": message, "hint": hint_of(&err), "exit_status": code}});
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
@@ -116,6 +117,21 @@ pub fn usage_error_json(message: &str, json: bool) {
             serde_json::json!({"error": {"code": "usage", "message": first, "hint": null, "exit_status": 2}});
         println!("{line}");
     }
+}
+
+/// The error chain's messages, without a cause its error's message ends with already: an
+/// error that quotes its source (`reading blob …: No such file or directory (os error 2)`) would
+/// otherwise say it twice.
+fn said(err: &anyhow::Error) -> Vec<String> {
+    let mut said: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if said.last().is_some_and(|last| last.ends_with(&text)) {
+            continue;
+        }
+        said.push(text);
+    }
+    said
 }
 
 fn hint_of(err: &anyhow::Error) -> Option<String> {

@@ -287,7 +287,8 @@ fn demo_recording() -> (Home, String) {
 }
 
 /// A replay whose recording can't be read (two of its output blobs swapped in the database)
-/// judges nothing: it is an error naming the run to verify (exit 2), never "ok" and never an
+/// judges nothing: it is an error naming the run to verify (exit 1: the stored run is damaged,
+/// as verify says), never "ok" and never an
 /// exit-status divergence made of the program's reaction to the failure.
 #[test]
 fn a_replay_that_cannot_read_its_recording_fails_naming_the_run() {
@@ -302,12 +303,12 @@ fn a_replay_that_cannot_read_its_recording_fails_naming_the_run() {
     assert!(outputs.len() >= 2, "the demo's steps have outputs");
     swap_blob_rows(&home.db(), &outputs[0], &outputs[1]);
     let verify = format!("retrace verify {recorded}");
-    home.run(&["replay", &recorded]).expect(2, &[], &["could not be read to its end", &verify]);
+    home.run(&["replay", &recorded]).expect(1, &[], &["could not be read to its end", "is damaged", &verify]);
 }
 
 /// An event edited in the database (its Lamport clock, which its hash covers) is caught by the
 /// commands that read a run whole, not only by `verify`: a replay refuses to serve it, naming
-/// the seq (exit 2, as for any recording it can't read), and an export refuses to write a file
+/// the seq (exit 1, as `verify`: the stored run is damaged), and an export refuses to write a file
 /// that its own import would refuse (exit 1, as `verify`).
 #[test]
 fn an_event_edited_in_the_store_is_refused_by_replay_and_export_naming_its_seq() {
@@ -322,7 +323,7 @@ fn an_event_edited_in_the_store_is_refused_by_replay_and_export_naming_its_seq()
     assert_eq!(edited, 1);
     let mismatch = format!("run {recorded} seq 2: hash mismatch");
     home.run(&["verify", &recorded]).expect(1, &[&mismatch], &[]);
-    home.run(&["replay", &recorded]).expect(2, &[], &["could not be read to its end", &mismatch]);
+    home.run(&["replay", &recorded]).expect(1, &[], &["could not be read to its end", &mismatch]);
     let file = home.file("edited.jsonl");
     home.run(&["export", &recorded, "-o", file.to_str().unwrap()]).expect(1, &[], &[&mismatch]);
     assert!(!file.exists(), "no file its import would refuse");
@@ -414,4 +415,23 @@ fn force_is_suggested_only_where_it_helps_and_a_left_out_blob_is_said_so() {
     let forced = Home::new().run(&["import", "--force", &path]);
     forced.expect(0, &[RUN], &[&format!("digest mismatch for blob {digest}"), &left_out]);
     assert!(!forced.stderr().contains("which is not in the file"), "{}", forced.stderr());
+}
+
+/// A blob the run's events name, deleted from the database, is a damaged stored run to every
+/// command that reads it: export and replay exit 1, as verify does, naming the digest.
+#[test]
+fn a_blob_row_deleted_from_the_store_is_damage_to_export_and_replay() {
+    let (home, recorded) = demo_recording();
+    let output: Digest = {
+        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+        let events = store.events(&recorded, 1, 1000).unwrap();
+        events.iter().find_map(|e| e.output_ref).expect("a step with an output")
+    };
+    let deleted = home.db().execute("DELETE FROM blobs WHERE digest = ?1", [&output.as_bytes()[..]]).unwrap();
+    assert_eq!(deleted, 1);
+    let digest = output.to_string();
+    home.run(&["verify", &recorded]).expect(1, &[&digest], &[]);
+    let file = home.file("damaged.jsonl");
+    home.run(&["export", &recorded, "-o", file.to_str().unwrap()]).expect(1, &[], &[&digest]);
+    home.run(&["replay", &recorded]).expect(1, &[], &["could not be read to its end", "is damaged", &digest]);
 }

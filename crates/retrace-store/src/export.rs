@@ -299,7 +299,14 @@ fn fetch_blobs(
     plan: Vec<Planned>,
     writer: &SyncSender<Vec<Fetched>>,
 ) -> Result<(), ExportError> {
-    let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
+    // A blob the run's events name and the store lacks: the stored run is damaged.
+    let stored = |source: StoreError| {
+        let source = match source.kind {
+            StoreErrorKind::NotFound => StoreError { kind: StoreErrorKind::Corrupt, ..source },
+            _ => source,
+        };
+        ExportError::Store { run_id: run_id.to_owned(), source }
+    };
     let mut plan = plan.into_iter().peekable();
     let mut per_read = BLOBS_PER_READ;
     while plan.peek().is_some() {

@@ -256,11 +256,18 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let outcome = conclude(store.as_ref(), &id, &source, status)?;
     if outcome.status == RunStatus::Failed && outcome.divergence.is_none() {
         // The session could not serve the recording (a blob that fails its digest, a read
-        // error): nothing was judged, so this is neither a match nor a divergence.
+        // error): nothing was judged, so this is neither a match nor a divergence. A stored run
+        // that verify finds damaged is a failed check (exit 1, as `verify` and `export` say of
+        // it); anything else, an I/O error, is the store's (2).
+        let problems = retrace_store::verify::verify_run(store.as_ref(), &source.id);
+        let (code, found) = match problems.first() {
+            Some(first) => (1, format!(": the stored run is damaged ({first})")),
+            None => (2, String::new()),
+        };
         return Err(crate::exit::Failure {
-            code: 2,
+            code,
             message: format!(
-                "replay {id} of {} failed: its recording could not be read to its end",
+                "replay {id} of {} failed: its recording could not be read to its end{found}",
                 source.id
             ),
             hint: Some(format!("`retrace verify {}` says what is wrong with the stored run", source.id)),

@@ -36,13 +36,15 @@ impl Files {
         format!("{}/{}", &hex[..2], &hex[2..])
     }
 
-    /// The bytes of the file at `relative`; a missing file is `Corrupt` (its row says it exists).
+    /// The bytes of the file at `relative`; a missing file, or a folder in its place, is
+    /// `Corrupt` (its row says the file exists).
     pub(crate) fn read(&self, digest: &Digest, relative: &str) -> StoreResult<(Vec<u8>, PathBuf)> {
         let path = self.dir.join(relative);
         match std::fs::read(&path) {
             Ok(bytes) => Ok((bytes, path)),
             Err(e) => {
-                let missing = e.kind() == std::io::ErrorKind::NotFound;
+                let missing =
+                    matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::IsADirectory);
                 let err = StoreError::from_io(e, format!("reading blob {digest} from {}", path.display()));
                 if !missing {
                     return Err(err);
