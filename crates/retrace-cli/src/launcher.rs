@@ -122,14 +122,24 @@ pub fn check_finished(
     source: &retrace_core::run::RunMeta,
     verb: &str,
 ) -> anyhow::Result<()> {
-    if source.status != retrace_core::run::RunStatus::Running {
-        return Ok(());
-    }
     let id = &source.id;
+    let running = source.status == retrace_core::run::RunStatus::Running;
     if source.labels.contains_key(retrace_store::import::UNFINISHED_LABEL) {
-        return Err(usage(format!(
-            "run {id} is still being imported; {verb} it once the import has finished"
-        )));
+        if running {
+            return Err(usage(format!(
+                "run {id} is still being imported; {verb} it once the import has finished"
+            )));
+        }
+        // An import that stopped part way: its recording is whole in the file, not here, so
+        // the run's end would be blamed on a recorder that never stopped.
+        let held = store.last_seq(id).map_or_else(|_| "some".to_owned(), |n| n.to_string());
+        return Err(crate::exit::usage_hint(
+            format!("run {id} is an unfinished import: the store holds the first {held} of its events, not the whole run"),
+            format!("import its trace file again (`retrace import FILE` stores the rest), then {verb} it"),
+        ));
+    }
+    if !running {
+        return Ok(());
     }
     let by = match store.lease_holder(id)? {
         Some(holder) => match holder.parts() {

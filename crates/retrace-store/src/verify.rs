@@ -116,6 +116,9 @@ pub enum ProblemKind {
     Unrecovered,
     /// A finished recording's final decisions are not its agents' `decision` events.
     Decisions,
+    /// An import that stopped part way: the store holds only the first events of the file's
+    /// run (those it holds are checked as far as they go).
+    Unfinished,
 }
 
 /// One thing wrong with a stored run.
@@ -221,6 +224,16 @@ impl<'a> RunCheck<'a> {
         };
         if let Some(why) = self.store.unrecovered(self.run) {
             self.problem(ProblemKind::Unrecovered, None, why);
+        }
+        let importing = meta.status == RunStatus::Running;
+        if meta.labels.contains_key(crate::import::UNFINISHED_LABEL) && !importing {
+            // One still running is an import in progress, not a problem yet.
+            let held = self.store.last_seq(self.run).map_or_else(|_| "some".to_owned(), |n| n.to_string());
+            let message = format!(
+                "an unfinished import: the store holds the first {held} events of the file's run, not all \
+                 of them (import its trace file again to store the rest)"
+            );
+            self.problem(ProblemKind::Unfinished, None, message);
         }
         let mut pages = match RunEvents::new(self.store, self.run) {
             Ok(pages) => pages,

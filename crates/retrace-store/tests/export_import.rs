@@ -20,8 +20,8 @@ use retrace_store::import::{
     import_reader, ImportError, ImportErrorKind, ImportOptions, ImportOutcome, UNFINISHED_LABEL,
 };
 use retrace_store::intercept::{Intercepted, Interceptor};
-use retrace_store::verify::verify_run;
-use retrace_store::{Batch, BlobHint, Store, StoreError, StoreResult};
+use retrace_store::verify::{verify_run, ProblemKind};
+use retrace_store::{Batch, BlobAt, BlobHint, BlobPut, Store, StoreError, StoreResult};
 use trace_fixture::{conversation, export, import, lines, memory, sqlite, Backend, Builder};
 
 fn round_trip(make: fn() -> Backend) {
@@ -512,6 +512,29 @@ fn a_store_that_fails_while_blobs_are_stored_early_fails_the_import() {
         flaky.fail_commits(false);
         assert!(matches!(import(&flaky, &file).unwrap(), ImportOutcome::Imported { .. }));
         assert!(export(&*b.store, "01flaky") == file);
+
+        // Failing after a first early transaction, the error says what that one left behind.
+        let c = make();
+        let failing = Intercepted::wrap(c.store.clone(), FailPutBlobsAfter(AtomicU64::new(1)));
+        let err = import(&failing, &file).unwrap_err();
+        assert_eq!(err.kind(), ImportErrorKind::Store, "{err}");
+        let cause = std::error::Error::source(&err).map(|e| e.to_string()).unwrap_or_default();
+        assert!(cause.contains("this import had stored 16384 of the file's blobs"), "{cause}");
+        assert!(cause.contains("importing the file again reuses them"), "{cause}");
+        assert!(c.store.runs().unwrap().is_empty());
+    }
+}
+
+/// Fails every `put_blobs` after the first this many.
+struct FailPutBlobsAfter(AtomicU64);
+
+impl Interceptor for FailPutBlobsAfter {
+    fn put_blobs(&self, inner: &dyn Store, blobs: &[BlobPut]) -> StoreResult<Vec<Option<BlobAt>>> {
+        if self.0.fetch_sub(1, Ordering::SeqCst) == 0 {
+            self.0.store(0, Ordering::SeqCst);
+            return Err(StoreError::full("injected: disk full"));
+        }
+        inner.put_blobs(blobs)
     }
 }
 
@@ -538,7 +561,16 @@ fn an_import_that_fails_while_events_are_stored_leaves_a_run_marked_unfinished_a
         assert_eq!(left.head, None);
         assert_eq!(left.labels.get(UNFINISHED_LABEL).map(String::as_str), Some("stored in part"));
         assert_eq!(b.store.last_seq("01fails").unwrap(), 100);
+        // Still `running`: an import under way, not a problem yet.
         assert!(verify_run(&*b.store, "01fails").is_empty());
+        // Once it is known to have stopped, verify says the store lacks the run's end.
+        let mut stopped = left.clone();
+        stopped.status = RunStatus::Interrupted;
+        b.store.update_run(&stopped).unwrap();
+        let problems = verify_run(&*b.store, "01fails");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].kind, ProblemKind::Unfinished);
+        assert!(problems[0].message.contains("holds the first 100 events"), "{problems:?}");
 
         failing.hooks().0.store(u64::MAX, Ordering::SeqCst);
         let imported = import_chunked(&failing, &file, 64).unwrap();

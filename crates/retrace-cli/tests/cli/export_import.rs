@@ -175,6 +175,27 @@ fn an_unfinished_import_is_not_exported() {
     assert!(!home.file("t.jsonl").exists(), "no file written");
 }
 
+/// An import that stopped part way (its process killed: the run is `interrupted`) is named by
+/// `verify` (exit 1), and `replay`, `fork` and `gate` refuse it up front with the way to finish
+/// it: replaying it would blame its end on a recorder that never stopped (QA9 D9).
+#[test]
+fn a_stopped_import_is_named_by_verify_and_refused_by_replay() {
+    let home = Home::with(&conversation(RUN, 3));
+    {
+        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
+        let mut meta = store.run(RUN).unwrap();
+        meta.labels.insert(retrace_store::import::UNFINISHED_LABEL.into(), "stored in part".into());
+        meta.status = retrace_core::run::RunStatus::Interrupted;
+        store.update_run(&meta).unwrap();
+    }
+    home.run(&["verify", RUN]).expect(1, &["an unfinished import", "the first 13 events"], &[]);
+    let hint = "import its trace file again (`retrace import FILE` stores the rest), then";
+    for verb in ["replay", "fork"] {
+        let said = home.run(&[verb, RUN, "--", "true"]);
+        said.expect(2, &[], &["is an unfinished import", "the first 13 of its events", hint]);
+    }
+}
+
 /// A conflict with a run still being recorded here doesn't suggest deleting it, which `delete`
 /// refuses: it says to wait for the recording to finish (QA7 S3).
 #[test]

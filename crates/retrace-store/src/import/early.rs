@@ -100,11 +100,14 @@ impl<'scope> Early<'scope> {
         let builder = std::thread::Builder::new().name("import-store".into());
         let thread = builder
             .spawn_scoped(scope, move || {
+                let (mut blobs, mut bytes) = (0usize, 0usize);
                 for mut chunk in receive {
                     // In digest order, each row's entry in the blobs' digest index lands next
                     // to the one before it, in index pages the previous inserts just used.
                     chunk.sort_unstable_by_key(BlobPut::digest);
-                    let places = store.put_blobs(&chunk)?;
+                    let places = store.put_blobs(&chunk).map_err(|e| left_behind(e, blobs, bytes))?;
+                    blobs += chunk.len();
+                    bytes += chunk.iter().map(|b| b.bytes().len()).sum::<usize>();
                     let _ = placing.send(chunk.iter().map(BlobPut::digest).zip(places).collect());
                 }
                 Ok(())
@@ -156,4 +159,20 @@ impl<'scope> Early<'scope> {
         }
         Ok(self.placed.try_iter().collect())
     }
+}
+
+/// The store's error, saying what the import stored before it: `blobs` blobs of `bytes`
+/// bytes that no run references yet (another import of the file reuses them; `retrace gc`
+/// removes them once they are older than its blob grace).
+fn left_behind(mut e: StoreError, blobs: usize, bytes: usize) -> StoreError {
+    if blobs > 0 {
+        let mb = bytes as f64 / (1024.0 * 1024.0);
+        e.message = format!(
+            "{} (before it, this import had stored {blobs} of the file's blobs, {mb:.1} MiB, which its run \
+             doesn't reference yet: importing the file again reuses them; otherwise `retrace gc` removes \
+             those no run references once they are older than its blob grace)",
+            e.message
+        );
+    }
+    e
 }
