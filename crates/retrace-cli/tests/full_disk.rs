@@ -166,9 +166,10 @@ fn import_onto_a_full_disk_says_so_exits_2_and_leaves_no_partial_run() {
     }
 }
 
-/// A disk filled after the store was made: opening it fails in SQLite as a bare "disk I/O
-/// error" (no room for the WAL index); every command says the disk is full instead, and once
-/// there is room again the store reads as it was.
+/// A disk filled after the store was made: opening it for writing fails in SQLite as a bare
+/// "disk I/O error" (no room for the WAL index). The commands that only read open it read-only
+/// as it is, saying why, so its runs can still be listed, checked and exported elsewhere; one
+/// that writes says the disk is full; once there is room again the store reads as it was.
 #[test]
 fn a_store_on_a_disk_that_filled_up_says_the_disk_is_full() {
     let dir = tempfile::tempdir().unwrap();
@@ -182,12 +183,23 @@ fn a_store_on_a_disk_that_filled_up_says_the_disk_is_full() {
         "$2" runs >/dev/null || exit 93
         dd if=/dev/zero of="$1/fill" bs=1k 2>/dev/null
         echo "== runs"; "$2" runs; echo "== exit $?"
+        run=$("$2" runs --json 2>/dev/null | grep -o '"id": "[^"]*"' | head -1 | cut -d'"' -f4)
+        echo "== verify"; "$2" verify --all; echo "== exit $?"
+        echo "== export"; "$2" export "$run" -o "$3/moved.jsonl"; echo "== exit $?"
+        echo "== record"; "$2" record -- true; echo "== exit $?"
         rm "$1/fill"
         echo "== runs with room"; "$2" runs --json; echo "== exit $?"
     "#;
-    let (out, err) = in_private_mount(script, &[mnt.as_os_str()]);
+    let (out, err) = in_private_mount(script, &[mnt.as_os_str(), dir.path().as_os_str()]);
     let said = format!("stdout:\n{out}\nstderr:\n{err}");
-    assert!(out.contains("== runs\n== exit 2\n"), "{said}");
+    // The commands that only read still read it, saying why it is read-only (QA9 D5)...
+    assert!(out.contains("== runs\n") && out.contains(" ok "), "{said}");
+    assert!(err.contains("reading the store read-only, as it was left (its disk is full"), "{said}");
+    assert!(out.contains("== verify\nok: 1 runs"), "{said}");
+    assert!(out.contains("== export\n== exit 0"), "{said}");
+    assert!(dir.path().join("moved.jsonl").is_file(), "the run moved off the full disk: {said}");
+    // ...and a command that writes says the disk is full.
+    assert!(out.contains("== record\n== exit 2"), "{said}");
     assert!(err.contains("is full; make room there"), "{said}");
-    assert!(out.contains("== exit 0") && out.contains("\"status\": \"ok\""), "{said}");
+    assert!(out.contains("== runs with room\n") && out.contains("\"status\": \"ok\""), "{said}");
 }

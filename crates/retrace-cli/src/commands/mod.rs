@@ -92,8 +92,15 @@ pub fn readable_store_from_env() -> anyhow::Result<Arc<dyn Store>> {
 /// Opens the store `config` names, read-only as it is when this process can't write it (with
 /// a note on stderr): the store, and why it is read-only if it is.
 fn open_readable(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Option<String>)> {
-    let Some(why) = retrace_store::why_read_only(config) else {
-        return Ok((open(config)?, None));
+    let why = match retrace_store::why_read_only(config) {
+        Some(why) => why,
+        None => match open(config) {
+            Ok(store) => return Ok((store, None)),
+            // A disk with no room left for the WAL index: reading needs none of it, and moving
+            // runs off that disk (`export -o /elsewhere`) is what its user wants to do.
+            Err(e) if is_full(&e) => format!("its disk is full ({})", first_line(&e)),
+            Err(e) => return Err(e),
+        },
     };
     let (store, copied) = retrace_store::open_store_read_only(config, &why)?;
     eprintln!("retrace: reading the store read-only, as it was left ({why})");
@@ -101,6 +108,18 @@ fn open_readable(config: &StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Option
         eprintln!("retrace: {note}");
     }
     Ok((store, Some(why)))
+}
+
+/// Whether `e` is the store's disk being full.
+fn is_full(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|e| e.downcast_ref::<retrace_store::StoreError>())
+        .any(|e| e.kind == retrace_store::StoreErrorKind::Full)
+}
+
+/// The first line of `e`'s message.
+fn first_line(e: &anyhow::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_owned()
 }
 
 /// The store `serve` runs over: the one the environment names, created if there is none, or,
