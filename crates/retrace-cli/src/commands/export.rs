@@ -142,6 +142,7 @@ pub(crate) fn write_atomically<T, E>(
             true => anyhow::anyhow!("cannot write {}: {e}", path.display()),
         }
     })?;
+    let removal = RemoveOnSignal::install(&temp);
     let result = write(&mut file);
     let finished = result.is_ok().then(|| file.flush().and_then(|()| file.sync_all()));
     drop(file);
@@ -156,5 +157,50 @@ pub(crate) fn write_atomically<T, E>(
             let _ = std::fs::remove_file(&temp);
         }
     }
+    drop(removal);
     Ok(result)
+}
+
+/// Removes a temporary file if SIGINT or SIGTERM ends the process while it is written (Ctrl-C
+/// in the middle of `export -o`), then ends the process as the signal would have: otherwise a
+/// hidden file the size of the export stays behind. Not installed when the launcher's watcher
+/// handles those signals: the command then ends on its own, through the error path that
+/// removes the file. Dropping it removes the handlers.
+struct RemoveOnSignal(Vec<signal_hook::SigId>);
+
+impl RemoveOnSignal {
+    #[allow(unsafe_code)] // a signal handler: `low_level::register` is unsafe
+    fn install(temp: &Path) -> RemoveOnSignal {
+        use std::os::unix::ffi::OsStrExt;
+        if crate::launcher::signals::watching() {
+            return RemoveOnSignal(Vec::new());
+        }
+        let Ok(name) = std::ffi::CString::new(temp.as_os_str().as_bytes()) else {
+            return RemoveOnSignal(Vec::new());
+        };
+        // Leaked: a handler may run until it is unregistered, and this is one short path per
+        // file written.
+        let name: &'static std::ffi::CStr = Box::leak(name.into_boxed_c_str());
+        let mut ids = Vec::new();
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            // SAFETY: the handler calls only async-signal-safe functions (unlink, and
+            // emulate_default_handler, documented as such) and allocates nothing.
+            let registered = unsafe {
+                signal_hook::low_level::register(sig, move || {
+                    libc::unlink(name.as_ptr());
+                    let _ = signal_hook::low_level::emulate_default_handler(sig);
+                })
+            };
+            ids.extend(registered);
+        }
+        RemoveOnSignal(ids)
+    }
+}
+
+impl Drop for RemoveOnSignal {
+    fn drop(&mut self) {
+        for id in self.0.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
 }

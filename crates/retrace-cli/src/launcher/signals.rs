@@ -26,6 +26,11 @@ static RUNNING: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
 /// Whether the watcher is installed, or why it could not be.
 static WATCHER: OnceLock<Result<(), String>> = OnceLock::new();
 
+/// Whether the watcher is installed: SIGINT and SIGTERM then no longer end Retrace.
+pub fn watching() -> bool {
+    matches!(WATCHER.get(), Some(Ok(())))
+}
+
 /// Installs the watcher (once per process): from now on SIGINT and SIGTERM are remembered and
 /// forwarded to the programs running, instead of ending Retrace.
 pub fn watch() -> anyhow::Result<()> {

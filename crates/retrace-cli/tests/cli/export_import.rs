@@ -215,3 +215,39 @@ fn a_conflict_with_a_run_still_recording_says_to_wait_for_it() {
     let refused = home.run(&["import", file.to_str().unwrap()]);
     refused.expect(1, &[], &["is still being recorded here; once it has finished, `retrace delete"]);
 }
+
+/// `export -o FILE` stopped by SIGINT or SIGTERM part way leaves neither FILE nor the hidden
+/// temporary file it was writing beside it, and ends as the signal would have (QA9 D10).
+#[test]
+fn an_export_stopped_by_a_signal_leaves_no_temporary_file() {
+    use std::os::unix::process::ExitStatusExt;
+    // One step whose output is large enough that writing it takes a while.
+    let mut b = Builder::new(RUN);
+    let big = "a line of a large tool output\n".repeat(2 << 20).into_bytes();
+    b.push("agent", retrace_core::EventType::ToolCall, Some("dump"), None, Some(big), |_| {});
+    let home = Home::with(&b.finish(retrace_core::run::RunMode::Record));
+    let mut judged = 0;
+    for signal in [nix::sys::signal::Signal::SIGINT, nix::sys::signal::Signal::SIGTERM] {
+        let out = home.file("big.jsonl");
+        let mut child = home.command(&["export", RUN, "-o", out.to_str().unwrap()]).spawn().unwrap();
+        let temp = home.file(&format!(".big.jsonl.{}.tmp", child.id()));
+        let began = std::time::Instant::now();
+        while !temp.exists() && began.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(temp.exists(), "the export writes a temporary file first");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        let status = child.wait().unwrap();
+        if status.success() {
+            // It finished before the signal arrived: nothing to judge this time.
+            assert!(!temp.exists());
+            std::fs::remove_file(&out).unwrap();
+            continue;
+        }
+        assert_eq!(status.signal(), Some(signal as i32), "{status:?}");
+        assert!(!temp.exists(), "{} left behind after {signal}", temp.display());
+        assert!(!out.exists(), "no partial file");
+        judged += 1;
+    }
+    assert!(judged > 0, "every export finished before its signal");
+}
