@@ -247,6 +247,23 @@ pub enum ImportError {
         /// How it differs.
         detail: String,
     },
+    /// A fork and its source disagree on the events the fork inherits: the file's fork was made
+    /// from another recording of its source than the store holds, or a fork stored here was
+    /// made from another recording of the file's run.
+    #[error("{}", inherited_message(fork, source_run, *seq, detail, *fork_in_file))]
+    Inherited {
+        /// The fork.
+        fork: String,
+        /// The run it inherits from.
+        source_run: String,
+        /// The first seq that differs.
+        seq: u64,
+        /// How it differs.
+        detail: String,
+        /// Whether the fork is the file's run (else the file's run is the source, and the
+        /// fork is stored here).
+        fork_in_file: bool,
+    },
     /// The store holds the same events under the same run id, but the run's outcome or origin
     /// differs (status, decisions, exit status, command, fork source or edits).
     #[error("run {run_id} is already in the store with the same events but a different {field}: {stored} in the store, {file} in the file")]
@@ -288,7 +305,9 @@ impl ImportError {
             ImportError::Truncated { .. } => ImportErrorKind::Truncated,
             ImportError::UnknownFormat { .. } => ImportErrorKind::UnknownFormat,
             ImportError::Verification { .. } | ImportError::Order { .. } => ImportErrorKind::Verification,
-            ImportError::Conflict { .. } | ImportError::HeaderConflict { .. } => ImportErrorKind::Conflict,
+            ImportError::Conflict { .. }
+            | ImportError::HeaderConflict { .. }
+            | ImportError::Inherited { .. } => ImportErrorKind::Conflict,
             ImportError::Io { .. } => ImportErrorKind::Io,
             ImportError::Store { .. } => ImportErrorKind::Store,
         }
@@ -300,6 +319,7 @@ impl ImportError {
             ImportError::Verification { .. }
             | ImportError::Order { .. }
             | ImportError::Conflict { .. }
+            | ImportError::Inherited { .. }
             | ImportError::HeaderConflict { .. } => 1,
             ImportError::Store { source, .. }
                 if matches!(source.kind, StoreErrorKind::Corrupt | StoreErrorKind::Conflict) =>
@@ -308,6 +328,20 @@ impl ImportError {
             }
             _ => 2,
         }
+    }
+}
+
+/// What [`ImportError::Inherited`] says: which run is in the file and which in the store.
+fn inherited_message(fork: &str, source: &str, seq: u64, detail: &str, fork_in_file: bool) -> String {
+    match fork_in_file {
+        true => format!(
+            "the fork {fork} in the file inherits its first events from run {source}, which this store \
+             holds with different events: first difference at seq {seq} ({detail})"
+        ),
+        false => format!(
+            "run {source} in the file differs from the events the fork {fork}, stored here, inherits \
+             from it: first difference at seq {seq} ({detail})"
+        ),
     }
 }
 

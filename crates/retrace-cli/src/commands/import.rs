@@ -113,8 +113,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         // The imported run itself differs (not a fork's source, which other forks may need).
         ImportError::HeaderConflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
-        ImportError::Conflict { ref run_id, ref detail, .. } if !detail.starts_with("the fork ") => {
-            replaceable(&*store, &e, run_id, &again)
+        ImportError::Conflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
+        ImportError::Inherited { ref fork, source_run: ref source, fork_in_file, .. } => {
+            let mut failed = failure(e.exit_code(), &e);
+            if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+                f.hint = Some(match fork_in_file {
+                    true => format!(
+                        "the fork was made from another recording of {source} than this store's: import it \
+                         into a store that holds that one (or none), or replace this store's {source} with \
+                         the one the fork came from (`retrace delete {source}`, then import its trace first)"
+                    ),
+                    false => format!(
+                        "the stored fork {fork} was made from another recording of {source}: to keep this \
+                         file's, `retrace delete {fork} && retrace import {again}`"
+                    ),
+                });
+            }
+            failed
         }
         ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
         _ => failure(e.exit_code(), &e),

@@ -251,3 +251,66 @@ fn an_export_stopped_by_a_signal_leaves_no_temporary_file() {
     }
     assert!(judged > 0, "every export finished before its signal");
 }
+
+/// A fork whose events, from `at`, follow `source`'s first `at - 1`.
+fn fork_of(source: &Fixture, id: &str, at: u64) -> Fixture {
+    let mut b = Builder::new(id);
+    for i in 0..2 {
+        let output = Some(format!("{id} {i}").into_bytes());
+        b.push("planner", retrace_core::EventType::ToolCall, Some("t"), None, output, |_| {});
+    }
+    let mut fork = b.finish(retrace_core::run::RunMode::Fork);
+    let mut prev = source.events[at as usize - 2].hash;
+    for (i, e) in fork.events.iter_mut().enumerate() {
+        (e.seq, e.lamport) = (at + i as u64, 100 + i as u64);
+        e.seal(Some(prev)).unwrap();
+        prev = e.hash;
+    }
+    fork.meta.source_run = Some(source.meta.id.clone());
+    fork.meta.fork_at = Some(at);
+    fork.meta.head = Some(prev);
+    fork
+}
+
+/// A fork and a source that disagree on what the fork inherits are refused either way round,
+/// saying which run is the file's and which the store's, with the way out (QA9 D7).
+#[test]
+fn a_fork_and_a_different_recording_of_its_source_are_refused_saying_which_is_which() {
+    const SRC: &str = "01inheritsource00000000000";
+    const FORK: &str = "01inheritfork0000000000000";
+    let source = conversation(SRC, 2);
+    let home = Home::with(&source);
+    {
+        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
+        fork_of(&source, FORK, 4).commit(&*store);
+    }
+    let fork_file = home.file("f.jsonl");
+    home.run(&["export", FORK, "-o", fork_file.to_str().unwrap()]).expect(0, &[], &[]);
+    let mut other = conversation(SRC, 2);
+    other.events[1].latency_ms = Some(7);
+    other.reseal_from(1);
+    let elsewhere = Home::with(&other);
+    let said = elsewhere.run(&["import", fork_file.to_str().unwrap()]);
+    said.expect(
+        1,
+        &[],
+        &[
+            &format!("the fork {FORK} in the file inherits its first events from run {SRC}, which this store holds with different events: first difference at seq 2"),
+            "hint: the fork was made from another recording of",
+        ],
+    );
+
+    let other_file = elsewhere.file("s.jsonl");
+    elsewhere.run(&["export", SRC, "-o", other_file.to_str().unwrap()]).expect(0, &[], &[]);
+    let forks_only = Home::new();
+    forks_only.run(&["import", fork_file.to_str().unwrap()]).expect(0, &[FORK], &[]);
+    let said = forks_only.run(&["import", other_file.to_str().unwrap()]);
+    said.expect(
+        1,
+        &[],
+        &[
+            &format!("run {SRC} in the file differs from the events the fork {FORK}, stored here, inherits from it"),
+            &format!("retrace delete {FORK} && retrace import"),
+        ],
+    );
+}

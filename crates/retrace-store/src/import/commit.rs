@@ -501,8 +501,13 @@ pub(super) fn check_sources(
         let file = Identity::of_file(group, mismatched);
         if let Some((offset, detail)) = first_difference(&held, &file) {
             let seq = first + offset - 1;
-            let detail = format!("the fork {own} inherits it: {detail}");
-            return Err(ImportError::Conflict { run_id: source.clone(), seq, detail });
+            return Err(ImportError::Inherited {
+                fork: own.to_owned(),
+                source_run: source.clone(),
+                seq,
+                detail,
+                fork_in_file: true,
+            });
         }
     }
     Ok(())
@@ -536,13 +541,23 @@ pub(super) fn check_forks(
             next = last.seq + 1;
             for held in page.iter().filter(|e| e.run_id == own && e.seq < at) {
                 let Some(filed) = events.get(held.seq as usize - 1).filter(|e| e.seq == held.seq) else {
-                    let detail = format!("the fork {fork}, stored, inherits it, and the file ends before it");
-                    return Err(ImportError::Conflict { run_id: own.to_owned(), seq: held.seq, detail });
+                    return Err(ImportError::Inherited {
+                        fork: fork.to_owned(),
+                        source_run: own.to_owned(),
+                        seq: held.seq,
+                        detail: "the file ends before it".into(),
+                        fork_in_file: false,
+                    });
                 };
                 let file = Identity::of_file(std::slice::from_ref(filed), mismatched);
                 if let Some((_, detail)) = first_difference(&[Identity::stored(held)], &file) {
-                    let detail = format!("the fork {fork}, stored, inherits it: {detail}");
-                    return Err(ImportError::Conflict { run_id: own.to_owned(), seq: held.seq, detail });
+                    return Err(ImportError::Inherited {
+                        fork: fork.to_owned(),
+                        source_run: own.to_owned(),
+                        seq: held.seq,
+                        detail,
+                        fork_in_file: false,
+                    });
                 }
             }
         }
