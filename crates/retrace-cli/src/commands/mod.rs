@@ -136,6 +136,19 @@ pub fn served_store_from_env() -> anyhow::Result<(Arc<dyn Store>, Option<String>
     Ok((open(&config)?, None))
 }
 
+/// What to say when the store the environment names doesn't exist yet (a SQLite file not
+/// made), else `None`.
+pub fn missing_store_from_env() -> anyhow::Result<Option<String>> {
+    let config = StoreConfig::from_env()?;
+    if let StoreLocation::Sqlite { path } = &config.location {
+        check_folder(path)?;
+        if !path.is_file() {
+            return Ok(Some(format!("no store at {}: nothing has been recorded there", path.display())));
+        }
+    }
+    Ok(None)
+}
+
 /// The store the environment names, refused unless it exists.
 fn existing_config_from_env() -> anyhow::Result<StoreConfig> {
     let config = StoreConfig::from_env()?;

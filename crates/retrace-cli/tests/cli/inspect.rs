@@ -198,8 +198,14 @@ fn demo_run_counts_start_at_one_and_json_follows_a_demo_s_name() {
     for args in [&["demo", "--runs", "0"][..], &["demo", "single", "--runs", "0"]] {
         home.run(args).expect(2, &[], &["invalid value '0' for '--runs <RUNS>': want at least 1 run"]);
     }
-    // Refused before anything ran: not even a store was made.
-    home.run(&["runs"]).expect(2, &[], &["nothing has been recorded there"]);
+    // Refused before anything ran: not even a store was made. No store lists no runs, and
+    // says why on stderr; `verify --all` refuses to pass a check of nothing.
+    home.run(&["runs"]).expect(0, &[], &["nothing has been recorded there"]);
+    let listed = home.run(&["runs", "--json"]);
+    listed.expect(0, &[], &["nothing has been recorded there"]);
+    assert_eq!(listed.stdout().trim(), "[]");
+    assert!(!home.dir.path().join("retrace.db").exists(), "listing made no store");
+    home.run(&["verify", "--all"]).expect(2, &[], &["nothing has been recorded there"]);
     let single = home.run(&["demo", "single", "--runs", "1", "--replays", "1", "--json"]);
     single.expect(0, &[], &[]);
     let report: serde_json::Value = serde_json::from_str(&single.stdout()).unwrap();
