@@ -49,26 +49,37 @@ pub fn to_stderr(text: &str) {
     let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
 }
 
-/// Progress on standard error, shown only when it is a terminal.
+/// Progress on standard error, shown only when it is a terminal: `label: done/total (p%)`, or
+/// for bytes `label: 7.6/85.8 MiB (9%), 41.2 MiB/s`.
 #[derive(Debug)]
 pub struct Progress {
     label: &'static str,
     total: u64,
     done: u64,
+    bytes: bool,
     shown: bool,
+    began: std::time::Instant,
     last: std::time::Instant,
 }
 
 impl Progress {
     /// Progress of `total` items labelled `label`.
     pub fn new(label: &'static str, total: u64) -> Progress {
+        let now = std::time::Instant::now();
         Progress {
             label,
             total,
             done: 0,
+            bytes: false,
             shown: std::io::stderr().is_terminal(),
-            last: std::time::Instant::now(),
+            began: now,
+            last: now,
         }
+    }
+
+    /// Progress of `total` bytes (0: not known, as when reading standard input).
+    pub fn bytes(label: &'static str, total: u64) -> Progress {
+        Progress { bytes: true, ..Progress::new(label, total) }
     }
 
     /// Counts `n` more items done.
@@ -76,7 +87,25 @@ impl Progress {
         self.done += n;
         if self.shown && self.last.elapsed().as_millis() >= 100 {
             self.last = std::time::Instant::now();
-            eprint!("\r{}: {}/{}", self.label, self.done, self.total);
+            eprint!("\r\x1b[2K{}", self.line());
+        }
+    }
+
+    /// What the progress line says now.
+    fn line(&self) -> String {
+        let percent = match self.total {
+            0 => String::new(),
+            total => format!(" ({}%)", (self.done.min(total) * 100 / total)),
+        };
+        if !self.bytes {
+            return format!("{}: {}/{}{percent}", self.label, self.done, self.total);
+        }
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let seconds = self.began.elapsed().as_secs_f64().max(1e-3);
+        let rate = format!(", {:.1} MiB/s", mib(self.done) / seconds);
+        match self.total {
+            0 => format!("{}: {:.1} MiB{rate}", self.label, mib(self.done)),
+            total => format!("{}: {:.1}/{:.1} MiB{percent}{rate}", self.label, mib(self.done), mib(total)),
         }
     }
 
@@ -93,8 +122,12 @@ pub fn failure(code: u8, err: &dyn std::error::Error) -> anyhow::Error {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
+        // An error that quotes its source already says it once.
+        let text = cause.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
         source = cause.source();
     }
     crate::exit::Failure { code, message, hint: None }.into()
@@ -202,5 +235,20 @@ mod tests {
         assert_eq!(table(&["NAME", "N"], &rows), "NAME        N\ntwo\\nlines  1\n名前        2\n");
         assert_eq!(fit("名前の長い", 5), "名前…");
         assert_eq!(pad("名", 4), "名  ");
+    }
+
+    #[test]
+    fn progress_says_items_with_a_percentage_and_bytes_in_mib_with_a_rate() {
+        let mut items = Progress::new("verifying events", 200);
+        items.done = 50;
+        assert_eq!(items.line(), "verifying events: 50/200 (25%)");
+        let mut bytes = Progress::bytes("importing", 90 << 20);
+        bytes.done = 9 << 20;
+        let line = bytes.line();
+        assert!(line.starts_with("importing: 9.0/90.0 MiB (10%), "), "{line}");
+        assert!(line.ends_with(" MiB/s"), "{line}");
+        let mut unknown = Progress::bytes("importing", 0);
+        unknown.done = 3 << 19;
+        assert!(unknown.line().starts_with("importing: 1.5 MiB, "), "{}", unknown.line());
     }
 }

@@ -41,10 +41,21 @@ pub struct Args {
     /// (`-o -` is standard output too).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// With -o FILE, print what was written as a JSON object: `{run, file, events, blobs,
+    /// bytes}` (standard output holds the trace itself without -o).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let output = args.output.as_deref().filter(|path| !is_stdout(path));
+    if args.json && output.is_none() {
+        return Err(crate::exit::usage_hint(
+            "--json needs -o FILE: without it standard output is the trace itself",
+            format!("retrace export {} -o FILE --json", args.run),
+        ));
+    }
     let store = readable_store_from_env()?;
     let meta = crate::commands::runs::find(&*store, &args.run)?;
     let total = RunEvents::new(&*store, &meta.id).map_or(0, |pages| pages.count());
@@ -72,7 +83,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.add(done - last);
         last = done;
     };
-    let output = args.output.as_deref().filter(|path| !is_stdout(path));
     let stats = match output {
         None => {
             // Not locked: a writer thread writes (export buffers 1 MiB per write).
@@ -97,6 +107,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             meta.id,
             path.display()
         );
+        if args.json {
+            let said = serde_json::json!({"run": meta.id, "file": path.display().to_string(), "events": events, "blobs": blobs, "bytes": bytes});
+            crate::output::print_json(&said)?;
+        }
     }
     Ok(())
 }

@@ -56,6 +56,11 @@ pub struct Args {
     /// Import even if the file fails verification or is truncated (each failure is printed).
     #[arg(long)]
     pub force: bool,
+    /// Print the outcome as a JSON object instead of the run's id: `{run, file, imported
+    /// (false when already present), events and blobs stored (0 when already present),
+    /// forced_checks, retention_raised_from}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The label a run imported with `--force` despite failed checks carries: how many, and from
@@ -76,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Box::new(file), size)
     };
     let store = store_from_env()?;
-    let mut progress = Progress::new("importing bytes", size);
+    let mut progress = Progress::bytes("importing", size);
     let mut last = 0;
     let mut report = |done: u64| {
         progress.add(done - last);
@@ -134,8 +139,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
         _ => failure(e.exit_code(), &e),
     })?;
+    let mut said =
+        serde_json::json!({"file": name, "forced_checks": forgiven, "retention_raised_from": null});
     match outcome {
         ImportOutcome::Imported { run_id, events, blobs } => {
+            said["run"] = run_id.clone().into();
+            said["imported"] = true.into();
+            (said["events"], said["blobs"]) = (events.into(), blobs.into());
             eprintln!("imported run {run_id} from {name}: {events} events, {blobs} blobs");
             if forgiven > 0 {
                 // The run says so wherever it is listed or exported, not only in this output.
@@ -147,9 +157,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                      `retrace verify {run_id}` lists what the store now holds"
                 );
             }
-            println!("{run_id}");
         }
         ImportOutcome::AlreadyPresent { run_id, raised } => {
+            said["run"] = run_id.clone().into();
+            said["imported"] = false.into();
+            if let Some(r) = &raised {
+                said["retention_raised_from"] = r.previous.to_string().into();
+            }
+            (said["events"], said["blobs"]) = (0.into(), 0.into());
             match raised {
                 Some(r) => eprintln!(
                     "run {run_id} is already present with the same events; nothing imported but its \
@@ -158,8 +173,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ),
                 None => eprintln!("run {run_id} is already present with the same events; nothing imported"),
             }
-            println!("{run_id}");
         }
+    }
+    match args.json {
+        true => crate::output::print_json(&said)?,
+        false => println!("{}", said["run"].as_str().unwrap_or_default()),
     }
     Ok(())
 }

@@ -314,3 +314,29 @@ fn a_fork_and_a_different_recording_of_its_source_are_refused_saying_which_is_wh
         ],
     );
 }
+
+/// `export -o FILE --json` and `import --json` say what they did as JSON, for CI scripts
+/// (QA9 S2); `export --json` without -o is refused, its standard output being the trace.
+#[test]
+fn export_and_import_say_what_they_did_as_json() {
+    let home = Home::with(&conversation(RUN, 3));
+    let file = home.file("t.jsonl");
+    let path = file.to_str().unwrap();
+    let exported = home.run(&["export", RUN, "-o", path, "--json"]).expect(0, &[], &[]).json();
+    let size = std::fs::metadata(&file).unwrap().len();
+    assert_eq!(
+        exported,
+        serde_json::json!({"run": RUN, "file": path, "events": 13, "blobs": exported["blobs"], "bytes": size})
+    );
+    assert!(exported["blobs"].as_u64().unwrap() > 0);
+    home.run(&["export", RUN, "--json"]).expect(2, &[], &["--json needs -o FILE"]);
+
+    let other = Home::new();
+    let imported = other.run(&["import", path, "--json"]).expect(0, &[], &[]).json();
+    assert_eq!(imported["run"], RUN);
+    assert_eq!((imported["imported"].clone(), imported["events"].clone()), (true.into(), 13.into()));
+    assert_eq!(imported["blobs"], exported["blobs"]);
+    assert_eq!(imported["forced_checks"], 0);
+    let again = other.run(&["import", path, "--json"]).expect(0, &[], &[]).json();
+    assert_eq!((again["imported"].clone(), again["events"].clone()), (false.into(), 0.into()));
+}
