@@ -279,8 +279,14 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
 fn a_wall_clock_read_without_the_sdk_is_named_in_a_hint() {
     let bench = Bench::new();
     let sim = Simulator::start();
-    bench.record(&sim, "clock", &["--clock"]);
+    let run = bench.record(&sim, "clock", &["--clock"]);
     drop(sim);
+    // `replay` gives the same hint, under the divergence and in its --json line (QA9 S5).
+    let home = bench.path("record-home");
+    let replayed = bench.retrace(&["replay", &run, "--json"], &[("RETRACE_HOME", home.to_str().unwrap())]);
+    replayed.expect(1, &[], &["hint: probably a clock read without the SDK"]);
+    let last: serde_json::Value = serde_json::from_str(replayed.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!(last["hints"][0]["kind"], "clock", "{last:#}");
     let ran = bench.retrace(&["gate", "traces/clock.jsonl"], &[]);
     ran.expect(
         1,

@@ -33,6 +33,7 @@ use retrace_core::terminal::shell_words;
 use retrace_runtime::masking;
 use retrace_store::{Store, StoreConfig};
 
+pub(crate) use self::job::hints_for;
 use self::job::{Outcome, Settings, Verdict};
 use crate::commands::MaskSetup;
 use crate::exit::{usage_hint, Failure};

@@ -50,7 +50,8 @@ pub struct Args {
     #[arg(long)]
     strict: bool,
     /// Print the outcome as one line of JSON, the last of standard output (after the
-    /// program's own): `{"replay", "source", "status", "exit_status", "divergence"}`.
+    /// program's own): `{"replay", "source", "status", "exit_status", "divergence", "hints"}`;
+    /// `hints` says what input the program probably read without Retrace, as `gate` does.
     #[arg(long)]
     json: bool,
     /// The program to run instead of the recorded command.
@@ -68,6 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Refused before anything runs: the replay session would refuse every step.
     launcher::check_finished(store.as_ref(), &source, "replay")?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
+    let program_dir = cwd.clone();
     let plan = Plan {
         store: store.clone(),
         source,
@@ -89,14 +91,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )
     })?;
     let (id, status, outcome) = (&replayed.id, replayed.exit_status, &replayed.outcome);
+    let parsed =
+        outcome.divergence.as_ref().and_then(|d| serde_json::from_value::<Divergence>(d.clone()).ok());
+    // What input the program probably read without Retrace, as `gate` says it.
+    let hints = match (&parsed, replayed.interrupted) {
+        (Some(d), None) => {
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            super::gate::hints_for(store.as_ref(), &replayed.source.id, d, &env, &program_dir)
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
     if args.json {
+        let hints: Vec<serde_json::Value> = hints
+            .iter()
+            .map(|h| serde_json::json!({"kind": h.kind(), "path": h.path, "message": h.message()}))
+            .collect();
         print_json_line(&serde_json::json!({
             "replay": id, "source": replayed.source.id, "status": outcome.status, "exit_status": status,
-            "divergence": outcome.divergence,
+            "divergence": outcome.divergence, "hints": hints,
         }))?;
     }
-    let rendered = outcome.divergence.as_ref().map(|d| {
-        serde_json::from_value::<Divergence>(d.clone()).map(|d| d.to_string()).unwrap_or(d.to_string())
+    let rendered = outcome.divergence.as_ref().map(|d| match &parsed {
+        Some(parsed) => parsed.to_string(),
+        None => d.to_string(),
     });
     match (replayed.interrupted, rendered) {
         (Some(signal), found) => {
@@ -119,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, Some(rendered)) => {
             eprint!("{rendered}");
+            for hint in &hints {
+                eprintln!("hint: {}", hint.message());
+            }
             Err(check_failed(format!("replay {id} of {} diverged", replayed.source.id)))
         }
     }

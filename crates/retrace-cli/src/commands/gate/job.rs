@@ -397,6 +397,20 @@ fn read_run(store: &dyn Store, run: &str, diverged_at: Option<u64>) -> anyhow::R
     Ok(facts)
 }
 
+/// The hygiene hints for replay `d` of run `source`, whose program ran in `cwd` with `env`:
+/// what input it probably read without Retrace. None when the divergence is at no recorded
+/// step, or its requests can't be read.
+pub(crate) fn hints_for(
+    store: &dyn Store,
+    source: &str,
+    d: &Divergence,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> anyhow::Result<Vec<Hint>> {
+    let facts = read_run(store, source, d.seq)?;
+    Ok(facts.at.map(|at| hints(store, d, &at, &facts.outputs, env, cwd)).unwrap_or_default())
+}
+
 /// The hygiene hints for a step that didn't match: both requests compared whole.
 fn hints(
     store: &dyn Store,
