@@ -273,7 +273,19 @@ pub fn resolve_cwd(recorded: &str) -> anyhow::Result<PathBuf> {
 pub fn source_run(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result<retrace_core::run::RunMeta> {
     let meta = crate::commands::runs::find(store, run)?;
     Ok(match (meta.mode, &meta.source_run) {
-        (retrace_core::run::RunMode::Replay, Some(of)) => store.run(of)?,
+        (retrace_core::run::RunMode::Replay, Some(of)) => match store.run(of) {
+            Ok(source) => source,
+            Err(e) if e.kind == retrace_store::StoreErrorKind::NotFound => {
+                return Err(usage_hint(
+                    format!("run {} is a replay of run {of}, which is not in this store: it is what would be replayed", meta.id),
+                    format!(
+                        "import its trace too: `retrace export {of} -o FILE` where it was recorded, then \
+                         `retrace import FILE` here"
+                    ),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        },
         _ => meta,
     })
 }

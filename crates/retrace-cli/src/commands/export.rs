@@ -70,6 +70,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "import its trace file again (`retrace import FILE` stores the rest), then export it",
         ));
     }
+    if let (retrace_core::run::RunMode::Replay, Some(source)) = (meta.mode, &meta.source_run) {
+        eprintln!(
+            "retrace: note: run {} is a replay: it holds only its outcome, not the steps it replayed, \
+             so its file means something only beside run {source}'s (export that one too)",
+            meta.id
+        );
+    }
     if meta.status == retrace_core::run::RunStatus::Running {
         eprintln!(
             "retrace: warning: run {} is still being recorded: the file holds the {total} events stored so \

@@ -174,6 +174,19 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result
             Err(_) => writeln!(out, "divergence {value}")?,
         }
     }
+    if count == 0 {
+        // An empty header says nothing: say why there is nothing under it.
+        let why = match (meta.mode, meta.source_run.as_deref()) {
+            (retrace_core::run::RunMode::Replay, Some(source)) => format!(
+                "(no events: a replay stores only its outcome; `retrace show {source}` shows the steps it replayed)"
+            ),
+            _ if meta.status == retrace_core::run::RunStatus::Running => "(no events yet)".to_owned(),
+            _ => format!("(no events: the run ended {} before its first step)", meta.status),
+        };
+        writeln!(out, "{why}")?;
+        out.flush()?;
+        return Ok(());
+    }
     let seq_width = count.to_string().len().max(3);
     let mut line = format!("{:>seq_width$}  {:>7}  {:<8}", "SEQ", "LAMPORT", "KEY");
     for lane in lanes {

@@ -591,3 +591,41 @@ fn errors_are_json_on_standard_output_with_json() {
     // Without --json, standard output stays empty.
     assert_eq!(home.run(&["diff", RUN, "nosuch"]).stdout(), "");
 }
+
+/// `show` of a run with no events says why, instead of an empty table: a replay stores only
+/// its outcome (QA9 S10).
+#[test]
+fn show_of_a_run_with_no_events_says_why() {
+    let home = Home::with(&conversation(RUN, 1));
+    {
+        let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+        let mut replay = retrace_core::run::RunMeta::new(
+            "01emptyreplay0000000000000",
+            retrace_core::run::RunMode::Replay,
+            1,
+        );
+        replay.source_run = Some(RUN.into());
+        replay.status = retrace_core::run::RunStatus::Ok;
+        store.create_run(&replay).unwrap();
+    }
+    let said = home.run(&["show", "01emptyreplay"]).expect(0, &["0 events"], &[]).stdout();
+    assert!(
+        said.contains(&format!("(no events: a replay stores only its outcome; `retrace show {RUN}`")),
+        "{said}"
+    );
+    assert!(!said.contains("SEQ"), "{said}");
+    // Its export says what it holds; replaying one whose source this store lacks says so.
+    let file = home.file("r.jsonl");
+    home.run(&["export", "01emptyreplay", "-o", file.to_str().unwrap()]).expect(
+        0,
+        &[],
+        &["is a replay: it holds only its outcome"],
+    );
+    let other = Home::new();
+    other.run(&["import", file.to_str().unwrap()]).expect(0, &[], &[]);
+    other.run(&["replay", "01emptyreplay"]).expect(
+        2,
+        &[],
+        &[&format!("is a replay of run {RUN}, which is not in this store"), "import its trace too"],
+    );
+}
