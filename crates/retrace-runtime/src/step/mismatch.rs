@@ -102,16 +102,39 @@ impl Agent {
                         next.label()
                     )),
                     // Past the agent's recording: about the last step it recorded.
-                    None => match log.last_of(&self.id) {
-                        Some(last) => d
-                            .at(last)
-                            .detail(format!("the agent has no recorded steps left; its last was seq {last}")),
-                        None => d.detail("the agent recorded no steps"),
-                    },
+                    None => {
+                        let d = match log.last_of(&self.id) {
+                            Some(last) => d.at(last).detail(format!(
+                                "the agent has no recorded steps left; its last was seq {last}"
+                            )),
+                            None => d.detail("the agent recorded no steps"),
+                        };
+                        match self.source_stopped_by() {
+                            Some(stopped) => d.detail(stopped),
+                            None => d,
+                        }
+                    }
                 }
             }
         };
         self.diverge(d)
+    }
+
+    /// What to add to a divergence past the end of a recording whose program a signal stopped
+    /// (exit 130 or 143, as a shell reports SIGINT and SIGTERM): the replayed program ran on
+    /// where the recorded one was stopped.
+    fn source_stopped_by(&self) -> Option<String> {
+        let source = self.session.source_run()?;
+        let status = self.session.inner.store.run(&source).ok()?.exit_status?;
+        let signal = match status {
+            130 => "SIGINT",
+            143 => "SIGTERM",
+            _ => return None,
+        };
+        Some(format!(
+            "the recorded program was stopped by {signal} (exit status {status}), so its recording ends \
+             there; this replay ran on past it"
+        ))
     }
 
     /// Records `d` as the replay's divergence (the first one wins) and returns it as an error.

@@ -126,6 +126,18 @@ fn an_extra_step_is_unexpected() {
     let last = events.iter().filter(|e| e.agent_id == "planner").map(|e| e.seq).max();
     assert_eq!(d.seq, last, "{d}");
     assert!(d.to_string().contains(&format!("its last was seq {}", last.unwrap())), "{d}");
+    assert!(!d.to_string().contains("stopped by"), "{d}");
+
+    // A recording whose program a signal stopped says so: the replay ran on where it was stopped.
+    let mut meta = store.run(&run).unwrap();
+    meta.exit_status = Some(143);
+    store.update_run(&meta).unwrap();
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
+    let err = r.agent("planner").random_u64().unwrap_err();
+    let d = err.divergence().unwrap();
+    assert_eq!(d.code, DivergenceCode::UnexpectedStep);
+    assert!(d.to_string().contains("the recorded program was stopped by SIGTERM (exit status 143)"), "{d}");
 }
 
 #[test]
