@@ -4,7 +4,7 @@
 //! Lines are parsed and hashed ahead on worker threads (`import/prepare.rs`); every check that
 //! spans lines, and every error, is made here in file order.
 use std::collections::BTreeSet;
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::sync::Arc;
 
 use retrace_core::canonical::canonical_value;
@@ -188,6 +188,9 @@ fn json_message(err: &serde_json::Error) -> String {
     }
 }
 
+/// The longest header line read: a header holds a run's metadata and masking rules, a few KB.
+const MAX_HEADER_BYTES: u64 = 16 << 20;
+
 /// Reads and verifies a whole trace; worker threads parse and hash lines ahead of the checks.
 /// Blobs that verify are stored into `store` while the rest is read, when [`early::wanted`].
 pub(super) fn read_trace<'s>(
@@ -197,11 +200,21 @@ pub(super) fn read_trace<'s>(
 ) -> Result<Trace<'s>, ImportError> {
     let header_at = Location { file: opts.file_name.clone(), line: 1 };
     let mut first = Vec::new();
-    let read = reader
+    let read = (&mut reader)
+        .take(MAX_HEADER_BYTES + 1)
         .read_until(b'\n', &mut first)
         .map_err(|source| ImportError::Io { at: header_at.clone(), source })? as u64;
     if read == 0 {
         return Err(ImportError::Truncated { at: header_at, message: "the file is empty".into() });
+    }
+    if read > MAX_HEADER_BYTES {
+        // Read whole, a line of hundreds of MB held that much memory, and more to parse.
+        let message = format!(
+            "the first line is longer than {} MiB: no trace header is (a header holds the run and its \
+             masking rules); this is not a trace file",
+            MAX_HEADER_BYTES >> 20
+        );
+        return Err(ImportError::Malformed { at: header_at, message });
     }
     if let Some(progress) = opts.progress.as_mut() {
         progress(read);

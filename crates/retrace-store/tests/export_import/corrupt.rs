@@ -480,3 +480,13 @@ fn a_header_member_no_header_has_is_refused_naming_it() {
     assert_eq!(outcome.unwrap(), "01corrupt");
     assert_eq!(forgiven.len(), 1, "{forgiven:?}");
 }
+
+/// A first line far longer than any header is refused once it passes the cap, without being
+/// held whole (a 300 MB line took 876 MB of memory to fail; QA9 S9).
+#[test]
+fn a_first_line_longer_than_any_header_is_refused_at_the_cap() {
+    let mut file = b"{\"format\":\"retrace-trace/1\",\"pad\":\"".to_vec();
+    file.resize(17 << 20, b'x');
+    let err = refused(&file);
+    check(&err, ImportErrorKind::Malformed, 2, &["t.jsonl:1", "longer than 16 MiB", "not a trace file"]);
+}
