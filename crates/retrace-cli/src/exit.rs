@@ -79,6 +79,7 @@ pub fn finish(result: anyhow::Result<()>, json: bool) -> ExitCode {
         Some(f) => (f.code, f.hint.clone()),
         None => (code_of(&err), None),
     };
+    let hint = hint.or_else(|| damaged_database_hint(&err));
     let said = said(&err);
     let mut report = format!("error: {}\n", said[0]);
     for cause in &said[1..] {
@@ -135,7 +136,22 @@ fn said(err: &anyhow::Error) -> Vec<String> {
 }
 
 fn hint_of(err: &anyhow::Error) -> Option<String> {
-    err.downcast_ref::<Failure>().and_then(|f| f.hint.clone())
+    err.downcast_ref::<Failure>().and_then(|f| f.hint.clone()).or_else(|| damaged_database_hint(err))
+}
+
+/// What to do about a database file SQLite finds damaged (`database disk image is malformed`):
+/// every command fails on it the same way, so the error alone doesn't say where to start.
+fn damaged_database_hint(err: &anyhow::Error) -> Option<String> {
+    let damaged = err.chain().any(|e| {
+        let text = e.to_string();
+        text.contains("database disk image is malformed") || text.contains("file is not a database")
+    });
+    damaged.then(|| {
+        "the store's database file is damaged: copy its folder first (RETRACE_HOME, default ./.retrace), \
+         then `sqlite3 retrace.db .recover | sqlite3 recovered.db` in the copy may save what is \
+         readable; `retrace verify --all` names the runs that still read"
+            .to_owned()
+    })
 }
 
 /// A stable name for what failed: the store's error kind when one is in the chain (`not_found`,

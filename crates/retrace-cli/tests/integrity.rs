@@ -435,3 +435,21 @@ fn a_blob_row_deleted_from_the_store_is_damage_to_export_and_replay() {
     home.run(&["export", &recorded, "-o", file.to_str().unwrap()]).expect(1, &[], &[&digest]);
     home.run(&["replay", &recorded]).expect(1, &[], &["could not be read to its end", "is damaged", &digest]);
 }
+
+/// A database file SQLite finds damaged fails every command the same way; the error comes
+/// with where to start: copy the folder, recover what is readable (QA9 S7).
+#[test]
+fn a_damaged_database_file_says_where_to_start() {
+    let (home, _) = demo_recording();
+    let db = home.path().join("retrace.db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    bytes[..100].fill(0x5a);
+    std::fs::write(&db, bytes).unwrap();
+    for wal in ["retrace.db-wal", "retrace.db-shm"] {
+        let _ = std::fs::remove_file(home.path().join(wal));
+    }
+    let said = home.run(&["runs"]);
+    assert_ne!(said.0.status.code(), Some(0), "{}", said.stderr());
+    let hint = "hint: the store's database file is damaged: copy its folder first";
+    assert!(said.stderr().contains(hint), "{}", said.stderr());
+}
