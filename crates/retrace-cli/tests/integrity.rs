@@ -453,3 +453,24 @@ fn a_damaged_database_file_says_where_to_start() {
     let hint = "hint: the store's database file is damaged: copy its folder first";
     assert!(said.stderr().contains(hint), "{}", said.stderr());
 }
+
+/// A blob row whose bytes were changed is named by export as verify names it: by what its
+/// content hashes to, not as a row of an unknown kind (QA9 D3).
+#[test]
+fn export_names_a_changed_blob_row_as_verify_does() {
+    let (home, recorded) = demo_recording();
+    let output: Digest = {
+        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+        let events = store.events(&recorded, 1, 1000).unwrap();
+        events.iter().find_map(|e| e.output_ref).expect("a step with an output")
+    };
+    let changed = home
+        .db()
+        .execute("UPDATE blobs SET data = X'7b7d' WHERE digest = ?1", [&output.as_bytes()[..]])
+        .unwrap();
+    assert_eq!(changed, 1);
+    let hashes_to = format!("blob {output} is corrupt: its stored content hashes to {}", Digest::of(b"{}"));
+    home.run(&["verify", &recorded]).expect(1, &[&hashes_to], &[]);
+    let file = home.file("changed.jsonl");
+    home.run(&["export", &recorded, "-o", file.to_str().unwrap()]).expect(1, &[], &[&hashes_to]);
+}

@@ -565,7 +565,8 @@ fn checked(
         }
     }
     if bytes.len() != size {
-        return Err(bad_row(digest));
+        // Not the blob's bytes (they were not hashed above, unverified): said as verify says it.
+        return Err(corrupt(digest, &from, &Digest::of(&bytes)));
     }
     if kind == KIND_MANIFEST {
         files.remember(*digest, Arc::from(bytes.as_slice()));
