@@ -149,6 +149,26 @@ fn json_limit_and_unrelated_runs() {
         &[],
     );
 
+    // With --json and no --limit every step is listed (the text cuts the list at 20).
+    let long = "01clidifflong0000000000000";
+    {
+        let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+        let mut run = conversation(long, 30);
+        run.meta.started_at_ms += 3_000;
+        run.commit(&*store);
+    }
+    let all: serde_json::Value =
+        serde_json::from_str(&home.run(&["diff", long, SOURCE, "--json"]).expect(0, &[], &[]).stdout())
+            .unwrap();
+    let only = all["counts"]["only_in_a"].as_u64().unwrap();
+    assert!(only > 100, "{}", all["counts"]);
+    assert_eq!(all["only_in_a"].as_array().unwrap().len() as u64, only, "the whole list");
+    home.run(&["diff", long, SOURCE]).expect(
+        0,
+        &[&format!("(showing 20 of {only}; --limit N shows more)")],
+        &[],
+    );
+
     // A longer unrelated conversation: paired with the older run as source; more steps in B.
     home.run(&["diff", OTHER, SOURCE]).expect(
         0,

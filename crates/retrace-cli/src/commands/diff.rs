@@ -49,7 +49,7 @@ pub struct Args {
     /// The second run.
     pub run_b: String,
     /// List at most N changed steps, and N steps only in each run (the counts cover all).
-    /// Default: 20, or every one with --json.
+    /// Default: 20 (each output diff cut at 40 lines), or every one with --json, each diff whole.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// Print the comparison as JSON.
@@ -62,8 +62,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = readable_store_from_env()?;
     let a = crate::commands::runs::find(&*store, &args.run_a)?;
     let b = crate::commands::runs::find(&*store, &args.run_b)?;
-    let limit = args.limit.unwrap_or(if args.json { usize::MAX } else { DiffOptions::default().limit });
-    let options = DiffOptions { limit, ..DiffOptions::default() };
+    // A script reading --json gets every step and each whole diff, unless it asks for fewer.
+    let options = match (args.limit, args.json) {
+        (None, true) => DiffOptions { limit: usize::MAX, max_diff_lines: usize::MAX },
+        (limit, _) => {
+            DiffOptions { limit: limit.unwrap_or(DiffOptions::default().limit), ..DiffOptions::default() }
+        }
+    };
     let diff = diff_runs(&*store, &a.id, &b.id, &options)?;
     // Rendered whole, then written: a closed pipe is then an `io::Error`, which exits 0.
     let text = match args.json {

@@ -399,9 +399,9 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     fork.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&fork)?;
     // The summary shows a few changed steps, cut short; the JSON is for scripts: every step, and
-    // each diff as `retrace diff --json` gives it.
+    // each whole diff, as `retrace diff --json` gives them.
     let options = match args.json {
-        true => DiffOptions { limit: usize::MAX, ..DiffOptions::default() },
+        true => DiffOptions { limit: usize::MAX, max_diff_lines: usize::MAX },
         false => DiffOptions { limit: 10, max_diff_lines: 12 },
     };
     let diff = diff_runs(store.as_ref(), &source.id, &id, &options)?;
