@@ -1,6 +1,7 @@
 //! The real `retrace` binary against a temporary RETRACE_HOME, one module per subject.
 mod concurrent;
 mod export_import;
+mod fork;
 mod inspect;
 mod launch;
 mod resolve;

@@ -1,0 +1,158 @@
+//! `fork` of a program: the edits it takes, refused before anything runs when they can't
+//! apply, and what it says when its program fails.
+use std::time::Duration;
+
+use super::launch::run_of;
+use super::*;
+
+#[test]
+fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let providers = runtime.block_on(retrace_demo::providers::Providers::start("127.0.0.1:0")).unwrap();
+    let home = Home::new();
+    let program = home.file("ask.py");
+    std::fs::write(
+        &program,
+        "import json, os, sys, urllib.request\n\
+         body = {'model': 'gpt-sim', 'stream': len(sys.argv) > 1, 'messages': [{'role': 'user', 'content': 'hi'}]}\n\
+         req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions',\n\
+             data=json.dumps(body).encode(), headers={'content-type': 'application/json'})\n\
+         print(urllib.request.urlopen(req).read().decode())\n",
+    )
+    .unwrap();
+    let upstream = providers.openai_url();
+    let record = |extra: &[&str]| {
+        let mut args = vec![
+            "record",
+            "--json",
+            "--upstream-openai",
+            &upstream,
+            "--",
+            "python3",
+            program.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let recorded = home.run(&args);
+        recorded.expect(0, &[], &[]);
+        run_of(&recorded)
+    };
+    let plain = home.file("plain.json");
+    std::fs::write(
+        &plain,
+        r#"{"id": "chatcmpl-edited", "object": "chat.completion", "model": "gpt-sim",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "edited by hand"}, "finish_reason": "stop"}]}"#,
+    )
+    .unwrap();
+    let edit = format!("model-output:1=@{}", plain.display());
+
+    let run = record(&[]);
+    let forked = home.run(&["fork", &run, "--edit", &edit]);
+    forked.expect(0, &["edited by hand"], &[]);
+    let fork = forked
+        .stderr()
+        .lines()
+        .find_map(|l| l.split(" as ").nth(1))
+        .map(|r| r.split(':').next().unwrap().to_owned());
+    home.run(&["replay", &fork.unwrap()]).expect(0, &["edited by hand"], &["ok"]);
+
+    // A streamed answer can't be replaced by a plain body: said before anything runs.
+    let streamed = record(&["stream"]);
+    home.run(&["fork", &streamed, "--edit", &edit]).expect(2, &[], &["streamed response"]);
+    runtime.block_on(providers.stop());
+}
+
+#[test]
+fn a_fork_whose_program_fails_exits_1_and_says_so() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "true"]);
+    recorded.expect(0, &[], &[]);
+    let run = run_of(&recorded);
+    let forked = home.run(&["fork", &run, "--", "sh", "-c", "exit 3"]);
+    forked.expect(1, &[], &["failed: the program exited with status 3"]);
+    assert!(runs_of(&home).iter().any(|(_, mode, status)| mode == "fork" && status == "failed"));
+    // Many at once: a fork that failed is said, and fails the command, not "no decision moved".
+    let many = home.run(&["fork", "--runs", &run, "--", "sh", "-c", "exit 3"]);
+    many.expect(1, &[], &["failed (exit status 3)", "1 of 1 forks did not finish"]);
+    home.run(&["fork", "--runs", &run, "--", "true"]).expect(0, &[], &["no decision moved"]);
+}
+
+/// A `prompt:` edit naming a version missing from the template's folder in the program's
+/// prompts folder is refused before the program runs (it would stop at the agent's first
+/// `template()` and the other agents would wait out the stall timeout); where the program
+/// keeps no such folder (the pipeline demo writes its templates elsewhere) nothing is checked.
+#[test]
+fn a_prompt_edit_naming_a_missing_version_is_refused_before_the_program_runs() {
+    let home = Home::new();
+    let demo = home.command(&["demo", "pipeline"]).current_dir(home.dir.path()).stdin(Stdio::null()).output();
+    assert!(demo.unwrap().status.success());
+    let recorded: Vec<String> =
+        runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "record").map(|(id, _, _)| id).collect();
+    let run = &recorded[0];
+    let fork = |version: &str| {
+        let edit = format!("prompt:critic={version}");
+        Ran(home.command(&["fork", run, "--edit", &edit]).current_dir(home.dir.path()).output().unwrap())
+    };
+    fork("v2").expect(0, &[], &["retrace: fork "]);
+    std::fs::create_dir_all(home.file("prompts/critique")).unwrap();
+    std::fs::write(home.file("prompts/critique/v1.txt"), "Critique {draft}.").unwrap();
+    let started = std::time::Instant::now();
+    fork("v9").expect(2, &[], &["prompt:critic=v9: there is no", "versions of critique there: v1"]);
+    assert!(started.elapsed() < Duration::from_secs(10), "refused before anything ran");
+}
+
+/// A fork's trace imports alone (it holds the events it inherits), but replaying it reads its
+/// source: without the source in the store, `replay` refuses before anything runs, naming the
+/// source and how to bring it, as `gate` does, instead of running the program into `unknown_run`.
+#[test]
+fn replaying_a_fork_whose_source_is_not_in_the_store_is_refused_up_front() {
+    const FORK: &str = "01clifork0000000000000000a";
+    let source = conversation(RUN, 2);
+    let mut b = Builder::new(FORK);
+    b.push("planner", retrace_core::EventType::ToolCall, Some("t"), None, Some(b"{}".to_vec()), |_| {});
+    let mut fork = b.finish(retrace_core::run::RunMode::Fork);
+    let at = 4;
+    // After the planner's clock in the events it inherits.
+    (fork.events[0].seq, fork.events[0].lamport) = (at, 100);
+    fork.events[0].seal(Some(source.events[at as usize - 2].hash)).unwrap();
+    fork.meta.source_run = Some(RUN.to_owned());
+    fork.meta.fork_at = Some(at);
+    fork.meta.head = Some(fork.events[0].hash);
+    fork.meta.command = Some(retrace_core::run::Command { argv: vec!["true".into()], cwd: ".".into() });
+    let both = Home::with(&source);
+    fork.commit(&*open_store(&StoreConfig::in_home(both.dir.path())).unwrap());
+    let file = both.file("fork.jsonl");
+    both.run(&["export", FORK, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
+
+    let alone = Home::new();
+    alone.run(&["import", file.to_str().unwrap()]).expect(0, &[], &[]);
+    alone.run(&["replay", FORK]).expect(
+        2,
+        &[],
+        &[
+            &format!("error: run {FORK} is a fork of run {RUN}, which is not in this store"),
+            &format!("hint: import its trace too: `retrace export {RUN} -o FILE`"),
+        ],
+    );
+    assert_eq!(runs_of(&alone).len(), 1, "nothing ran: no replay run was made");
+    // With the source imported too, the same replay runs (and `true` takes none of its steps).
+    let source_file = both.file("source.jsonl");
+    both.run(&["export", RUN, "-o", source_file.to_str().unwrap()]).expect(0, &[], &[]);
+    alone.run(&["import", source_file.to_str().unwrap()]).expect(0, &[], &[]);
+    alone.run(&["replay", FORK]).expect(1, &[], &["steps_left"]);
+}
+
+/// An edit refused for not fitting the run is named as the user typed it (`@out.json`), not as
+/// the stored blob its file became (`@sha256:…`).
+#[test]
+fn a_refused_edit_is_named_with_the_file_the_user_typed() {
+    let home = Home::new();
+    home.run(&["demo", "single", "--runs", "1"]).expect(0, &[], &[]);
+    let recorded: Vec<String> =
+        runs_of(&home).into_iter().filter(|(_, mode, _)| mode == "record").map(|(id, _, _)| id).collect();
+    std::fs::write(home.file("out.json"), r#"{"rows": []}"#).unwrap();
+    let file = home.file("out.json");
+    let edit = format!("tool-output:5=@{}", file.display());
+    let refused = home.run(&["fork", &recorded[0], "--edit", &edit]);
+    refused.expect(2, &[], &[&format!("{edit}: seq 5 is a model_call")]);
+    assert!(!refused.stderr().contains("sha256:"), "{}", refused.stderr());
+}
