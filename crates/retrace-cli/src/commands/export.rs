@@ -155,6 +155,8 @@ pub(crate) fn write_atomically<T, E>(
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    // Installed before the file exists: a signal between the two would leave it.
+    let removal = RemoveOnSignal::install(&temp);
     // Named by the path the user gave: the temporary file beside it is an implementation detail.
     let mut file = File::create(&temp).map_err(|e| {
         let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -163,7 +165,6 @@ pub(crate) fn write_atomically<T, E>(
             true => anyhow::anyhow!("cannot write {}: {e}", path.display()),
         }
     })?;
-    let removal = RemoveOnSignal::install(&temp);
     let result = write(&mut file);
     let finished = result.is_ok().then(|| file.flush().and_then(|()| file.sync_all()));
     drop(file);
