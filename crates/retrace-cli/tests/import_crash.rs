@@ -124,13 +124,20 @@ fn kill_import_at(dir: &Path, file: &str, kill: usize, at: Duration) -> usize {
             2
         }
     };
+    // What it left verifies; an unfinished import is the one problem verify names (exit 1).
     let verified = ran(&home, &["verify", "--all"]);
-    assert!(
-        verified.status.success(),
-        "kill {kill} at {at:?}: verify: {}{}",
-        String::from_utf8_lossy(&verified.stdout),
-        String::from_utf8_lossy(&verified.stderr)
-    );
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&verified.stdout), String::from_utf8_lossy(&verified.stderr));
+    match state {
+        1 => {
+            assert_eq!(verified.status.code(), Some(1), "kill {kill} at {at:?}: verify: {said}");
+            assert!(
+                said.contains("an unfinished import") && said.contains("found 1 problem"),
+                "kill {kill}: {said}"
+            );
+        }
+        _ => assert!(verified.status.success(), "kill {kill} at {at:?}: verify: {said}"),
+    }
 
     let again = ran(&home, &["import", file]);
     assert!(again.status.success(), "kill {kill}: import again: {}", String::from_utf8_lossy(&again.stderr));

@@ -228,10 +228,14 @@ impl<'a> RunCheck<'a> {
         let importing = meta.status == RunStatus::Running;
         if meta.labels.contains_key(crate::import::UNFINISHED_LABEL) && !importing {
             // One still running is an import in progress, not a problem yet.
-            let held = self.store.last_seq(self.run).map_or_else(|_| "some".to_owned(), |n| n.to_string());
+            let held = match self.store.last_seq(self.run) {
+                Ok(0) => "none of the events".to_owned(),
+                Ok(n) => format!("the first {n} events"),
+                Err(_) => "some of the events".to_owned(),
+            };
             let message = format!(
-                "an unfinished import: the store holds the first {held} events of the file's run, not all \
-                 of them (import its trace file again to store the rest)"
+                "an unfinished import: the store holds {held} of the file's run, not all of them (import \
+                 its trace file again to store the rest)"
             );
             self.problem(ProblemKind::Unfinished, None, message);
         }

@@ -44,6 +44,7 @@ __all__ = [
 
 from . import _off
 from ._errors import ApprovalRequired, Divergence, DryRun, NotPermitted, RetraceError, StepError
+from . import _http as _http_mod
 from ._http import Http as _Http
 from ._values import plain as _plain, text as _text
 
@@ -90,6 +91,13 @@ def _mode(run: Optional[str]) -> str:
     return mode
 
 
+def _field(payload: Any, key: str) -> Any:
+    """`payload[key]` of a daemon's answer; an answer without it came from another server."""
+    if not isinstance(payload, dict) or key not in payload:
+        raise _http_mod.not_a_daemon(f"its answer has no {key!r}: {str(payload)[:80]}")
+    return payload[key]
+
+
 def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional[str] = None) -> "Run":
     """Connects to the daemon (``RETRACE_URL``) for a run (``RETRACE_RUN``, set by
     ``retrace record`` / ``replay`` / ``fork``), in that run's mode. With no run, creates a new
@@ -121,9 +129,10 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
     _text(run, f"run {run!r}: its id holds")
     owned = False
     if not run:
-        run = http_.call("POST", "/api/runs", {"name": name} if name else {})["run_id"]
+        run = _field(http_.call("POST", "/api/runs", {"name": name} if name else {}), "run_id")
         owned = True
     meta = http_.call("GET", f"/api/runs/{_segment(run)}")
+    _field(meta, "mode")
     status = meta.get("status", "running")
     if mode == "replay" and meta["mode"] != "replay":
         # A recorded run (or a fork) named to replay: a new replay of it, as the Rust runtime

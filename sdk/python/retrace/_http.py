@@ -30,7 +30,12 @@ def _headers(token: Optional[str]) -> dict:
 
 def answer(status: int, raw: bytes) -> Any:
     """The payload of a daemon's answer, or the error it names raised."""
-    payload = json.loads(raw) if raw else None
+    try:
+        payload = json.loads(raw) if raw else None
+    except ValueError:
+        # Something answers at RETRACE_URL, but not a Retrace daemon (a web server, the model's
+        # upstream): said as such, not as the JSON parser's error.
+        raise not_a_daemon(f"HTTP {status} with a body that is not JSON: {raw[:80]!r}") from None
     if status >= 400:
         error = (payload or {}).get("error", {}) if isinstance(payload, dict) else {}
         if status == 409 and error.get("divergence") is not None:
@@ -82,6 +87,12 @@ class Http:
                 if attempt:
                     raise unreachable(self.url, e) from e
         return answer(response.status, raw)
+
+
+def not_a_daemon(what: str) -> RetraceError:
+    """The error for an address that answers, but not as a Retrace daemon does (``not_a_daemon``)."""
+    return RetraceError(0, "not_a_daemon", f"RETRACE_URL answered, but not as a Retrace daemon ({what}): it names "
+                        "another server; `retrace serve` prints the daemon's address")
 
 
 def unreachable(url: str, cause: BaseException) -> RetraceError:

@@ -298,3 +298,35 @@ def test_a_daemon_that_cant_be_reached_is_a_retrace_error(daemon):
     run._http._async = None
     with pytest.raises(retrace.RetraceError, match=r"^no_daemon: "):
         asyncio.run(agent.anow())
+
+
+def test_an_address_that_answers_but_is_no_daemon_is_a_retrace_error():
+    """RETRACE_URL naming another server (a web server, the model's upstream) is said as such,
+    not as a JSONDecodeError or a KeyError from inside the SDK (QA10 D4)."""
+    import http.server
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            body = b"<html>not here</html>" if self.path.startswith("/html") or "html" in self.server.kind else b"{}"
+            self.send_response(404 if self.server.kind == "html" else 200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    for kind in ("html", "json"):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+        server.kind = kind
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with pytest.raises(retrace.RetraceError) as other:
+                retrace.connect(url=f"http://127.0.0.1:{server.server_address[1]}")
+            assert other.value.code == "not_a_daemon", other.value
+            assert "answered, but not as a Retrace daemon" in other.value.message
+        finally:
+            server.shutdown()
