@@ -317,8 +317,19 @@ impl Agent {
         })
     }
 
+    /// Refuses an empty `name` for step `step` (what it names: `what`) before anything is
+    /// recorded: a step named by nothing says nothing in the log, and a message sent to no
+    /// agent could never be received.
+    pub(crate) fn named(&self, name: &str, step: &str, what: &str) -> RuntimeResult<()> {
+        match name.is_empty() {
+            true => Err(RuntimeError::Usage(format!("agent {:?}: {step}: {what} is empty", self.id))),
+            false => Ok(()),
+        }
+    }
+
     /// An environment variable: live in record (masked before it is stored), recorded in replay.
     pub fn env(&self, name: &str) -> RuntimeResult<Option<String>> {
+        self.named(name, "env", "an environment variable's name")?;
         let out = self.read(
             EventType::Env,
             name,
@@ -352,6 +363,7 @@ impl Agent {
 
     /// Records a decision; in replay a different decision is a divergence.
     pub fn decide(&self, action: &str, target: Option<&str>) -> RuntimeResult<()> {
+        self.named(action, "decide", "a decision's action")?;
         if let Some(remote) = self.remote() {
             let body = json!({ "action": action, "target": target });
             return remote.post_blocking(&self.id, "decide", &body).map(drop);

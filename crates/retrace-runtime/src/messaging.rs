@@ -46,6 +46,7 @@ impl Agent {
         body: &B,
         parent: Option<u64>,
     ) -> RuntimeResult<u64> {
+        self.named(to, "send", "the recipient's name")?;
         let body = to_json(body, &self.id, &format!("send {to}"))?;
         if let Some(remote) = self.remote() {
             self.session.inner.steps.fetch_add(1, Ordering::Relaxed);

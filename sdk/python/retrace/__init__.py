@@ -91,6 +91,13 @@ def _mode(run: Optional[str]) -> str:
     return mode
 
 
+def _named(name: Any, what: str) -> None:
+    """Refuses an empty name before anything is sent: a step named by nothing says nothing in the
+    log, and a message to no agent could never be received."""
+    if isinstance(name, str) and not name:
+        raise RetraceError(0, "usage", f"{what} is empty")
+
+
 def _field(payload: Any, key: str) -> Any:
     """`payload[key]` of a daemon's answer; an answer without it came from another server."""
     if not isinstance(payload, dict) or key not in payload:
@@ -460,6 +467,7 @@ class Agent:
         return out["id"]
 
     def _env_flow(self, name: str) -> _Flow:
+        _named(name, f"env() of agent {self.id!r}: the variable's name")
         out = yield from self._step_flow("env", name, {"name": name}, lambda: {"value": os.environ.get(name)},
                                          inline=True)
         return out["value"]
@@ -482,6 +490,7 @@ class Agent:
         return (yield _Post("template", body))["text"]
 
     def _send_flow(self, to: str, body: Any, kind: str, parent: Optional[int]) -> _Flow:
+        _named(to, f"send() of agent {self.id!r}: the recipient's name (no agent can be named so)")
         if self.run.mode == "off":
             return self.run._bus.post(self.id, to, body, kind, parent)
         what = f"message from agent {self.id!r} to {to!r}"
@@ -496,6 +505,7 @@ class Agent:
         return _message((yield _Post("recv", {"timeout_s": timeout}))["message"])
 
     def _decide_flow(self, action: str, target: Optional[str]) -> _Flow:
+        _named(action, f"decide() of agent {self.id!r}: the action")
         if self.run.mode != "off":  # without Retrace a decision is the program's own business
             what = f"decision {action!r} of agent {self.id!r}"
             _text(action, f"{what}: the action holds")

@@ -190,6 +190,26 @@ def test_names_holding_a_lone_surrogate_are_refused_before_anything_runs_or_is_s
     assert [(e["agent_id"], e["name"]) for e in events(daemon, run.id)] == [("planner", "t")]
 
 
+def test_empty_names_are_refused_before_anything_is_sent(daemon):
+    """A message to "" could never be received, and an empty env name or action says nothing in
+    the log: each is a usage error before anything is sent (QA10 D5)."""
+    run = retrace.connect(url=daemon, name="empty-names")
+    planner = run.agent("planner")
+    for call, what in [
+        (lambda: planner.send("", {}), "send() of agent 'planner': the recipient's name"),
+        (lambda: asyncio.run(planner.asend("", {})), "send() of agent 'planner'"),
+        (lambda: planner.env(""), "env() of agent 'planner': the variable's name is empty"),
+        (lambda: planner.decide(""), "decide() of agent 'planner': the action is empty"),
+    ]:
+        with pytest.raises(retrace.RetraceError) as refusal:
+            call()
+        assert (refusal.value.status, refusal.value.code) == (0, "usage"), refusal.value
+        assert refusal.value.message.startswith(what), refusal.value.message
+    assert planner.tool("t", {}, lambda: 1) == 1
+    run.finish()
+    assert [e["name"] for e in events(daemon, run.id)] == ["t"], "nothing of the refused steps was recorded"
+
+
 def test_a_failure_whose_message_holds_a_lone_surrogate_is_recorded_and_replayed_escaped(daemon):
     run = retrace.connect(url=daemon, name="lone-failure")
     planner = run.agent("planner")

@@ -389,3 +389,20 @@ async fn a_swap_of_one_senders_messages_is_refused() {
     );
     assert_eq!(store.runs().unwrap().len(), 1, "nothing created");
 }
+
+/// A message to no agent (an empty name) could never be received; an empty env name or
+/// action says nothing: each is refused before anything is recorded (QA10 D5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_names_are_refused_before_anything_is_recorded() {
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("planner");
+    let sent = a.send("", "message", &json!({}), None).await.unwrap_err();
+    assert!(sent.to_string().contains("send: the recipient's name is empty"), "{sent}");
+    let env = a.env("").unwrap_err();
+    assert!(env.to_string().contains("env: an environment variable's name is empty"), "{env}");
+    let decided = a.decide("", None).unwrap_err();
+    assert!(decided.to_string().contains("decide: a decision's action is empty"), "{decided}");
+    s.finish(Outcome::default()).unwrap();
+    assert!(store.events(&s.run_id(), 1, 10).unwrap().is_empty(), "nothing recorded");
+}

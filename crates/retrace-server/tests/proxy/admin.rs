@@ -133,6 +133,15 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
     assert_eq!(d.store.run(&run).unwrap().retention.as_str(), "routine");
     assert!(blobs_of(&*d.store, &run).iter().all(|b| d.store.get_blob(b).is_ok()));
 
+    // A malformed body is no way round the role nor the audit log (QA10 D6): 403, audited.
+    for body in [json!({}), json!({"token": EMAIL})] {
+        let reply = call(&d, "POST", "/api/vault/reveal", Some(body.clone()), Some(DEBUGGER)).await;
+        assert_eq!(reply.status, 403, "{body}: {}", reply.text());
+    }
+    let subjects: Vec<String> =
+        d.store.audit_list(None).unwrap().into_iter().skip(2).map(|r| r.entry.subject).collect();
+    assert_eq!(subjects, ["(a request that is not a reveal body)".to_owned(), EMAIL.to_owned()]);
+
     // An admin reaches every one of them.
     let mut answers = Vec::new();
     for (method, path, body) in &routes {
@@ -145,8 +154,8 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
     assert_eq!(answers[2], json!({"token": EMAIL, "original": "ada@example.com"}));
     assert_eq!(
         answers[3].as_array().map(Vec::len),
-        Some(3),
-        "the two refused and the one revealed: {}",
+        Some(5),
+        "the four refused and the one revealed: {}",
         answers[3]
     );
     assert_eq!(d.store.run(&run).unwrap().retention.as_str(), "pinned");
