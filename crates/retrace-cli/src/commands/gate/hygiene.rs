@@ -8,16 +8,20 @@
 //! asks, in order:
 //! 1. **unordered map iteration**: an array, or a string's list of items, holds the same
 //!    multiset in another order (a `set` or `dict` iterated in hash order);
-//! 2. **an env var**: the replayed token is the value of one of this process's variables;
+//! 2. **an env var**: the replayed token is the value of one of this process's variables (a
+//!    decimal such as `0.9` counts when it is the whole value);
 //! 3. **a clock read**: both tokens look like times (ISO dates, `hh:mm:ss`, epoch seconds or
 //!    milliseconds);
 //! 4. **a random id**: both look like ids (UUIDs, ULIDs, runs of hex digits);
-//! 5. **a tool not wrapped**: a model call's prompt differs in data that no recorded step
+//! 5. **a request parameter**: a model call differs outside what the model reads as text (the
+//!    conversation, system prompt, tools, model), e.g. `temperature`;
+//! 6. **a tool not wrapped**: a model call's prompt differs in data that no recorded step
 //!    produced (a file, a database, a service read directly); unless the recorded call's prompt
 //!    came from a template (`template()`) whose text has changed since (its file's digest is
 //!    not the recorded one): then **a changed prompt template**;
-//! 6. **a model called by alias**: a model call whose recorded event has no snapshot, as a
-//!    second hint (the alias may resolve to another model when re-recorded).
+//! 7. **a model called by alias**: a model call whose recorded event has no snapshot, as a
+//!    second hint beside another one, or alone when the model named is what differs (the alias
+//!    may resolve to another model when re-recorded).
 use retrace_core::Digest;
 use serde_json::Value;
 
@@ -56,6 +60,9 @@ pub enum Cause {
     ToolNotWrapped,
     /// A model named by alias, with no pinned snapshot.
     ModelAlias,
+    /// A model request differs in a parameter the model doesn't read as text (`temperature`,
+    /// `max_tokens`...), from no source the heuristics recognise.
+    Parameter,
     /// The text of the prompt template, by id, changed since the recording (recorded digest,
     /// digest now).
     PromptTemplate(String, Digest, Digest),
@@ -85,6 +92,7 @@ impl Hint {
             Cause::RandomId => "random_id",
             Cause::ToolNotWrapped => "tool",
             Cause::ModelAlias => "model_alias",
+            Cause::Parameter => "parameter",
             Cause::PromptTemplate(..) => "prompt_template",
         }
     }
@@ -121,6 +129,11 @@ impl Hint {
                 recorded.short(),
                 now.short()
             ),
+            Cause::Parameter => format!(
+                "a request parameter differs: {p} was {e:?}, now {g:?}; if the program reads it from the \
+                 environment or a config file, read that through the SDK (agent.env(...), agent.tool(...)) \
+                 so replay hands back the recorded value, or, if it changed on purpose, re-record"
+            ),
             Cause::ModelAlias => format!(
                 "the model is called by alias with no pinned snapshot (the recording has none): {e:?}; \
                  pin a dated snapshot so a re-recording asks the same model"
@@ -142,7 +155,11 @@ pub fn diagnose(evidence: &Evidence<'_>) -> Vec<Hint> {
             hints.push(Hint { cause, path: diff.path.clone(), expected: cut(&diff.a), got: cut(&diff.b) });
         }
     }
-    if evidence.model_call && evidence.snapshot_pinned == Some(false) {
+    // An alias is never the cause of a differing prompt: said beside another hint (a
+    // re-recording may also ask another model), or when the model named is what differs.
+    let at_model = first_difference(evidence.expected, evidence.got, "$".to_owned())
+        .is_some_and(|d| d.path == "$.model");
+    if evidence.model_call && evidence.snapshot_pinned == Some(false) && (!hints.is_empty() || at_model) {
         let model = evidence.expected.get("model").and_then(Value::as_str).unwrap_or("(unnamed)");
         hints.push(Hint {
             cause: Cause::ModelAlias,
@@ -274,6 +291,9 @@ fn classify(d: &Difference, e: &Evidence<'_>) -> Option<Cause> {
     if looks_like_id(&d.a) && looks_like_id(&d.b) {
         return Some(Cause::RandomId);
     }
+    if e.model_call && !in_prompt(&d.path) {
+        return Some(Cause::Parameter);
+    }
     let produced = |t: &str| !t.is_empty() && e.recorded_outputs.iter().any(|o| o.contains(t));
     if e.model_call && !d.a.is_empty() && !d.b.is_empty() && !produced(&d.a) && !produced(&d.b) {
         return Some(Cause::ToolNotWrapped);
@@ -281,12 +301,27 @@ fn classify(d: &Difference, e: &Evidence<'_>) -> Option<Cause> {
     None
 }
 
+/// Whether `path` of a model request lies in what the model reads (the conversation, the
+/// system prompt, the tools it may call), not in a sampling or other request parameter.
+fn in_prompt(path: &str) -> bool {
+    let top = path.trim_start_matches("$.").split(['.', '[']).next().unwrap_or("");
+    matches!(
+        top,
+        "messages" | "input" | "system" | "prompt" | "instructions" | "tools" | "functions" | "model"
+    )
+}
+
 /// The variable whose value the replayed token is (or holds, for values of 4+ characters).
 fn env_var(token: &str, env: &[(String, String)]) -> Option<String> {
     let trivial = |v: &str| v.len() < 4 || v.chars().all(|c| c.is_ascii_digit());
+    // A decimal such as a temperature read from the environment ("0.9") is short, but not so
+    // common that any "0.9" would be taken for it: it counts when it is the whole value.
+    let decimal = |v: &str| v.contains('.') && v.parse::<f64>().is_ok();
+    let same_number = |v: &str| decimal(v) && token.parse::<f64>().ok() == v.parse::<f64>().ok();
     env.iter()
-        .filter(|(_, v)| !trivial(v))
-        .find(|(_, v)| token == v || (v.len() >= 6 && token.contains(v.as_str())))
+        .find(|(_, v)| {
+            (!trivial(v) && (token == v || (v.len() >= 6 && token.contains(v.as_str())))) || same_number(v)
+        })
         .map(|(k, _)| k.clone())
 }
 
@@ -485,6 +520,30 @@ mod tests {
         let kinds: Vec<&str> = hints.iter().map(Hint::kind).collect();
         assert_eq!(kinds, ["clock", "model_alias"]);
         assert!(hints[1].message().contains("\"gpt-4o\""), "{}", hints[1].message());
+    }
+
+    #[test]
+    fn a_parameter_and_a_decimal_from_the_environment() {
+        let (a, b) = (json!({"model": "m", "temperature": 0.2}), json!({"model": "m", "temperature": 0.9}));
+        assert_eq!(check(a.clone(), b.clone(), &[], &[]), Some(("parameter", "$.temperature".into())));
+        assert_eq!(check(a, b, &[("TEMP", "0.9")], &[]), Some(("env", "$.temperature".into())));
+        // A short whole number in the environment is too common to be taken for the source.
+        let (a, b) = (json!({"model": "m", "n": 1}), json!({"model": "m", "n": 2}));
+        assert_eq!(check(a, b, &[("SHLVL", "2")], &[]), Some(("parameter", "$.n".into())));
+    }
+
+    #[test]
+    fn an_alias_alone_is_no_hint_for_a_changed_prompt() {
+        let hints = diagnose(&Evidence {
+            model_call: true,
+            expected: &prompt("plan"),
+            got: &prompt("planx"),
+            snapshot_pinned: Some(false),
+            env: &[],
+            recorded_outputs: &["plan it".to_owned()],
+            template: None,
+        });
+        assert_eq!(hints, vec![], "an unexplained prompt change is not blamed on the alias");
     }
 
     #[test]
