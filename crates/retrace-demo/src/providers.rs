@@ -49,6 +49,8 @@ impl Providers {
             .route("/v1/responses", post(responses))
             .route("/v1/embeddings", post(embeddings))
             .route("/v1/messages", post(messages))
+            .route("/v1/models", axum::routing::get(models))
+            .route("/v1/messages/count_tokens", post(count_tokens))
             .with_state(requests.clone());
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -345,6 +347,40 @@ async fn responses(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Resp
     }
     events.push(event("response.completed", json!({"response": done("completed")})));
     sse(&ask, events)
+}
+
+/// `GET /v1/models`: the models a program may ask for, as OpenAI lists them (`?limit=N` keeps
+/// the first N): a route the proxy passes through unrecorded.
+async fn models(
+    State(counter): State<Arc<AtomicUsize>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    counter.fetch_add(1, Ordering::SeqCst);
+    let limit = query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("limit=")))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(usize::MAX);
+    let data: Vec<Value> = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
+        .iter()
+        .take(limit)
+        .map(|id| json!({"id": id, "object": "model", "created": 1_715_367_049, "owned_by": "retrace-simulate"}))
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}), false)
+}
+
+/// `POST /v1/messages/count_tokens`: Anthropic's count, one token per word of the messages.
+async fn count_tokens(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Response {
+    counter.fetch_add(1, Ordering::SeqCst);
+    let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            &json!({"type": "error", "error": {"type": "invalid_request_error", "message": "not JSON"}}),
+            false,
+        );
+    };
+    let words = body["messages"].to_string().split_whitespace().count();
+    json_response(StatusCode::OK, &json!({"input_tokens": words}), false)
 }
 
 async fn embeddings(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Response {

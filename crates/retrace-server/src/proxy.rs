@@ -12,6 +12,7 @@
 //! them is forwarded upstream or enters a key.
 mod decode;
 pub mod document;
+mod passthrough;
 mod record;
 mod replay;
 pub mod reply;
@@ -21,7 +22,7 @@ pub mod upstream;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use retrace_runtime::{HttpModelCall, Mode, RuntimeError};
@@ -60,31 +61,34 @@ impl Target {
 pub(crate) async fn openai(
     State(app): State<Arc<AppState>>,
     Path(rest): Path<String>,
+    RawQuery(query): RawQuery,
     method: Method,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let target = Target { provider: Provider::OpenAi, path: format!("/v1/{rest}"), run: None, agent: None };
-    handle(app, target, method, headers, body).await
+    handle(app, target, query, method, headers, body).await
 }
 
 /// `/proxy/anthropic/{*rest}`
 pub(crate) async fn anthropic(
     State(app): State<Arc<AppState>>,
     Path(rest): Path<String>,
+    RawQuery(query): RawQuery,
     method: Method,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let target =
         Target { provider: Provider::Anthropic, path: anthropic_path(&rest), run: None, agent: None };
-    handle(app, target, method, headers, body).await
+    handle(app, target, query, method, headers, body).await
 }
 
 /// `/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}`
 pub(crate) async fn openai_for(
     State(app): State<Arc<AppState>>,
     Path((run, agent, rest)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
     method: Method,
     headers: HeaderMap,
     body: Body,
@@ -95,13 +99,14 @@ pub(crate) async fn openai_for(
         run: Some(run),
         agent: Some(agent),
     };
-    handle(app, target, method, headers, body).await
+    handle(app, target, query, method, headers, body).await
 }
 
 /// `/proxy/run/{run}/agent/{agent}/anthropic/{*rest}`
 pub(crate) async fn anthropic_for(
     State(app): State<Arc<AppState>>,
     Path((run, agent, rest)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
     method: Method,
     headers: HeaderMap,
     body: Body,
@@ -112,7 +117,7 @@ pub(crate) async fn anthropic_for(
         run: Some(run),
         agent: Some(agent),
     };
-    handle(app, target, method, headers, body).await
+    handle(app, target, query, method, headers, body).await
 }
 
 /// `ANTHROPIC_BASE_URL=http://host/v1` is a common slip that makes the client ask for
@@ -160,18 +165,14 @@ impl Call {
 async fn handle(
     app: Arc<AppState>,
     target: Target,
+    query: Option<String>,
     method: Method,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let provider = target.provider;
     if method != Method::POST || !target.known() {
-        let served = match provider {
-            Provider::OpenAi => "POST /v1/chat/completions, /v1/responses and /v1/embeddings",
-            Provider::Anthropic => "POST /v1/messages",
-        };
-        let msg = format!("retrace proxy: no route for {method} {}; it serves {served}", target.path);
-        return error(provider, StatusCode::NOT_FOUND, &msg);
+        return passthrough::other_route(app, target, query, method, headers, body).await;
     }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let named = match Named::read(&headers) {
@@ -235,7 +236,7 @@ async fn handle(
 }
 
 /// What Retrace's own headers name: `X-Retrace-Run`, `X-Retrace-Agent`, `X-Retrace-Role`.
-struct Named {
+pub(crate) struct Named {
     run: Option<String>,
     agent: Option<String>,
     role: Option<String>,
@@ -246,7 +247,7 @@ impl Named {
     /// path form takes it percent-encoded), `None` when absent. An empty or non-UTF-8 value is
     /// refused (the reason names the header) rather than the call recorded under another run or
     /// agent.
-    fn read(headers: &HeaderMap) -> Result<Named, String> {
+    pub(crate) fn read(headers: &HeaderMap) -> Result<Named, String> {
         let value = |name: &str, names: &str| {
             let Some(value) = headers.get(name.to_ascii_lowercase()) else { return Ok(None) };
             match std::str::from_utf8(value.as_bytes()) {
@@ -292,7 +293,7 @@ fn too_large(provider: Provider, limit: usize) -> Response {
     error(provider, StatusCode::PAYLOAD_TOO_LARGE, &msg)
 }
 
-fn host_error(provider: Provider, e: &HostError) -> Response {
+pub(crate) fn host_error(provider: Provider, e: &HostError) -> Response {
     match e {
         HostError::UnknownRun(_) => error(provider, StatusCode::NOT_FOUND, &format!("retrace proxy: {e}")),
         HostError::Open { source: RuntimeError::Store(s), .. }

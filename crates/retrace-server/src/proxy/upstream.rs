@@ -72,8 +72,20 @@ impl Upstreams {
         headers: &HeaderMap,
         body: Vec<u8>,
     ) -> Result<reqwest::Response, UpstreamError> {
+        self.send_as(reqwest::Method::POST, provider, path, headers, body).await
+    }
+
+    /// [`Upstreams::send`] with another method; `path` may carry a query (`/v1/models?limit=5`).
+    pub async fn send_as(
+        &self,
+        method: reqwest::Method,
+        provider: Provider,
+        path: &str,
+        headers: &HeaderMap,
+        body: Vec<u8>,
+    ) -> Result<reqwest::Response, UpstreamError> {
         let url = self.url(provider, path);
-        let mut request = self.client.post(&url).body(body);
+        let mut request = self.client.request(method, &url).body(body);
         for (name, value) in headers {
             if !forwarded(name) {
                 continue;

@@ -21,12 +21,26 @@ async fn bad_requests_get_provider_shaped_errors() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
     let d = daemon(&providers, |c| c.max_body = 1024).await;
     let run = d.new_run().await;
-    let unknown = d.call(&run, "/proxy/openai/v1/models/gpt", &json!({})).await;
+    // A route the proxy doesn't record, for no run: its own 404 in the provider's shape. (For a
+    // recording run it goes to the upstream unrecorded: passthrough.rs.)
+    let no_run = |path: &'static str| {
+        let base = d.base.clone();
+        async move {
+            Reply::read(client().post(format!("{base}{path}")).json(&json!({})).send().await.unwrap()).await
+        }
+    };
+    let unknown = no_run("/proxy/openai/v1/models/gpt").await;
     own_error(&unknown, 404, "no route");
     assert!(unknown.json()["error"]["message"].is_string(), "OpenAI's shape");
-    let unknown = d.call(&run, "/proxy/anthropic/v1/complete", &json!({})).await;
+    let unknown = no_run("/proxy/anthropic/v1/complete").await;
     own_error(&unknown, 404, "not_found_error");
     assert_eq!(unknown.json()["type"], "error", "Anthropic's shape");
+    let upstream = d.call(&run, "/proxy/openai/v1/models/gpt", &json!({})).await;
+    assert_eq!(
+        (upstream.status, upstream.header("x-retrace-proxy")),
+        (404, Some("unrecorded")),
+        "the upstream's own answer"
+    );
     // An unknown API route answers in the API's shape, which the SDKs read.
     let api = client().post(format!("{}/api/runs/{run}/nothing", d.base)).send().await.unwrap();
     let api = Reply::read(api).await;

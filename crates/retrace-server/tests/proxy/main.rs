@@ -7,6 +7,7 @@ mod auth;
 mod autonomy;
 mod bad_input;
 mod original;
+mod passthrough;
 mod reads;
 mod record_replay;
 mod rust_sdk;
