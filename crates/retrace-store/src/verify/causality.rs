@@ -44,11 +44,16 @@ impl Causality {
     /// References to a seq in `unreadable` are not judged (the event they name is a hole).
     pub(crate) fn check(&mut self, e: &Event, unreadable: &BTreeSet<u64>) -> Vec<(ProblemKind, String)> {
         let mut problems = Vec::new();
-        let next = self.agents.len() as u32;
-        let agent = *self.agents.entry(e.agent_id.clone()).or_insert(next);
-        if agent == next {
-            self.clocks.push(None);
-        }
+        // Looked up before inserting: the agent's name is cloned once, not once per event.
+        let agent = match self.agents.get(e.agent_id.as_str()) {
+            Some(&agent) => agent,
+            None => {
+                let next = self.agents.len() as u32;
+                self.agents.insert(e.agent_id.clone(), next);
+                self.clocks.push(None);
+                next
+            }
+        };
         if let Some(last) = self.clocks[agent as usize] {
             if e.lamport <= last {
                 let message = format!(
