@@ -127,6 +127,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let events = store.last_seq(id)?;
     // Standard output is the program's alone (SPEC §3): the id goes to standard error.
     eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
+    if events == 0 {
+        // A program whose client sets its own base_url goes around the proxy: recorded as
+        // nothing, its replay would make the live calls again and call that a match.
+        eprintln!(
+            "retrace: note: the program took no step through Retrace. If it calls a model, check that its \
+             client doesn't set base_url itself (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at the \
+             recording proxy), and that its other steps go through the SDK"
+        );
+    }
     if args_json {
         // One line, the last of standard output, whatever the program printed before it.
         let json =
