@@ -124,15 +124,7 @@ pub fn usage_error_json(message: &str, json: bool) {
 /// error that quotes its source (`reading blob …: No such file or directory (os error 2)`) would
 /// otherwise say it twice.
 fn said(err: &anyhow::Error) -> Vec<String> {
-    let mut said: Vec<String> = Vec::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if said.last().is_some_and(|last| last.ends_with(&text)) {
-            continue;
-        }
-        said.push(text);
-    }
-    said
+    crate::output::unquoted_causes(err.chain().map(ToString::to_string))
 }
 
 fn hint_of(err: &anyhow::Error) -> Option<String> {

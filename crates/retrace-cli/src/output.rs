@@ -119,18 +119,22 @@ impl Progress {
 
 /// A [`crate::exit::Failure`] with exit `code` whose message is `err` and its causes, joined by `: `.
 pub fn failure(code: u8, err: &dyn std::error::Error) -> anyhow::Error {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        // An error that quotes its source already says it once.
-        let text = cause.to_string();
-        if !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
+    let chain = std::iter::successors(Some(err), |e| e.source()).map(ToString::to_string);
+    let message = unquoted_causes(chain).join(": ");
     crate::exit::Failure { code, message, hint: None }.into()
+}
+
+/// An error chain's messages, without a cause the message before it ends with already: an
+/// error that quotes its source (`reading blob …: No such file or directory (os error 2)`)
+/// would otherwise say it twice.
+pub fn unquoted_causes(chain: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut said: Vec<String> = Vec::new();
+    for text in chain {
+        if !said.last().is_some_and(|last| last.ends_with(&text)) {
+            said.push(text);
+        }
+    }
+    said
 }
 
 /// A fork's edits for a terminal, `, `-joined, each blob digest cut to its first 12 hex digits
@@ -250,5 +254,12 @@ mod tests {
         let mut unknown = Progress::bytes("importing", 0);
         unknown.done = 3 << 19;
         assert!(unknown.line().starts_with("importing: 1.5 MiB, "), "{}", unknown.line());
+    }
+
+    #[test]
+    fn a_cause_its_error_quotes_is_said_once() {
+        let chain = ["reading blob x: No such file (os error 2)", "No such file (os error 2)", "deeper"];
+        let said = unquoted_causes(chain.map(str::to_owned));
+        assert_eq!(said, ["reading blob x: No such file (os error 2)", "deeper"]);
     }
 }

@@ -286,6 +286,13 @@ fn demo_recording() -> (Home, String) {
     (home, recorded)
 }
 
+/// The output blob of `run`'s first step that has one.
+fn first_output(home: &Home, run: &str) -> Digest {
+    let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
+    let events = store.events(run, 1, 1000).unwrap();
+    events.iter().find_map(|e| e.output_ref).expect("a step with an output")
+}
+
 /// A replay whose recording can't be read (two of its output blobs swapped in the database)
 /// judges nothing: it is an error naming the run to verify (exit 1: the stored run is damaged,
 /// as verify says), never "ok" and never an
@@ -422,11 +429,7 @@ fn force_is_suggested_only_where_it_helps_and_a_left_out_blob_is_said_so() {
 #[test]
 fn a_blob_row_deleted_from_the_store_is_damage_to_export_and_replay() {
     let (home, recorded) = demo_recording();
-    let output: Digest = {
-        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
-        let events = store.events(&recorded, 1, 1000).unwrap();
-        events.iter().find_map(|e| e.output_ref).expect("a step with an output")
-    };
+    let output = first_output(&home, &recorded);
     let deleted = home.db().execute("DELETE FROM blobs WHERE digest = ?1", [&output.as_bytes()[..]]).unwrap();
     assert_eq!(deleted, 1);
     let digest = output.to_string();
@@ -459,11 +462,7 @@ fn a_damaged_database_file_says_where_to_start() {
 #[test]
 fn export_names_a_changed_blob_row_as_verify_does() {
     let (home, recorded) = demo_recording();
-    let output: Digest = {
-        let store = open_store(&StoreConfig::in_home(home.path())).unwrap();
-        let events = store.events(&recorded, 1, 1000).unwrap();
-        events.iter().find_map(|e| e.output_ref).expect("a step with an output")
-    };
+    let output = first_output(&home, &recorded);
     let changed = home
         .db()
         .execute("UPDATE blobs SET data = X'7b7d' WHERE digest = ?1", [&output.as_bytes()[..]])

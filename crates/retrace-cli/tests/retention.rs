@@ -12,10 +12,9 @@ use std::process::{Command, Stdio};
 use ran::Ran;
 use retrace_core::run::{Retention, RunMeta, RunMode, RunStatus};
 use retrace_core::vault::VaultKey;
-use retrace_core::EventType;
 use retrace_store::vault::store_originals;
 use retrace_store::{open_store, Store, StoreConfig};
-use trace_fixture::{conversation, Builder, Fixture};
+use trace_fixture::{conversation, Fixture};
 
 const KEPT: &str = "01retainkept00000000000000";
 const EXPIRED: &str = "01retainexpired00000000000";
@@ -50,27 +49,7 @@ impl Home {
 
 /// A pinned fork of `source` at seq `at`: two events of its own, continuing the source's chain.
 fn pinned_fork(source: &Fixture, id: &str, at: u64) -> Fixture {
-    let mut b = Builder::new(id);
-    for i in 0..2 {
-        b.push(
-            "planner",
-            EventType::ToolCall,
-            Some("t"),
-            None,
-            Some(format!("{id} {i}").into_bytes()),
-            |_| {},
-        );
-    }
-    let mut fork = b.finish(RunMode::Fork);
-    let mut prev = source.events[at as usize - 2].hash;
-    for (i, e) in fork.events.iter_mut().enumerate() {
-        (e.seq, e.lamport) = (at + i as u64, 100 + i as u64);
-        e.seal(Some(prev)).unwrap();
-        prev = e.hash;
-    }
-    fork.meta.source_run = Some(source.meta.id.clone());
-    fork.meta.fork_at = Some(at);
-    fork.meta.head = Some(prev);
+    let mut fork = trace_fixture::fork_of(source, id, at);
     fork.meta.retention = Retention::Pinned;
     fork
 }

@@ -158,18 +158,24 @@ fn a_closed_pipe_ends_export_quietly_as_cut_short() {
     assert_eq!(out.stderr(), "");
 }
 
+impl Home {
+    /// Marks [`RUN`] as an unfinished import, with `status` if given.
+    fn mark_unfinished(&self, status: Option<retrace_core::run::RunStatus>) {
+        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(self.dir.path())).unwrap();
+        let mut meta = store.run(RUN).unwrap();
+        meta.labels.insert(retrace_store::import::UNFINISHED_LABEL.into(), "stored in part".into());
+        meta.status = status.unwrap_or(meta.status);
+        store.update_run(&meta).unwrap();
+    }
+}
+
 /// An unfinished import is refused by `export` (exit 2, saying how to finish it): its file
 /// would carry the mark to every store it reaches, where importing it again could never store
 /// the rest (QA7 D3).
 #[test]
 fn an_unfinished_import_is_not_exported() {
     let home = Home::with(&conversation(RUN, 3));
-    {
-        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
-        let mut meta = store.run(RUN).unwrap();
-        meta.labels.insert(retrace_store::import::UNFINISHED_LABEL.into(), "stored in part".into());
-        store.update_run(&meta).unwrap();
-    }
+    home.mark_unfinished(None);
     let refused = home.run(&["export", RUN, "-o", home.file("t.jsonl").to_str().unwrap()]);
     refused.expect(2, &[], &["is an unfinished import", "13 of its events", "import its trace file again"]);
     assert!(!home.file("t.jsonl").exists(), "no file written");
@@ -181,13 +187,7 @@ fn an_unfinished_import_is_not_exported() {
 #[test]
 fn a_stopped_import_is_named_by_verify_and_refused_by_replay() {
     let home = Home::with(&conversation(RUN, 3));
-    {
-        let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
-        let mut meta = store.run(RUN).unwrap();
-        meta.labels.insert(retrace_store::import::UNFINISHED_LABEL.into(), "stored in part".into());
-        meta.status = retrace_core::run::RunStatus::Interrupted;
-        store.update_run(&meta).unwrap();
-    }
+    home.mark_unfinished(Some(retrace_core::run::RunStatus::Interrupted));
     home.run(&["verify", RUN]).expect(1, &["an unfinished import", "the first 13 events"], &[]);
     let hint = "import its trace file again (`retrace import FILE` stores the rest), then";
     for verb in ["replay", "fork"] {
@@ -252,26 +252,6 @@ fn an_export_stopped_by_a_signal_leaves_no_temporary_file() {
     assert!(judged > 0, "every export finished before its signal");
 }
 
-/// A fork whose events, from `at`, follow `source`'s first `at - 1`.
-fn fork_of(source: &Fixture, id: &str, at: u64) -> Fixture {
-    let mut b = Builder::new(id);
-    for i in 0..2 {
-        let output = Some(format!("{id} {i}").into_bytes());
-        b.push("planner", retrace_core::EventType::ToolCall, Some("t"), None, output, |_| {});
-    }
-    let mut fork = b.finish(retrace_core::run::RunMode::Fork);
-    let mut prev = source.events[at as usize - 2].hash;
-    for (i, e) in fork.events.iter_mut().enumerate() {
-        (e.seq, e.lamport) = (at + i as u64, 100 + i as u64);
-        e.seal(Some(prev)).unwrap();
-        prev = e.hash;
-    }
-    fork.meta.source_run = Some(source.meta.id.clone());
-    fork.meta.fork_at = Some(at);
-    fork.meta.head = Some(prev);
-    fork
-}
-
 /// A fork and a source that disagree on what the fork inherits are refused either way round,
 /// saying which run is the file's and which the store's, with the way out (QA9 D7).
 #[test]
@@ -282,7 +262,7 @@ fn a_fork_and_a_different_recording_of_its_source_are_refused_saying_which_is_wh
     let home = Home::with(&source);
     {
         let store = retrace_store::open_store(&retrace_store::StoreConfig::in_home(home.dir.path())).unwrap();
-        fork_of(&source, FORK, 4).commit(&*store);
+        trace_fixture::fork_of(&source, FORK, 4).commit(&*store);
     }
     let fork_file = home.file("f.jsonl");
     home.run(&["export", FORK, "-o", fork_file.to_str().unwrap()]).expect(0, &[], &[]);

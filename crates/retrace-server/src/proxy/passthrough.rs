@@ -120,8 +120,9 @@ pub(crate) async fn other_route(
     reply
 }
 
-/// Says on standard error, once per run and route, that `route` went upstream unrecorded.
-fn said_once(run: &str, route: &str, provider: Provider) {
+/// Says on standard error, once per run and route, that `route` went upstream unrecorded;
+/// whether it said so now.
+fn said_once(run: &str, route: &str, provider: Provider) -> bool {
     static SAID: Mutex<Option<HashSet<(String, String)>>> = Mutex::new(None);
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
     let first = said.get_or_insert_with(HashSet::new).insert((run.to_owned(), route.to_owned()));
@@ -132,5 +133,20 @@ fn said_once(run: &str, route: &str, provider: Provider) {
             provider.as_str(),
             recorded_routes(provider)
         );
+    }
+    first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warning_is_said_once_per_run_and_route() {
+        let said = |run, route| said_once(run, route, Provider::OpenAi);
+        assert!(said("01onceA", "GET /v1/models"));
+        assert!(!said("01onceA", "GET /v1/models"), "the same run and route: said already");
+        assert!(said("01onceA", "POST /v1/moderations"));
+        assert!(said("01onceB", "GET /v1/models"));
     }
 }

@@ -199,6 +199,27 @@ impl Fixture {
     }
 }
 
+/// A fork of `source` at seq `at`: its own two tool calls of agent `planner` follow `source`'s
+/// first `at - 1` events (chained on them, clocks past theirs).
+pub fn fork_of(source: &Fixture, id: &str, at: u64) -> Fixture {
+    let mut b = Builder::new(id);
+    for i in 0..2 {
+        let output = Some(format!("{id} {i}").into_bytes());
+        b.push("planner", EventType::ToolCall, Some("t"), None, output, |_| {});
+    }
+    let mut fork = b.finish(RunMode::Fork);
+    let mut prev = source.events[at as usize - 2].hash;
+    for (i, e) in fork.events.iter_mut().enumerate() {
+        (e.seq, e.lamport) = (at + i as u64, 100 + i as u64);
+        e.seal(Some(prev)).unwrap();
+        prev = e.hash;
+    }
+    fork.meta.source_run = Some(source.meta.id.clone());
+    fork.meta.fork_at = Some(at);
+    fork.meta.head = Some(prev);
+    fork
+}
+
 /// A store of each backend; the temporary folder lives as long as the store is used.
 pub struct Backend {
     pub store: Arc<dyn Store>,
