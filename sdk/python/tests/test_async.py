@@ -45,6 +45,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_ports(n):
+    """`n` distinct free ports: each held until all are chosen. Two `free_port()` calls in a row
+    may hand out the same port, and the daemon then failed to bind while its readiness check
+    reached the simulator on it (a 404 with no body at `POST /api/runs`)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def started(args, port, env):
     proc = subprocess.Popen([BIN, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -63,7 +77,7 @@ def daemon(tmp_path, monkeypatch):
     """`retrace serve` on a fresh store, its upstreams a `retrace simulate`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RETRACE_", "OPENAI_", "ANTHROPIC_"))}
     env["RETRACE_HOME"] = str(tmp_path / "home")
-    sim_port, port = free_port(), free_port()
+    sim_port, port = free_ports(2)
     sim = started(["simulate", "--addr", f"127.0.0.1:{sim_port}"], sim_port, env)
     serve = started(["serve", "--addr", f"127.0.0.1:{port}", "--upstream-openai", f"http://127.0.0.1:{sim_port}/v1",
                      "--upstream-anthropic", f"http://127.0.0.1:{sim_port}"], port, env)

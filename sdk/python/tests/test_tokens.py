@@ -26,6 +26,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_ports(n):
+    """`n` distinct free ports, each held until all are chosen (two `free_port()` calls in a row
+    may give the same one, and the daemon then fails to bind it)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def started(args, port, env):
     proc = subprocess.Popen([BIN, *args], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -45,7 +58,7 @@ def daemon(tmp_path, monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RETRACE_", "OPENAI_", "ANTHROPIC_"))}
     env["RETRACE_HOME"] = str(tmp_path / "home")
     env["RETRACE_SERVE_TOKENS"] = f"viewer:{VIEWER},debugger:{DEBUGGER}"
-    sim_port, port = free_port(), free_port()
+    sim_port, port = free_ports(2)
     sim = started(["simulate", "--addr", f"127.0.0.1:{sim_port}"], sim_port, env)
     serve = started(["serve", "--addr", f"127.0.0.1:{port}",
                      "--upstream-openai", f"http://127.0.0.1:{sim_port}/v1"], port, env)
