@@ -9,7 +9,9 @@
 //! `…-truncate-early` before its first chunk); `…-429`
 //! answers 429 with `retry-after: 3`, `…-500` 500 with no `retry-after`; `…-slow` spaces stream chunks by 20 ms; `…-echo…` answers
 //! with the last user text, streamed in pieces of three characters, and sends it back in an
-//! `x-echo` response header (the privacy canary test's upstream).
+//! `x-echo` response header (the privacy canary test's upstream). A request header
+//! `x-sim-delay-ms: N` holds the answer back N ms (up to 10 s), so identical requests can be made
+//! to finish in another order than they were sent.
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -274,11 +276,20 @@ fn echoed(ask: &Ask, mut response: Response) -> Response {
     response
 }
 
-async fn chat(State(counter): State<Arc<AtomicUsize>>, body: Bytes) -> Response {
+/// Waits as long as the request's `x-sim-delay-ms` header asks (up to 10 s).
+async fn delay(headers: &HeaderMap) {
+    let ms = headers.get("x-sim-delay-ms").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(ms) = ms {
+        tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
+    }
+}
+
+async fn chat(State(counter): State<Arc<AtomicUsize>>, headers: HeaderMap, body: Bytes) -> Response {
     let (_, ask) = match intake(&counter, &body).await {
         Ok(x) => x,
         Err(r) => return r,
     };
+    delay(&headers).await;
     let (cid, created, model) = (id("chatcmpl-"), now(), ask.snapshot());
     let text = ask.pieces(6);
     let usage =
@@ -419,6 +430,7 @@ async fn messages(State(counter): State<Arc<AtomicUsize>>, headers: HeaderMap, b
         Ok(x) => x,
         Err(r) => return r,
     };
+    delay(&headers).await;
     let (mid, model) = (id("msg_"), ask.snapshot());
     let text = ask.pieces(7);
     if !ask.stream {

@@ -11,6 +11,9 @@ example's tee transport so their dumps have the same shape.
   quirks.py 429   --dump FILE   a model named *-429 (429, retry-after: 3) with max_retries=1:
                                 the client retries once, then gets RateLimitError (exit 0)
   quirks.py truncate --dump FILE  a stream the upstream breaks off (model *-truncate)
+  quirks.py bestof --dump FILE  best-of-3: three identical Chat Completions calls in flight at
+                                once from three threads, sent 50 ms apart, the first answered
+                                last (the simulator's x-sim-delay-ms): each thread keeps its own
   quirks.py dropfirst --dump FILE  a Chat Completions and an Anthropic Messages call with the
                                 clients' default retries, against an upstream that drops the
                                 first connection of each (dropping.py): the retry answers
@@ -119,6 +122,33 @@ def truncate_scenario(calls: app.Calls) -> None:
     app.call(calls, "truncated", read)
 
 
+def bestof_scenario(calls: app.Calls) -> None:
+    """Three identical calls at once, answered in the reverse of the order they were sent."""
+    import threading
+
+    oa = openai.OpenAI(max_retries=0, http_client=httpx2.Client(transport=app.Tee(calls)))
+
+    def sample(i: int) -> None:
+        app.call(
+            calls,
+            f"bestof.{i}",
+            lambda: oa.chat.completions.create(
+                model="gpt-4o-mini",
+                temperature=1,
+                messages=[{"role": "user", "content": "name a colour"}],
+                extra_headers={"x-sim-delay-ms": str(600 - 300 * i)},
+            ).choices[0].message.content,
+        )
+
+    threads = []
+    for i in range(3):
+        threads.append(threading.Thread(target=sample, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+
+
 def dropfirst_scenario(calls: app.Calls) -> None:
     """The upstream drops the first attempt's connection: the clients' default retries (2) get
     the answer, with or without Retrace in between."""
@@ -144,7 +174,7 @@ def dropfirst_scenario(calls: app.Calls) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["gzip", "429", "truncate", "dropfirst"])
+    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "dropfirst"])
     p.add_argument("--dump", default=os.environ.get("APP_DUMP"), required=False)
     args = p.parse_args(argv)
     calls = app.Calls()
@@ -154,6 +184,7 @@ def main(argv: list[str]) -> int:
             "gzip": gzip_scenario,
             "429": rate_limit_scenario,
             "truncate": truncate_scenario,
+            "bestof": bestof_scenario,
             "dropfirst": dropfirst_scenario,
         }
         scenarios[args.scenario](calls)

@@ -117,6 +117,20 @@ def test_b_concurrent_calls_replay_20_times_in_a_row(recordings, retrace, tmp_pa
     assert len(orders) > 1, "every replay started its threads in the same order: timing did not vary"
 
 
+def test_b_identical_calls_in_flight_at_once_replay_to_the_threads_that_made_them(recordings, retrace, tmp_path):
+    """Best-of-3 with the official client: the first call sent is answered last. Recorded in
+    the order they completed, replay handed thread 0 the answer thread 2 got (QA10 D2)."""
+    run = recordings.ok("bestof")
+    recorded = dump_by_call(recordings.dump("bestof"))
+    assert set(recorded) == {"bestof.0", "bestof.1", "bestof.2"}
+    assert len({json.dumps(c, sort_keys=True) for c in recorded.values()}) == 3, "three different answers"
+    for i in range(3):
+        dump = tmp_path / f"bestof-{i}.jsonl"
+        done = retrace.replay(run, APP_DUMP=str(dump))
+        assert done.returncode == 0, f"replay {i + 1}:\n{done.explain()}"
+        assert_same_dump(recordings.dump("bestof"), dump, f"replay {i + 1}")
+
+
 # ---- c. divergence ----------------------------------------------------------------------------
 
 

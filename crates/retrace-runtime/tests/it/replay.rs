@@ -430,3 +430,62 @@ fn an_extra_step_amid_the_recorded_ones_names_the_next_recorded_step() {
     assert!(d.detail[0].contains("its next recorded step is seq 2 (random"), "{d}");
     assert!(!d.to_string().contains("ran out"), "{d}");
 }
+
+/// Best-of-n: identical model calls of one agent in flight at once, the first issued finishing
+/// last. Replay asks for them in the order they were issued and must hand each the answer its
+/// own call got in record, not the answer that finished first (QA10 D2).
+#[test]
+fn identical_model_calls_in_flight_at_once_replay_to_the_calls_that_made_them() {
+    let store = store();
+    let call = ModelCall {
+        provider: "openai".into(),
+        endpoint: "chat.completions".into(),
+        body: json!({"model": "gpt-x", "temperature": 1, "messages": [{"role": "user", "content": "a name"}]}),
+    };
+    let sample = |i: u64| json!({"choices": [{"message": {"content": format!("sample {i}")}}]});
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let recorded: Vec<Value> = std::thread::scope(|scope| {
+        let (started, issued) = std::sync::mpsc::channel();
+        let mut callers = vec![];
+        for i in 0..3u64 {
+            let (agent, call, started) = (s.agent("sampler"), &call, started.clone());
+            callers.push(scope.spawn(move || {
+                agent
+                    .model(call, |_| {
+                        started.send(i).unwrap();
+                        // The first issued finishes last.
+                        std::thread::sleep(std::time::Duration::from_millis(60 * (2 - i)));
+                        Ok::<_, String>(ModelReply { body: sample(i), snapshot: None, usage: None })
+                    })
+                    .unwrap()
+            }));
+            // Issued one after another: the next call starts once this one is in flight.
+            assert_eq!(issued.recv().unwrap(), i);
+        }
+        callers.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    for (i, got) in recorded.iter().enumerate() {
+        assert_eq!(got, &sample(i as u64), "in record each call gets its own answer");
+    }
+    let run = s.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+    let outputs: Vec<Value> = (1..=store.last_seq(&run).unwrap())
+        .map(|seq| store.event(&run, seq).unwrap())
+        .filter(|e| e.kind == retrace_core::EventType::ModelCall)
+        .map(|e| serde_json::from_slice(&store.get_blob(&e.output_ref.unwrap()).unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        outputs,
+        (0..3).map(sample).collect::<Vec<_>>(),
+        "seqs follow the order the calls were issued"
+    );
+
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    let agent = r.agent("sampler");
+    for i in 0..3 {
+        let got = agent
+            .model(&call, |_| -> Result<ModelReply, String> { panic!("replay calls no model") })
+            .unwrap();
+        assert_eq!(got, sample(i), "the call issued {i}th gets the answer it got in record");
+    }
+    r.finish(Outcome { exit_status: Some(0) }).unwrap();
+}

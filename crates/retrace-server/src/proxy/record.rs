@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use retrace_runtime::{HttpModelOutput, RuntimeResult, Session};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::document::{keeps_header, Recorded, RecordedBody, StreamDocument, StreamEnd};
 use super::replay::{break_off, respond};
@@ -35,7 +35,7 @@ enum Pending {
     /// The whole response.
     Whole(Response),
     /// A stream's held chunks, and its end.
-    Tail { tx: mpsc::Sender<Chunk>, held: Vec<Bytes>, broke_off: Option<String> },
+    Tail { tx: mpsc::UnboundedSender<Chunk>, held: Vec<Bytes>, broke_off: Option<String> },
 }
 
 /// Shared between the step's live function and the task that finishes the reply.
@@ -76,12 +76,12 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                 (Ok(_), Some(Pending::Whole(response))) => reply.send_head(response),
                 (Ok(_), Some(Pending::Tail { tx, held, broke_off })) => {
                     for chunk in held {
-                        if tx.send(Ok(chunk)).await.is_err() {
+                        if tx.send(Ok(chunk)).is_err() {
                             break;
                         }
                     }
                     if let Some(why) = broke_off {
-                        let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
+                        let _ = tx.send(break_off(std::io::Error::other(why)).await);
                     }
                 }
                 // A fork step served from the source run or a cache: nothing ran live.
@@ -98,7 +98,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                     match pending {
                         Some(Pending::Tail { tx, .. }) => {
                             let why = format!("retrace proxy: the stream could not be recorded: {e}");
-                            let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
+                            let _ = tx.send(break_off(std::io::Error::other(why)).await);
                         }
                         _ => reply.send_head(response),
                     }
@@ -176,10 +176,14 @@ async fn live(
         });
     }
     // A stream: the head goes out now, chunks as they arrive.
-    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    // Unbounded: the upstream is read, and the step recorded, however slowly the client reads.
+    // A stream the client left unread must not hold up its step: an identical call issued
+    // after it waits for its event before taking a seq (runtime `step::turns`), and a client
+    // reading that later stream first would then wait forever. A model's answer is small.
+    let (tx, rx) = mpsc::unbounded_channel::<Chunk>();
     let head = Recorded { status, headers: headers.clone(), body: RecordedBody::Whole(Bytes::new()) };
     let mut head = respond(head, false);
-    *head.body_mut() = Body::from_stream(ReceiverStream::new(rx));
+    *head.body_mut() = Body::from_stream(UnboundedReceiverStream::new(rx));
     reply.send_head(head);
     let since = Instant::now();
     let mut scanner = SseScanner::default();
@@ -208,7 +212,7 @@ async fn live(
             document.push(t_ms, &chunk);
             held.push(chunk);
         } else {
-            if !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
+            if !client_gone && tx.send(Ok(chunk.clone())).is_err() {
                 client_gone = true;
             }
             document.push(t_ms, &chunk);

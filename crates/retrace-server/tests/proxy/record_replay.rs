@@ -280,3 +280,47 @@ async fn a_declared_role_is_recorded_on_the_agents_model_calls() {
     assert_eq!(roles, [("writer", Some("drafting")), ("critic", Some("review"))]);
     assert_eq!(providers.requests(), 2, "the refused call never went upstream");
 }
+
+/// Best-of-n through the proxy: identical requests in flight at once, the first sent answered
+/// last. Replayed one after another, each gets the answer its own request got in record, not
+/// the answer that came back first (QA10 D2). Whole responses and streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_requests_in_flight_at_once_replay_to_the_requests_that_made_them() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = std::sync::Arc::new(daemon(&providers, |_| {}).await);
+    for stream in [false, true] {
+        let run = d.new_run().await;
+        let body = chat("three names", stream).to_string().into_bytes();
+        let mut calls = Vec::new();
+        for i in 0..3u64 {
+            let (d, run, body) = (d.clone(), run.clone(), body.clone());
+            calls.push(tokio::spawn(async move {
+                let wait = (300 - 150 * i).to_string();
+                d.call_with(&run, &format!("{OPENAI}/chat/completions"), body, &[("x-sim-delay-ms", &wait)])
+                    .await
+            }));
+            // Sent one after another, each well before the one before it is answered.
+            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+        }
+        let mut recorded = Vec::new();
+        for call in calls {
+            let reply = call.await.unwrap();
+            assert_eq!(reply.status, 200, "{}", reply.text());
+            recorded.push(reply.text());
+        }
+        assert_eq!(d.finish(&run).await["status"], "ok");
+        assert!(recorded[0] != recorded[1] && recorded[1] != recorded[2], "the simulator answers at random");
+
+        let replay = d.replay_of(&run).await;
+        for (i, expected) in recorded.iter().enumerate() {
+            let reply = d.call_with(&replay, &format!("{OPENAI}/chat/completions"), body.clone(), &[]).await;
+            assert_eq!(
+                &reply.text(),
+                expected,
+                "stream {stream}: request {i} gets the answer it got in record"
+            );
+        }
+        assert_eq!(d.finish(&replay).await["status"], "ok", "stream {stream}");
+    }
+    providers.stop().await;
+}
