@@ -118,6 +118,10 @@ struct Doc<'a> {
     stream: Option<Vec<(u64, &'a RawValue)>>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
+    /// The client left before the upstream answered (numbers only: nothing to mask).
+    #[allow(dead_code)]
+    #[serde(default)]
+    client_gone: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]

@@ -258,6 +258,7 @@ def recordings(retrace: Retrace, tmp_path_factory) -> Recordings:
             "429": [PY, QUIRKS, "429"],
             "truncate": [PY, QUIRKS, "truncate"],
             "bestof": [PY, QUIRKS, "bestof"],
+            "timeout": [PY, QUIRKS, "timeout"],
         }
         # Bursts of 16 concurrent calls of one agent, for `verify` (a race between the Lamport
         # tick and the append showed up in about half of such runs).

@@ -14,6 +14,9 @@ example's tee transport so their dumps have the same shape.
   quirks.py bestof --dump FILE  best-of-3: three identical Chat Completions calls in flight at
                                 once from three threads, sent 50 ms apart, the first answered
                                 last (the simulator's x-sim-delay-ms): each thread keeps its own
+  quirks.py timeout --dump FILE  a client whose 0.3 s timeout runs out before the upstream
+                                answers (1 s): both attempts (max_retries=1) give up with
+                                APITimeoutError; then a patient client asks the same
   quirks.py dropfirst --dump FILE  a Chat Completions and an Anthropic Messages call with the
                                 clients' default retries, against an upstream that drops the
                                 first connection of each (dropping.py): the retry answers
@@ -149,6 +152,31 @@ def bestof_scenario(calls: app.Calls) -> None:
         t.join()
 
 
+def timeout_scenario(calls: app.Calls) -> None:
+    """A call the client gives up on, twice, then the same call with time to wait."""
+    messages = [{"role": "user", "content": "take your time"}]
+    slow = {"x-sim-delay-ms": "1000"}
+    impatient = openai.OpenAI(timeout=0.3, max_retries=1, http_client=httpx2.Client(transport=app.Tee(calls)))
+    patient = openai.OpenAI(timeout=10, max_retries=0, http_client=httpx2.Client(transport=app.Tee(calls)))
+
+    def give_up():
+        try:
+            return impatient.chat.completions.create(
+                model="gpt-4o-mini", messages=messages, extra_headers=slow
+            ).choices[0].message.content
+        except openai.APITimeoutError as e:
+            return f"<{type(e).__name__}>"
+
+    app.call(calls, "timeout.impatient", give_up)
+    app.call(
+        calls,
+        "timeout.patient",
+        lambda: patient.chat.completions.create(model="gpt-4o-mini", messages=messages, extra_headers=slow)
+        .choices[0]
+        .message.content,
+    )
+
+
 def dropfirst_scenario(calls: app.Calls) -> None:
     """The upstream drops the first attempt's connection: the clients' default retries (2) get
     the answer, with or without Retrace in between."""
@@ -174,7 +202,7 @@ def dropfirst_scenario(calls: app.Calls) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "dropfirst"])
+    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "timeout", "dropfirst"])
     p.add_argument("--dump", default=os.environ.get("APP_DUMP"), required=False)
     args = p.parse_args(argv)
     calls = app.Calls()
@@ -185,6 +213,7 @@ def main(argv: list[str]) -> int:
             "429": rate_limit_scenario,
             "truncate": truncate_scenario,
             "bestof": bestof_scenario,
+            "timeout": timeout_scenario,
             "dropfirst": dropfirst_scenario,
         }
         scenarios[args.scenario](calls)

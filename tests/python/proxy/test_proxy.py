@@ -131,6 +131,22 @@ def test_b_identical_calls_in_flight_at_once_replay_to_the_threads_that_made_the
         assert_same_dump(recordings.dump("bestof"), dump, f"replay {i + 1}")
 
 
+def test_b_a_call_the_client_gave_up_on_is_given_up_on_again_in_replay(recordings, retrace, tmp_path):
+    """The official client's timeout runs out before the upstream answers, on both attempts.
+    Replay used to answer at once: the client got a reply it never had and took another path
+    (QA10 D1). Now it gives up again, and the patient call after it gets the recorded answer."""
+    run = recordings.ok("timeout")
+    recorded = dump_by_call(recordings.dump("timeout"))
+    assert recorded["timeout.impatient"]["result"] == "<APITimeoutError>", recorded["timeout.impatient"]
+    assert len(recorded["timeout.impatient"]["attempts"]) == 2, "the client retried once"
+    dump = tmp_path / "timeout.jsonl"
+    started = time.monotonic()
+    done = retrace.replay(run, APP_DUMP=str(dump))
+    assert done.returncode == 0, done.explain()
+    assert_same_dump(recordings.dump("timeout"), dump, "replay")
+    assert time.monotonic() - started < 30, "held only until the client gave up"
+
+
 # ---- c. divergence ----------------------------------------------------------------------------
 
 

@@ -11,6 +11,11 @@
 //!   response head) or `[t_ms, {"b64": "..."}]` for a chunk that splits a UTF-8 character, and
 //!   `end`: `complete` or `truncated` (the upstream broke off; `error` says how).
 //!
+//! A call whose client left before the upstream answered (a client timeout, say) also has
+//! `client_gone`: `{"answered_ms": L, "left_ms": T}`, milliseconds from the call to the
+//! upstream's answer and to the client leaving ([`ClientGone`]). Replay holds such an answer back
+//! `answered_ms`, so a client that gives up as it did in record gives up again.
+//!
 //! Bodies are never re-serialized: decoding gives back the recorded bytes. The format tag, the
 //! header policy and the document's span view (for masking) are `retrace_core::http_doc`.
 use base64::Engine;
@@ -55,6 +60,40 @@ pub enum RecordedBody {
         /// Why it was truncated.
         error: Option<String>,
     },
+}
+
+/// The client left before the upstream answered: replay holds the answer back as long as the
+/// upstream took, so a client that gave up in record gives up again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct ClientGone {
+    /// From the call to the upstream's answer (its response head).
+    pub answered_ms: u64,
+    /// From the call to the client leaving.
+    pub left_ms: u64,
+}
+
+impl ClientGone {
+    /// `document` (a whole encoded document) with this member added at its end.
+    pub fn add_to(&self, mut document: Vec<u8>) -> Vec<u8> {
+        debug_assert_eq!(document.last(), Some(&b'}'));
+        document.pop();
+        document.extend_from_slice(b",\"client_gone\":");
+        serde_json::to_writer(&mut document, self).expect("writing to a vec");
+        document.push(b'}');
+        document
+    }
+
+    /// The member of `document`, if it has one: found at its end, where [`ClientGone::add_to`]
+    /// puts it, without reading the rest (replay asks this of every document it serves).
+    pub fn of(document: &[u8]) -> Option<ClientGone> {
+        const MEMBER: &[u8] = b",\"client_gone\":";
+        let inner = document.strip_suffix(b"}")?;
+        let tail = &inner[inner.len().saturating_sub(96)..];
+        let at = tail.windows(MEMBER.len()).rposition(|w| w == MEMBER)?;
+        // Exactly the member's object, then the document's end: a body's own member of that
+        // name would be followed by the body's closing brace too.
+        serde_json::from_slice(&tail[at + MEMBER.len()..]).ok()
+    }
 }
 
 /// A document that does not decode.
@@ -341,6 +380,30 @@ mod tests {
             empty,
             br#"{"format":"retrace-http/1","status":200,"headers":[],"stream":[],"end":"complete"}"#
         );
+    }
+
+    #[test]
+    fn a_client_that_left_is_said_at_the_end_and_changes_nothing_else() {
+        let r = Recorded {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: RecordedBody::Whole(Bytes::from_static(br#"{"ok":true}"#)),
+        };
+        let gone = ClientGone { answered_ms: 1000, left_ms: 300 };
+        let doc = gone.add_to(r.encode());
+        assert!(doc.ends_with(br#","client_gone":{"answered_ms":1000,"left_ms":300}}"#));
+        assert_eq!(Recorded::decode(&doc).unwrap(), r);
+        assert_eq!(ClientGone::of(&doc), Some(gone));
+        assert_eq!(ClientGone::of(&r.encode()), None);
+        let body_member = Recorded {
+            body: RecordedBody::Whole(Bytes::from_static(
+                br#"{"client_gone":{"answered_ms":1,"left_ms":0}}"#,
+            )),
+            ..r.clone()
+        };
+        assert_eq!(ClientGone::of(&body_member.encode()), None, "a body's own member is not the document's");
+        let layout = retrace_core::http_doc::layout(&doc).expect("the masker reads it as a document");
+        assert_eq!(layout.headers.len(), 1);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use retrace_runtime::{HttpModelOutput, RuntimeResult, Session};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::document::{keeps_header, Recorded, RecordedBody, StreamDocument, StreamEnd};
+use super::document::{keeps_header, ClientGone, Recorded, RecordedBody, StreamDocument, StreamEnd};
 use super::replay::{break_off, respond};
 use super::reply::{error, error_body, upstream_failure, Provider};
 use super::sse::{body_facts, snapshot_of, SseScanner};
@@ -42,6 +42,33 @@ enum Pending {
 struct Reply {
     head: Mutex<Option<oneshot::Sender<Response>>>,
     pending: Mutex<Option<Pending>>,
+    /// When the client left without a response head (its request was dropped).
+    left: Mutex<Option<Instant>>,
+}
+
+/// Notes when the client left, if it left before the response head reached it.
+struct LeftWatch {
+    reply: Arc<Reply>,
+    answered: bool,
+}
+
+impl Drop for LeftWatch {
+    fn drop(&mut self) {
+        if !self.answered {
+            *self.reply.left.lock() = Some(Instant::now());
+        }
+    }
+}
+
+impl Reply {
+    /// Whether the client left before the upstream answered (now), and when.
+    fn gone(&self, started: Instant) -> Option<ClientGone> {
+        let left = (*self.left.lock())?;
+        Some(ClientGone {
+            answered_ms: started.elapsed().as_millis() as u64,
+            left_ms: left.saturating_duration_since(started).as_millis() as u64,
+        })
+    }
 }
 
 impl Reply {
@@ -55,7 +82,13 @@ impl Reply {
 /// Records `call` live.
 pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> Response {
     let (head_tx, head_rx) = oneshot::channel();
-    let reply = Arc::new(Reply { head: Mutex::new(Some(head_tx)), pending: Mutex::new(None) });
+    let reply = Arc::new(Reply {
+        head: Mutex::new(Some(head_tx)),
+        pending: Mutex::new(None),
+        left: Mutex::new(None),
+    });
+    // Dropped unanswered when the client leaves (hyper drops the request's future).
+    let mut watch = LeftWatch { reply: reply.clone(), answered: false };
     // Counted until the step is stored: the run's end waits for it, even once the client left.
     let in_flight = app.host.call_started(&call.run);
     let call = Arc::new(call);
@@ -86,7 +119,10 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                 }
                 // A fork step served from the source run or a cache: nothing ran live.
                 (Ok(served), None) => reply.send_head(match Recorded::decode(&served.document) {
-                    Ok(doc) => respond(doc, true),
+                    Ok(doc) => {
+                        super::replay::hold_if_client_left(&served.document).await;
+                        respond(doc, true)
+                    }
                     Err(e) => error(
                         call.provider,
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -106,7 +142,9 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
             }
         })
     };
-    match head_rx.await {
+    let head = head_rx.await;
+    watch.answered = true;
+    match head {
         Ok(response) => response,
         Err(_) => {
             let why = match task.await {
@@ -165,7 +203,10 @@ async fn live(
         };
         let (model, usage) = body_facts(&body);
         let doc = Recorded { status, headers, body: RecordedBody::Whole(body) };
-        let document = doc.encode();
+        let document = match reply.gone(started) {
+            Some(gone) => gone.add_to(doc.encode()),
+            None => doc.encode(),
+        };
         *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
         return Ok(HttpModelOutput {
             document,
@@ -181,6 +222,7 @@ async fn live(
     // after it waits for its event before taking a seq (runtime `step::turns`), and a client
     // reading that later stream first would then wait forever. A model's answer is small.
     let (tx, rx) = mpsc::unbounded_channel::<Chunk>();
+    let gone = reply.gone(started);
     let head = Recorded { status, headers: headers.clone(), body: RecordedBody::Whole(Bytes::new()) };
     let mut head = respond(head, false);
     *head.body_mut() = Body::from_stream(UnboundedReceiverStream::new(rx));
@@ -220,6 +262,10 @@ async fn live(
     }
     let end = if broke_off.is_some() { StreamEnd::Truncated } else { StreamEnd::Complete };
     let document = document.finish(end, broke_off.as_deref());
+    let document = match gone {
+        Some(gone) => gone.add_to(document),
+        None => document,
+    };
     *reply.pending.lock() = Some(Pending::Tail { tx, held, broke_off });
     Ok(HttpModelOutput {
         document,

@@ -9,7 +9,7 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use retrace_runtime::{RuntimeError, Session};
 
-use super::document::{Recorded, RecordedBody, StreamEnd};
+use super::document::{ClientGone, Recorded, RecordedBody, StreamEnd};
 use super::reply::error;
 use super::{runtime_error, Call};
 use crate::AppState;
@@ -20,10 +20,23 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
     let never = |_| async { Err(RuntimeError::Usage("replay never calls the upstream".into())) };
     match agent.http_model(call.model_call(), never).await {
         Ok(reply) => match Recorded::decode(&reply.document) {
-            Ok(doc) => respond(doc, true),
+            Ok(doc) => {
+                hold_if_client_left(&reply.document).await;
+                respond(doc, true)
+            }
             Err(e) => error(call.provider, StatusCode::INTERNAL_SERVER_ERROR, &format!("retrace proxy: {e}")),
         },
         Err(e) => runtime_error(&app, &call, &e),
+    }
+}
+
+/// For a call whose client left before the upstream answered: waits as long as the upstream
+/// took, so a client that gives up as it did in record (its timeout) gives up again, rather than
+/// getting an answer it never had. A client that waits longer gets the answer then, as it would
+/// have live. Leaving drops this future with the request's.
+pub(crate) async fn hold_if_client_left(document: &[u8]) {
+    if let Some(gone) = ClientGone::of(document) {
+        tokio::time::sleep(std::time::Duration::from_millis(gone.answered_ms)).await;
     }
 }
 

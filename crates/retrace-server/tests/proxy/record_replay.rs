@@ -324,3 +324,52 @@ async fn identical_requests_in_flight_at_once_replay_to_the_requests_that_made_t
     }
     providers.stop().await;
 }
+
+/// A client that gave up waiting (its timeout) before the upstream answered: in replay it must
+/// give up again, not get at once the answer it never had and take another path (QA10 D1).
+/// Its patient retry gets the recorded answer, as in record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_client_gave_up_on_is_held_in_replay_until_it_gives_up_again() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    let body = chat("take your time", false).to_string();
+    let impatient = |run: &str, delay: &str| {
+        reqwest::Client::builder()
+            .timeout(std::time::Duration::from_millis(300))
+            .build()
+            .unwrap()
+            .post(format!("{}{OPENAI}/chat/completions", d.base))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-test-never-stored")
+            .header("x-retrace-run", run)
+            .header("x-sim-delay-ms", delay)
+            .body(body.clone())
+            .send()
+    };
+    let run = d.new_run().await;
+    let gave_up = impatient(&run, "1000").await.expect_err("the upstream takes longer than the client waits");
+    assert!(gave_up.is_timeout(), "{gave_up}");
+    let patient =
+        d.call_with(&run, &format!("{OPENAI}/chat/completions"), body.clone().into_bytes(), &[]).await;
+    assert_eq!(patient.status, 200, "{}", patient.text());
+    assert_eq!(d.finish(&run).await["status"], "ok");
+    let first = d.store.event(&run, 1).unwrap();
+    let document = d.store.get_blob(&first.output_ref.unwrap()).unwrap();
+    let gone = retrace_server::proxy::document::ClientGone::of(&document)
+        .expect("the document says the client left");
+    assert!(gone.left_ms < gone.answered_ms && gone.answered_ms >= 1000, "{gone:?}");
+
+    for round in 0..2 {
+        let replay = d.replay_of(&run).await;
+        let began = std::time::Instant::now();
+        let gave_up =
+            impatient(&replay, "0").await.expect_err("replay holds the answer as long as the upstream took");
+        assert!(gave_up.is_timeout(), "round {round}: {gave_up}");
+        assert!(began.elapsed() < std::time::Duration::from_millis(900), "the client's own timeout ended it");
+        let again =
+            d.call_with(&replay, &format!("{OPENAI}/chat/completions"), body.clone().into_bytes(), &[]).await;
+        assert_eq!(again.text(), patient.text(), "round {round}");
+        assert_eq!(d.finish(&replay).await["status"], "ok", "round {round}");
+    }
+    providers.stop().await;
+}
