@@ -133,7 +133,13 @@ fn anthropic_path(rest: &str) -> String {
 /// A proxied request, checked and decoded.
 pub(crate) struct Call {
     pub(crate) provider: Provider,
+    /// `POST` for the model routes; any method for the others.
+    pub(crate) method: Method,
+    /// The provider path, with the query for a route other than the model routes.
     pub(crate) path: String,
+    /// The request had no body: `body` is `null` (what is keyed and stored), and the upstream
+    /// gets none.
+    pub(crate) bodiless: bool,
     pub(crate) run: String,
     pub(crate) agent: String,
     pub(crate) headers: HeaderMap,
@@ -154,7 +160,7 @@ impl Call {
             .collect();
         HttpModelCall {
             provider: self.provider.as_str().to_owned(),
-            method: "POST".into(),
+            method: self.method.as_str().to_owned(),
             path: self.path.clone(),
             key_headers,
             body: self.body.clone(),
@@ -171,21 +177,21 @@ async fn handle(
     body: Body,
 ) -> Response {
     let provider = target.provider;
-    if method != Method::POST || !target.known() {
-        return passthrough::other_route(app, target, query, method, headers, body).await;
-    }
+    // The model routes, and any other route whose body is JSON or empty (`GET /v1/models`,
+    // `count_tokens`, moderations...), are recorded; the rest pass through unrecorded.
+    let model_route = method == Method::POST && target.known();
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let named = match Named::read(&headers) {
         Ok(named) => named,
         Err(why) => return error(provider, StatusCode::BAD_REQUEST, &why),
     };
     let role = named.role;
-    let Some(run) = target.run.or(named.run).or_else(|| app.default_run.clone()) else {
+    let Some(run) = target.run.clone().or(named.run).or_else(|| app.default_run.clone()) else {
         let msg = "retrace proxy: which run is this call part of? Send X-Retrace-Run (or use \
                    /proxy/run/{run}/agent/{agent}/...), or start the program with `retrace record -- CMD`";
         return error(provider, StatusCode::BAD_REQUEST, msg);
     };
-    let agent = target.agent.or(named.agent).unwrap_or_else(|| "default".into());
+    let agent = target.agent.clone().or(named.agent).unwrap_or_else(|| "default".into());
     if let Some(Err(why)) = role.as_deref().map(crate::steps::valid_role) {
         return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: X-Retrace-Role: {why}"));
     }
@@ -214,14 +220,28 @@ async fn handle(
         }
         Err(e) => return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}")),
     };
-    let model = match asked_model(&body) {
-        Ok(model) => model,
-        Err(e) => {
-            let msg = format!("retrace proxy: the request body is not valid JSON: {e}");
-            return error(provider, StatusCode::BAD_REQUEST, &msg);
+    let bodiless = body.is_empty() && !model_route;
+    let (body, model) = if bodiless {
+        (b"null".to_vec(), String::new())
+    } else {
+        match asked_model(&body) {
+            Ok(model) => (body, model),
+            Err(_) if !model_route => {
+                // Not JSON (a file upload): not something a step can key; it goes through.
+                let passed = Body::from(raw);
+                return passthrough::other_route(app, target, query, method, headers, passed).await;
+            }
+            Err(e) => {
+                let msg = format!("retrace proxy: the request body is not valid JSON: {e}");
+                return error(provider, StatusCode::BAD_REQUEST, &msg);
+            }
         }
     };
-    let call = Call { provider, path: target.path, run, agent, headers, body, model };
+    let path = match query.filter(|_| !model_route) {
+        Some(q) => format!("{}?{q}", target.path),
+        None => target.path,
+    };
+    let call = Call { provider, method, path, bodiless, run, agent, headers, body, model };
     let session = match app.host.session(&call.run) {
         Ok(s) => s,
         Err(e) => return host_error(provider, &e),

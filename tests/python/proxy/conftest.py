@@ -259,6 +259,7 @@ def recordings(retrace: Retrace, tmp_path_factory) -> Recordings:
             "truncate": [PY, QUIRKS, "truncate"],
             "bestof": [PY, QUIRKS, "bestof"],
             "timeout": [PY, QUIRKS, "timeout"],
+            "routes": [PY, QUIRKS, "routes"],
         }
         # Bursts of 16 concurrent calls of one agent, for `verify` (a race between the Lamport
         # tick and the append showed up in about half of such runs).

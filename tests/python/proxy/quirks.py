@@ -17,6 +17,8 @@ example's tee transport so their dumps have the same shape.
   quirks.py timeout --dump FILE  a client whose 0.3 s timeout runs out before the upstream
                                 answers (1 s): both attempts (max_retries=1) give up with
                                 APITimeoutError; then a patient client asks the same
+  quirks.py routes --dump FILE  routes besides the model calls: models.list() and Anthropic's
+                                messages.count_tokens, then a chat completion
   quirks.py dropfirst --dump FILE  a Chat Completions and an Anthropic Messages call with the
                                 clients' default retries, against an upstream that drops the
                                 first connection of each (dropping.py): the retry answers
@@ -177,6 +179,29 @@ def timeout_scenario(calls: app.Calls) -> None:
     )
 
 
+def routes_scenario(calls: app.Calls) -> None:
+    """Calls besides model calls, which the proxy records and replays like them."""
+    import anthropic
+
+    oa = openai.OpenAI(http_client=httpx2.Client(transport=app.Tee(calls)))
+    an = anthropic.Anthropic(http_client=httpx2.Client(transport=app.Tee(calls)))
+    app.call(calls, "routes.models", lambda: sorted(m.id for m in oa.models.list()))
+    app.call(
+        calls,
+        "routes.count_tokens",
+        lambda: an.messages.count_tokens(
+            model="claude-sonnet-4-5", messages=[{"role": "user", "content": "how many tokens is this"}]
+        ).input_tokens,
+    )
+    app.call(
+        calls,
+        "routes.chat",
+        lambda: oa.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "and now an answer"}]
+        ).choices[0].message.content,
+    )
+
+
 def dropfirst_scenario(calls: app.Calls) -> None:
     """The upstream drops the first attempt's connection: the clients' default retries (2) get
     the answer, with or without Retrace in between."""
@@ -202,7 +227,7 @@ def dropfirst_scenario(calls: app.Calls) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "timeout", "dropfirst"])
+    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "timeout", "routes", "dropfirst"])
     p.add_argument("--dump", default=os.environ.get("APP_DUMP"), required=False)
     args = p.parse_args(argv)
     calls = app.Calls()
@@ -214,6 +239,7 @@ def main(argv: list[str]) -> int:
             "truncate": truncate_scenario,
             "bestof": bestof_scenario,
             "timeout": timeout_scenario,
+            "routes": routes_scenario,
             "dropfirst": dropfirst_scenario,
         }
         scenarios[args.scenario](calls)

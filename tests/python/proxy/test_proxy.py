@@ -147,6 +147,21 @@ def test_b_a_call_the_client_gave_up_on_is_given_up_on_again_in_replay(recording
     assert time.monotonic() - started < 30, "held only until the client gave up"
 
 
+def test_b_models_list_and_count_tokens_are_recorded_and_replayed(recordings, retrace, tmp_path):
+    """The official clients' calls besides model calls replay too (they used to pass through
+    unrecorded, and a replay refused them)."""
+    run = recordings.ok("routes")
+    recorded = dump_by_call(recordings.dump("routes"))
+    assert recorded["routes.models"]["result"], recorded["routes.models"]
+    assert isinstance(recorded["routes.count_tokens"]["result"], int), recorded["routes.count_tokens"]
+    names = [e["name"] for e in retrace.show_json(run)["events"] if e.get("name")]
+    assert names[:2] == ["openai/GET v1/models", "anthropic/v1/messages/count_tokens"], names
+    dump = tmp_path / "routes.jsonl"
+    done = retrace.replay(run, APP_DUMP=str(dump))
+    assert done.returncode == 0, done.explain()
+    assert_same_dump(recordings.dump("routes"), dump, "replay")
+
+
 # ---- c. divergence ----------------------------------------------------------------------------
 
 

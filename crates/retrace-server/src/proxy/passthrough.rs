@@ -1,9 +1,11 @@
-//! Provider routes the proxy doesn't record (`GET /v1/models`, `POST /v1/moderations`,
-//! Anthropic's `count_tokens`...): a program recorded with `retrace record` sends every call of
-//! its client to the proxy, and one that works against the real API must not break because it
-//! is recorded. While a run records (or forks) they go to the upstream as they are, unrecorded,
-//! and the daemon says so on standard error once per route and run; in a replay, which makes
-//! no live call, they are refused, saying why.
+//! Provider calls the proxy can't record: a body that is neither JSON nor empty (a file upload,
+//! an audio transcription's multipart form), which no step can key. Every other route
+//! (`GET /v1/models`, moderations, Anthropic's `count_tokens`...) is recorded like a model call.
+//! A program recorded with `retrace record` sends every call of its client to the proxy, and one
+//! that works against the real API must not break because it is recorded: while a run records
+//! (or forks) such calls go to the upstream as they are, unrecorded, and the daemon says so on
+//! standard error once per route and run; in a replay, which makes no live call, they are
+//! refused, saying why.
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -21,12 +23,7 @@ const NOT_COPIED: &[&str] =
     &["content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"];
 
 /// What the proxy records, for the messages.
-fn recorded_routes(provider: Provider) -> &'static str {
-    match provider {
-        Provider::OpenAi => "POST /v1/chat/completions, /v1/responses and /v1/embeddings",
-        Provider::Anthropic => "POST /v1/messages",
-    }
-}
+const RECORDED: &str = "calls whose body is JSON or empty";
 
 /// Answers `method` `target` (with `query`), a route the proxy doesn't record.
 pub(crate) async fn other_route(
@@ -42,8 +39,11 @@ pub(crate) async fn other_route(
     let named = Named::read(&headers).ok();
     let run = target.run.or(named.and_then(|n| n.run)).or_else(|| app.default_run.clone());
     let Some(run) = run else {
-        let msg = format!("retrace proxy: no route for {route}; it serves {}", recorded_routes(provider));
-        return error(provider, StatusCode::NOT_FOUND, &msg);
+        let msg = format!(
+            "retrace proxy: which run is {route} part of? Send X-Retrace-Run (or use \
+             /proxy/run/{{run}}/agent/{{agent}}/...), or start the program with `retrace record -- CMD`"
+        );
+        return error(provider, StatusCode::BAD_REQUEST, &msg);
     };
     let session = match app.host.session(&run) {
         Ok(s) => s,
@@ -51,9 +51,8 @@ pub(crate) async fn other_route(
     };
     if session.mode() == Mode::Replay {
         let msg = format!(
-            "retrace proxy: {route} was not recorded (Retrace records {}; other routes go to the upstream \
-             unrecorded while recording), and a replay makes no live call, so it can't answer it",
-            recorded_routes(provider)
+            "retrace proxy: {route} was not recorded (Retrace records {RECORDED}; other calls go to the \
+             upstream unrecorded while recording), and a replay makes no live call, so it can't answer it"
         );
         return error(provider, StatusCode::NOT_FOUND, &msg);
     }
@@ -128,10 +127,9 @@ fn said_once(run: &str, route: &str, provider: Provider) -> bool {
     let first = said.get_or_insert_with(HashSet::new).insert((run.to_owned(), route.to_owned()));
     if first {
         eprintln!(
-            "retrace: warning: {route} ({}) went to the upstream unrecorded: Retrace records {}; a replay of \
-             run {run} can't answer it",
+            "retrace: warning: {route} ({}) went to the upstream unrecorded: Retrace records {RECORDED}; a \
+             replay of run {run} can't answer it",
             provider.as_str(),
-            recorded_routes(provider)
         );
     }
     first

@@ -169,7 +169,10 @@ async fn live(
     let edited = (body != call.body).then(|| super::asked_model(&body).ok()).flatten();
     let asked = edited.as_ref().unwrap_or(&call.model);
     let upstreams = &app.upstreams;
-    let response = match upstreams.send(call.provider, &call.path, &call.headers, body).await {
+    let body = if call.bodiless { Vec::new() } else { body };
+    let method =
+        reqwest::Method::from_bytes(call.method.as_str().as_bytes()).unwrap_or(reqwest::Method::POST);
+    let response = match upstreams.send_as(method, call.provider, &call.path, &call.headers, body).await {
         Ok(r) => r,
         Err(e) => return Ok(own_error(&reply, call.provider, &e, started)),
     };

@@ -21,8 +21,7 @@ async fn bad_requests_get_provider_shaped_errors() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
     let d = daemon(&providers, |c| c.max_body = 1024).await;
     let run = d.new_run().await;
-    // A route the proxy doesn't record, for no run: its own 404 in the provider's shape. (For a
-    // recording run it goes to the upstream unrecorded: passthrough.rs.)
+    // Any route, for no run: its own 400 in the provider's shape, saying how to name one.
     let no_run = |path: &'static str| {
         let base = d.base.clone();
         async move {
@@ -30,15 +29,16 @@ async fn bad_requests_get_provider_shaped_errors() {
         }
     };
     let unknown = no_run("/proxy/openai/v1/models/gpt").await;
-    own_error(&unknown, 404, "no route");
+    own_error(&unknown, 400, "which run is this call part of?");
     assert!(unknown.json()["error"]["message"].is_string(), "OpenAI's shape");
     let unknown = no_run("/proxy/anthropic/v1/complete").await;
-    own_error(&unknown, 404, "not_found_error");
+    own_error(&unknown, 400, "invalid_request_error");
     assert_eq!(unknown.json()["type"], "error", "Anthropic's shape");
+    // For a recording run, a route the upstream doesn't know gets (and records) its own answer.
     let upstream = d.call(&run, "/proxy/openai/v1/models/gpt", &json!({})).await;
     assert_eq!(
         (upstream.status, upstream.header("x-retrace-proxy")),
-        (404, Some("unrecorded")),
+        (404, None),
         "the upstream's own answer"
     );
     // An unknown API route answers in the API's shape, which the SDKs read.
@@ -72,7 +72,7 @@ async fn bad_requests_get_provider_shaped_errors() {
         assert!(empty.text().contains("is empty"), "{}", empty.text());
     }
     let get = client().get(format!("{}/proxy/openai/v1/chat/completions", d.base)).send().await.unwrap();
-    own_error(&Reply::read(get).await, 404, "no route for GET");
+    own_error(&Reply::read(get).await, 400, "which run is this call part of?");
     let malformed =
         d.call_with(&run, "/proxy/openai/v1/chat/completions", b"{\"model\": ".to_vec(), &[]).await;
     own_error(&malformed, 400, "not valid JSON");
@@ -106,10 +106,10 @@ async fn bad_requests_get_provider_shaped_errors() {
         404,
         "no run",
     );
-    // Nothing of that was recorded, and the daemon still works.
-    assert_eq!(d.store.last_seq(&run).unwrap(), 0);
+    // Nothing of that was recorded but the upstream's own 404, and the daemon still works.
+    assert_eq!(d.store.last_seq(&run).unwrap(), 1);
     assert_eq!(d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hi", false)).await.status, 200);
-    assert_eq!(providers.requests(), 1);
+    assert_eq!(providers.requests(), 1, "the simulator counts the calls it answers, not its 404s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,12 +1,14 @@
-//! Provider routes the proxy doesn't record go to the upstream unrecorded while a run records,
-//! so a program that lists models or counts tokens works under `retrace record`; a replay,
-//! which makes no live call, refuses them saying why (QA10 D7).
+//! Provider routes besides the model calls (`GET /v1/models`, `count_tokens`...) are recorded
+//! and replayed like model calls, so a program that lists models or counts tokens replays. A
+//! body that is neither JSON nor empty (a file upload) goes to the upstream unrecorded while a
+//! run records, and a replay, which makes no live call, refuses it saying why (QA10 D7).
 use retrace_demo::providers::Providers;
+use serde_json::json;
 
 use super::support::{chat, client, daemon, Reply};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_the_proxy_does_not_record_pass_through_while_recording_and_are_refused_in_replay() {
+async fn other_routes_are_recorded_and_replayed_and_uploads_pass_through_unrecorded() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
     let d = daemon(&providers, |_| {}).await;
     let run = d.new_run().await;
@@ -23,24 +25,58 @@ async fn routes_the_proxy_does_not_record_pass_through_while_recording_and_are_r
             Reply::read(r).await
         }
     };
+    let upload = |run: String| {
+        let base = d.base.clone();
+        async move {
+            let r = client()
+                .post(format!("{base}/proxy/openai/v1/audio/transcriptions"))
+                .header("authorization", "Bearer sk-test-never-stored")
+                .header("content-type", "multipart/form-data; boundary=x")
+                .header("x-retrace-run", run)
+                .body("--x\r\ncontent-disposition: form-data; name=\"file\"\r\n\r\nRIFF....\r\n--x--\r\n")
+                .send()
+                .await
+                .unwrap();
+            Reply::read(r).await
+        }
+    };
+    let count = json!({"model": "claude", "messages": [{"role": "user", "content": "one two three"}]});
     let listed = get(run.clone(), "/proxy/openai/v1/models?limit=2").await;
     assert_eq!(listed.status, 200, "{}", listed.text());
     assert_eq!(listed.json()["data"].as_array().map(Vec::len), Some(2), "the query reached the upstream");
-    assert_eq!(listed.header("x-retrace-proxy"), Some("unrecorded"));
-    let counted = d
-        .call(&run, "/proxy/anthropic/v1/messages/count_tokens", &serde_json::json!({"model": "claude", "messages": [{"role": "user", "content": "one two three"}]}))
-        .await;
+    assert_eq!(listed.header("x-retrace-proxy"), None, "recorded, not passed through");
+    let counted = d.call(&run, "/proxy/anthropic/v1/messages/count_tokens", &count).await;
     assert_eq!(counted.status, 200, "{}", counted.text());
     assert!(counted.json()["input_tokens"].as_u64().is_some(), "{}", counted.text());
+    let uploaded = upload(run.clone()).await;
+    assert_eq!(uploaded.header("x-retrace-proxy"), Some("unrecorded"), "{}", uploaded.text());
     let answered = d.call(&run, "/proxy/openai/v1/chat/completions", &chat("hello", false)).await;
     assert_eq!(answered.status, 200, "{}", answered.text());
-    d.finish(&run).await;
+    assert_eq!(d.finish(&run).await["status"], "ok");
     let events = d.store.events(&run, 1, 100).unwrap();
-    assert_eq!(events.len(), 1, "only the chat completion is recorded: {events:?}");
+    let names: Vec<_> = events.iter().filter_map(|e| e.name.clone()).collect();
+    assert_eq!(
+        names,
+        ["openai/GET v1/models?limit=2", "anthropic/v1/messages/count_tokens", "openai/v1/chat/completions"],
+        "the upload is not recorded"
+    );
+    providers.stop().await;
 
     let replay = d.replay_of(&run).await;
-    let refused = get(replay.clone(), "/proxy/openai/v1/models?limit=2").await;
+    let again = get(replay.clone(), "/proxy/openai/v1/models?limit=2").await;
+    assert_eq!((again.status, again.text()), (200, listed.text()), "served from the log, byte for byte");
+    let again = d.call(&replay, "/proxy/anthropic/v1/messages/count_tokens", &count).await;
+    assert_eq!(again.text(), counted.text());
+    let refused = upload(replay.clone()).await;
     assert_eq!(refused.status, 404, "{}", refused.text());
-    assert!(refused.text().contains("GET /v1/models was not recorded"), "{}", refused.text());
+    assert!(refused.text().contains("POST /v1/audio/transcriptions was not recorded"), "{}", refused.text());
     assert!(refused.text().contains("a replay makes no live call"), "{}", refused.text());
+    let again = d.call(&replay, "/proxy/openai/v1/chat/completions", &chat("hello", false)).await;
+    assert_eq!(again.text(), answered.text());
+    assert_eq!(d.finish(&replay).await["status"], "ok");
+
+    // Another query is another request: a divergence, not the recorded list.
+    let replay = d.replay_of(&run).await;
+    let other = get(replay.clone(), "/proxy/openai/v1/models?limit=3").await;
+    assert_eq!(other.status, 409, "{}", other.text());
 }
