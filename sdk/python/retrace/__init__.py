@@ -44,6 +44,7 @@ __all__ = [
 
 from . import _off
 from ._errors import ApprovalRequired, Divergence, DryRun, NotPermitted, RetraceError, StepError
+from ._errors import failure_text, replayed_failure
 from . import _http as _http_mod
 from ._http import Http as _Http
 from ._values import plain as _plain, text as _text
@@ -407,9 +408,7 @@ class Agent:
                 return {"output": _plain(value, f"{what} ran, but its output holds")}, None
             except RetraceError as refused:
                 error = refused
-        # The message as text JSON can hold: a lone surrogate (from undecodable bytes) escaped.
-        failure = f"{type(error).__name__}: {error}".encode("utf-8", "backslashreplace").decode("utf-8")
-        return {"error": failure}, error
+        return {"error": failure_text(error)}, error
 
     @staticmethod
     def _result(answer: dict, dry_run: Optional[Callable[[Any], Any]]) -> Any:
@@ -417,7 +416,7 @@ class Agent:
         if status == "done":
             return answer["output"]
         if status == "error":  # replay: the function failed when it was recorded
-            raise StepError(answer["error"])
+            raise replayed_failure(answer["error"])
         if status == "approval_required":
             raise ApprovalRequired(answer["approval"], answer["error"])
         if status == "refused":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Optional
 
 
@@ -82,7 +83,55 @@ class NotPermitted(Exception):
 class StepError(Exception):
     """The step's function failed when it was recorded: raised where the function does not run
     (replay, a step a fork answers from its source). Where it runs (record, a changed step of a
-    fork), the failure is recorded and the function's own exception is raised again."""
+    fork), the failure is recorded and the function's own exception is raised again.
+
+    Where the recorded exception's class can be found (a built-in one, or one of a module the
+    program has imported), the StepError raised is also an instance of that class, with the
+    same name and message, so ``except ValueError:`` takes the path it took in record; otherwise
+    it is a plain StepError whose message is the recorded failure, ``ValueError: ...``."""
+
+
+def failure_text(error: BaseException) -> str:
+    """What is recorded of an exception: its class (module-qualified unless built in), then its
+    message: ``ValueError: bad input``, ``billing.QuotaError: over quota``."""
+    cls = type(error)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    # As text JSON can hold: a lone surrogate (from undecodable bytes) escaped.
+    return f"{name}: {error}".encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_AS: dict = {}  # recorded exception class -> its StepError twin
+
+
+def replayed_failure(text: str) -> StepError:
+    """The exception a recorded failure (:func:`failure_text`) raises where its function does
+    not run: a StepError that is also the recorded class where that class can be found."""
+    import builtins
+
+    name, sep, message = text.partition(": ")
+    module, _, qualname = name.rpartition(".")
+    found = getattr(sys.modules.get(module) if module else builtins, qualname, None) if sep else None
+    if isinstance(found, type) and issubclass(found, Exception) and not issubclass(found, StepError):
+        try:
+            twin = _AS.get(found)
+            if twin is None:
+                twin = type(found.__name__, (StepError, found), {"__module__": found.__module__,
+                                                                 "__qualname__": found.__qualname__})
+                _AS[found] = twin
+            arg: object = message
+            if issubclass(found, KeyError):  # str() of a KeyError is its key's repr
+                import ast
+
+                try:
+                    arg = ast.literal_eval(message)
+                except (ValueError, SyntaxError):
+                    pass
+            error = twin(arg)
+            if str(error) == message:
+                return error
+        except Exception:  # a class that can't be built from its message alone
+            pass
+    return StepError(text)
 
 
 for _error in (RetraceError, Divergence, DryRun, ApprovalRequired, NotPermitted, StepError):

@@ -1,13 +1,51 @@
 """Tools that raise, of each class: prints what the program caught. In record the tool's own
 exception comes back once its failure is recorded; in replay, where no tool runs, a
-retrace.StepError carries the recorded failure."""
+retrace.StepError carries the recorded failure, and is also an instance of the recorded class
+when that class can be found (a built-in one, or one this program defines), so the same
+`except` clause takes it and the program prints the same lines."""
 import retrace
+
+
+class QuotaError(Exception):
+    """An exception class of the program's own."""
+
+
+class Strict(Exception):
+    """One that can't be built from its message alone: replay raises a plain StepError."""
+
+    def __init__(self, code: int, why: str):
+        super().__init__(f"{code} {why}")
+
+
+def over_quota():
+    raise QuotaError("over quota")
+
+
+def strict():
+    raise Strict(7, "refused")
+
+
+def missing():
+    return {}["k"]
+
 
 run = retrace.connect()
 worker = run.agent("worker")
 for cls, ttl_s in (("deterministic", None), ("time_bound", 60), ("side_effect", None)):
     try:
         worker.tool(f"divide.{cls}", {"by": 0}, lambda: 1 / 0, cls=cls, ttl_s=ttl_s)
-    except (ZeroDivisionError, retrace.StepError) as e:
+    except ZeroDivisionError as e:
         print(cls, type(e).__name__, e)
+try:
+    worker.tool("billing.charge", {}, over_quota)
+except QuotaError as e:
+    print("quota", type(e).__name__, e)
+try:
+    worker.tool("lookup", {}, missing)
+except KeyError as e:
+    print("lookup", type(e).__name__, e)
+try:
+    worker.tool("strict", {}, strict)
+except (Strict, retrace.StepError) as e:
+    print("strict", isinstance(e, Strict), isinstance(e, retrace.StepError))
 run.finish()

@@ -42,13 +42,35 @@ def test_record_raises_the_tools_own_exception_once_its_failure_is_recorded(daem
     assert failed == ["ZeroDivisionError: division by zero"] * 6 + ["StopIteration: "], failed
 
 
-def test_replay_raises_a_step_error_for_a_recorded_failure(tmp_path):
+def test_replay_raises_a_step_error_the_same_except_clause_takes(tmp_path):
     rec = cli(tmp_path, "record", "--json", "--", *PROG)
     *printed, last = rec.stdout.strip().splitlines()
     run = json.loads(last)["run"]
-    assert printed == [f"{cls} ZeroDivisionError division by zero"
-                       for cls in ("deterministic", "time_bound", "side_effect")], rec.stdout + rec.stderr
+    took = [f"{cls} ZeroDivisionError division by zero" for cls in ("deterministic", "time_bound", "side_effect")]
+    took += ["quota QuotaError over quota", "lookup KeyError 'k'"]
+    assert printed == took + ["strict True False"], rec.stdout + rec.stderr
     rep = cli(tmp_path, "replay", run)
-    assert rep.stdout.strip().splitlines() == [f"{cls} StepError ZeroDivisionError: division by zero"
-                                               for cls in ("deterministic", "time_bound", "side_effect")]
+    # The same lines: each StepError is also the recorded class, with its message; a class that
+    # can't be built from its message alone gives a plain StepError.
+    assert rep.stdout.strip().splitlines() == took + ["strict False True"], rep.stdout + rep.stderr
     assert "ok: every step matched" in rep.stderr, rep.stderr
+
+
+def test_a_recorded_failure_names_its_class_with_its_module_unless_built_in(daemon):
+    run = retrace.connect(url=daemon, name="names")
+    worker = run.agent("worker")
+
+    class Local(Exception):
+        pass
+
+    def fail():
+        raise Local("no")
+
+    with pytest.raises(Local):
+        worker.tool("local", {}, fail)
+    with pytest.raises(KeyError):
+        worker.tool("key", {}, lambda: {}["k"])
+    run.finish()
+    failed = [e["error"] for e in events(daemon, run.id) if e["type"] == "tool_call"]
+    assert failed == [f"{__name__}.test_a_recorded_failure_names_its_class_with_its_module_unless_built_in."
+                      "<locals>.Local: no", "KeyError: 'k'"], failed
