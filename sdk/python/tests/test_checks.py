@@ -148,7 +148,7 @@ def test_an_output_json_cant_hold_is_refused_and_recorded_as_the_steps_failure(d
     calls = [e for e in events(daemon, run.id) if e["type"] == "tool_call"]
     assert len(calls) == len(NOT_JSON) + 1, calls
     for event, (_, path, _) in zip(calls, NOT_JSON):
-        assert event["error"].startswith("RetraceError: not_json: tool 'sql.query' of agent 'planner' ran, but")
+        assert event["error"].startswith("retrace.RetraceError: not_json: tool 'sql.query' of agent 'planner' ran, but")
         assert f" at {path}," in event["error"], event
     if cls == "side_effect":  # every intent has its completion: nothing waits for `retrace resolve`
         intents = [e for e in events(daemon, run.id) if e["type"] == "intent"]
@@ -275,7 +275,7 @@ def test_ints_beyond_64_bits_are_refused_and_those_within_kept_exactly(daemon):
     assert planner.tool("lookup", edges, lambda: edges) == edges
     run.finish()
     calls = [e for e in events(daemon, run.id) if e["type"] == "tool_call"]
-    assert len(calls) == 2 and calls[0]["error"].startswith("RetraceError: not_json:"), calls
+    assert len(calls) == 2 and calls[0]["error"].startswith("retrace.RetraceError: not_json:"), calls
     # A client other than the SDK gets the daemon's own refusal, naming the path.
     other = retrace.connect(url=daemon, name="wide-ints-raw")
     body = b'{"type": "clock", "name": "wall", "output": {"unix_ms": 123456789012345678901}}'
