@@ -148,9 +148,11 @@ impl StoreError {
         use rusqlite::ErrorCode;
         let (kind, detail) = match &err {
             rusqlite::Error::SqliteFailure(e, _) => match e.code {
-                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
-                    (StoreErrorKind::Busy, "the store is locked by another writer".to_string())
-                }
+                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => (
+                    StoreErrorKind::Busy,
+                    "the store is locked by another writer (RETRACE_BUSY_TIMEOUT_MS sets how long to wait)"
+                        .to_string(),
+                ),
                 ErrorCode::DiskFull => (StoreErrorKind::Full, "disk full".to_string()),
                 ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => (
                     StoreErrorKind::Corrupt,
@@ -222,7 +224,7 @@ mod tests {
         assert_eq!(kind(rusqlite::ffi::SQLITE_NOTADB), StoreErrorKind::Corrupt);
         assert_eq!(kind(rusqlite::ffi::SQLITE_CONSTRAINT), StoreErrorKind::Conflict);
         let busy = StoreError::from_sqlite(failure(rusqlite::ffi::SQLITE_BUSY), "committing run r");
-        assert_eq!(busy.to_string(), "committing run r: the store is locked by another writer");
+        assert_eq!(busy.to_string(), "committing run r: the store is locked by another writer (RETRACE_BUSY_TIMEOUT_MS sets how long to wait)");
         let full = StoreError::from_io(io::Error::from_raw_os_error(libc::ENOSPC), "writing f");
         assert_eq!((full.kind, full.to_string().as_str()), (StoreErrorKind::Full, "writing f: disk full"));
         let copy = busy.clone();

@@ -94,7 +94,9 @@ impl StoreConfig {
         }
     }
 
-    /// From `RETRACE_STORE`, `RETRACE_HOME`, `RETRACE_BLOBS` and `RETRACE_DURABILITY`.
+    /// From `RETRACE_STORE`, `RETRACE_HOME`, `RETRACE_BLOBS`, `RETRACE_DURABILITY` and
+    /// `RETRACE_BUSY_TIMEOUT_MS` (how long a write waits for another process's lock on the
+    /// store before it fails as `busy`; default [`DEFAULT_BUSY_TIMEOUT_MS`]).
     pub fn from_env() -> StoreResult<StoreConfig> {
         StoreConfig::from_vars(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
     }
@@ -117,6 +119,13 @@ impl StoreConfig {
         }
         if let Some(level) = var("RETRACE_DURABILITY") {
             config.durability = level.parse().map_err(|e: StoreError| e.context("RETRACE_DURABILITY"))?;
+        }
+        if let Some(ms) = var("RETRACE_BUSY_TIMEOUT_MS") {
+            config.busy_timeout_ms = ms.trim().parse().map_err(|_| {
+                StoreError::invalid(format!(
+                    "RETRACE_BUSY_TIMEOUT_MS {ms:?} is not a number of milliseconds (the default is {DEFAULT_BUSY_TIMEOUT_MS})"
+                ))
+            })?;
         }
         Ok(config)
     }
@@ -274,6 +283,13 @@ mod tests {
         let pg = config(&[("RETRACE_STORE", "postgres://u@h/db")]).unwrap_err();
         assert_eq!(pg.kind, StoreErrorKind::Invalid);
         assert!(pg.message.contains("postgres store not built yet"), "{pg}");
+        assert_eq!(config(&[]).unwrap().busy_timeout_ms, DEFAULT_BUSY_TIMEOUT_MS);
+        assert_eq!(config(&[("RETRACE_BUSY_TIMEOUT_MS", "60000")]).unwrap().busy_timeout_ms, 60_000);
+        let bad = config(&[("RETRACE_BUSY_TIMEOUT_MS", "5s")]).unwrap_err();
+        assert!(
+            bad.message.contains("RETRACE_BUSY_TIMEOUT_MS \"5s\" is not a number of milliseconds"),
+            "{bad}"
+        );
         assert!(config(&[("RETRACE_DURABILITY", "sometimes")])
             .unwrap_err()
             .message
