@@ -145,6 +145,8 @@ def test_b_a_call_the_client_gave_up_on_is_given_up_on_again_in_replay(recording
     assert done.returncode == 0, done.explain()
     assert_same_dump(recordings.dump("timeout"), dump, "replay")
     assert time.monotonic() - started < 30, "held only until the client gave up"
+    shown = retrace("show", run)
+    assert shown.returncode == 0 and shown.stdout.count("[client left]") == 2, shown.explain()
 
 
 def test_b_models_list_and_count_tokens_are_recorded_and_replayed(recordings, retrace, tmp_path):
@@ -260,6 +262,8 @@ def test_e_recorded_429_replays_with_retry_after_ms_1(recordings, retrace, tmp_p
     # Live, the client honoured retry-after: 3 once (max_retries=1), then gave up.
     assert [a["status"] for a in recorded["attempts"]] == [429, 429]
     assert all(a["headers"].get("retry-after") == "3" for a in recorded["attempts"])
+    shown = retrace("show", run)
+    assert shown.returncode == 0 and shown.stdout.count("[HTTP 429]") == 2, shown.explain()
     live = float(re.search(r"elapsed ([\d.]+)", recordings.runs["429"].stderr).group(1))
     assert live >= 2.5, f"the live client did not wait for retry-after (elapsed {live}s)"
 
@@ -298,6 +302,8 @@ def test_truncated_stream_replays_as_the_client_saw_it_live(recordings, retrace,
     assert recorded["result"].endswith("<APIConnectionError>"), recorded
     seq = retrace.show_json(run)["events"][0]["seq"]
     assert retrace.show_json(run, seq)["output"]["json"]["end"] == "truncated"
+    shown = retrace("show", run)
+    assert shown.returncode == 0 and "[cut short]" in shown.stdout, shown.explain()
     dump = tmp_path / "truncate-replay.jsonl"
     done = retrace.replay(run, APP_DUMP=str(dump))
     assert done.returncode == 0, done.explain()

@@ -47,7 +47,10 @@ of the step's key, and the event's label (`model_call gpt-4o`, `tool_call sql.qu
 `deliver <- #4` for a delivery of the message sent at seq 4) in its agent's lane. A model call \
 whose response named no pinned snapshot is marked `(alias only)`: the provider may serve another \
 model under that name tomorrow. A fork's step answered from the cache is marked `[cache]`, a side \
-effect it ran as a dry run `[dry run]`.\n\n\
+effect it ran as a dry run `[dry run]`, a step that failed `[error]`. A proxied call is marked \
+`[HTTP 429]` when the upstream answered with an error status, `[cut short]` when it broke off a \
+stream, and `[client left]` when the client gave up before the answer (replay holds that answer \
+back as long as the upstream took).\n\n\
 With --seq, show one event: every field, then its request and output blobs, pretty-printed when \
 they are JSON and as text otherwise; each is cut after its first 64 KiB, saying how much more \
 there is, unless --full is given (--json always holds them whole).",
@@ -80,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(seq) = args.seq {
         return event::show(&*store, &meta, seq, args.json, args.full);
     }
-    let mut agents = agents(&*store, &meta.id)?;
+    let (mut agents, marks) = agents(&*store, &meta.id)?;
     let mut lanes: Vec<Lane> = match &args.agent {
         None => agents,
         Some(name) => match agents.iter().position(|lane| &lane.agent == name) {
@@ -107,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let value = serde_json::json!({ "run": meta, "events": events });
         return print_json(&value);
     }
-    timeline(&*store, &meta, &lanes)
+    timeline(&*store, &meta, &lanes, &marks)
 }
 
 /// One agent's column.
@@ -116,11 +119,21 @@ struct Lane {
     width: usize,
 }
 
-/// The agents in order of their first event, each with the width its lane's longest cell needs.
-fn agents(store: &dyn Store, run: &str) -> anyhow::Result<Vec<Lane>> {
+/// What went wrong in proxied calls, by seq ([`http_outcome`]).
+type Marks = std::collections::HashMap<u64, String>;
+
+/// The agents in order of their first event, each with the width its lane's longest cell needs,
+/// and the proxied calls' marks.
+fn agents(store: &dyn Store, run: &str) -> anyhow::Result<(Vec<Lane>, Marks)> {
     let mut lanes: Vec<Lane> = Vec::new();
+    let mut marks = Marks::new();
     for_each_event(store, run, |e| {
-        let cell_width = width(&one_line(&cell(e)));
+        let mut text = cell(e);
+        if let Some(mark) = http_outcome(store, e) {
+            text.push_str(&mark);
+            marks.insert(e.seq, mark);
+        }
+        let cell_width = width(&one_line(&text));
         match lanes.iter_mut().find(|lane| lane.agent == e.agent_id) {
             Some(lane) => lane.width = lane.width.max(cell_width),
             None => {
@@ -130,7 +143,7 @@ fn agents(store: &dyn Store, run: &str) -> anyhow::Result<Vec<Lane>> {
         }
         Ok(())
     })?;
-    Ok(lanes)
+    Ok((lanes, marks))
 }
 
 /// Calls `f` on every event of `run` in seq order (a fork's inherited ones included), a page at a time.
@@ -148,7 +161,7 @@ fn for_each_event(
     Ok(())
 }
 
-fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result<()> {
+fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane], marks: &Marks) -> anyhow::Result<()> {
     let count = RunEvents::new(store, &meta.id)?.count();
     let mut out = BufWriter::new(std::io::stdout().lock());
     let name = meta.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
@@ -205,12 +218,50 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane]) -> anyhow::Result
             line.extend(std::iter::repeat_n(' ', lane.width + 2));
         }
         line.push_str("  ");
-        line.push_str(&fit(&cell(e), lanes[column].width));
+        let mut text = cell(e);
+        if let Some(mark) = marks.get(&e.seq) {
+            text.push_str(mark);
+        }
+        line.push_str(&fit(&text, lanes[column].width));
         writeln!(out, "{line}")?;
         Ok(())
     })?;
     out.flush()?;
     Ok(())
+}
+
+/// For a proxied call (its output a `retrace-http/1` document), what went wrong, if anything:
+/// ` [HTTP 429]` for an error status, ` [cut short]` for a stream the upstream broke off,
+/// ` [client left]` for a call whose client gave up before the answer.
+fn http_outcome(store: &dyn Store, e: &Event) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        format: String,
+        status: u16,
+        #[serde(default)]
+        end: Option<String>,
+        #[serde(default)]
+        client_gone: Option<serde::de::IgnoredAny>,
+    }
+    if e.kind != EventType::ModelCall || !e.name.as_deref().is_some_and(|n| n.contains('/')) {
+        return None;
+    }
+    let doc = store.get_blob(&e.output_ref?).ok()?;
+    let head: Head = serde_json::from_slice(&doc).ok()?;
+    if head.format != retrace_core::http_doc::FORMAT {
+        return None;
+    }
+    let mut marks = String::new();
+    if head.status >= 400 {
+        marks.push_str(&format!(" [HTTP {}]", head.status));
+    }
+    if head.end.as_deref() == Some("truncated") {
+        marks.push_str(" [cut short]");
+    }
+    if head.client_gone.is_some() {
+        marks.push_str(" [client left]");
+    }
+    (!marks.is_empty()).then_some(marks)
 }
 
 /// What an event's lane shows: its label (the model's name for a model call, the other agent for
