@@ -72,10 +72,19 @@ const BUILTIN: &[(&str, f64, f64)] = &[
     ("o3", 2.0, 8.0),
     ("o3-mini", 1.1, 4.4),
     ("o4-mini", 1.1, 4.4),
+    ("gpt-5", 1.25, 10.0),
+    ("gpt-5-mini", 0.25, 2.0),
+    ("gpt-5-nano", 0.05, 0.4),
+    // Embeddings: input tokens only.
+    ("text-embedding-3-small", 0.02, 0.0),
+    ("text-embedding-3-large", 0.13, 0.0),
+    ("text-embedding-ada-002", 0.1, 0.0),
     ("claude-3-5-haiku", 0.8, 4.0),
     ("claude-3-5-sonnet", 3.0, 15.0),
     ("claude-sonnet-4", 3.0, 15.0),
     ("claude-opus-4", 15.0, 75.0),
+    ("claude-opus-4-5", 5.0, 25.0),
+    ("claude-haiku-4-5", 1.0, 5.0),
     // The demos' model simulator, priced like a cheap hosted model so the demos show dollars.
     ("retrace-sim-1*", 0.15, 0.6),
     ("sim-1", 0.15, 0.6),
@@ -280,6 +289,9 @@ mod tests {
         assert_eq!(t.cost("gpt-4o", &m), Some(2.5));
         assert_eq!(t.cost("gpt-4o-2024-08-06", &m), Some(2.5));
         assert_eq!(t.cost("gpt-4o-mini-2024-07-18", &m), Some(0.15));
+        assert_eq!(t.cost("text-embedding-3-small", &m), Some(0.02), "embeddings are priced by their input");
+        assert_eq!(t.cost("claude-opus-4-5-20251101", &m), Some(5.0), "not as claude-opus-4");
+        assert_eq!(t.cost("claude-opus-4-1-20250805", &m), Some(15.0));
         assert_eq!(t.cost("o3-mini-2025-01-31", &m), Some(1.1));
         assert_eq!(t.cost("gpt-4", &m), None, "gpt-4 is not gpt-4o");
         assert_eq!(t.cost("gpt-4.1-2025-04-14", &m), Some(2.0));
