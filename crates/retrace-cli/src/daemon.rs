@@ -66,15 +66,18 @@ impl Embedded {
         let streaming = self.state.host.calls_in_flight(run);
         if streaming > 0 {
             eprintln!(
-                "retrace: waiting for {streaming} model call(s) the program stopped reading: they are recorded \
-                 once their upstream ends (at most --upstream-timeout)"
+                "retrace: waiting for {streaming} model call(s) the program stopped reading or gave up on: they \
+                 are recorded once their upstream ends (at most {} s; Ctrl-C stops waiting, and the run is \
+                 stored interrupted without them)",
+                self.state.host.call_wait().as_secs()
             );
         }
         // A `HostError`'s message names its cause already (the API sends it as the reason):
         // taken as a chain, `{:#}` would print the cause twice on one line.
+        let stopped = || crate::launcher::signals::received().is_some();
         self.state
             .host
-            .finish(run, Outcome { exit_status: Some(exit_status) })
+            .finish_unless(run, Outcome { exit_status: Some(exit_status) }, &stopped)
             .map_err(|e| anyhow::anyhow!("{e}"))
     }
 

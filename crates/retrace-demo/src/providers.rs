@@ -7,7 +7,7 @@
 //! Misbehaviour on request, by the `model` name: `…-gzip` compresses the response whatever the
 //! client accepts; `…-hang` never answers; `…-truncate` breaks a stream off mid-way (and
 //! `…-truncate-early` before its first chunk); `…-429`
-//! answers 429 with `retry-after: 3`, `…-500` 500 with no `retry-after`; `…-slow` spaces stream chunks by 20 ms; `…-echo…` answers
+//! answers 429 with `retry-after: 3`, `…-500` 500 with no `retry-after`; `…-slow` spaces stream chunks by 20 ms; `…-stall` sends two stream events, then nothing for 10 minutes; `…-echo…` answers
 //! with the last user text, streamed in pieces of three characters, and sends it back in an
 //! `x-echo` response header (the privacy canary test's upstream). A request header
 //! `x-sim-delay-ms: N` holds the answer back N ms (up to 10 s), so identical requests can be made
@@ -241,8 +241,13 @@ fn sse(ask: &Ask, events: Vec<String>) -> Response {
     } else {
         ask.wants("-truncate").then_some(events.len() / 2)
     };
+    // `-stall`: two events, then nothing for ten minutes (a stream whose upstream stalls).
+    let stall = ask.wants("-stall").then_some(2);
     tokio::spawn(async move {
         for (i, event) in events.into_iter().enumerate() {
+            if Some(i) == stall {
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
             if Some(i) == cut {
                 // A pause first, so what came before is written before the connection breaks.
                 tokio::time::sleep(Duration::from_millis(20)).await;

@@ -127,8 +127,6 @@ pub(crate) struct AgentState {
     pub(crate) prompt: Option<retrace_core::envelope::PromptRef>,
     /// The agent's template, `name@version`.
     pub(crate) template: Option<String>,
-    /// Identical model calls in flight, recorded in the order they were issued.
-    pub(crate) turns: crate::step::turns::TurnsByKey,
 }
 
 /// How the program ended, compared in replay.

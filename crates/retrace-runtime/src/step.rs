@@ -19,10 +19,8 @@ use crate::error::{RuntimeError, RuntimeResult};
 use crate::matcher::{Prefetched, RecordedStep, Resolution};
 use crate::session::Mode;
 use crate::vaulting::MaskedAs;
-use turns::Turn;
 
 mod mismatch;
-pub(crate) mod turns;
 
 /// A step about to run: its event template and its request.
 pub(crate) struct StepInput {
@@ -315,9 +313,6 @@ impl Agent {
         Fut: Future<Output = RuntimeResult<LiveOutput>>,
     {
         let inner = &self.session.inner;
-        // Identical model calls in flight at once take their seqs in the order they were issued.
-        let turn =
-            (input.template.kind == EventType::ModelCall).then(|| Turn::take(&self.state, prepared.key));
         let request = BlobPut::new(prepared.masked, input.hint);
         let mut event = input.template;
         event.key = prepared.key;
@@ -392,13 +387,7 @@ impl Agent {
             originals.flush(inner.store.as_ref())?;
         }
         let cache = if uncached { None } else { self.cache_entry(&event) };
-        if let Some(turn) = &turn {
-            turn.ready().await;
-        }
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
-        if let Some(turn) = turn {
-            turn.pass();
-        }
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {
             ticket.acked().await?;

@@ -131,15 +131,17 @@ impl RunHost {
         self.calls.lock().get(run).copied().unwrap_or(0)
     }
 
-    /// Waits until `run` has no proxied call in flight, or the upstream timeout and a margin
-    /// have passed; returns how many are left.
-    fn wait_for_calls(&self, run: &str) -> usize {
+    /// Waits until `run` has no proxied call in flight, the upstream timeout and a margin have
+    /// passed, or `stopped()` holds (asked every 100 ms); returns how many are left.
+    fn wait_for_calls(&self, run: &str, stopped: &dyn Fn() -> bool) -> usize {
         let deadline = std::time::Instant::now() + self.call_wait;
         let mut calls = self.calls.lock();
         while let Some(&n) = calls.get(run) {
-            if self.call_ended.wait_until(&mut calls, deadline).timed_out() {
+            if stopped() || std::time::Instant::now() >= deadline {
                 return n;
             }
+            let slice = (std::time::Instant::now() + Duration::from_millis(100)).min(deadline);
+            self.call_ended.wait_until(&mut calls, slice);
         }
         0
     }
@@ -227,24 +229,45 @@ impl RunHost {
         run_id: &str,
         outcome: Outcome,
     ) -> Result<Result<RunReport, RuntimeError>, HostError> {
-        let left = self.wait_for_calls(run_id);
+        self.finish_unless(run_id, outcome, &|| false)
+    }
+
+    /// [`RunHost::finish`], waiting for the calls in flight only until `stopped()` holds (the
+    /// user pressed Ctrl-C): the run is then stored `interrupted`, without them.
+    pub fn finish_unless(
+        &self,
+        run_id: &str,
+        outcome: Outcome,
+        stopped: &dyn Fn() -> bool,
+    ) -> Result<Result<RunReport, RuntimeError>, HostError> {
+        let left = self.wait_for_calls(run_id, stopped);
         let session = self.session(run_id)?;
         self.runs.lock().insert(run_id.to_owned(), Slot::Finished);
         let report = session.finish(outcome);
         if left > 0 {
             // The run lacks those calls: it must not pass for a whole recording.
             if let Ok(mut meta) = self.store.run(run_id) {
-                meta.status = RunStatus::Failed;
-                let why = format!(
-                    "{left} proxied call(s) were still waiting for their upstream {} s after the run ended, \
-                     and are not recorded",
-                    self.call_wait.as_secs()
-                );
+                let why = if stopped() {
+                    meta.status = RunStatus::Interrupted;
+                    format!("stopped while {left} proxied call(s) waited for their upstream; they are not recorded")
+                } else {
+                    meta.status = RunStatus::Failed;
+                    format!(
+                        "{left} proxied call(s) were still waiting for their upstream {} s after the run ended, \
+                         and are not recorded",
+                        self.call_wait.as_secs()
+                    )
+                };
                 meta.labels.insert("failure".into(), why);
                 let _ = self.store.update_run(&meta);
             }
         }
         Ok(report)
+    }
+
+    /// How long [`RunHost::finish`] waits for a run's calls in flight at most.
+    pub fn call_wait(&self) -> Duration {
+        self.call_wait
     }
 
     /// Marks `run_id` failed: recording failed closed (the store could not take an event).

@@ -12,6 +12,7 @@
 //! them is forwarded upstream or enters a key.
 mod decode;
 pub mod document;
+mod identical;
 mod passthrough;
 mod record;
 mod replay;
@@ -149,20 +150,24 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    fn model_call(&self) -> HttpModelCall {
-        let key_headers = KEY_HEADERS
+    /// The request headers that are part of its key, lowercase names.
+    fn key_headers(&self) -> Vec<(String, String)> {
+        KEY_HEADERS
             .iter()
             .filter_map(|h| {
                 self.headers
                     .get(*h)
                     .map(|v| ((*h).to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
             })
-            .collect();
+            .collect()
+    }
+
+    fn model_call(&self) -> HttpModelCall {
         HttpModelCall {
             provider: self.provider.as_str().to_owned(),
             method: self.method.as_str().to_owned(),
             path: self.path.clone(),
-            key_headers,
+            key_headers: self.key_headers(),
             body: self.body.clone(),
         }
     }

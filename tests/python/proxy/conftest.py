@@ -258,6 +258,7 @@ def recordings(retrace: Retrace, tmp_path_factory) -> Recordings:
             "429": [PY, QUIRKS, "429"],
             "truncate": [PY, QUIRKS, "truncate"],
             "bestof": [PY, QUIRKS, "bestof"],
+            "bestof-agents": [PY, QUIRKS, "bestof-agents"],
             "timeout": [PY, QUIRKS, "timeout"],
             "routes": [PY, QUIRKS, "routes"],
         }

@@ -14,11 +14,17 @@ example's tee transport so their dumps have the same shape.
   quirks.py bestof --dump FILE  best-of-3: three identical Chat Completions calls in flight at
                                 once from three threads, sent 50 ms apart, the first answered
                                 last (the simulator's x-sim-delay-ms): each thread keeps its own
+  quirks.py bestof-agents --dump FILE  the same, each thread naming its own agent
+                                (X-Retrace-Agent), which replay keeps apart
   quirks.py timeout --dump FILE  a client whose 0.3 s timeout runs out before the upstream
                                 answers (1 s): both attempts (max_retries=1) give up with
                                 APITimeoutError; then a patient client asks the same
   quirks.py routes --dump FILE  routes besides the model calls: models.list() and Anthropic's
                                 messages.count_tokens, then a chat completion
+  quirks.py hang --dump FILE    a model that never answers (*-hang), with a 0.5 s client timeout
+                                and no retry: APITimeoutError
+  quirks.py stall --dump FILE   a stream whose upstream stalls after its first chunk
+                                (*-stall): the program reads one chunk and exits
   quirks.py dropfirst --dump FILE  a Chat Completions and an Anthropic Messages call with the
                                 clients' default retries, against an upstream that drops the
                                 first connection of each (dropping.py): the retry answers
@@ -127,7 +133,7 @@ def truncate_scenario(calls: app.Calls) -> None:
     app.call(calls, "truncated", read)
 
 
-def bestof_scenario(calls: app.Calls) -> None:
+def bestof_scenario(calls: app.Calls, own_agents: bool = False) -> None:
     """Three identical calls at once, answered in the reverse of the order they were sent."""
     import threading
 
@@ -141,7 +147,8 @@ def bestof_scenario(calls: app.Calls) -> None:
                 model="gpt-4o-mini",
                 temperature=1,
                 messages=[{"role": "user", "content": "name a colour"}],
-                extra_headers={"x-sim-delay-ms": str(600 - 300 * i)},
+                extra_headers={"x-sim-delay-ms": str(600 - 300 * i)}
+                | ({"x-retrace-agent": f"sampler-{i}"} if own_agents else {}),
             ).choices[0].message.content,
         )
 
@@ -202,6 +209,35 @@ def routes_scenario(calls: app.Calls) -> None:
     )
 
 
+def hang_scenario(calls: app.Calls) -> None:
+    """A call to an upstream that never answers, which the client gives up on."""
+    oa = openai.OpenAI(timeout=0.5, max_retries=0, http_client=httpx2.Client(transport=app.Tee(calls)))
+
+    def give_up():
+        try:
+            return oa.chat.completions.create(
+                model="gpt-4o-mini-hang", messages=[{"role": "user", "content": "anyone there?"}]
+            ).choices[0].message.content
+        except (openai.APITimeoutError, openai.InternalServerError) as e:
+            return f"<{type(e).__name__}>"
+
+    app.call(calls, "hang", give_up)
+
+
+def stall_scenario(calls: app.Calls) -> None:
+    """Reads the first chunk of a stream whose upstream then stalls, and leaves."""
+    oa = openai.OpenAI(max_retries=0, http_client=httpx2.Client(transport=app.Tee(calls)))
+
+    def first():
+        stream = oa.chat.completions.create(
+            model="gpt-4o-mini-stall", messages=[{"role": "user", "content": "and then?"}], stream=True
+        )
+        for chunk in stream:
+            return chunk.choices[0].delta.role if chunk.choices else "?"
+
+    app.call(calls, "stall", first)
+
+
 def dropfirst_scenario(calls: app.Calls) -> None:
     """The upstream drops the first attempt's connection: the clients' default retries (2) get
     the answer, with or without Retrace in between."""
@@ -227,7 +263,7 @@ def dropfirst_scenario(calls: app.Calls) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "timeout", "routes", "dropfirst"])
+    p.add_argument("scenario", choices=["gzip", "429", "truncate", "bestof", "bestof-agents", "timeout", "routes", "hang", "stall", "dropfirst"])
     p.add_argument("--dump", default=os.environ.get("APP_DUMP"), required=False)
     args = p.parse_args(argv)
     calls = app.Calls()
@@ -238,8 +274,11 @@ def main(argv: list[str]) -> int:
             "429": rate_limit_scenario,
             "truncate": truncate_scenario,
             "bestof": bestof_scenario,
+            "bestof-agents": lambda calls: bestof_scenario(calls, own_agents=True),
             "timeout": timeout_scenario,
             "routes": routes_scenario,
+            "hang": hang_scenario,
+            "stall": stall_scenario,
             "dropfirst": dropfirst_scenario,
         }
         scenarios[args.scenario](calls)

@@ -11,16 +11,19 @@ from __future__ import annotations
 import base64
 import json
 import re
+import signal
 import subprocess
 import time
 
 from conftest import (
     ANTHROPIC_KEY,
     APP,
+    BIN,
     OPENAI_KEY,
     PY,
     QUIRKS,
     REPO,
+    Simulator,
     dump_by_call,
     first_difference,
     read_dump,
@@ -117,18 +120,23 @@ def test_b_concurrent_calls_replay_20_times_in_a_row(recordings, retrace, tmp_pa
     assert len(orders) > 1, "every replay started its threads in the same order: timing did not vary"
 
 
-def test_b_identical_calls_in_flight_at_once_replay_to_the_threads_that_made_them(recordings, retrace, tmp_path):
-    """Best-of-3 with the official client: the first call sent is answered last. Recorded in
-    the order they completed, replay handed thread 0 the answer thread 2 got (QA10 D2)."""
-    run = recordings.ok("bestof")
-    recorded = dump_by_call(recordings.dump("bestof"))
-    assert set(recorded) == {"bestof.0", "bestof.1", "bestof.2"}
+def test_b_identical_calls_in_flight_at_once_are_said_to_be_ambiguous_and_own_agents_replay_apart(
+    recordings, retrace, tmp_path
+):
+    """Best-of-3 with the official client: identical calls at once can't be told apart over HTTP,
+    so which caller gets which answer in replay is not fixed (QA10 D2, QA11 D1). `record` says so;
+    with an agent per caller, each replays its own answer."""
+    said = recordings.runs["bestof"].stderr
+    assert "made identical calls at once" in said and "X-Retrace-Agent" in said, said
+    assert "made identical calls at once" not in recordings.runs["bestof-agents"].stderr
+    run = recordings.ok("bestof-agents")
+    recorded = dump_by_call(recordings.dump("bestof-agents"))
     assert len({json.dumps(c, sort_keys=True) for c in recorded.values()}) == 3, "three different answers"
     for i in range(3):
         dump = tmp_path / f"bestof-{i}.jsonl"
         done = retrace.replay(run, APP_DUMP=str(dump))
         assert done.returncode == 0, f"replay {i + 1}:\n{done.explain()}"
-        assert_same_dump(recordings.dump("bestof"), dump, f"replay {i + 1}")
+        assert_same_dump(recordings.dump("bestof-agents"), dump, f"replay {i + 1}")
 
 
 def test_b_a_call_the_client_gave_up_on_is_given_up_on_again_in_replay(recordings, retrace, tmp_path):
@@ -162,6 +170,47 @@ def test_b_models_list_and_count_tokens_are_recorded_and_replayed(recordings, re
     done = retrace.replay(run, APP_DUMP=str(dump))
     assert done.returncode == 0, done.explain()
     assert_same_dump(recordings.dump("routes"), dump, "replay")
+
+
+def test_b_a_client_that_gave_up_on_a_hung_upstream_gives_up_again_and_ctrl_c_ends_the_wait(retrace, tmp_path):
+    """QA11 D4 and D5. The client gives up (0.5 s) on an upstream that never answers: the call
+    stops there, recorded as the proxy's own 504 for a client that left, and replay holds it
+    back so the client times out again instead of getting the 504. And `record`, which waits
+    for a stream the program left (it is recorded whole), stops waiting on SIGTERM: exit 143,
+    the run stored interrupted."""
+    sim = Simulator(tmp_path / "simulate.log")
+    try:
+        recorded = tmp_path / "hang.jsonl"
+        started = time.monotonic()
+        done = retrace("record", "--json", "--upstream-openai", sim.openai_url, "--", PY, QUIRKS, "hang",
+                       APP_DUMP=str(recorded), OPENAI_API_KEY=OPENAI_KEY)
+        assert done.returncode == 0, done.explain()
+        assert time.monotonic() - started < 30, "no wait for the upstream the client left"
+        run = json.loads(done.stdout.strip().splitlines()[-1])["run"]
+        assert dump_by_call(recorded)["hang"]["result"] == "<APITimeoutError>"
+        replayed = tmp_path / "hang-replay.jsonl"
+        again = retrace.replay(run, APP_DUMP=str(replayed))
+        assert again.returncode == 0, again.explain()
+        assert_same_dump(recorded, replayed, "replay of a call the client gave up on")
+        shown = retrace("show", run)
+        assert "[client left]" in shown.stdout and "[HTTP 504]" in shown.stdout, shown.explain()
+
+        argv = [str(BIN), "record", "--upstream-openai", sim.openai_url, "--", PY, QUIRKS, "stall"]
+        proc = subprocess.Popen(argv, cwd=REPO, env=retrace.env(OPENAI_API_KEY=OPENAI_KEY),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        seen = ""
+        while "waiting for 1 model call(s)" not in seen and time.monotonic() < deadline:
+            seen += proc.stderr.readline()
+        assert "Ctrl-C stops waiting" in seen, seen
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, rest = proc.communicate(timeout=20)
+        assert proc.returncode == 143, seen + rest
+        assert time.monotonic() - stopped < 5, "the wait ended at the signal, not at the upstream timeout"
+        assert "stored interrupted" in rest, rest
+    finally:
+        sim.stop()
 
 
 # ---- c. divergence ----------------------------------------------------------------------------

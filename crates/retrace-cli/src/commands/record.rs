@@ -278,6 +278,11 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     }
     meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&meta)?;
+    if let (RunStatus::Interrupted, Some(signal)) = (meta.status, launcher::signals::received()) {
+        // Stopped while calls the program had left waited for their upstream.
+        let why = meta.labels.get("failure").cloned().unwrap_or_default();
+        return Err(crate::exit::interrupted(signal, format!("run {id} stored interrupted: {why}")));
+    }
     Ok(Recorded { id, meta: Some(meta), exit_status: status })
 }
 

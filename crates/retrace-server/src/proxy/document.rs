@@ -11,10 +11,13 @@
 //!   response head) or `[t_ms, {"b64": "..."}]` for a chunk that splits a UTF-8 character, and
 //!   `end`: `complete` or `truncated` (the upstream broke off; `error` says how).
 //!
-//! A call whose client left before the upstream answered (a client timeout, say) also has
-//! `client_gone`: `{"answered_ms": L, "left_ms": T}`, milliseconds from the call to the
-//! upstream's answer and to the client leaving ([`ClientGone`]). Replay holds such an answer back
-//! `answered_ms`, so a client that gives up as it did in record gives up again.
+//! A call whose client left says so in `client_gone` ([`ClientGone`]): `{"left_ms": T}` when the
+//! client left before the upstream answered (a client timeout: the call stops there, and the
+//! document is the proxy's own 504 saying so), `{"answered_ms": L, "left_ms": T}` when it left
+//! in the middle of the stream (a read timeout between two chunks: the stream is still recorded
+//! whole): milliseconds from the call to the upstream's head and to the client leaving. Replay
+//! holds such an answer back past where the client left, and sends a stream's chunks at their
+//! recorded times, so a client that gives up as it did in record gives up again.
 //!
 //! Bodies are never re-serialized: decoding gives back the recorded bytes. The format tag, the
 //! header policy and the document's span view (for masking) are `retrace_core::http_doc`.
@@ -62,17 +65,27 @@ pub enum RecordedBody {
     },
 }
 
-/// The client left before the upstream answered: replay holds the answer back as long as the
-/// upstream took, so a client that gave up in record gives up again.
+/// The client left before the upstream answered (a client timeout: the proxy stops the call
+/// there, as the client did), or in the middle of its stream (a read timeout between two chunks:
+/// the stream is still recorded whole). Replay holds the answer back so that a client that gave
+/// up in record gives up again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct ClientGone {
-    /// From the call to the upstream's answer (its response head).
-    pub answered_ms: u64,
-    /// From the call to the client leaving.
+    /// From the call to the upstream's answer (its response head); `None` when the client left
+    /// first, and the document is the proxy's own 504 saying so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_ms: Option<u64>,
+    /// From the call to the client leaving (mid-stream: to the first chunk it didn't take).
     pub left_ms: u64,
 }
 
 impl ClientGone {
+    /// How long replay waits, past where the client left in record, before it gives up holding:
+    /// twice the time the client waited, and a second, so the client's own timeout comes first.
+    pub fn grace_ms(waited_ms: u64) -> u64 {
+        waited_ms.saturating_mul(2).saturating_add(1000)
+    }
+
     /// `document` (a whole encoded document) with this member added at its end.
     pub fn add_to(&self, mut document: Vec<u8>) -> Vec<u8> {
         debug_assert_eq!(document.last(), Some(&b'}'));
@@ -389,9 +402,11 @@ mod tests {
             headers: vec![("content-type".into(), "application/json".into())],
             body: RecordedBody::Whole(Bytes::from_static(br#"{"ok":true}"#)),
         };
-        let gone = ClientGone { answered_ms: 1000, left_ms: 300 };
+        let gone = ClientGone { answered_ms: Some(1000), left_ms: 300 };
         let doc = gone.add_to(r.encode());
         assert!(doc.ends_with(br#","client_gone":{"answered_ms":1000,"left_ms":300}}"#));
+        let first = ClientGone { answered_ms: None, left_ms: 300 };
+        assert_eq!(ClientGone::of(&first.add_to(r.encode())), Some(first));
         assert_eq!(Recorded::decode(&doc).unwrap(), r);
         assert_eq!(ClientGone::of(&doc), Some(gone));
         assert_eq!(ClientGone::of(&r.encode()), None);

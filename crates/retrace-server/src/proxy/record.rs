@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use retrace_runtime::{HttpModelOutput, RuntimeResult, Session};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::document::{keeps_header, ClientGone, Recorded, RecordedBody, StreamDocument, StreamEnd};
 use super::replay::{break_off, respond};
@@ -35,7 +35,7 @@ enum Pending {
     /// The whole response.
     Whole(Response),
     /// A stream's held chunks, and its end.
-    Tail { tx: mpsc::UnboundedSender<Chunk>, held: Vec<Bytes>, broke_off: Option<String> },
+    Tail { tx: mpsc::Sender<Chunk>, held: Vec<Bytes>, broke_off: Option<String> },
 }
 
 /// Shared between the step's live function and the task that finishes the reply.
@@ -44,6 +44,8 @@ struct Reply {
     pending: Mutex<Option<Pending>>,
     /// When the client left without a response head (its request was dropped).
     left: Mutex<Option<Instant>>,
+    /// Signalled when the client leaves without a response head: the call stops there.
+    left_signal: tokio::sync::Notify,
 }
 
 /// Notes when the client left, if it left before the response head reached it.
@@ -56,18 +58,8 @@ impl Drop for LeftWatch {
     fn drop(&mut self) {
         if !self.answered {
             *self.reply.left.lock() = Some(Instant::now());
+            self.reply.left_signal.notify_one();
         }
-    }
-}
-
-impl Reply {
-    /// Whether the client left before the upstream answered (now), and when.
-    fn gone(&self, started: Instant) -> Option<ClientGone> {
-        let left = (*self.left.lock())?;
-        Some(ClientGone {
-            answered_ms: started.elapsed().as_millis() as u64,
-            left_ms: left.saturating_duration_since(started).as_millis() as u64,
-        })
     }
 }
 
@@ -76,6 +68,17 @@ impl Reply {
         if let Some(tx) = self.head.lock().take() {
             let _ = tx.send(response);
         }
+    }
+
+    /// Resolves once the client has left without a response head (at once if it has).
+    async fn client_left(&self) {
+        self.left_signal.notified().await;
+    }
+
+    /// When the client left without a response head, in ms since `started`.
+    fn left_ms(&self, started: Instant) -> Option<u64> {
+        let left = (*self.left.lock())?;
+        Some(left.saturating_duration_since(started).as_millis() as u64)
     }
 }
 
@@ -86,12 +89,14 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
         head: Mutex::new(Some(head_tx)),
         pending: Mutex::new(None),
         left: Mutex::new(None),
+        left_signal: tokio::sync::Notify::new(),
     });
     // Dropped unanswered when the client leaves (hyper drops the request's future).
     let mut watch = LeftWatch { reply: reply.clone(), answered: false };
     // Counted until the step is stored: the run's end waits for it, even once the client left.
     let in_flight = app.host.call_started(&call.run);
     let call = Arc::new(call);
+    let identical = super::identical::InFlight::enter(&call);
     let task = {
         let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
         tokio::spawn(async move {
@@ -103,25 +108,25 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
             let result = agent.http_model(call.model_call(), live).await;
             // Stored (or failed): what is left goes to the client only, which the run's end
             // needn't wait for.
-            drop(in_flight);
+            drop((in_flight, identical));
             let pending = reply.pending.lock().take();
             match (result, pending) {
                 (Ok(_), Some(Pending::Whole(response))) => reply.send_head(response),
                 (Ok(_), Some(Pending::Tail { tx, held, broke_off })) => {
                     for chunk in held {
-                        if tx.send(Ok(chunk)).is_err() {
+                        if tx.send(Ok(chunk)).await.is_err() {
                             break;
                         }
                     }
                     if let Some(why) = broke_off {
-                        let _ = tx.send(break_off(std::io::Error::other(why)).await);
+                        let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
                     }
                 }
                 // A fork step served from the source run or a cache: nothing ran live.
                 (Ok(served), None) => reply.send_head(match Recorded::decode(&served.document) {
                     Ok(doc) => {
-                        super::replay::hold_if_client_left(&served.document).await;
-                        respond(doc, true)
+                        let gone = super::replay::hold_if_client_left(&served.document).await;
+                        super::replay::respond_with(doc, true, gone)
                     }
                     Err(e) => error(
                         call.provider,
@@ -134,7 +139,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                     match pending {
                         Some(Pending::Tail { tx, .. }) => {
                             let why = format!("retrace proxy: the stream could not be recorded: {e}");
-                            let _ = tx.send(break_off(std::io::Error::other(why)).await);
+                            let _ = tx.send(break_off(std::io::Error::other(why)).await).await;
                         }
                         _ => reply.send_head(response),
                     }
@@ -172,7 +177,12 @@ async fn live(
     let body = if call.bodiless { Vec::new() } else { body };
     let method =
         reqwest::Method::from_bytes(call.method.as_str().as_bytes()).unwrap_or(reqwest::Method::POST);
-    let response = match upstreams.send_as(method, call.provider, &call.path, &call.headers, body).await {
+    // A client that leaves before the answer stops the call: recorded as what it saw, nothing.
+    let sent = tokio::select! {
+        sent = upstreams.send_as(method, call.provider, &call.path, &call.headers, body) => sent,
+        () = reply.client_left() => return Ok(client_left(&reply, call.provider, started)),
+    };
+    let response = match sent {
         Ok(r) => r,
         Err(e) => return Ok(own_error(&reply, call.provider, &e, started)),
     };
@@ -187,7 +197,11 @@ async fn live(
         k == "content-type" && v.trim_start().to_ascii_lowercase().starts_with("text/event-stream")
     });
     if !is_stream {
-        let body = match tokio::time::timeout(upstreams.timeout, response.bytes()).await {
+        let read = tokio::select! {
+            read = tokio::time::timeout(upstreams.timeout, response.bytes()) => read,
+            () = reply.client_left() => return Ok(client_left(&reply, call.provider, started)),
+        };
+        let body = match read {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
                 let e = UpstreamError::Other {
@@ -206,10 +220,7 @@ async fn live(
         };
         let (model, usage) = body_facts(&body);
         let doc = Recorded { status, headers, body: RecordedBody::Whole(body) };
-        let document = match reply.gone(started) {
-            Some(gone) => gone.add_to(doc.encode()),
-            None => doc.encode(),
-        };
+        let document = doc.encode();
         *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
         return Ok(HttpModelOutput {
             document,
@@ -220,15 +231,11 @@ async fn live(
         });
     }
     // A stream: the head goes out now, chunks as they arrive.
-    // Unbounded: the upstream is read, and the step recorded, however slowly the client reads.
-    // A stream the client left unread must not hold up its step: an identical call issued
-    // after it waits for its event before taking a seq (runtime `step::turns`), and a client
-    // reading that later stream first would then wait forever. A model's answer is small.
-    let (tx, rx) = mpsc::unbounded_channel::<Chunk>();
-    let gone = reply.gone(started);
+    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    let head_ms = started.elapsed().as_millis() as u64;
     let head = Recorded { status, headers: headers.clone(), body: RecordedBody::Whole(Bytes::new()) };
     let mut head = respond(head, false);
-    *head.body_mut() = Body::from_stream(UnboundedReceiverStream::new(rx));
+    *head.body_mut() = Body::from_stream(ReceiverStream::new(rx));
     reply.send_head(head);
     let since = Instant::now();
     let mut scanner = SseScanner::default();
@@ -237,10 +244,13 @@ async fn live(
     let mut document = StreamDocument::new(status, &headers);
     let mut held = Vec::new();
     let mut client_gone = false;
+    // When the client left mid-stream (seen at the first chunk it didn't take).
+    let mut left_ms = None;
     let mut broke_off = None;
     let mut stream = response.bytes_stream();
     loop {
-        let chunk = match tokio::time::timeout(upstreams.timeout, stream.next()).await {
+        let next = tokio::time::timeout(upstreams.timeout, stream.next()).await;
+        let chunk = match next {
             Err(_) => {
                 broke_off = Some(format!("the upstream sent nothing for {:?}", upstreams.timeout));
                 break;
@@ -257,16 +267,20 @@ async fn live(
             document.push(t_ms, &chunk);
             held.push(chunk);
         } else {
-            if !client_gone && tx.send(Ok(chunk.clone())).is_err() {
+            // A client that left still gets its stream recorded whole (see the README).
+            if !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
                 client_gone = true;
+                left_ms = Some(started.elapsed().as_millis() as u64);
             }
             document.push(t_ms, &chunk);
         }
     }
     let end = if broke_off.is_some() { StreamEnd::Truncated } else { StreamEnd::Complete };
     let document = document.finish(end, broke_off.as_deref());
-    let document = match gone {
-        Some(gone) => gone.add_to(document),
+    // A client that left mid-stream (a read timeout between chunks): replay sends the chunks at
+    // their recorded times, so a client with the same read timeout leaves again.
+    let document = match left_ms {
+        Some(left_ms) => ClientGone { answered_ms: Some(head_ms), left_ms }.add_to(document),
         None => document,
     };
     *reply.pending.lock() = Some(Pending::Tail { tx, held, broke_off });
@@ -283,17 +297,31 @@ async fn live(
 /// provider-shaped, left to the client's retry policy), recorded like any response, as a failed
 /// step, so replay gives the program the same failure and then, by its key, whatever the
 /// client's retry was answered.
+/// The step's output for a call whose client left before the upstream answered: the proxy's
+/// own 504 saying so, marked `client_gone`. Nothing reaches the client (it is gone); in replay,
+/// the answer is held back past where the client left, so a client with the same timeout leaves
+/// again, and one that waits longer gets this 504.
+fn client_left(reply: &Reply, provider: Provider, started: Instant) -> HttpModelOutput {
+    let left_ms = reply.left_ms(started).unwrap_or_else(|| started.elapsed().as_millis() as u64);
+    let message = format!(
+        "retrace proxy: the client left {left_ms} ms into the call, before the upstream answered, and the \
+         call was stopped there; no answer was recorded"
+    );
+    let doc = proxy_answer(provider, StatusCode::GATEWAY_TIMEOUT, &message);
+    HttpModelOutput {
+        document: ClientGone { answered_ms: None, left_ms }.add_to(doc.encode()),
+        snapshot: None,
+        usage: None,
+        latency_ms: left_ms,
+        failed: true,
+    }
+}
+
+/// The step's output for an upstream the proxy could not reach or that did not answer in time:
+/// the proxy's own 502 or 504, which the client gets.
 fn own_error(reply: &Reply, provider: Provider, e: &UpstreamError, started: Instant) -> HttpModelOutput {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let message = format!("retrace proxy: {e}");
-    let response = upstream_failure(provider, status, &message);
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
-        .collect();
-    let body = error_body(provider, status, &message);
-    let doc = Recorded { status: status.as_u16(), headers, body: RecordedBody::Whole(Bytes::from(body)) };
+    let doc = proxy_answer(provider, status, &format!("retrace proxy: {e}"));
     let document = doc.encode();
     *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
     HttpModelOutput {
@@ -303,4 +331,16 @@ fn own_error(reply: &Reply, provider: Provider, e: &UpstreamError, started: Inst
         latency_ms: started.elapsed().as_millis() as u64,
         failed: true,
     }
+}
+
+/// The proxy's own answer with `status` and `message`, in the provider's shape, as a document.
+fn proxy_answer(provider: Provider, status: StatusCode, message: &str) -> Recorded {
+    let response = upstream_failure(provider, status, message);
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let body = error_body(provider, status, message);
+    Recorded { status: status.as_u16(), headers, body: RecordedBody::Whole(Bytes::from(body)) }
 }

@@ -21,8 +21,8 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
     match agent.http_model(call.model_call(), never).await {
         Ok(reply) => match Recorded::decode(&reply.document) {
             Ok(doc) => {
-                hold_if_client_left(&reply.document).await;
-                respond(doc, true)
+                let gone = hold_if_client_left(&reply.document).await;
+                respond_with(doc, true, gone)
             }
             Err(e) => error(call.provider, StatusCode::INTERNAL_SERVER_ERROR, &format!("retrace proxy: {e}")),
         },
@@ -30,14 +30,20 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
     }
 }
 
-/// For a call whose client left before the upstream answered: waits as long as the upstream
-/// took, so a client that gives up as it did in record (its timeout) gives up again, rather than
-/// getting an answer it never had. A client that waits longer gets the answer then, as it would
-/// have live. Leaving drops this future with the request's.
-pub(crate) async fn hold_if_client_left(document: &[u8]) {
-    if let Some(gone) = ClientGone::of(document) {
-        tokio::time::sleep(std::time::Duration::from_millis(gone.answered_ms)).await;
-    }
+/// For a call whose client left (`client_gone`): waits as the client did in record, so a client
+/// that gives up as it did then (its timeout) gives up again, rather than getting an answer it
+/// never had. A client that left before the answer is held past where it left
+/// ([`ClientGone::grace_ms`]), then gets the recorded 504; one that left mid-stream gets the head
+/// after the time the upstream took, then the whole stream, paced as recorded. Leaving drops this
+/// future with the request's. Returns what [`respond_with`] needs to pace a stream.
+pub(crate) async fn hold_if_client_left(document: &[u8]) -> Option<ClientGone> {
+    let gone = ClientGone::of(document)?;
+    let hold = match gone.answered_ms {
+        Some(answered) => answered,
+        None => gone.left_ms + ClientGone::grace_ms(gone.left_ms),
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
+    Some(gone)
 }
 
 /// The response a recorded document stands for. In replay, a recorded error's `retry-after`
@@ -46,6 +52,13 @@ pub(crate) async fn hold_if_client_left(document: &[u8]) {
 /// by their own backoff when it says nothing (408, 409, 429, 5xx: up to seconds per retry), and
 /// the proxy's own reply for an upstream it could not reach.
 pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
+    respond_with(doc, replaying, None)
+}
+
+/// [`respond`] for a call whose client left (`gone`): a stream's chunks at their recorded times
+/// after the head, so that a read timeout that fired between two chunks in record fires again.
+pub(crate) fn respond_with(doc: Recorded, replaying: bool, gone: Option<ClientGone>) -> Response {
+    let paced = gone.is_some();
     let has = |name: &str| doc.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     let upstream_failed =
         doc.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("x-retrace-proxy") && v == "error")
@@ -57,7 +70,13 @@ pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
     let body = match doc.body {
         RecordedBody::Whole(bytes) => Body::from(bytes),
         RecordedBody::Stream { chunks, end, error } => {
-            let chunks = futures_util::stream::iter(chunks.into_iter().map(|(_, c)| Ok(c)));
+            let head = tokio::time::Instant::now();
+            let chunks = futures_util::stream::iter(chunks).then(move |(t_ms, c)| async move {
+                if paced {
+                    tokio::time::sleep_until(head + std::time::Duration::from_millis(t_ms)).await;
+                }
+                Ok(c)
+            });
             let broke_off = (end == StreamEnd::Truncated).then(|| {
                 let why = error.unwrap_or_else(|| "the upstream broke off the stream".into());
                 std::io::Error::other(format!("recorded truncated stream: {why}"))

@@ -2,10 +2,10 @@
 use std::collections::HashMap;
 
 use retrace_demo::providers::Providers;
-use retrace_server::proxy::document::{Recorded, RecordedBody, StreamEnd};
+use retrace_server::proxy::document::{ClientGone, Recorded, RecordedBody, StreamEnd};
 use serde_json::{json, Value};
 
-use crate::support::{chat, daemon};
+use crate::support::{chat, client, daemon};
 
 const OPENAI: &str = "/proxy/openai/v1";
 
@@ -281,50 +281,6 @@ async fn a_declared_role_is_recorded_on_the_agents_model_calls() {
     assert_eq!(providers.requests(), 2, "the refused call never went upstream");
 }
 
-/// Best-of-n through the proxy: identical requests in flight at once, the first sent answered
-/// last. Replayed one after another, each gets the answer its own request got in record, not
-/// the answer that came back first (QA10 D2). Whole responses and streams.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn identical_requests_in_flight_at_once_replay_to_the_requests_that_made_them() {
-    let providers = Providers::start("127.0.0.1:0").await.unwrap();
-    let d = std::sync::Arc::new(daemon(&providers, |_| {}).await);
-    for stream in [false, true] {
-        let run = d.new_run().await;
-        let body = chat("three names", stream).to_string().into_bytes();
-        let mut calls = Vec::new();
-        for i in 0..3u64 {
-            let (d, run, body) = (d.clone(), run.clone(), body.clone());
-            calls.push(tokio::spawn(async move {
-                let wait = (300 - 150 * i).to_string();
-                d.call_with(&run, &format!("{OPENAI}/chat/completions"), body, &[("x-sim-delay-ms", &wait)])
-                    .await
-            }));
-            // Sent one after another, each well before the one before it is answered.
-            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
-        }
-        let mut recorded = Vec::new();
-        for call in calls {
-            let reply = call.await.unwrap();
-            assert_eq!(reply.status, 200, "{}", reply.text());
-            recorded.push(reply.text());
-        }
-        assert_eq!(d.finish(&run).await["status"], "ok");
-        assert!(recorded[0] != recorded[1] && recorded[1] != recorded[2], "the simulator answers at random");
-
-        let replay = d.replay_of(&run).await;
-        for (i, expected) in recorded.iter().enumerate() {
-            let reply = d.call_with(&replay, &format!("{OPENAI}/chat/completions"), body.clone(), &[]).await;
-            assert_eq!(
-                &reply.text(),
-                expected,
-                "stream {stream}: request {i} gets the answer it got in record"
-            );
-        }
-        assert_eq!(d.finish(&replay).await["status"], "ok", "stream {stream}");
-    }
-    providers.stop().await;
-}
-
 /// A client that gave up waiting (its timeout) before the upstream answered: in replay it must
 /// give up again, not get at once the answer it never had and take another path (QA10 D1).
 /// Its patient retry gets the recorded answer, as in record.
@@ -355,9 +311,10 @@ async fn a_call_the_client_gave_up_on_is_held_in_replay_until_it_gives_up_again(
     assert_eq!(d.finish(&run).await["status"], "ok");
     let first = d.store.event(&run, 1).unwrap();
     let document = d.store.get_blob(&first.output_ref.unwrap()).unwrap();
-    let gone = retrace_server::proxy::document::ClientGone::of(&document)
-        .expect("the document says the client left");
-    assert!(gone.left_ms < gone.answered_ms && gone.answered_ms >= 1000, "{gone:?}");
+    let gone = ClientGone::of(&document).expect("the document says the client left");
+    assert!(gone.answered_ms.is_none() && (250..1000).contains(&gone.left_ms), "{gone:?}");
+    let stopped = Recorded::decode(&document).unwrap();
+    assert_eq!(stopped.status, 504, "the proxy's own answer: the call was stopped when the client left");
 
     for round in 0..2 {
         let replay = d.replay_of(&run).await;
@@ -370,6 +327,63 @@ async fn a_call_the_client_gave_up_on_is_held_in_replay_until_it_gives_up_again(
             d.call_with(&replay, &format!("{OPENAI}/chat/completions"), body.clone().into_bytes(), &[]).await;
         assert_eq!(again.text(), patient.text(), "round {round}");
         assert_eq!(d.finish(&replay).await["status"], "ok", "round {round}");
+    }
+    providers.stop().await;
+}
+
+/// A client that leaves in the middle of a stream (a read timeout between two chunks): recorded
+/// whole, as a call whose client left, and replayed with the chunks at their recorded times, so
+/// a client with the same read timeout leaves again at the same chunk instead of getting the
+/// whole answer at once (QA11 D3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_client_left_midway_is_replayed_at_its_recorded_pace() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |_| {}).await;
+    // `-slow`: the simulator spaces its chunks 20 ms apart; the client waits 10 ms for each.
+    let body =
+        json!({"model": "gpt-sim-slow", "stream": true, "messages": [{"role": "user", "content": "slowly"}]});
+    let read = |run: String| {
+        let (base, body) = (d.base.clone(), body.to_string());
+        async move {
+            let mut r = client()
+                .post(format!("{base}{OPENAI}/chat/completions"))
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer sk-test-never-stored")
+                .header("x-retrace-run", run)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let mut got = Vec::new();
+            loop {
+                match tokio::time::timeout(std::time::Duration::from_millis(10), r.chunk()).await {
+                    Err(_) => return (got, "timed out"),
+                    Ok(Ok(Some(chunk))) => got.push(chunk),
+                    Ok(Ok(None)) => return (got, "ended"),
+                    Ok(Err(_)) => return (got, "broke off"),
+                }
+            }
+        }
+    };
+    let run = d.new_run().await;
+    let (live, how) = read(run.clone()).await;
+    assert_eq!(how, "timed out");
+    assert_eq!(d.finish(&run).await["status"], "ok");
+    let event = d.store.event(&run, 1).unwrap();
+    let document = d.store.get_blob(&event.output_ref.unwrap()).unwrap();
+    let gone = ClientGone::of(&document).expect("the document says the client left");
+    assert!(gone.answered_ms.is_some_and(|head| gone.left_ms >= head), "{gone:?}");
+    let Recorded { body: RecordedBody::Stream { end, .. }, .. } = Recorded::decode(&document).unwrap() else {
+        panic!("a stream")
+    };
+    assert_eq!(end, StreamEnd::Complete, "recorded whole although the client left");
+
+    for round in 0..2 {
+        let replay = d.replay_of(&run).await;
+        let (again, how) = read(replay.clone()).await;
+        assert_eq!((again.concat(), how), (live.concat(), "timed out"), "round {round}");
+        assert_eq!(d.finish(&replay).await["status"], "ok");
     }
     providers.stop().await;
 }
