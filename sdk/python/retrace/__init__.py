@@ -416,7 +416,9 @@ class Agent:
         if status == "done":
             return answer["output"]
         if status == "error":  # replay: the function failed when it was recorded
-            raise replayed_failure(answer["error"])
+            # Returned, not raised: a recorded StopIteration's twin raised inside the flow (a
+            # generator) would become a RuntimeError (PEP 479).
+            return _Raise(replayed_failure(answer["error"]))
         if status == "approval_required":
             raise ApprovalRequired(answer["approval"], answer["error"])
         if status == "refused":

@@ -45,6 +45,10 @@ try:
 except KeyError as e:
     print("lookup", type(e).__name__, e)
 try:
+    worker.tool("queue.next", {}, lambda: next(iter([])))
+except StopIteration as e:
+    print("queue", type(e).__name__, repr(str(e)))
+try:
     worker.tool("strict", {}, strict)
 except (Strict, retrace.StepError) as e:
     print("strict", isinstance(e, Strict), isinstance(e, retrace.StepError))

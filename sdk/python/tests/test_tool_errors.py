@@ -47,7 +47,7 @@ def test_replay_raises_a_step_error_the_same_except_clause_takes(tmp_path):
     *printed, last = rec.stdout.strip().splitlines()
     run = json.loads(last)["run"]
     took = [f"{cls} ZeroDivisionError division by zero" for cls in ("deterministic", "time_bound", "side_effect")]
-    took += ["quota QuotaError over quota", "lookup KeyError 'k'"]
+    took += ["quota QuotaError over quota", "lookup KeyError 'k'", "queue StopIteration ''"]
     assert printed == took + ["strict True False"], rec.stdout + rec.stderr
     rep = cli(tmp_path, "replay", run)
     # The same lines: each StepError is also the recorded class, with its message; a class that
