@@ -74,7 +74,14 @@ impl Embedded {
         }
         // A `HostError`'s message names its cause already (the API sends it as the reason):
         // taken as a chain, `{:#}` would print the cause twice on one line.
-        let stopped = || crate::launcher::signals::received().is_some();
+        // A signal that stopped the program came before the wait: calls about to be stored (a
+        // client that left gets its answer at once) still get two seconds; one that comes during
+        // the wait ends it.
+        let (began, earlier) = (std::time::Instant::now(), crate::launcher::signals::received().is_some());
+        let stopped = || {
+            crate::launcher::signals::received().is_some()
+                && (!earlier || began.elapsed() >= std::time::Duration::from_secs(2))
+        };
         self.state
             .host
             .finish_unless(run, Outcome { exit_status: Some(exit_status) }, &stopped)

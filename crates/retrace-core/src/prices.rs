@@ -75,6 +75,7 @@ const BUILTIN: &[(&str, f64, f64)] = &[
     ("gpt-5", 1.25, 10.0),
     ("gpt-5-mini", 0.25, 2.0),
     ("gpt-5-nano", 0.05, 0.4),
+    ("gpt-5-pro", 15.0, 120.0),
     // Embeddings: input tokens only.
     ("text-embedding-3-small", 0.02, 0.0),
     ("text-embedding-3-large", 0.13, 0.0),
@@ -292,6 +293,7 @@ mod tests {
         assert_eq!(t.cost("text-embedding-3-small", &m), Some(0.02), "embeddings are priced by their input");
         assert_eq!(t.cost("claude-opus-4-5-20251101", &m), Some(5.0), "not as claude-opus-4");
         assert_eq!(t.cost("claude-opus-4-1-20250805", &m), Some(15.0));
+        assert_eq!(t.cost("gpt-5-pro-2025-10-06", &m), Some(15.0), "not as gpt-5");
         assert_eq!(t.cost("o3-mini-2025-01-31", &m), Some(1.1));
         assert_eq!(t.cost("gpt-4", &m), None, "gpt-4 is not gpt-4o");
         assert_eq!(t.cost("gpt-4.1-2025-04-14", &m), Some(2.0));

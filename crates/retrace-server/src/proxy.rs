@@ -141,6 +141,9 @@ pub(crate) struct Call {
     /// The request had no body: `body` is `null` (what is keyed and stored), and the upstream
     /// gets none.
     pub(crate) bodiless: bool,
+    /// One of the model routes (chat completions, responses, embeddings, messages), whose
+    /// answers the cache keeps; other routes' answers are recorded but never cached.
+    pub(crate) model_route: bool,
     pub(crate) run: String,
     pub(crate) agent: String,
     pub(crate) headers: HeaderMap,
@@ -246,7 +249,7 @@ async fn handle(
         Some(q) => format!("{}?{q}", target.path),
         None => target.path,
     };
-    let call = Call { provider, method, path, bodiless, run, agent, headers, body, model };
+    let call = Call { provider, method, path, bodiless, model_route, run, agent, headers, body, model };
     let session = match app.host.session(&call.run) {
         Ok(s) => s,
         Err(e) => return host_error(provider, &e),

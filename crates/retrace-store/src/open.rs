@@ -121,9 +121,11 @@ impl StoreConfig {
             config.durability = level.parse().map_err(|e: StoreError| e.context("RETRACE_DURABILITY"))?;
         }
         if let Some(ms) = var("RETRACE_BUSY_TIMEOUT_MS") {
-            config.busy_timeout_ms = ms.trim().parse().map_err(|_| {
+            // SQLite takes an i32 of milliseconds: about 24 days at most.
+            config.busy_timeout_ms = ms.trim().parse().ok().filter(|&n: &u64| n <= i32::MAX as u64).ok_or_else(|| {
                 StoreError::invalid(format!(
-                    "RETRACE_BUSY_TIMEOUT_MS {ms:?} is not a number of milliseconds (the default is {DEFAULT_BUSY_TIMEOUT_MS})"
+                    "RETRACE_BUSY_TIMEOUT_MS {ms:?} is not a number of milliseconds up to {} (the default is {DEFAULT_BUSY_TIMEOUT_MS})",
+                    i32::MAX
                 ))
             })?;
         }
@@ -285,6 +287,7 @@ mod tests {
         assert!(pg.message.contains("postgres store not built yet"), "{pg}");
         assert_eq!(config(&[]).unwrap().busy_timeout_ms, DEFAULT_BUSY_TIMEOUT_MS);
         assert_eq!(config(&[("RETRACE_BUSY_TIMEOUT_MS", "60000")]).unwrap().busy_timeout_ms, 60_000);
+        assert!(config(&[("RETRACE_BUSY_TIMEOUT_MS", "2147483648")]).is_err(), "more than SQLite takes");
         let bad = config(&[("RETRACE_BUSY_TIMEOUT_MS", "5s")]).unwrap_err();
         assert!(
             bad.message.contains("RETRACE_BUSY_TIMEOUT_MS \"5s\" is not a number of milliseconds"),

@@ -227,7 +227,9 @@ async fn live(
             snapshot: snapshot_of(asked, model.as_deref()),
             usage,
             latency_ms: started.elapsed().as_millis() as u64,
-            failed: !(200..300).contains(&status),
+            // Only a model route's answer is cached: a fork must not answer a poll (`GET
+            // /v1/batches/{id}`) or a `DELETE` from an earlier run's cache.
+            failed: !(200..300).contains(&status) || !call.model_route,
         });
     }
     // A stream: the head goes out now, chunks as they arrive.
@@ -289,7 +291,7 @@ async fn live(
         snapshot: snapshot_of(asked, scanner.model.as_deref()),
         usage: scanner.usage(),
         latency_ms: started.elapsed().as_millis() as u64,
-        failed: !(200..300).contains(&status) || end == StreamEnd::Truncated,
+        failed: !(200..300).contains(&status) || end == StreamEnd::Truncated || !call.model_route,
     })
 }
 
@@ -308,13 +310,10 @@ fn client_left(reply: &Reply, provider: Provider, started: Instant) -> HttpModel
          call was stopped there; no answer was recorded"
     );
     let doc = proxy_answer(provider, StatusCode::GATEWAY_TIMEOUT, &message);
-    HttpModelOutput {
-        document: ClientGone { answered_ms: None, left_ms }.add_to(doc.encode()),
-        snapshot: None,
-        usage: None,
-        latency_ms: left_ms,
-        failed: true,
-    }
+    let document = ClientGone { answered_ms: None, left_ms }.add_to(doc.encode());
+    // Sent to no one (the client is gone), but sent: the task ends once the step is stored.
+    *reply.pending.lock() = Some(Pending::Whole(respond(doc, false)));
+    HttpModelOutput { document, snapshot: None, usage: None, latency_ms: left_ms, failed: true }
 }
 
 /// The step's output for an upstream the proxy could not reach or that did not answer in time:

@@ -60,6 +60,9 @@ async fn other_routes_are_recorded_and_replayed_and_uploads_pass_through_unrecor
         ["openai/GET v1/models?limit=2", "anthropic/v1/messages/count_tokens", "openai/v1/chat/completions"],
         "the upload is not recorded"
     );
+    // Only the model route's answer is cached: a fork must not answer a poll from an old run.
+    let cached: Vec<bool> = events.iter().map(|e| d.store.cache_get(&e.key).unwrap().is_some()).collect();
+    assert_eq!(cached, [false, false, true]);
     providers.stop().await;
 
     let replay = d.replay_of(&run).await;
