@@ -104,6 +104,8 @@ pub(crate) struct State {
     pub(crate) phases: HashMap<String, Phase>,
     pub(crate) waiters: HashMap<String, Waiter>,
     pub(crate) last_progress: Instant,
+    /// Answers held back on purpose ([`Scheduler::hold`]): while any is, the run is not stalled.
+    holds: usize,
     pub(crate) divergence: Option<Divergence>,
     trace: Vec<u64>,
     /// Fork mode: message order and availability.
@@ -160,6 +162,7 @@ impl Scheduler {
             phases: HashMap::new(),
             waiters: HashMap::new(),
             last_progress: Instant::now(),
+            holds: 0,
             divergence: None,
             trace: Vec::new(),
             fork,
@@ -384,6 +387,16 @@ impl Scheduler {
         }
     }
 
+    /// Says that an answered step is being held back on purpose until the guard drops (the proxy
+    /// holds the answer of a call whose client left in record as long as the client waited
+    /// then, so it leaves again): the run makes progress meanwhile, and other agents waiting on
+    /// what comes after it are not a stall, however long the hold.
+    pub fn hold(self: &Arc<Self>) -> Hold {
+        let mut st = self.state.lock();
+        st.holds += 1;
+        Hold(self.clone())
+    }
+
     /// Declares a stall when steps wait and no agent that could still act is left: every known
     /// agent waits or has exited, and agents the recording knows have all started.
     /// Returns the stall divergence when this check declared one.
@@ -401,6 +414,19 @@ impl Scheduler {
         }
         let d = stall(st, "every agent is waiting or has exited");
         Some(set_divergence(st, d))
+    }
+}
+
+/// An answer the replay holds back on purpose, as long as this lives ([`Scheduler::hold`]).
+#[derive(Debug)]
+#[must_use = "the hold ends when this is dropped"]
+pub struct Hold(Arc<Scheduler>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock();
+        st.holds -= 1;
+        st.last_progress = Instant::now();
     }
 }
 
@@ -465,7 +491,7 @@ fn spawn_watchdog(scheduler: Weak<Scheduler>) {
         if st.divergence.is_some() {
             return;
         }
-        if !st.waiters.is_empty() && st.last_progress.elapsed() >= s.config.stall_timeout {
+        if st.holds == 0 && !st.waiters.is_empty() && st.last_progress.elapsed() >= s.config.stall_timeout {
             let why = format!("no step made progress for {:?} (--stall-timeout)", s.config.stall_timeout);
             let d = stall(&st, &why);
             let d = set_divergence(&mut st, d);

@@ -310,6 +310,13 @@ impl Session {
         })
     }
 
+    /// In replay or a fork: holds the run's stall watchdog off while the guard lives, for an
+    /// answer held back on purpose ([`crate::scheduler::Scheduler::hold`]). `None` when no
+    /// scheduler runs (record).
+    pub fn hold(&self) -> Option<crate::scheduler::Hold> {
+        self.inner.scheduler.as_ref().map(Scheduler::hold)
+    }
+
     /// In replay: recorded seqs in the order replay released them.
     pub fn replay_trace(&self) -> Vec<u64> {
         self.inner.scheduler.as_ref().map(|s| s.trace()).unwrap_or_default()

@@ -42,6 +42,9 @@ enum Pending {
 struct Reply {
     head: Mutex<Option<oneshot::Sender<Response>>>,
     pending: Mutex<Option<Pending>>,
+    /// When the request reached the proxy: what the client's wait is measured from, in record
+    /// as in replay (the live function may start later, behind the run's scheduler).
+    arrived: Instant,
     /// When the client left without a response head (its request was dropped).
     left: Mutex<Option<Instant>>,
     /// Signalled when the client leaves without a response head: the call stops there.
@@ -75,10 +78,15 @@ impl Reply {
         self.left_signal.notified().await;
     }
 
-    /// When the client left without a response head, in ms since `started`.
-    fn left_ms(&self, started: Instant) -> Option<u64> {
+    /// When the client left without a response head, in ms since it arrived.
+    fn left_ms(&self) -> Option<u64> {
         let left = (*self.left.lock())?;
-        Some(left.saturating_duration_since(started).as_millis() as u64)
+        Some(left.saturating_duration_since(self.arrived).as_millis() as u64)
+    }
+
+    /// Ms since the request arrived.
+    fn waited_ms(&self) -> u64 {
+        self.arrived.elapsed().as_millis() as u64
     }
 }
 
@@ -88,6 +96,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
     let reply = Arc::new(Reply {
         head: Mutex::new(Some(head_tx)),
         pending: Mutex::new(None),
+        arrived: Instant::now(),
         left: Mutex::new(None),
         left_signal: tokio::sync::Notify::new(),
     });
@@ -125,8 +134,8 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
                 // A fork step served from the source run or a cache: nothing ran live.
                 (Ok(served), None) => reply.send_head(match Recorded::decode(&served.document) {
                     Ok(doc) => {
-                        let gone = super::replay::hold_if_client_left(&served.document).await;
-                        super::replay::respond_with(doc, true, gone)
+                        let held = super::replay::hold_if_client_left(&session, &served.document).await;
+                        super::replay::respond_with(doc, true, held)
                     }
                     Err(e) => error(
                         call.provider,
@@ -180,7 +189,7 @@ async fn live(
     // A client that leaves before the answer stops the call: recorded as what it saw, nothing.
     let sent = tokio::select! {
         sent = upstreams.send_as(method, call.provider, &call.path, &call.headers, body) => sent,
-        () = reply.client_left() => return Ok(client_left(&reply, call.provider, started)),
+        () = reply.client_left() => return Ok(client_left(&reply, call.provider)),
     };
     let response = match sent {
         Ok(r) => r,
@@ -199,7 +208,7 @@ async fn live(
     if !is_stream {
         let read = tokio::select! {
             read = tokio::time::timeout(upstreams.timeout, response.bytes()) => read,
-            () = reply.client_left() => return Ok(client_left(&reply, call.provider, started)),
+            () = reply.client_left() => return Ok(client_left(&reply, call.provider)),
         };
         let body = match read {
             Ok(Ok(b)) => b,
@@ -234,7 +243,7 @@ async fn live(
     }
     // A stream: the head goes out now, chunks as they arrive.
     let (tx, rx) = mpsc::channel::<Chunk>(64);
-    let head_ms = started.elapsed().as_millis() as u64;
+    let head_ms = reply.waited_ms();
     let head = Recorded { status, headers: headers.clone(), body: RecordedBody::Whole(Bytes::new()) };
     let mut head = respond(head, false);
     *head.body_mut() = Body::from_stream(ReceiverStream::new(rx));
@@ -272,7 +281,7 @@ async fn live(
             // A client that left still gets its stream recorded whole (see the README).
             if !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
                 client_gone = true;
-                left_ms = Some(started.elapsed().as_millis() as u64);
+                left_ms = Some(reply.waited_ms());
             }
             document.push(t_ms, &chunk);
         }
@@ -303,8 +312,8 @@ async fn live(
 /// own 504 saying so, marked `client_gone`. Nothing reaches the client (it is gone); in replay,
 /// the answer is held back past where the client left, so a client with the same timeout leaves
 /// again, and one that waits longer gets this 504.
-fn client_left(reply: &Reply, provider: Provider, started: Instant) -> HttpModelOutput {
-    let left_ms = reply.left_ms(started).unwrap_or_else(|| started.elapsed().as_millis() as u64);
+fn client_left(reply: &Reply, provider: Provider) -> HttpModelOutput {
+    let left_ms = reply.left_ms().unwrap_or_else(|| reply.waited_ms());
     let message = format!(
         "retrace proxy: the client left {left_ms} ms into the call, before the upstream answered, and the \
          call was stopped there; no answer was recorded"

@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::StreamExt;
+use retrace_runtime::scheduler::Hold;
 use retrace_runtime::{RuntimeError, Session};
 
 use super::document::{ClientGone, Recorded, RecordedBody, StreamEnd};
@@ -21,8 +22,8 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
     match agent.http_model(call.model_call(), never).await {
         Ok(reply) => match Recorded::decode(&reply.document) {
             Ok(doc) => {
-                let gone = hold_if_client_left(&reply.document).await;
-                respond_with(doc, true, gone)
+                let held = hold_if_client_left(&session, &reply.document).await;
+                respond_with(doc, true, held)
             }
             Err(e) => error(call.provider, StatusCode::INTERNAL_SERVER_ERROR, &format!("retrace proxy: {e}")),
         },
@@ -36,14 +37,26 @@ pub(crate) async fn replay(app: Arc<AppState>, session: Session, call: Call) -> 
 /// ([`ClientGone::grace_ms`]), then gets the recorded 504; one that left mid-stream gets the head
 /// after the time the upstream took, then the whole stream, paced as recorded. Leaving drops this
 /// future with the request's. Returns what [`respond_with`] needs to pace a stream.
-pub(crate) async fn hold_if_client_left(document: &[u8]) -> Option<ClientGone> {
+///
+/// The run's stall watchdog is held off meanwhile, and while the paced stream is sent: the
+/// hold can outlast `--stall-timeout` (a client that waited a minute), and another agent
+/// waiting for what this one does after it is not a stall.
+pub(crate) async fn hold_if_client_left(session: &Session, document: &[u8]) -> Option<Held> {
     let gone = ClientGone::of(document)?;
-    let hold = match gone.answered_ms {
+    let hold = session.hold();
+    let wait = match gone.answered_ms {
         Some(answered) => answered,
         None => gone.left_ms + ClientGone::grace_ms(gone.left_ms),
     };
-    tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
-    Some(gone)
+    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+    Some(Held { gone, _hold: hold })
+}
+
+/// A call whose client left, held back ([`hold_if_client_left`]).
+pub(crate) struct Held {
+    gone: ClientGone,
+    /// Keeps the stall watchdog off until the response's body is sent or dropped.
+    _hold: Option<Hold>,
 }
 
 /// The response a recorded document stands for. In replay, a recorded error's `retry-after`
@@ -55,10 +68,10 @@ pub(crate) fn respond(doc: Recorded, replaying: bool) -> Response {
     respond_with(doc, replaying, None)
 }
 
-/// [`respond`] for a call whose client left (`gone`): a stream's chunks at their recorded times
+/// [`respond`] for a call whose client left (`held`): a stream's chunks at their recorded times
 /// after the head, so that a read timeout that fired between two chunks in record fires again.
-pub(crate) fn respond_with(doc: Recorded, replaying: bool, gone: Option<ClientGone>) -> Response {
-    let paced = gone.is_some();
+pub(crate) fn respond_with(doc: Recorded, replaying: bool, held: Option<Held>) -> Response {
+    let paced = held.as_ref().is_some_and(|h| h.gone.answered_ms.is_some());
     let has = |name: &str| doc.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     let upstream_failed =
         doc.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("x-retrace-proxy") && v == "error")
@@ -71,11 +84,15 @@ pub(crate) fn respond_with(doc: Recorded, replaying: bool, gone: Option<ClientGo
         RecordedBody::Whole(bytes) => Body::from(bytes),
         RecordedBody::Stream { chunks, end, error } => {
             let head = tokio::time::Instant::now();
-            let chunks = futures_util::stream::iter(chunks).then(move |(t_ms, c)| async move {
-                if paced {
-                    tokio::time::sleep_until(head + std::time::Duration::from_millis(t_ms)).await;
+            let chunks = futures_util::stream::iter(chunks).then(move |(t_ms, c)| {
+                // The closure owns the hold: it ends with the body, sent or dropped.
+                let _ = &held;
+                async move {
+                    if paced {
+                        tokio::time::sleep_until(head + std::time::Duration::from_millis(t_ms)).await;
+                    }
+                    Ok(c)
                 }
-                Ok(c)
             });
             let broke_off = (end == StreamEnd::Truncated).then(|| {
                 let why = error.unwrap_or_else(|| "the upstream broke off the stream".into());

@@ -281,6 +281,21 @@ async fn a_declared_role_is_recorded_on_the_agents_model_calls() {
     assert_eq!(providers.requests(), 2, "the refused call never went upstream");
 }
 
+/// A chat completions request for `run` from a client that waits `timeout_ms` at most, to a
+/// simulator that answers after `delay` ms.
+fn impatient(base: &str, run: &str, body: &str, delay: &str, timeout_ms: u64) -> reqwest::RequestBuilder {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(timeout_ms))
+        .build()
+        .unwrap()
+        .post(format!("{base}{OPENAI}/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-test-never-stored")
+        .header("x-retrace-run", run)
+        .header("x-sim-delay-ms", delay)
+        .body(body.to_owned())
+}
+
 /// A client that gave up waiting (its timeout) before the upstream answered: in replay it must
 /// give up again, not get at once the answer it never had and take another path (QA10 D1).
 /// Its patient retry gets the recorded answer, as in record.
@@ -289,19 +304,7 @@ async fn a_call_the_client_gave_up_on_is_held_in_replay_until_it_gives_up_again(
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
     let d = daemon(&providers, |_| {}).await;
     let body = chat("take your time", false).to_string();
-    let impatient = |run: &str, delay: &str| {
-        reqwest::Client::builder()
-            .timeout(std::time::Duration::from_millis(300))
-            .build()
-            .unwrap()
-            .post(format!("{}{OPENAI}/chat/completions", d.base))
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer sk-test-never-stored")
-            .header("x-retrace-run", run)
-            .header("x-sim-delay-ms", delay)
-            .body(body.clone())
-            .send()
-    };
+    let impatient = |run: &str, delay: &str| impatient(&d.base, run, &body, delay, 300).send();
     let run = d.new_run().await;
     let gave_up = impatient(&run, "1000").await.expect_err("the upstream takes longer than the client waits");
     assert!(gave_up.is_timeout(), "{gave_up}");
@@ -328,6 +331,46 @@ async fn a_call_the_client_gave_up_on_is_held_in_replay_until_it_gives_up_again(
         assert_eq!(again.text(), patient.text(), "round {round}");
         assert_eq!(d.finish(&replay).await["status"], "ok", "round {round}");
     }
+    providers.stop().await;
+}
+
+/// A replay's hold for a client that left can outlast `--stall-timeout` (a client that waited a
+/// minute in record is held two in replay): another agent waiting meanwhile for what comes after
+/// it is not a stall. Here the stall timeout is 300 ms and the client waits 800 ms; agent `b`
+/// waits throughout for the message the program sends after its patient retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_answer_is_not_a_stall_for_agents_waiting_on_what_follows_it() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |c| c.stall_timeout = std::time::Duration::from_millis(300)).await;
+    let body = chat("take your time", false).to_string();
+    let impatient = |run: &str, delay: &str| impatient(&d.base, run, &body, delay, 800).send();
+    let recv = |run: &str| {
+        let url = format!("{}/api/runs/{run}/agents/b/recv", d.base);
+        tokio::spawn(async move {
+            let r = client().post(url).json(&json!({"timeout_s": 30})).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let program = |run: String, delay: &'static str| {
+        let (d, impatient, recv, body) = (&d, &impatient, &recv, body.clone());
+        async move {
+            let waiting = recv(&run);
+            let gave_up = impatient(&run, delay).await.expect_err("the client gives up");
+            assert!(gave_up.is_timeout(), "{gave_up}");
+            let patient =
+                d.call_with(&run, &format!("{OPENAI}/chat/completions"), body.into_bytes(), &[]).await;
+            assert_eq!(patient.status, 200, "{}", patient.text());
+            d.api(&format!("/api/runs/{run}/agents/default/send"), json!({"to": "b", "body": "done"})).await;
+            let (status, heard) = waiting.await.unwrap();
+            assert_eq!((status, &heard["message"]["body"]), (200, &json!("done")), "{heard}");
+            d.finish(&run).await
+        }
+    };
+    let run = d.new_run().await;
+    assert_eq!(program(run.clone(), "2000").await["status"], "ok");
+    let replay = d.replay_of(&run).await;
+    let outcome = program(replay, "0").await;
+    assert_eq!(outcome["status"], "ok", "{outcome}");
     providers.stop().await;
 }
 
