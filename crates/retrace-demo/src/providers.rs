@@ -11,7 +11,8 @@
 //! with the last user text, streamed in pieces of three characters, and sends it back in an
 //! `x-echo` response header (the privacy canary test's upstream). A request header
 //! `x-sim-delay-ms: N` holds the answer back N ms (up to 10 s), so identical requests can be made
-//! to finish in another order than they were sent.
+//! to finish in another order than they were sent. Chat Completions sends a request's query
+//! (Azure's `?api-version=`) back in an `x-sim-query` response header.
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -289,7 +290,20 @@ async fn delay(headers: &HeaderMap) {
     }
 }
 
-async fn chat(State(counter): State<Arc<AtomicUsize>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn chat(
+    State(counter): State<Arc<AtomicUsize>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut response = chat_answer(counter, headers, body).await;
+    if let Some(value) = query.and_then(|q| axum::http::HeaderValue::from_str(&q).ok()) {
+        response.headers_mut().insert("x-sim-query", value);
+    }
+    response
+}
+
+async fn chat_answer(counter: Arc<AtomicUsize>, headers: HeaderMap, body: Bytes) -> Response {
     let (_, ask) = match intake(&counter, &body).await {
         Ok(x) => x,
         Err(r) => return r,

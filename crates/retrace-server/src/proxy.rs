@@ -136,7 +136,8 @@ pub(crate) struct Call {
     pub(crate) provider: Provider,
     /// `POST` for the model routes; any method for the others.
     pub(crate) method: Method,
-    /// The provider path, with the query for a route other than the model routes.
+    /// The provider path, with the request's query (Azure's `?api-version=`, `?limit=2`): sent
+    /// upstream, and part of the step's name and key.
     pub(crate) path: String,
     /// The request had no body: `body` is `null` (what is keyed and stored), and the upstream
     /// gets none.
@@ -245,7 +246,7 @@ async fn handle(
             }
         }
     };
-    let path = match query.filter(|_| !model_route) {
+    let path = match query {
         Some(q) => format!("{}?{q}", target.path),
         None => target.path,
     };

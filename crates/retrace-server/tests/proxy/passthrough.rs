@@ -2,6 +2,7 @@
 //! and replayed like model calls, so a program that lists models or counts tokens replays. A
 //! body that is neither JSON nor empty (a file upload) goes to the upstream unrecorded while a
 //! run records, and a replay, which makes no live call, refuses it saying why (QA10 D7).
+use retrace_core::mask::{MaskKey, MaskRules};
 use retrace_demo::providers::Providers;
 use serde_json::json;
 
@@ -81,5 +82,57 @@ async fn other_routes_are_recorded_and_replayed_and_uploads_pass_through_unrecor
     // Another query is another request: a divergence, not the recorded list.
     let replay = d.replay_of(&run).await;
     let other = get(replay.clone(), "/proxy/openai/v1/models?limit=3").await;
+    assert_eq!(other.status, 409, "{}", other.text());
+}
+
+/// A query reaches the upstream on the model routes too (Azure OpenAI wants `?api-version=`;
+/// the proxy used to drop it there), and is part of the step's name and key. A secret in a
+/// query is masked in the step's name like one in a body: nothing persisted holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_reaches_the_upstream_on_model_routes_and_a_key_in_it_is_masked_in_the_name() {
+    const KEY: &str = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t";
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |c| {
+        c.mask_key = Some(MaskKey::from_bytes([5; 32]));
+        c.mask_rules = MaskRules::defaults();
+    })
+    .await;
+    let run = d.new_run().await;
+    let azure = "/proxy/openai/v1/chat/completions?api-version=2024-10-21";
+    let answered = d.call(&run, azure, &chat("hello", false)).await;
+    assert_eq!(answered.status, 200, "{}", answered.text());
+    assert_eq!(
+        answered.header("x-sim-query"),
+        Some("api-version=2024-10-21"),
+        "the query reached the upstream"
+    );
+    let keyed = format!("/proxy/openai/v1/chat/completions?key={KEY}");
+    let answered_keyed = d.call(&run, &keyed, &chat("hello", false)).await;
+    assert_eq!(answered_keyed.header("x-sim-query").map(str::to_owned), Some(format!("key={KEY}")));
+    assert_eq!(d.finish(&run).await["status"], "ok");
+    let events = d.store.events(&run, 1, 100).unwrap();
+    let names: Vec<_> = events.iter().filter_map(|e| e.name.clone()).collect();
+    let token = MaskKey::from_bytes([5; 32]).token("apikey", KEY);
+    assert_eq!(
+        names,
+        [
+            "openai/v1/chat/completions?api-version=2024-10-21".to_owned(),
+            format!("openai/v1/chat/completions?key={token}")
+        ]
+    );
+    providers.stop().await;
+
+    let replay = d.replay_of(&run).await;
+    let again = d.call(&replay, azure, &chat("hello", false)).await;
+    assert_eq!(again.text(), answered.text(), "served from the log");
+    let again = d.call(&replay, &keyed, &chat("hello", false)).await;
+    assert_eq!(again.text(), answered_keyed.text(), "the masked name matches the same query again");
+    assert_eq!(d.finish(&replay).await["status"], "ok");
+
+    // Another api-version is another request.
+    let replay = d.replay_of(&run).await;
+    let other = d
+        .call(&replay, "/proxy/openai/v1/chat/completions?api-version=2025-01-01", &chat("hello", false))
+        .await;
     assert_eq!(other.status, 409, "{}", other.text());
 }
