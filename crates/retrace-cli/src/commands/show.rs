@@ -232,8 +232,14 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane], marks: &Marks) ->
 
 /// For a proxied call (its output a `retrace-http/1` document), what went wrong, if anything:
 /// ` [HTTP 429]` for an error status, ` [cut short]` for a stream the upstream broke off,
-/// ` [client left]` for a call whose client gave up before the answer.
+/// ` [client left]` for a call whose client gave up (before the answer, the 504 is the proxy's own
+/// saying so, and is not marked as the upstream's error).
 fn http_outcome(store: &dyn Store, e: &Event) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Gone {
+        #[serde(default)]
+        answered_ms: Option<u64>,
+    }
     #[derive(serde::Deserialize)]
     struct Head {
         format: String,
@@ -241,7 +247,7 @@ fn http_outcome(store: &dyn Store, e: &Event) -> Option<String> {
         #[serde(default)]
         end: Option<String>,
         #[serde(default)]
-        client_gone: Option<serde::de::IgnoredAny>,
+        client_gone: Option<Gone>,
     }
     if e.kind != EventType::ModelCall || !e.name.as_deref().is_some_and(|n| n.contains('/')) {
         return None;
@@ -252,7 +258,8 @@ fn http_outcome(store: &dyn Store, e: &Event) -> Option<String> {
         return None;
     }
     let mut marks = String::new();
-    if head.status >= 400 {
+    let left_unanswered = head.client_gone.as_ref().is_some_and(|g| g.answered_ms.is_none());
+    if head.status >= 400 && !left_unanswered {
         marks.push_str(&format!(" [HTTP {}]", head.status));
     }
     if head.end.as_deref() == Some("truncated") {
