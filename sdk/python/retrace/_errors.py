@@ -103,31 +103,76 @@ def failure_text(error: BaseException) -> str:
 _AS: dict = {}  # recorded exception class -> its StepError twin
 
 
-def replayed_failure(text: str) -> StepError:
-    """The exception a recorded failure (:func:`failure_text`) raises where its function does
-    not run: a StepError that is also the recorded class where that class can be found."""
+def _recorded_class(name: str) -> Optional[type]:
+    """The class a recorded failure names (``ValueError``, ``billing.QuotaError``,
+    ``app.jobs.Job.Failed`` for a nested one), if the program has imported its module."""
     import builtins
 
+    if "." not in name:
+        return getattr(builtins, name, None)
+    parts = name.split(".")
+    # The longest imported module the name starts with, then attributes down to the class.
+    for cut in range(len(parts) - 1, 0, -1):
+        found = sys.modules.get(".".join(parts[:cut]))
+        if found is None:
+            continue
+        for attr in parts[cut:]:
+            found = getattr(found, attr, None)
+        return found if isinstance(found, type) else None
+    return None
+
+
+def _twin_args(found: type, message: str) -> tuple:
+    """The arguments that rebuild an exception of class ``found`` whose ``str()`` was ``message``:
+    the message itself, or what it shows of the original arguments where ``str()`` is not the
+    argument (a KeyError's key, an OSError's errno and strerror, a StopIteration's value)."""
+    import ast
+    import re
+
+    def literal(text: str) -> object:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return text
+
+    if issubclass(found, KeyError) or issubclass(found, StopIteration):
+        return (literal(message),)
+    if issubclass(found, OSError):
+        shown = re.fullmatch(r"\[Errno (-?\d+)\] (.*?)(?:: (.*?))?(?: -> (.*))?", message, re.S)
+        if shown:
+            errno, strerror, filename, filename2 = shown.groups()
+            args: list = [int(errno), strerror]
+            if filename is not None:
+                args.append(literal(filename))
+                if filename2 is not None:
+                    args += [None, literal(filename2)]
+            return tuple(args)
+    return (message,)
+
+
+def _reduce_twin(self: BaseException) -> tuple:
+    # A twin class is made at run time, so pickle can't find it by name: it is rebuilt from the
+    # recorded failure instead (in another process too, where the program imports the class).
+    return (replayed_failure, (self._retrace_failure,))  # type: ignore[attr-defined]
+
+
+def replayed_failure(text: str) -> StepError:
+    """The exception a recorded failure (:func:`failure_text`) raises where its function does
+    not run: a StepError that is also the recorded class where that class can be found. It
+    pickles (the twin is rebuilt from ``text``)."""
     name, sep, message = text.partition(": ")
-    module, _, qualname = name.rpartition(".")
-    found = getattr(sys.modules.get(module) if module else builtins, qualname, None) if sep else None
+    found = _recorded_class(name) if sep else None
     if isinstance(found, type) and issubclass(found, Exception) and not issubclass(found, StepError):
         try:
             twin = _AS.get(found)
             if twin is None:
                 twin = type(found.__name__, (StepError, found), {"__module__": found.__module__,
-                                                                 "__qualname__": found.__qualname__})
+                                                                 "__qualname__": found.__qualname__,
+                                                                 "__reduce__": _reduce_twin})
                 _AS[found] = twin
-            arg: object = message
-            if issubclass(found, KeyError):  # str() of a KeyError is its key's repr
-                import ast
-
-                try:
-                    arg = ast.literal_eval(message)
-                except (ValueError, SyntaxError):
-                    pass
-            error = twin(arg)
+            error = twin(*_twin_args(found, message))
             if str(error) == message:
+                error._retrace_failure = text
                 return error
         except Exception:  # a class that can't be built from its message alone
             pass

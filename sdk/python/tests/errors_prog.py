@@ -1,8 +1,11 @@
 """Tools that raise, of each class: prints what the program caught. In record the tool's own
 exception comes back once its failure is recorded; in replay, where no tool runs, a
 retrace.StepError carries the recorded failure, and is also an instance of the recorded class
-when that class can be found (a built-in one, or one this program defines), so the same
-`except` clause takes it and the program prints the same lines."""
+when that class can be found (a built-in one, or one this program defines, nested or not), so
+the same `except` clause takes it, with the attributes its message shows (an OSError's errno and
+filename), it pickles, and the program prints the same lines."""
+import pickle
+
 import retrace
 
 
@@ -15,6 +18,11 @@ class Strict(Exception):
 
     def __init__(self, code: int, why: str):
         super().__init__(f"{code} {why}")
+
+
+class Jobs:
+    class Failed(Exception):
+        """A nested class: recorded as `__main__.Jobs.Failed`."""
 
 
 def over_quota():
@@ -40,6 +48,16 @@ try:
     worker.tool("billing.charge", {}, over_quota)
 except QuotaError as e:
     print("quota", type(e).__name__, e)
+    again = pickle.loads(pickle.dumps(e))
+    print("pickled", isinstance(again, QuotaError), again)
+try:
+    worker.tool("jobs.run", {}, lambda: (_ for _ in ()).throw(Jobs.Failed("job 7")))
+except Jobs.Failed as e:
+    print("jobs", type(e).__qualname__, e)
+try:
+    worker.tool("config.read", {}, lambda: open("/nonexistent/retrace-config.toml").read())
+except FileNotFoundError as e:
+    print("config", e.errno, e.strerror, e.filename)
 try:
     worker.tool("lookup", {}, missing)
 except KeyError as e:

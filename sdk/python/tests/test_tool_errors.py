@@ -47,11 +47,14 @@ def test_replay_raises_a_step_error_the_same_except_clause_takes(tmp_path):
     *printed, last = rec.stdout.strip().splitlines()
     run = json.loads(last)["run"]
     took = [f"{cls} ZeroDivisionError division by zero" for cls in ("deterministic", "time_bound", "side_effect")]
-    took += ["quota QuotaError over quota", "lookup KeyError 'k'", "queue StopIteration ''"]
+    took += ["quota QuotaError over quota", "pickled True over quota", "jobs Jobs.Failed job 7",
+             "config 2 No such file or directory /nonexistent/retrace-config.toml",
+             "lookup KeyError 'k'", "queue StopIteration ''"]
     assert printed == took + ["strict True False"], rec.stdout + rec.stderr
     rep = cli(tmp_path, "replay", run)
-    # The same lines: each StepError is also the recorded class, with its message; a class that
-    # can't be built from its message alone gives a plain StepError.
+    # The same lines: each StepError is also the recorded class, with its message (and an
+    # OSError's errno and filename), and it pickles; a class that can't be built from its message
+    # alone gives a plain StepError.
     assert rep.stdout.strip().splitlines() == took + ["strict False True"], rep.stdout + rep.stderr
     assert "ok: every step matched" in rep.stderr, rep.stderr
 
