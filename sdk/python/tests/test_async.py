@@ -6,17 +6,15 @@ are the official async clients, routed through the proxy like their blocking twi
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 import retrace
-from test_sdk import BIN, retrace as cli
+from daemons import free_ports, started
+from test_sdk import retrace as cli
 
 HERE = Path(__file__).parent
 PROG = [sys.executable, str(HERE / "async_many_prog.py")]
@@ -37,39 +35,6 @@ def test_fifty_waiters_on_one_loop_hold_no_thread_and_replay_exactly(tmp_path):
         rep = cli(tmp_path, "replay", run)
         assert rep.stdout.strip().splitlines() == printed, rep.stdout + rep.stderr
         assert "ok: every step matched" in rep.stderr, rep.stderr
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n):
-    """`n` distinct free ports: each held until all are chosen. Two `free_port()` calls in a row
-    may hand out the same port, and the daemon then failed to bind while its readiness check
-    reached the simulator on it (a 404 with no body at `POST /api/runs`)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def started(args, port, env):
-    proc = subprocess.Popen([BIN, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, f"retrace {args[0]} did not start"
-            time.sleep(0.05)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 import retrace
-from test_async import free_port, started
+from daemons import free_port, started
 
 CLASSES = "want one of deterministic, time_bound, side_effect"
 NEEDS_TTL = "a time_bound tool needs ttl_s, a whole number of seconds above 0"

@@ -3,7 +3,6 @@ nothing listens on, so any request to a daemon would fail: tools run directly an
 their own results and exceptions, messages go between the agents of the process, templates come
 from the program's `prompts/` folder, and a `recv` only another process could answer raises."""
 import asyncio
-import os
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import retrace
-from test_async import free_port
+from daemons import free_port
 
 HERE = Path(__file__).parent
 ONE_PROCESS = "messages go only between the agents of one process"

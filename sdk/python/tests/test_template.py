@@ -8,24 +8,17 @@ import json
 import os
 import subprocess
 import sys
-import time
-import socket
 from pathlib import Path
 
 import pytest
 
 import retrace as sdk
+from daemons import free_port, started
 from test_checks import daemon  # noqa: F401 - the fixture
 
 HERE = Path(__file__).parent
 BIN = os.environ.get("RETRACE_BIN", str(HERE.parents[2] / "target" / "release" / "retrace"))
 PROG = [sys.executable, str(HERE / "template_prog.py")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def retrace(home, cwd, *args, check=True):
@@ -45,17 +38,8 @@ def test_template_versions_replay_and_fork(tmp_path):
     (project / "prompts" / "planner" / "v1.txt").write_text("Plan the rename of {table}.full_name.")
     (project / "prompts" / "planner" / "v2.txt").write_text("Plan the rename of {table}.full_name in batches.")
     port = free_port()
-    sim = subprocess.Popen([BIN, "simulate", "--addr", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    sim = started(["simulate", "--addr", f"127.0.0.1:{port}"], port, dict(os.environ))
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "simulate did not start"
-                time.sleep(0.05)
         upstream = f"http://127.0.0.1:{port}/v1"
         rec = retrace(home, project, "record", "--json", "--upstream-openai", upstream, "--", *PROG)
         *printed, last = rec.stdout.strip().splitlines()

@@ -3,54 +3,16 @@ sends `Authorization: Bearer` on the API and `X-Retrace-Token` on the proxy (the
 key still reaching the provider); without one it is 401, with too low a role 403."""
 import json
 import os
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 import retrace
+from daemons import free_ports, started
 
-HERE = Path(__file__).parent
-BIN = os.environ.get("RETRACE_BIN", str(HERE.parents[2] / "target" / "release" / "retrace"))
 VIEWER = "viewer-token-for-the-sdk-test"
 DEBUGGER = "debugger-token-for-the-sdk-test"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n):
-    """`n` distinct free ports, each held until all are chosen (two `free_port()` calls in a row
-    may give the same one, and the daemon then fails to bind it)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def started(args, port, env):
-    proc = subprocess.Popen([BIN, *args], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"retrace {args[0]} did not start")
-            time.sleep(0.05)
 
 
 @pytest.fixture
