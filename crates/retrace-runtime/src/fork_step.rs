@@ -205,7 +205,9 @@ impl Agent {
         if cacheable {
             if let Some(entry) = inner.store.cache_get(&prepared.key)? {
                 if entry.usable_at(inner.clock.now_ms()) {
-                    let out = self.stored_output(&entry.output_ref, label, input.raw_request.is_some())?;
+                    let out = self
+                        .stored_output(&entry.output_ref, label, input.raw_request.is_some())?
+                        .snapshot(entry.snapshot);
                     input.source = Source::CacheHit;
                     return self.record(input, prepared, label, || async { Ok(out) }).await;
                 }

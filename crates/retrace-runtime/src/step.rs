@@ -434,7 +434,11 @@ impl Agent {
             _ => return None,
         };
         let stored_at_ms = self.session.inner.clock.now_ms();
-        Some((event.key, CacheEntry { output_ref, usage: event.usage.clone(), stored_at_ms, class, ttl_s }))
+        let snapshot = event.model.as_ref().and_then(|m| m.snapshot.clone());
+        Some((
+            event.key,
+            CacheEntry { output_ref, usage: event.usage.clone(), stored_at_ms, class, ttl_s, snapshot },
+        ))
     }
 
     /// Moves the deliveries consumed since the agent's previous step into `event.inbound`; the

@@ -32,6 +32,9 @@ pub struct CacheEntry {
     pub class: Option<ToolClass>,
     /// Lifetime in seconds of a `time_bound` tool's output.
     pub ttl_s: Option<u64>,
+    /// The snapshot the provider reported for a model output (`gpt-4o-2024-08-06`), so a step
+    /// the cache serves pins the model as the live call did.
+    pub snapshot: Option<String>,
 }
 
 impl CacheEntry {

@@ -199,6 +199,40 @@ fn a_step_served_from_the_source_keeps_its_model_snapshot() {
     assert_eq!(step.model.as_ref().and_then(|m| m.snapshot.as_deref()), Some("m-2026-11-01"));
 }
 
+/// A step the LLM cache serves pins the snapshot its live call reported, as one served from the
+/// source does (it was stored as `null`: QA8 D1).
+#[test]
+fn a_step_served_from_the_cache_keeps_its_model_snapshot() {
+    let store = store();
+    let ask = |s: &Session, prompt: &str| {
+        let call = ModelCall {
+            provider: "openai".into(),
+            endpoint: "chat.completions".into(),
+            body: json!({"model": "m", "prompt": prompt}),
+        };
+        s.agent("a").model(&call, |_| {
+            Ok::<_, String>(ModelReply {
+                body: json!({"text": prompt}),
+                snapshot: Some("m-2026-11-01".into()),
+                usage: None,
+            })
+        })
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    ask(&s, "first").unwrap();
+    let source = s.finish(Outcome::default()).unwrap().run_id;
+    // Another run asks what the fork will: its answer is cached.
+    let other = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    ask(&other, "second").unwrap();
+    other.finish(Outcome::default()).unwrap();
+    let f = Session::fork_new(store.clone(), &source, Some(1), vec![], SessionOptions::default()).unwrap();
+    ask(&f, "second").unwrap();
+    f.finish(Outcome::default()).unwrap();
+    let step = &fork_events(&store, &f.run_id())[0];
+    assert_eq!(step.source, Source::CacheHit);
+    assert_eq!(step.model.as_ref().and_then(|m| m.snapshot.as_deref()), Some("m-2026-11-01"));
+}
+
 #[test]
 fn a_second_fork_reuses_the_caches_and_ttl_runs_on_the_forks_clock() {
     let store = store();

@@ -10,12 +10,20 @@ use crate::{Batch, BlobHint, CacheEntry, LeaseHolder, RunWriter, StoreErrorKind}
 /// A model entry (no class) with usage, for `output`.
 fn model_entry(output: Digest, stored_at_ms: u64) -> CacheEntry {
     let usage = Usage { input_tokens: 1200, output_tokens: 34, cost_usd: Some(0.1 + 0.2) };
-    CacheEntry { output_ref: output, usage: Some(usage), stored_at_ms, class: None, ttl_s: None }
+    let snapshot = Some("gpt-sim-2024-08-06".to_owned());
+    CacheEntry { output_ref: output, usage: Some(usage), stored_at_ms, class: None, ttl_s: None, snapshot }
 }
 
 /// A tool entry of `class`.
 fn tool_entry(output: Digest, class: ToolClass, ttl_s: Option<u64>) -> CacheEntry {
-    CacheEntry { output_ref: output, usage: None, stored_at_ms: 1_700_000_000_000, class: Some(class), ttl_s }
+    CacheEntry {
+        output_ref: output,
+        usage: None,
+        stored_at_ms: 1_700_000_000_000,
+        class: Some(class),
+        ttl_s,
+        snapshot: None,
+    }
 }
 
 /// A missing key is `None`; a put reads back equal (usage, class and TTL included); a later put

@@ -84,6 +84,7 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
         stored_at_ms: 1,
         class: Some(ToolClass::Deterministic),
         ttl_s: None,
+        snapshot: None,
     };
     let cache_key = Digest::of(b"cached step");
     store.cache_put(&cache_key, &entry).unwrap();

@@ -337,6 +337,9 @@ struct EntryJson {
     stored_at_ms: u64,
     class: Option<ToolClass>,
     ttl_s: Option<u64>,
+    /// Absent in records written before schema 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    snapshot: Option<String>,
 }
 
 /// The record of `batch`, or `None` when it would be over [`MAX_RECORD_BYTES`] (or an event or
@@ -378,6 +381,7 @@ pub(crate) fn encode(batch: &Batch) -> Option<Vec<u8>> {
             stored_at_ms: entry.stored_at_ms,
             class: entry.class,
             ttl_s: entry.ttl_s,
+            snapshot: entry.snapshot.clone(),
         })
         .ok()?;
         put_bytes(&mut out, &json);
@@ -475,8 +479,8 @@ impl Record<'_> {
             let key = Digest::from_slice(body.take(32)?).ok_or("a short cache key")?;
             let entry: EntryJson = serde_json::from_slice(body.bytes()?)
                 .map_err(|e| format!("a cache entry that doesn't decode: {e}"))?;
-            let EntryJson { output_ref, usage, stored_at_ms, class, ttl_s } = entry;
-            batch.cache.push((key, CacheEntry { output_ref, usage, stored_at_ms, class, ttl_s }));
+            let EntryJson { output_ref, usage, stored_at_ms, class, ttl_s, snapshot } = entry;
+            batch.cache.push((key, CacheEntry { output_ref, usage, stored_at_ms, class, ttl_s, snapshot }));
         }
         let seqs = (batch.events.first().map(|e| e.seq), batch.events.last().map(|e| e.seq));
         if seqs != (Some(self.first), Some(self.last)) || !body.0.is_empty() {

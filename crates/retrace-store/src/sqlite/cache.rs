@@ -27,8 +27,8 @@ pub(crate) fn put(tx: &Connection, key: &Digest, entry: &CacheEntry) -> StoreRes
         })
         .transpose()?;
     tx.prepare_cached(
-        "INSERT INTO cache_log (key, output_blob, usage, stored_at, class, ttl) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO cache_log (key, output_blob, usage, stored_at, class, ttl, snapshot) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -38,26 +38,27 @@ pub(crate) fn put(tx: &Connection, key: &Digest, entry: &CacheEntry) -> StoreRes
             entry.stored_at_ms as i64,
             entry.class.map(ToolClass::as_str),
             entry.ttl_s.map(|t| t as i64),
+            entry.snapshot,
         ])
     })
     .ctx(|| format!("storing cache entry {key}"))?;
     Ok(())
 }
 
-type Row = (Vec<u8>, Option<String>, i64, Option<String>, Option<i64>);
+type Row = (Vec<u8>, Option<String>, i64, Option<String>, Option<i64>, Option<String>);
 
 /// The newest entry of `key`: the last appended to `cache_log` (a scan of the few rows not
 /// merged yet), else the one in `cache`.
 fn get(conn: &Connection, key: &Digest) -> StoreResult<Option<CacheEntry>> {
     let mut row: Option<Row> = None;
     for sql in [
-        "SELECT output_blob, usage, stored_at, class, ttl FROM cache_log WHERE key = ?1 ORDER BY id DESC LIMIT 1",
-        "SELECT output_blob, usage, stored_at, class, ttl FROM cache WHERE key = ?1",
+        "SELECT output_blob, usage, stored_at, class, ttl, snapshot FROM cache_log WHERE key = ?1 ORDER BY id DESC LIMIT 1",
+        "SELECT output_blob, usage, stored_at, class, ttl, snapshot FROM cache WHERE key = ?1",
     ] {
         row = conn
             .prepare_cached(sql)
             .and_then(|mut s| {
-                s.query_row([key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                s.query_row([key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
                     .optional()
             })
             .ctx(|| format!("reading cache entry {key}"))?;
@@ -65,7 +66,7 @@ fn get(conn: &Connection, key: &Digest) -> StoreResult<Option<CacheEntry>> {
             break;
         }
     }
-    let Some((output, usage, stored_at, class, ttl)) = row else {
+    let Some((output, usage, stored_at, class, ttl, snapshot)) = row else {
         return Ok(None);
     };
     let bad = |what: &str| StoreError::corrupt(format!("cache entry {key} has a bad {what} column"));
@@ -77,6 +78,7 @@ fn get(conn: &Connection, key: &Digest) -> StoreResult<Option<CacheEntry>> {
         stored_at_ms: stored_at as u64,
         class: class.map(|c| c.parse::<ToolClass>().map_err(|_| bad("class"))).transpose()?,
         ttl_s: ttl.map(|t| t as u64),
+        snapshot,
     }))
 }
 

@@ -81,7 +81,8 @@
 //! `deliveries`; 8 kept `events` without a rowid, keyed by `(run_pk, seq)`; 9 wrote
 //! `deliveries` with each commit; 10 had no blob row ids in `events`; 11 indexed every blob's
 //! digest as it was stored and kept `cache` alone (see `sqlite/tail.rs`); 12 kept the indexed
-//! digests in a partial index on `blobs`, one level; 13 had no `runs.keeper`.
+//! digests in a partial index on `blobs`, one level; 13 had no `runs.keeper`; 14 had no
+//! `snapshot` in `cache` and `cache_log`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
@@ -91,7 +92,7 @@
 //! two columns, NULL; 11 → 12 rebuilds `blobs` with the column `indexed`, 1 in every row
 //! stored, and its digest index partial, and adds `blob_mark` and `cache_log`; 12 → 13 moves
 //! the indexed digests into `blob_digests` and drops that index; 13 → 14 adds `runs.keeper`,
-//! NULL). A store of a newer version
+//! NULL; 14 → 15 adds the two `snapshot` columns, NULL). A store of a newer version
 //! than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -99,7 +100,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 14;
+pub const SCHEMA_VERSION: i64 = 15;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -302,6 +303,17 @@ fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<
 fn add_keeper(conn: &Connection) -> rusqlite::Result<()> {
     if !has_column(conn, "runs", "keeper")? {
         conn.execute_batch("ALTER TABLE runs ADD COLUMN keeper TEXT;")?;
+    }
+    Ok(())
+}
+
+/// Version 15: a cached model output keeps the snapshot its live call reported, so a fork's
+/// cache hit pins the model as the live call did (QA8 D1).
+fn add_cache_snapshots(conn: &Connection) -> rusqlite::Result<()> {
+    for table in ["cache", "cache_log"] {
+        if !has_column(conn, table, "snapshot")? {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN snapshot TEXT;"))?;
+        }
     }
     Ok(())
 }
@@ -608,6 +620,9 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<Option<i64>> {
         }
         if version < 14 {
             add_keeper(conn).ctx(what)?;
+        }
+        if version < 15 {
+            add_cache_snapshots(conn).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)?;
         Ok(Some(version))

@@ -449,8 +449,8 @@ pub(crate) fn set_mark(tx: &Connection, merged_to: i64) -> StoreResult<()> {
 /// later rows replacing its earlier ones.
 pub(crate) fn merge_cache(tx: &Connection) -> StoreResult<()> {
     tx.execute_batch(
-        "INSERT OR REPLACE INTO cache (key, output_blob, usage, stored_at, class, ttl) \
-         SELECT key, output_blob, usage, stored_at, class, ttl FROM cache_log ORDER BY key, id; \
+        "INSERT OR REPLACE INTO cache (key, output_blob, usage, stored_at, class, ttl, snapshot) \
+         SELECT key, output_blob, usage, stored_at, class, ttl, snapshot FROM cache_log ORDER BY key, id; \
          DELETE FROM cache_log;",
     )
     .ctx(|| "merging the cache entries stored since the last merge")

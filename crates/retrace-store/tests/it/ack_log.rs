@@ -146,6 +146,7 @@ fn a_batch_that_fails_to_commit_leaves_no_record_to_recover() {
         stored_at_ms: 1,
         class: None,
         ttl_s: None,
+        snapshot: None,
     };
     failing.cache.push((Digest::of(b"a key"), entry));
     let failed = store.commit(&failing).unwrap_err();

@@ -317,8 +317,14 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
     assert_eq!(a.events("old", 1, 10).unwrap(), events);
     assert_eq!(b.get_blob(&blob.digest()).unwrap(), blob.bytes().to_vec());
     let key = Digest::of(b"key");
-    let entry =
-        CacheEntry { output_ref: blob.digest(), usage: None, stored_at_ms: 7, class: None, ttl_s: None };
+    let entry = CacheEntry {
+        output_ref: blob.digest(),
+        usage: None,
+        stored_at_ms: 7,
+        class: None,
+        ttl_s: None,
+        snapshot: Some("gpt-sim-2024-08-06".into()),
+    };
     a.cache_put(&key, &entry).unwrap();
     assert_eq!(b.cache_get(&key).unwrap(), Some(entry));
     drop((a, b));
@@ -327,6 +333,44 @@ fn a_version_1_store_gains_the_cache_table_and_keeps_its_data() {
         4,
         "reopens as the current version"
     );
+}
+
+/// Version 14 kept no snapshot with a cache entry: its entries read back with none, and the
+/// upgraded store keeps the snapshot of the entries stored after (QA8 D1).
+#[test]
+fn a_version_14_store_keeps_its_cache_entries_and_gains_their_snapshots() {
+    use retrace_store::sqlite::schema::SCHEMA_VERSION;
+    use retrace_store::{Cache, CacheEntry};
+    let dir = tempfile::tempdir().unwrap();
+    let blob = BlobPut::new(b"a cached answer".to_vec(), BlobHint::Raw);
+    let entry = |snapshot: Option<&str>| CacheEntry {
+        output_ref: blob.digest(),
+        usage: None,
+        stored_at_ms: 7,
+        class: None,
+        ttl_s: None,
+        snapshot: snapshot.map(str::to_owned),
+    };
+    let (old, new) = (Digest::of(b"old key"), Digest::of(b"new key"));
+    {
+        let store = open(dir.path(), Durability::Os, 1000);
+        store.put_blob(blob.bytes(), BlobHint::Raw).unwrap();
+        store.cache_put(&old, &entry(None)).unwrap();
+    }
+    let db = dir.path().join("retrace.db");
+    Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "ALTER TABLE cache DROP COLUMN snapshot; ALTER TABLE cache_log DROP COLUMN snapshot; \
+             PRAGMA user_version = 14;",
+        )
+        .unwrap();
+    let store = open(dir.path(), Durability::Os, 1000);
+    let upgrade = store.schema_upgrade().expect("upgraded");
+    assert_eq!((upgrade.from, upgrade.to), (14, SCHEMA_VERSION));
+    assert_eq!(store.cache_get(&old).unwrap(), Some(entry(None)));
+    store.cache_put(&new, &entry(Some("gpt-sim-2024-08-06"))).unwrap();
+    assert_eq!(store.cache_get(&new).unwrap(), Some(entry(Some("gpt-sim-2024-08-06"))));
 }
 
 /// `get_blobs` answers like `get_blob`, in order, and fails as it would on a missing blob.

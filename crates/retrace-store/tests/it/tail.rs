@@ -343,6 +343,7 @@ fn the_newest_cache_entry_wins_across_merges_and_handles() {
         stored_at_ms: 1_000 + n as u64,
         class: None,
         ttl_s: None,
+        snapshot: Some(format!("snapshot-{n}")),
     };
     // A collection that deletes nothing merges the log into the table.
     let merge = GcRequest { runs: vec![], named: vec![], blob_cutoff_ms: 0, dry_run: false };

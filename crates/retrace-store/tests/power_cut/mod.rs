@@ -58,6 +58,7 @@ pub fn record_step(writer: &RunWriter, i: u64, output_len: usize) -> Step {
         stored_at_ms: 1_000 + i,
         class: Some(ToolClass::Deterministic),
         ttl_s: None,
+        snapshot: None,
     };
     let key = event.key;
     let ticket = writer.append_cached(event, vec![request, output.clone()], Some((key, entry))).unwrap();
