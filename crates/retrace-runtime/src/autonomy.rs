@@ -10,7 +10,7 @@ use retrace_core::autonomy::{project_name, AutonomyPolicy, PolicyError, Rung, St
 use retrace_core::ledger::{LedgerEntry, LedgerFile};
 
 /// The configuration file read from the working directory.
-pub const CONFIG_FILE: &str = "retrace.toml";
+pub use crate::config_file::CONFIG_FILE;
 
 /// The policy in force for one project, with its trusted ledger.
 #[derive(Clone, Debug)]
@@ -31,9 +31,11 @@ impl Governor {
         Governor { policy, project: project.into(), ledger, warning: None }
     }
 
-    /// Reads `dir/retrace.toml`; `None` when it has no `[autonomy]` table (nothing governed).
-    /// The ledger path is relative to `dir`.
+    /// Reads the `retrace.toml` that applies to `dir` ([`crate::config_file::config_dir`]);
+    /// `None` when it has no `[autonomy]` table (nothing governed). The ledger path is relative
+    /// to the file's folder.
     pub fn load(dir: &Path) -> Result<Option<Governor>, PolicyError> {
+        let dir = &crate::config_file::config_dir(dir);
         let text = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap_or_default();
         let Some(policy) = AutonomyPolicy::parse_toml(&text)? else { return Ok(None) };
         let project = project(dir);
@@ -91,6 +93,7 @@ fn trusted_ledger(policy: &AutonomyPolicy, dir: &Path) -> Result<Option<LedgerFi
 /// The project of `dir`: `[project] name` in `dir/retrace.toml`, else the name of the git
 /// top-level folder above `dir` (or of `dir` outside git).
 pub fn project(dir: &Path) -> String {
+    let dir = &crate::config_file::config_dir(dir);
     let text = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap_or_default();
     if let Some(name) = project_name(&text).filter(|n| !n.trim().is_empty()) {
         return name;

@@ -105,6 +105,7 @@ mod approval;
 pub mod autonomy;
 mod block;
 mod bus;
+pub mod config_file;
 pub mod env_sources;
 pub mod error;
 mod finite;

@@ -4,8 +4,9 @@
 //! - The key is `RETRACE_MASK_KEY`, else `RETRACE_HOME/mask.key`, generated once (mode 0600)
 //!   with a notice that traces holding tokens replay only under it. A memory store gets a key
 //!   that lives as long as the process.
-//! - A new recording takes its rules from `[mask]` of `./retrace.toml` (the defaults when there
-//!   is no file or no table) and records them with the run; replay masks with the recorded set,
+//! - A new recording takes its rules from `[mask]` of `./retrace.toml`, else of the nearest one
+//!   above it up to the git top level ([`crate::config_file`]; the defaults when there is no
+//!   file or no table) and records them with the run; replay masks with the recorded set,
 //!   a fork with the recorded set plus today's.
 //! - A run that holds tokens is only opened under the key it was recorded with.
 use std::io::Write as _;
@@ -21,8 +22,7 @@ use crate::error::{RuntimeError, RuntimeResult};
 /// The file under `RETRACE_HOME` that holds a generated mask key.
 pub const MASK_KEY_FILE: &str = "mask.key";
 
-/// The project configuration file whose `[mask]` table holds masking rules.
-pub const CONFIG_FILE: &str = "retrace.toml";
+pub use crate::config_file::CONFIG_FILE;
 
 /// The mask key of this process, and where it came from.
 #[derive(Debug, Clone)]
@@ -128,9 +128,10 @@ fn publish_key(home: &Path, path: &Path, key: &MaskKey) -> std::io::Result<bool>
     Ok(true)
 }
 
-/// The rule set for new recordings: `[mask]` of `dir/retrace.toml`, or the defaults.
+/// The rule set for new recordings: `[mask]` of the `retrace.toml` that applies to `dir` (its
+/// own, else the nearest above it up to the git top level), or the defaults.
 pub fn rules_in(dir: &Path) -> RuntimeResult<MaskRules> {
-    let path = dir.join(CONFIG_FILE);
+    let path = crate::config_file::config_dir(dir).join(CONFIG_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => retrace_core::mask::config::parse_toml(&text)
             .map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display()))),
@@ -139,7 +140,8 @@ pub fn rules_in(dir: &Path) -> RuntimeResult<MaskRules> {
     }
 }
 
-/// The rule set for new recordings, from `./retrace.toml`.
+/// The rule set for new recordings, from `./retrace.toml`, else the nearest above it up to the
+/// git top level.
 pub fn rules_from_cwd() -> RuntimeResult<MaskRules> {
     rules_in(Path::new("."))
 }
@@ -274,5 +276,39 @@ mod tests {
         let (union, added) = fork_rules(&MaskRules::default(), &rules);
         assert_eq!(union, rules);
         assert_eq!(added.len(), rules.rules.len());
+    }
+}
+
+/// An upstream URL as a run records it: without its userinfo (`user:password@`, which a
+/// gateway's basic auth puts there), and with the masking rules applied to the rest (a key in
+/// the query). The URL the proxy calls is the one given; only what is persisted changes.
+pub fn stored_upstream(url: &str, masker: &Masker) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let authority_end = url[after_scheme..].find(['/', '?', '#']).map_or(url.len(), |i| after_scheme + i);
+    let without_userinfo = match url[after_scheme..authority_end].rfind('@') {
+        Some(at) => format!("{}{}", &url[..after_scheme], &url[after_scheme + at + 1..]),
+        None => url.to_owned(),
+    };
+    masker.mask_text(&without_userinfo).0.into_owned()
+}
+
+#[cfg(test)]
+mod stored_upstream_tests {
+    use retrace_core::mask::{MaskKey, MaskRules};
+
+    use super::*;
+
+    #[test]
+    fn credentials_in_an_upstream_url_are_not_stored() {
+        let key = MaskKey::from_bytes([5; 32]);
+        let masker = masker(MaskRules::defaults(), Some(&key)).unwrap();
+        let stored = |url: &str| stored_upstream(url, &masker);
+        assert_eq!(stored("http://victor:S3cret@127.0.0.1:18100/v1"), "http://127.0.0.1:18100/v1");
+        assert_eq!(stored("https://token@gw.example/v1?x=1"), "https://gw.example/v1?x=1");
+        assert_eq!(stored("https://api.openai.com/v1"), "https://api.openai.com/v1");
+        // An `@` after the host is not userinfo.
+        assert_eq!(stored("http://h/v1/a@b"), "http://h/v1/a@b");
+        let keyed = stored("http://h/v1?api_key=sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t");
+        assert!(!keyed.contains("sk-proj-Ab3d") && keyed.starts_with("http://h/v1?api_key=rtk_"), "{keyed}");
     }
 }

@@ -335,11 +335,14 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     }
     meta.masking_rules = rules;
     meta.mask_key_fingerprint = Some(mask.key.fingerprint());
+    // Without credentials (`user:password@`, a key in the query): the proxy calls the URLs given.
+    let upstream_masker = retrace_runtime::masking::masker(meta.masking_rules.clone(), Some(&mask.key))?;
+    let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &upstream_masker);
     if let Some(url) = &args.upstream_openai {
-        meta.upstreams.insert("openai".into(), url.clone());
+        meta.upstreams.insert("openai".into(), stored(url));
     }
     if let Some(url) = &args.upstream_anthropic {
-        meta.upstreams.insert("anthropic".into(), url.clone());
+        meta.upstreams.insert("anthropic".into(), stored(url));
     }
     store.create_run(&meta)?;
     // This process finishes the run: while it lives, no one takes the run (which holds no

@@ -64,13 +64,17 @@ pub struct Args {
     pub json: bool,
 }
 
-/// `[retention]` of ./retrace.toml, or the defaults when there is no such file (also what
-/// `retrace serve`'s `POST /api/gc` expires routine runs by).
+/// `[retention]` of ./retrace.toml (else the nearest above it up to the git top level), or the
+/// defaults when there is no such file (also what `retrace serve`'s `POST /api/gc` expires
+/// routine runs by).
 pub(crate) fn retention() -> anyhow::Result<RetentionConfig> {
-    match std::fs::read_to_string(CONFIG) {
-        Ok(text) => RetentionConfig::parse_toml(&text).map_err(|e| exit::usage(e.to_string())),
+    let path = retrace_runtime::config_file::config_dir(std::path::Path::new(".")).join(CONFIG);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            RetentionConfig::parse_toml(&text).map_err(|e| exit::usage(format!("{}: {e}", path.display())))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RetentionConfig::default()),
-        Err(e) => Err(exit::usage(format!("cannot read {CONFIG}: {e}"))),
+        Err(e) => Err(exit::usage(format!("cannot read {}: {e}", path.display()))),
     }
 }
 

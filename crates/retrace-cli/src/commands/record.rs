@@ -207,8 +207,6 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let store = plan.store.clone();
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Record, SystemClock.now_ms());
-    meta.name = plan.name.clone();
-    meta.labels = plan.labels.clone();
     meta.chaos_seed = plan.chaos;
     let mut config = super::serve::config_masked(
         plan.upstream_openai.clone(),
@@ -220,11 +218,17 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let masker = retrace_runtime::masking::masker(config.mask_rules.clone(), config.mask_key.as_ref())?;
     let argv: Vec<String> = plan.argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect();
     meta.command = Some(Command { argv, cwd: launcher::recorded_cwd_of(&plan.cwd) });
+    // So are the run's name and labels.
+    let mask = |text: &str| masker.mask_text(text).0.into_owned();
+    meta.name = plan.name.as_deref().map(mask);
+    meta.labels = plan.labels.iter().map(|(k, v)| (mask(k), mask(v))).collect();
     config.default_run = Some(id.clone());
     config.upstream_timeout = std::time::Duration::from_secs_f64(plan.upstream_timeout);
     config.max_body = plan.max_body;
-    meta.upstreams.insert("openai".into(), config.upstream_openai.clone());
-    meta.upstreams.insert("anthropic".into(), config.upstream_anthropic.clone());
+    // Without credentials (`user:password@`, a key in the query): the proxy calls the URLs given.
+    let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &masker);
+    meta.upstreams.insert("openai".into(), stored(&config.upstream_openai));
+    meta.upstreams.insert("anthropic".into(), stored(&config.upstream_anthropic));
     meta.masking_rules = config.mask_rules.clone();
     meta.mask_key_fingerprint = config.mask_key.as_ref().map(|k| k.fingerprint());
     refuse_original_without_vault(&meta.masking_rules)?;

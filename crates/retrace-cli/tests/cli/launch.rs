@@ -559,3 +559,47 @@ fn a_run_given_by_its_name_is_refused_listing_the_runs_of_that_name() {
     }
     home.run(&["replay", "nosuch"]).expect(2, &[], &["list the runs in this store with `retrace runs`"]);
 }
+
+/// Recorded from a subfolder of its project, a program gets the project's `retrace.toml`
+/// (the nearest up to the git top level): its rules mask what they were written for (QA12 D15).
+/// Credentials in an upstream URL, and a secret in the run's name or a label, are not stored
+/// (QA12 D11, D4): the run's metadata goes into every export.
+#[test]
+fn a_recording_from_a_subfolder_gets_the_projects_rules_and_stores_no_credentials() {
+    let home = Home::new();
+    let project = tempfile::tempdir().unwrap();
+    let sub = project.path().join("services").join("agent");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::create_dir(project.path().join(".git")).unwrap();
+    let config = "[[mask.rules]]\nname = \"org\"\nkind = \"secret\"\nregex = \"ORG-SECRET-[0-9]+\"\n";
+    std::fs::write(project.path().join("retrace.toml"), config).unwrap();
+    let key = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t";
+    let mut c = home.command(&[
+        "record",
+        "--json",
+        "--name",
+        "nightly ORG-SECRET-42",
+        "--label",
+        "owner=ORG-SECRET-43",
+        "--upstream-openai",
+        "http://victor:S3cretPassw0rd@127.0.0.1:9/v1",
+        "--upstream-anthropic",
+        &format!("http://127.0.0.1:9?api_key={key}"),
+        "--",
+        "echo",
+        "ORG-SECRET-44",
+    ]);
+    c.current_dir(&sub).env_remove("RETRACE_MASK_KEY");
+    let ran = Ran(c.stdin(Stdio::null()).output().unwrap());
+    ran.expect(0, &[], &[]);
+    let run = runs_of(&home).into_iter().map(|(id, _, _)| id).next_back().unwrap();
+    let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+    let meta = store.run(&run).unwrap();
+    let stored = serde_json::to_string(&meta).unwrap();
+    for secret in ["ORG-SECRET-4", "S3cretPassw0rd", "victor", key] {
+        assert!(!stored.contains(secret), "{secret} stored: {stored}");
+    }
+    assert!(meta.masking_rules.rules.iter().any(|r| r.name == "org"), "the project's rules: {stored}");
+    assert_eq!(meta.upstreams["openai"], "http://127.0.0.1:9/v1");
+    assert!(meta.upstreams["anthropic"].starts_with("http://127.0.0.1:9?api_key=rtk_"), "{stored}");
+}
