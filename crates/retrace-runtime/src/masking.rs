@@ -12,7 +12,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use retrace_core::mask::{MaskKey, MaskRules, Masker};
+use retrace_core::mask::{MaskKey, MaskRules, Masker, RuleMatch};
 use retrace_core::run::RunMeta;
 use retrace_store::open::StoreLocation;
 use retrace_store::StoreConfig;
@@ -204,8 +204,21 @@ pub fn fork_rules_warning(added: &[String]) -> String {
 }
 
 /// The masking stage for `rules` under `key`; a run opened with no key at all gets a key for
-/// this process (it holds no tokens, or [`check_key`] would have refused it).
+/// this process (it holds no tokens, or [`check_key`] would have refused it). A run's recorded
+/// literal rules hold only their values' digests: the values come from today's `retrace.toml`
+/// ([`rules_from_cwd`]), and one it lacks is refused, naming the rule.
 pub fn masker(rules: MaskRules, key: Option<&MaskKey>) -> RuntimeResult<Masker> {
+    let sealed = |r: &retrace_core::mask::MaskRule| matches!(r.matcher, RuleMatch::LiteralDigest { .. });
+    match rules.rules.iter().any(sealed) {
+        true => masker_with(rules, &rules_from_cwd()?, key),
+        false => masker_with(rules, &MaskRules::default(), key),
+    }
+}
+
+/// [`masker`] with today's rules given (`today`: a session's own options), where a recorded
+/// literal rule's value comes from.
+pub fn masker_with(rules: MaskRules, today: &MaskRules, key: Option<&MaskKey>) -> RuntimeResult<Masker> {
+    let rules = rules.with_literals(today, key);
     let key = key.cloned().unwrap_or_else(|| MaskKey::from_bytes(rand::random()));
     Masker::new(rules, Some(key)).map_err(|e| RuntimeError::Usage(e.to_string()))
 }
@@ -216,7 +229,7 @@ pub fn fork_rules(recorded: &MaskRules, today: &MaskRules) -> (MaskRules, Vec<St
     let mut rules = recorded.clone();
     let mut added = Vec::new();
     for rule in &today.rules {
-        if !recorded.rules.contains(rule) {
+        if !recorded.holds(rule) {
             added.push(rule.name.clone());
             rules.rules.push(rule.clone());
         }

@@ -123,7 +123,8 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
     let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());
     meta.name = body.name;
     meta.labels = body.labels;
-    meta.masking_rules = app.config.mask_rules.clone();
+    // A literal rule's value is the secret itself: the run records its digest.
+    meta.masking_rules = app.config.mask_rules.sealed(app.config.mask_key.as_ref());
     meta.mask_key_fingerprint = app.config.mask_key.as_ref().map(|k| k.fingerprint());
     app.host.store().create_run(&meta).map_err(refused_write)?;
     // Open the session now: its writer holds the run's lease while the daemon lives, so a run

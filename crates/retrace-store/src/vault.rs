@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{StoreError, StoreResult};
 
-pub use reveal::{audit_replay_original, open_original, reveal, Reveal, RevealError, Revealer};
+pub use reveal::{
+    audit_replay_original, audit_subject, open_original, reveal, Reveal, RevealError, Revealer,
+};
 
 /// The role that may reveal originals on the command line (SPEC §3: the CLI on a local store
 /// acts as `admin`).

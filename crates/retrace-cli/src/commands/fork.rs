@@ -122,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(Ok(source)) => retrace_runtime::masking::fork_rules(&source.masking_rules, &mask.rules).0,
         _ => mask.rules.clone(),
     };
-    let masker = retrace_runtime::masking::masker(rules, Some(&mask.key))?;
+    let masker = retrace_runtime::masking::masker_with(rules, &mask.rules, Some(&mask.key))?;
     let edits = parse_edits(store.as_ref(), &args.edits, &masker)?;
     match (&args.run, &args.runs) {
         (Some(run), None) => {
@@ -333,10 +333,10 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     if !added.is_empty() && !source.masking_rules.is_empty() {
         eprintln!("{}", retrace_runtime::masking::fork_rules_warning(&added));
     }
-    meta.masking_rules = rules;
+    meta.masking_rules = rules.sealed(Some(&mask.key));
     meta.mask_key_fingerprint = Some(mask.key.fingerprint());
     // Without credentials (`user:password@`, a key in the query): the proxy calls the URLs given.
-    let upstream_masker = retrace_runtime::masking::masker(meta.masking_rules.clone(), Some(&mask.key))?;
+    let upstream_masker = retrace_runtime::masking::masker_with(rules, &mask.rules, Some(&mask.key))?;
     let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &upstream_masker);
     if let Some(url) = &args.upstream_openai {
         meta.upstreams.insert("openai".into(), stored(url));

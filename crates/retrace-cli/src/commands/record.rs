@@ -229,7 +229,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &masker);
     meta.upstreams.insert("openai".into(), stored(&config.upstream_openai));
     meta.upstreams.insert("anthropic".into(), stored(&config.upstream_anthropic));
-    meta.masking_rules = config.mask_rules.clone();
+    // A literal rule's value is the secret itself: the run records its digest.
+    meta.masking_rules = config.mask_rules.sealed(config.mask_key.as_ref());
     meta.mask_key_fingerprint = config.mask_key.as_ref().map(|k| k.fingerprint());
     refuse_original_without_vault(&meta.masking_rules)?;
     store.create_run(&meta)?;

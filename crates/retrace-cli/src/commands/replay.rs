@@ -204,6 +204,13 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     // Refused before anything runs: tokens made under another key would never match.
     retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
     launcher::check_vault_key(&source, "replay")?;
+    // A literal rule recorded as its digest needs its value from today's retrace.toml.
+    retrace_runtime::masking::masker_with(
+        source.masking_rules.clone(),
+        &plan.mask.rules,
+        Some(&plan.mask.key),
+    )
+    .map_err(|e| usage(format!("can't replay {}: {e}", source.id)))?;
     // A fork imported without its source: every step would fail on the missing run.
     launcher::check_sources(store.as_ref(), &source)?;
     // A directory that isn't there (another checkout): said as such, and before a run exists.

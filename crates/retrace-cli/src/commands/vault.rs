@@ -106,9 +106,14 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
     let store = existing_store_from_env()?;
     let key = std::env::var(VAULT_KEY_ENV).ok().filter(|k| !k.trim().is_empty());
     let by = Revealer { who: os_user(), role: ROLE_ADMIN.to_owned() };
+    // The reason goes into the audit log: masked like anything persisted (it may quote the
+    // incident: a customer's email, a key).
+    let mask = super::mask_from_env()?;
+    let masker = retrace_runtime::masking::masker(mask.rules, Some(&mask.key))?;
+    let reason = masker.mask_text(args.reason.as_deref().unwrap_or("")).0.into_owned();
     let request = Reveal {
         token: &args.token,
-        reason: args.reason.as_deref().unwrap_or(""),
+        reason: &reason,
         key: key.as_deref(),
         at_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

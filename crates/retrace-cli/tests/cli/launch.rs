@@ -603,3 +603,37 @@ fn a_recording_from_a_subfolder_gets_the_projects_rules_and_stores_no_credential
     assert_eq!(meta.upstreams["openai"], "http://127.0.0.1:9/v1");
     assert!(meta.upstreams["anthropic"].starts_with("http://127.0.0.1:9?api_key=rtk_"), "{stored}");
 }
+
+/// A `literal` rule's value is the secret it exists to keep out of the log: the run records its
+/// keyed digest, not the value, in the store and in an export (QA12 D1). A replay takes the
+/// value from today's retrace.toml again, and is refused, naming the rule, when it is gone.
+#[test]
+fn a_literal_rules_value_is_never_stored_and_comes_back_from_retrace_toml() {
+    let home = Home::new();
+    let project = tempfile::tempdir().unwrap();
+    let literal = "[[mask.rules]]\nname = \"org\"\nkind = \"secret\"\nliteral = \"ORG-LITERAL-77\"\n";
+    std::fs::write(project.path().join("retrace.toml"), literal).unwrap();
+    let retrace = |args: &[&str]| {
+        let mut c = home.command(args);
+        c.current_dir(project.path()).env_remove("RETRACE_MASK_KEY");
+        Ran(c.stdin(Stdio::null()).output().unwrap())
+    };
+    retrace(&["record", "--", "echo", "ORG-LITERAL-77"]).expect(0, &["ORG-LITERAL-77"], &[]);
+    let run = runs_of(&home).into_iter().map(|(id, _, _)| id).next_back().unwrap();
+    let exported = project.path().join("run.jsonl");
+    retrace(&["export", &run, "-o", exported.to_str().unwrap()]).expect(0, &[], &[]);
+    let text = std::fs::read_to_string(&exported).unwrap();
+    assert!(!text.contains("ORG-LITERAL-77"), "the literal is in the export: {text}");
+    assert!(text.contains("literal_digest"), "{text}");
+    for entry in std::fs::read_dir(home.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            let found = bytes.windows(14).any(|w| w == b"ORG-LITERAL-77");
+            assert!(!found, "the literal is stored in {}", path.display());
+        }
+    }
+    retrace(&["replay", &run]).expect(0, &[], &["ok"]);
+    std::fs::write(project.path().join("retrace.toml"), "").unwrap();
+    retrace(&["replay", &run]).expect(2, &[], &["\"org\"", "masks a literal value", "retrace.toml"]);
+}

@@ -98,6 +98,7 @@ impl Engine {
                     engine.literal_rules.push(index);
                     engine.min_len = engine.min_len.min(value.len());
                 }
+                RuleMatch::LiteralDigest { .. } => return Err(MaskError::LiteralNotGiven(rule.name.clone())),
                 RuleMatch::Pattern { pattern } => {
                     match pattern {
                         Detector::Card => engine.cards.push(index),

@@ -46,7 +46,7 @@ pub use detect::Detector;
 pub(crate) use json::string_spans;
 pub use key::{BadMaskKey, MaskKey};
 pub use originals::OriginalsSink;
-pub use rules::{MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
+pub use rules::{literal_digest, MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
 pub(crate) use token::token_prefix_len;
 pub use token::{contains_token, token_len_at, TOKEN_PREFIX, TOKEN_TAIL_LEN};
 
@@ -83,6 +83,14 @@ pub enum MaskError {
     /// The literal values could not be compiled into one automaton.
     #[error("masking literals: {0}")]
     BadLiteral(String),
+    /// A run's `literal` rule, recorded as its value's digest (never the value), whose value
+    /// today's `retrace.toml` doesn't hold.
+    #[error(
+        "masking rule {0:?} masks a literal value that the run records only as a digest, and no \
+         literal rule of today's retrace.toml has that value: put the rule back in retrace.toml \
+         (literal = \"...\") to replay or fork this run"
+    )]
+    LiteralNotGiven(String),
 }
 
 /// The output of the masking stage.

@@ -2,7 +2,17 @@
 use serde::{Deserialize, Serialize};
 
 use super::detect::Detector;
+use super::key::MaskKey;
 use crate::digest::Digest;
+
+/// The digest a run records for a literal rule's `value`: keyed by the mask key, so a short
+/// secret can't be guessed from it without the key (`sha256:` of it when there is no key).
+pub fn literal_digest(key: Option<&MaskKey>, value: &str) -> String {
+    match key {
+        Some(key) => key.token("literalrule", value),
+        None => Digest::of(value.as_bytes()).to_string(),
+    }
+}
 
 /// What a rule matches.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +33,14 @@ pub enum RuleMatch {
     Regex {
         /// The expression.
         regex: String,
+    },
+    /// A [`RuleMatch::Literal`] as a run records it (in the store and the export header): the
+    /// value's digest, keyed by the mask key ([`literal_digest`]), never the value, which is
+    /// the secret the rule exists to keep out of the log. Masking with it needs the value again,
+    /// from today's `retrace.toml` ([`MaskRules::with_literals`]); unresolved, it is refused.
+    LiteralDigest {
+        /// [`literal_digest`] of the value.
+        literal_digest: String,
     },
     /// An HTTP header, by name (case-insensitive); see [`super::Masker::mask_header`]. Header
     /// rules never match inside bodies.
@@ -93,6 +111,49 @@ impl MaskRules {
     /// The names of the rules whose tokens replay as the originals (from the vault).
     pub fn replaying_originals(&self) -> Vec<&str> {
         self.rules.iter().filter(|r| r.replay == ReplayAs::Original).map(|r| r.name.as_str()).collect()
+    }
+
+    /// The rule set as a run records it: each literal's value replaced by its digest
+    /// ([`RuleMatch::LiteralDigest`]).
+    pub fn sealed(&self, key: Option<&MaskKey>) -> MaskRules {
+        let rules = self.rules.iter().map(|rule| match &rule.matcher {
+            RuleMatch::Literal { value } => MaskRule {
+                matcher: RuleMatch::LiteralDigest { literal_digest: literal_digest(key, value) },
+                ..rule.clone()
+            },
+            _ => rule.clone(),
+        });
+        MaskRules { rules: rules.collect() }
+    }
+
+    /// The rule set with each [`RuleMatch::LiteralDigest`] given its value back from `today`'s
+    /// literal rules, where one has that digest; the others are left as they are (and a masker
+    /// refuses them, naming the rule).
+    pub fn with_literals(&self, today: &MaskRules, key: Option<&MaskKey>) -> MaskRules {
+        let rules = self.rules.iter().map(|rule| match &rule.matcher {
+            RuleMatch::LiteralDigest { literal_digest: digest } => today
+                .rules
+                .iter()
+                .find_map(|r| match &r.matcher {
+                    RuleMatch::Literal { value } if literal_digest(key, value) == *digest => {
+                        Some(MaskRule { matcher: r.matcher.clone(), ..rule.clone() })
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| rule.clone()),
+            _ => rule.clone(),
+        });
+        MaskRules { rules: rules.collect() }
+    }
+
+    /// Whether `rule` (of today's rules) is in this recorded set, a literal as its digest.
+    pub fn holds(&self, rule: &MaskRule) -> bool {
+        self.rules.iter().any(|r| {
+            r == rule
+                || (matches!(rule.matcher, RuleMatch::Literal { .. })
+                    && matches!(r.matcher, RuleMatch::LiteralDigest { .. })
+                    && (&r.name, &r.kind, r.replay) == (&rule.name, &rule.kind, rule.replay))
+        })
     }
 
     /// Digest of the canonical rule set.

@@ -12,10 +12,11 @@ impl Session {
         meta.name = options.name.clone();
         meta.labels = options.labels.clone();
         meta.command = options.command.clone();
-        meta.masking_rules = options.mask_rules.clone();
+        // A literal rule's value is the secret itself: the run records its digest.
+        meta.masking_rules = options.mask_rules.sealed(options.mask_key.as_ref());
         meta.mask_key_fingerprint = options.mask_key.as_ref().map(MaskKey::fingerprint);
         meta.chaos_seed = options.chaos_seed;
-        let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
+        let masker = masking::masker(options.mask_rules.clone(), options.mask_key.as_ref())?;
         store.create_run(&meta)?;
         let writer = RunWriter::open(store.clone(), &id, LeaseHolder::unique())?;
         Ok(Session::build(Mode::Record, store, Some(writer), None, meta, masker, options))
@@ -40,7 +41,11 @@ impl Session {
         }
         masking::check_key(&source_meta, options.mask_key.as_ref())?;
         // Replay masks with the recorded rule set: a change of rules is never a divergence.
-        let masker = masking::masker(source_meta.masking_rules.clone(), options.mask_key.as_ref())?;
+        let masker = masking::masker_with(
+            source_meta.masking_rules.clone(),
+            &options.mask_rules,
+            options.mask_key.as_ref(),
+        )?;
         // Outputs are read ahead, verified and decoded on the log's reader thread when the
         // program gets them as stored (no rule hands originals back).
         let outputs = !Reveal::needed(&source_meta.masking_rules);
@@ -102,7 +107,8 @@ impl Session {
             .ok_or_else(|| RuntimeError::Usage(format!("fork {} names no source run", meta.id)))?;
         masking::check_key(&store.run(&source)?, options.mask_key.as_ref())?;
         // The fork's rules were fixed when it was created: the source's plus today's.
-        let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
+        let masker =
+            masking::masker_with(meta.masking_rules.clone(), &options.mask_rules, options.mask_key.as_ref())?;
         let plan = plan_of(store.as_ref(), &meta)?;
         let log = RecordedLog::load(store.as_ref(), &source)?;
         let state = ForkState::new(plan.at, &log, &plan.swaps);
@@ -158,7 +164,7 @@ impl Session {
         if !added.is_empty() && !source_meta.masking_rules.is_empty() {
             eprintln!("{}", masking::fork_rules_warning(&added));
         }
-        meta.masking_rules = rules;
+        meta.masking_rules = rules.sealed(options.mask_key.as_ref());
         meta.mask_key_fingerprint = options
             .mask_key
             .as_ref()
@@ -274,7 +280,11 @@ impl Session {
             RunMode::Record if meta.status == RunStatus::Running => {
                 // Joining a recording: its tokens so far were made under its recorded key.
                 masking::check_joining_key(&meta, options.mask_key.as_ref())?;
-                let masker = masking::masker(meta.masking_rules.clone(), options.mask_key.as_ref())?;
+                let masker = masking::masker_with(
+                    meta.masking_rules.clone(),
+                    &options.mask_rules,
+                    options.mask_key.as_ref(),
+                )?;
                 let writer = RunWriter::open(store.clone(), run_id, LeaseHolder::unique())?;
                 Ok(Session::build(Mode::Record, store, Some(writer), None, meta, masker, options))
             }

@@ -65,6 +65,14 @@ pub async fn reveal(
         (Err(e), None) => return e.into_response(),
     };
     let by = revealer(holder);
+    // The reason goes into the audit log: masked like anything persisted (it may quote the
+    // incident: a customer's email, a key).
+    let mut body = body;
+    if let Ok(masker) =
+        retrace_runtime::masking::masker(app.config.mask_rules.clone(), app.config.mask_key.as_ref())
+    {
+        body.reason = masker.mask_text(&body.reason).0.into_owned();
+    }
     let key = app.config.vault_key.as_ref().map(|k| k.to_base64());
     let store = app.host.store().clone();
     answer(
@@ -77,7 +85,7 @@ pub async fn reveal(
                         who: by.who,
                         role: by.role,
                         action: AuditAction::RevealRefused,
-                        subject: body.token,
+                        subject: retrace_store::vault::audit_subject(&body.token),
                         reason: body.reason,
                         outcome: outcome.clone(),
                     })

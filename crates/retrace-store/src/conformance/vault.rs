@@ -79,8 +79,9 @@ pub fn reveal_audits_every_attempt(make: MakeStore<'_>) {
     assert!(matches!(refused, RevealError::CannotOpen(_)), "{refused}");
     assert_eq!(refused.exit_code(), 1);
     assert_eq!(ask(&admin, TOKEN, "incident 42", Some(&text)).unwrap(), b"ada@example.com");
-    // Not shaped like a token: refused as such (a usage error), and audited as such.
-    let malformed = ask(&admin, "rtk_nope", "why", Some(&text)).unwrap_err();
+    // Not shaped like a token: refused as such (a usage error), and audited as such, by its
+    // length only (it is often the original, pasted instead of its token).
+    let malformed = ask(&admin, "sk-proj-PASTEDPASTEDPASTED", "why", Some(&text)).unwrap_err();
     assert!(matches!(malformed, RevealError::NotAToken { .. }), "{malformed}");
     assert_eq!(malformed.exit_code(), 2);
 
@@ -88,7 +89,9 @@ pub fn reveal_audits_every_attempt(make: MakeStore<'_>) {
     let actions: Vec<AuditAction> = log.iter().map(|r| r.entry.action).collect();
     assert_eq!(actions[..6], [AuditAction::RevealRefused; 6]);
     assert_eq!(actions[6..], [AuditAction::Reveal, AuditAction::RevealRefused]);
-    assert!(log[7].entry.outcome.contains("\"rtk_nope\" is not a token"), "{:?}", log[7]);
+    assert!(log[7].entry.outcome.contains("(25 characters) is not a token"), "{:?}", log[7]);
+    assert_eq!(log[7].entry.subject, "(not a token: 25 characters)");
+    assert!(!format!("{:?}", log[7]).contains("PASTED"), "{:?}", log[7]);
     assert!(log[0].entry.outcome.contains("no vault key"), "{:?}", log[0]);
     assert!(log[3].entry.outcome.contains("viewer") && log[3].entry.who == "bob", "{:?}", log[3]);
     assert!(log[5].entry.outcome.contains("does not open"), "{:?}", log[5]);

@@ -49,10 +49,11 @@ pub enum RevealError {
         role: String,
     },
     /// What was asked for is not shaped like a token at all.
-    #[error("{token:?} is not a token: a token is rtk_<kind>_<26 characters of a-z and 2-7>, such as rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq")]
+    /// What was given is not echoed: it is often the original pasted instead of its token.
+    #[error("what was given ({chars} characters) is not a token: a token is rtk_<kind>_<26 characters of a-z and 2-7>, such as rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq")]
     NotAToken {
-        /// What was asked for.
-        token: String,
+        /// How long what was given is.
+        chars: usize,
     },
     /// The vault holds no original for the token.
     #[error("the vault holds no original for {token}")]
@@ -102,7 +103,7 @@ pub fn reveal<S: VaultStore + ?Sized>(
             return Err(RevealError::Role { role: by.role.clone() });
         }
         if retrace_core::mask::token_len_at(request.token) != Some(request.token.len()) {
-            return Err(RevealError::NotAToken { token: request.token.to_owned() });
+            return Err(RevealError::NotAToken { chars: request.token.chars().count() });
         }
         let key =
             VaultKey::from_base64(request.key.ok_or(RevealError::NoKey)?).map_err(RevealError::BadKey)?;
@@ -118,11 +119,20 @@ pub fn reveal<S: VaultStore + ?Sized>(
         who: by.who.clone(),
         role: by.role.clone(),
         action,
-        subject: request.token.to_owned(),
+        subject: audit_subject(request.token),
         reason: request.reason.to_owned(),
         outcome,
     })?;
     attempt
+}
+
+/// What the audit log names as a reveal's subject: the token, or, for something not shaped like
+/// one (often the original, pasted instead of its token), only its length.
+pub fn audit_subject(token: &str) -> String {
+    match retrace_core::mask::token_len_at(token) == Some(token.len()) {
+        true => token.to_owned(),
+        false => format!("(not a token: {} characters)", token.chars().count()),
+    }
 }
 
 /// The original of `token` under `key`, without auditing: for a replay run whose one
