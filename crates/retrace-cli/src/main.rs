@@ -51,7 +51,8 @@ Environment:
   RETRACE_DURABILITY    batch (default: fsync at least every 10 ms), event (fsync before each
                         acknowledgment) or os (never fsync)
   RETRACE_MASK_KEY      the 32-byte base64 key masked secrets become tokens under; unset, one is
-                        generated into RETRACE_HOME/mask.key. Give CI the same key as a secret
+                        generated into mask.key in the store's folder (RETRACE_HOME, or that of
+                        RETRACE_STORE's database). Give CI the same key as a secret
   RETRACE_VAULT_KEY     the key the originals of masked values are sealed under
   RETRACE_LEDGER_KEY    the Ed25519 key `ledger export` signs with
   RETRACE_SERVE_TOKENS  `serve`'s tokens and roles: viewer:T1,debugger:T2,admin:T3

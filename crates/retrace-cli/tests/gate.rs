@@ -250,6 +250,15 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
     assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
     assert!(xml.contains("<failure type=\"divergence\" message=\"at seq 1: agent default"), "{xml}");
 
+    // The program's last lines, kept in the report, are masked like anything Retrace writes
+    // (QA12 S1): CI keeps the JUnit file and the --json document as artifacts.
+    let key = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t";
+    let script = format!("python3 asker.py --variant terse; echo connecting with {key}");
+    let leaky = bench.retrace(&["gate", "traces", "--json", "--", "sh", "-c", &script], &[]);
+    let report: serde_json::Value = serde_json::from_str(&leaky.stdout()).unwrap();
+    let tail = report["traces"][0]["output_tail"].to_string();
+    assert!(tail.contains("connecting with rtk_") && !tail.contains(key), "{report:#}");
+
     // A reader that went away (`retrace gate ... 2>&1 | head -1`) doesn't panic the gate (it
     // did: 101) nor pass it: the verdict is still exit 1, whether standard error closed (the
     // report to standard output, or under --json to standard error) or standard output did.
@@ -319,7 +328,11 @@ fn a_program_that_cannot_start_is_an_input_error() {
         &[],
     );
     std::fs::write(bench.path("notes.jsonl"), "hello\n").unwrap();
-    bench.retrace(&["gate", "notes.jsonl"], &[]).expect(2, &[], &["notes.jsonl is not a trace file"]);
+    bench.retrace(&["gate", "notes.jsonl"], &[]).expect(
+        2,
+        &["ERROR     notes.jsonl: not a trace file: line 1 is not JSON"],
+        &["1 of 1 traces could not be replayed"],
+    );
     bench.retrace(&["gate", "nothing-here"], &[]).expect(
         2,
         &[],
@@ -399,6 +412,36 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
     let mut argv = vec!["gate", "traces/asker.accepted.jsonl", "--accept", "--force"];
     argv.extend(changed);
     bench.retrace(&argv, &[("CI", "true")]).expect(0, &["ok        traces/asker.accepted.jsonl"], &[]);
+}
+
+/// A trace kept for a failing program, whose fix makes it exit 0, is accepted: only another
+/// failing status is refused, as a re-recording that went wrong (QA12 D10).
+#[test]
+fn accept_takes_a_rerecording_fixed_to_exit_0() {
+    let bench = Bench::new();
+    let home = bench.path("record-home");
+    let home = home.to_str().unwrap();
+    let ran = bench.retrace(&["record", "--json", "--", "sh", "-c", "exit 3"], &[("RETRACE_HOME", home)]);
+    ran.expect(3, &[], &[]);
+    let last: serde_json::Value = serde_json::from_str(ran.stdout().lines().last().unwrap()).unwrap();
+    let run = last["run"].as_str().unwrap().to_owned();
+    let file = bench.path("traces/failing.jsonl");
+    bench.retrace(&["export", &run, "-o", file.to_str().unwrap()], &[("RETRACE_HOME", home)]).expect(
+        0,
+        &[],
+        &[],
+    );
+    bench.retrace(&["gate", "traces", "--accept", "--", "sh", "-c", "exit 4"], &[]).expect(
+        1,
+        &["not accepted traces/failing.jsonl", "exited with status 4 where the trace recorded 3"],
+        &[],
+    );
+    bench.retrace(&["gate", "traces", "--accept", "--", "sh", "-c", "exit 0"], &[]).expect(
+        1,
+        &["DIVERGED  traces/failing.jsonl", "accepted traces/failing.jsonl -> traces/failing.accepted.jsonl"],
+        &[],
+    );
+    assert!(bench.path("traces/failing.accepted.jsonl").exists());
 }
 
 #[test]
@@ -505,11 +548,23 @@ fn every_jsonl_file_under_a_folder_is_gated_and_one_that_is_no_trace_is_an_error
     let checkout = json["traces"].as_array().unwrap().iter().find(|t| t["name"] == "traces/checkout.jsonl");
     assert_eq!(checkout.unwrap()["error"]["message"], "not a trace file: empty file", "{json:#}");
 
-    // Named on its own, the same file is a usage error saying why.
-    bench.retrace(&["gate", "traces/checkout.jsonl"], &[]).expect(
-        2,
+    // Named on the command line, the same file is the same ERROR, and the others named beside
+    // it are still judged and reported (QA12 D9).
+    let named = bench.retrace(
+        &["gate", "traces/checkout.jsonl", "traces/asker.jsonl", "--junit", junit.to_str().unwrap()],
         &[],
-        &["traces/checkout.jsonl is not a trace file: empty file"],
+    );
+    named.expect(
+        2,
+        &["ERROR     traces/checkout.jsonl: not a trace file: empty file", "ok        traces/asker.jsonl"],
+        &["1 of 2 traces could not be replayed"],
+    );
+    assert!(read(&junit).contains("tests=\"2\" failures=\"0\" errors=\"1\""), "{}", read(&junit));
+    // Named twice, and under a folder named too, a trace is gated once (QA12 S5).
+    bench.retrace(&["gate", "traces/asker.jsonl", "traces/asker.jsonl", "traces", "--json"], &[]).expect(
+        2,
+        &["\"traces\": 7"],
+        &[],
     );
 }
 

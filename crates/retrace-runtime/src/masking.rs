@@ -1,7 +1,8 @@
 //! Where a session's masking comes from (SPEC §3, §7): the mask key, the rule set of a new
 //! run, and the checks that keep a run's tokens meaningful.
 //!
-//! - The key is `RETRACE_MASK_KEY`, else `RETRACE_HOME/mask.key`, generated once (mode 0600)
+//! - The key is `RETRACE_MASK_KEY`, else `mask.key` in the store's folder (`RETRACE_HOME`, or
+//!   the folder of `RETRACE_STORE`'s database), generated once (mode 0600)
 //!   with a notice that traces holding tokens replay only under it. A memory store gets a key
 //!   that lives as long as the process.
 //! - A new recording takes its rules from `[mask]` of `./retrace.toml`, else of the nearest one

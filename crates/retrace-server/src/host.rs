@@ -44,6 +44,9 @@ pub struct RunHost {
     mask_key: Option<MaskKey>,
     vault_key: Option<VaultKey>,
     autonomy: Option<Arc<retrace_runtime::autonomy::Governor>>,
+    /// The daemon's own rules: where a run's recorded literal rules (kept as digests) get their
+    /// values back.
+    mask_rules: retrace_core::mask::MaskRules,
     runs: Mutex<HashMap<String, Slot>>,
     opening: Mutex<()>,
     /// Proxied calls of each run still being recorded: the run's end waits for them.
@@ -103,6 +106,7 @@ impl RunHost {
             mask_key,
             vault_key,
             autonomy: None,
+            mask_rules: retrace_core::mask::MaskRules::default(),
             runs: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
             calls: Mutex::new(HashMap::new()),
@@ -144,6 +148,13 @@ impl RunHost {
             self.call_ended.wait_until(&mut calls, slice);
         }
         0
+    }
+
+    /// The masking rules of the daemon's `retrace.toml`: a run records a literal rule as its
+    /// value's digest, and its sessions take the value from these.
+    pub fn with_mask_rules(mut self, rules: retrace_core::mask::MaskRules) -> RunHost {
+        self.mask_rules = rules;
+        self
     }
 
     /// The autonomy policy the side effects of recorded runs answer to (SPEC §7: only in
@@ -193,6 +204,7 @@ impl RunHost {
             stall_timeout: self.stall_timeout,
             chaos_seed: meta.chaos_seed,
             mask_key: self.mask_key.clone(),
+            mask_rules: self.mask_rules.clone(),
             vault_key: self.vault_key.clone(),
             autonomy: self.autonomy.clone(),
             revealer,

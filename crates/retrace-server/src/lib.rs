@@ -108,6 +108,7 @@ impl AppState {
             host: Arc::new(
                 RunHost::new(store, config.stall_timeout, config.mask_key.clone(), config.vault_key.clone())
                     .with_autonomy(config.autonomy.clone())
+                    .with_mask_rules(config.mask_rules.clone())
                     .with_upstream_timeout(config.upstream_timeout),
             ),
             processes: Arc::default(),

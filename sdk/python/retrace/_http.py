@@ -37,7 +37,12 @@ def answer(status: int, raw: bytes) -> Any:
         # upstream): said as such, not as the JSON parser's error.
         raise not_a_daemon(f"HTTP {status} with a body that is not JSON: {raw[:80]!r}") from None
     if status >= 400:
-        error = (payload or {}).get("error", {}) if isinstance(payload, dict) else {}
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if not isinstance(error, dict):
+            # The daemon's errors are `{"error": {...}}`: an empty 404 is another server (the
+            # simulator, a proxy) on the port RETRACE_URL names (QA12 D16).
+            shown = "an empty body" if not raw else f"a body that is not a Retrace error: {raw[:80]!r}"
+            raise not_a_daemon(f"HTTP {status} with {shown}")
         if status == 409 and error.get("divergence") is not None:
             raise Divergence(status, error.get("message", ""), error["divergence"])
         raise RetraceError(status, error.get("code", "error"), error.get("message", raw.decode(errors="replace")))
@@ -50,7 +55,7 @@ class Http:
     def __init__(self, url: str):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"RETRACE_URL must be http://HOST:PORT, not {url!r}")
+            raise RetraceError(0, "usage", f"RETRACE_URL must be http://HOST:PORT, not {url!r}")
         self.url = url.rstrip("/")
         self.host, self.port = parsed.hostname, parsed.port or 80
         self.token = os.environ.get("RETRACE_TOKEN")

@@ -329,8 +329,10 @@ def test_an_address_that_answers_but_is_no_daemon_is_a_retrace_error():
 
     class Other(http.server.BaseHTTPRequestHandler):
         def _answer(self):
-            body = b"<html>not here</html>" if self.path.startswith("/html") or "html" in self.server.kind else b"{}"
-            self.send_response(404 if self.server.kind == "html" else 200)
+            kind = self.server.kind
+            body = {"html": b"<html>not here</html>", "json": b"{}", "empty": b""}[kind]
+            # `retrace simulate` answers an unknown route 404 with no body at all (QA12 D16).
+            self.send_response(200 if kind == "json" else 404)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -340,7 +342,7 @@ def test_an_address_that_answers_but_is_no_daemon_is_a_retrace_error():
         def log_message(self, *args):
             pass
 
-    for kind in ("html", "json"):
+    for kind in ("html", "json", "empty"):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
         server.kind = kind
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -351,3 +353,7 @@ def test_an_address_that_answers_but_is_no_daemon_is_a_retrace_error():
             assert "answered, but not as a Retrace daemon" in other.value.message
         finally:
             server.shutdown()
+    # A malformed RETRACE_URL is the SDK's own usage error, not a ValueError.
+    with pytest.raises(retrace.RetraceError) as malformed:
+        retrace.connect(url="notaurl")
+    assert malformed.value.code == "usage" and "http://HOST:PORT" in malformed.value.message

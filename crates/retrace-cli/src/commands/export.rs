@@ -161,7 +161,12 @@ pub(crate) fn write_atomically<T, E>(
     let mut file = File::create(&temp).map_err(|e| {
         let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         match folder.is_dir() {
-            false => usage(format!("cannot write {}: no folder {}", path.display(), folder.display())),
+            false => usage(format!(
+                "cannot write {}: no folder {} (create it first: mkdir -p {})",
+                path.display(),
+                folder.display(),
+                folder.display()
+            )),
             true => anyhow::anyhow!("cannot write {}: {e}", path.display()),
         }
     })?;

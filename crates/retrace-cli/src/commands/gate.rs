@@ -83,7 +83,9 @@ or --upstream-openai / --upstream-anthropic), writes it beside the old one as \
 NAME.accepted.jsonl (never over an existing file) and prints what changed, as `retrace diff` \
 does (with --json, in the document's `accepted` list: each trace's new file, run and diff, or \
 why it was not accepted). Review it, then move it over the old trace. The gate still exits 1: \
-the old traces still diverge. --accept refuses to run when CI=true unless --force.\n\n\
+the old traces still diverge. A re-recording that exits with another status than the trace's is \
+not written (a missing API key, a program that failed), unless it exits 0: a program fixed to \
+succeed. --accept refuses to run when CI=true unless --force.\n\n\
 Exit codes: 0 every trace replayed exactly; 1 a trace diverged (a step, the final decisions or \
 the exit status); 2 a trace could not be replayed (not a trace, a program that can't be started, \
 tokens under another mask key or none) or bad usage; 130 or 143 the gate was stopped (SIGINT, SIGTERM): \

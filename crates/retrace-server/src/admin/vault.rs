@@ -42,6 +42,9 @@ pub struct RevealBody {
     reason: String,
 }
 
+/// The audit log's subject for a refused request whose body is not a reveal body.
+const NOT_A_BODY: &str = "(a request that is not a reveal body)";
+
 /// `POST /api/vault/reveal`: the original of a token, under the daemon's vault key.
 pub async fn reveal(
     State(app): State<Arc<AppState>>,
@@ -58,7 +61,7 @@ pub async fn reveal(
             let read = serde_json::from_slice::<serde_json::Value>(&body).ok();
             let field = |name: &str| read.as_ref().and_then(|v| v.get(name)?.as_str().map(str::to_owned));
             RevealBody {
-                token: field("token").unwrap_or_else(|| "(a request that is not a reveal body)".into()),
+                token: field("token").unwrap_or_else(|| NOT_A_BODY.into()),
                 reason: field("reason").unwrap_or_default(),
             }
         }
@@ -85,7 +88,10 @@ pub async fn reveal(
                         who: by.who,
                         role: by.role,
                         action: AuditAction::RevealRefused,
-                        subject: retrace_store::vault::audit_subject(&body.token),
+                        subject: match body.token.as_str() {
+                            NOT_A_BODY => body.token,
+                            token => retrace_store::vault::audit_subject(token),
+                        },
                         reason: body.reason,
                         outcome: outcome.clone(),
                     })

@@ -89,8 +89,8 @@ pub fn reveal_audits_every_attempt(make: MakeStore<'_>) {
     let actions: Vec<AuditAction> = log.iter().map(|r| r.entry.action).collect();
     assert_eq!(actions[..6], [AuditAction::RevealRefused; 6]);
     assert_eq!(actions[6..], [AuditAction::Reveal, AuditAction::RevealRefused]);
-    assert!(log[7].entry.outcome.contains("(25 characters) is not a token"), "{:?}", log[7]);
-    assert_eq!(log[7].entry.subject, "(not a token: 25 characters)");
+    assert!(log[7].entry.outcome.contains("(26 characters) is not a token"), "{:?}", log[7]);
+    assert_eq!(log[7].entry.subject, "(not a token: 26 characters)");
     assert!(!format!("{:?}", log[7]).contains("PASTED"), "{:?}", log[7]);
     assert!(log[0].entry.outcome.contains("no vault key"), "{:?}", log[0]);
     assert!(log[3].entry.outcome.contains("viewer") && log[3].entry.who == "bob", "{:?}", log[3]);

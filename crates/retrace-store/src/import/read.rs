@@ -311,6 +311,11 @@ fn read_header(
         let message = "the file is gzip-compressed: import what `gunzip -c FILE | retrace import -` gives";
         return Err(malformed(message.into()));
     }
+    if line.starts_with(b"version https://git-lfs.github.com/spec/") {
+        let message =
+            "the file is a Git LFS pointer, not the trace: fetch it (`git lfs pull`), then import it";
+        return Err(malformed(message.into()));
+    }
     if line.starts_with("\u{feff}".as_bytes()) {
         let message =
             "the file starts with a UTF-8 byte-order mark, which no trace has (an editor added it): \

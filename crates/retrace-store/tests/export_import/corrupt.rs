@@ -178,6 +178,9 @@ fn not_json_names_the_line() {
     );
     let bom = [&b"\xef\xbb\xbf"[..], &join(&good())].concat();
     check(&refused(&bom), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "byte-order mark"]);
+    // A trace committed with Git LFS and never fetched (QA12 S4), as `gate` says it.
+    let lfs = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 12345\n";
+    check(&refused(lfs), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "Git LFS pointer", "git lfs pull"]);
     let mut lines = good();
     lines[2] = "{\"seq\": 2,".into();
     check(&refused(&join(&lines)), ImportErrorKind::Malformed, 2, &["t.jsonl:3", "not a valid event"]);

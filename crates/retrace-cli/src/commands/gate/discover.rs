@@ -5,9 +5,10 @@
 //! emptied or cut (a failed `retrace export ... > FILE`, a bad merge, a disk-full write) or never
 //! fetched (a Git LFS pointer) must fail the gate, not vanish from it: so the walk keeps every
 //! `*.jsonl` file, and one that is not a readable trace becomes that trace's `ERROR` (in the
-//! lines, `--json` and `--junit`), saying why ([`check_header`]). Named on the command line,
-//! such a file is a usage error, before anything replays. Files of other extensions are not
-//! looked at.
+//! lines, `--json` and `--junit`), saying why ([`check_header`]). Named on the command line
+//! (`git diff --name-only | xargs retrace gate`), such a file is the same `ERROR`, so the other
+//! traces are still judged and the JUnit file still written (QA12 D9). Files of other extensions
+//! under a folder are not looked at.
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
@@ -70,9 +71,6 @@ pub fn find(
                 found.into_iter().map(|p| Trace { name: p.display().to_string(), origin: Origin::File(p) }),
             );
         } else if path.is_file() {
-            if let Err(not) = first_line(path).and_then(|line| check_header(&line)) {
-                return Err(usage_hint(format!("{arg} is not a trace file: {}", not.reason), not.hint));
-            }
             traces.push(Trace { name: arg.clone(), origin: Origin::File(path.to_path_buf()) });
         } else {
             let store = real().map_err(|e| {
@@ -95,6 +93,14 @@ pub fn find(
             traces.push(Trace { name: meta.id.clone(), origin: Origin::Run(meta.id) });
         }
     }
+    // A file named twice, or named and under a folder named too, is gated once (QA12 S5).
+    let mut seen = std::collections::HashSet::new();
+    traces.retain(|t| {
+        seen.insert(match &t.origin {
+            Origin::File(path) => path.canonicalize().unwrap_or_else(|_| path.clone()),
+            Origin::Run(id) => PathBuf::from(format!("run:{id}")),
+        })
+    });
     Ok(traces)
 }
 

@@ -10,6 +10,7 @@ use retrace_core::export::ExportHeader;
 use retrace_core::run::{RunMeta, RunStatus};
 use retrace_core::terminal::shell_words;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
+use retrace_runtime::masking;
 use retrace_store::export::{export_run, RunEvents};
 use retrace_store::import::{import_reader, ImportOptions};
 use retrace_store::{open_store, Durability, Store, StoreConfig};
@@ -211,8 +212,19 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
             .to_vec(),
         output: Some(log.clone()),
     };
+    // The program's last lines go into the JUnit file and --json, which CI keeps as artifacts:
+    // masked like anything Retrace writes (QA12 S1).
+    let masker =
+        masking::masker_with(source.masking_rules.clone(), &settings.mask.rules, Some(&settings.mask.key))
+            .or_else(|_| masking::masker(settings.mask.rules.clone(), Some(&settings.mask.key)));
     let result = replay::execute(plan, |_, _| {});
-    out.output_tail = tail(&log, 8);
+    out.output_tail = tail(&log, 8)
+        .into_iter()
+        .map(|line| match &masker {
+            Ok(masker) => masker.mask_text(&line).0.into_owned(),
+            Err(_) => line,
+        })
+        .collect();
     let replayed = result?;
     out.program_seconds = replayed.program_seconds;
     if let Some(signal) = replayed.interrupted {
@@ -250,7 +262,7 @@ fn check_tokens_without_key(store: &dyn Store, source: &RunMeta, missing: &str) 
             return Err(usage_hint(
                 format!("run {} holds masked tokens made under {made_under}, and no mask key is set: {missing}", meta.id),
                 format!(
-                    "set RETRACE_MASK_KEY to {fix} (the recording machine's RETRACE_HOME/mask.key; in CI, a secret)"
+                    "set RETRACE_MASK_KEY to {fix} (the recording machine's mask.key, in RETRACE_HOME or beside RETRACE_STORE's database; in CI, a secret)"
                 ),
             ));
         }
