@@ -167,18 +167,22 @@ fn json_path_rules_mask_whole_values() {
     ]);
     let raw = r#"{"password":"p1","users":[{"password":"p\u0032","name":"x"}],"items":[{"c":"c0"},{"c":"c1","d":"d"}],"a":["a0","a1"],"conf":{"db":{"host":"h","port":5432,"tls":true}},"n":{"password":7}}"#;
     let t = |kind: &str, s: &str| key().token(kind, s);
+    // A number at a rule's path becomes a token string too (a PIN, an account number); `true`,
+    // `false` and `null` say nothing worth masking and stay.
     let want = format!(
-        r#"{{"password":"{}","users":[{{"password":"{}","name":"x"}}],"items":[{{"c":"{}"}},{{"c":"{}","d":"d"}}],"a":["{}","a1"],"conf":{{"db":{{"host":"{}","port":5432,"tls":true}}}},"n":{{"password":7}}}}"#,
+        r#"{{"password":"{}","users":[{{"password":"{}","name":"x"}}],"items":[{{"c":"{}"}},{{"c":"{}","d":"d"}}],"a":["{}","a1"],"conf":{{"db":{{"host":"{}","port":"{}","tls":true}}}},"n":{{"password":"{}"}}}}"#,
         t("password", "p1"),
         t("password", "p2"),
         t("c", "c0"),
         t("c", "c1"),
         t("first", "a0"),
         t("sub", "h"),
+        t("sub", "5432"),
+        t("password", "7"),
     );
     let out = m.mask_json(raw.as_bytes());
     assert_eq!(String::from_utf8(out.bytes.to_vec()).unwrap(), want);
-    assert_eq!(out.tokens, 6);
+    assert_eq!(out.tokens, 8);
     assert_eq!(json(&m, &want), want, "masking twice is once");
     // Paths do not apply to free text.
     assert_eq!(text(&m, "password p1"), "password p1");
@@ -412,6 +416,12 @@ mod properties {
         (outside, strings)
     }
 
+    /// The bytes outside strings, with the generator's numbers (digits and `-`) left out.
+    fn outside_but_numbers(raw: &[u8]) -> Vec<u8> {
+        let (outside, _) = between_strings(raw);
+        outside.concat().into_iter().filter(|b| !b.is_ascii_digit() && *b != b'-').collect()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1000))]
 
@@ -427,8 +437,13 @@ mod properties {
                 let twice = m.mask_json(&once);
                 prop_assert_eq!(twice.tokens, 0);
                 prop_assert_eq!(&twice.bytes[..], &once[..]);
-                prop_assert_eq!(between_strings(raw.as_bytes()), between_strings(&once));
             }
+            // Outside strings nothing changes, but that a `json_path` rule turns a number at its
+            // path into a token string.
+            let once = defaults().mask_json(raw.as_bytes()).bytes.into_owned();
+            prop_assert_eq!(between_strings(raw.as_bytes()), between_strings(&once));
+            let once = full_masker().mask_json(raw.as_bytes()).bytes.into_owned();
+            prop_assert_eq!(outside_but_numbers(raw.as_bytes()), outside_but_numbers(&once));
         }
 
         #[test]

@@ -71,7 +71,8 @@ impl Masker {
 
     /// Masks every string (keys and values) of a JSON document (or a sequence of them, as in
     /// JSON Lines), splicing tokens into the raw bytes; `json_path` rules mask whole values at
-    /// their paths. In bytes that are not JSON, whatever looks like a JSON string is masked as
+    /// their paths, a number there becoming a token string (and a revealed one a string of its
+    /// digits). In bytes that are not JSON, whatever looks like a JSON string is masked as
     /// one, then the whole as text when it is UTF-8.
     pub fn mask_json<'a>(&self, raw: &'a [u8]) -> Masked<'a> {
         if !self.engine.looks_in_bodies || self.key.is_none() {
@@ -83,7 +84,10 @@ impl Masker {
         let scanned = scan::scan(raw, |s, frames| {
             let path_rule =
                 if paths && !s.is_key { self.engine.path_rule(&scan::location(raw, frames)) } else { None };
-            self.mask_string(&s, path_rule, &mut buf, &mut splicer);
+            // A number is masked only at a `json_path` rule's path, whole, into a token string.
+            if !s.is_number || path_rule.is_some() {
+                self.mask_string(&s, path_rule, &mut buf, &mut splicer);
+            }
         });
         if scanned.is_ok() {
             return splicer.finish();
@@ -93,7 +97,8 @@ impl Masker {
         let mut splicer = Splicer { raw, out: None, copied: 0, tokens: 0 };
         for span in string_spans(raw) {
             let escaped = raw[span.clone()].contains(&b'\\');
-            self.mask_string(&JsonString { span, escaped, is_key: false }, None, &mut buf, &mut splicer);
+            let s = JsonString { span, escaped, is_key: false, is_number: false };
+            self.mask_string(&s, None, &mut buf, &mut splicer);
         }
         let strings = splicer.finish();
         let Ok(text) = std::str::from_utf8(&strings.bytes) else {
@@ -114,7 +119,10 @@ impl Masker {
         buf: &mut Vec<u8>,
         splicer: &mut Splicer<'_>,
     ) {
-        let inner = &splicer.raw[s.span.start + 1..s.span.end - 1];
+        let inner = match s.is_number {
+            true => &splicer.raw[s.span.clone()],
+            false => &splicer.raw[s.span.start + 1..s.span.end - 1],
+        };
         if path_rule.is_none() && inner.len() < self.engine.min_len() {
             return;
         }
@@ -247,6 +255,32 @@ mod tests {
         let twice = masker("sk-123").mask_json(&once).bytes.into_owned();
         assert_eq!(once, twice);
         assert!(contains_token(&once));
+    }
+
+    #[test]
+    fn a_json_path_rule_masks_a_number_at_its_path_into_a_token_string() {
+        let rules = MaskRules {
+            rules: vec![MaskRule {
+                name: "card".into(),
+                kind: "card".into(),
+                matcher: RuleMatch::JsonPath { json_path: "$..card".into() },
+                replay: ReplayAs::Token,
+            }],
+        };
+        let m = Masker::new(rules, Some(key())).unwrap();
+        let raw = br#"{"card": 4111111111111111, "n": 4111111111111111, "more": {"card": [-1.5e3, true]}}"#;
+        let once = m.mask_json(raw);
+        let text = String::from_utf8(once.bytes.to_vec()).unwrap();
+        let (card, small) = (key().token("card", "4111111111111111"), key().token("card", "-1.5e3"));
+        assert_eq!(
+            text,
+            format!(r#"{{"card": "{card}", "n": 4111111111111111, "more": {{"card": ["{small}", true]}}}}"#)
+        );
+        assert_eq!(once.tokens, 2);
+        assert_eq!(m.mask_json(text.as_bytes()).tokens, 0, "masking twice equals once");
+        // Without a path rule a number is never looked at, whatever detector it would match.
+        let defaults = Masker::new(MaskRules::defaults(), Some(key())).unwrap();
+        assert_eq!(defaults.mask_json(br#"{"card": 4111111111111111}"#).tokens, 0);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A positional JSON scanner: it walks raw bytes once, checks the document's structure, and
-//! reports every string with its byte span and where it sits (object key or value, and the
-//! chain of containers above it), without building a value.
+//! reports every string (and number) with its byte span and where it sits (object key or value,
+//! and the chain of containers above it), without building a value.
 //!
 //! It accepts a sequence of top-level values (JSON Lines), checks brackets, commas and colons,
 //! and is lenient inside scalars (a number or literal is any run of `[A-Za-z0-9+-.]`): the
@@ -22,15 +22,17 @@ pub(crate) struct Frame {
     key_escaped: bool,
 }
 
-/// A string the scanner found.
+/// A string (or number) the scanner found.
 #[derive(Clone, Debug)]
 pub(crate) struct JsonString {
-    /// Its span, quotes included.
+    /// Its span, quotes included (a number has none).
     pub span: Range<usize>,
     /// True when it holds a backslash escape.
     pub escaped: bool,
     /// True when it is an object key.
     pub is_key: bool,
+    /// True when it is a number, not a string: only a `json_path` rule masks one.
+    pub is_number: bool,
 }
 
 /// The bytes are not a JSON document (or sequence of documents).
@@ -74,7 +76,7 @@ enum State {
     After,
 }
 
-/// Walks `raw`, calling `visit` for each string with the containers it sits in.
+/// Walks `raw`, calling `visit` for each string and number with the containers it sits in.
 pub(crate) fn scan(raw: &[u8], mut visit: impl FnMut(JsonString, &[Frame])) -> Result<(), NotJson> {
     let mut frames: Vec<Frame> = Vec::new();
     let mut state = State::Top;
@@ -111,15 +113,21 @@ pub(crate) fn scan(raw: &[u8], mut visit: impl FnMut(JsonString, &[Frame])) -> R
                     }
                     b'"' => {
                         let (end, escaped) = string_end(raw, i)?;
-                        visit(JsonString { span: i..end, escaped, is_key: false }, &frames);
+                        visit(JsonString { span: i..end, escaped, is_key: false, is_number: false }, &frames);
                         i = end;
                         state = State::After;
                     }
                     b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
-                        i += raw[i..]
+                        let end = i + raw[i..]
                             .iter()
                             .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
                             .count();
+                        if matches!(b, b'-' | b'0'..=b'9') {
+                            let number =
+                                JsonString { span: i..end, escaped: false, is_key: false, is_number: true };
+                            visit(number, &frames);
+                        }
+                        i = end;
                         state = State::After;
                     }
                     _ => return Err(NotJson),
@@ -136,7 +144,7 @@ pub(crate) fn scan(raw: &[u8], mut visit: impl FnMut(JsonString, &[Frame])) -> R
                     return Err(NotJson);
                 }
                 let (end, escaped) = string_end(raw, i)?;
-                visit(JsonString { span: i..end, escaped, is_key: true }, &frames);
+                visit(JsonString { span: i..end, escaped, is_key: true, is_number: false }, &frames);
                 let frame = frames.last_mut().ok_or(NotJson)?;
                 frame.key = i + 1..end - 1;
                 frame.key_escaped = escaped;
@@ -200,6 +208,9 @@ mod tests {
     fn strings(raw: &str) -> Option<Vec<(String, bool, Vec<Step<'_>>)>> {
         let mut out = Vec::new();
         scan(raw.as_bytes(), |s, frames| {
+            if s.is_number {
+                return;
+            }
             out.push((raw[s.span].to_owned(), s.is_key, location(raw.as_bytes(), frames)));
         })
         .ok()?;
@@ -219,6 +230,25 @@ mod tests {
             ]
         );
         assert_eq!(found.iter().filter(|f| f.1).count(), 4);
+    }
+
+    #[test]
+    fn numbers_come_with_their_location_and_literals_do_not() {
+        let raw = r#"{"a": [-1.5e3, true, null], "b": 42, "c": "7"}"#;
+        let mut numbers = Vec::new();
+        scan(raw.as_bytes(), |s, frames| {
+            if s.is_number {
+                numbers.push((raw[s.span].to_owned(), location(raw.as_bytes(), frames)));
+            }
+        })
+        .unwrap();
+        assert_eq!(
+            numbers,
+            vec![
+                ("-1.5e3".to_owned(), vec![Step::Key("a".into()), Step::Index(0)]),
+                ("42".to_owned(), vec![Step::Key("b".into())]),
+            ]
+        );
     }
 
     #[test]
