@@ -111,7 +111,7 @@ impl Agent {
         let mut call = call;
         self.apply_raw_model_edits(&mut call);
         // Masked like everything persisted: a query can carry a key (`?key=AIza...`).
-        let name = inner.masker.mask_text(&call.step_name()).0.into_owned();
+        let name = inner.masker.mask_url(&call.step_name()).0.into_owned();
         let mut template = self.event(EventType::ModelCall, Some(&name));
         // The agent's prompt template (set by `template()`), as on in-process model calls.
         template.prompt_template = self.state.lock().prompt.clone();

@@ -13,6 +13,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use retrace_core::edit::Edit;
 use retrace_core::mask::{MaskKey, MaskRules, Masker, RuleMatch};
 use retrace_core::run::RunMeta;
 use retrace_store::open::StoreLocation;
@@ -39,11 +40,29 @@ pub struct ResolvedKey {
 /// The mask key for a store: `RETRACE_MASK_KEY`, else the store home's `mask.key` (generated
 /// on first use), else (a memory store) a key for this process only.
 pub fn resolve_key(store: &StoreConfig) -> RuntimeResult<ResolvedKey> {
-    let from_env = std::env::var("RETRACE_MASK_KEY").ok().filter(|v| !v.trim().is_empty());
-    if let Some(text) = from_env {
+    resolve(store, std::env::var("RETRACE_MASK_KEY").ok())
+}
+
+/// [`resolve_key`] with `from_env` for the variable's value.
+fn resolve(store: &StoreConfig, from_env: Option<String>) -> RuntimeResult<ResolvedKey> {
+    if let Some(text) = from_env.filter(|v| !v.trim().is_empty()) {
         let key =
             MaskKey::from_base64(&text).map_err(|e| RuntimeError::Usage(format!("RETRACE_MASK_KEY: {e}")))?;
-        return Ok(ResolvedKey { key, source: "RETRACE_MASK_KEY".into(), notice: None });
+        // The store's own key is another one: what was recorded here under one opens only under it.
+        let file = home_of(store).map(|home| home.join(MASK_KEY_FILE));
+        let stored =
+            file.as_deref().and_then(|f| MaskKey::from_base64(&std::fs::read_to_string(f).ok()?).ok());
+        let notice = match (stored, file) {
+            (Some(stored), Some(file)) if stored.fingerprint() != key.fingerprint() => Some(format!(
+                "retrace: warning: RETRACE_MASK_KEY ({}) is not the key in {} ({}): runs that hold tokens \
+                 open only under the key they were recorded with",
+                key.fingerprint(),
+                file.display(),
+                stored.fingerprint()
+            )),
+            _ => None,
+        };
+        return Ok(ResolvedKey { key, source: "RETRACE_MASK_KEY".into(), notice });
     }
     match home_of(store) {
         Some(home) => key_file(&home),
@@ -269,6 +288,27 @@ mod tests {
     }
 
     #[test]
+    fn a_key_from_the_environment_other_than_the_stores_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StoreConfig::in_home(dir.path());
+        let stored = resolve(&store, None).unwrap().key;
+        let same = resolve(&store, Some(stored.to_base64())).unwrap();
+        assert!(same.notice.is_none() && same.key.fingerprint() == stored.fingerprint());
+        let other = MaskKey::from_bytes([9; 32]);
+        let warned = resolve(&store, Some(other.to_base64())).unwrap();
+        assert_eq!(warned.key.fingerprint(), other.fingerprint(), "the variable's key is used");
+        let notice = warned.notice.unwrap();
+        assert!(notice.contains(&other.fingerprint()) && notice.contains(&stored.fingerprint()), "{notice}");
+        // No key file yet: nothing to differ from, and none is made.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(resolve(&StoreConfig::in_home(empty.path()), Some(other.to_base64()))
+            .unwrap()
+            .notice
+            .is_none());
+        assert!(!empty.path().join(MASK_KEY_FILE).exists());
+    }
+
+    #[test]
     fn a_run_with_tokens_needs_its_own_key() {
         let (a, b) = (MaskKey::from_bytes([1; 32]), MaskKey::from_bytes([2; 32]));
         let mut run = RunMeta::new("r1", retrace_core::run::RunMode::Record, 0);
@@ -303,7 +343,79 @@ pub fn stored_upstream(url: &str, masker: &Masker) -> String {
         Some(at) => format!("{}{}", &url[..after_scheme], &url[after_scheme + at + 1..]),
         None => url.to_owned(),
     };
-    masker.mask_text(&without_userinfo).0.into_owned()
+    masker.mask_url(&without_userinfo).0.into_owned()
+}
+
+/// `edit` as a fork stores it: what it says in its own text (a parameter's value, a model
+/// name, an agent) masked like any input, and the number of tokens that put in. A masked edit
+/// applies its tokens: a fork sends the token where the value as typed was (as an `@FILE` edit's
+/// masked content hands the program tokens), so the caller warns when this is not 0.
+pub fn masked_edit(edit: &Edit, masker: &Masker) -> (Edit, usize) {
+    let mut count = 0;
+    let mut text = |s: &str| {
+        let (masked, n) = masker.mask_text(s);
+        count += n;
+        masked.into_owned()
+    };
+    let masked = match edit {
+        Edit::Prompt { agent, version } => Edit::Prompt { agent: text(agent), version: text(version) },
+        Edit::Model { agent, name, snapshot } => {
+            Edit::Model { agent: text(agent), name: text(name), snapshot: snapshot.as_deref().map(&mut text) }
+        }
+        Edit::Param { agent, name, value } => {
+            let (agent, name) = (text(agent), text(name));
+            let raw = serde_json::to_vec(value).expect("a JSON value serializes");
+            let value = match masker.mask_json(&raw) {
+                m if m.tokens > 0 => {
+                    count += m.tokens;
+                    serde_json::from_slice(&m.bytes).unwrap_or_else(|_| value.clone())
+                }
+                _ => value.clone(),
+            };
+            Edit::Param { agent, name, value }
+        }
+        other => other.clone(),
+    };
+    (masked, count)
+}
+
+/// The warning for an edit [`masked_edit`] put tokens in (`typed` as the user gave it, masked).
+pub fn masked_edit_warning(stored: &Edit, tokens: usize) -> String {
+    format!(
+        "retrace: warning: edit {stored}: {tokens} value(s) matched a masking rule and are stored as \
+         tokens: the fork sends the tokens, not the values as typed"
+    )
+}
+
+#[cfg(test)]
+mod masked_edit_tests {
+    use retrace_core::mask::{MaskKey, MaskRules};
+
+    use super::*;
+
+    #[test]
+    fn a_secret_in_an_edit_is_stored_as_its_token_and_other_edits_stay() {
+        let key = MaskKey::from_bytes([7; 32]);
+        let m = masker(MaskRules::defaults(), Some(&key)).unwrap();
+        let email = key.token("email", "ada@example.com");
+        let edit: Edit = "param:planner.user=ada@example.com".parse().unwrap();
+        let (stored, n) = masked_edit(&edit, &m);
+        assert_eq!((stored.to_string(), n), (format!("param:planner.user={email}"), 1));
+        assert_eq!(stored.to_string().parse::<Edit>().unwrap(), stored, "it parses back as stored");
+        let json: Edit = r#"param:planner.metadata={"to":"ada@example.com","n":2}"#.parse().unwrap();
+        let (stored, n) = masked_edit(&json, &m);
+        assert_eq!(n, 1);
+        assert!(stored.to_string().contains(&email) && stored.to_string().contains(r#""n":2"#), "{stored}");
+        for plain in [
+            "param:planner.temperature=0.2",
+            "model:planner=gpt-4o@gpt-4o-2024-08-06",
+            "prompt:planner=v3",
+            "swap:3,5",
+        ] {
+            let edit: Edit = plain.parse().unwrap_or_else(|e| panic!("{plain}: {e}"));
+            assert_eq!(masked_edit(&edit, &m), (edit, 0), "{plain}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -159,7 +159,14 @@ fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::
                 let digest = store.put_blob(&masked.bytes, BlobHint::Raw)?;
                 edit.with_content(Content::Blob(digest))
             }
-            _ => edit,
+            // What an edit says in its own text is stored in the fork's metadata: masked too.
+            _ => {
+                let (stored, tokens) = retrace_runtime::masking::masked_edit(&edit, masker);
+                if tokens > 0 {
+                    eprintln!("{}", retrace_runtime::masking::masked_edit_warning(&stored, tokens));
+                }
+                stored
+            }
         };
         edits.push(edit);
     }

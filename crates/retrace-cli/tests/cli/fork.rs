@@ -58,6 +58,18 @@ fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
     // A streamed answer can't be replaced by a plain body: said before anything runs.
     let streamed = record(&["stream"]);
     home.run(&["fork", &streamed, "--edit", &edit]).expect(2, &[], &["streamed response"]);
+
+    // What an edit says in its own text is masked before the fork stores it, and said so.
+    let forked = home.run(&["fork", &run, "--json", "--edit", "param:default.user=ada@example.com"]);
+    forked.expect(0, &[], &["edit param:default.user=rtk_email_", "stored as tokens"]);
+    assert!(!forked.stderr().contains("ada@example.com"), "{}", forked.stderr());
+    let last = forked.stdout().lines().last().map(str::to_owned).unwrap_or_default();
+    let fork = serde_json::from_str::<serde_json::Value>(&last).unwrap()["fork"].as_str().unwrap().to_owned();
+    home.run(&["show", &fork, "--json"]).expect(0, &["param:default.user=rtk_email_"], &[]);
+    for file in ["retrace.db", "retrace.db-wal"] {
+        let bytes = std::fs::read(home.file(file)).unwrap_or_default();
+        assert!(!bytes.windows(15).any(|w| w == b"ada@example.com"), "{file} holds the email");
+    }
     runtime.block_on(providers.stop());
 }
 

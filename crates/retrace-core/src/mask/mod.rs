@@ -40,6 +40,7 @@ mod rules;
 mod scan;
 mod token;
 mod unescape;
+mod url;
 
 pub use config::MaskConfigError;
 pub use detect::Detector;

@@ -143,6 +143,19 @@ impl Session {
         options: SessionOptions,
     ) -> RuntimeResult<Session> {
         let source_meta = store.find_run(source)?;
+        // What an edit says in its own text is stored with the run: masked like any input.
+        let (rules, added) = masking::fork_rules(&source_meta.masking_rules, &options.mask_rules);
+        let masker = masking::masker_with(rules.clone(), &options.mask_rules, options.mask_key.as_ref())?;
+        let edits: Vec<Edit> = edits
+            .iter()
+            .map(|edit| {
+                let (stored, tokens) = masking::masked_edit(edit, &masker);
+                if tokens > 0 {
+                    eprintln!("{}", masking::masked_edit_warning(&stored, tokens));
+                }
+                stored
+            })
+            .collect();
         let at = match at {
             Some(at) => at,
             None => crate::fork::default_at(store.as_ref(), &source_meta.id, &edits)?,
@@ -160,7 +173,6 @@ impl Session {
             options.name.clone().or_else(|| source_meta.name.as_ref().map(|n| format!("fork of {n}")));
         meta.command = options.command.clone().or_else(|| source_meta.command.clone());
         meta.chaos_seed = options.chaos_seed;
-        let (rules, added) = masking::fork_rules(&source_meta.masking_rules, &options.mask_rules);
         if !added.is_empty() && !source_meta.masking_rules.is_empty() {
             eprintln!("{}", masking::fork_rules_warning(&added));
         }
