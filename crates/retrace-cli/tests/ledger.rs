@@ -165,6 +165,23 @@ fn a_gate_the_user_stops_leaves_the_ledger_as_it_was() {
 }
 
 #[test]
+fn a_ledger_the_gate_cannot_write_is_a_warning_and_the_verdicts_stand() {
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    record(&p, "a");
+    // RETRACE_HOME under a regular file: no store can be opened or made there.
+    let home = p.path("stepper.py").join("home");
+    let out = p.retrace(&["gate", "traces"], &[("RETRACE_HOME", home.to_str().unwrap())]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "a passing gate passes: {stdout}\n{stderr}");
+    assert!(stdout.contains("ok        traces/a.jsonl"), "{stdout}");
+    assert!(
+        stderr.contains("warning: the replay ledger was not updated for 1 trace(s)")
+            && stderr.contains("the verdicts stand"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
     let p = Project::new("[project]\nname = \"billing\"\n");
     record(&p, "a");

@@ -199,11 +199,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // about an agent, so the ledger is left as it was.
     let stopped = crate::launcher::signals::received();
     let project = ledger::project(&std::env::current_dir()?);
+    // The ledger is bookkeeping beside the verdicts: a store it can't write (read-only, locked,
+    // full) is said once on standard error and doesn't turn a passing gate into a failing one.
+    let mut unrecorded = 0;
+    let mut first_error = None;
     for outcome in outcomes.iter().filter(|_| stopped.is_none()) {
         let judged = matches!(outcome.verdict, Verdict::Ok | Verdict::Diverged { .. });
         if let (Some(digest), true) = (&outcome.digest, judged) {
-            ledger::record_outcome(&real_config, &project, digest, &agent_outcomes(outcome))?;
+            if let Err(e) = ledger::record_outcome(&real_config, &project, digest, &agent_outcomes(outcome)) {
+                unrecorded += 1;
+                first_error.get_or_insert(e);
+            }
         }
+    }
+    if let Some(e) = first_error {
+        to_stderr(&format!(
+            "warning: the replay ledger was not updated for {unrecorded} trace(s): {e:#}\n  \
+             hint: the verdicts stand; `retrace ledger` shows the ledger as it was before this gate\n"
+        ));
     }
     // Before the JSON is printed, which holds what it did.
     let accepted = match (args.accept, stopped) {
