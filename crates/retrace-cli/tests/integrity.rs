@@ -210,6 +210,28 @@ fn an_export_missing_a_blob_line_names_the_blob_and_the_seq_that_needs_it() {
 }
 
 #[test]
+fn the_good_file_imported_over_a_forced_damaged_copy_takes_its_place() {
+    let (home, mut lines) = exported();
+    let good = write(&home, "good-again.jsonl", &join(&lines));
+    let at = lines.iter().position(|l| l.contains("\"base64\"")).expect("a binary tool output");
+    lines.remove(at);
+    let damaged = write(&home, "missing.jsonl", &join(&lines));
+    let fresh = Home::new();
+    fresh.run(&["import", "--force", &damaged]).expect(0, &[RUN], &["imported anyway"]);
+    fresh.run(&["verify", "--all"]).expect(1, &[], &[]);
+    // Not "already present": the stored copy lacks a blob this file holds.
+    fresh.run(&["import", &good]).expect(
+        0,
+        &[RUN],
+        &["was stored from a damaged file (imported with --force): replacing it", "imported run"],
+    );
+    fresh.run(&["verify", "--all"]).expect(0, &[], &[]);
+    let runs = fresh.run(&["runs"]);
+    assert!(!runs.stdout().contains("--force"), "{}", runs.stdout());
+    fresh.run(&["import", &good]).expect(0, &[RUN], &["already present"]);
+}
+
+#[test]
 fn an_edited_event_line_is_refused_and_once_forced_verify_names_its_seq() {
     let (home, mut lines) = exported();
     assert!(lines[4].contains("\"seq\":4") && lines[4].contains("sql.query"), "{}", lines[4]);

@@ -22,7 +22,7 @@ macro_rules! examples {
 }
 
 /// Import a trace file.
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 #[command(
     after_help = examples!(),
     after_long_help = concat!(
@@ -158,6 +158,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
         }
+        ImportOutcome::AlreadyPresent { run_id, .. } if forgiven == 0 && forced_copy(&*store, &run_id) => {
+            // The stored copy came from a damaged file (`--force`): it may lack blobs the file's
+            // events need. This file passes every check: it takes the damaged copy's place.
+            if stdin {
+                return Err(exit::usage_hint(
+                    format!("run {run_id} is stored from a damaged file (imported with --force); this one passes every check"),
+                    format!("replace the damaged copy: retrace delete {run_id} && retrace import - < FILE"),
+                ));
+            }
+            replace_forced(&*store, &run_id)?;
+            eprintln!("run {run_id} was stored from a damaged file (imported with --force): replacing it with {name}'s, which passes every check");
+            drop(store);
+            return run(args);
+        }
         ImportOutcome::AlreadyPresent { run_id, raised } => {
             said["run"] = run_id.clone().into();
             said["imported"] = false.into();
@@ -179,6 +193,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         true => crate::output::print_json(&said)?,
         false => println!("{}", said["run"].as_str().unwrap_or_default()),
     }
+    Ok(())
+}
+
+/// True when run `run_id` was imported with `--force` from a file that failed checks.
+fn forced_copy(store: &dyn retrace_store::Store, run_id: &str) -> bool {
+    store.run(run_id).is_ok_and(|m| m.labels.contains_key(FORCED_LABEL))
+}
+
+/// Deletes the damaged copy of `run_id` that a `--force` import stored (as `retrace delete`
+/// would, with the blobs only it used), for a file that passes every check to take its place.
+fn replace_forced(store: &dyn retrace_store::Store, run_id: &str) -> anyhow::Result<()> {
+    use retrace_store::gc::{delete, DeleteError, GcConfig};
+    let held = store.run(run_id)?;
+    let config = GcConfig::from_retention(super::gc::now_ms(), &super::gc::retention()?);
+    delete(store, &[held], &config).map_err(|e| match &e {
+        DeleteError::Store(_) => anyhow::Error::from(e),
+        _ => exit::usage_hint(
+            format!("run {run_id} is stored from a damaged file (imported with --force), and can't be replaced: {e}"),
+            format!("once nothing needs it, `retrace delete {run_id}`, then import this file again"),
+        ),
+    })?;
     Ok(())
 }
 
