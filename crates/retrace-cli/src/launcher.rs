@@ -329,6 +329,17 @@ pub fn command_for(
     let recorded = source.command.clone().ok_or_else(|| {
         usage_hint(format!("run {} recorded no command", source.id), "give the program to run after `--`")
     })?;
+    // Masked before it was stored, like everything else: the program runs with the tokens
+    // where its arguments held secrets, which may change what it does.
+    let masked = recorded.argv.iter().filter(|a| retrace_core::mask::contains_token(a.as_bytes())).count();
+    if masked > 0 {
+        eprintln!(
+            "retrace: warning: run {}'s recorded command has {masked} argument(s) masked when it was \
+             recorded: the program gets the tokens in their place; to run it with the values, give \
+             the command after `--`",
+            source.id
+        );
+    }
     Ok((recorded.argv, resolve_cwd(&recorded.cwd)?))
 }
 

@@ -356,8 +356,8 @@ fn replaying_an_interrupted_recording_to_its_end_is_log_ended_in_replay_and_gate
         &["1 of 1 traces diverged"],
     );
 
-    // Exported while still being recorded (`running`): export warns, and the gate, which no
-    // recorder feeds, takes it as interrupted too, not as a run with no exit status to compare.
+    // Exported while still being recorded (`running`): export warns, and the gate takes the
+    // file as an input to fix (export it again), not as a divergence of the program.
     let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
     let mut meta = store.run(&run).unwrap();
     meta.status = retrace_core::run::RunStatus::Running;
@@ -369,11 +369,16 @@ fn replaying_an_interrupted_recording_to_its_end_is_log_ended_in_replay_and_gate
     home.run(&["export", &run, "-o", running.to_str().unwrap()]).expect(0, &[], &[&warning]);
     let header = std::fs::read_to_string(&running).unwrap();
     assert!(header.lines().next().unwrap().contains(r#""status":"running""#), "the file says so");
-    home.run(&["gate", running.to_str().unwrap()]).expect(
-        1,
-        &["DIVERGED", &format!("at seq {last}: log_ended"), &ends],
-        &["1 of 1 traces diverged"],
+    let gated = home.run(&["gate", running.to_str().unwrap()]);
+    gated.expect(
+        2,
+        &[&format!(
+            "ERROR     {}: run {run} was still being recorded when it was exported",
+            running.display()
+        )],
+        &["1 of 1 traces could not be replayed"],
     );
+    assert!(gated.stdout().contains(&format!("retrace export {run} -o")), "{}", gated.stdout());
 }
 
 // A program Retrace launched does not outlive Retrace: `kill -9` of `retrace record` ends it
@@ -636,4 +641,20 @@ fn a_literal_rules_value_is_never_stored_and_comes_back_from_retrace_toml() {
     retrace(&["replay", &run]).expect(0, &[], &["ok"]);
     std::fs::write(project.path().join("retrace.toml"), "").unwrap();
     retrace(&["replay", &run]).expect(2, &[], &["\"org\"", "masks a literal value", "retrace.toml"]);
+}
+
+/// A recorded command line is masked before it is stored: replaying it hands the program the
+/// token in place of the secret, which `replay` says, and a command given after `--` runs with
+/// the user's values instead.
+#[test]
+fn a_replay_of_a_masked_command_line_says_the_program_gets_tokens() {
+    let home = Home::new();
+    let recorded = home.run(&["record", "--json", "--", "sh", "-c", "echo \"to $0\"", "ada@example.com"]);
+    recorded.expect(0, &["to ada@example.com"], &[]);
+    let run = run_of(&recorded);
+    let replayed = home.run(&["replay", &run]);
+    replayed.expect(0, &["to rtk_email_"], &["recorded command has 1 argument(s) masked", "after `--`"]);
+    let given = home.run(&["replay", &run, "--", "sh", "-c", "echo \"to $0\"", "ada@example.com"]);
+    given.expect(0, &["to ada@example.com"], &[]);
+    assert!(!given.stderr().contains("masked"), "{}", given.stderr());
 }

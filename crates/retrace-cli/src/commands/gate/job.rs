@@ -159,13 +159,22 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     let options = ImportOptions { file_name: Some(trace.name.clone()), ..ImportOptions::default() };
     import_reader(&*store, &bytes[..], options).map_err(|e| crate::output::failure(2, &e))?;
     import_sources(&*store, trace, &header, settings)?;
-    let mut source = launcher::source_run(&*store, &header.run.id)?;
+    let source = launcher::source_run(&*store, &header.run.id)?;
     if source.status == RunStatus::Running {
-        // A trace exported while its run was being recorded: no one records it here, so it is
-        // `interrupted`, as a store opened after its recorder died would say, and it replays to
-        // `log_ended` as `retrace replay` of the same file does.
-        source.status = RunStatus::Interrupted;
-        store.update_run(&source)?;
+        // A trace exported while its run was being recorded holds the recording in part: its
+        // replay would end at `log_ended` whatever the program does, which says nothing about
+        // the program. An input to fix, not a divergence.
+        return Err(crate::exit::usage_hint(
+            format!(
+                "run {} was still being recorded when it was exported: the file holds the events \
+                 stored up to then, not the whole recording",
+                source.id
+            ),
+            format!(
+                "once the recording has finished, export it again: retrace export {} -o {}",
+                source.id, trace.name
+            ),
+        ));
     }
     if let Some(missing) = &settings.missing_key {
         check_tokens_without_key(&*store, &source, missing)?;
