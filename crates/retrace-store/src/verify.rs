@@ -401,7 +401,10 @@ impl<'a> RunCheck<'a> {
             _ => ProblemKind::Unreadable,
         };
         let run = self.run.to_owned();
-        let message = format!("referenced by seq {seq}: {e}");
+        // The problem's own text names the seq and the blob: the error's says what is wrong.
+        let text = e.to_string();
+        let own = text.strip_prefix(&format!("blob {digest} ")).map(|t| t.strip_prefix("is ").unwrap_or(t));
+        let message = own.unwrap_or(&text).to_owned();
         self.problems.push(Problem { run, seq: Some(seq), digest: Some(digest), kind, message });
     }
 }
