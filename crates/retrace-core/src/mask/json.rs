@@ -49,7 +49,10 @@ impl Masker {
         if self.engine.has_paths() {
             return true;
         }
-        let finds = |s: &str| s.len() >= self.engine.min_len() && !self.engine.find(s.as_bytes()).is_empty();
+        let finds = |s: &str| {
+            s.len() >= self.engine.min_len()
+                && (!self.engine.find(s.as_bytes()).is_empty() || self.mask_encoded(s).is_some())
+        };
         let mut stack = vec![value];
         while let Some(v) = stack.pop() {
             match v {
@@ -139,17 +142,28 @@ impl Masker {
             Some(rule) => Engine::whole(decoded, rule),
             None => self.engine.find(decoded),
         };
-        if candidates.is_empty() {
+        // A URL's percent-encoded parts may hide what the rules find (`to=a%40b.com`).
+        let encoded = path_rule.is_none() && memchr::memchr2(b'%', b'+', decoded).is_some();
+        if candidates.is_empty() && !encoded {
             return;
         }
         // Only now, with something to mask, must the string be UTF-8.
         let Ok(decoded) = std::str::from_utf8(decoded) else {
             return;
         };
-        let mut found = self.found(decoded, candidates);
-        let settled = if path_rule.is_none() { self.settle(decoded, &mut found) } else { None };
-        let masked = settled.map_or_else(|| splice(decoded, &found), Cow::Owned);
-        splicer.replace(s.span.clone(), &masked, found.len());
+        let (mut masked, mut tokens) = (Cow::Borrowed(decoded), 0);
+        if !candidates.is_empty() {
+            let mut found = self.found(decoded, candidates);
+            let settled = if path_rule.is_none() { self.settle(decoded, &mut found) } else { None };
+            masked = settled.map_or_else(|| splice(decoded, &found), Cow::Owned);
+            tokens = found.len();
+        }
+        if let Some((again, more)) = encoded.then(|| self.mask_encoded(&masked)).flatten() {
+            (masked, tokens) = (Cow::Owned(again), tokens + more);
+        }
+        if tokens > 0 {
+            splicer.replace(s.span.clone(), &masked, tokens);
+        }
     }
 }
 

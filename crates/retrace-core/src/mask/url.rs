@@ -1,73 +1,99 @@
-//! Masking a URL or an HTTP path with its query: what a text rule finds in the raw string, and
-//! what it finds in each percent-decoded path segment and query value (`a%40b.com` is an email,
-//! `4111+1111+1111+1111` a card), put back percent-encoded as its token.
+//! Secrets that travel percent-encoded: in a URL's path and query (`a%40b.com` is an email,
+//! `card=4111+1111+1111+1111` a card), and so in whatever echoes one back (a `Location` header, a
+//! pagination `next` link, an error body quoting the request). Each part of the text between
+//! URL delimiters that holds an escape is decoded, masked, and put back percent-encoded as its
+//! token; every other byte stays.
 use std::borrow::Cow;
 
 use super::Masker;
 
+/// The bytes that separate a URL's parts: what a secret never spans once encoded.
+fn delimiter(b: u8) -> bool {
+    matches!(
+        b,
+        b'/' | b'?' | b'&' | b'=' | b';' | b':' | b'#' | b',' | b'"' | b'\'' | b'<' | b'>' | b'(' | b')'
+    ) || b.is_ascii_whitespace()
+}
+
 impl Masker {
-    /// Masks `url` (a full URL or a path with its query). Returns the masked text and the number
-    /// of tokens it holds that `url` did not.
+    /// Masks `url` (a full URL or a path with its query): what a text rule finds in it as it is,
+    /// then in each percent-encoded part. Returns the masked text and the number of tokens it
+    /// holds that `url` did not.
     pub fn mask_url<'a>(&self, url: &'a str) -> (Cow<'a, str>, usize) {
-        let (raw, mut count) = self.mask_text(url);
-        if !raw.contains(['%', '+']) {
-            return (raw, count);
+        let (raw, count) = self.mask_text(url);
+        match self.mask_encoded(&raw) {
+            Some((masked, more)) => (Cow::Owned(masked), count + more),
+            None => (raw, count),
         }
-        let (before, query) = match raw.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
-            None => (raw.as_ref(), None),
-        };
-        let mut out = String::with_capacity(raw.len());
-        for (i, segment) in before.split('/').enumerate() {
-            if i > 0 {
-                out.push('/');
-            }
-            out.push_str(&self.mask_encoded(segment, false, &mut count));
-        }
-        if let Some(query) = query {
-            out.push('?');
-            for (i, pair) in query.split('&').enumerate() {
-                if i > 0 {
-                    out.push('&');
-                }
-                match pair.split_once('=') {
-                    Some((name, value)) => {
-                        out.push_str(&self.mask_encoded(name, true, &mut count));
-                        out.push('=');
-                        out.push_str(&self.mask_encoded(value, true, &mut count));
-                    }
-                    None => out.push_str(&self.mask_encoded(pair, true, &mut count)),
-                }
-            }
-        }
-        if out == raw {
-            return (raw, count);
-        }
-        (Cow::Owned(out), count)
     }
 
-    /// One percent-encoded component, decoded (`+` is a space in a query), masked, and
-    /// encoded again when anything was found; as it was otherwise.
-    fn mask_encoded<'s>(&self, component: &'s str, query: bool, count: &mut usize) -> Cow<'s, str> {
-        let encoded = component.contains('%') || (query && component.contains('+'));
-        if !encoded {
-            return Cow::Borrowed(component);
+    /// [`Masker::mask_encoded_parts`] of `text` (already masked as text), then the text rules
+    /// again, until neither finds more: a secret next to an encoded one may have been read as
+    /// one with it (`4111+1111+1111+1111 4111 1111 1111 1111` is no card until the first is a
+    /// token). `None` when nothing was found.
+    pub(crate) fn mask_encoded(&self, text: &str) -> Option<(String, usize)> {
+        let (mut masked, mut count) = self.mask_encoded_parts(text)?;
+        for _ in 0..4 {
+            let (again, more) = self.mask_text(&masked);
+            if more == 0 {
+                break;
+            }
+            masked = again.into_owned();
+            count += more;
+            match self.mask_encoded_parts(&masked) {
+                Some((again, more)) => (masked, count) = (again, count + more),
+                None => break,
+            }
         }
-        let Some(decoded) = percent_decode(component, query) else {
-            return Cow::Borrowed(component);
-        };
-        let (masked, found) = self.mask_text(&decoded);
-        if found == 0 {
-            return Cow::Borrowed(component);
+        Some((masked, count))
+    }
+
+    /// The parts of `text` between [`delimiter`]s that hold a `%XX` escape (or, after `=`, a
+    /// `+`, a space in a form-encoded value), decoded and masked with the text rules, each put
+    /// back percent-encoded where something was found. `None` when nothing was.
+    pub(crate) fn mask_encoded_parts(&self, text: &str) -> Option<(String, usize)> {
+        let bytes = text.as_bytes();
+        if memchr::memchr2(b'%', b'+', bytes).is_none() {
+            return None;
         }
-        *count += found;
-        Cow::Owned(percent_encode(&masked))
+        let (mut out, mut copied, mut count) = (String::new(), 0, 0);
+        let mut start = 0;
+        while start < bytes.len() {
+            let end = bytes[start..].iter().position(|b| delimiter(*b)).map_or(bytes.len(), |i| start + i);
+            let form_value = start > 0 && bytes[start - 1] == b'=';
+            let part = &text[start..end];
+            if let Some((masked, n)) = self.mask_url_part(part, form_value) {
+                out.push_str(&text[copied..start]);
+                out.push_str(&masked);
+                copied = end;
+                count += n;
+            }
+            start = end + 1;
+        }
+        if count == 0 {
+            return None;
+        }
+        out.push_str(&text[copied..]);
+        Some((out, count))
+    }
+
+    /// One part, decoded (`+` as a space in a form value), masked, and encoded again when
+    /// anything was found.
+    fn mask_url_part(&self, part: &str, form_value: bool) -> Option<(String, usize)> {
+        if !part.contains('%') && !(form_value && part.contains('+')) {
+            return None;
+        }
+        let decoded = percent_decode(part, form_value)?;
+        match self.mask_text(&decoded) {
+            (_, 0) => None,
+            (masked, n) => Some((percent_encode(&masked), n)),
+        }
     }
 }
 
-/// `%XX` escapes (and, in a query, `+` as a space) decoded; `None` when an escape is broken or
-/// the bytes are not UTF-8.
-fn percent_decode(text: &str, query: bool) -> Option<String> {
+/// `%XX` escapes (and, in a form value, `+` as a space) decoded; `None` when an escape is
+/// broken or the bytes are not UTF-8.
+fn percent_decode(text: &str, form_value: bool) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -78,7 +104,7 @@ fn percent_decode(text: &str, query: bool) -> Option<String> {
                 out.push(u8::from_str_radix(hex, 16).ok()?);
                 i += 3;
             }
-            b'+' if query => {
+            b'+' if form_value => {
                 out.push(b' ');
                 i += 1;
             }
@@ -133,5 +159,20 @@ mod tests {
         }
         // Unencoded secrets are found as in any text.
         assert_eq!(m.mask_url("/x?to=ada@example.com").1, 1);
+        // A `+` is a space only in a form value: a sum in text is left alone.
+        assert_eq!(m.mask_encoded_parts("total 4111+1111+1111+1111"), None);
+    }
+
+    #[test]
+    fn a_url_echoed_in_text_is_masked_where_it_is_encoded() {
+        let m = masker();
+        let key = MaskKey::from_bytes([7; 32]);
+        let echoed = "invalid request to /v1/x?to=ada%40example.com: retry later";
+        let (out, n) = m.mask_encoded_parts(echoed).unwrap();
+        assert_eq!(
+            out,
+            format!("invalid request to /v1/x?to={}: retry later", key.token("email", "ada@example.com"))
+        );
+        assert_eq!(n, 1);
     }
 }
