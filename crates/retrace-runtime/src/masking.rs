@@ -379,10 +379,10 @@ pub fn masked_edit(edit: &Edit, masker: &Masker) -> (Edit, usize) {
     (masked, count)
 }
 
-/// The warning for an edit [`masked_edit`] put tokens in (`typed` as the user gave it, masked).
+/// The warning for an edit [`masked_edit`] put tokens in, as stored (masked), without a prefix.
 pub fn masked_edit_warning(stored: &Edit, tokens: usize) -> String {
     format!(
-        "retrace: warning: edit {stored}: {tokens} value(s) matched a masking rule and are stored as \
+        "edit {stored}: {tokens} value(s) matched a masking rule and are stored as \
          tokens: the fork sends the tokens, not the values as typed"
     )
 }

@@ -53,7 +53,9 @@ embedding requests): temperature, top_p, max_tokens, seed...; not model (use mod
 messages, input, system or prompt (what is asked), nor stream\n\n\
 Two edits of the same thing (one seq's output or message, one agent's prompt, model or \
 parameter) are refused. An agent edit applies once its agent is past --at: one that changed \
-none of the fork's steps is said, as a warning (and under \"warnings\" in the JSON).\n\n\
+none of the fork's steps is said, as a warning (and under \"warnings\" in the JSON), and so \
+is an edit that masking changed: edits are stored masked like any input, so where an edit file \
+(or a param: value) holds what a masking rule finds, the fork uses the token.\n\n\
 A fork of a fork starts from that fork's world: its edits (and those it inherited) apply again, \
 as they do in its replay, and the new edits go on top (one of the same target wins).\n\n\
 The fork's id, its summary and (with --runs) one line per run go to standard error; the \
@@ -101,7 +103,8 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
     /// Print the outcome as one line of JSON, the last of standard output (after the
-    /// program's own): `{"fork", "status", "divergence", "diff", "warnings"}`; with --runs, the summary of every fork
+    /// program's own): `{"fork", "status", "exit_status", "divergence", "diff", "warnings"}`; with
+    /// --runs, the summary of every fork
     /// (`{"forks", "runs", "runs_with_moved_decisions", "forks_not_finished", "skipped"}`).
     #[arg(long)]
     json: bool,
@@ -123,21 +126,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => mask.rules.clone(),
     };
     let masker = retrace_runtime::masking::masker_with(rules, &mask.rules, Some(&mask.key))?;
-    let edits = parse_edits(store.as_ref(), &args.edits, &masker)?;
+    let (edits, masked) = parse_edits(store.as_ref(), &args.edits, &masker)?;
     match (&args.run, &args.runs) {
         (Some(run), None) => {
-            let outcome = fork_one(&store, run, &edits, &args)?;
+            let mut outcome = fork_one(&store, run, &edits, &args)?;
+            outcome.warnings.splice(0..0, masked);
             report_one(&outcome, args.json)
         }
-        (None, Some(query)) => fork_many(&store, query, &edits, &args),
+        (None, Some(query)) => fork_many(&store, query, &edits, &args, &masked),
         _ => Err(usage_hint("name a run to fork, or --runs", "retrace fork RUN --edit EDIT")),
     }
 }
 
 /// Reads every `@FILE` edit, stores its (canonical, masked) JSON as a blob and names the blob
-/// instead.
-fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::Result<Vec<Edit>> {
-    let mut edits = Vec::new();
+/// instead; masks what other edits say in their own text. Also returns a warning for each edit
+/// that masking changed: the program (or the provider) gets tokens there.
+fn parse_edits(
+    store: &dyn Store,
+    texts: &[String],
+    masker: &Masker,
+) -> anyhow::Result<(Vec<Edit>, Vec<String>)> {
+    let (mut edits, mut warnings) = (Vec::new(), Vec::new());
     for text in texts {
         let edit: Edit = text.parse().map_err(|e| usage(format!("{e}")))?;
         let edit = match edit.content() {
@@ -150,11 +159,11 @@ fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::
                 if masked.tokens > 0 {
                     // Stored masked, like any input; but a message or output the fork hands
                     // the program is what it stored, so the program gets the tokens.
-                    eprintln!(
-                        "retrace: warning: edit {text}: {} value(s) of {path} matched a masking rule and \
-                         are stored as tokens: the program gets the tokens, not the values as written",
+                    warnings.push(format!(
+                        "edit {text}: {} value(s) of {path} matched a masking rule and are stored as \
+                         tokens: the program gets the tokens, not the values as written",
                         masked.tokens
-                    );
+                    ));
                 }
                 let digest = store.put_blob(&masked.bytes, BlobHint::Raw)?;
                 edit.with_content(Content::Blob(digest))
@@ -163,14 +172,14 @@ fn parse_edits(store: &dyn Store, texts: &[String], masker: &Masker) -> anyhow::
             _ => {
                 let (stored, tokens) = retrace_runtime::masking::masked_edit(&edit, masker);
                 if tokens > 0 {
-                    eprintln!("{}", retrace_runtime::masking::masked_edit_warning(&stored, tokens));
+                    warnings.push(retrace_runtime::masking::masked_edit_warning(&stored, tokens));
                 }
                 stored
             }
         };
         edits.push(edit);
     }
-    Ok(edits)
+    Ok((edits, warnings))
 }
 
 /// `message` with each edit as the user typed it (`tool-output:3=@out.json`), where it names
@@ -432,8 +441,8 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
     }
     if json {
         print_json_line(&serde_json::json!({
-            "fork": fork.id, "status": fork.status, "divergence": fork.divergence, "diff": diff,
-            "warnings": warnings,
+            "fork": fork.id, "status": fork.status, "exit_status": fork.exit_status,
+            "divergence": fork.divergence, "diff": diff, "warnings": warnings,
         }))?;
     } else {
         eprint!("{}", summary(diff));
@@ -503,7 +512,13 @@ fn summary(d: &RunDiff) -> String {
     out
 }
 
-fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -> anyhow::Result<()> {
+fn fork_many(
+    store: &Arc<dyn Store>,
+    query: &str,
+    edits: &[Edit],
+    args: &Args,
+    masked: &[String],
+) -> anyhow::Result<()> {
     if let Some(e) = edits.iter().find(|e| !e.seqs().is_empty()) {
         return Err(usage(format!(
             "--runs applies one edit to many runs: {e} names a seq of one run; use prompt:, model: or param:"
@@ -529,7 +544,10 @@ fn fork_many(store: &Arc<dyn Store>, query: &str, edits: &[Edit], args: &Args) -
         }
         eprintln!("retrace: [{}/{}] forking {}", i + 1, runs.len(), run.id);
         let outcome = match fork_one(store, &run.id, edits, args) {
-            Ok(outcome) => outcome,
+            Ok(mut outcome) => {
+                outcome.warnings.splice(0..0, masked.iter().cloned());
+                outcome
+            }
             // A run the edits don't fit (or whose fork can't start) is skipped, with why: the
             // others are what the batch is for.
             Err(e) if e.downcast_ref::<Failure>().is_some_and(|f| f.code == 2) => {

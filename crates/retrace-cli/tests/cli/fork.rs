@@ -64,7 +64,11 @@ fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
     forked.expect(0, &[], &["edit param:default.user=rtk_email_", "stored as tokens"]);
     assert!(!forked.stderr().contains("ada@example.com"), "{}", forked.stderr());
     let last = forked.stdout().lines().last().map(str::to_owned).unwrap_or_default();
-    let fork = serde_json::from_str::<serde_json::Value>(&last).unwrap()["fork"].as_str().unwrap().to_owned();
+    let outcome: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(outcome["exit_status"], 0, "{outcome}");
+    let warned = outcome["warnings"].as_array().unwrap().iter().filter_map(|w| w.as_str());
+    assert!(warned.into_iter().any(|w| w.contains("stored as tokens")), "scripts see it too: {outcome}");
+    let fork = outcome["fork"].as_str().unwrap().to_owned();
     home.run(&["show", &fork, "--json"]).expect(0, &["param:default.user=rtk_email_"], &[]);
     for file in ["retrace.db", "retrace.db-wal"] {
         let bytes = std::fs::read(home.file(file)).unwrap_or_default();

@@ -151,7 +151,7 @@ impl Session {
             .map(|edit| {
                 let (stored, tokens) = masking::masked_edit(edit, &masker);
                 if tokens > 0 {
-                    eprintln!("{}", masking::masked_edit_warning(&stored, tokens));
+                    eprintln!("retrace: warning: {}", masking::masked_edit_warning(&stored, tokens));
                 }
                 stored
             })
