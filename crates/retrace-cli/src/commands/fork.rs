@@ -85,9 +85,10 @@ pub struct Args {
                 param:AGENT.NAME=VALUE (each explained under --help)"
     )]
     edits: Vec<String>,
-    /// Fork many runs with the same edits (edits that name no seq): `all`, `name~TEXT`,
-    /// `label:KEY=VALUE`, a comma-separated list of run ids, or a folder of exported traces
-    /// (each imported into the store first, if it isn't there, and said so).
+    /// Fork many runs with the same edits (edits that name no seq): `all`, `name~TEXT` or
+    /// `label:KEY=VALUE` (recorded runs only, not forks or replays), a comma-separated list of
+    /// run ids (forks too), or a folder of exported traces (each imported into the store first,
+    /// if it isn't there, and said so).
     #[arg(long, value_name = "PATH|QUERY", conflicts_with = "run")]
     runs: Option<String>,
     /// Shuffle deliveries of new messages (seeded).
@@ -666,16 +667,31 @@ fn select_runs(store: &Arc<dyn Store>, query: &str) -> anyhow::Result<Vec<RunMet
         }
         return Ok(runs);
     }
-    let all: Vec<RunMeta> = store.runs()?.into_iter().filter(|r| r.mode == RunMode::Record).collect();
-    Ok(if query == "all" {
-        all
+    let matches: Box<dyn Fn(&RunMeta) -> bool> = if query == "all" {
+        Box::new(|_| true)
     } else if let Some(text) = query.strip_prefix("name~") {
-        all.into_iter().filter(|r| r.name.as_deref().is_some_and(|n| n.contains(text))).collect()
+        Box::new(move |r| r.name.as_deref().is_some_and(|n| n.contains(text)))
     } else if let Some(kv) = query.strip_prefix("label:") {
         let (k, v) =
             kv.split_once('=').ok_or_else(|| usage(format!("--runs {query}: want label:KEY=VALUE")))?;
-        all.into_iter().filter(|r| r.labels.get(k).is_some_and(|x| x == v)).collect()
+        Box::new(move |r| r.labels.get(k).is_some_and(|x| x == v))
     } else {
-        query.split(',').map(|id| store.find_run(id.trim())).collect::<Result<Vec<_>, _>>()?
-    })
+        return Ok(query.split(',').map(|id| store.find_run(id.trim())).collect::<Result<Vec<_>, _>>()?);
+    };
+    // A query selects recordings: forking every fork (and replay) too would fork the same
+    // recordings again and again.
+    let (recorded, others): (Vec<RunMeta>, Vec<RunMeta>) =
+        store.runs()?.into_iter().filter(|r| matches(r)).partition(|r| r.mode == RunMode::Record);
+    if recorded.is_empty() && !others.is_empty() {
+        let forks = others.iter().filter(|r| r.mode == RunMode::Fork).count();
+        return Err(usage_hint(
+            format!(
+                "--runs {query}: no recorded run matches ({forks} fork(s) and {} replay(s) do: a query \
+                 selects recorded runs only)",
+                others.len() - forks
+            ),
+            "to fork forks, name them by id: --runs ID1,ID2",
+        ));
+    }
+    Ok(recorded)
 }

@@ -90,6 +90,18 @@ fn a_fork_whose_program_fails_exits_1_and_says_so() {
     let many = home.run(&["fork", "--runs", &run, "--", "sh", "-c", "exit 3"]);
     many.expect(1, &[], &["failed (exit status 3)", "1 of 1 forks did not finish"]);
     home.run(&["fork", "--runs", &run, "--", "true"]).expect(0, &[], &["no decision moved"]);
+    // A query selects recordings: one only forks match says so, and how to name them.
+    let named = home.run(&["record", "--json", "--name", "nightly", "--", "true"]);
+    named.expect(0, &[], &[]);
+    home.run(&["fork", &run_of(&named), "--", "true"]).expect(0, &[], &[]);
+    home.run(&["fork", "--runs", "name~fork of nightly", "--", "true"]).expect(
+        2,
+        &[],
+        &[
+            "--runs name~fork of nightly: no recorded run matches (1 fork(s) and 0 replay(s) do",
+            "name them by id",
+        ],
+    );
 }
 
 /// A `prompt:` edit naming a version missing from the template's folder in the program's
