@@ -181,6 +181,58 @@ fn a_ledger_the_gate_cannot_write_is_a_warning_and_the_verdicts_stand() {
     );
 }
 
+/// A trace exported while its run was recording imports with a warning, and the complete
+/// export of the same run, imported later, replaces that snapshot instead of conflicting.
+#[test]
+fn the_complete_export_replaces_a_snapshot_exported_while_recording() {
+    let p = Project::new("");
+    let (go, ready) = (p.path("go"), p.path("ready"));
+    let env = [("GO", go.to_str().unwrap()), ("READY", ready.to_str().unwrap())];
+    let mut recording = p
+        .command(&["record", "--", "python3", "stepper.py"], &env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the program never took its first step"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let runs = json(&p.ok(&["runs", "--json"], &[]));
+    let run = runs[0]["id"].as_str().unwrap().to_owned();
+    let (live, done) = (p.path("live.jsonl"), p.path("done.jsonl"));
+    p.ok(&["export", &run, "-o", live.to_str().unwrap()], &[]);
+    std::fs::write(&go, "").unwrap();
+    assert!(recording.wait().unwrap().success());
+    p.ok(&["export", &run, "-o", done.to_str().unwrap()], &[]);
+
+    let other = p.path("other-home");
+    let other = [("RETRACE_HOME", other.to_str().unwrap())];
+    let imported = p.retrace(&["import", live.to_str().unwrap()], &other);
+    assert!(imported.status.success(), "{}", text(&imported.stderr));
+    assert!(text(&imported.stderr).contains("was still being recorded when"), "{}", text(&imported.stderr));
+    let replaced = p.retrace(&["import", done.to_str().unwrap()], &other);
+    let said = text(&replaced.stderr);
+    assert!(replaced.status.success(), "{said}");
+    assert!(
+        said.contains("exported while it was being recorded: replacing it") && said.contains("imported run"),
+        "{said}"
+    );
+    let shown = json(&p.ok(&["show", &run, "--json"], &other));
+    assert_eq!(shown["run"]["status"], "ok", "{shown}");
+    assert_eq!(shown["events"].as_array().unwrap().len(), 2, "{shown}");
+    let again = p.retrace(&["import", done.to_str().unwrap()], &other);
+    assert!(
+        again.status.success() && text(&again.stderr).contains("already present"),
+        "{}",
+        text(&again.stderr)
+    );
+}
+
 #[test]
 fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
     let p = Project::new("[project]\nname = \"billing\"\n");

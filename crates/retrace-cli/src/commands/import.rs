@@ -67,6 +67,10 @@ pub struct Args {
 /// which file (`retrace runs` marks the run).
 pub const FORCED_LABEL: &str = "retrace.forced_import";
 
+/// The label a run imported from a file exported while it was still being recorded carries:
+/// the store holds a snapshot, which the complete export later replaces.
+pub const PARTIAL_LABEL: &str = "retrace.partial_import";
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let stdin = args.file.as_os_str() == "-";
@@ -90,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut forgiven = 0usize;
     let mut warn = |err: &ImportError| {
         forgiven += 1;
-        eprintln!("\rwarning: {err} (imported anyway: --force)");
+        eprintln!("\rwarning: {err} (--force: kept, not refused)");
     };
     let opts = ImportOptions {
         file_name: Some(name.clone()),
@@ -106,39 +110,65 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ImportError::Order { .. } => false,
         _ => e.kind() == ImportErrorKind::Verification,
     };
-    let outcome = outcome.map_err(|e| match e {
-        _ if forcible(&e) && !args.force => {
-            let mut failed = failure(e.exit_code(), &e);
-            if let Some(f) = failed.downcast_mut::<exit::Failure>() {
-                f.hint = Some(format!(
-                    "`retrace import --force {again}` stores it anyway, for `retrace verify` to examine"
-                ));
+    let outcome = outcome.map_err(|e| -> anyhow::Error {
+        match e {
+            _ if forcible(&e) && !args.force => {
+                let mut failed = failure(e.exit_code(), &e);
+                if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+                    f.hint = Some(format!(
+                        "`retrace import --force {again}` stores it anyway, for `retrace verify` to examine"
+                    ));
+                }
+                failed
             }
-            failed
-        }
-        // The imported run itself differs (not a fork's source, which other forks may need).
-        ImportError::HeaderConflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
-        ImportError::Conflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
-        ImportError::Inherited { ref fork, source_run: ref source, fork_in_file, .. } => {
-            let mut failed = failure(e.exit_code(), &e);
-            if let Some(f) = failed.downcast_mut::<exit::Failure>() {
-                f.hint = Some(match fork_in_file {
-                    true => format!(
+            // The imported run itself differs (not a fork's source, which other forks may need).
+            ImportError::HeaderConflict { ref run_id, .. } if partial_copy(&*store, run_id, None) => {
+                Replace(run_id.clone()).into()
+            }
+            ImportError::Conflict { ref run_id, seq, .. } if partial_copy(&*store, run_id, Some(seq)) => {
+                Replace(run_id.clone()).into()
+            }
+            ImportError::HeaderConflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
+            ImportError::Conflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
+            ImportError::Inherited { ref fork, source_run: ref source, fork_in_file, .. } => {
+                let mut failed = failure(e.exit_code(), &e);
+                if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+                    f.hint = Some(match fork_in_file {
+                        true => format!(
                         "the fork was made from another recording of {source} than this store's: import it \
                          into a store that holds that one (or none), or replace this store's {source} with \
                          the one the fork came from (`retrace delete {source}`, then import its trace first)"
                     ),
-                    false => format!(
+                        false => format!(
                         "the stored fork {fork} was made from another recording of {source}: to keep this \
                          file's, `retrace delete {fork} && retrace import {again}`"
                     ),
-                });
+                    });
+                }
+                failed
             }
-            failed
+            ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
+            _ => failure(e.exit_code(), &e),
         }
-        ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
-        _ => failure(e.exit_code(), &e),
-    })?;
+    });
+    // The stored copy is a snapshot taken while the run was recording, and this file goes on
+    // from it: the file takes its place.
+    let outcome = match outcome {
+        Err(e) if e.downcast_ref::<Replace>().is_some() => {
+            let Some(Replace(run_id)) = e.downcast_ref::<Replace>() else { unreachable!() };
+            if stdin {
+                return Err(exit::usage_hint(
+                    format!("run {run_id} is stored from a file exported while it was being recorded; this one holds more"),
+                    format!("replace the snapshot: retrace delete {run_id} && retrace import - < FILE"),
+                ));
+            }
+            replace_copy(&*store, run_id, "a file exported while it was being recorded")?;
+            eprintln!("run {run_id} was stored from a file exported while it was being recorded: replacing it with {name}'s");
+            drop(store);
+            return run(args);
+        }
+        other => other?,
+    };
     let mut said =
         serde_json::json!({"file": name, "forced_checks": forgiven, "retention_raised_from": null});
     match outcome {
@@ -147,6 +177,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             said["imported"] = true.into();
             (said["events"], said["blobs"]) = (events.into(), blobs.into());
             eprintln!("imported run {run_id} from {name}: {events} events, {blobs} blobs");
+            let mut meta = store.run(&run_id)?;
+            if meta.status == retrace_core::run::RunStatus::Running {
+                // Only the file says so: no one records it here.
+                meta.labels
+                    .insert(PARTIAL_LABEL.into(), format!("exported while being recorded, from {name}"));
+                store.update_run(&meta)?;
+                eprintln!(
+                    "warning: run {run_id} was still being recorded when {name} was exported: the store \
+                     holds the events up to then (it replays to log_ended); importing its complete \
+                     export later replaces this copy"
+                );
+            }
             if forgiven > 0 {
                 // The run says so wherever it is listed or exported, not only in this output.
                 let mut meta = store.run(&run_id)?;
@@ -167,7 +209,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     format!("replace the damaged copy: retrace delete {run_id} && retrace import - < FILE"),
                 ));
             }
-            replace_forced(&*store, &run_id)?;
+            replace_copy(&*store, &run_id, "a damaged file (imported with --force)")?;
             eprintln!("run {run_id} was stored from a damaged file (imported with --force): replacing it with {name}'s, which passes every check");
             drop(store);
             return run(args);
@@ -201,16 +243,35 @@ fn forced_copy(store: &dyn retrace_store::Store, run_id: &str) -> bool {
     store.run(run_id).is_ok_and(|m| m.labels.contains_key(FORCED_LABEL))
 }
 
-/// Deletes the damaged copy of `run_id` that a `--force` import stored (as `retrace delete`
-/// would, with the blobs only it used), for a file that passes every check to take its place.
-fn replace_forced(store: &dyn retrace_store::Store, run_id: &str) -> anyhow::Result<()> {
+/// True when run `run_id` was imported from a file exported while it was being recorded and,
+/// where the file conflicts with it at `seq`, the stored events are the file's first ones.
+fn partial_copy(store: &dyn retrace_store::Store, run_id: &str, seq: Option<u64>) -> bool {
+    let labelled = store.run(run_id).is_ok_and(|m| m.labels.contains_key(PARTIAL_LABEL));
+    labelled && seq.is_none_or(|seq| store.last_seq(run_id).is_ok_and(|last| seq == last + 1))
+}
+
+/// A stored copy for the file to replace (the CLI's own signal, never shown).
+#[derive(Debug)]
+struct Replace(String);
+
+impl std::fmt::Display for Replace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run {} is to be replaced", self.0)
+    }
+}
+
+impl std::error::Error for Replace {}
+
+/// Deletes the copy of `run_id` stored from `from` (as `retrace delete` would, with the blobs
+/// only it used), for a better file to take its place.
+fn replace_copy(store: &dyn retrace_store::Store, run_id: &str, from: &str) -> anyhow::Result<()> {
     use retrace_store::gc::{delete, DeleteError, GcConfig};
     let held = store.run(run_id)?;
     let config = GcConfig::from_retention(super::gc::now_ms(), &super::gc::retention()?);
     delete(store, &[held], &config).map_err(|e| match &e {
         DeleteError::Store(_) => anyhow::Error::from(e),
         _ => exit::usage_hint(
-            format!("run {run_id} is stored from a damaged file (imported with --force), and can't be replaced: {e}"),
+            format!("run {run_id} is stored from {from}, and can't be replaced: {e}"),
             format!("once nothing needs it, `retrace delete {run_id}`, then import this file again"),
         ),
     })?;
