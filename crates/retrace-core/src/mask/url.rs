@@ -53,9 +53,7 @@ impl Masker {
     /// back percent-encoded where something was found. `None` when nothing was.
     pub(crate) fn mask_encoded_parts(&self, text: &str) -> Option<(String, usize)> {
         let bytes = text.as_bytes();
-        if memchr::memchr2(b'%', b'+', bytes).is_none() {
-            return None;
-        }
+        memchr::memchr2(b'%', b'+', bytes)?;
         let (mut out, mut copied, mut count) = (String::new(), 0, 0);
         let mut start = 0;
         while start < bytes.len() {
@@ -80,7 +78,8 @@ impl Masker {
     /// One part, decoded (`+` as a space in a form value), masked, and encoded again when
     /// anything was found.
     fn mask_url_part(&self, part: &str, form_value: bool) -> Option<(String, usize)> {
-        if !part.contains('%') && !(form_value && part.contains('+')) {
+        let escaped = part.contains('%') || (form_value && part.contains('+'));
+        if !escaped {
             return None;
         }
         let decoded = percent_decode(part, form_value)?;
