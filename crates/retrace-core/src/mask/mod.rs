@@ -182,8 +182,18 @@ impl Masker {
         self.key.as_ref().map(MaskKey::fingerprint)
     }
 
-    /// Masks free text (log lines, error messages, env values).
+    /// Masks free text (log lines, error messages, env values, header values, a URL): what the
+    /// text rules find in it, and in its percent-encoded parts: `to=a%40b.com` is an email.
     pub fn mask_text<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
+        let (plain, count) = self.mask_plain(text);
+        match self.mask_encoded(&plain) {
+            Some((masked, more)) => (Cow::Owned(masked), count + more),
+            None => (plain, count),
+        }
+    }
+
+    /// What the text rules find in `text` as it is, escapes and all.
+    pub(crate) fn mask_plain<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
         if !self.engine.looks_in_bodies {
             return (Cow::Borrowed(text), 0);
         }

@@ -16,15 +16,10 @@ fn delimiter(b: u8) -> bool {
 }
 
 impl Masker {
-    /// Masks `url` (a full URL or a path with its query): what a text rule finds in it as it is,
-    /// then in each percent-encoded part. Returns the masked text and the number of tokens it
-    /// holds that `url` did not.
+    /// Masks `url` (a full URL or a path with its query), as [`Masker::mask_text`] masks any
+    /// text: what a text rule finds in it as it is, then in each percent-encoded part.
     pub fn mask_url<'a>(&self, url: &'a str) -> (Cow<'a, str>, usize) {
-        let (raw, count) = self.mask_text(url);
-        match self.mask_encoded(&raw) {
-            Some((masked, more)) => (Cow::Owned(masked), count + more),
-            None => (raw, count),
-        }
+        self.mask_text(url)
     }
 
     /// [`Masker::mask_encoded_parts`] of `text` (already masked as text), then the text rules
@@ -34,7 +29,7 @@ impl Masker {
     pub(crate) fn mask_encoded(&self, text: &str) -> Option<(String, usize)> {
         let (mut masked, mut count) = self.mask_encoded_parts(text)?;
         for _ in 0..4 {
-            let (again, more) = self.mask_text(&masked);
+            let (again, more) = self.mask_plain(&masked);
             if more == 0 {
                 break;
             }
@@ -83,7 +78,7 @@ impl Masker {
             return None;
         }
         let decoded = percent_decode(part, form_value)?;
-        match self.mask_text(&decoded) {
+        match self.mask_plain(&decoded) {
             (_, 0) => None,
             (masked, n) => Some((percent_encode(&masked), n)),
         }

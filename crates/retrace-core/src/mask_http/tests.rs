@@ -183,3 +183,20 @@ fn documents_with_more_than_the_format_are_masked_as_json() {
     assert_eq!(out.tokens, 1);
     assert_eq!(out, masker().mask_json(doc));
 }
+
+#[test]
+fn a_header_or_text_body_echoing_an_encoded_query_is_masked() {
+    let m = Masker::new(MaskRules::defaults(), Some(key())).unwrap();
+    let doc = br#"{"format":"retrace-http/1","status":400,"headers":[["x-sim-query","to=ada%40example.com&card=4111+1111+1111+1111"]],"body_text":"bad request: /v1/x?to=ada%40example.com"}"#;
+    let out = m.mask_output(doc);
+    let text = String::from_utf8(out.bytes.to_vec()).unwrap();
+    let (email, card) = (key().token("email", "ada@example.com"), key().token("card", "4111 1111 1111 1111"));
+    assert_eq!(
+        text,
+        format!(
+            r#"{{"format":"retrace-http/1","status":400,"headers":[["x-sim-query","to={email}&card={card}"]],"body_text":"bad request: /v1/x?to={email}"}}"#
+        )
+    );
+    assert_eq!(out.tokens, 3);
+    assert_eq!(m.mask_output(text.as_bytes()).tokens, 0, "masking twice equals once");
+}
