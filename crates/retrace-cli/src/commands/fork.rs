@@ -521,9 +521,10 @@ fn fork_many(
     masked: &[String],
 ) -> anyhow::Result<()> {
     if let Some(e) = edits.iter().find(|e| !e.seqs().is_empty()) {
-        return Err(usage(format!(
+        let message = format!(
             "--runs applies one edit to many runs: {e} names a seq of one run; use prompt:, model: or param:"
-        )));
+        );
+        return Err(usage(as_typed(message, &args.edits, &[edits])));
     }
     let (live, runs): (Vec<RunMeta>, Vec<RunMeta>) =
         select_runs(store, query)?.into_iter().partition(|r| r.status == RunStatus::Running);

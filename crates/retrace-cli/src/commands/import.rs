@@ -104,70 +104,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let outcome = import_reader(&*store, BufReader::with_capacity(1 << 20, reader), opts);
     progress.finish();
-    // Forcing helps a file whose header was read; an empty file stays empty.
-    let forcible = |e: &ImportError| match e {
-        ImportError::Truncated { at, .. } => at.line > 1,
-        ImportError::Order { .. } => false,
-        _ => e.kind() == ImportErrorKind::Verification,
-    };
-    let outcome = outcome.map_err(|e| -> anyhow::Error {
-        match e {
-            _ if forcible(&e) && !args.force => {
-                let mut failed = failure(e.exit_code(), &e);
-                if let Some(f) = failed.downcast_mut::<exit::Failure>() {
-                    f.hint = Some(format!(
-                        "`retrace import --force {again}` stores it anyway, for `retrace verify` to examine"
-                    ));
-                }
-                failed
-            }
-            // The imported run itself differs (not a fork's source, which other forks may need).
-            ImportError::HeaderConflict { ref run_id, .. } if partial_copy(&*store, run_id, None) => {
-                Replace(run_id.clone()).into()
-            }
-            ImportError::Conflict { ref run_id, seq, .. } if partial_copy(&*store, run_id, Some(seq)) => {
-                Replace(run_id.clone()).into()
-            }
-            ImportError::HeaderConflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
-            ImportError::Conflict { ref run_id, .. } => replaceable(&*store, &e, run_id, &again),
-            ImportError::Inherited { ref fork, source_run: ref source, fork_in_file, .. } => {
-                let mut failed = failure(e.exit_code(), &e);
-                if let Some(f) = failed.downcast_mut::<exit::Failure>() {
-                    f.hint = Some(match fork_in_file {
-                        true => format!(
-                        "the fork was made from another recording of {source} than this store's: import it \
-                         into a store that holds that one (or none), or replace this store's {source} with \
-                         the one the fork came from (`retrace delete {source}`, then import its trace first)"
-                    ),
-                        false => format!(
-                        "the stored fork {fork} was made from another recording of {source}: to keep this \
-                         file's, `retrace delete {fork} && retrace import {again}`"
-                    ),
-                    });
-                }
-                failed
-            }
-            ImportError::Store { ref run_id, .. } => unfinished(&*store, &e, run_id, &again),
-            _ => failure(e.exit_code(), &e),
-        }
-    });
-    // The stored copy is a snapshot taken while the run was recording, and this file goes on
-    // from it: the file takes its place.
     let outcome = match outcome {
-        Err(e) if e.downcast_ref::<Replace>().is_some() => {
-            let Some(Replace(run_id)) = e.downcast_ref::<Replace>() else { unreachable!() };
-            if stdin {
-                return Err(exit::usage_hint(
-                    format!("run {run_id} is stored from a file exported while it was being recorded; this one holds more"),
-                    format!("replace the snapshot: retrace delete {run_id} && retrace import - < FILE"),
-                ));
-            }
-            replace_copy(&*store, run_id, "a file exported while it was being recorded")?;
-            eprintln!("run {run_id} was stored from a file exported while it was being recorded: replacing it with {name}'s");
-            drop(store);
-            return run(args);
+        Ok(outcome) => outcome,
+        // The stored copy is a snapshot taken while the run was recording, and this file goes
+        // on from it: the file takes its place.
+        Err(ImportError::Conflict { ref run_id, seq, .. }) if partial_copy(&*store, run_id, Some(seq)) => {
+            return replace_snapshot(store, run_id, stdin, &name, args);
         }
-        other => other?,
+        Err(ImportError::HeaderConflict { ref run_id, .. }) if partial_copy(&*store, run_id, None) => {
+            return replace_snapshot(store, run_id, stdin, &name, args);
+        }
+        Err(e) => return Err(explained(&*store, e, args.force, &again)),
     };
     let mut said =
         serde_json::json!({"file": name, "forced_checks": forgiven, "retention_raised_from": null});
@@ -238,6 +185,65 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `e` as the command reports it, with the hint that helps (`again` names the input to import
+/// again).
+fn explained(store: &dyn retrace_store::Store, e: ImportError, force: bool, again: &str) -> anyhow::Error {
+    // Forcing helps a file whose header was read; an empty file stays empty.
+    let forcible = match &e {
+        ImportError::Truncated { at, .. } => at.line > 1,
+        ImportError::Order { .. } => false,
+        _ => e.kind() == ImportErrorKind::Verification,
+    };
+    let hinted = |hint: String| {
+        let mut failed = failure(e.exit_code(), &e);
+        if let Some(f) = failed.downcast_mut::<exit::Failure>() {
+            f.hint = Some(hint);
+        }
+        failed
+    };
+    match e {
+        _ if forcible && !force => hinted(format!(
+            "`retrace import --force {again}` stores it anyway, for `retrace verify` to examine"
+        )),
+        // The imported run itself differs (not a fork's source, which other forks may need).
+        ImportError::HeaderConflict { ref run_id, .. } => replaceable(store, &e, run_id, again),
+        ImportError::Conflict { ref run_id, .. } => replaceable(store, &e, run_id, again),
+        ImportError::Inherited { source_run: ref source, fork_in_file: true, .. } => hinted(format!(
+            "the fork was made from another recording of {source} than this store's: import it into a \
+                 store that holds that one (or none), or replace this store's {source} with the one the \
+                 fork came from (`retrace delete {source}`, then import its trace first)"
+        )),
+        ImportError::Inherited { ref fork, source_run: ref source, .. } => hinted(format!(
+            "the stored fork {fork} was made from another recording of {source}: to keep this file's, \
+             `retrace delete {fork} && retrace import {again}`"
+        )),
+        ImportError::Store { ref run_id, .. } => unfinished(store, &e, run_id, again),
+        _ => failure(e.exit_code(), &e),
+    }
+}
+
+/// Replaces the snapshot of `run_id` a file exported mid-recording left with the file `name`
+/// (which goes on from it), by importing it again once the snapshot is gone. Standard input
+/// can't be read twice: then the hint says how.
+fn replace_snapshot(
+    store: std::sync::Arc<dyn retrace_store::Store>,
+    run_id: &str,
+    stdin: bool,
+    name: &str,
+    args: Args,
+) -> anyhow::Result<()> {
+    if stdin {
+        return Err(exit::usage_hint(
+            format!("run {run_id} is stored from a file exported while it was being recorded; this one holds more"),
+            format!("replace the snapshot: retrace delete {run_id} && retrace import - < FILE"),
+        ));
+    }
+    replace_copy(&*store, run_id, "a file exported while it was being recorded")?;
+    eprintln!("run {run_id} was stored from a file exported while it was being recorded: replacing it with {name}'s");
+    drop(store);
+    run(args)
+}
+
 /// True when run `run_id` was imported with `--force` from a file that failed checks.
 fn forced_copy(store: &dyn retrace_store::Store, run_id: &str) -> bool {
     store.run(run_id).is_ok_and(|m| m.labels.contains_key(FORCED_LABEL))
@@ -249,18 +255,6 @@ fn partial_copy(store: &dyn retrace_store::Store, run_id: &str, seq: Option<u64>
     let labelled = store.run(run_id).is_ok_and(|m| m.labels.contains_key(PARTIAL_LABEL));
     labelled && seq.is_none_or(|seq| store.last_seq(run_id).is_ok_and(|last| seq == last + 1))
 }
-
-/// A stored copy for the file to replace (the CLI's own signal, never shown).
-#[derive(Debug)]
-struct Replace(String);
-
-impl std::fmt::Display for Replace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "run {} is to be replaced", self.0)
-    }
-}
-
-impl std::error::Error for Replace {}
 
 /// Deletes the copy of `run_id` stored from `from` (as `retrace delete` would, with the blobs
 /// only it used), for a better file to take its place.
