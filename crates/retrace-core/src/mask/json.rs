@@ -143,7 +143,7 @@ impl Masker {
             None => self.engine.find(decoded),
         };
         // A URL's percent-encoded parts may hide what the rules find (`to=a%40b.com`).
-        let encoded = path_rule.is_none() && memchr::memchr2(b'%', b'+', decoded).is_some();
+        let encoded = path_rule.is_none() && super::url::may_hide(decoded);
         if candidates.is_empty() && !encoded {
             return;
         }

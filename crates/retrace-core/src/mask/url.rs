@@ -48,7 +48,9 @@ impl Masker {
     /// back percent-encoded where something was found. `None` when nothing was.
     pub(crate) fn mask_encoded_parts(&self, text: &str) -> Option<(String, usize)> {
         let bytes = text.as_bytes();
-        memchr::memchr2(b'%', b'+', bytes)?;
+        if !may_hide(bytes) {
+            return None;
+        }
         let (mut out, mut copied, mut count) = (String::new(), 0, 0);
         let mut start = 0;
         while start < bytes.len() {
@@ -83,6 +85,14 @@ impl Masker {
             (masked, n) => Some((percent_encode(&masked), n)),
         }
     }
+}
+
+/// Whether `bytes` hold a `%XX` escape, or a `+` and an `=` (a form value's space): only then can
+/// decoding them find anything (`12.5% of` holds no escape). Cheap, for every string masked.
+pub(crate) fn may_hide(bytes: &[u8]) -> bool {
+    let escape = |i: usize| bytes.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+    memchr::memchr_iter(b'%', bytes).any(escape)
+        || (memchr::memchr(b'+', bytes).is_some() && memchr::memchr(b'=', bytes).is_some())
 }
 
 /// `%XX` escapes (and, in a form value, `+` as a space) decoded; `None` when an escape is
