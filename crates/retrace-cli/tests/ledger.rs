@@ -90,6 +90,18 @@ fn record(p: &Project, name: &str) -> PathBuf {
     file
 }
 
+/// Waits (up to a minute) for the stepper to create `ready`, between its two steps.
+fn wait_for_first_step(ready: &std::path::Path) {
+    let waited = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the program never took its first step"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn planner(p: &Project) -> Value {
     let entries = json(&p.ok(&["ledger", "show", "--json"], &[]));
     entries
@@ -145,14 +157,7 @@ fn a_gate_the_user_stops_leaves_the_ledger_as_it_was() {
     let env = [("GO", go.to_str().unwrap()), ("READY", ready.to_str().unwrap())];
     let mut command = p.command(&["gate", "traces"], &env);
     let gate = command.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().unwrap();
-    let waited = std::time::Instant::now();
-    while !ready.exists() {
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(60),
-            "the program never took its first step"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for_first_step(&ready);
     let group = nix::unistd::Pid::from_raw(gate.id() as i32);
     nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGINT).unwrap();
     let stopped = gate.wait_with_output().unwrap();
@@ -194,14 +199,7 @@ fn the_complete_export_replaces_a_snapshot_exported_while_recording() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let waited = std::time::Instant::now();
-    while !ready.exists() {
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(60),
-            "the program never took its first step"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for_first_step(&ready);
     let runs = json(&p.ok(&["runs", "--json"], &[]));
     let run = runs[0]["id"].as_str().unwrap().to_owned();
     let (live, done) = (p.path("live.jsonl"), p.path("done.jsonl"));

@@ -41,6 +41,7 @@ pub mod ledger;
 pub mod mask;
 pub mod mask_http;
 pub mod mask_stream;
+pub mod percent;
 pub mod prices;
 pub mod run;
 pub mod terminal;

@@ -294,15 +294,7 @@ fn str_field(client: &Client, answer: &Value, field: &str) -> RuntimeResult<Stri
 
 /// Percent-encodes a path segment (run and agent ids may hold any character).
 fn quote(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    retrace_core::percent::encode(segment)
 }
 
 #[cfg(test)]

@@ -79,10 +79,10 @@ impl Masker {
         if !escaped {
             return None;
         }
-        let decoded = percent_decode(part, form_value)?;
+        let decoded = crate::percent::decode(part, form_value)?;
         match self.mask_plain(&decoded) {
             (_, 0) => None,
-            (masked, n) => Some((percent_encode(&masked), n)),
+            (masked, n) => Some((crate::percent::encode(&masked), n)),
         }
     }
 }
@@ -93,45 +93,6 @@ pub(crate) fn may_hide(bytes: &[u8]) -> bool {
     let escape = |i: usize| bytes.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
     memchr::memchr_iter(b'%', bytes).any(escape)
         || (memchr::memchr(b'+', bytes).is_some() && memchr::memchr(b'=', bytes).is_some())
-}
-
-/// `%XX` escapes (and, in a form value, `+` as a space) decoded; `None` when an escape is
-/// broken or the bytes are not UTF-8.
-fn percent_decode(text: &str, form_value: bool) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' if form_value => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Every byte outside RFC 3986's unreserved set as `%XX`.
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
