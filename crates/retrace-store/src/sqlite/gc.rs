@@ -2,6 +2,11 @@
 //! blobs still referenced (temp table `gc_keep`), sweeps the rest with their cache entries,
 //! request prefixes and unused packed segments; a dry run rolls the same transaction back.
 //!
+//! What a collection deletes is gone from the file, not only unlinked from its tables: the
+//! transaction runs under `PRAGMA secure_delete` (deleted rows are zeroed in their pages), the
+//! bytes of deleted blobs packed beside kept ones are zeroed in their segments, and a truncating
+//! checkpoint, tried once without waiting, drops the WAL frames that held the old pages.
+//!
 //! Blob files are moved into `blobs/.trash/` inside the transaction (so no other process can
 //! write a blob file of the same digest between our commit and the unlink) and removed after
 //! the commit; if the commit fails they are moved back. After a crash between the two, the next
@@ -31,42 +36,17 @@ impl GcStore for SqliteStore {
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport> {
         self.writable(WHAT)?;
         let mut conn = self.writer.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| WHAT)?;
-        // Every blob indexed first, so that what follows finds each by its digest alone and
-        // deletes only indexed rows (see `super::tail`).
-        self.merge_tail(&tx)?;
-        super::tail::merge_cache(&tx)?;
-        if !request.dry_run {
-            restore_trash(&tx, &self.files)?;
+        conn.execute_batch("PRAGMA secure_delete = ON").ctx(|| WHAT)?;
+        let collected = self.collect_locked(&mut conn, request);
+        let _ = conn.execute_batch("PRAGMA secure_delete = OFF");
+        let report = collected?;
+        if !report.dry_run && (report.events_deleted > 0 || report.blobs_deleted > 0) {
+            // Once, without waiting: a reader holding an old snapshot keeps the frames until a
+            // later checkpoint (`gc --compact` waits for it).
+            let _ = conn.busy_timeout(Duration::ZERO);
+            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+            let _ = conn.busy_timeout(Duration::from_millis(self.busy_timeout_ms));
         }
-        let (report, files) = collect(&tx, request)?;
-        if request.dry_run {
-            return Ok(report); // dropping `tx` rolls it back
-        }
-        let trashed = trash(&self.files, &files)?;
-        if let Err(e) = tx.commit() {
-            for (from, to) in &trashed {
-                let _ = std::fs::rename(to, from);
-            }
-            return Err(StoreError::from_sqlite(e, WHAT));
-        }
-        if let Some(wal) = &self.wal_sync {
-            // Until the deletions are on disk, the trashed files stay (the next run restores
-            // the ones whose rows survived).
-            wal.sync().ctx(|| format!("{WHAT}: syncing the WAL"))?;
-        }
-        for (_, to) in &trashed {
-            let _ = std::fs::remove_file(to);
-        }
-        self.files.forget_all();
-        if let Some(syncer) = &self.syncer {
-            syncer.committed();
-        }
-        if let Some(checkpointer) = &self.checkpointer {
-            checkpointer.committed();
-        }
-        // The ack logs of deleted runs go too (a reused run key must not find them).
-        let _ = self.recover_dead_ack_logs();
         Ok(report)
     }
 
@@ -120,6 +100,47 @@ fn running_metas(conn: &Connection) -> StoreResult<Vec<RunMeta>> {
 }
 
 impl SqliteStore {
+    /// [`GcStore::collect_garbage`] under the write lock: one transaction, then the files.
+    fn collect_locked(&self, conn: &mut Connection, request: &GcRequest) -> StoreResult<GcReport> {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| WHAT)?;
+        // Every blob indexed first, so that what follows finds each by its digest alone and
+        // deletes only indexed rows (see `super::tail`).
+        self.merge_tail(&tx)?;
+        super::tail::merge_cache(&tx)?;
+        if !request.dry_run {
+            restore_trash(&tx, &self.files)?;
+        }
+        let (report, files) = collect(&tx, request)?;
+        if request.dry_run {
+            return Ok(report); // dropping `tx` rolls it back
+        }
+        let trashed = trash(&self.files, &files)?;
+        if let Err(e) = tx.commit() {
+            for (from, to) in &trashed {
+                let _ = std::fs::rename(to, from);
+            }
+            return Err(StoreError::from_sqlite(e, WHAT));
+        }
+        if let Some(wal) = &self.wal_sync {
+            // Until the deletions are on disk, the trashed files stay (the next run restores
+            // the ones whose rows survived).
+            wal.sync().ctx(|| format!("{WHAT}: syncing the WAL"))?;
+        }
+        for (_, to) in &trashed {
+            let _ = std::fs::remove_file(to);
+        }
+        self.files.forget_all();
+        if let Some(syncer) = &self.syncer {
+            syncer.committed();
+        }
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
+        // The ack logs of deleted runs go too (a reused run key must not find them).
+        let _ = self.recover_dead_ack_logs();
+        Ok(report)
+    }
+
     /// Bytes of the database file and its write-ahead log (0 for either that is missing).
     fn database_bytes(&self) -> u64 {
         let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
@@ -268,7 +289,10 @@ fn mark(tx: &Connection, extra: Vec<Digest>, cutoff: u64) -> StoreResult<()> {
     Ok(())
 }
 
-/// Deletes the packed segments no remaining packed blob reaches into; returns their bytes.
+/// Deletes the packed segments no remaining packed blob reaches into, and zeroes the bytes of
+/// deleted blobs in the segments it keeps (a deleted run's model output shared a segment with a
+/// kept run's: it must not stay readable in the database); returns the bytes of the deleted
+/// segments.
 fn sweep_segments(tx: &Connection) -> StoreResult<u64> {
     let segments: Vec<(i64, i64)> = tx
         .prepare("SELECT id, length(data) FROM segments ORDER BY id")
@@ -276,6 +300,8 @@ fn sweep_segments(tx: &Connection) -> StoreResult<u64> {
         .ctx(|| WHAT)?;
     let index: HashMap<i64, usize> = segments.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
     let mut used = vec![false; segments.len()];
+    // The byte ranges of each segment that kept blobs use.
+    let mut covered: Vec<Vec<(usize, usize)>> = vec![Vec::new(); segments.len()];
     let packed: Vec<(i64, i64)> = tx
         .prepare(&format!("SELECT data, size FROM blobs WHERE kind = {KIND_PACKED}"))
         .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
@@ -286,9 +312,17 @@ fn sweep_segments(tx: &Connection) -> StoreResult<u64> {
         let mut left = size;
         while left > 0 && i < segments.len() {
             used[i] = true;
+            let end = segments[i].1.min(offset + left);
+            covered[i].push((offset.max(0) as usize, end.max(offset) as usize));
             left -= (segments[i].1 - offset).max(0);
             offset = 0;
             i += 1;
+        }
+    }
+    for (i, ranges) in covered.iter_mut().enumerate().filter(|(i, _)| used[*i]) {
+        ranges.sort_unstable();
+        if !gaps(ranges, segments[i].1 as usize).is_empty() {
+            scrub(tx, segments[i].0, ranges)?;
         }
     }
     let mut freed = 0;
@@ -300,6 +334,40 @@ fn sweep_segments(tx: &Connection) -> StoreResult<u64> {
         }
     }
     Ok(freed)
+}
+
+/// The ranges of `0..len` that none of `ranges` (sorted by start) covers.
+fn gaps(ranges: &[(usize, usize)], len: usize) -> Vec<(usize, usize)> {
+    let mut gaps = Vec::new();
+    let mut at = 0;
+    for &(start, end) in ranges {
+        if start > at {
+            gaps.push((at, start.min(len)));
+        }
+        at = at.max(end);
+    }
+    if at < len {
+        gaps.push((at, len));
+    }
+    gaps
+}
+
+/// Zeroes the bytes of segment `id` outside `ranges` (sorted) where any is not zero yet.
+fn scrub(tx: &Connection, id: i64, ranges: &[(usize, usize)]) -> StoreResult<()> {
+    let mut data: Vec<u8> =
+        tx.query_row("SELECT data FROM segments WHERE id = ?1", [id], |r| r.get(0)).ctx(|| WHAT)?;
+    let mut changed = false;
+    for (start, end) in gaps(ranges, data.len()) {
+        let gap = &mut data[start..end];
+        if gap.iter().any(|b| *b != 0) {
+            gap.fill(0);
+            changed = true;
+        }
+    }
+    if changed {
+        tx.execute("UPDATE segments SET data = ?1 WHERE id = ?2", params![data, id]).ctx(|| WHAT)?;
+    }
+    Ok(())
 }
 
 fn trash_dir(files: &Files) -> PathBuf {

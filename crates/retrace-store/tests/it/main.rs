@@ -1,6 +1,7 @@
 //! The store's integration tests: the conformance suite on every backend, then SQLite specifics.
 mod ack_log;
 mod gc_props;
+mod gc_scrub;
 mod knew;
 mod memory;
 mod read_only;
