@@ -66,9 +66,10 @@ impl Embedded {
         let streaming = self.state.host.calls_in_flight(run);
         if streaming > 0 {
             eprintln!(
-                "retrace: waiting for {streaming} model call(s) the program stopped reading or gave up on: they \
+                "retrace: waiting for {} the program stopped reading or gave up on: they \
                  are recorded once their upstream ends (at most {} s; Ctrl-C stops waiting, and the run is \
                  stored interrupted without them)",
+                crate::output::count(streaming, "model call"),
                 self.state.host.call_wait().as_secs()
             );
         }

@@ -334,10 +334,11 @@ pub fn command_for(
     let masked = recorded.argv.iter().filter(|a| retrace_core::mask::contains_token(a.as_bytes())).count();
     if masked > 0 {
         eprintln!(
-            "retrace: warning: run {}'s recorded command has {masked} argument(s) masked when it was \
+            "retrace: warning: run {}'s recorded command has {} masked when it was \
              recorded: the program gets the tokens in their place; to run it with the values, give \
              the command after `--`",
-            source.id
+            source.id,
+            crate::output::count(masked, "argument")
         );
     }
     Ok((recorded.argv, resolve_cwd(&recorded.cwd)?))
@@ -386,6 +387,13 @@ pub fn check_vault_key(source: &retrace_core::run::RunMeta, verb: &str) -> anyho
         )));
     }
     Ok(())
+}
+
+/// `argv` as logged and stored in a run: each argument masked like any input (an API key passed
+/// as `--token sk-...` is a token in the run's `command`, in `runs --json` and in the line that
+/// says what runs).
+pub fn masked_argv(argv: &[String], masker: &retrace_core::mask::Masker) -> Vec<String> {
+    argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect()
 }
 
 #[cfg(test)]

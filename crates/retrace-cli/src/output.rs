@@ -36,6 +36,8 @@ pub fn print_json_line(value: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub use retrace_core::terminal::count;
+
 /// Whether an output path is `-`: standard output, as `import -` reads standard input.
 pub fn is_stdout(path: &std::path::Path) -> bool {
     path.as_os_str() == "-"

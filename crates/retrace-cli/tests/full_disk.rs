@@ -153,7 +153,7 @@ fn import_onto_a_full_disk(kind: Kind) -> String {
     }
     assert_eq!(exit("import with room"), "0", "{kind:?}:\n{said}");
     assert!(step("import with room").contains(RUN), "{kind:?}:\n{said}");
-    assert!(out.contains("ok: 1 runs, 600 events"), "{kind:?}:\n{said}");
+    assert!(out.contains("ok: 1 run, 600 events"), "{kind:?}:\n{said}");
     assert_eq!(exit("export"), "0", "{kind:?}:\n{said}");
     assert!(out.contains("== same bytes"), "{kind:?}: the run exports to the file's bytes:\n{said}");
     said
@@ -195,7 +195,7 @@ fn a_store_on_a_disk_that_filled_up_says_the_disk_is_full() {
     // The commands that only read still read it, saying why it is read-only (QA9 D5)...
     assert!(out.contains("== runs\n") && out.contains(" ok "), "{said}");
     assert!(err.contains("reading the store read-only, as it was left (its disk is full"), "{said}");
-    assert!(out.contains("== verify\nok: 1 runs"), "{said}");
+    assert!(out.contains("== verify\nok: 1 run"), "{said}");
     assert!(out.contains("== export\n== exit 0"), "{said}");
     assert!(dir.path().join("moved.jsonl").is_file(), "the run moved off the full disk: {said}");
     // ...and a command that writes says the disk is full.

@@ -180,7 +180,7 @@ fn good_traces_pass_with_no_api_key_and_no_upstream() {
     // `--junit -` is standard output, the summary going to standard error; with --json it is
     // refused, since both would write standard output.
     let piped = bench.retrace(&["gate", "traces/asker.jsonl", "--junit", "-"], &[]);
-    piped.expect(0, &[], &["gate: 1 traces, 1 ok"]);
+    piped.expect(0, &[], &["gate: 1 trace, 1 ok"]);
     assert!(
         piped.stdout().starts_with("<?xml") && piped.stdout().contains("tests=\"1\""),
         "{}",
@@ -242,7 +242,7 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
                 "DIVERGED  traces/asker.jsonl at seq 1: agent default, expected sha256:",
                 "first differing path $.messages[0].content",
                 "replayed $.messages[0].content = \"Plan the migration of users.name (terse)\"",
-                "gate: 1 traces, 0 ok, 1 diverged, 0 errors",
+                "gate: 1 trace, 0 ok, 1 diverged, 0 errors",
             ],
             &["1 of 1 traces diverged"],
         );
@@ -272,7 +272,7 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(1), "--json {json}: stdout:\n{stdout}");
-        let report = if json { "\"diverged\": 1" } else { "gate: 1 traces, 0 ok, 1 diverged" };
+        let report = if json { "\"diverged\": 1" } else { "gate: 1 trace, 0 ok, 1 diverged" };
         assert!(stdout.contains(report), "--json {json}: the report went out whole:\n{stdout}");
         let mut child =
             bench.command(&args, &[]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
@@ -391,7 +391,7 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
         1,
         &[
             "not accepted traces/asker.jsonl",
-            "2 model call(s) of the re-recording never got an answer from the upstream (seq 1, 2)",
+            "2 model calls of the re-recording never got an answer from the upstream (seq 1, 2)",
             "502",
         ],
         &[],

@@ -276,7 +276,24 @@ fn delete_removes_named_runs_whatever_their_tier_and_a_deleted_run_imports_again
         &[],
     );
     assert_eq!(ids(&home), [KEPT]);
-    home.run(&["verify", "--all"], &[]).expect(0, &["ok: 1 runs"], &[]);
+    home.run(&["verify", "--all"], &[]).expect(0, &["ok: 1 run"], &[]);
+
+    // Under the default grace, the blobs of a run imported (stored) just now stay: said, with
+    // how many, so "0 blobs" isn't taken for the content being gone (QA14 S2).
+    std::fs::remove_file(home.dir.path().join("retrace.toml")).unwrap();
+    let held = home.run(&["delete", KEPT, "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(held["blobs_deleted"], 0, "{held}");
+    let in_grace = held["blobs_in_grace"].as_u64().unwrap();
+    assert!(in_grace > 0, "{held}");
+    home.run(&["import", trace.to_str().unwrap()], &[]).expect(0, &[], &[]);
+    home.run(&["delete", KEPT], &[]).expect(
+        0,
+        &[&format!("{in_grace} blobs no run uses are kept for now"), "blob_grace_minutes", "retrace gc"],
+        &[],
+    );
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nblob_grace_minutes = 0\n").unwrap();
+    let swept = home.run(&["gc", "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(swept["blobs_deleted"].as_u64(), Some(in_grace), "{swept}");
 }
 
 #[test]

@@ -36,6 +36,7 @@ pub mod http_doc;
 pub mod json;
 pub mod json_diff;
 pub mod key;
+pub mod label;
 pub mod lamport;
 pub mod ledger;
 pub mod mask;

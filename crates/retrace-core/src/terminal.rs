@@ -4,6 +4,15 @@
 
 use std::borrow::Cow;
 
+/// `n` and its noun, plural unless `n` is 1: `count(1, "step")` is `1 step`, `count(3, "step")`
+/// is `3 steps`. Every noun Retrace counts in its messages takes an `s`.
+pub fn count(n: impl TryInto<u64>, noun: &str) -> String {
+    match n.try_into().unwrap_or(u64::MAX) {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
 /// `text` as one line of a terminal: control characters (a newline in a run's name, an escape
 /// sequence in an agent id) escaped as Rust writes them (`\n`, `\u{1b}`), so a cell never breaks
 /// its row.

@@ -74,6 +74,20 @@ fn resolve(store: &StoreConfig, from_env: Option<String>) -> RuntimeResult<Resol
     }
 }
 
+/// The mask key [`resolve_key`] would use, without generating one: `None` when
+/// `RETRACE_MASK_KEY` is unset (or empty) and the store's home holds no `mask.key` (or the
+/// store is in memory).
+pub fn existing_key(store: &StoreConfig) -> RuntimeResult<Option<MaskKey>> {
+    let from_env = std::env::var("RETRACE_MASK_KEY").ok().filter(|v| !v.trim().is_empty());
+    if from_env.is_some() {
+        return resolve(store, from_env).map(|r| Some(r.key));
+    }
+    match home_of(store).map(|home| home.join(MASK_KEY_FILE)) {
+        Some(file) if file.exists() => key_file(file.parent().unwrap_or(Path::new("."))).map(|r| Some(r.key)),
+        _ => Ok(None),
+    }
+}
+
 /// A new random mask key that lives only in this process (a store in memory's, or one for a
 /// store nothing can be recorded into).
 pub fn ephemeral_key() -> MaskKey {
@@ -382,8 +396,9 @@ pub fn masked_edit(edit: &Edit, masker: &Masker) -> (Edit, usize) {
 /// The warning for an edit [`masked_edit`] put tokens in, as stored (masked), without a prefix.
 pub fn masked_edit_warning(stored: &Edit, tokens: usize) -> String {
     format!(
-        "edit {stored}: {tokens} value(s) matched a masking rule and are stored as \
-         tokens: the fork sends the tokens, not the values as typed"
+        "edit {stored}: {} matched a masking rule and are stored as \
+         tokens: the fork sends the tokens, not the values as typed",
+        retrace_core::terminal::count(tokens, "value")
     )
 }
 

@@ -261,12 +261,16 @@ impl RunHost {
             if let Ok(mut meta) = self.store.run(run_id) {
                 let why = if stopped() {
                     meta.status = RunStatus::Interrupted;
-                    format!("stopped while {left} proxied call(s) waited for their upstream; they are not recorded")
+                    format!(
+                        "stopped while {} waited for their upstream; they are not recorded",
+                        retrace_core::terminal::count(left, "proxied call")
+                    )
                 } else {
                     meta.status = RunStatus::Failed;
                     format!(
-                        "{left} proxied call(s) were still waiting for their upstream {} s after the run ended, \
-                         and are not recorded",
+                        "{} still waiting for their upstream {} s after the run ended, \
+                         and not recorded",
+                        retrace_core::terminal::count(left, "proxied call"),
                         self.call_wait.as_secs()
                     )
                 };

@@ -19,7 +19,7 @@ mod fork;
 
 use std::sync::Arc;
 
-use retrace_core::terminal::one_line;
+use retrace_core::terminal::{count, one_line};
 use retrace_core::EventType;
 use serde::Serialize;
 use serde_json::Value;
@@ -261,12 +261,12 @@ pub fn render(k: &Knew) -> String {
     };
     let timeouts = k.heard.iter().filter(|h| h.timed_out).count();
     out.push_str(&format!(
-        "{} had heard {} message(s){} when it acted at seq {}: {}\n",
+        "{} had heard {}{} when it acted at seq {}: {}\n",
         one_line(&k.agent),
-        k.heard.len() - timeouts,
+        count(k.heard.len() - timeouts, "message"),
         match timeouts {
             0 => String::new(),
-            n => format!(" (and waited in vain {n} time(s): recv timed out)"),
+            n => format!(" (and waited in vain {}: recv timed out)", count(n, "time")),
         },
         k.seq,
         one_line(&acted)
@@ -339,7 +339,7 @@ mod tests {
         };
         let text = render(&k);
         assert!(
-            text.starts_with("b had heard 2 message(s) (and waited in vain 1 time(s): recv timed out)"),
+            text.starts_with("b had heard 2 messages (and waited in vain 1 time: recv timed out)"),
             "{text}"
         );
         assert!(text.contains("  -  seq     1  recv timed out") && text.contains("  2. seq     8"), "{text}");

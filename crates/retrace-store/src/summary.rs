@@ -1,6 +1,7 @@
 //! [`EventSummary`]: what comparing runs reads of an event, so that `retrace diff` of two long
 //! runs reads digests and counters, not whole envelopes ([`crate::EventStore::summaries`]).
-use retrace_core::envelope::{Decision, Usage};
+use retrace_core::envelope::{Decision, MessageRef, ModelRef, Usage};
+use retrace_core::label::{self, StepParts};
 use retrace_core::{Digest, Event, EventType, Source};
 
 /// An event's identity, what it asked and produced (as digests), where its output came from,
@@ -33,6 +34,24 @@ pub struct EventSummary {
     pub usage: Option<Usage>,
     /// A decision taken.
     pub decision: Option<Decision>,
+    /// A model call's model.
+    pub model: Option<ModelRef>,
+    /// A send's or delivery's message.
+    pub message: Option<MessageRef>,
+}
+
+impl EventSummary {
+    /// What a timeline calls the step ([`retrace_core::label::step`]): `model_call gpt-4o`,
+    /// `deliver <- planner`, the same as `retrace show` says.
+    pub fn label(&self) -> String {
+        label::step(StepParts {
+            kind: self.kind,
+            name: self.name.as_deref(),
+            model: self.model.as_ref(),
+            message: self.message.as_ref(),
+            decision: self.decision.as_ref(),
+        })
+    }
 }
 
 impl From<Event> for EventSummary {
@@ -51,6 +70,8 @@ impl From<Event> for EventSummary {
             origin_seq: e.origin_seq,
             usage: e.usage,
             decision: e.decision,
+            model: e.model,
+            message: e.message,
         }
     }
 }

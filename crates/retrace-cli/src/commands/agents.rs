@@ -6,6 +6,7 @@ use retrace_runtime::autonomy::Governor;
 
 use crate::commands::readable_store_from_env;
 use crate::exit::usage;
+use crate::output::count;
 use crate::output::{print_json, table};
 
 /// What every listing says about scope.
@@ -98,7 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     name.clone(),
                     s.as_ref().map_or("-".into(), |s| s.rung.as_str().into()),
                     l.map_or("-".into(), |l| {
-                        format!("{} clean / {} traces", l.clean_streak, l.distinct_traces)
+                        format!("{} clean / {}", l.clean_streak, count(l.distinct_traces, "trace"))
                     }),
                     s.as_ref().map_or("not governed".into(), |s| s.why.clone()),
                 ]

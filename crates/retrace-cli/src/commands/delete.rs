@@ -1,8 +1,9 @@
 //! `retrace delete`: delete named runs now, whatever their tier, and the blobs only they used.
-use retrace_store::gc::{delete, DeleteError, GcConfig};
+use retrace_store::gc::{collect, delete, DeleteError, GcConfig};
 
 use crate::commands::gc::{now_ms, print_report, retention};
 use crate::exit;
+use crate::output::count;
 
 /// The examples every help shows.
 macro_rules! examples {
@@ -41,7 +42,8 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
     /// Print JSON: `{"dry_run", "runs_deleted": [...], "events_deleted", "blobs_deleted",
-    /// "bytes_freed", "cache_entries_dropped"}`.
+    /// "bytes_freed", "cache_entries_dropped", "blobs_in_grace"}` (`blobs_in_grace`: blobs no
+    /// run uses that stay until a later `retrace gc`, stored within `blob_grace_minutes`).
     #[arg(long)]
     pub json: bool,
 }
@@ -71,5 +73,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
         DeleteError::Store(_) => anyhow::Error::from(e),
     })?;
-    print_report(&report, args.json, &[])
+    // Blobs only the deleted runs used but stored within the grace stay for now: said, so a
+    // run deleted for what it holds isn't taken for gone with "0 blobs" (QA14 S2).
+    let held = match (args.dry_run, config.blob_grace_ms) {
+        (false, 1..) => {
+            let ungraced =
+                GcConfig { blob_grace_ms: 0, routine_max_age_ms: u64::MAX, dry_run: true, ..config };
+            collect(&*store, &ungraced)?.blobs_deleted
+        }
+        _ => 0,
+    };
+    print_report(&report, args.json, &[("blobs_in_grace", held.into())])?;
+    if held > 0 && !args.json {
+        println!(
+            "{} no run uses {} kept for now: stored in the last {} minutes ([retention] \
+             blob_grace_minutes), a recording may still reference them; `retrace gc` removes them after that",
+            count(held, "blob"),
+            if held == 1 { "is" } else { "are" },
+            retention.blob_grace_minutes
+        );
+    }
+    Ok(())
 }

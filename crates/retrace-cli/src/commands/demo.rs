@@ -14,6 +14,7 @@ use retrace_runtime::{Mode, Outcome, Session};
 use retrace_store::causal;
 
 use super::store_from_env;
+use crate::output::count;
 use crate::output::print_json;
 
 mod pipeline;
@@ -157,7 +158,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// daemon's, still `running` when the program's session lets go.
 pub(crate) fn say_finished(report: &retrace_runtime::RunReport) {
     if std::env::var_os("RETRACE_URL").is_none() {
-        eprintln!("retrace: run {} {} ({} steps)", report.run_id, report.status, report.steps);
+        eprintln!(
+            "retrace: run {} {} ({})",
+            report.run_id,
+            report.status,
+            crate::output::count(report.steps, "step")
+        );
     }
 }
 
@@ -244,11 +250,11 @@ fn single(runs: usize, seed: u64, replays: usize, json: bool) -> anyhow::Result<
     println!("Retrace demo: a support-triage agent, recorded {} times and replayed exactly.\n", runs.len());
     for (i, r) in runs.iter().enumerate() {
         println!(
-            "run {} recorded as {} ({} steps, {} live calls):",
+            "run {} recorded as {} ({}, {}):",
             i + 1,
             r.recorded,
-            r.steps,
-            r.live_calls_recorded
+            count(r.steps, "step"),
+            count(r.live_calls_recorded, "live call")
         );
         for line in &r.transcript {
             println!("    {line}");
@@ -289,13 +295,13 @@ async fn trio_demo(args: Args) -> anyhow::Result<()> {
     let (plain, chaos): (Vec<_>, Vec<_>) = report.runs.iter().partition(|r| r.chaos_seed.is_none());
     let bad = |runs: &[&TrioRun]| runs.iter().filter(|r| r.violation.is_some()).count();
     println!(
-        "Recorded {} runs with the plain scheduler: {} approved the stale backfill.",
-        plain.len(),
+        "Recorded {} with the plain scheduler: {} approved the stale backfill.",
+        count(plain.len(), "run"),
         bad(&plain)
     );
     println!(
-        "Recorded {} runs under chaos scheduling (deliveries shuffled and delayed, seeds {}..):",
-        chaos.len(),
+        "Recorded {} under chaos scheduling (deliveries shuffled and delayed, seeds {}..):",
+        count(chaos.len(), "run"),
         args.seed
     );
     for r in &chaos {
@@ -336,12 +342,15 @@ async fn trio_demo(args: Args) -> anyhow::Result<()> {
             "\nCounterfactual: fork {} with {} (the reviewer hears the rename first):",
             replayed.run, f.edit
         );
-        println!("  fork {}: the reviewer decided {} ({} live model call(s): unchanged steps came from the recording, changed ones from the cache or live)", f.fork, f.decision, f.live_calls);
+        println!("  fork {}: the reviewer decided {} ({}: unchanged steps came from the recording, changed ones from the cache or live)", f.fork, f.decision, count(f.live_calls, "live model call"));
         let diff =
             retrace_store::diff::diff_runs(store.as_ref(), &replayed.run, &f.fork, &Default::default())?;
         println!(
-            "  diff: {} steps same, {} changed, {} only in the source, {} new",
-            diff.counts.same, diff.counts.changed, diff.counts.only_in_a, diff.counts.only_in_b
+            "  diff: {} same, {} changed, {} only in the source, {} new",
+            count(diff.counts.same, "step"),
+            diff.counts.changed,
+            diff.counts.only_in_a,
+            diff.counts.only_in_b
         );
         for m in &diff.decisions {
             println!(

@@ -4,6 +4,7 @@ use std::io::{BufWriter, Write};
 use retrace_store::diff::{diff_runs, AlignedBy, DiffOptions, LoneStep, RunDiff, RunSide, Tokens, Which};
 
 use crate::commands::readable_store_from_env;
+use crate::output::count;
 use crate::output::{edits_line, fit, table, utc_time};
 
 /// The examples every help shows.
@@ -118,12 +119,12 @@ pub(crate) fn render(d: &RunDiff) -> String {
 /// `A  01j5…  record  ok  started … UTC  9 events  fork of 01j4… at seq 5`.
 fn run_line(name: &str, side: &RunSide) -> String {
     let mut line = format!(
-        "{name}  {}  {}  {}  started {} UTC  {} events",
+        "{name}  {}  {}  {}  started {} UTC  {}",
         side.id,
         side.mode,
         side.status,
         utc_time(side.started_at_ms),
-        side.events
+        count(side.events, "event")
     );
     if let Some(title) = &side.name {
         line.push_str(&format!("  {title:?}"));

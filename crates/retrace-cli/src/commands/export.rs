@@ -7,6 +7,7 @@ use retrace_store::export::{export_run, ExportError, ExportStats, RunEvents};
 
 use crate::commands::readable_store_from_env;
 use crate::exit::usage;
+use crate::output::count;
 use crate::output::{failure, is_stdout, Progress};
 
 /// The examples every help shows.
@@ -110,9 +111,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(path) = output {
         eprintln!(
-            "exported run {} to {}: {events} events, {blobs} blobs, {bytes} bytes",
+            "exported run {} to {}: {}, {}, {}",
             meta.id,
-            path.display()
+            path.display(),
+            count(events, "event"),
+            count(blobs, "blob"),
+            count(bytes, "byte")
         );
         if args.json {
             let said = serde_json::json!({"run": meta.id, "file": path.display().to_string(), "events": events, "blobs": blobs, "bytes": bytes});

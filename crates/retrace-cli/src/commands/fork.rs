@@ -17,6 +17,7 @@ use super::existing_store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::{check_failed, interrupted, usage, usage_hint, Failure};
 use crate::launcher::{self, Child};
+use crate::output::count;
 use crate::output::print_json_line;
 use retrace_server::host::{RECORDER_DAEMON, RECORDER_LABEL};
 
@@ -121,8 +122,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let store = existing_store_from_env()?;
     // Edit files are masked like any input: with the fork's rules (the source's plus today's).
-    let mask = super::mask_from_env()?;
-    let rules = match args.run.as_deref().map(|r| launcher::source_run(store.as_ref(), r)) {
+    let source = args.run.as_deref().map(|r| launcher::source_run(store.as_ref(), r));
+    let mask = match &source {
+        Some(Ok(source)) => super::mask_for_source(store.as_ref(), source)?,
+        _ => super::mask_from_env()?,
+    };
+    let rules = match source {
         Some(Ok(source)) => retrace_runtime::masking::fork_rules(&source.masking_rules, &mask.rules).0,
         _ => mask.rules.clone(),
     };
@@ -161,9 +166,9 @@ fn parse_edits(
                     // Stored masked, like any input; but a message or output the fork hands
                     // the program is what it stored, so the program gets the tokens.
                     warnings.push(format!(
-                        "edit {text}: {} value(s) of {path} matched a masking rule and are stored as \
+                        "edit {text}: {} of {path} matched a masking rule and are stored as \
                          tokens: the program gets the tokens, not the values as written",
-                        masked.tokens
+                        count(masked.tokens, "value")
                     ));
                 }
                 let digest = store.put_blob(&masked.bytes, BlobHint::Raw)?;
@@ -343,9 +348,8 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     meta.edits = edits.iter().map(ToString::to_string).collect();
     meta.name = source.name.as_ref().map(|n| format!("fork of {n}"));
     meta.chaos_seed = args.chaos;
-    meta.command = Some(Command { argv: argv.clone(), cwd: launcher::recorded_cwd()? });
     let mask = super::mask_from_env()?;
-    retrace_runtime::masking::check_key(&source, Some(&mask.key)).map_err(|e| usage(e.to_string()))?;
+    super::check_mask_key(&source, &mask.key)?;
     let (rules, added) = retrace_runtime::masking::fork_rules(&source.masking_rules, &mask.rules);
     if !added.is_empty() && !source.masking_rules.is_empty() {
         eprintln!("{}", retrace_runtime::masking::fork_rules_warning(&added));
@@ -353,8 +357,11 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     meta.masking_rules = rules.sealed(Some(&mask.key));
     meta.mask_key_fingerprint = Some(mask.key.fingerprint());
     // Without credentials (`user:password@`, a key in the query): the proxy calls the URLs given.
-    let upstream_masker = retrace_runtime::masking::masker_with(rules, &mask.rules, Some(&mask.key))?;
-    let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &upstream_masker);
+    let stored_masker = retrace_runtime::masking::masker_with(rules, &mask.rules, Some(&mask.key))?;
+    let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &stored_masker);
+    // The command as stored and logged: masked like any input, as `record` stores its own.
+    let logged = launcher::masked_argv(&argv, &stored_masker);
+    meta.command = Some(Command { argv: logged.clone(), cwd: launcher::recorded_cwd()? });
     if let Some(url) = &args.upstream_openai {
         meta.upstreams.insert("openai".into(), stored(url));
     }
@@ -368,7 +375,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     eprintln!(
         "retrace: forking {} at seq {at} as {id}: {} (in {})",
         source.id,
-        shell_words(&argv),
+        shell_words(&logged),
         cwd.display()
     );
     // The fork's own daemon: its proxy and SDK steps belong to the fork run; changed and new
@@ -489,8 +496,13 @@ fn exit_text(fork: &RunMeta) -> String {
 /// A short account of a fork against its source.
 fn summary(d: &RunDiff) -> String {
     let mut out = format!(
-        "retrace: fork {} of {}: {} steps same, {} changed, {} only in the source, {} new\n",
-        d.b.id, d.a.id, d.counts.same, d.counts.changed, d.counts.only_in_a, d.counts.only_in_b
+        "retrace: fork {} of {}: {} same, {} changed, {} only in the source, {} new\n",
+        d.b.id,
+        d.a.id,
+        count(d.counts.same, "step"),
+        d.counts.changed,
+        d.counts.only_in_a,
+        d.counts.only_in_b
     );
     for m in &d.decisions {
         out.push_str(&format!(
@@ -659,7 +671,11 @@ fn select_runs(store: &Arc<dyn Store>, query: &str) -> anyhow::Result<Vec<RunMet
             // `retrace import` says it.
             let id = match retrace_store::import::import_reader(store.as_ref(), reader, options)? {
                 retrace_store::import::ImportOutcome::Imported { run_id, events, .. } => {
-                    eprintln!("retrace: imported run {run_id} ({events} events) from {}", file.display());
+                    eprintln!(
+                        "retrace: imported run {run_id} ({}) from {}",
+                        count(events, "event"),
+                        file.display()
+                    );
                     run_id
                 }
                 retrace_store::import::ImportOutcome::AlreadyPresent { run_id, .. } => run_id,
@@ -687,9 +703,10 @@ fn select_runs(store: &Arc<dyn Store>, query: &str) -> anyhow::Result<Vec<RunMet
         let forks = others.iter().filter(|r| r.mode == RunMode::Fork).count();
         return Err(usage_hint(
             format!(
-                "--runs {query}: no recorded run matches ({forks} fork(s) and {} replay(s) do: a query \
+                "--runs {query}: no recorded run matches ({} and {} do: a query \
                  selects recorded runs only)",
-                others.len() - forks
+                count(forks, "fork"),
+                count(others.len() - forks, "replay")
             ),
             "to fork forks, name them by id: --runs ID1,ID2",
         ));

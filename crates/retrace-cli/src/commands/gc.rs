@@ -4,6 +4,7 @@ use std::io::Write;
 use retrace_store::gc::{collect, refuse_while_running, GcConfig, GcReport, RetentionConfig};
 
 use crate::exit;
+use crate::output::count;
 use crate::output::print_json;
 
 /// The examples every help shows.
@@ -150,10 +151,10 @@ pub(crate) fn print_report(
     }
     writeln!(
         out,
-        "{verb} {} runs ({} events) and {} blobs; {} {}{}",
-        report.runs_deleted.len(),
-        report.events_deleted,
-        report.blobs_deleted,
+        "{verb} {} ({}) and {}; {} {}{}",
+        count(report.runs_deleted.len(), "run"),
+        count(report.events_deleted, "event"),
+        count(report.blobs_deleted, "blob"),
         human_bytes(report.bytes_freed),
         if report.dry_run { "would be freed" } else { "freed" },
         match report.cache_entries_dropped {
@@ -181,7 +182,7 @@ pub(crate) fn now_ms() -> u64 {
 fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KB", "MB", "GB", "TB"];
     if bytes < 1000 {
-        return format!("{bytes} bytes");
+        return count(bytes, "byte");
     }
     let mut value = bytes as f64 / 1000.0;
     let mut unit = 0;

@@ -9,6 +9,7 @@ use retrace_store::import::{
 
 use crate::commands::store_from_env;
 use crate::exit;
+use crate::output::count;
 use crate::output::{failure, Progress};
 
 /// The examples every help shows.
@@ -123,8 +124,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             said["run"] = run_id.clone().into();
             said["imported"] = true.into();
             (said["events"], said["blobs"]) = (events.into(), blobs.into());
-            eprintln!("imported run {run_id} from {name}: {events} events, {blobs} blobs");
+            eprintln!(
+                "imported run {run_id} from {name}: {}, {}",
+                count(events, "event"),
+                count(blobs, "blob")
+            );
             let mut meta = store.run(&run_id)?;
+            if let Some(warning) = key_warning(&meta)? {
+                eprintln!("{warning}");
+            }
             if meta.status == retrace_core::run::RunStatus::Running {
                 // Only the file says so: no one records it here.
                 meta.labels
@@ -139,11 +147,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if forgiven > 0 {
                 // The run says so wherever it is listed or exported, not only in this output.
                 let mut meta = store.run(&run_id)?;
-                meta.labels.insert(FORCED_LABEL.into(), format!("{forgiven} failed check(s) in {name}"));
+                meta.labels
+                    .insert(FORCED_LABEL.into(), format!("{} in {name}", count(forgiven, "failed check")));
                 store.update_run(&meta)?;
                 eprintln!(
-                    "warning: the file failed {forgiven} check(s) and was imported anyway (--force); \
-                     `retrace verify {run_id}` lists what the store now holds"
+                    "warning: the file failed {} and was imported anyway (--force); \
+                     `retrace verify {run_id}` lists what the store now holds",
+                    count(forgiven, "check")
                 );
             }
         }
@@ -304,4 +314,24 @@ fn replaceable(store: &dyn retrace_store::Store, e: &ImportError, run_id: &str, 
         });
     }
     failed
+}
+
+/// A warning for an imported run that holds tokens made under a mask key this store doesn't
+/// use (or when it has none yet): its replay, fork and gate need that key, which is best said
+/// now, where the file came in, than at the first replay (QA14 D2).
+fn key_warning(meta: &retrace_core::run::RunMeta) -> anyhow::Result<Option<String>> {
+    let Some(theirs) = meta.mask_key_fingerprint.as_deref().filter(|_| meta.holds_tokens) else {
+        return Ok(None);
+    };
+    let ours = retrace_runtime::masking::existing_key(&retrace_store::StoreConfig::from_env()?)?;
+    let here = match ours.map(|k| k.fingerprint()) {
+        Some(ours) if ours == theirs => return Ok(None),
+        Some(ours) => format!("this store's key is {ours}"),
+        None => "this store has no mask key yet".to_owned(),
+    };
+    Ok(Some(format!(
+        "warning: run {} holds masked tokens made under mask key {theirs}, and {here}: to replay, \
+         fork or gate it, set RETRACE_MASK_KEY to the key with fingerprint {theirs}",
+        meta.id
+    )))
 }

@@ -24,6 +24,7 @@ pub mod verify;
 
 use std::sync::Arc;
 
+use retrace_core::run::RunMeta;
 use retrace_store::{open_store, Store, StoreConfig, StoreLocation};
 
 use crate::exit::usage_hint;
@@ -220,6 +221,67 @@ pub fn mask_from_env() -> anyhow::Result<MaskSetup> {
         NOTICE.call_once(|| eprintln!("{notice}"));
     }
     Ok(MaskSetup { key: resolved.key, rules: masking::rules_from_cwd()? })
+}
+
+/// [`MaskSetup`] for re-executing `source` (`replay`, `fork`): as [`mask_from_env`], except that
+/// a store with no mask key yet is not given one when `source` (or a run it forks from) holds
+/// tokens: a key generated now could never match them. Refused as `gate` refuses it, naming the
+/// key the run needs (QA14 D2: a new key was generated, then named as "this machine's key").
+pub fn mask_for_source(store: &dyn Store, source: &RunMeta) -> anyhow::Result<MaskSetup> {
+    let config = StoreConfig::from_env()?;
+    if retrace_runtime::masking::existing_key(&config)?.is_none() {
+        let missing = match retrace_runtime::masking::home_of(&config) {
+            Some(home) => format!("RETRACE_MASK_KEY is unset and {} has no mask.key", home.display()),
+            None => "RETRACE_MASK_KEY is unset".to_owned(),
+        };
+        refuse_tokens_without_key(store, source, &missing)?;
+    }
+    let mask = mask_from_env()?;
+    check_mask_key(source, &mask.key)?;
+    Ok(mask)
+}
+
+/// Refuses a run that holds tokens, or re-executes one that does, when no mask key is set
+/// (`missing` says how): replayed under a new key its tokens would never match. Said as a key
+/// not set (the commonest CI mistake: the secret not configured), naming the key the run needs.
+pub fn refuse_tokens_without_key(store: &dyn Store, source: &RunMeta, missing: &str) -> anyhow::Result<()> {
+    let mut run = Some(source.clone());
+    while let Some(meta) = run.take() {
+        if meta.holds_tokens {
+            let made_under = match &meta.mask_key_fingerprint {
+                Some(fp) => format!("mask key {fp}"),
+                None => "a mask key it doesn't name".into(),
+            };
+            return Err(usage_hint(
+                format!(
+                    "run {} holds masked tokens made under {made_under}, and no mask key is set: {missing}",
+                    meta.id
+                ),
+                mask_key_hint(&meta),
+            ));
+        }
+        run = meta.source_run.as_deref().and_then(|id| store.run(id).ok());
+    }
+    Ok(())
+}
+
+/// Refuses to re-execute `source`, which holds tokens, under a mask key other than the one it
+/// was recorded with ([`retrace_runtime::masking::check_key`]), saying which key to set.
+pub fn check_mask_key(source: &RunMeta, key: &retrace_core::mask::MaskKey) -> anyhow::Result<()> {
+    retrace_runtime::masking::check_key(source, Some(key))
+        .map_err(|e| usage_hint(e.to_string(), mask_key_hint(source)))
+}
+
+/// What to set for a run recorded under another mask key.
+fn mask_key_hint(run: &RunMeta) -> String {
+    let fix = match &run.mask_key_fingerprint {
+        Some(fp) => format!("the key with fingerprint {fp}"),
+        None => "the key it was recorded with".into(),
+    };
+    format!(
+        "set RETRACE_MASK_KEY to {fix} (the recording machine's mask.key, in RETRACE_HOME or beside \
+         RETRACE_STORE's database; in CI, a secret)"
+    )
 }
 
 /// [`MaskSetup`] for a store this process can't write (`serve` over a CI artifact): its mask key

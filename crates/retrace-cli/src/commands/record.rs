@@ -12,6 +12,7 @@ use super::store_from_env;
 use crate::daemon::Embedded;
 use crate::exit::usage;
 use crate::launcher::{self, Child};
+use crate::output::count;
 use retrace_store::{LeaseHolder, Store};
 
 /// The examples every help shows.
@@ -126,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let events = store.last_seq(id)?;
     // Standard output is the program's alone (SPEC §3): the id goes to standard error.
-    eprintln!("retrace: run {id} {} ({events} events), exit status {status}", meta.status);
+    eprintln!("retrace: run {id} {} ({}), exit status {status}", meta.status, count(events, "event"));
     if events == 0 {
         // A program whose client sets its own base_url goes around the proxy: recorded as
         // nothing, its replay would make the live calls again and call that a match.
@@ -181,7 +182,7 @@ impl Plan {
     /// The command line as logged and persisted: masked like any input.
     pub fn logged_argv(&self) -> Vec<String> {
         match retrace_runtime::masking::masker(self.mask.rules.clone(), Some(&self.mask.key)) {
-            Ok(masker) => self.argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect(),
+            Ok(masker) => launcher::masked_argv(&self.argv, &masker),
             Err(_) => self.argv.clone(),
         }
     }
@@ -216,7 +217,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     )?;
     // The command line is persisted and logged like any input: masked (a key passed as a flag).
     let masker = retrace_runtime::masking::masker(config.mask_rules.clone(), config.mask_key.as_ref())?;
-    let argv: Vec<String> = plan.argv.iter().map(|a| masker.mask_text(a).0.into_owned()).collect();
+    let argv = launcher::masked_argv(&plan.argv, &masker);
     meta.command = Some(Command { argv, cwd: launcher::recorded_cwd_of(&plan.cwd) });
     // So are the run's name and labels.
     let mask = |text: &str| masker.mask_text(text).0.into_owned();

@@ -70,6 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     launcher::check_finished(store.as_ref(), &source, "replay")?;
     let (argv, cwd) = launcher::command_for(&source, &args.command)?;
     let program_dir = cwd.clone();
+    let mask = super::mask_for_source(store.as_ref(), &source)?;
     let plan = Plan {
         store: store.clone(),
         source,
@@ -77,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cwd,
         stall_timeout: args.stall_timeout,
         strict: args.strict,
-        mask: super::mask_from_env()?,
+        mask,
         store_env: launcher::store_env()?,
         remove_env: Vec::new(),
         output: None,
@@ -86,7 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!(
             "retrace: replaying {} as {id}: {} (in {})",
             plan.source.id,
-            shell_words(&plan.argv),
+            shell_words(&plan.logged_argv()),
             plan.cwd.display()
         )
     })?;
@@ -169,6 +170,32 @@ pub struct Plan {
     pub output: Option<PathBuf>,
 }
 
+impl Plan {
+    /// The masker of the replay: the source's recorded rules (literal ones from today's
+    /// `retrace.toml`) under the plan's key.
+    fn masker(&self) -> retrace_runtime::RuntimeResult<retrace_core::mask::Masker> {
+        retrace_runtime::masking::masker_with(
+            self.source.masking_rules.clone(),
+            &self.mask.rules,
+            Some(&self.mask.key),
+        )
+    }
+
+    /// The command line as logged and stored in the replay run: masked like any input, as
+    /// `record` stores its own (a `-- CMD` given here may hold the secrets the recorded one
+    /// had as tokens).
+    pub fn logged_argv(&self) -> Vec<String> {
+        match self.masker() {
+            Ok(masker) => launcher::masked_argv(&self.argv, &masker),
+            // Refused before anything runs ([`execute`]); today's rules alone meanwhile.
+            Err(_) => match retrace_runtime::masking::masker(self.mask.rules.clone(), Some(&self.mask.key)) {
+                Ok(masker) => launcher::masked_argv(&self.argv, &masker),
+                Err(_) => vec!["(a command line that can't be masked)".to_owned()],
+            },
+        }
+    }
+}
+
 /// What a replay ended with.
 #[derive(Debug)]
 pub struct Replayed {
@@ -202,15 +229,10 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     // From here on a Ctrl-C is the user stopping the replay, not the end of this process.
     launcher::signals::watch()?;
     // Refused before anything runs: tokens made under another key would never match.
-    retrace_runtime::masking::check_key(&source, Some(&plan.mask.key)).map_err(|e| usage(e.to_string()))?;
+    super::check_mask_key(&source, &plan.mask.key)?;
     launcher::check_vault_key(&source, "replay")?;
     // A literal rule recorded as its digest needs its value from today's retrace.toml.
-    retrace_runtime::masking::masker_with(
-        source.masking_rules.clone(),
-        &plan.mask.rules,
-        Some(&plan.mask.key),
-    )
-    .map_err(|e| usage(format!("can't replay {}: {e}", source.id)))?;
+    let masker = plan.masker().map_err(|e| usage(format!("can't replay {}: {e}", source.id)))?;
     // A fork imported without its source: every step would fail on the missing run.
     launcher::check_sources(store.as_ref(), &source)?;
     // A directory that isn't there (another checkout): said as such, and before a run exists.
@@ -219,8 +241,10 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
     meta.name = source.name.clone();
-    meta.command =
-        Some(retrace_core::run::Command { argv: plan.argv.clone(), cwd: launcher::recorded_cwd()? });
+    meta.command = Some(retrace_core::run::Command {
+        argv: launcher::masked_argv(&plan.argv, &masker),
+        cwd: launcher::recorded_cwd()?,
+    });
     store.create_run(&meta)?;
     // This process finishes the run: while it lives, no one takes the run (a replay holds no
     // lease) for one whose launcher died, however long the program runs.

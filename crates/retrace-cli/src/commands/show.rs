@@ -4,6 +4,7 @@ mod event;
 use std::io::{BufWriter, Write};
 
 use retrace_core::envelope::{EventType, Source};
+use retrace_core::label::{self, StepParts};
 use retrace_core::run::RunMeta;
 use retrace_core::Event;
 use retrace_store::export::RunEvents;
@@ -167,10 +168,11 @@ fn timeline(store: &dyn Store, meta: &RunMeta, lanes: &[Lane], marks: &Marks) ->
     let name = meta.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
     writeln!(
         out,
-        "run {}{name}  {} {}  {count} events  started {} UTC",
+        "run {}{name}  {} {}  {}  started {} UTC",
         meta.id,
         meta.mode,
         meta.status,
+        crate::output::count(count, "event"),
         utc_time(meta.started_at_ms)
     )?;
     if let Some(source) = &meta.source_run {
@@ -271,39 +273,36 @@ fn http_outcome(store: &dyn Store, e: &Event) -> Option<String> {
     (!marks.is_empty()).then_some(marks)
 }
 
-/// What an event's lane shows: its label (the model's name for a model call, the other agent for
-/// a message), plus what a reader needs at a glance.
+/// What an event's lane shows: its label, as `retrace diff` names the step too
+/// ([`retrace_core::label::step`]: the model's name for a model call, the other agent for a
+/// message), plus what a reader needs at a glance.
 fn cell(e: &Event) -> String {
-    let peer = |pick: fn(&retrace_core::envelope::MessageRef) -> Option<&String>| {
-        e.message.as_ref().and_then(pick).or(e.name.as_ref()).cloned().unwrap_or_default()
-    };
     let mut text = match e.kind {
-        EventType::ModelCall => match &e.model {
-            // A call whose response named no pinned snapshot may get another model next time;
-            // a cache hit's answer came from an earlier call, whose snapshot the cache doesn't
-            // keep, so its null snapshot says nothing.
-            Some(model) if model.snapshot.is_none() && e.source != Source::CacheHit => {
-                format!("model_call {} (alias only)", model.name)
-            }
-            Some(model) => format!("model_call {}", model.name),
-            None => e.label(),
-        },
-        EventType::Send => format!("send -> {}", peer(|m| m.to.as_ref())),
-        EventType::Deliver => match (&e.message, e.causal_parent) {
-            (Some(m), _) if m.timed_out => "deliver (timed out)".to_owned(),
-            (_, Some(send)) => format!("deliver <- {} #{send}", peer(|m| m.from.as_ref())),
-            _ => format!("deliver <- {}", peer(|m| m.from.as_ref())),
-        },
-        EventType::Decision => match (&e.decision, &e.name) {
-            (Some(d), None) => format!("decision {}", d.action),
-            _ => e.label(),
-        },
         EventType::Approval => match e.approval.as_ref().map(|a| serde_json::to_value(a.outcome)) {
             Some(Ok(serde_json::Value::String(outcome))) => format!("approval {outcome}"),
             _ => e.label(),
         },
-        _ => e.label(),
+        _ => label::step(StepParts {
+            kind: e.kind,
+            name: e.name.as_deref(),
+            model: e.model.as_ref(),
+            message: e.message.as_ref(),
+            decision: e.decision.as_ref(),
+        }),
     };
+    match (e.kind, &e.model, &e.message, e.causal_parent) {
+        // A call whose response named no pinned snapshot may get another model next time; a
+        // cache hit's answer came from an earlier call, whose snapshot the cache doesn't keep,
+        // so its null snapshot says nothing.
+        (EventType::ModelCall, Some(model), ..)
+            if model.snapshot.is_none() && e.source != Source::CacheHit =>
+        {
+            text.push_str(" (alias only)");
+        }
+        (EventType::Deliver, _, Some(m), _) if m.timed_out => {}
+        (EventType::Deliver, _, _, Some(send)) => text.push_str(&format!(" #{send}")),
+        _ => {}
+    }
     match e.source {
         Source::CacheHit => text.push_str(" [cache]"),
         Source::DryRun => text.push_str(" [dry run]"),

@@ -6,6 +6,7 @@ use retrace_store::verify::{verify_run_reporting, Problem};
 
 use crate::commands::readable_store_from_env;
 use crate::exit;
+use crate::output::count;
 use crate::output::{print_json, Progress};
 
 /// The examples every help shows.
@@ -99,11 +100,12 @@ fn print(
         if problems.is_empty() {
             let what = match &args.run {
                 Some(_) => format!("run {}", runs[0]),
-                None => format!("{} runs", runs.len()),
+                None => count(runs.len(), "run"),
             };
             writeln!(
                 out,
-                "ok: {what}, {events} events: hash chain, blobs, seqs, clocks and decisions verified"
+                "ok: {what}, {}: hash chain, blobs, seqs, clocks and decisions verified",
+                count(events, "event")
             )?;
         }
     }

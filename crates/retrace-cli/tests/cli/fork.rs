@@ -97,10 +97,7 @@ fn a_fork_whose_program_fails_exits_1_and_says_so() {
     home.run(&["fork", "--runs", "name~fork of nightly", "--", "true"]).expect(
         2,
         &[],
-        &[
-            "--runs name~fork of nightly: no recorded run matches (1 fork(s) and 0 replay(s) do",
-            "name them by id",
-        ],
+        &["--runs name~fork of nightly: no recorded run matches (1 fork and 0 replays do", "name them by id"],
     );
 }
 

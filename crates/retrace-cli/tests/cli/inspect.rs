@@ -138,7 +138,7 @@ fn show_draws_lanes_and_one_event() {
 fn verify_passes_a_sound_run_and_names_a_tampered_event() {
     let home = Home::with(&conversation(RUN, 2));
     home.run(&["verify", RUN]).expect(0, &["ok: run 01clirun", "9 events"], &[]);
-    home.run(&["verify", "--all"]).expect(0, &["ok: 1 runs"], &[]);
+    home.run(&["verify", "--all"]).expect(0, &["ok: 1 run"], &[]);
     let mut tampered = conversation("01tampered", 2);
     tampered.events[6].latency_ms = Some(1);
     let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();

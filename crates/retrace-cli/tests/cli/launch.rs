@@ -194,7 +194,7 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let secret = home.file("secret.json");
     std::fs::write(&secret, r#"{"note": "mail bob@example.com"}"#).unwrap();
     let masked = home.run(&["fork", &run, "--edit", &format!("message:10=@{}", secret.display())]);
-    assert!(masked.stderr().contains("1 value(s) of"), "{}", masked.stderr());
+    assert!(masked.stderr().contains("1 value of"), "{}", masked.stderr());
     assert!(masked.stderr().contains("the program gets the tokens"), "{}", masked.stderr());
     // None it fits: nothing forked, exit 2.
     let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2"]);
@@ -653,8 +653,61 @@ fn a_replay_of_a_masked_command_line_says_the_program_gets_tokens() {
     recorded.expect(0, &["to ada@example.com"], &[]);
     let run = run_of(&recorded);
     let replayed = home.run(&["replay", &run]);
-    replayed.expect(0, &["to rtk_email_"], &["recorded command has 1 argument(s) masked", "after `--`"]);
+    replayed.expect(0, &["to rtk_email_"], &["recorded command has 1 argument masked", "after `--`"]);
     let given = home.run(&["replay", &run, "--", "sh", "-c", "echo \"to $0\"", "ada@example.com"]);
     given.expect(0, &["to ada@example.com"], &[]);
     assert!(!given.stderr().contains("masked"), "{}", given.stderr());
+    // The command given after `--` is stored and logged masked, as `record` stores its own
+    // (QA14 D1: an API key passed to a replay or a fork was kept in clear in the new run).
+    let forked = home.run(&["fork", &run, "--", "sh", "-c", "echo \"to $0\"", "ada@example.com"]);
+    forked.expect(0, &["to ada@example.com"], &[]);
+    for said in [given.stderr(), forked.stderr()] {
+        assert!(said.contains("rtk_email_") && !said.contains("ada@example.com"), "{said}");
+    }
+    let runs: serde_json::Value = serde_json::from_str(&home.run(&["runs", "--json"]).stdout()).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    for r in runs {
+        assert_eq!(r["command"]["argv"][3].as_str().map(|a| a.starts_with("rtk_email_")), Some(true), "{r}");
+    }
+}
+
+/// A run holding tokens, imported into a store with no mask key: `import` says which key it
+/// needs, and `replay` and `fork` refuse it as `gate` does, with the key to set as a hint,
+/// without generating a key of their own that could never match (QA14 D2).
+#[test]
+fn a_run_with_tokens_imported_where_no_mask_key_is_refused_without_generating_one() {
+    let home = Home::new();
+    let mut c = home.command(&["record", "--json", "--", "retrace", "demo", "run", "single"]);
+    c.env("RETRACE_DEMO_REGION", "ada@example.com").env_remove("RETRACE_MASK_KEY");
+    let recorded = Ran(c.stdin(Stdio::null()).output().unwrap());
+    recorded.expect(0, &[], &[]);
+    let run = run_of(&recorded);
+    let trace = home.file("tokens.jsonl");
+    home.run(&["export", &run, "-o", trace.to_str().unwrap()]).expect(0, &[], &[]);
+    let fingerprint = {
+        let store = open_store(&StoreConfig::in_home(home.dir.path())).unwrap();
+        let meta = store.run(&run).unwrap();
+        assert!(meta.holds_tokens, "the env value was masked");
+        meta.mask_key_fingerprint.unwrap()
+    };
+
+    let other = Home::new();
+    let bare = |args: &[&str]| {
+        Ran(other.command(args).env_remove("RETRACE_MASK_KEY").stdin(Stdio::null()).output().unwrap())
+    };
+    let needs = format!("set RETRACE_MASK_KEY to the key with fingerprint {fingerprint}");
+    bare(&["import", trace.to_str().unwrap()]).expect(0, &[], &["this store has no mask key yet", &needs]);
+    for args in [&["replay", &run][..], &["fork", &run]] {
+        bare(args).expect(2, &[], &["and no mask key is set", "has no mask.key", &format!("hint: {needs}")]);
+    }
+    let json = bare(&["replay", &run, "--json"]);
+    let error: serde_json::Value = serde_json::from_str(json.stdout().lines().last().unwrap()).unwrap();
+    assert!(error["error"]["hint"].as_str().unwrap().contains(&fingerprint), "{error}");
+    assert!(!other.file("mask.key").exists(), "a key that could never match was generated");
+    // Under the recording's key it replays.
+    let key = std::fs::read_to_string(home.file("mask.key")).unwrap();
+    let mut keyed = other.command(&["replay", &run]);
+    keyed.env("RETRACE_MASK_KEY", key.trim());
+    Ran(keyed.stdin(Stdio::null()).output().unwrap()).expect(0, &[], &["every step matched"]);
 }

@@ -40,6 +40,8 @@ pub(super) struct Step {
     pub(super) kind: EventType,
     /// The step's name, if any.
     pub(super) name: Option<u32>,
+    /// What a timeline calls it ([`EventSummary::label`]).
+    pub(super) label: u32,
     /// A delivery's send.
     pub(super) causal_parent: Option<u64>,
     pub(super) key: Digest,
@@ -52,12 +54,9 @@ pub(super) struct Step {
 }
 
 impl Step {
-    /// `model_call gpt-4o`, as [`retrace_core::Event::label`].
+    /// `model_call gpt-4o`, as `retrace show` names the step ([`EventSummary::label`]).
     pub(super) fn label(&self, names: &Names) -> String {
-        match self.name {
-            Some(name) => format!("{} {}", self.kind, names.name(name)),
-            None => self.kind.to_string(),
-        }
+        names.name(self.label).to_owned()
     }
 
     /// The same step: the same request (equal keys) and the same output (equal output hashes,
@@ -152,6 +151,7 @@ pub(super) fn load(store: &dyn Store, meta: RunMeta, first: u64, names: &mut Nam
 impl Loaded {
     fn push(&mut self, event: EventSummary, names: &mut Names) {
         let agent = names.id(&event.agent_id);
+        let label = names.id(&event.label());
         if let Some(decision) = event.decision {
             let (target, action) = (decision.target, decision.action);
             self.decisions.push(DecisionStep { seq: event.seq, agent, target, action });
@@ -161,6 +161,7 @@ impl Loaded {
             agent,
             kind: event.kind,
             name: event.name.as_deref().map(|n| names.id(n)),
+            label,
             causal_parent: event.causal_parent,
             key: event.key,
             request_ref: event.request_ref,

@@ -1,6 +1,6 @@
 //! [`EventSummary`]s straight from the `events` columns: the digests as stored, and of the
-//! `extra` JSON only the source, origin, usage and decision, decoded without building the rest.
-use retrace_core::envelope::{Decision, Usage};
+//! `extra` JSON only the source, origin, usage, decision, model and message, decoded without building the rest.
+use retrace_core::envelope::{Decision, MessageRef, ModelRef, Usage};
 use retrace_core::{Digest, EventType, Source};
 use rusqlite::{params, Row};
 use serde::Deserialize;
@@ -20,6 +20,8 @@ struct ExtraSummary<'a> {
     src: Source,
     orig: Option<u64>,
     dec: Option<Decision>,
+    model: Option<ModelRef>,
+    msg: Option<MessageRef>,
     /// Decoded exactly (see [`decode_json`]), as whole events are, so costs are the same doubles.
     #[serde(borrow)]
     usage: Option<&'a RawValue>,
@@ -68,6 +70,8 @@ fn summary_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<StoreResult<Ev
             origin_seq: extra.orig,
             usage,
             decision: extra.dec,
+            model: extra.model,
+            message: extra.msg,
         })
     })())
 }

@@ -204,9 +204,9 @@ fn rerecord(
         let seqs: Vec<String> = unreached.iter().map(|(seq, _)| seq.to_string()).collect();
         return Err(usage_hint(
             format!(
-                "{} model call(s) of the re-recording never got an answer from the upstream (seq {}): the \
+                "{} of the re-recording never got an answer from the upstream (seq {}): the \
                  proxy answered {} itself; nothing was written",
-                unreached.len(),
+                crate::output::count(unreached.len(), "model call"),
                 seqs.join(", "),
                 unreached[0].1
             ),

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use retrace_core::export::ExportHeader;
-use retrace_core::run::{RunMeta, RunStatus};
+use retrace_core::run::RunStatus;
 use retrace_core::terminal::shell_words;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
 use retrace_runtime::masking;
@@ -177,7 +177,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         ));
     }
     if let Some(missing) = &settings.missing_key {
-        check_tokens_without_key(&*store, &source, missing)?;
+        crate::commands::refuse_tokens_without_key(&*store, &source, missing)?;
     }
     let original = source.masking_rules.replaying_originals();
     if source.holds_tokens && !original.is_empty() {
@@ -255,29 +255,6 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
             Verdict::Diverged { divergence: Box::new(d), hints }
         }
     })
-}
-
-/// Refuses a run that holds tokens, or re-executes one that does, when no mask key is set:
-/// replayed under the gate's throwaway key its tokens would never match. Said as a key not set
-/// (the commonest CI mistake: the secret not configured), naming the key the run needs.
-fn check_tokens_without_key(store: &dyn Store, source: &RunMeta, missing: &str) -> anyhow::Result<()> {
-    let mut run = Some(source.clone());
-    while let Some(meta) = run.take() {
-        if meta.holds_tokens {
-            let (made_under, fix) = match &meta.mask_key_fingerprint {
-                Some(fp) => (format!("mask key {fp}"), format!("the key with fingerprint {fp}")),
-                None => ("a mask key it doesn't name".into(), "the key it was recorded with".into()),
-            };
-            return Err(usage_hint(
-                format!("run {} holds masked tokens made under {made_under}, and no mask key is set: {missing}", meta.id),
-                format!(
-                    "set RETRACE_MASK_KEY to {fix} (the recording machine's mask.key, in RETRACE_HOME or beside RETRACE_STORE's database; in CI, a secret)"
-                ),
-            ));
-        }
-        run = meta.source_run.as_deref().and_then(|id| store.run(id).ok());
-    }
-    Ok(())
 }
 
 /// The trace's bytes: the file, or the run exported from the real store.

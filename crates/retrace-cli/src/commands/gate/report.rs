@@ -5,12 +5,13 @@ use serde_json::json;
 
 use super::accept;
 use super::job::{Outcome, Verdict};
+use crate::output::count;
 
 /// The one line for a trace, and the lines under it.
 pub fn trace_lines(o: &Outcome) -> String {
     let name = &o.trace.name;
     let mut out = match &o.verdict {
-        Verdict::Ok => format!("ok        {name} ({} steps, {:.1} s)\n", o.steps, o.seconds),
+        Verdict::Ok => format!("ok        {name} ({}, {:.1} s)\n", count(o.steps, "step"), o.seconds),
         Verdict::Diverged { divergence, hints } => {
             let summary = divergence_summary(divergence);
             let sep = if summary.starts_with("at seq") { " " } else { ": " };
@@ -113,12 +114,12 @@ pub fn summary(outcomes: &[Outcome], seconds: f64, jobs: usize) -> String {
         n => format!(", {n} interrupted"),
     };
     format!(
-        "gate: {} traces, {} ok, {} diverged, {} errors{interrupted} in {seconds:.1} s ({jobs} job{})\n",
-        outcomes.len(),
+        "gate: {}, {} ok, {} diverged, {}{interrupted} in {seconds:.1} s ({})\n",
+        count(outcomes.len(), "trace"),
         t.ok,
         t.diverged,
-        t.errors,
-        if jobs == 1 { "" } else { "s" }
+        count(t.errors, "error"),
+        count(jobs, "job")
     )
 }
 
