@@ -6,7 +6,7 @@
 //! `deliver <- planner`); a decision by its action. Anything else is [`crate::Event::label`]:
 //! its type and name.
 use crate::envelope::{Decision, MessageRef, ModelRef};
-use crate::EventType;
+use crate::{Event, EventType};
 
 /// What [`step`] reads of an event: its type, name, model, message and decision.
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +45,17 @@ pub fn step(parts: StepParts<'_>) -> String {
             None => kind.to_string(),
         },
     }
+}
+
+/// [`step`] of a whole event.
+pub fn of_event(e: &Event) -> String {
+    step(StepParts {
+        kind: e.kind,
+        name: e.name.as_deref(),
+        model: e.model.as_ref(),
+        message: e.message.as_ref(),
+        decision: e.decision.as_ref(),
+    })
 }
 
 #[cfg(test)]

@@ -105,7 +105,12 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let (deliveries, chains) = store.heard_with_chains(run, &step.agent_id, seq, MAX_CHAIN)?;
     let heard = assemble(deliveries, &chains);
     let decision = decision_text(&step.decision);
-    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+    // Named as `retrace show` names it; a decision's action follows in its own words.
+    let label = match decision {
+        Some(_) => step.label(),
+        None => retrace_core::label::of_event(&step),
+    };
+    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label, decision, heard })
 }
 
 /// [`knew`] in a fork: an inherited step (before the fork point `at`) knew what it knew in the

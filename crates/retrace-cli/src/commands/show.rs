@@ -4,7 +4,7 @@ mod event;
 use std::io::{BufWriter, Write};
 
 use retrace_core::envelope::{EventType, Source};
-use retrace_core::label::{self, StepParts};
+use retrace_core::label;
 use retrace_core::run::RunMeta;
 use retrace_core::Event;
 use retrace_store::export::RunEvents;
@@ -282,13 +282,7 @@ fn cell(e: &Event) -> String {
             Some(Ok(serde_json::Value::String(outcome))) => format!("approval {outcome}"),
             _ => e.label(),
         },
-        _ => label::step(StepParts {
-            kind: e.kind,
-            name: e.name.as_deref(),
-            model: e.model.as_ref(),
-            message: e.message.as_ref(),
-            decision: e.decision.as_ref(),
-        }),
+        _ => label::of_event(e),
     };
     match (e.kind, &e.model, &e.message, e.causal_parent) {
         // A call whose response named no pinned snapshot may get another model next time; a

@@ -70,7 +70,7 @@ pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool, full: bool)
     let mut out = BufWriter::new(std::io::stdout().lock());
     // Names and ids come from the recorded program: each is kept on one line, its control
     // characters escaped, as the timeline shows them.
-    let (label, agent) = (event.label(), &event.agent_id);
+    let (label, agent) = (retrace_core::label::of_event(&event), &event.agent_id);
     writeln!(out, "run {} seq {seq}: {} (agent {})", meta.id, one_line(&label), one_line(agent))?;
     for name in FIELDS {
         let value = &fields[name];
