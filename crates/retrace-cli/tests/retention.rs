@@ -143,6 +143,15 @@ fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
     let empty = Home::new();
     empty.store();
     empty.run(&["vault", "audit"], &[]).expect(0, &[], &["the audit log is empty"]);
+
+    // --json: the original in a document (QA14 D6), audited like any reveal.
+    let json = home.run(&["vault", "reveal", TOKEN, "--reason", "INC-43", "--json"], &with_key);
+    assert_eq!(
+        json.expect(0, &[], &["revealed"]).json(),
+        serde_json::json!({"token": TOKEN, "original": "ada@example.com"})
+    );
+    let log = home.run(&["vault", "audit", "--json"], &[]).json();
+    assert_eq!(log.as_array().unwrap().last().unwrap()["action"], "reveal", "{log}");
 }
 
 #[test]

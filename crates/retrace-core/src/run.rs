@@ -51,7 +51,7 @@ pub enum Retention {
 }
 
 macro_rules! wire_names {
-    ($ty:ty { $($variant:ident => $name:literal),* $(,)? }) => {
+    ($ty:ty, $noun:literal { $($variant:ident => $name:literal),* $(,)? }) => {
         impl $ty {
             /// The wire name.
             pub fn as_str(self) -> &'static str {
@@ -70,7 +70,7 @@ macro_rules! wire_names {
                     $($name => Ok(<$ty>::$variant),)*
                     _ => Err(format!(
                         "unknown {} {s:?} (want one of: {})",
-                        stringify!($ty),
+                        $noun,
                         [$($name),*].join(", ")
                     )),
                 }
@@ -79,15 +79,15 @@ macro_rules! wire_names {
     };
 }
 
-wire_names!(RunMode { Record => "record", Replay => "replay", Fork => "fork" });
-wire_names!(RunStatus {
+wire_names!(RunMode, "mode" { Record => "record", Replay => "replay", Fork => "fork" });
+wire_names!(RunStatus, "status" {
     Running => "running",
     Ok => "ok",
     Failed => "failed",
     Diverged => "diverged",
     Interrupted => "interrupted",
 });
-wire_names!(Retention { Routine => "routine", Incident => "incident", Pinned => "pinned" });
+wire_names!(Retention, "retention tier" { Routine => "routine", Incident => "incident", Pinned => "pinned" });
 
 /// The command a run executed, as typed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -83,6 +83,7 @@ impl Agent {
             Mode::Fork => self.fork_send(input, prepared, &label, to, kind, body).await,
             Mode::Replay => {
                 let (input, prepared, body) = self.edited_message(input, prepared, &label, body)?;
+                let body = self.as_logged(&prepared, body)?;
                 let (_, step) = self.replay(input, prepared, &label, Some(body)).await?;
                 Ok(step.seq)
             }
@@ -109,6 +110,23 @@ impl Agent {
                 Ok(seq)
             }
         }
+    }
+
+    /// What a replay hands the receiver of `body`: what the log holds, tokens where a masking rule
+    /// fired (the original only where a rule says `replay = "original"`), as a tool's output is
+    /// handed back, and as a receiver gets it when the sender runs in another process and `recv`
+    /// reads the recording (QA14 D7: an in-process receiver got the originals).
+    fn as_logged(&self, prepared: &Prepared, body: Value) -> RuntimeResult<Value> {
+        if !retrace_core::mask::contains_token(&prepared.masked) {
+            return Ok(body);
+        }
+        let bytes = self.session.inner.for_program(prepared.masked.clone())?;
+        let request: Value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
+            agent: self.id.clone(),
+            step: "send".into(),
+            message: e.to_string(),
+        })?;
+        Ok(request.get("body").cloned().unwrap_or(Value::Null))
     }
 
     /// In a replay of a fork, the send as the fork made it: where the recording holds no send

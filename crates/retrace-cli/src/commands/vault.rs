@@ -55,7 +55,8 @@ pub enum Command {
     after_help = examples!(),
     after_long_help = concat!(
         "Print the original that TOKEN stands for on standard output, byte for byte (messages go \
-to standard error). Needs RETRACE_VAULT_KEY, the key the original was sealed with, and a reason, \
+to standard error; a newline follows only on a terminal, so a pipe gets the original exactly; \
+--json prints it in a JSON document). Needs RETRACE_VAULT_KEY, the key the original was sealed with, and a reason, \
 which is written to the audit log with your OS user name ($USER) and role admin.\n\n\
 Every attempt is audited before anything is shown, refused ones included (no key, no reason, \
 unknown token, wrong key): see `retrace vault audit`.\n\n\
@@ -72,6 +73,10 @@ pub struct RevealArgs {
     /// Why you need the original (required; written to the audit log).
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+    /// Print `{"token", "original"}` as JSON instead of the bare original (`original_base64`
+    /// in place of `original` for bytes that aren't UTF-8).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// List the audit log.
@@ -120,6 +125,20 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             .map_or(0, |d| d.as_millis() as u64),
     };
     match reveal(&*store, &by, &request) {
+        Ok(original) if args.json => {
+            let mut said = serde_json::json!({"token": args.token});
+            match String::from_utf8(original) {
+                Ok(text) => said["original"] = text.into(),
+                Err(bytes) => {
+                    use base64::Engine;
+                    said["original_base64"] =
+                        base64::engine::general_purpose::STANDARD.encode(bytes.into_bytes()).into();
+                }
+            }
+            crate::output::print_json(&said)?;
+            eprintln!("revealed {} to {} (written to the audit log)", args.token, by.who);
+            Ok(())
+        }
         Ok(original) => {
             let mut out = std::io::stdout().lock();
             out.write_all(&original)?;

@@ -564,7 +564,7 @@ fn runs_filters_by_name_mode_status_and_label_and_keeps_the_last_n() {
     assert_eq!(listed(&["--last", "2"]), [run("adhoc", "record", "ok"), run("nightly", "replay", "ok")]);
     assert_eq!(listed(&["--name", "nope"]), []);
     home.run(&["runs", "--name", "nope"]).expect(0, &[], &["no runs match"]);
-    home.run(&["runs", "--status", "done"]).expect(2, &[], &["unknown RunStatus \"done\""]);
+    home.run(&["runs", "--status", "done"]).expect(2, &[], &["unknown status \"done\""]);
     home.run(&["runs", "--label", "team"]).expect(2, &[], &["is not KEY=VALUE"]);
 }
 

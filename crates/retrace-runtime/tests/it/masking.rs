@@ -103,3 +103,33 @@ fn a_decision_is_stored_masked_and_replays_matched() {
     let other = r.agent("ops").decide("approve", Some("rotate:another"));
     assert!(other.is_err() || r.finish(Outcome::default()).is_err(), "another target diverges");
 }
+
+/// A message body holding a secret is stored masked, and a replay hands the receiver what the
+/// log holds, the token, as it hands back a tool's output, even though the sender runs in the
+/// same process and sends the original again (QA14 D7: the in-process receiver got the
+/// original, a receiver whose sender ran elsewhere the token).
+#[test]
+fn a_replayed_message_reaches_its_receiver_as_the_log_holds_it() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let key = MaskKey::from_bytes([7; 32]);
+    let rules = canary_rules();
+    let options =
+        || SessionOptions { mask_rules: rules.clone(), mask_key: Some(key.clone()), ..Default::default() };
+    let body = serde_json::json!({"note": format!("use {SECRET}"), "n": 1});
+    let exchange = |s: &Session| -> serde_json::Value {
+        let (a, b) = (s.agent("a"), s.agent("b"));
+        a.send_blocking("b", "note", &body, None).unwrap();
+        let heard = b.recv_blocking(Some(std::time::Duration::from_secs(5))).unwrap().expect("a message");
+        heard.body
+    };
+    let s = Session::record(store.clone(), options()).unwrap();
+    assert_eq!(exchange(&s), body, "record hands the receiver what was sent");
+    s.finish(Outcome::default()).unwrap();
+    let run = s.run_id();
+
+    let token = key.token("secret", SECRET);
+    let r = Session::replay(store.clone(), &run, options()).unwrap();
+    let heard = exchange(&r);
+    r.finish(Outcome::default()).expect("the exchange replays matched");
+    assert_eq!(heard, serde_json::json!({"note": format!("use {token}"), "n": 1}));
+}
