@@ -61,7 +61,8 @@ pub struct Args {
     /// has gone wrong.
     #[arg(long, default_value_t = 12, value_parser = at_least_one)]
     runs: usize,
-    /// Seed of the chaos scheduler and the model simulator.
+    /// First seed of the chaos scheduler and the model simulator. The agents run in real time,
+    /// so which seed goes wrong can differ between invocations; a recorded run replays exactly.
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// How many times to replay the bad run.

@@ -133,11 +133,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let masker = retrace_runtime::masking::masker_with(rules, &mask.rules, Some(&mask.key))?;
     let (edits, masked) = parse_edits(store.as_ref(), &args.edits, &masker)?;
+    // Said before the fork runs, as record and replay warn before the program starts (QA14
+    // S5); kept at the head of the outcome's warnings for --json, and not said again.
+    for warning in &masked {
+        eprintln!("warning: {warning}");
+    }
     match (&args.run, &args.runs) {
         (Some(run), None) => {
             let mut outcome = fork_one(&store, run, &edits, &args)?;
-            outcome.warnings.splice(0..0, masked);
-            report_one(&outcome, args.json)
+            outcome.warnings.splice(0..0, masked.iter().cloned());
+            report_one(&outcome, args.json, masked.len())
         }
         (None, Some(query)) => fork_many(&store, query, &edits, &args, &masked),
         _ => Err(usage_hint("name a run to fork, or --runs", "retrace fork RUN --edit EDIT")),
@@ -439,7 +444,8 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     Ok(Forked { fork, diff, warnings })
 }
 
-fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
+/// Reports one fork; the first `said` of its warnings were said before it ran.
+fn report_one(outcome: &Forked, json: bool, said: usize) -> anyhow::Result<()> {
     let Forked { fork, diff, warnings } = outcome;
     if let (RunStatus::Interrupted, Some(signal)) = (fork.status, launcher::signals::received()) {
         return Err(interrupted(
@@ -455,7 +461,7 @@ fn report_one(outcome: &Forked, json: bool) -> anyhow::Result<()> {
     } else {
         eprint!("{}", summary(diff));
     }
-    for warning in warnings {
+    for warning in warnings.iter().skip(said) {
         eprintln!("warning: {warning}");
     }
     match (&fork.status, &fork.divergence) {
@@ -635,7 +641,7 @@ fn fork_many(
             (_, false) => moved.join("; "),
         };
         eprintln!("{}  fork {}  {}", f.diff.a.id, f.fork.id, line);
-        for warning in &f.warnings {
+        for warning in f.warnings.iter().skip(masked.len()) {
             eprintln!("  warning: {warning}");
         }
     }

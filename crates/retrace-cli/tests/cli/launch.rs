@@ -195,6 +195,10 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     std::fs::write(&secret, r#"{"note": "mail bob@example.com"}"#).unwrap();
     let masked = home.run(&["fork", &run, "--edit", &format!("message:10=@{}", secret.display())]);
     assert!(masked.stderr().contains("1 value of"), "{}", masked.stderr());
+    // Said before the fork runs, and once (QA14 S5).
+    let said = masked.stderr();
+    let (warned, forked) = (said.find("1 value of").unwrap(), said.find("retrace: forking").unwrap());
+    assert!(warned < forked && said.matches("1 value of").count() == 1, "{said}");
     assert!(masked.stderr().contains("the program gets the tokens"), "{}", masked.stderr());
     // None it fits: nothing forked, exit 2.
     let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2"]);

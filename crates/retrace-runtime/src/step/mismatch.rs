@@ -103,11 +103,15 @@ impl Agent {
                     )),
                     // Past the agent's recording: about the last step it recorded.
                     None => {
-                        let d = match log.last_of(&self.id) {
-                            Some(last) => d.at(last).detail(format!(
+                        let d = match (log.last_of(&self.id), log.last_seq()) {
+                            (Some(last), end) if end > last => d.at(last).detail(format!(
+                                "the agent has no recorded steps left; its last was seq {last} (the \
+                                 recording ends at seq {end})"
+                            )),
+                            (Some(last), _) => d.at(last).detail(format!(
                                 "the agent has no recorded steps left; its last was seq {last}"
                             )),
-                            None => d.detail("the agent recorded no steps"),
+                            (None, _) => d.detail("the agent recorded no steps"),
                         };
                         match self.source_stopped_by() {
                             Some(stopped) => d.detail(stopped),
@@ -121,20 +125,19 @@ impl Agent {
     }
 
     /// What to add to a divergence past the end of a recording whose program a signal stopped
-    /// (exit 130 or 143, as a shell reports SIGINT and SIGTERM): the replayed program ran on
-    /// where the recorded one was stopped.
+    /// (exit 130 or 143, as a shell reports SIGINT and SIGTERM) or that failed (any other
+    /// status but 0): the replayed program ran on where the recorded one had stopped.
     fn source_stopped_by(&self) -> Option<String> {
         let source = self.session.source_run()?;
         let status = self.session.inner.store.run(&source).ok()?.exit_status?;
-        let signal = match status {
-            130 => "SIGINT",
-            143 => "SIGTERM",
-            _ => return None,
+        let how = match status {
+            0 => return None,
+            130 => format!("was stopped by SIGINT (exit status {status})"),
+            137 => format!("was killed by SIGKILL (exit status {status})"),
+            143 => format!("was stopped by SIGTERM (exit status {status})"),
+            _ => format!("exited with status {status}"),
         };
-        Some(format!(
-            "the recorded program was stopped by {signal} (exit status {status}), so its recording ends \
-             there; this replay ran on past it"
-        ))
+        Some(format!("the recorded program {how}, so its recording ends there; this replay ran on past it"))
     }
 
     /// Records `d` as the replay's divergence (the first one wins) and returns it as an error.

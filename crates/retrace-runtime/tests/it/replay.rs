@@ -138,6 +138,17 @@ fn an_extra_step_is_unexpected() {
     let d = err.divergence().unwrap();
     assert_eq!(d.code, DivergenceCode::UnexpectedStep);
     assert!(d.to_string().contains("the recorded program was stopped by SIGTERM (exit status 143)"), "{d}");
+
+    // One that failed too (QA14 S4: a crashed recording, resolved, replayed on past its end).
+    meta.exit_status = Some(9);
+    store.update_run(&meta).unwrap();
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    program(&r, "select 1", &AtomicUsize::new(0)).unwrap();
+    let d = r.agent("planner").random_u64().unwrap_err().divergence().unwrap().clone();
+    assert!(
+        d.to_string().contains("the recorded program exited with status 9, so its recording ends there"),
+        "{d}"
+    );
 }
 
 #[test]
