@@ -166,7 +166,7 @@ fn a_fork_aligns_by_origin_seq_and_reports_its_savings() {
             by OriginSeq, source A, fork at Some(5)
             same 4 changed 2 only_in_a 1 only_in_b 1
             changed a5 b5 reviewer model_call gpt
-            changed a6 b6 reviewer decision
+            changed a6 b6 reviewer decision approve / decision reject
             only_in_a 7 planner tool_call sql
             only_in_b 7 reviewer tool_call lint
             decision reviewer step:backfill: approve -> reject
@@ -183,7 +183,7 @@ fn a_fork_aligns_by_origin_seq_and_reports_its_savings() {
             by OriginSeq, source B, fork at Some(5)
             same 4 changed 2 only_in_a 1 only_in_b 1
             changed a5 b5 reviewer model_call gpt
-            changed a6 b6 reviewer decision
+            changed a6 b6 reviewer decision reject / decision approve
             only_in_a 7 reviewer tool_call lint
             only_in_b 7 planner tool_call sql
             decision reviewer step:backfill: reject -> approve
@@ -248,9 +248,9 @@ fn unrelated_runs_pair_by_key_then_by_type_and_name_with_the_older_as_source() {
         by Pairing, source A, fork at None
         same 5 changed 1 only_in_a 1 only_in_b 2
         changed a7 b5 planner tool_call sql
-        only_in_a 6 reviewer decision
-        only_in_b 6 planner send reviewer
-        only_in_b 7 reviewer deliver planner
+        only_in_a 6 reviewer decision approve
+        only_in_b 6 planner send -> reviewer
+        only_in_b 7 reviewer deliver <- planner
         decision reviewer step:backfill: approve -> (none)
         a live 2 steps 3000/150 $1.50
         b live 2 steps 3000/150 $1.50
@@ -265,9 +265,9 @@ fn unrelated_runs_pair_by_key_then_by_type_and_name_with_the_older_as_source() {
             by Pairing, source B, fork at None
             same 5 changed 1 only_in_a 2 only_in_b 1
             changed a5 b7 planner tool_call sql
-            only_in_a 6 planner send reviewer
-            only_in_a 7 reviewer deliver planner
-            only_in_b 6 reviewer decision
+            only_in_a 6 planner send -> reviewer
+            only_in_a 7 reviewer deliver <- planner
+            only_in_b 6 reviewer decision approve
             decision reviewer step:backfill: (none) -> approve
             a live 2 steps 3000/150 $1.50
             b live 2 steps 3000/150 $1.50
@@ -316,10 +316,10 @@ fn leftover_steps_pair_with_the_earliest_of_the_same_type_and_name() {
             same 2 changed 3 only_in_a 1 only_in_b 2
             changed a1 b1 a tool_call x
             changed a4 b3 a tool_call x
-            changed a6 b6 b deliver a
+            changed a6 b6 b deliver <- a
             only_in_a 3 a tool_call y
             only_in_b 4 a tool_call z
-            only_in_b 7 b deliver a
+            only_in_b 7 b deliver <- a
             a live 0 steps 0/0 -
             b live 0 steps 0/0 -
         "#]],
@@ -532,8 +532,8 @@ fn a_delivery_is_changed_when_the_message_it_carries_changed() {
         expect![[r#"
             by OriginSeq, source A, fork at Some(3)
             same 3 changed 2 only_in_a 0 only_in_b 0
-            changed a3 b3 planner send reviewer
-            changed a4 b4 reviewer deliver planner
+            changed a3 b3 planner send -> reviewer
+            changed a4 b4 reviewer deliver <- planner
             a live 0 steps 0/0 -
             b live 0 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
         "#]],
@@ -584,8 +584,8 @@ fn a_delivery_is_changed_when_the_message_it_carries_changed() {
         expect![[r#"
             by Pairing, source A, fork at None
             same 3 changed 2 only_in_a 0 only_in_b 0
-            changed a3 b3 planner send reviewer
-            changed a4 b4 reviewer deliver planner
+            changed a3 b3 planner send -> reviewer
+            changed a4 b4 reviewer deliver <- planner
             a live 0 steps 0/0 -
             b live 0 steps 0/0 -
         "#]],
