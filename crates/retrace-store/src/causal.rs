@@ -105,12 +105,23 @@ fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let (deliveries, chains) = store.heard_with_chains(run, &step.agent_id, seq, MAX_CHAIN)?;
     let heard = assemble(deliveries, &chains);
     let decision = decision_text(&step.decision);
-    // Named as `retrace show` names it; a decision's action follows in its own words.
-    let label = match decision {
+    Ok(Knew {
+        run: run.to_owned(),
+        seq,
+        agent: step.agent_id.clone(),
+        label: knew_label(&step),
+        decision,
+        heard,
+    })
+}
+
+/// The acting step's name in a [`Knew`]: as `retrace show` names it; a decision's action
+/// follows in its own words ([`decision_text`]), so a decision is named by its type alone.
+pub(crate) fn knew_label(step: &retrace_core::Event) -> String {
+    match step.decision {
         Some(_) => step.label(),
-        None => retrace_core::label::of_event(&step),
-    };
-    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label, decision, heard })
+        None => retrace_core::label::of_event(step),
+    }
 }
 
 /// [`knew`] in a fork: an inherited step (before the fork point `at`) knew what it knew in the

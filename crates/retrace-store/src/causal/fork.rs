@@ -74,7 +74,14 @@ pub(super) fn knew_of_own_step(store: &dyn Store, run: &str, seq: u64) -> StoreR
     }
     let heard = assemble(deliveries, &chains);
     let decision = decision_text(&step.decision);
-    Ok(Knew { run: run.to_owned(), seq, agent: step.agent_id.clone(), label: step.label(), decision, heard })
+    Ok(Knew {
+        run: run.to_owned(),
+        seq,
+        agent: step.agent_id.clone(),
+        label: super::knew_label(&step),
+        decision,
+        heard,
+    })
 }
 
 /// Whether `chains` hold the chain from `seq` for `left` links, or to its origin.
