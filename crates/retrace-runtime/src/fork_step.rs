@@ -108,7 +108,12 @@ impl Agent {
                     Some(blob) => Some(self.stored_output(blob, label, raw)?),
                     None => None,
                 };
-                input.source = Source::Recorded;
+                // A dry run's outcome served from the source is still a dry run's: stored as
+                // such, a replay takes it without the intent a real side effect logs (QA15 D3).
+                input.source = match step.source {
+                    Source::DryRun => Source::DryRun,
+                    _ => Source::Recorded,
+                };
                 input.origin_seq = Some(step.seq);
                 let recorded = match (&step.error, output) {
                     (Some(e), _) if !plan.outputs.contains_key(&step.seq) => LiveOutput::error(e.clone()),

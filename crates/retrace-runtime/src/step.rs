@@ -474,8 +474,14 @@ impl Agent {
         let mut event = input.template;
         event.key = prepared.key;
         // A fork's dry-run side effect was recorded without an intent: nothing was about to run.
-        let dry_run =
-            input.intent && scheduler.log().peek_source(&self.id, &prepared.key) == Some(Source::DryRun);
+        // So was one a fork of that fork served from it (stored `recorded` before QA15 D3): a
+        // completion with no intent before it is taken as it is.
+        let dry_run = input.intent
+            && match scheduler.log().peek_source(&self.id, &prepared.key) {
+                Some(Source::DryRun) => true,
+                Some(_) => scheduler.log().peek(&self.id, &self.intent_key(&event)?).is_none(),
+                None => false,
+            };
         if input.intent && !dry_run {
             let intent_key = self.intent_key(&event)?;
             match scheduler.take_step(&self.id, &intent_key, label).await? {

@@ -142,6 +142,19 @@ fn one_edit_runs_exactly_the_steps_it_reaches() {
             + calls.side.load(Ordering::SeqCst),
         0
     );
+
+    // A fork of that fork serves the dry run from it, still a dry run (no intent before it),
+    // and its replay takes it as such (QA15 D3: it diverged at the side effect).
+    let ff = Session::fork_new(store.clone(), &f.run_id(), None, vec![], SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&ff, &calls).unwrap(), published);
+    ff.finish(Outcome::default()).unwrap();
+    let events = fork_events(&store, &ff.run_id());
+    let publish = events.iter().find(|e| e.name.as_deref() == Some("publish")).unwrap();
+    assert_eq!(publish.source, Source::DryRun, "{publish:?}");
+    let r = Session::replay(store.clone(), &ff.run_id(), SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&r, &calls).unwrap(), published);
+    r.finish(Outcome::default()).expect("the fork of a fork replays exactly");
+    assert_eq!(calls.side.load(Ordering::SeqCst), 0, "a side effect never runs");
 }
 
 #[test]
