@@ -82,7 +82,12 @@ pub fn unapplied(edits: &[Edit], events: &[Event]) -> Vec<String> {
 pub fn check_distinct(edits: &[Edit]) -> Result<(), ForkError> {
     let mut seen: HashMap<String, &Edit> = HashMap::new();
     for edit in edits {
-        let Some(target) = edit.target() else { continue };
+        // Swaps compose (swap:3,5 then swap:5,7), but the same swap twice undoes itself.
+        let target = match edit {
+            Edit::Swap { a, b } => Some(format!("swap:{a},{b}")),
+            _ => edit.target(),
+        };
+        let Some(target) = target else { continue };
         if let Some(earlier) = seen.insert(target, edit) {
             return Err(ForkError::BadEdit(format!(
                 "edits {earlier} and {edit} change the same thing; keep the one you mean"

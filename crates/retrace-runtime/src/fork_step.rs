@@ -127,7 +127,19 @@ impl Agent {
                 self.record(input, prepared, label, || async { Ok(recorded) }).await
             }
             Some(ForkMatch::Changed(step)) => {
-                self.fork_execute(input, prepared, label, live, Some(step.seq)).await
+                let plan = inner.plan.clone().expect("forks have a plan");
+                match plan.outputs.get(&step.seq) {
+                    // The step's output was edited: the edit answers it, whatever else changed
+                    // its request (a prompt edit, changed arguments), as it would have answered
+                    // the step unchanged (QA15 D1: the edit was dropped and the step ran).
+                    Some(blob) => {
+                        let output = self.stored_output(blob, label, input.raw_request.is_some())?;
+                        input.source = Source::Recorded;
+                        input.origin_seq = Some(step.seq);
+                        self.record(input, prepared, label, || async { Ok(output) }).await
+                    }
+                    None => self.fork_execute(input, prepared, label, live, Some(step.seq)).await,
+                }
             }
             Some(ForkMatch::New) => self.fork_execute(input, prepared, label, live, None).await,
         }

@@ -380,6 +380,15 @@ fn bad_edits_are_refused_with_a_reason() {
         ),
         "{said}"
     );
+    // The same swap twice undoes itself (QA15 D2); swaps that
+    // compose are checked as ever (by the plan, against the run).
+    let twice: Vec<retrace_core::edit::Edit> =
+        ["swap:6,8", "swap:6,8"].iter().map(|e| e.parse().unwrap()).collect();
+    let said = retrace_runtime::fork::check_distinct(&twice).unwrap_err().to_string();
+    assert!(said.contains("change the same thing"), "{said}");
+    let composed: Vec<retrace_core::edit::Edit> =
+        ["swap:3,5", "swap:5,7"].iter().map(|e| e.parse().unwrap()).collect();
+    retrace_runtime::fork::check_distinct(&composed).unwrap();
 }
 
 /// An agent edit that no step of its agent takes after the fork point is said to have changed
@@ -541,4 +550,36 @@ fn model_calls_get_a_cost_from_the_price_table_and_model_edits_reach_the_live_ca
         .unwrap();
     f.finish(Outcome::default()).unwrap();
     assert_eq!(sent.lock().unwrap()["model"], "gpt-4.1", "the live call sends the edited request");
+}
+
+/// An output edit answers its step even where another edit changed the step's request: here
+/// the fetched rate is edited, so the analysis is asked something new, and its output is
+/// edited too: the edit answers it, nothing runs live (QA15 D1: the edit was dropped, the model
+/// called, and the fork still listed the edit).
+#[test]
+fn an_output_edit_answers_its_step_even_when_another_edit_changed_its_request() {
+    let store = store();
+    let source = record(&store);
+    let events = store.events(&source, 1, 100).unwrap();
+    let seq_of = |kind: EventType| events.iter().find(|e| e.kind == kind).unwrap().seq;
+    let fetched = store.put_blob(br#"{"rate":999}"#, BlobHint::Raw).unwrap();
+    let answer = store.put_blob(br#"{"text":"edited analysis"}"#, BlobHint::Raw).unwrap();
+    let edits = vec![
+        Edit::ToolOutput { seq: seq_of(EventType::ToolCall), content: Content::Blob(fetched) },
+        Edit::ModelOutput { seq: seq_of(EventType::ModelCall), content: Content::Blob(answer) },
+    ];
+    let calls = Calls::default();
+    let f = Session::fork_new(store.clone(), &source, None, edits, SessionOptions::default()).unwrap();
+    let published = pipeline(&f, &calls).unwrap();
+    f.finish(Outcome::default()).unwrap();
+    assert_eq!(calls.model.load(Ordering::SeqCst), 0, "the model-output edit answered the changed call");
+    assert_eq!(published["would_publish"]["checked"], "edited analysis", "{published}");
+    let fork = fork_events(&store, &f.run_id());
+    let model = fork.iter().find(|e| e.kind == EventType::ModelCall).unwrap();
+    assert_eq!(model.output_ref, Some(answer), "{model:?}");
+
+    // Its replay is exact.
+    let r = Session::replay(store.clone(), &f.run_id(), SessionOptions::default()).unwrap();
+    assert_eq!(pipeline(&r, &calls).unwrap(), published);
+    r.finish(Outcome::default()).unwrap();
 }
