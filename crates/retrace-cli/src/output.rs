@@ -149,22 +149,7 @@ pub fn edits_line(edits: &[String]) -> String {
     edits.iter().map(short).collect::<Vec<_>>().join(", ")
 }
 
-/// `2024-05-01 12:30:05` in UTC, from Unix milliseconds.
-pub fn utc_time(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
-}
+pub use retrace_core::terminal::utc_time;
 
 pub use retrace_core::terminal::one_line;
 

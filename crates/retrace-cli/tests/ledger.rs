@@ -243,6 +243,14 @@ fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
     assert!(text(&unsigned.stderr).contains("RETRACE_LEDGER_KEY"), "{}", text(&unsigned.stderr));
     let bad = p.retrace(&["ledger", "export", "-o", "ledger.json"], &[("RETRACE_LEDGER_KEY", "short")]);
     assert_eq!(bad.status.code(), Some(2));
+    // A project the ledger doesn't hold: refused, naming those it does (QA15 S3), no file.
+    let typo = p.retrace(
+        &["ledger", "export", "--project", "biling", "-o", "typo.json"],
+        &[("RETRACE_LEDGER_KEY", KEY)],
+    );
+    assert_eq!(typo.status.code(), Some(2), "{}", text(&typo.stderr));
+    assert!(text(&typo.stderr).contains("its projects: billing"), "{}", text(&typo.stderr));
+    assert!(!p.path("typo.json").exists());
 
     let exported = p.retrace(&["ledger", "export", "-o", "ledger.json"], &[("RETRACE_LEDGER_KEY", KEY)]);
     assert!(exported.status.success(), "{}", text(&exported.stderr));

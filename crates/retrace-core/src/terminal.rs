@@ -4,6 +4,31 @@
 
 use std::borrow::Cow;
 
+/// `2024-05-01 12:30:05` in UTC, from Unix milliseconds.
+pub fn utc_time(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// `noun` with its indefinite article: `a tool_call`, `an intent`.
+pub fn a(noun: &str) -> String {
+    match noun.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u') => format!("an {noun}"),
+        _ => format!("a {noun}"),
+    }
+}
+
 /// `n` and its noun, plural unless `n` is 1: `count(1, "step")` is `1 step`, `count(3, "step")`
 /// is `3 steps`. Every noun Retrace counts in its messages takes an `s`.
 pub fn count(n: impl TryInto<u64>, noun: &str) -> String {

@@ -65,9 +65,11 @@ impl Governor {
             standing.rung = Rung::Probation;
             standing.side_effects_allowed = false;
             standing.why = format!(
-                "diverged ({}) in a replay at {} ms, after the signed ledger was exported at {exported} ms \
+                "diverged ({}) in a replay at {} UTC, after the signed ledger was exported at {} UTC \
                  (this store's ledger says so): held until a ledger signed since shows the bar met again",
-                diverged.detail, diverged.at_ms
+                diverged.detail,
+                retrace_core::terminal::utc_time(diverged.at_ms),
+                retrace_core::terminal::utc_time(exported)
             );
         }
         standing

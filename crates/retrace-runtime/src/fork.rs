@@ -68,10 +68,22 @@ pub fn unapplied(edits: &[Edit], events: &[Event]) -> Vec<String> {
             ),
         };
         if !changed {
-            out.push(format!(
-                "{edit} changed nothing: agent {agent:?}: {none} (an agent edit applies once the agent \
-                 is past --at; fork earlier to reach its steps)"
-            ));
+            // Past --at with steps it could change, the edit met them and they came out the same
+            // (a parameter set to the value the requests held): "fork earlier" would not help.
+            let reached = match edit {
+                Edit::Prompt { .. } => mine().next().is_some(),
+                _ => calls().next().is_some(),
+            };
+            let why = match (reached, edit) {
+                (false, _) => {
+                    " (an agent edit applies once the agent is past --at; fork earlier to reach its steps)"
+                }
+                (true, Edit::Param { .. }) => {
+                    " (their requests came out as recorded: they may hold that value already)"
+                }
+                (true, _) => "",
+            };
+            out.push(format!("{edit} changed nothing: agent {agent:?}: {none}{why}"));
         }
     }
     out
@@ -247,7 +259,8 @@ impl ForkPlan {
                     })?,
                 other => {
                     return Err(ForkError::BadEdit(format!(
-                        "message:{seq}: seq {seq} is a {other}, not a send or a delivery"
+                        "message:{seq}: seq {seq} is {}, not a send or a delivery",
+                        retrace_core::terminal::a(other.as_str())
                     )))
                 }
             };
@@ -276,9 +289,9 @@ impl ForkPlan {
             };
             if !ok {
                 return Err(ForkError::BadEdit(format!(
-                    "{}: seq {seq} is a {} ({})",
+                    "{}: seq {seq} is {} ({})",
                     want.expect("found"),
-                    e.kind,
+                    retrace_core::terminal::a(e.kind.as_str()),
                     e.label()
                 )));
             }
@@ -288,9 +301,9 @@ impl ForkPlan {
             for e in [ea, eb] {
                 if e.kind != EventType::Deliver {
                     return Err(ForkError::BadEdit(format!(
-                        "swap:{a},{b}: seq {} is a {} ({}); swap exchanges two deliveries to the same agent",
+                        "swap:{a},{b}: seq {} is {} ({}); swap exchanges two deliveries to the same agent",
                         e.seq,
-                        e.kind,
+                        retrace_core::terminal::a(e.kind.as_str()),
                         e.label()
                     )));
                 }

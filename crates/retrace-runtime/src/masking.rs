@@ -396,9 +396,10 @@ pub fn masked_edit(edit: &Edit, masker: &Masker) -> (Edit, usize) {
 /// The warning for an edit [`masked_edit`] put tokens in, as stored (masked), without a prefix.
 pub fn masked_edit_warning(stored: &Edit, tokens: usize) -> String {
     format!(
-        "edit {stored}: {} matched a masking rule and are stored as \
+        "edit {stored}: {} matched a masking rule and {} stored as \
          tokens: the fork sends the tokens, not the values as typed",
-        retrace_core::terminal::count(tokens, "value")
+        retrace_core::terminal::count(tokens, "value"),
+        if tokens == 1 { "is" } else { "are" }
     )
 }
 

@@ -171,9 +171,10 @@ fn parse_edits(
                     // Stored masked, like any input; but a message or output the fork hands
                     // the program is what it stored, so the program gets the tokens.
                     warnings.push(format!(
-                        "edit {text}: {} of {path} matched a masking rule and are stored as \
+                        "edit {text}: {} of {path} matched a masking rule and {} stored as \
                          tokens: the program gets the tokens, not the values as written",
-                        count(masked.tokens, "value")
+                        count(masked.tokens, "value"),
+                        if masked.tokens == 1 { "is" } else { "are" }
                     ));
                 }
                 let digest = store.put_blob(&masked.bytes, BlobHint::Raw)?;

@@ -94,7 +94,21 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
         )
     })?;
     let key = signing_key(&seed).map_err(|e| usage_hint(e.to_string(), format!("check {LEDGER_KEY_ENV}")))?;
-    let entries = readable_store_from_env()?.ledger_entries(args.project.as_deref())?;
+    let store = readable_store_from_env()?;
+    let entries = store.ledger_entries(args.project.as_deref())?;
+    if let (Some(project), true) = (&args.project, entries.is_empty()) {
+        // Deployed, an empty ledger makes every agent unproven: a typo'd project is refused (QA15 S3).
+        let known: std::collections::BTreeSet<String> =
+            store.ledger_entries(None)?.into_iter().map(|e| e.project).collect();
+        let known: Vec<String> = known.into_iter().collect();
+        return Err(usage_hint(
+            format!("the ledger holds no entries of project {project:?}: nothing to export"),
+            match known.is_empty() {
+                true => "`retrace gate` fills the ledger; export it after a gate".to_owned(),
+                false => format!("its projects: {}", known.join(", ")),
+            },
+        ));
+    }
     let file = LedgerFile::sign(entries, now_ms(), &key);
     let mut text = serde_json::to_vec_pretty(&file)?;
     text.push(b'\n');

@@ -44,7 +44,8 @@ pub(crate) fn card_at(text: &[u8], at: usize) -> Option<Range<usize>> {
     if !(b'2'..=b'6').contains(&text[at]) || !at_boundary(text, at) {
         return None;
     }
-    if at >= 2 && matches!(text[at - 1], b' ' | b'-') && text[at - 2].is_ascii_digit() {
+    // Inside a longer run of groups, or the fraction of a decimal number (`0.5155050114850065`).
+    if at >= 2 && matches!(text[at - 1], b' ' | b'-' | b'.') && text[at - 2].is_ascii_digit() {
         return None;
     }
     let mut digits = [0u8; 19];
@@ -68,7 +69,9 @@ pub(crate) fn card_at(text: &[u8], at: usize) -> Option<Range<usize>> {
         sep = next;
         i += 1;
     }
-    if count < 13 || text.get(i).is_some_and(u8::is_ascii_alphabetic) || !luhn(&digits[..count]) {
+    // The whole part of a decimal number (`4111111111111111.25`) is no card either.
+    let decimal = text.get(i) == Some(&b'.') && text.get(i + 1).is_some_and(u8::is_ascii_digit);
+    if count < 13 || decimal || text.get(i).is_some_and(u8::is_ascii_alphabetic) || !luhn(&digits[..count]) {
         return None;
     }
     Some(at..i)
@@ -182,6 +185,9 @@ mod tests {
         assert_eq!(first_run("ts 1700000000000", card_at), None, "starts with 1");
         assert_eq!(first_run("id4111111111111111", card_at), None, "glued to a word");
         assert_eq!(first_run("41111111111111111111111", card_at), None, "too long");
+        // Decimal numbers (QA15 S4: a float's fraction passed Luhn and was shown as a card).
+        assert_eq!(first_run("nonce 0.5155050114850065", card_at), None, "a fraction");
+        assert_eq!(first_run("x 4111111111111111.25", card_at), None, "a whole part");
     }
 
     #[test]

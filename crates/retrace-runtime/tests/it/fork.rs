@@ -412,8 +412,18 @@ fn an_agent_edit_that_reaches_no_step_is_reported() {
         assert_eq!(warnings.is_empty(), changed, "--at {at}: {warnings:?}");
         if !changed {
             assert!(warnings[0].contains("param:pipeline.temperature=0.5 changed nothing"), "{warnings:?}");
+            assert!(warnings[0].contains("fork earlier"), "{warnings:?}");
         }
     }
+    // Reaching the agent's calls and leaving them as recorded (the value they held already)
+    // is not said as a fork point too late (QA15 S5).
+    let mut served = retrace_core::Event::new("fork", "pipeline", EventType::ModelCall);
+    served.source = Source::Recorded;
+    let unchanged = retrace_runtime::fork::unapplied(std::slice::from_ref(&edit), &[served]);
+    assert!(
+        unchanged[0].contains("they may hold that value already") && !unchanged[0].contains("fork earlier"),
+        "{unchanged:?}"
+    );
 }
 
 #[test]
