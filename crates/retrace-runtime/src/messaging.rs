@@ -120,13 +120,17 @@ impl Agent {
         if !retrace_core::mask::contains_token(&prepared.masked) {
             return Ok(body);
         }
-        let bytes = self.session.inner.for_program(prepared.masked.clone())?;
-        let request: Value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
+        self.body_of(self.session.inner.for_program(prepared.masked.clone())?, "send")
+    }
+
+    /// The `body` of a send's request (`{to, kind, body}`) as stored, decoded for `step`.
+    fn body_of(&self, request: Vec<u8>, step: &str) -> RuntimeResult<Value> {
+        let value: Value = serde_json::from_slice(&request).map_err(|e| RuntimeError::Decode {
             agent: self.id.clone(),
-            step: "send".into(),
+            step: step.into(),
             message: e.to_string(),
         })?;
-        Ok(request.get("body").cloned().unwrap_or(Value::Null))
+        Ok(value.get("body").cloned().unwrap_or(Value::Null))
     }
 
     /// In a replay of a fork, the send as the fork made it: where the recording holds no send
@@ -341,13 +345,7 @@ impl Agent {
         let source = self.session.source_run().unwrap_or_default();
         let event = inner.store.event(&source, send_seq)?;
         let Some(request) = event.request_ref else { return Ok(Value::Null) };
-        let bytes = inner.for_program(inner.store.get_blob(&request)?)?;
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Decode {
-            agent: self.id.clone(),
-            step: "recv".into(),
-            message: e.to_string(),
-        })?;
-        Ok(value.get("body").cloned().unwrap_or(Value::Null))
+        self.body_of(inner.for_program(inner.store.get_blob(&request)?)?, "recv")
     }
 
     /// Blocking [`Agent::send`], for agents on plain threads.

@@ -4,6 +4,7 @@ mod export_import;
 mod fork;
 mod inspect;
 mod launch;
+mod masking;
 mod resolve;
 mod stopping;
 
