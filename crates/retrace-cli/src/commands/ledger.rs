@@ -31,6 +31,9 @@ macro_rules! examples {
 (project, agent): replays, traces replayed (each recording counted once: by its run id and the \
 hash its event chain ends at, so copies of one file, however re-serialized, are one trace), the \
 clean streak (consecutive clean replays), distinct traces in that streak, and the last divergence. \
+A trace that diverges is a clean replay for none of its agents: the replay stops at the \
+divergence, so no agent's steps after it were checked (the agent that diverged has it as its last \
+divergence, the others \"the trace diverged at another agent\"). \
 The project is `[project] name` in ./retrace.toml, else the git top-level folder's name, else \
 the working folder's name (outside git: set [project] name, so traces gated from two folders count \
 for one project).\n\n\

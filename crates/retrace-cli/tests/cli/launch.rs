@@ -203,6 +203,12 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     // None it fits: nothing forked, exit 2.
     let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2"]);
     none.expect(2, &[], &["fit none of the 1 runs"]);
+    // With --json the document still says why each was skipped (QA15 S7).
+    let none = home.run(&["fork", "--runs", &empty, "--edit", "model:reviewer=sim-2", "--json"]);
+    none.expect(2, &[], &["fit none of the 1 runs"]);
+    let doc: serde_json::Value = serde_json::from_str(none.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!((doc["runs"].as_u64(), doc["skipped"][0]["source"].as_str()), (Some(0), Some(empty.as_str())));
+    assert!(doc["skipped"][0]["reason"].as_str().unwrap().contains("made no model call"), "{doc}");
 
     // A program that never joins the run leaves every step: the report names each agent's first.
     let none = home.run(&["replay", &run, "--json", "--", "true"]);

@@ -55,6 +55,13 @@ pub(super) fn fork_many(
         results.push(outcome);
     }
     if results.is_empty() {
+        // With --json the skips are the document (each with why), then the error.
+        if args.json {
+            print_json_line(&serde_json::json!({
+                "forks": [], "runs": 0, "runs_with_moved_decisions": 0,
+                "forks_not_finished": 0, "skipped": skipped_json(&skipped),
+            }))?;
+        }
         return Err(usage(format!(
             "--runs {query}: the edits fit none of the {} runs; each was skipped (above)",
             runs.len()
@@ -81,11 +88,9 @@ pub(super) fn fork_many(
             .iter()
             .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions, "warnings": f.warnings}))
             .collect();
-        let skipped: Vec<_> =
-            skipped.iter().map(|(run, why)| serde_json::json!({"source": run, "reason": why})).collect();
         print_json_line(&serde_json::json!({
             "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs,
-            "forks_not_finished": broken.len(), "skipped": skipped,
+            "forks_not_finished": broken.len(), "skipped": skipped_json(&skipped),
         }))?;
         return outcome;
     }
@@ -121,6 +126,11 @@ pub(super) fn fork_many(
     }
     eprintln!("{moved_runs} of {} runs had decisions move.", results.len());
     outcome
+}
+
+/// `--json`'s `skipped`: each skipped run with why.
+fn skipped_json(skipped: &[(String, String)]) -> Vec<serde_json::Value> {
+    skipped.iter().map(|(run, why)| serde_json::json!({"source": run, "reason": why})).collect()
 }
 
 /// The runs a `--runs` query names.
