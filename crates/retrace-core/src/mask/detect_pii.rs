@@ -99,39 +99,129 @@ fn luhn(digits: &[u8]) -> bool {
     sum % 10 == 0
 }
 
-/// An IBAN whose check digits are the digit run at `at`: two capital letters before it, then
-/// 15–34 capitals and digits in all, written solid or in groups of four separated by single
-/// spaces, and the mod-97 check passes.
+/// An IBAN whose check digits are the digit run at `at`: two letters before it, then 15–34
+/// letters and digits in all, written solid or in groups of four separated by single spaces,
+/// and the mod-97 check passes. Written in capitals, any country code is taken; with a
+/// lowercase letter anywhere (`de89 3704 ...`), only a country of the IBAN registry and at
+/// exactly its length ([`registered_length`]), since lowercase words followed by digits are
+/// common and one in 97 passes the check by chance.
 pub(crate) fn iban_at(text: &[u8], at: usize) -> Option<Range<usize>> {
-    if at < 2 || !text[at - 2].is_ascii_uppercase() || !text[at - 1].is_ascii_uppercase() {
+    if at < 2 || !text[at - 2].is_ascii_alphabetic() || !text[at - 1].is_ascii_alphabetic() {
         return None;
     }
     let start = at - 2;
     if !at_boundary(text, start) || !text.get(at + 1).is_some_and(u8::is_ascii_digit) {
         return None;
     }
-    let upper_or_digit = |b: u8| b.is_ascii_uppercase() || b.is_ascii_digit();
     let mut chars = [0u8; 34];
-    let (mut count, mut i) = (0, start);
+    let (mut count, mut i, mut lowercase) = (0, start, false);
     while i < text.len() {
         let b = text[i];
-        if upper_or_digit(b) {
+        if b.is_ascii_alphanumeric() {
             if count == 34 {
                 return None;
             }
-            chars[count] = b;
+            lowercase |= b.is_ascii_lowercase();
+            chars[count] = b.to_ascii_uppercase();
             count += 1;
             i += 1;
-        } else if b == b' ' && count % 4 == 0 && text.get(i + 1).is_some_and(|b| upper_or_digit(*b)) {
+        } else if b == b' ' && count % 4 == 0 && text.get(i + 1).is_some_and(u8::is_ascii_alphanumeric) {
             i += 1;
         } else {
             break;
         }
     }
-    if count < 15 || text.get(i).is_some_and(u8::is_ascii_alphanumeric) || !mod97(&chars[..count]) {
+    let iban = &chars[..count];
+    if count < 15 || (lowercase && registered_length(&chars[..2]) != Some(count)) || !mod97(iban) {
         return None;
     }
     Some(start..i)
+}
+
+/// The length of an IBAN of `country` (two capitals), for the countries of the ISO 13616
+/// registry (SWIFT's IBAN registry).
+fn registered_length(country: &[u8]) -> Option<usize> {
+    const LENGTHS: &[(&[u8; 2], u8)] = &[
+        (b"AD", 24),
+        (b"AE", 23),
+        (b"AL", 28),
+        (b"AT", 20),
+        (b"AZ", 28),
+        (b"BA", 20),
+        (b"BE", 16),
+        (b"BG", 22),
+        (b"BH", 22),
+        (b"BR", 29),
+        (b"BY", 28),
+        (b"CH", 21),
+        (b"CR", 22),
+        (b"CY", 28),
+        (b"CZ", 24),
+        (b"DE", 22),
+        (b"DK", 18),
+        (b"DO", 28),
+        (b"EE", 20),
+        (b"EG", 29),
+        (b"ES", 24),
+        (b"FI", 18),
+        (b"FO", 18),
+        (b"FR", 27),
+        (b"GB", 22),
+        (b"GE", 22),
+        (b"GI", 23),
+        (b"GL", 18),
+        (b"GR", 27),
+        (b"GT", 28),
+        (b"HR", 21),
+        (b"HU", 28),
+        (b"IE", 22),
+        (b"IL", 23),
+        (b"IQ", 23),
+        (b"IS", 26),
+        (b"IT", 27),
+        (b"JO", 30),
+        (b"KW", 30),
+        (b"KZ", 20),
+        (b"LB", 28),
+        (b"LC", 32),
+        (b"LI", 21),
+        (b"LT", 20),
+        (b"LU", 20),
+        (b"LV", 21),
+        (b"LY", 25),
+        (b"MC", 27),
+        (b"MD", 24),
+        (b"ME", 22),
+        (b"MK", 19),
+        (b"MR", 27),
+        (b"MT", 31),
+        (b"MU", 30),
+        (b"NL", 18),
+        (b"NO", 15),
+        (b"PK", 24),
+        (b"PL", 28),
+        (b"PS", 29),
+        (b"PT", 25),
+        (b"QA", 29),
+        (b"RO", 24),
+        (b"RS", 22),
+        (b"SA", 24),
+        (b"SC", 31),
+        (b"SE", 24),
+        (b"SI", 19),
+        (b"SK", 24),
+        (b"SM", 27),
+        (b"ST", 25),
+        (b"SV", 28),
+        (b"TL", 23),
+        (b"TN", 24),
+        (b"TR", 26),
+        (b"UA", 29),
+        (b"VA", 22),
+        (b"VG", 24),
+        (b"XK", 20),
+    ];
+    LENGTHS.iter().find(|(c, _)| c[..] == *country).map(|(_, n)| usize::from(*n))
 }
 
 /// ISO 13616: move the first four characters to the end, letters become 10–35, the number
@@ -200,5 +290,21 @@ mod tests {
         assert_eq!(first_run("GB82WEST12345698765433", iban_at), None, "mod 97 fails");
         assert_eq!(first_run("DE88 3704 0044 0532 0130 00", iban_at), None, "check digits wrong");
         assert_eq!(first_run("XDE89370400440532013000", iban_at), None, "glued to a word");
+        // Lowercase: a registered country at its exact length only.
+        assert_eq!(
+            first_run("iban de89 3704 0044 0532 0130 00.", iban_at),
+            Some("de89 3704 0044 0532 0130 00")
+        );
+        assert_eq!(first_run("gb82west12345698765432", iban_at), Some("gb82west12345698765432"));
+        assert_eq!(first_run("Gb82West12345698765432", iban_at), Some("Gb82West12345698765432"));
+        assert_eq!(first_run("de89 3704 0044 0532 0130 001", iban_at), None, "one digit too many for DE");
+        assert_eq!(first_run("gb82west12345698765433", iban_at), None, "mod 97 fails");
+        // A lowercase id that passes mod 97 by chance but is no country's IBAN.
+        let chance = (0..100)
+            .map(|check| format!("zz{check:02}12345678901234"))
+            .find(|id| mod97(id.to_ascii_uppercase().as_bytes()))
+            .unwrap();
+        assert_eq!(first_run(&chance, iban_at), None, "{chance}");
+        assert_eq!(first_run(&chance.to_ascii_uppercase(), iban_at), Some(&*chance.to_ascii_uppercase()));
     }
 }

@@ -251,9 +251,12 @@ impl Engine {
     /// The cards and IBANs that start at the digit run at `at`.
     fn digit_run(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
         // The detectors' first checks, inline: a card starts 2–6 after a non-word byte, an IBAN's
-        // check digits follow two capitals.
+        // check digits follow two letters, the first at a word's start.
         let card = (b'2'..=b'6').contains(&bytes[at]) && (at == 0 || !bytes[at - 1].is_ascii_alphanumeric());
-        let iban = at >= 2 && bytes[at - 1].is_ascii_uppercase() && bytes[at - 2].is_ascii_uppercase();
+        let iban = at >= 2
+            && bytes[at - 1].is_ascii_alphabetic()
+            && bytes[at - 2].is_ascii_alphabetic()
+            && (at == 2 || !bytes[at - 3].is_ascii_alphanumeric());
         if card && !self.cards.is_empty() {
             if let Some(range) = detect_pii::card_at(bytes, at) {
                 found.extend(self.cards.iter().map(|rule| Candidate { range: range.clone(), rule: *rule }));
