@@ -96,6 +96,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/api/runs/{run}/agents/{agent}/template", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/exit", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/agents/{agent}/role", Access::AtLeast(Role::Debugger)),
+    ("POST", "/api/runs/{run}/agents/{agent}/claim", Access::AtLeast(Role::Debugger)),
     ("POST", "/api/runs/{run}/retain", Access::AtLeast(Role::Admin)),
     ("POST", "/api/gc", Access::AtLeast(Role::Admin)),
     ("POST", "/api/runs/{run}/delete", Access::AtLeast(Role::Admin)),

@@ -144,6 +144,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/runs/{run}/agents/{agent}/template", post(template::template))
         .route("/api/runs/{run}/agents/{agent}/exit", post(steps::exit))
         .route("/api/runs/{run}/agents/{agent}/role", post(steps::role))
+        .route("/api/runs/{run}/agents/{agent}/claim", post(steps::claim))
         .route("/api/runs/{run}/retain", post(admin::retention::retain))
         .route("/api/gc", post(admin::retention::gc))
         .route("/api/runs/{run}/delete", post(admin::retention::delete))

@@ -516,6 +516,23 @@ pub async fn exit(
     }
 }
 
+/// `POST /api/runs/{run}/agents/{agent}/claim`: ties the agent to the calling process
+/// (`X-Retrace-Process`) before its first step, or answers `agent_owned` (409) when another
+/// live process has it. The SDK asks before the first step whose live function runs before the
+/// step is sent (a recorded tool), so a process that can't speak for the agent is told so
+/// before that function has run.
+pub async fn claim(
+    State(app): State<Arc<AppState>>,
+    Path((run, agent_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    _body: axum::body::Bytes,
+) -> Response {
+    match agent(&app, &run, &agent_id, &headers) {
+        Ok(_) => Json(json!({"status": "done"})).into_response(),
+        Err(r) => *r,
+    }
+}
+
 /// The body of `role`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

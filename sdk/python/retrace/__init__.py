@@ -25,8 +25,10 @@ Pure Python, standard library only.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import inspect
+import math
 import os
 import random
 import secrets
@@ -184,6 +186,14 @@ class Run:
         self._agents: dict[str, Agent] = {}
         self._bus = _off.Mailboxes() if mode == "off" else None
         self._roles_served = True  # False once the daemon said it has no route for roles
+        self._claims_served = True  # False once it said it has none for claims
+        self._finished = False
+        if owned:
+            # A run this process created that nothing else ends: finished at exit if the program
+            # didn't, rather than left `running` for good (and replay refusing it as recording).
+            _watch_exit()
+            self._at_exit = functools.partial(_finish_at_exit, self, os.getpid())
+            atexit.register(self._at_exit)
 
     def agent(self, agent_id: str, role: Optional[str] = None, prompt_template: Optional[str] = None) -> "Agent":
         """The agent ``agent_id`` of this run. ``role`` is recorded on each of its events from
@@ -210,12 +220,17 @@ class Run:
         try:
             self._http.call("POST", f"{agent._base}/role", {"role": role})
         except RetraceError as e:
-            if not (e.status == 404 and e.message.startswith(_NO_ROUTE)):
+            if not _no_route(e):
                 raise
             self._roles_served = False
             print(f"retrace: the daemon at {self._http.url} is older than this SDK: it has no route to "
                   f"declare an agent's role, so run {self.id} records no roles (upgrade the retrace "
                   f"binary to record them)", file=sys.stderr)
+
+    def _ending(self) -> None:
+        self._finished = True
+        if self._owned:
+            atexit.unregister(self._at_exit)
 
     def finish(self, exit_status: int = 0) -> dict:
         """Ends the run. Under ``retrace record`` / ``replay`` the launcher ends it with the
@@ -234,6 +249,7 @@ class Run:
         so (a divergence found at its exit, say); the first such error is raised afterwards, else
         the divergence the run ended with."""
         failed = None
+        self._ending()
         for a in self._agents.values():
             try:
                 a.exit()
@@ -251,6 +267,7 @@ class Run:
         if self._http is None:
             return self.finish(exit_status)
         aio = self._http.aio
+        self._ending()
         try:
             failed = None
             for a in self._agents.values():
@@ -266,6 +283,50 @@ class Run:
             return _ended(done)
         finally:
             await aio.aclose()
+
+
+_UNCAUGHT: list = []  # set once an exception ends the program (sys.excepthook)
+
+
+def _watch_exit() -> None:
+    """Notes an uncaught exception, so a run finished at exit says the program failed."""
+    if getattr(sys.excepthook, "_retrace", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type, value: BaseException, tb: Any) -> None:
+        _UNCAUGHT.append(kind)
+        previous(kind, value, tb)
+
+    hook._retrace = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _finish_at_exit(run: "Run", pid: int) -> None:
+    """Ends a run this process created and never finished (``run.finish()`` forgotten), with exit
+    status 1 after an uncaught exception, else 0 (a ``sys.exit(n)``'s code is out of an exit
+    hook's sight), and says so on standard error. Not in a forked child: the run is its parent's."""
+    if run._finished or os.getpid() != pid:
+        return
+    status = 1 if _UNCAUGHT else 0
+    print(f"retrace: run {run.id} was not finished (run.finish()): finishing it as the program exits, with "
+          f"exit status {status}{' (an uncaught exception)' if _UNCAUGHT else ''}; call run.finish(status) "
+          "before exiting to record the program's own", file=sys.stderr)
+    try:
+        run.finish(status)
+    except RetraceError as e:
+        print(f"retrace: run {run.id}: {e}", file=sys.stderr)
+
+
+def _timeout(timeout: Any, what: str) -> Optional[float]:
+    """A ``recv`` timeout in seconds: None (or an infinity) waits as long as it takes; anything
+    but a number of 0 or more is refused before it is sent (``usage``)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+        raise RetraceError(0, "usage", f"{what}: timeout={timeout!r}; want seconds (a number of 0 or more), or None "
+                           "to wait as long as it takes")
+    return None if math.isinf(timeout) else timeout
 
 
 def _ended(done: dict) -> dict:
@@ -287,8 +348,15 @@ def _ended(done: dict) -> dict:
 # runs a flow with blocking calls, `Agent._adrive` on the event loop: the sync API and its
 # async twins take the same steps by the same rules.
 class _Post:
-    def __init__(self, route: str, body: Any):
-        self.route, self.body = route, body
+    """Send ``body`` to the agent's ``route``: the flow gets the daemon's answer. ``optional``: a
+    route a daemon older than this SDK lacks; the flow gets None from such a daemon."""
+
+    def __init__(self, route: str, body: Any, optional: bool = False):
+        self.route, self.body, self.optional = route, body, optional
+
+
+def _no_route(e: RetraceError) -> bool:
+    return e.status == 404 and e.message.startswith(_NO_ROUTE)
 
 
 class _Run:
@@ -303,7 +371,7 @@ class _Raise:
     """A flow's result that its driver raises: the program's own exception, which raised inside
     the flow would become a RuntimeError if it is a StopIteration (PEP 479)."""
 
-    def __init__(self, error: Exception):
+    def __init__(self, error: BaseException):
         self.error = error
 
 
@@ -320,8 +388,14 @@ class Agent:
         self._base = f"/api/runs/{_segment(run.id)}/agents/{_segment(agent_id)}"
         self._occurrences: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._claimed = 0  # the process that has claimed the agent (see _claim_flow)
 
     # ---- the two drivers -------------------------------------------------------------------
+
+    # A function's exception, whatever it is, is recorded and then raised again: an Exception, a
+    # `sys.exit()` or Ctrl-C inside it, a cancellation of the task awaiting it (an asyncio
+    # timeout around a twin). Replay raises the same at the same step. The exception is raised
+    # outside the `except StopIteration` that ends the flow, so its chain is its own.
 
     def _drive(self, flow: _Flow) -> Any:
         sent: Any = None
@@ -329,16 +403,23 @@ class Agent:
             try:
                 op = flow.send(sent)
             except StopIteration as done:
-                if isinstance(done.value, _Raise):
-                    raise done.value.error
-                return done.value
+                result = done.value
+                break
             if isinstance(op, _Post):
-                sent = self.run._http.call("POST", f"{self._base}/{op.route}", op.body)
+                try:
+                    sent = self.run._http.call("POST", f"{self._base}/{op.route}", op.body)
+                except RetraceError as e:
+                    if not (op.optional and _no_route(e)):
+                        raise
+                    sent = None
             else:
                 try:
                     sent = (op.fn(), None)
-                except Exception as e:  # the failure is recorded, then raised again
+                except BaseException as e:  # the failure is recorded, then raised again
                     sent = (None, e)
+        if isinstance(result, _Raise):
+            raise result.error
+        return result
 
     async def _adrive(self, flow: _Flow) -> Any:
         sent: Any = None
@@ -346,13 +427,15 @@ class Agent:
             try:
                 op = flow.send(sent)
             except StopIteration as done:
-                value = done.value
-                if isinstance(value, _Raise):
-                    raise value.error
-                # Only a dry_run callable can hand back an awaitable: a recorded output is JSON.
-                return await value if inspect.isawaitable(value) else value
+                result = done.value
+                break
             if isinstance(op, _Post):
-                sent = await self.run._http.aio.call("POST", f"{self._base}/{op.route}", op.body)
+                try:
+                    sent = await self.run._http.aio.call("POST", f"{self._base}/{op.route}", op.body)
+                except RetraceError as e:
+                    if not (op.optional and _no_route(e)):
+                        raise
+                    sent = None
                 continue
             try:
                 if op.inline:
@@ -364,8 +447,17 @@ class Agent:
                 if inspect.isawaitable(value):
                     value = await value
                 sent = (value, None)
-            except Exception as e:
+            except BaseException as e:
                 sent = (None, e)
+        if isinstance(result, _Raise):
+            if isinstance(result.error, asyncio.CancelledError) and hasattr(result.error, "_retrace_failure"):
+                # Recorded cancelled (a timeout around the twin, another task's cancel()): the
+                # step never finished, so it doesn't here either, until what cancelled it in
+                # record cancels it again.
+                await asyncio.get_running_loop().create_future()
+            raise result.error
+        # Only a dry_run callable can hand back an awaitable: a recorded output is JSON.
+        return await result if inspect.isawaitable(result) else result
 
     # ---- the flows -------------------------------------------------------------------------
 
@@ -382,6 +474,7 @@ class Agent:
         side_effect = tool is not None and tool.get("class") == "side_effect"
         raised = None  # the program's own exception, raised again once its failure is recorded
         if self.run.mode == "record" and not side_effect:
+            yield from self._claim_flow()
             report, raised = self._report(what, (yield _Run(fn, inline)))
             body.update(report)
         answer = yield _Post("steps", body)
@@ -396,6 +489,17 @@ class Agent:
         if answer["status"] == "error" and raised is not None:
             return _Raise(raised)
         return self._result(answer, dry_run)
+
+    def _claim_flow(self) -> _Flow:
+        """Before the first step of this agent in this process whose function runs before the
+        step is sent: the daemon ties the agent to this process, or says another has it
+        (``agent_owned``), before the function has run. Once per process (a forked child claims
+        again); a daemon older than this SDK has no such route, and is not asked again."""
+        if self._claimed == os.getpid() or not self.run._claims_served:
+            return
+        if (yield _Post("claim", {}, optional=True)) is None:
+            self.run._claims_served = False
+        self._claimed = os.getpid()
 
     @staticmethod
     def _report(what: str, ran: tuple) -> tuple:
@@ -570,6 +674,7 @@ class Agent:
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message for this agent (``Message(seq, sender, body, parent, kind)``), or None
         when ``timeout`` seconds pass (a recorded timeout, which replay reproduces at once)."""
+        timeout = _timeout(timeout, f"recv() of agent {self.id!r}")
         if self.run.mode == "off":
             return _message(self.run._bus.take(self.id, timeout))
         return self._drive(self._recv_flow(timeout))
@@ -606,6 +711,7 @@ class Agent:
         return await self._adrive(self._send_flow(to, body, kind, parent))
 
     async def arecv(self, timeout: Optional[float] = None) -> Optional[Message]:
+        timeout = _timeout(timeout, f"arecv() of agent {self.id!r}")
         if self.run.mode == "off":
             return _message(await self.run._bus.atake(self.id, timeout))
         return await self._adrive(self._recv_flow(timeout))

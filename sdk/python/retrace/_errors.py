@@ -135,8 +135,11 @@ def _twin_args(found: type, message: str) -> tuple:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return text
 
-    if issubclass(found, KeyError) or issubclass(found, StopIteration):
+    if issubclass(found, KeyError) or issubclass(found, StopIteration) or issubclass(found, SystemExit):
         return (literal(message),)
+    if issubclass(found, RetraceError) and not issubclass(found, Divergence):
+        code, _, said = message.partition(": ")
+        return (0, code, said)
     if issubclass(found, OSError):
         shown = re.fullmatch(r"\[Errno (-?\d+)\] (.*?)(?:: (.*?))?(?: -> (.*))?", message, re.S)
         if shown:
@@ -156,27 +159,57 @@ def _reduce_twin(self: BaseException) -> tuple:
     return (replayed_failure, (self._retrace_failure,))  # type: ignore[attr-defined]
 
 
-def replayed_failure(text: str) -> StepError:
+# What a program's exit, its interruption or a task's cancellation inside a step is recorded as
+# (``SystemExit: 4``), and raised as again in replay: the exception itself, not a StepError,
+# which an ``except Exception:`` would catch where the original went through.
+_NOT_ERRORS = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt,
+               "asyncio.exceptions.CancelledError": None}
+
+
+def replayed_failure(text: str) -> BaseException:
     """The exception a recorded failure (:func:`failure_text`) raises where its function does
-    not run: a StepError that is also the recorded class where that class can be found. It
-    pickles (the twin is rebuilt from ``text``)."""
+    not run: a StepError that is also the recorded class where that class can be found (built
+    from the message, or else made without its ``__init__``, with the message as its only
+    argument). It pickles (the twin is rebuilt from ``text``). A recorded ``SystemExit``,
+    ``KeyboardInterrupt`` or cancellation raises that exception itself."""
     name, sep, message = text.partition(": ")
+    if sep and name in _NOT_ERRORS:
+        if name == "asyncio.exceptions.CancelledError":
+            import asyncio
+
+            cancelled = asyncio.CancelledError(*([message] if message else []))
+            cancelled._retrace_failure = text  # type: ignore[attr-defined]
+            return cancelled
+        return _NOT_ERRORS[name](*_twin_args(_NOT_ERRORS[name], message)) if message else _NOT_ERRORS[name]()
     found = _recorded_class(name) if sep else None
     if isinstance(found, type) and issubclass(found, Exception) and not issubclass(found, StepError):
-        try:
-            twin = _AS.get(found)
-            if twin is None:
+        twin = _AS.get(found)
+        if twin is None:
+            try:
                 twin = type(found.__name__, (StepError, found), {"__module__": found.__module__,
                                                                  "__qualname__": found.__qualname__,
                                                                  "__reduce__": _reduce_twin})
-                _AS[found] = twin
-            error = twin(*_twin_args(found, message))
-            if str(error) == message:
-                error._retrace_failure = text
-                return error
-        except Exception:  # a class that can't be built from its message alone
-            pass
+            except TypeError:  # a class that can't be a base (a layout conflict, @final)
+                return StepError(text)
+            _AS[found] = twin
+        for build in (lambda: twin(*_twin_args(found, message)), lambda: _bare(twin, message)):
+            try:
+                error = build()
+                if str(error) == message:
+                    error._retrace_failure = text
+                    return error
+            except Exception:  # its __init__ wants more than the message, its __str__ more than args
+                continue
     return StepError(text)
+
+
+def _bare(twin: type, message: str) -> BaseException:
+    """An instance of ``twin`` made without its ``__init__`` (whose arguments the recorded
+    message doesn't give back: a ``json.JSONDecodeError``'s document and position), with the
+    message as its only argument; attributes its ``__init__`` would set are missing."""
+    error = twin.__new__(twin, message)
+    error.args = (message,)
+    return error
 
 
 for _error in (RetraceError, Divergence, DryRun, ApprovalRequired, NotPermitted, StepError):

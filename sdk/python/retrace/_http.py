@@ -49,8 +49,24 @@ def answer(status: int, raw: bytes) -> Any:
     return payload
 
 
+# Every transport made, so that a forked child (os.fork, multiprocessing's default start method
+# on Linux) drops the connections it inherited: parent and child writing requests on one socket
+# would each read the other's answers.
+_TRANSPORTS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _forget_inherited() -> None:
+    for transport in list(_TRANSPORTS):
+        transport.forget_connections()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited)
+
+
 class Http:
-    """One keep-alive connection per thread to the daemon."""
+    """One keep-alive connection per thread to the daemon, and per process: a forked child
+    opens its own."""
 
     def __init__(self, url: str):
         parsed = urllib.parse.urlsplit(url)
@@ -61,6 +77,14 @@ class Http:
         self.token = os.environ.get("RETRACE_TOKEN")
         self.local = threading.local()
         self._async: Optional[AsyncHttp] = None
+        _TRANSPORTS.add(self)
+
+    def forget_connections(self) -> None:
+        """In a forked child: the parent's connections are the parent's (they are dropped, not
+        closed with a shutdown, which would end them for the parent too)."""
+        self.local = threading.local()
+        if self._async is not None:
+            self._async.forget_connections()
 
     @property
     def aio(self) -> "AsyncHttp":
@@ -77,7 +101,7 @@ class Http:
         return conn
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
         headers = _headers(self.token)
         for attempt in (0, 1):
             conn = self._conn()
@@ -122,8 +146,12 @@ class AsyncHttp:
         self.host, self.port, self.token = host, port, token
         self._idle: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list]" = weakref.WeakKeyDictionary()
 
+    def forget_connections(self) -> None:
+        """In a forked child: drops the parent's idle connections (see :meth:`Http.forget_connections`)."""
+        self._idle = weakref.WeakKeyDictionary()
+
     async def call(self, method: str, path: str, body: Any = None) -> Any:
-        data = b"" if body is None else json.dumps(body).encode()
+        data = b"" if body is None else json.dumps(body, allow_nan=False).encode()
         lines = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}", f"content-length: {len(data)}"]
         lines += [f"{k}: {v}" for k, v in _headers(self.token).items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data

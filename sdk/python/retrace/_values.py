@@ -55,7 +55,26 @@ def plain(value: Any, what: str) -> Any:
             path, number = found
             raise RetraceError(0, "not_json", f"{what} the int {number} at {path}, beyond 64 bits, which a "
                                "step can't keep exactly: pass it as a string (str(n)) first")
-    return json.loads(text)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _SameKey as same:
+        raise RetraceError(0, "not_json", f"{what} two keys of one dict that JSON writes as the same string "
+                           f"{json.dumps(same.key)} (keys become strings: 1 and \"1\", True and \"true\"), so one "
+                           "would be lost: rename one first") from None
+
+
+class _SameKey(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's dict; two keys that stringified alike (``{1: .., "1": ..}``) refused."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _SameKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
 
 
 def text(value: Any, what: str) -> Any:

@@ -14,7 +14,8 @@ class QuotaError(Exception):
 
 
 class Strict(Exception):
-    """One that can't be built from its message alone: replay raises a plain StepError."""
+    """One that can't be built from its message alone: replay makes it without its __init__,
+    with the message as its only argument (a StepError and a Strict all the same)."""
 
     def __init__(self, code: int, why: str):
         super().__init__(f"{code} {why}")
