@@ -25,7 +25,7 @@ macro_rules! examples {
 oldest first: id, name, mode (record, replay, fork), status (running, ok, failed, diverged, \
 interrupted), number of events, start time (UTC) and, for replays and forks, the source run.\n\n\
 A run whose stored record can't be read (damaged in the database) is listed as `unreadable`, \
-with the reason under the table (`--json`: `{id, unreadable}`), and the others as usual.\n\n\
+with the reason under the table (`--json`: `{id, run_id, unreadable}`), and the others as usual.\n\n\
 A run whose recorder was acknowledged for events the store lacks (an ack log that recovery \
 could not apply, under RETRACE_DURABILITY=event) has its status marked `*` and is explained \
 under the table; `--json` gives the reason as `unrecovered`. A status marked `?` is an import \
@@ -42,8 +42,8 @@ Any command that takes RUN accepts a unique prefix of the id (at least 4 charact
     )
 )]
 pub struct Args {
-    /// Print a JSON array: every stored field of each run, plus `events` (and `unrecovered`,
-    /// the reason, for a run that may lack acknowledged events).
+    /// Print a JSON array: every stored field of each run (its id as `id` and as `run_id`), plus
+    /// `events` (and `unrecovered`, the reason, for a run that may lack acknowledged events).
     #[arg(long)]
     pub json: bool,
     /// Only the runs given this `--name` when recorded (replays and forks carry their source's).
@@ -119,17 +119,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .map(|(meta, events, unrecovered)| {
                 let mut value = serde_json::to_value(meta)?;
+                // `run_id` too, as the daemon's API (`/api/runs`) and the SDKs name it.
+                value["run_id"] = meta.id.as_str().into();
                 value["events"] = (*events).into();
                 if let Some(why) = unrecovered {
                     value["unrecovered"] = why.as_str().into();
                 }
                 Ok(value)
             })
-            .chain(
-                unreadable
-                    .iter()
-                    .map(|run| Ok(serde_json::json!({"id": run.id, "unreadable": run.error.to_string()}))),
-            )
+            .chain(unreadable.iter().map(|run| {
+                Ok(serde_json::json!({"id": run.id, "run_id": run.id, "unreadable": run.error.to_string()}))
+            }))
             .collect::<anyhow::Result<Vec<_>>>()?;
         return print_json(&serde_json::Value::Array(list));
     }
