@@ -122,3 +122,41 @@ run.agent("a").tool("t", {}, lambda: 1)
     with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}", timeout=10) as r:
         assert json.loads(r.read())["status"] == "ok"
     assert [e["name"] for e in events(daemon, run_id) if e["type"] == "tool_call"] == ["t"]
+
+
+def test_a_terminal_ctrl_c_reaches_the_recorded_program_once(tmp_path):
+    """Ctrl-C at a terminal reaches the whole foreground process group, `retrace record` and its
+    program both: forwarded again, it would cut the program's own cleanup short."""
+    import pty
+    import select
+    import time
+
+    from test_sdk import BIN
+
+    prog = tmp_path / "cleanup.py"
+    prog.write_text("import sys, time\ntry:\n    print('ready', flush=True)\n    time.sleep(30)\n"
+                    "except KeyboardInterrupt:\n    time.sleep(0.5)\n    print('cleaned up', flush=True)\n"
+                    "    sys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RETRACE_")}
+    env["RETRACE_HOME"] = str(tmp_path / "home")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(BIN, [BIN, "record", "--", sys.executable, str(prog)], env)
+    out, deadline, interrupted = b"", time.monotonic() + 60, False
+    while time.monotonic() < deadline:
+        if not interrupted and b"ready" in out:
+            os.write(fd, b"\x03")  # the terminal's Ctrl-C: SIGINT from the kernel to the group
+            interrupted = True
+        ready, _, _ = select.select([fd], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    said = out.decode(errors="replace")
+    assert "cleaned up" in said and "Traceback" not in said, said
+    assert os.waitstatus_to_exitcode(status) == 3, said

@@ -1,5 +1,6 @@
 //! SIGINT and SIGTERM while Retrace runs programs: one watcher for the whole process forwards
-//! each signal to every program running now and remembers it, so that a command can tell the
+//! each signal to every program running now (but a terminal's Ctrl-C, which the programs in
+//! Retrace's process group got too) and remembers it, so that a command can tell the
 //! user stopping it (Ctrl-C, `kill`) from a program that ended on its own with the same status.
 //! A program that exits 130 is judged on that status; only a signal Retrace itself received is
 //! an interruption.
@@ -13,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::unistd::{getpgid, Pid};
 use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::low_level::siginfo::Cause;
 
 /// The last SIGINT or SIGTERM received since the watcher was installed (0: none), set by the
 /// signal handler itself, so that it is set before the program a terminal's Ctrl-C also ends
@@ -39,13 +42,20 @@ pub fn watch() -> anyhow::Result<()> {
             signal_hook::flag::register_usize(sig, RECEIVED.clone(), sig as usize)
                 .map_err(|e| e.to_string())?;
         }
-        let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
+        let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
         std::thread::Builder::new()
             .name("retrace-signals".into())
             .spawn(move || {
-                for sig in signals.forever() {
-                    let Ok(signal) = Signal::try_from(sig) else { continue };
+                for origin in signals.forever() {
+                    let Ok(signal) = Signal::try_from(origin.signal) else { continue };
+                    // A terminal's Ctrl-C (sent by the kernel) reaches the whole foreground
+                    // process group: a program in ours has it already, and a second one would
+                    // cut short what it does on the first (a KeyboardInterrupt's cleanup).
+                    let from_terminal = matches!(origin.cause, Cause::Kernel);
                     for pid in RUNNING.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                        if from_terminal && in_our_group(*pid) {
+                            continue;
+                        }
                         let _ = kill(*pid, signal);
                     }
                 }
@@ -54,6 +64,12 @@ pub fn watch() -> anyhow::Result<()> {
             .map_err(|e| e.to_string())
     });
     installed.clone().map_err(anyhow::Error::msg).context("installing signal forwarding")
+}
+
+/// Whether `pid` is in Retrace's own process group (a program that made a group of its own
+/// doesn't get a terminal's signals through ours).
+fn in_our_group(pid: Pid) -> bool {
+    matches!((getpgid(Some(pid)), getpgid(None)), (Ok(theirs), Ok(ours)) if theirs == ours)
 }
 
 /// The SIGINT or SIGTERM Retrace received, if any: the user stopped the command.
