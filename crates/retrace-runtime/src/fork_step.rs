@@ -100,7 +100,13 @@ impl Agent {
         let matched = scheduler.take_fork_step(&self.id, kind, probe.name.as_deref(), &prepared.key).await?;
         match matched {
             None => Err(self.mismatch(kind, &probe, &prepared, label)),
-            Some(ForkMatch::Matched(step)) if step.seq < at => self.inherited(&step, label),
+            Some(ForkMatch::Matched(step)) if step.seq < at => {
+                if kind == EventType::ModelCall {
+                    // Inherited, it counts as the source counted it (see `model_cache_key`).
+                    self.model_cache_key(&prepared.key, true);
+                }
+                self.inherited(&step, label)
+            }
             Some(ForkMatch::Matched(step)) => {
                 let plan = inner.plan.clone().expect("forks have a plan");
                 let raw = input.raw_request.is_some();
@@ -220,7 +226,13 @@ impl Agent {
         }
         let cacheable = input.template.kind == EventType::ModelCall || class.is_some();
         if cacheable {
-            if let Some(entry) = inner.store.cache_get(&prepared.key)? {
+            // A model call's n-th identical call in this fork has the n-th cache entry (`record`
+            // counts it once it runs).
+            let cache_key = match input.template.kind {
+                EventType::ModelCall => self.model_cache_key(&prepared.key, false),
+                _ => prepared.key,
+            };
+            if let Some(entry) = inner.store.cache_get(&cache_key)? {
                 if entry.usable_at(inner.clock.now_ms()) {
                     let out = self
                         .stored_output(&entry.output_ref, label, input.raw_request.is_some())?

@@ -127,6 +127,9 @@ pub(crate) struct AgentState {
     pub(crate) prompt: Option<retrace_core::envelope::PromptRef>,
     /// The agent's template, `name@version`.
     pub(crate) template: Option<String>,
+    /// How many model calls of each key the agent has made in this run (recorded or forked):
+    /// the n-th identical call has its own cache entry ([`crate::step`]'s `model_cache_key`).
+    pub(crate) model_calls: std::collections::HashMap<retrace_core::Digest, u32>,
 }
 
 /// How the program ended, compared in replay.

@@ -316,6 +316,7 @@ impl Agent {
         let request = BlobPut::new(prepared.masked, input.hint);
         let mut event = input.template;
         event.key = prepared.key;
+        let cache_key = (event.kind == EventType::ModelCall).then(|| self.model_cache_key(&event.key, true));
         event.request_ref = Some(request.digest());
         self.take_inbound(&mut event);
         let mut blobs = vec![request];
@@ -386,7 +387,7 @@ impl Agent {
         if let Some(originals) = &inner.originals {
             originals.flush(inner.store.as_ref())?;
         }
-        let cache = if uncached { None } else { self.cache_entry(&event) };
+        let cache = if uncached { None } else { self.cache_entry(&event, cache_key) };
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {
@@ -422,8 +423,33 @@ impl Agent {
         Ok((ticket, lamport))
     }
 
-    /// The cache entry a live, successful model or tool step leaves (side effects: none).
-    fn cache_entry(&self, event: &Event) -> Option<(Digest, CacheEntry)> {
+    /// The cache key of this agent's model call with `key` (its next one; `take`: counted, as
+    /// each recorded call is, so the next identical call gets the next key): the key itself for
+    /// the first call of the run with that key, then a digest of the key and `n` for the n-th.
+    /// A program that asks the same thing k times (resampling, retry until the answer parses)
+    /// got k answers live; a fork gets k answers too, live or cached from an earlier fork's
+    /// k-th, never the first answer k times. Tools are keyed by their request alone: a
+    /// deterministic tool's answer is the answer to every identical call.
+    pub(crate) fn model_cache_key(&self, key: &Digest, take: bool) -> Digest {
+        let mut state = self.state.lock();
+        let n = state.model_calls.get(key).copied().unwrap_or(0) + 1;
+        if take {
+            state.model_calls.insert(*key, n);
+        }
+        drop(state);
+        if n == 1 {
+            return *key;
+        }
+        let mut h = retrace_core::digest::DigestWriter::new();
+        h.update(b"retrace/model-cache-occurrence\0");
+        h.update(key.as_bytes());
+        h.update(&n.to_le_bytes());
+        h.finish()
+    }
+
+    /// The cache entry a live, successful model or tool step leaves (side effects: none), under
+    /// `cache_key` for a model call (see [`Agent::model_cache_key`]).
+    fn cache_entry(&self, event: &Event, cache_key: Option<Digest>) -> Option<(Digest, CacheEntry)> {
         if event.source != Source::Live || event.error.is_some() {
             return None;
         }
@@ -436,7 +462,7 @@ impl Agent {
         let stored_at_ms = self.session.inner.clock.now_ms();
         let snapshot = event.model.as_ref().and_then(|m| m.snapshot.clone());
         Some((
-            event.key,
+            cache_key.unwrap_or(event.key),
             CacheEntry { output_ref, usage: event.usage.clone(), stored_at_ms, class, ttl_s, snapshot },
         ))
     }

@@ -246,6 +246,65 @@ fn a_step_served_from_the_cache_keeps_its_model_snapshot() {
     assert_eq!(step.model.as_ref().and_then(|m| m.snapshot.as_deref()), Some("m-2026-11-01"));
 }
 
+/// A program that asks the same model the same thing twice (resampling, a retry until the
+/// answer parses) gets two answers in a fork too: the second identical call has its own cache
+/// entry, not the first call's (QA17 D2: the fork handed back the first answer twice). A second
+/// fork with the same edit gets both from the cache, in order; a deterministic tool's answer
+/// still answers every identical call.
+#[test]
+fn a_repeated_model_call_in_a_fork_gets_its_own_answer_and_a_second_fork_the_same_ones() {
+    let store = store();
+    let answers = AtomicUsize::new(0);
+    let program = |s: &Session, temperature: f64| -> Vec<String> {
+        let a = s.agent("a");
+        let call = ModelCall {
+            provider: "openai".into(),
+            endpoint: "chat.completions".into(),
+            body: json!({"model": "m", "messages": [{"role": "user", "content": "same"}], "temperature": temperature}),
+        };
+        let mut got: Vec<String> = (0..2)
+            .map(|_| {
+                let reply = a
+                    .model(&call, |_| {
+                        let n = answers.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, String>(ModelReply {
+                            body: json!({"text": format!("answer {n}")}),
+                            snapshot: None,
+                            usage: None,
+                        })
+                    })
+                    .unwrap();
+                reply["text"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        for _ in 0..2 {
+            let n: u32 = a
+                .tool("tax", &json!({"sku": 1}), ToolSpec::deterministic("1"), || {
+                    Ok::<_, String>(answers.fetch_add(1, Ordering::SeqCst) as u32)
+                })
+                .unwrap();
+            got.push(n.to_string());
+        }
+        got
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    assert_eq!(program(&s, 0.0), ["answer 0", "answer 1", "2", "3"]);
+    let source = s.finish(Outcome::default()).unwrap().run_id;
+    let edit = || vec![Edit::Param { agent: "a".into(), name: "temperature".into(), value: json!(0.5) }];
+    let fork = |expect: &[&str], sources: &[Source]| {
+        let f =
+            Session::fork_new(store.clone(), &source, Some(1), edit(), SessionOptions::default()).unwrap();
+        assert_eq!(program(&f, 0.0), expect);
+        f.finish(Outcome::default()).unwrap();
+        let got: Vec<Source> = fork_events(&store, &f.run_id()).iter().map(|e| e.source).collect();
+        assert_eq!(got, sources);
+    };
+    use Source::{CacheHit, Live, Recorded};
+    fork(&["answer 4", "answer 5", "2", "3"], &[Live, Live, Recorded, Recorded]);
+    fork(&["answer 4", "answer 5", "2", "3"], &[CacheHit, CacheHit, Recorded, Recorded]);
+    assert_eq!(answers.load(Ordering::SeqCst), 6, "two live calls in the first fork, none in the second");
+}
+
 #[test]
 fn a_second_fork_reuses_the_caches_and_ttl_runs_on_the_forks_clock() {
     let store = store();
