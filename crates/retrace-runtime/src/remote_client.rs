@@ -59,30 +59,54 @@ impl Client {
     }
 
     /// [`Client::post`] for async callers: on tokio's blocking pool when a runtime is running.
+    /// Dropped before its answer (the task cancelled, its runtime shutting down), it closes its
+    /// connection: the blocking exchange then ends at once rather than holding the runtime's
+    /// shutdown until the daemon answers (a `recv` with no timeout never might), and the daemon
+    /// drops the request (a cancelled `recv` takes no message).
     pub(crate) async fn post_async(self: &Arc<Self>, path: &str, body: Value) -> RuntimeResult<Value> {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let (client, path) = (self.clone(), path.to_owned());
-                handle
-                    .spawn_blocking(move || client.call("POST", &path, Some(&body)))
+                let guard = Cancel::default();
+                let cancel = guard.0.clone();
+                let answer = handle
+                    .spawn_blocking(move || client.call_cancellable("POST", &path, Some(&body), Some(&cancel)))
                     .await
-                    .map_err(|e| self.error("internal", format!("the request's thread failed: {e}")))?
+                    .map_err(|e| self.error("internal", format!("the request's thread failed: {e}")))?;
+                guard.0.lock().answered = true;
+                answer
             }
             Err(_) => self.call("POST", path, Some(&body)),
         }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> RuntimeResult<Value> {
+        self.call_cancellable(method, path, body, None)
+    }
+
+    fn call_cancellable(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        cancel: Option<&Arc<Mutex<Cancellable>>>,
+    ) -> RuntimeResult<Value> {
         let payload = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        let exchange = |conn: BufReader<TcpStream>| {
+            if let Some(cancel) = cancel {
+                cancel.lock().watch(conn.get_ref())?;
+            }
+            self.exchange(conn, method, path, &payload)
+        };
         // A reused connection the daemon closed while idle fails before any answer: once more on
         // a fresh one. A fresh connection that fails is reported.
         let pooled = self.idle.lock().pop();
         let (status, raw, conn) = match pooled {
-            Some(conn) => match self.exchange(conn, method, path, &payload) {
+            Some(conn) => match exchange(conn) {
                 Ok(answer) => answer,
-                Err(_) => self.exchange(self.connect()?, method, path, &payload).map_err(|e| self.io(e))?,
+                Err(_) => exchange(self.connect()?).map_err(|e| self.io(e))?,
             },
-            None => self.exchange(self.connect()?, method, path, &payload).map_err(|e| self.io(e))?,
+            None => exchange(self.connect()?).map_err(|e| self.io(e))?,
         };
         if let Some(conn) = conn {
             let mut idle = self.idle.lock();
@@ -193,6 +217,43 @@ impl Client {
 
     fn io(&self, e: std::io::Error) -> RuntimeError {
         self.error("unreachable", format!("the connection failed: {e}"))
+    }
+}
+
+/// What a dropped [`Client::post_async`] closes: the connection its exchange is on.
+#[derive(Debug, Default)]
+pub(crate) struct Cancellable {
+    stream: Option<TcpStream>,
+    answered: bool,
+    cancelled: bool,
+}
+
+impl Cancellable {
+    /// The exchange is about to run on `stream`: a clone of it is kept to close, unless the
+    /// request was cancelled already.
+    fn watch(&mut self, stream: &TcpStream) -> std::io::Result<()> {
+        if self.cancelled {
+            return Err(std::io::Error::new(std::io::ErrorKind::Interrupted, "the request was cancelled"));
+        }
+        self.stream = Some(stream.try_clone()?);
+        Ok(())
+    }
+}
+
+/// Closes the watched connection when dropped before the answer came.
+#[derive(Debug, Default)]
+struct Cancel(Arc<Mutex<Cancellable>>);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        if state.answered {
+            return;
+        }
+        state.cancelled = true;
+        if let Some(stream) = state.stream.take() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 

@@ -192,3 +192,34 @@ async fn a_message_body_holding_nan_is_refused_before_it_reaches_the_daemon() {
     let sends = store.events(&run, 1, 100).unwrap();
     assert_eq!(sends.iter().filter(|e| e.kind == EventType::Send).count(), 1, "only the finite one");
 }
+
+/// A program whose agent task still waits in a remote `recv` with no timeout when its runtime
+/// shuts down (main returned, or dropped the runtime) exits: the dropped request closes its
+/// connection, so the blocking exchange ends rather than holding the runtime's shutdown for good
+/// (QA18 D1), and the daemon drops the wait, so the message sent afterwards goes to the next
+/// `recv`, not the abandoned one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runtime_shut_down_while_an_agent_waits_in_recv_exits_and_the_wait_takes_no_message() {
+    let (store, _home) = sqlite();
+    let nowhere = "http://127.0.0.1:9".to_owned();
+    let d = daemon_over(store, nowhere.clone(), nowhere, |_| {}).await;
+    let rec = Session::connect(&d.base, DaemonRun::New, SessionOptions::default()).unwrap();
+    let (waiter, sender) = (rec.agent("waiter"), rec.agent("sender"));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        rt.spawn(async move { waiter.recv(None).await });
+        std::thread::sleep(Duration::from_millis(300)); // the recv is in flight at the daemon
+        drop(rt);
+        done_tx.send(()).unwrap();
+    });
+    let dropped = tokio::task::spawn_blocking(move || done_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(dropped.is_ok(), "the runtime's shutdown waited on the recv");
+    tokio::time::sleep(Duration::from_millis(300)).await; // the daemon notices the closed connection
+    let seq = sender.send("waiter", "ping", &json!({"n": 1}), None).await.unwrap();
+    let heard = rec.agent("waiter").recv(Some(Duration::from_secs(5))).await.unwrap();
+    assert_eq!(heard.map(|m| m.seq), Some(seq), "the abandoned recv took no message");
+    rec.finish(Outcome { exit_status: Some(0) }).unwrap();
+}
