@@ -17,6 +17,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::error::{RuntimeError, RuntimeResult};
+use crate::panic;
 use crate::remote_session::outcome;
 use crate::session::{AgentState, Mode, Session};
 use crate::step::{LiveOutput, StepInput};
@@ -171,6 +172,10 @@ impl Agent {
     {
         let label = format!("tool_call {name}");
         let args = to_json(args, &self.id, &label)?;
+        // A panic in the function is recorded as the step's failure, then goes on as it would
+        // have (a program that catches it, with a task's JoinHandle, say, takes the path it
+        // took); replay panics again with its message (see `panicked`).
+        let panicked = panic::Caught::default();
         if let Some(remote) = self.remote() {
             let body = json!({
                 "type": "tool_call",
@@ -180,14 +185,15 @@ impl Agent {
             });
             let out = remote
                 .step(self, object(body), spec.dry_run.as_ref(), |_| async {
-                    let result = live().await;
+                    let result = panicked.catch(live()).await;
                     outcome(match result {
-                        Ok(value) => into_json(value, &self.id, &label).map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
+                        Ok(Ok(value)) => into_json(value, &self.id, &label).map_err(|e| e.to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(message) => Err(message),
                     })
                 })
-                .await?;
-            return self.decode(name, out);
+                .await;
+            return self.decode(name, panicked.resume(out)?);
         }
         let mut template = self.event(EventType::ToolCall, Some(name));
         template.tool = Some(ToolRef {
@@ -202,15 +208,18 @@ impl Agent {
         let out = self
             .run_step_async(input, || async {
                 let started = Instant::now();
-                let result = live().await;
+                let result = panicked.catch(live()).await;
                 let latency = started.elapsed().as_millis() as u64;
                 match result {
-                    Ok(value) => Ok(LiveOutput::value(into_json(value, &self.id, &label)?).latency(latency)),
-                    Err(e) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
+                    Ok(Ok(value)) => {
+                        Ok(LiveOutput::value(into_json(value, &self.id, &label)?).latency(latency))
+                    }
+                    Ok(Err(e)) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
+                    Err(message) => Ok(LiveOutput::error(message).latency(latency)),
                 }
             })
-            .await?;
-        self.decode(name, out)
+            .await;
+        self.decode(name, panicked.resume(out)?)
     }
 
     /// Calls a model. Record: runs `live` with the request body to send (a fork's `model:` and

@@ -118,6 +118,7 @@ pub mod log_end;
 pub mod masking;
 pub mod matcher;
 mod messaging;
+mod panic;
 pub mod remote;
 mod remote_client;
 pub mod remote_session;

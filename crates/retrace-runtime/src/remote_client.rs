@@ -70,7 +70,9 @@ impl Client {
                 let guard = Cancel::default();
                 let cancel = guard.0.clone();
                 let answer = handle
-                    .spawn_blocking(move || client.call_cancellable("POST", &path, Some(&body), Some(&cancel)))
+                    .spawn_blocking(move || {
+                        client.call_cancellable("POST", &path, Some(&body), Some(&cancel))
+                    })
                     .await
                     .map_err(|e| self.error("internal", format!("the request's thread failed: {e}")))?;
                 guard.0.lock().answered = true;

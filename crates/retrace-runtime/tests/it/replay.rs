@@ -441,3 +441,54 @@ fn an_extra_step_amid_the_recorded_ones_names_the_next_recorded_step() {
     assert!(d.detail[0].contains("its next recorded step is seq 2 (random"), "{d}");
     assert!(!d.to_string().contains("ran out"), "{d}");
 }
+
+/// A tool function that panics: the panic is recorded as the step's failure and goes on, so a
+/// program that catches it (a task's JoinHandle) takes its fallback; replay panics again at that
+/// step with the same message, and the program takes the same path (QA18 D2: nothing was
+/// recorded, and every replay diverged at the step). A side effect's panic completes its intent.
+#[test]
+fn a_tool_whose_function_panics_is_recorded_and_panics_again_in_replay() {
+    let store = store();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let program = |s: &Session| -> Vec<String> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let mut said = vec![];
+        for spec in [ToolSpec::deterministic("1"), ToolSpec::side_effect("1")] {
+            let (a, ran) = (s.agent("a"), ran.clone());
+            let task = rt.spawn(async move {
+                a.tool_async("parse", &json!({"side": spec.class.as_str()}), spec, || async move {
+                    // Always panics (the `if` leaves the closure its result type).
+                    if ran.fetch_add(1, Ordering::SeqCst) < usize::MAX {
+                        panic!("bad input at line 3");
+                    }
+                    Ok::<u32, String>(1)
+                })
+                .await
+            });
+            let panicked = rt.block_on(task).unwrap_err().into_panic();
+            let message = panicked
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panicked.downcast_ref::<String>().cloned())
+                .unwrap();
+            said.push(message);
+        }
+        let fallback: u32 = s
+            .agent("a")
+            .tool("fallback", &json!({}), ToolSpec::deterministic("1"), || Ok::<_, String>(7))
+            .unwrap();
+        said.push(fallback.to_string());
+        said
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let recorded = program(&s);
+    assert_eq!(recorded, ["bad input at line 3", "bad input at line 3", "7"]);
+    let run = s.finish(Outcome::default()).unwrap().run_id;
+    let events = store.events(&run, 1, 10).unwrap();
+    let failed: Vec<_> = events.iter().filter_map(|e| e.error.clone()).collect();
+    assert_eq!(failed, ["panicked: bad input at line 3", "panicked: bad input at line 3"]);
+    let r = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    assert_eq!(program(&r), recorded);
+    assert_eq!(ran.load(Ordering::SeqCst), 2, "nothing ran in replay");
+    r.finish(Outcome::default()).unwrap();
+}
