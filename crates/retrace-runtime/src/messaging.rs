@@ -360,9 +360,16 @@ impl Agent {
     }
 
     /// Blocking [`Agent::recv`], for agents on plain threads. Record-mode timeouts need a tokio
-    /// runtime; this one enters a private one when none is running.
+    /// runtime; this one enters a private one when none is running. Called on a current-thread
+    /// runtime (whose one thread it blocks, timer included), it waits on a thread of its own, so
+    /// its timeout fires; a message only a task of that runtime would send can't come meanwhile.
     pub fn recv_blocking(&self, timeout: Option<Duration>) -> RuntimeResult<Option<Message>> {
+        use tokio::runtime::RuntimeFlavor;
         match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::CurrentThread => {
+                std::thread::scope(|scope| scope.spawn(|| self.recv_blocking(timeout)).join())
+                    .unwrap_or_else(|_| Err(RuntimeError::Usage("recv_blocking's thread panicked".into())))
+            }
             // A recv waits for another agent in any mode.
             Ok(_) => crate::block::block_on(true, self.recv(timeout)),
             Err(_) => {

@@ -406,3 +406,28 @@ async fn empty_names_are_refused_before_anything_is_recorded() {
     s.finish(Outcome::default()).unwrap();
     assert!(store.events(&s.run_id(), 1, 10).unwrap().is_empty(), "nothing recorded");
 }
+
+/// `recv_blocking` on a current-thread runtime (`#[tokio::main(flavor = "current_thread")]`)
+/// blocks that runtime's only thread, timer included: it waits on a thread of its own, so its
+/// timeout fires (QA18 D3: it hung for good), and a message another thread sends arrives.
+#[test]
+fn recv_blocking_on_a_current_thread_runtime_times_out_and_hears_other_threads() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let s = Session::record(store(), SessionOptions::default()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (a, b) = (s.agent("a"), s.agent("b"));
+        let heard = rt.block_on(async {
+            let timed_out = b.recv_blocking(Some(Duration::from_millis(200))).unwrap();
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                a.send_blocking("b", "ping", &json!({"n": 1}), None).unwrap()
+            });
+            let message = b.recv_blocking(Some(Duration::from_secs(10))).unwrap();
+            (timed_out.is_none(), message.map(|m| m.seq) == Some(sender.join().unwrap()))
+        });
+        done_tx.send(heard).unwrap();
+    });
+    let heard = done_rx.recv_timeout(Duration::from_secs(30)).expect("recv_blocking returned");
+    assert_eq!(heard, (true, true));
+}
