@@ -175,6 +175,21 @@ impl RemoteRun {
         let _ = self.client.post(&self.route(agent, "exit"), &json!({}));
     }
 
+    /// The session was dropped without [`Session::finish`] (a panic, an early return): a run it
+    /// created is stored `interrupted`, as an in-process session's is; one it joined is its
+    /// launcher's to end.
+    pub(crate) fn abandon(&self) {
+        if !self.owned {
+            return;
+        }
+        let agents: Vec<String> = self.agents.lock().iter().cloned().collect();
+        for agent in agents {
+            self.exit(&agent);
+        }
+        let body = json!({ "interrupted": true });
+        let _ = self.client.post(&format!("/api/runs/{}/finish", quote(&self.run)), &body);
+    }
+
     /// One step, as the Python SDK's `_step_flow` takes it: in record (except a side effect) the
     /// program's function runs first and the completed step is posted; otherwise the request is
     /// posted, and the function runs only when the daemon answers `run` (with the request to

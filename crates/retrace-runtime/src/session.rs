@@ -358,17 +358,34 @@ impl Drop for ExitOnDrop {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if self.mode != Mode::Record || self.finished.load(Ordering::SeqCst) {
+        if self.finished.load(Ordering::SeqCst) {
             return;
         }
-        // Never finished (panic or early return): keep what was acknowledged and mark the run.
-        if let Some(writer) = &self.writer {
-            let _ = writer.flush();
-            let mut run = self.run.lock().clone();
-            run.status = RunStatus::Interrupted;
-            run.head = writer.acknowledged().1;
-            let _ = self.store.update_run(&finish::with_stored_tier(self.store.as_ref(), run));
-            let _ = writer.release();
+        // Never finished (panic or early return): keep what was acknowledged and mark the run
+        // `interrupted`, a recording or fork (which replays to where it ends) and a replay
+        // (unjudged) alike; a daemon's run this session created, through the daemon.
+        if let Some(remote) = &self.remote {
+            remote.abandon();
+            return;
+        }
+        let mut run = self.run.lock().clone();
+        match &self.writer {
+            Some(writer) => {
+                let _ = writer.flush();
+                run.status = RunStatus::Interrupted;
+                run.head = writer.acknowledged().1;
+                let _ = self.store.update_run(&finish::with_stored_tier(self.store.as_ref(), run));
+                let _ = writer.release();
+            }
+            None if self.mode == Mode::Replay => {
+                if let Ok(mut stored) = self.store.run(&run.id) {
+                    if stored.status == RunStatus::Running {
+                        stored.status = RunStatus::Interrupted;
+                        let _ = self.store.update_run(&stored);
+                    }
+                }
+            }
+            None => {}
         }
     }
 }

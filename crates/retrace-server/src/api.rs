@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use retrace_core::run::{RunMeta, RunMode};
+use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_runtime::env_sources::{new_run_id, Clock, SystemClock};
 use retrace_runtime::Outcome;
 use serde::Deserialize;
@@ -190,10 +190,15 @@ pub struct NoOptions {}
 #[serde(deny_unknown_fields)]
 pub struct Finish {
     exit_status: Option<i32>,
+    /// The program stopped without finishing the run (a Rust `Session` dropped unfinished): the
+    /// run is stored `interrupted` (a replay unjudged), as an in-process session's would be.
+    #[serde(default)]
+    interrupted: bool,
 }
 
 /// `POST /api/runs/{run}/finish`: ends the run's session. A replay checks that every recorded
 /// call was consumed and that the exit status matches; its divergence, if any, is returned.
+/// With `interrupted`, the run is stored `interrupted` instead, unjudged.
 pub async fn finish(State(app): State<Arc<AppState>>, Path(id): Path<String>, body: Bytes) -> ApiResult {
     let body: Finish = optional_body(&body)?;
     let host = app.clone();
@@ -204,7 +209,15 @@ pub async fn finish(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     .await
     .map_err(internal)?
     .map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
-    let meta = app.host.store().run(&id).map_err(internal)?;
+    let mut meta = app.host.store().run(&id).map_err(internal)?;
+    if body.interrupted {
+        meta.status = RunStatus::Interrupted;
+        meta.divergence = None;
+        meta.labels
+            .insert("failure".into(), "the program dropped its session without finishing the run".into());
+        app.host.store().update_run(&meta).map_err(internal)?;
+        return Ok(Json(run_json(&meta)));
+    }
     let mut out = run_json(&meta);
     if let Err(e) = outcome {
         if e.divergence().is_none() {

@@ -261,14 +261,17 @@ impl RunHost {
             if let Ok(mut meta) = self.store.run(run_id) {
                 let why = if stopped() {
                     meta.status = RunStatus::Interrupted;
+                    let (was, its, it_is) =
+                        if left == 1 { ("was", "its", "it is") } else { ("were", "their", "they are") };
                     format!(
-                        "stopped while {} waited for their upstream; they are not recorded",
-                        retrace_core::terminal::count(left, "proxied call")
+                        "stopped while {} {was} waiting for {its} upstream; {it_is} not recorded",
+                        retrace_core::terminal::count(left, "proxied call"),
                     )
                 } else {
                     meta.status = RunStatus::Failed;
+                    let (was, its) = if left == 1 { ("was", "its") } else { ("were", "their") };
                     format!(
-                        "{} still waiting for their upstream {} s after the run ended, \
+                        "{} {was} still waiting for {its} upstream {} s after the run ended, \
                          and not recorded",
                         retrace_core::terminal::count(left, "proxied call"),
                         self.call_wait.as_secs()

@@ -101,7 +101,7 @@ pub fn document() -> Value {
             "/api/runs/{run}/export": {"get": op("the run as a retrace-trace/1 file (what `retrace export` writes)", &["run"], None, raw("the trace file, JSON Lines", "application/x-ndjson"))},
             "/api/blobs/{digest}": {"get": op("a blob's bytes, by digest", &["digest"], None, raw("the bytes", "application/octet-stream"))},
             "/api/runs/{run}/replay": {"post": op("a new replay run of `run`; calls naming it are answered from `run`'s log", &["run"], None, ok("the replay run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}, "source_run": {"type": "string"}}))))},
-            "/api/runs/{run}/finish": {"post": op("end the run's session; a replay checks leftovers, decisions and exit status", &["run"], Some(body(obj(json!({"exit_status": {"type": "integer"}})), false)), ok("the finished run", run.clone()))},
+            "/api/runs/{run}/finish": {"post": op("end the run's session; a replay checks leftovers, decisions and exit status; with interrupted, the run is stored interrupted, unjudged (a session dropped unfinished)", &["run"], Some(body(obj(json!({"exit_status": {"type": "integer"}, "interrupted": {"type": "boolean"}})), false)), ok("the finished run", run.clone()))},
             "/api/runs/{run}/agents/{agent}/steps": {"post": op(
                 "one step of an agent: in record the completed step, in replay the request (answered from the log); `status: run` asks the program to run it and post `{step, output|error}`",
                 &agent,

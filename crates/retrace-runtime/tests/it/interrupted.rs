@@ -145,3 +145,24 @@ fn a_recv_past_the_recording_s_end_is_log_ended_too() {
     assert_eq!((d.code, d.seq, d.agent.as_str()), (DivergenceCode::LogEnded, Some(last), "b"), "{d}");
     assert!(d.detail.contains(&format!("the recording ends at seq {last}")), "{d}");
 }
+
+/// A replay or a fork dropped without `finish` (a panic, an early return) is stored
+/// `interrupted`, as a recording is (QA18 D5: both stayed `running` for good).
+#[test]
+fn a_replay_or_fork_dropped_unfinished_is_interrupted() {
+    let store: Arc<dyn Store> = Arc::new(retrace_store::memory::MemoryStore::new());
+    let rec = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    step(&rec.agent("a"), 1).unwrap();
+    let run = rec.finish(Outcome { exit_status: Some(0) }).unwrap().run_id;
+    let replay = Session::replay(store.clone(), &run, SessionOptions::default()).unwrap();
+    step(&replay.agent("a"), 1).unwrap();
+    let replay_run = replay.run_id();
+    drop(replay);
+    let fork = Session::fork_new(store.clone(), &run, Some(1), vec![], SessionOptions::default()).unwrap();
+    step(&fork.agent("a"), 1).unwrap();
+    let fork_run = fork.run_id();
+    drop(fork);
+    for id in [replay_run, fork_run] {
+        assert_eq!(store.run(&id).unwrap().status, RunStatus::Interrupted, "{id}");
+    }
+}

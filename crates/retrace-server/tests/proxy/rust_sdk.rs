@@ -213,13 +213,31 @@ async fn a_runtime_shut_down_while_an_agent_waits_in_recv_exits_and_the_wait_tak
         drop(rt);
         done_tx.send(()).unwrap();
     });
-    let dropped = tokio::task::spawn_blocking(move || done_rx.recv_timeout(Duration::from_secs(20)))
-        .await
-        .unwrap();
+    let dropped =
+        tokio::task::spawn_blocking(move || done_rx.recv_timeout(Duration::from_secs(20))).await.unwrap();
     assert!(dropped.is_ok(), "the runtime's shutdown waited on the recv");
     tokio::time::sleep(Duration::from_millis(300)).await; // the daemon notices the closed connection
     let seq = sender.send("waiter", "ping", &json!({"n": 1}), None).await.unwrap();
     let heard = rec.agent("waiter").recv(Some(Duration::from_secs(5))).await.unwrap();
     assert_eq!(heard.map(|m| m.seq), Some(seq), "the abandoned recv took no message");
     rec.finish(Outcome { exit_status: Some(0) }).unwrap();
+}
+
+/// A session of a run it created on the daemon, dropped without `finish` (a panic, an early
+/// return), leaves the run `interrupted`, as an in-process session does (QA18 D4: it stayed
+/// `running` as long as the daemon lived, and replay refused it as still being recorded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_daemon_run_whose_session_is_dropped_unfinished_is_interrupted() {
+    let (store, _home) = sqlite();
+    let nowhere = "http://127.0.0.1:9".to_owned();
+    let d = daemon_over(store, nowhere.clone(), nowhere, |_| {}).await;
+    let rec = Session::connect(&d.base, DaemonRun::New, SessionOptions::default()).unwrap();
+    let a = rec.agent("a");
+    a.tool("count", &json!({"n": 1}), ToolSpec::deterministic("1"), || Ok::<_, String>(1)).unwrap();
+    let run = rec.run_id();
+    drop((a, rec));
+    let meta = d.store.run(&run).unwrap();
+    assert_eq!(meta.status, RunStatus::Interrupted);
+    assert!(meta.labels["failure"].contains("without finishing"), "{:?}", meta.labels);
+    assert_eq!(d.store.last_seq(&run).unwrap(), 1, "its step is kept");
 }
