@@ -8,7 +8,7 @@
 //! [[mask.rules]]
 //! name = "db password"
 //! kind = "password"            # token kind, [a-z0-9]+; default: the detector's kind, else "secret"
-//! json_path = "$..password"    # exactly one of: pattern, regex, literal, header, json_path
+//! json_path = "$..password"    # exactly one of: pattern, regex, literal, header, query, json_path
 //! replay = "token"             # or "original" (from the vault)
 //! ```
 //!
@@ -48,7 +48,7 @@ pub enum MaskConfigError {
     DuplicateName(String),
 }
 
-const MATCHERS: &[&str] = &["pattern", "regex", "literal", "header", "json_path"];
+const MATCHERS: &[&str] = &["pattern", "regex", "literal", "header", "query", "json_path"];
 
 /// Reads the `[mask]` table of `retrace.toml` text (other tables are ignored).
 pub fn parse_toml(text: &str) -> Result<MaskRules, MaskConfigError> {
@@ -164,6 +164,8 @@ fn rule(index: usize, entry: &Table) -> Result<MaskRule, MaskConfigError> {
         "literal" => RuleMatch::Literal { value },
         "header" if value.trim().is_empty() => return Err(bad("the header name is empty".into())),
         "header" => RuleMatch::Header { header: value.trim().to_ascii_lowercase() },
+        "query" if value.trim().is_empty() => return Err(bad("the query parameter name is empty".into())),
+        "query" => RuleMatch::Query { query: value.trim().to_ascii_lowercase() },
         _ => {
             JsonPath::parse(&value).map_err(|e| bad(e.to_string()))?;
             RuleMatch::JsonPath { json_path: value }

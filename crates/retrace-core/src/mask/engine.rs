@@ -31,6 +31,7 @@ const NONE: u8 = 0;
 const TRIGGER: u8 = 1;
 const DIGIT: u8 = 2;
 const AT: u8 = 3;
+const EQUALS: u8 = 4;
 
 #[derive(Clone)]
 struct ByteClasses([u8; 256]);
@@ -61,6 +62,8 @@ pub(crate) struct Engine {
     detector_rules: Vec<(Detector, usize)>,
     cards: Vec<usize>,
     ibans: Vec<usize>,
+    /// Query rules: the parameter's name (lowercase) and the rule's index.
+    queries: Vec<(String, usize)>,
     literals: Option<AhoCorasick>,
     literal_rules: Vec<usize>,
     regexes: Vec<(usize, Regex)>,
@@ -90,6 +93,10 @@ impl Engine {
         for (index, rule) in rules.rules.iter().enumerate() {
             match &rule.matcher {
                 RuleMatch::Header { .. } => continue,
+                RuleMatch::Query { query } => {
+                    engine.queries.push((query.to_ascii_lowercase(), index));
+                    engine.min_len = engine.min_len.min(query.len() + 3);
+                }
                 RuleMatch::Literal { value } => {
                     if value.is_empty() {
                         return Err(MaskError::EmptyLiteral(rule.name.clone()));
@@ -140,6 +147,9 @@ impl Engine {
             for digit in b'0'..=b'9' {
                 engine.classes.0[digit as usize] = DIGIT;
             }
+        }
+        if !engine.queries.is_empty() {
+            engine.classes.0[b'=' as usize] = EQUALS;
         }
         if !literal_values.is_empty() {
             let ac = AhoCorasick::builder().build(&literal_values);
@@ -232,6 +242,7 @@ impl Engine {
                         self.push(Detector::Email, range, found);
                     }
                 }
+                EQUALS => self.query_at(bytes, i, found),
                 _ => {
                     // A token holds `_` and digits, all stops: step over it whole (tokens are
                     // never matched, and masked text is full of them when masking settles).
@@ -284,6 +295,32 @@ impl Engine {
             if let Some(range) = detect_keys::find_at(*detector, bytes, at - offset, anchor.len()) {
                 self.push(*detector, range, found);
             }
+        }
+    }
+
+    /// The value of a query parameter a query rule names, whose `=` is at `at`: the name
+    /// follows `?` or `&` (in a URL, or text quoting one), the value runs to the next `&`, `#`,
+    /// quote, bracket, comma, semicolon or space.
+    fn query_at(&self, bytes: &[u8], at: usize, found: &mut Vec<Candidate>) {
+        let name_char = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.');
+        let name_len = bytes[..at].iter().rev().take(65).take_while(|b| name_char(b)).count();
+        let start = at - name_len;
+        if name_len == 0 || name_len > 64 || start == 0 || !matches!(bytes[start - 1], b'?' | b'&') {
+            return;
+        }
+        let name = &bytes[start..at];
+        let Some((_, rule)) = self.queries.iter().find(|(q, _)| q.as_bytes().eq_ignore_ascii_case(name))
+        else {
+            return;
+        };
+        let value_end = |b: &u8| {
+            matches!(b, b'&' | b'#' | b'"' | b'\'' | b'<' | b'>' | b'(' | b')' | b'[' | b']' | b'{' | b'}')
+                || matches!(b, b',' | b';' | b'\\')
+                || b.is_ascii_whitespace()
+        };
+        let len = bytes[at + 1..].iter().take(4096).take_while(|b| !value_end(b)).count();
+        if len > 0 {
+            found.push(Candidate { range: at + 1..at + 1 + len, rule: *rule });
         }
     }
 

@@ -47,7 +47,9 @@ pub use detect::Detector;
 pub(crate) use json::string_spans;
 pub use key::{BadMaskKey, MaskKey};
 pub use originals::OriginalsSink;
-pub use rules::{literal_digest, MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS};
+pub use rules::{
+    literal_digest, MaskRule, MaskRules, ReplayAs, RuleMatch, DEFAULT_HEADERS, DEFAULT_QUERY_PARAMS,
+};
 pub(crate) use token::token_prefix_len;
 pub use token::{contains_token, token_len_at, TOKEN_PREFIX, TOKEN_TAIL_LEN};
 

@@ -48,6 +48,14 @@ pub enum RuleMatch {
         /// The header name.
         header: String,
     },
+    /// A URL query parameter, by name (case-insensitive): its value is masked wherever a URL is
+    /// persisted or quoted (a proxied call's step name, an upstream URL, a body echoing the
+    /// request): after `?` or `&`, `NAME=` and the value up to the next `&`, `#`, quote,
+    /// bracket, comma, semicolon or space.
+    Query {
+        /// The parameter's name.
+        query: String,
+    },
     /// The string values at a JSON path (`$.a.b`, `$.items[*].c`, `$.a[0]`, `$..password`),
     /// each masked whole; see [`super::jsonpath`].
     JsonPath {
@@ -90,6 +98,23 @@ pub const DEFAULT_HEADERS: &[(&str, &str)] = &[
     ("api-key", "apikey"),
     ("cookie", "cookie"),
     ("set-cookie", "cookie"),
+];
+
+/// The query parameter rules of [`MaskRules::defaults`]: names under which URLs carry
+/// credentials (Azure's `api-key`, OAuth's `access_token`, signed URLs' `sig`...). Each is a
+/// rule named `param-` and the name, of kind `apikey`.
+pub const DEFAULT_QUERY_PARAMS: &[&str] = &[
+    "api-key",
+    "api_key",
+    "apikey",
+    "key",
+    "access_token",
+    "token",
+    "client_secret",
+    "password",
+    "secret",
+    "sig",
+    "signature",
 ];
 
 /// A run's masking rule set, recorded with the run and in its export header.
@@ -163,12 +188,19 @@ impl MaskRules {
     }
 
     /// The recommended rule set: a header rule for each of [`DEFAULT_HEADERS`] (named after the
-    /// header), then every built-in detector (named after it, in [`Detector::ALL`] order).
+    /// header), a query rule for each of [`DEFAULT_QUERY_PARAMS`] (`param-NAME`), then every
+    /// built-in detector (named after it, in [`Detector::ALL`] order).
     pub fn defaults() -> MaskRules {
         let headers = DEFAULT_HEADERS.iter().map(|(header, kind)| MaskRule {
             name: (*header).to_owned(),
             kind: (*kind).to_owned(),
             matcher: RuleMatch::Header { header: (*header).to_owned() },
+            replay: ReplayAs::Token,
+        });
+        let params = DEFAULT_QUERY_PARAMS.iter().map(|param| MaskRule {
+            name: format!("param-{param}"),
+            kind: "apikey".to_owned(),
+            matcher: RuleMatch::Query { query: (*param).to_owned() },
             replay: ReplayAs::Token,
         });
         let patterns = Detector::ALL.iter().map(|d| MaskRule {
@@ -177,7 +209,7 @@ impl MaskRules {
             matcher: RuleMatch::Pattern { pattern: *d },
             replay: ReplayAs::Token,
         });
-        MaskRules { rules: headers.chain(patterns).collect() }
+        MaskRules { rules: headers.chain(params).chain(patterns).collect() }
     }
 }
 

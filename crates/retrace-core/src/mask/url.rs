@@ -17,7 +17,8 @@ fn delimiter(b: u8) -> bool {
 
 impl Masker {
     /// Masks `url` (a full URL or a path with its query), as [`Masker::mask_text`] masks any
-    /// text: what a text rule finds in it as it is, then in each percent-encoded part.
+    /// text: what a text rule finds in it as it is (the value of a query parameter a query rule
+    /// names among them), then in each percent-encoded part.
     pub fn mask_url<'a>(&self, url: &'a str) -> (Cow<'a, str>, usize) {
         self.mask_text(url)
     }
@@ -113,6 +114,37 @@ mod tests {
         assert_eq!(out, format!("/v1/users/{email}?to={email}&card={card}&x=1"));
         assert_eq!(n, 3);
         assert_eq!(m.mask_url(&out).1, 0, "masking twice equals once");
+    }
+
+    /// QA17 D3: credentials a URL carries by parameter name, whatever they look like.
+    #[test]
+    fn credentials_in_a_query_by_parameter_name_become_tokens() {
+        let m = masker();
+        let key = MaskKey::from_bytes([7; 32]);
+        let url = "openai/v1/chat/completions?api-version=2024-06-01&Access_Token=ya29.SECRET&api_key=d41d8cd9#frag";
+        let (out, n) = m.mask_url(url);
+        assert_eq!(
+            out,
+            format!(
+                "openai/v1/chat/completions?api-version=2024-06-01&Access_Token={}&api_key={}#frag",
+                key.token("apikey", "ya29.SECRET"),
+                key.token("apikey", "d41d8cd9")
+            )
+        );
+        assert_eq!(n, 2);
+        assert_eq!(m.mask_url(&out).1, 0, "masking twice equals once");
+        assert_eq!(m.mask_url("/v1/x?api-key=&key").1, 0, "nothing to mask in an empty value");
+        // Quoted in a body (an upstream echoing the request), up to a delimiter.
+        let echoed = "{\"error\": \"bad path /v1/x?api_key=d41d8cd9, retry\"}";
+        let (out, n) = m.mask_text(echoed);
+        assert_eq!(
+            out,
+            format!("{{\"error\": \"bad path /v1/x?api_key={}, retry\"}}", key.token("apikey", "d41d8cd9"))
+        );
+        assert_eq!(n, 1);
+        assert_eq!(m.mask_text("x = 1; token = 2; a==b").1, 0, "an equals sign after no ? or &");
+        let none = Masker::new(MaskRules::default(), Some(key)).unwrap();
+        assert_eq!(none.mask_url(url).1, 0, "only where a rule names the parameter");
     }
 
     #[test]
