@@ -31,7 +31,7 @@ const LEVELS: &[&str] = &["event", "batch", "os"];
 /// Room on the small filesystem.
 const TMPFS: &str = "size=4m";
 /// Bytes of a file written first and deleted once the disk is full: the room freed.
-const FILLER: usize = 512 << 10;
+const FILLER: usize = 1 << 20;
 
 /// An output of about 6 KB that doesn't compress; every eighth one is larger than
 /// [`INLINE_BLOB_MAX`], so it is stored as a file written before its commit.
