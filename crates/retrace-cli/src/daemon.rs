@@ -65,10 +65,11 @@ impl Embedded {
         let _guard = self.runtime.enter();
         let streaming = self.state.host.calls_in_flight(run);
         if streaming > 0 {
+            let (they_are, them) = if streaming == 1 { ("it is", "it") } else { ("they are", "them") };
             eprintln!(
-                "retrace: waiting for {} the program stopped reading or gave up on: they \
-                 are recorded once their upstream ends (at most {} s; Ctrl-C stops waiting, and the run is \
-                 stored interrupted without them)",
+                "retrace: waiting for {} the program stopped reading or gave up on: {they_are} \
+                 recorded once the upstream ends (at most {} s; Ctrl-C stops waiting, and the run is \
+                 stored interrupted without {them})",
                 crate::output::count(streaming, "model call"),
                 self.state.host.call_wait().as_secs()
             );

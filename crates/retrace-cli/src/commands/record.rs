@@ -128,7 +128,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let events = store.last_seq(id)?;
     // Standard output is the program's alone (SPEC §3): the id goes to standard error.
     eprintln!("retrace: run {id} {} ({}), exit status {status}", meta.status, count(events, "event"));
-    if events == 0 {
+    let failure = meta.labels.get("failure");
+    if let Some(why) = failure {
+        // Why the run is `failed` or `interrupted` whatever the program's status (calls it left
+        // that never ended, a step that couldn't be stored): the recording lacks them.
+        eprintln!("retrace: warning: run {id} is {}: {why}", meta.status);
+    }
+    if events == 0 && failure.is_none() {
         // A program whose client sets its own base_url goes around the proxy: recorded as
         // nothing, its replay would make the live calls again and call that a match.
         eprintln!(
@@ -285,7 +291,9 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&meta)?;
     if let (RunStatus::Interrupted, Some(signal)) = (meta.status, launcher::signals::received()) {
-        // Stopped while calls the program had left waited for their upstream.
+        // Stopped while calls the program had left waited for their upstream: the user stopped
+        // Retrace's wait, not the program (which had its own status), so the command ends as
+        // one a signal stopped (README: exit 130 or 143).
         let why = meta.labels.get("failure").cloned().unwrap_or_default();
         return Err(crate::exit::interrupted(signal, format!("run {id} stored interrupted: {why}")));
     }
