@@ -3,7 +3,7 @@
 //! goes through the daemon's proxy (`OPENAI_BASE_URL`), so the SDK steps and the model call are
 //! one run with one sequencer. `retrace replay RUN` replays both with no upstream.
 //!
-//!   retrace record --upstream-openai http://127.0.0.1:8000/v1 -- target/release/examples/remote_agents
+//!   retrace record --upstream-openai http://127.0.0.1:8100/v1 -- target/release/examples/remote_agents
 use std::io::{Read, Write};
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! `retrace serve` access control from the outside: an address beyond loopback is refused
 //! without tokens (exit 2, nothing opened), a tokens file others can read is refused, and with
-//! tokens the daemon serves on 0.0.0.0 and wants them.
+//! tokens the daemon serves on 0.0.0.0 and wants them. A second signal stops a daemon that
+//! waits on an open request.
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
@@ -99,4 +100,53 @@ fn with_tokens_it_serves_on_every_address_and_wants_them() {
     assert_eq!(get(port, "/api/runs", None), Some(401));
     assert_eq!(get(port, "/api/runs", Some("wrong-token-wrong-token")), Some(401));
     assert_eq!(get(port, "/api/runs", Some(TOKEN)), Some(200));
+}
+
+/// Stopping a daemon that holds a request open (a long `recv` here; a proxied stream that never
+/// ends alike): the first SIGTERM lets it end for a while and says so, a second stops the
+/// daemon at once (QA17 D1: it waited for good, and every later signal went unheard).
+#[test]
+fn a_second_signal_stops_a_daemon_waiting_on_an_open_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let child =
+        serve(&dir.path().join("home"), &["--addr", &addr], &[]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut daemon = Daemon(child);
+    let started = Instant::now();
+    while get(port, "/api/health", None).is_none() {
+        assert!(started.elapsed() < Duration::from_secs(20), "the daemon never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let post = |stream: &mut TcpStream, path: &str, body: &str| {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(format!("{head}{body}").as_bytes()).unwrap();
+    };
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    post(&mut stream, "/api/runs", "{}");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answer = vec![0; 4096];
+    let n = stream.read(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    let run = answer.split("\"run_id\":\"").nth(1).and_then(|r| r.split('"').next()).unwrap().to_owned();
+    let mut waiting = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    post(&mut waiting, &format!("/api/runs/{run}/agents/a/recv"), "{}");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = nix::unistd::Pid::from_raw(daemon.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(daemon.0.try_wait().unwrap().is_none(), "the first signal lets the open request end");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let stopped = Instant::now();
+    while daemon.0.try_wait().unwrap().is_none() {
+        assert!(stopped.elapsed() < Duration::from_secs(5), "the second signal stops the daemon");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut said = String::new();
+    daemon.0.stderr.take().unwrap().read_to_string(&mut said).unwrap();
+    assert!(said.contains("letting open requests end (at most 10 s; Ctrl-C again stops now)"), "{said}");
+    assert!(said.contains("stopping now, with requests still open"), "{said}");
 }

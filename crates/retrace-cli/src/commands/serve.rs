@@ -41,8 +41,12 @@ alice`): the audit log then says who revealed what, else `api`. No token or an u
 401, too low a role 403. A non-loopback --addr (0.0.0.0:7420) is refused without tokens \
 (exit 2).
 
+Stopping: SIGINT or SIGTERM stops taking connections and gives open requests (a proxied stream, \
+a long recv) up to 10 s to end; a second signal stops at once. Runs left running are stored \
+interrupted the next time the store is opened.
+
 Examples:
-  retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8000/v1
+  retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8100/v1
   RETRACE_SERVE_TOKENS=viewer:$(openssl rand -hex 16) retrace serve --addr 0.0.0.0:7420
   retrace serve --addr 0.0.0.0:7420 --tokens /etc/retrace/tokens";
 
@@ -51,7 +55,7 @@ Examples:
 #[command(
     after_help = "Tokens: RETRACE_SERVE_TOKENS=role:TOKEN,... or --tokens FILE; required off loopback. More: --help\n\n\
 Examples:\n  \
-retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8000/v1\n  \
+retrace serve --addr 127.0.0.1:7420 --upstream-openai http://127.0.0.1:8100/v1\n  \
 retrace serve --addr 0.0.0.0:7420 --tokens /etc/retrace/tokens",
     after_long_help = LONG_HELP
 )]
@@ -199,11 +203,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
         }
         let state = AppState::new(store, config);
-        retrace_server::serve(bound, state, shutdown_signal()).await.context("serving")?;
+        // The first SIGINT or SIGTERM stops taking connections and lets the open requests end
+        // (a proxied stream, a long `recv`), for at most SHUTDOWN_GRACE; a second one, or the
+        // grace's end, stops at once (QA17 D1: a stream that never ended held the daemon for
+        // good, and further signals went unheard).
+        let (signalled, first) = tokio::sync::oneshot::channel();
+        let serving = retrace_server::serve(bound, state, async move {
+            shutdown_signal().await;
+            let _ = signalled.send(());
+        });
+        tokio::pin!(serving);
+        tokio::select! {
+            served = &mut serving => served.context("serving")?,
+            _ = first => {
+                eprintln!(
+                    "retrace: stopping: letting open requests end (at most {} s; Ctrl-C again stops now)",
+                    SHUTDOWN_GRACE.as_secs()
+                );
+                tokio::select! {
+                    served = &mut serving => served.context("serving")?,
+                    _ = shutdown_signal() => eprintln!("retrace: stopping now, with requests still open"),
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => eprintln!(
+                        "retrace: requests still open after {} s were cut short",
+                        SHUTDOWN_GRACE.as_secs()
+                    ),
+                }
+            }
+        }
         eprintln!("retrace: stopped");
         Ok(())
     })
 }
+
+/// How long a stopping daemon lets its open requests end.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
