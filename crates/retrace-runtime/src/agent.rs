@@ -170,6 +170,8 @@ impl Agent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.named(name, "tool", "the tool's name")?;
+        self.named(&spec.version, "tool", "the tool's version")?;
         let label = format!("tool_call {name}");
         let args = to_json(args, &self.id, &label)?;
         // A panic in the function is recorded as the step's failure, then goes on as it would
@@ -211,9 +213,12 @@ impl Agent {
                 let result = panicked.catch(live()).await;
                 let latency = started.elapsed().as_millis() as u64;
                 match result {
-                    Ok(Ok(value)) => {
-                        Ok(LiveOutput::value(into_json(value, &self.id, &label)?).latency(latency))
-                    }
+                    // An output JSON can't hold is the step's failure, recorded (the function has
+                    // run): replay fails the same way.
+                    Ok(Ok(value)) => match into_json(value, &self.id, &label) {
+                        Ok(json) => Ok(LiveOutput::value(json).latency(latency)),
+                        Err(refused) => Ok(LiveOutput::error(refused.to_string()).latency(latency)),
+                    },
                     Ok(Err(e)) => Ok(LiveOutput::error(e.to_string()).latency(latency)),
                     Err(message) => Ok(LiveOutput::error(message).latency(latency)),
                 }
@@ -465,7 +470,8 @@ impl Agent {
         self.session.inner.remote.as_ref()
     }
 
-    /// True when steps run live (record or off).
+    /// True unless the session replays: in record and off every step runs live, in a fork the
+    /// changed and new ones do (the others are answered from the source).
     pub fn is_live(&self) -> bool {
         self.session.mode() != Mode::Replay
     }
@@ -490,8 +496,12 @@ fn field(out: &Value, name: &str, step: &str) -> RuntimeResult<Value> {
 /// Serializes a program value (tool arguments and outputs, message bodies), refusing NaN and
 /// infinities, naming the step: serde_json would turn them into null.
 pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T, agent: &str, step: &str) -> RuntimeResult<Value> {
-    let json = serde_json::to_value(value)
-        .map_err(|e| RuntimeError::Usage(format!("value does not serialize to JSON: {e}")))?;
+    let json = serde_json::to_value(value).map_err(|e| {
+        let at = crate::finite::failing_path(value).map(|path| format!(" at {path}")).unwrap_or_default();
+        RuntimeError::Usage(format!(
+            "step {step} of agent {agent:?}: the value{at} does not serialize to JSON ({e}); refusing to record it"
+        ))
+    })?;
     // serde_json turns NaN and infinities into null: only a value holding a null can hide one,
     // so only then is it probed again, float by float.
     if holds_null(&json) {

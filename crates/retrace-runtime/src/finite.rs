@@ -4,10 +4,20 @@ use serde::ser::{self, Impossible, Serialize};
 
 /// `Err(path)` when `value` holds a NaN or infinite float, with the JSON path of the first one.
 pub(crate) fn check_finite<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
-    let mut probe = Probe { path: vec!["$".to_owned()] };
+    let mut probe = Probe { path: vec!["$".to_owned()], floats: true };
     match value.serialize(&mut probe) {
         Ok(()) => Ok(()),
         Err(NonFinite(path)) => Err(path),
+    }
+}
+
+/// The JSON path of the part of `value` that failed to serialize (an `i128` or `u128` beyond 64
+/// bits, a map key that is no string or number, a custom `Serialize` error), when found.
+pub(crate) fn failing_path<T: Serialize + ?Sized>(value: &T) -> Option<String> {
+    let mut probe = Probe { path: vec!["$".to_owned()], floats: false };
+    match value.serialize(&mut probe) {
+        Err(NonFinite(path)) if !path.is_empty() => Some(path),
+        _ => None,
     }
 }
 
@@ -31,11 +41,14 @@ impl ser::Error for NonFinite {
 
 struct Probe {
     path: Vec<String>,
+    /// Whether NaN and infinities are what is looked for ([`check_finite`]); else any failure
+    /// ([`failing_path`]).
+    floats: bool,
 }
 
 impl Probe {
     fn float(&self, f: f64) -> Result<(), NonFinite> {
-        if f.is_finite() {
+        if f.is_finite() || !self.floats {
             Ok(())
         } else {
             Err(NonFinite(self.path.concat()))
@@ -43,9 +56,19 @@ impl Probe {
     }
     fn nested<T: Serialize + ?Sized>(&mut self, part: String, value: &T) -> Result<(), NonFinite> {
         self.path.push(part);
-        let r = value.serialize(&mut *self);
+        // A failure with no path yet (a custom error, an unsupported type) is at this part.
+        let r = value.serialize(&mut *self).map_err(|e| match e.0.is_empty() {
+            true => NonFinite(self.path.concat()),
+            false => e,
+        });
         self.path.pop();
         r
+    }
+    fn failure(&self) -> Result<(), NonFinite> {
+        match self.floats {
+            true => Ok(()),
+            false => Err(NonFinite(self.path.concat())),
+        }
     }
 }
 
@@ -194,6 +217,18 @@ impl<'a> ser::Serializer for &'a mut Probe {
     fn serialize_u64(self, _: u64) -> Result<(), NonFinite> {
         Ok(())
     }
+    fn serialize_i128(self, v: i128) -> Result<(), NonFinite> {
+        match i64::try_from(v).is_ok() || u64::try_from(v).is_ok() {
+            true => Ok(()),
+            false => self.failure(),
+        }
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), NonFinite> {
+        match u64::try_from(v).is_ok() {
+            true => Ok(()),
+            false => self.failure(),
+        }
+    }
     fn serialize_f32(self, v: f32) -> Result<(), NonFinite> {
         self.float(f64::from(v))
     }
@@ -304,7 +339,13 @@ impl ser::SerializeMap for Compound<'_> {
     type Ok = ();
     type Error = NonFinite;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), NonFinite> {
-        self.key = k.serialize(KeyName).unwrap_or_else(|_| "?".into());
+        self.key = match k.serialize(KeyName) {
+            Ok(key) => key,
+            Err(_) if !self.probe.floats => {
+                return Err(NonFinite(format!("{}[?]", self.probe.path.concat())))
+            }
+            Err(_) => "?".into(),
+        };
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), NonFinite> {

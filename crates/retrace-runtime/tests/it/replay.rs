@@ -232,6 +232,50 @@ fn nan_is_refused_at_record_time_naming_the_step() {
     assert!(text.contains("tool_call score") && text.contains("$[1]"), "{text}");
 }
 
+/// Values JSON can't hold for other reasons are refused naming the step and the path too, and
+/// a tool needs a name and a version (QA18 D6, D7).
+#[test]
+fn values_json_cant_hold_and_nameless_tools_are_refused_naming_the_step() {
+    let store = store();
+    let wide = |s: &Session| {
+        s.agent("a")
+            .tool("ids", &json!({}), ToolSpec::deterministic("1"), || {
+                Ok::<_, String>(std::collections::BTreeMap::from([(
+                    "big".to_owned(),
+                    vec![1u128, u128::MAX],
+                )]))
+            })
+            .unwrap_err()
+            .to_string()
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let refused = wide(&s);
+    assert!(refused.contains("tool_call ids") && refused.contains("$.big[1]"), "{refused}");
+    let a = s.agent("a");
+    let keys = a
+        .tool(
+            "pairs",
+            &std::collections::BTreeMap::from([((1, 2), "x")]),
+            ToolSpec::deterministic("1"),
+            || Ok::<_, String>(1),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(keys.contains("tool_call pairs") && keys.contains("$[?]"), "{keys}");
+    for (name, version) in [("", "1"), ("t", "")] {
+        let err = a
+            .tool(name, &json!({}), ToolSpec::deterministic(version), || Ok::<_, String>(1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is empty"), "{err}");
+    }
+    let run = s.finish(Outcome::default()).unwrap().run_id;
+    // The refused output was the step's failure, recorded: replay fails the same way.
+    let r = Session::replay(store, &run, SessionOptions::default()).unwrap();
+    assert_eq!(wide(&r), refused);
+    r.finish(Outcome::default()).unwrap();
+}
+
 #[test]
 fn record_hands_back_the_canonical_round_trip() {
     let store = store();
