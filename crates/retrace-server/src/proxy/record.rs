@@ -49,6 +49,9 @@ struct Reply {
     left: Mutex<Option<Instant>>,
     /// Signalled when the client leaves without a response head: the call stops there.
     left_signal: tokio::sync::Notify,
+    /// The call counted among its agent's identical calls in flight, until it is stored or its
+    /// client leaves (a client's own retry after its timeout is no second caller: QA17 D6).
+    identical: Mutex<Option<super::identical::InFlight>>,
 }
 
 /// Notes when the client left, if it left before the response head reached it.
@@ -62,6 +65,7 @@ impl Drop for LeftWatch {
         if !self.answered {
             *self.reply.left.lock() = Some(Instant::now());
             self.reply.left_signal.notify_one();
+            drop(self.reply.identical.lock().take());
         }
     }
 }
@@ -99,13 +103,14 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
         arrived: Instant::now(),
         left: Mutex::new(None),
         left_signal: tokio::sync::Notify::new(),
+        identical: Mutex::new(None),
     });
     // Dropped unanswered when the client leaves (hyper drops the request's future).
     let mut watch = LeftWatch { reply: reply.clone(), answered: false };
     // Counted until the step is stored: the run's end waits for it, even once the client left.
     let in_flight = app.host.call_started(&call.run);
     let call = Arc::new(call);
-    let identical = super::identical::InFlight::enter(&call);
+    *reply.identical.lock() = Some(super::identical::InFlight::enter(&call));
     let task = {
         let (app, reply, call) = (app.clone(), reply.clone(), call.clone());
         tokio::spawn(async move {
@@ -117,7 +122,7 @@ pub(crate) async fn record(app: Arc<AppState>, session: Session, call: Call) -> 
             let result = agent.http_model(call.model_call(), live).await;
             // Stored (or failed): what is left goes to the client only, which the run's end
             // needn't wait for.
-            drop((in_flight, identical));
+            drop((in_flight, reply.identical.lock().take()));
             let pending = reply.pending.lock().take();
             match (result, pending) {
                 (Ok(_), Some(Pending::Whole(response))) => reply.send_head(response),
@@ -259,8 +264,21 @@ async fn live(
     let mut left_ms = None;
     let mut broke_off = None;
     let mut stream = response.bytes_stream();
+    // Counted among its agent's identical calls until its client leaves (not once a chunk finds
+    // it gone): a client that timed out between chunks and retried is no second caller.
+    let mut counted = true;
     loop {
-        let next = tokio::time::timeout(upstreams.timeout, stream.next()).await;
+        let next = match counted {
+            true => tokio::select! {
+                next = tokio::time::timeout(upstreams.timeout, stream.next()) => next,
+                () = tx.closed() => {
+                    counted = false;
+                    drop(reply.identical.lock().take());
+                    continue;
+                }
+            },
+            false => tokio::time::timeout(upstreams.timeout, stream.next()).await,
+        };
         let chunk = match next {
             Err(_) => {
                 broke_off = Some(format!("the upstream sent nothing for {:?}", upstreams.timeout));
