@@ -14,6 +14,7 @@ use retrace_core::{Divergence, DivergenceCode};
 use retrace_store::{LeaseHolder, RunWriter, Store, StoreConfig};
 
 mod finish;
+pub use finish::PENDING_INTENTS;
 mod open;
 
 use crate::agent::Agent;
@@ -192,6 +193,9 @@ pub(crate) struct Inner {
     pub(crate) holds_tokens: AtomicBool,
     pub(crate) steps: AtomicUsize,
     pub(crate) live_calls: AtomicUsize,
+    /// Side effects whose intent is stored and whose completion isn't yet, by the intent's seq
+    /// (its step's label): left at the end, the run says so (`pending_intents`).
+    pub(crate) open_intents: Mutex<std::collections::BTreeMap<u64, String>>,
     finished: AtomicBool,
     /// With `RETRACE_URL`: the daemon's run every step goes to ([`crate::remote_session`]).
     /// Such a session holds no store, writer or scheduler of its own: the daemon is the run's

@@ -325,7 +325,9 @@ impl Agent {
             intent.kind = EventType::Intent;
             intent.key = self.intent_key(&event)?;
             let (ticket, _) = self.append_stamped(intent, std::mem::take(&mut blobs), None, None)?;
-            event.causal_parent = Some(ticket.acked().await?.seq);
+            let seq = ticket.acked().await?.seq;
+            event.causal_parent = Some(seq);
+            inner.open_intents.lock().insert(seq, label.to_owned());
         }
         if input.source == Source::Live {
             inner.live_calls.fetch_add(1, Ordering::Relaxed);
@@ -388,7 +390,11 @@ impl Agent {
             originals.flush(inner.store.as_ref())?;
         }
         let cache = if uncached { None } else { self.cache_entry(&event, cache_key) };
+        let intent = if input.intent { causal_parent } else { None };
         let (ticket, lamport) = self.append_stamped(event, blobs, cache, None)?;
+        if let Some(seq) = intent {
+            inner.open_intents.lock().remove(&seq);
+        }
         let seq = ticket.seq;
         if inner.wait_for_ack || input.must_ack {
             ticket.acked().await?;

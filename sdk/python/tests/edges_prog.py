@@ -64,5 +64,10 @@ def classes() -> None:
         print("parse", isinstance(e, json.JSONDecodeError), e)
 
 
-{"forked": forked, "cancelled": lambda: asyncio.run(cancelled()), "exits": exits, "classes": classes}[scenario]()
+def dies() -> None:
+    """The program dies while a side effect runs: its intent is stored, its completion never."""
+    run.agent("a").tool("email.send", {"to": "ops"}, lambda: os._exit(3), cls="side_effect")
+
+
+{"forked": forked, "dies": dies, "cancelled": lambda: asyncio.run(cancelled()), "exits": exits, "classes": classes}[scenario]()
 run.finish()

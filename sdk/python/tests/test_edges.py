@@ -51,6 +51,13 @@ def test_a_refused_output_and_a_json_decode_error_keep_their_class_in_replay(tmp
                        "parse True Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"]
 
 
+def test_a_recording_that_ends_inside_a_side_effect_says_so_and_how_to_resolve_it(tmp_path):
+    rec = cli(tmp_path, "record", "--", *PROG, "dies", check=False)
+    assert rec.returncode == 3, rec.stdout + rec.stderr
+    assert "seq 1 (tool_call email.send) logged its intent but not its completion" in rec.stderr, rec.stderr
+    assert "retrace resolve " in rec.stderr and " 1 --outcome @FILE | --not-executed" in rec.stderr, rec.stderr
+
+
 def test_a_tools_exception_keeps_its_own_chain(daemon):
     run = retrace.connect(url=daemon, name="chain")
     a = run.agent("a")

@@ -134,6 +134,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // that never ended, a step that couldn't be stored): the recording lacks them.
         eprintln!("retrace: warning: run {id} is {}: {why}", meta.status);
     }
+    if let Some(pending) = meta.labels.get(retrace_runtime::session::PENDING_INTENTS) {
+        let first = pending.split(' ').nth(1).unwrap_or("SEQ").to_owned();
+        eprintln!(
+            "retrace: warning: the program ended while a side effect ran: {pending} logged its intent but \
+             not its completion. A replay stops there until you say what happened: retrace resolve {id} \
+             {first} --outcome @FILE | --not-executed"
+        );
+    }
     if events == 0 && failure.is_none() {
         // A program whose client sets its own base_url goes around the proxy: recorded as
         // nothing, its replay would make the live calls again and call that a match.

@@ -1,6 +1,9 @@
 //! Ending sessions: what record, replay and fork store when the program is done.
 use super::*;
 
+/// The run label listing the side effects a recording left between intent and completion.
+pub const PENDING_INTENTS: &str = "pending_intents";
+
 impl Session {
     /// Ends the run. A session of a daemon's run ([`Session::connect`]) says its agents exited,
     /// ends the run if it created it (a launcher ends the run it started, with the program's
@@ -56,6 +59,15 @@ impl Session {
             run.holds_tokens |= self.inner.holds_tokens.load(Ordering::Relaxed);
             run.finished_at_ms = Some(self.inner.clock.now_ms());
             run.head = head;
+            // A side effect the program left between its intent and its completion (it exited,
+            // its task was cancelled): a replay stops there until `retrace resolve` says what
+            // happened, which the recording's end says now rather than the first replay.
+            let open = self.inner.open_intents.lock();
+            if !open.is_empty() {
+                let listed: Vec<String> =
+                    open.iter().map(|(seq, label)| format!("seq {seq} ({label})")).collect();
+                run.labels.insert(PENDING_INTENTS.into(), listed.join(", "));
+            }
             run.clone()
         };
         self.inner.store.update_run(&with_stored_tier(self.inner.store.as_ref(), meta))?;

@@ -211,11 +211,23 @@ impl Session {
     /// [`Session::from_env`] with options for what the environment doesn't say (name, command,
     /// chaos...). `RETRACE_CHAOS_SEED` overrides `options.chaos_seed`.
     pub fn from_env_with(mut options: SessionOptions) -> RuntimeResult<Session> {
-        if let Some(seed) = std::env::var("RETRACE_CHAOS_SEED").ok().and_then(|s| s.parse().ok()) {
-            options.chaos_seed = Some(seed);
+        // Set but unreadable is refused, as RETRACE_MODE is, rather than quietly ignored (QA18 S4).
+        let given = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(seed) = given("RETRACE_CHAOS_SEED") {
+            options.chaos_seed = Some(seed.trim().parse().map_err(|_| {
+                RuntimeError::Usage(format!(
+                    "RETRACE_CHAOS_SEED={seed:?}: want a whole number (the chaos seed)"
+                ))
+            })?);
         }
-        if let Some(secs) = std::env::var("RETRACE_STALL_TIMEOUT").ok().and_then(|s| s.parse::<f64>().ok()) {
-            options.stall_timeout = Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX);
+        if let Some(text) = given("RETRACE_STALL_TIMEOUT") {
+            let secs =
+                text.trim().parse::<f64>().ok().filter(|s| !s.is_nan() && *s >= 0.0).ok_or_else(|| {
+                    RuntimeError::Usage(format!(
+                        "RETRACE_STALL_TIMEOUT={text:?}: want seconds, a number of 0 or more"
+                    ))
+                })?;
+            options.stall_timeout = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
         }
         if std::env::var("RETRACE_STRICT").is_ok_and(|v| v == "1" || v == "true") {
             options.strict = true;
@@ -379,6 +391,7 @@ impl Session {
                 holds_tokens: AtomicBool::new(false),
                 steps: AtomicUsize::new(0),
                 live_calls: AtomicUsize::new(0),
+                open_intents: Mutex::new(Default::default()),
                 finished: AtomicBool::new(false),
                 remote: None,
             }),
