@@ -136,3 +136,10 @@ pub use remote::{RemoteKind, RemoteStep};
 pub use remote_session::DaemonRun;
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use session::{Mode, Outcome, RunReport, Session, SessionOptions};
+
+// What a program using the runtime meets in its signatures and errors, so that this crate alone
+// is enough to write one (QA18 S1); the crates themselves for the rest (stores, the envelope).
+pub use retrace_core::envelope::{ToolClass, Usage};
+pub use retrace_core::run::RunStatus;
+pub use retrace_core::{Divergence, DivergenceCode};
+pub use {retrace_core, retrace_store};

@@ -165,6 +165,19 @@ fn parse_blobs_url(url: &str) -> StoreResult<PathBuf> {
     Err(StoreError::invalid(format!("RETRACE_BLOBS {url:?} is not a blob url (want file:///path)")))
 }
 
+/// Creates `dir` and the folders above it; a file where a folder goes is said as such
+/// (`RETRACE_HOME=/etc/passwd`), not as `create_dir_all`'s "File exists".
+fn create_folder(dir: &Path) -> StoreResult<()> {
+    if let Some(file) = dir.ancestors().find(|a| a.is_file()) {
+        return Err(StoreError::invalid(format!(
+            "{} is a file, not a folder: the store needs {} (check RETRACE_HOME / RETRACE_STORE)",
+            file.display(),
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))
+}
+
 /// Opens the store `config` names, creating its folders, and marks runs whose recorder died as
 /// `interrupted` (SPEC §7).
 pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
@@ -172,10 +185,9 @@ pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
         StoreLocation::Memory => Arc::new(MemoryStore::new()),
         StoreLocation::Sqlite { path } => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).ctx(|| format!("creating {}", parent.display()))?;
+                create_folder(parent)?;
             }
-            std::fs::create_dir_all(&config.blobs_dir)
-                .ctx(|| format!("creating {}", config.blobs_dir.display()))?;
+            create_folder(&config.blobs_dir)?;
             Arc::new(SqliteStore::open(path, &config.blobs_dir, config.durability, config.busy_timeout_ms)?)
         }
     };

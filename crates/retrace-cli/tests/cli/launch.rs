@@ -460,6 +460,15 @@ fn an_empty_home_and_a_bare_database_name_record_where_runs_finds_them() {
     }
     assert!(dir.path().join(".retrace/retrace.db").is_file() && dir.path().join("bare.db").is_file());
     assert!(dir.path().join("mask.key").is_file(), "the bare database's key beside it");
+    // A file where the store's folder goes is said as such (QA18 S5: "File exists").
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let home = file.join("home");
+    retrace(&["record", "--", "true"], ("RETRACE_HOME", home.to_str().unwrap())).expect(
+        2,
+        &[],
+        &["a-file is a file, not a folder", "RETRACE_HOME"],
+    );
 }
 
 /// `--json`'s summary is the last line of standard output even after a program whose output

@@ -68,6 +68,17 @@ pub enum Cause {
     PromptTemplate(String, Digest, Digest),
 }
 
+/// A parameter's value as JSON shows it: a number, `true`, `false` or `null` bare (QA17 S4:
+/// `max_tokens was "10"`), anything else quoted.
+fn as_value(v: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(v) {
+        Ok(serde_json::Value::Number(_) | serde_json::Value::Bool(_) | serde_json::Value::Null) => {
+            v.to_owned()
+        }
+        _ => format!("{v:?}"),
+    }
+}
+
 /// One hint: the likely cause and where the requests differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hint {
@@ -130,9 +141,11 @@ impl Hint {
                 now.short()
             ),
             Cause::Parameter => format!(
-                "a request parameter differs: {p} was {e:?}, now {g:?}; if the program reads it from the \
+                "a request parameter differs: {p} was {}, now {}; if the program reads it from the \
                  environment or a config file, read that through the SDK (agent.env(...), agent.tool(...)) \
-                 so replay hands back the recorded value, or, if it changed on purpose, re-record"
+                 so replay hands back the recorded value, or, if it changed on purpose, re-record",
+                as_value(e),
+                as_value(g)
             ),
             Cause::ModelAlias => format!(
                 "the model is called by alias with no pinned snapshot (the recording has none): {e:?}; \
