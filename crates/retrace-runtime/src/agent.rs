@@ -92,6 +92,43 @@ pub struct ModelReply {
     pub usage: Option<Usage>,
 }
 
+impl ModelCall {
+    /// A call of `endpoint` of `provider` with `body`.
+    pub fn new(provider: &str, endpoint: &str, body: Value) -> ModelCall {
+        ModelCall { provider: provider.to_owned(), endpoint: endpoint.to_owned(), body }
+    }
+
+    /// An OpenAI Chat Completions call (`openai`, `chat.completions`) with `body`.
+    pub fn openai_chat(body: Value) -> ModelCall {
+        ModelCall::new("openai", "chat.completions", body)
+    }
+
+    /// An Anthropic Messages call (`anthropic`, `messages`) with `body`.
+    pub fn anthropic_messages(body: Value) -> ModelCall {
+        ModelCall::new("anthropic", "messages", body)
+    }
+}
+
+impl ModelReply {
+    /// A reply of `body` with no snapshot and no usage; see [`ModelReply::snapshot`] and
+    /// [`ModelReply::usage`].
+    pub fn new(body: Value) -> ModelReply {
+        ModelReply { body, snapshot: None, usage: None }
+    }
+
+    /// The pinned snapshot the provider reported (its response's `model`).
+    pub fn snapshot(mut self, snapshot: impl Into<String>) -> ModelReply {
+        self.snapshot = Some(snapshot.into());
+        self
+    }
+
+    /// Tokens and cost.
+    pub fn usage(mut self, usage: Usage) -> ModelReply {
+        self.usage = Some(usage);
+        self
+    }
+}
+
 /// Request fields copied into an event's `params`.
 pub(crate) const PARAM_FIELDS: &[&str] = &[
     "temperature",

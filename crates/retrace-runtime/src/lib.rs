@@ -34,9 +34,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use retrace_core::DivergenceCode;
-//! use retrace_runtime::{Outcome, RuntimeResult, Session, SessionOptions, ToolSpec};
-//! use retrace_store::{sqlite::SqliteStore, Store};
+//! use retrace_runtime::retrace_store::{sqlite::SqliteStore, Store};
+//! use retrace_runtime::{DivergenceCode, Outcome, RuntimeResult, Session, SessionOptions, ToolSpec};
 //! use serde_json::{json, Value};
 //!
 //! /// The planner counts rows and tells the reviewer, who emails ops and approves.

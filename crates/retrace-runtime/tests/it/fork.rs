@@ -257,21 +257,17 @@ fn a_repeated_model_call_in_a_fork_gets_its_own_answer_and_a_second_fork_the_sam
     let answers = AtomicUsize::new(0);
     let program = |s: &Session, temperature: f64| -> Vec<String> {
         let a = s.agent("a");
-        let call = ModelCall {
-            provider: "openai".into(),
-            endpoint: "chat.completions".into(),
-            body: json!({"model": "m", "messages": [{"role": "user", "content": "same"}], "temperature": temperature}),
-        };
+        let call = ModelCall::openai_chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": "same"}], "temperature": temperature}),
+        );
         let mut got: Vec<String> = (0..2)
             .map(|_| {
                 let reply = a
                     .model(&call, |_| {
                         let n = answers.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, String>(ModelReply {
-                            body: json!({"text": format!("answer {n}")}),
-                            snapshot: None,
-                            usage: None,
-                        })
+                        Ok::<_, String>(
+                            ModelReply::new(json!({"text": format!("answer {n}")})).snapshot("m-1"),
+                        )
                     })
                     .unwrap();
                 reply["text"].as_str().unwrap().to_owned()
