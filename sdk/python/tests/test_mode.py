@@ -53,6 +53,9 @@ def test_a_bad_mode_is_refused_before_anything_is_sent_or_runs(daemon, monkeypat
         run.agent("ops").tool("email.send", {"to": "ops"}, lambda: sent.append("live"), cls="side_effect")
     assert (refused.value.status, refused.value.code) == (0, "usage")
     assert refused.value.message.startswith(why), refused.value.message
+    near = env["RETRACE_MODE"].strip().lower()
+    if WANT in why and near in ("record", "replay", "fork", "off"):
+        assert f"did you mean {near!r}?" in refused.value.message, refused.value.message
     assert sent == [], "the side effect never runs"
     assert runs(daemon) == before, "nothing reaches the daemon: no run is made"
     # Passing the URL or a name changes nothing: the mode is checked first.

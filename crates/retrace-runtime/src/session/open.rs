@@ -243,11 +243,7 @@ impl Session {
                 ("replay" | "fork", None) => {
                     return Err(RuntimeError::Usage(format!("RETRACE_MODE={mode} needs RETRACE_RUN")))
                 }
-                (other, _) => {
-                    return Err(RuntimeError::Usage(format!(
-                        "RETRACE_MODE={other:?}: want record, replay, fork or off"
-                    )))
-                }
+                (other, _) => return Err(unknown_mode(other)),
             };
             return Session::connect(&url, target, options);
         }
@@ -289,9 +285,7 @@ impl Session {
                 })?;
                 Session::fork(store, &id, options)
             }
-            other => {
-                Err(RuntimeError::Usage(format!("RETRACE_MODE={other:?}: want record, replay, fork or off")))
-            }
+            other => Err(unknown_mode(other)),
         }
     }
 
@@ -432,4 +426,35 @@ fn plan_of(store: &dyn Store, fork: &RunMeta) -> RuntimeResult<ForkPlan> {
         plan.inherit(&plan_of(store, &source_meta)?);
     }
     Ok(plan)
+}
+
+/// A `RETRACE_MODE` that names no mode, with the mode it was probably meant to name
+/// (`Replay`, ` off`): the four are written in lowercase, without spaces.
+fn unknown_mode(mode: &str) -> RuntimeError {
+    let near = mode.trim().to_ascii_lowercase();
+    let hint = match near.as_str() {
+        "record" | "replay" | "fork" | "off" => {
+            format!("; did you mean {near:?}? (a mode is written in lowercase, without spaces)")
+        }
+        _ => String::new(),
+    };
+    RuntimeError::Usage(format!("RETRACE_MODE={mode:?}: want record, replay, fork or off{hint}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unknown_mode;
+
+    #[test]
+    fn a_mode_in_capitals_or_with_spaces_is_refused_naming_the_mode_it_meant() {
+        let said = unknown_mode("Replay").to_string();
+        assert!(
+            said.contains(
+                r#"RETRACE_MODE="Replay": want record, replay, fork or off; did you mean "replay"?"#
+            ),
+            "{said}"
+        );
+        assert!(unknown_mode(" off\n").to_string().contains(r#"did you mean "off"?"#));
+        assert!(!unknown_mode("bogus").to_string().contains("did you mean"));
+    }
 }
