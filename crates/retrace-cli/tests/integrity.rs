@@ -387,6 +387,12 @@ fn a_run_whose_record_is_damaged_is_listed_as_unreadable_and_the_others_still_ve
     home.run(&["verify", SOUND]).expect(0, &["ok: run"], &[]);
     // `gate RUN` of it says what `show` says, not that there is no such run.
     home.run(&["gate", DAMAGED]).expect(1, &[], &["its run can't be read", "stored as bad JSON"]);
+    // A byte that is not UTF-8 is the same damage, not an error of the whole listing (QA21 D4).
+    let edited =
+        home.db().execute("UPDATE runs SET meta = CAST(X'7BFF7D' AS TEXT) WHERE id = ?1", [DAMAGED]).unwrap();
+    assert_eq!(edited, 1);
+    home.run(&["runs"]).expect(0, &[SOUND, DAMAGED, "unreadable", "its record can't be read"], &[]);
+    home.run(&["verify", "--all"]).expect(1, &[&problem], &["verification found 1 problem"]);
 }
 
 /// An event row that can't be read (bad JSON in it) is a problem at its own seq, not at the

@@ -216,8 +216,11 @@ fn retain_then_gc_deletes_only_what_expired_and_the_rest_still_verifies() {
     home.run(&["export", FORK], &[]).expect(0, &["retrace-trace/1", SOURCE], &[]);
     home.run(&["gc"], &[]).expect(0, &["deleted 0 runs (0 events) and 0 blobs; 0 bytes freed"], &[]);
 
-    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nroutine_days = soon\n").unwrap();
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nroutine_days = \"soon\"\n").unwrap();
     home.run(&["gc"], &[]).expect(2, &[], &["retrace.toml line 2", "whole number"]);
+    // Not TOML at all: refused, naming the line, not read in part (QA21 D6).
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nroutine_days = soon\n").unwrap();
+    home.run(&["gc"], &[]).expect(2, &[], &["retrace.toml line 2", "string values must be quoted"]);
 }
 
 #[test]
@@ -290,7 +293,10 @@ fn delete_removes_named_runs_whatever_their_tier_and_a_deleted_run_imports_again
     // Under the default grace, the blobs of a run imported (stored) just now stay: said, with
     // how many, so "0 blobs" isn't taken for the content being gone (QA14 S2).
     std::fs::remove_file(home.dir.path().join("retrace.toml")).unwrap();
+    let dry = home.run(&["delete", KEPT, "--json", "--dry-run"], &[]).expect(0, &[], &[]).json();
     let held = home.run(&["delete", KEPT, "--json"], &[]).expect(0, &[], &[]).json();
+    // A dry run says as much as the delete then does (QA21 D5).
+    assert_eq!(dry["blobs_in_grace"], held["blobs_in_grace"], "{dry} {held}");
     assert_eq!(held["blobs_deleted"], 0, "{held}");
     let in_grace = held["blobs_in_grace"].as_u64().unwrap();
     assert!(in_grace > 0, "{held}");

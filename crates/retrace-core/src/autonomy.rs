@@ -21,6 +21,7 @@
 use serde::Serialize;
 
 use crate::ledger::LedgerEntry;
+use crate::toml_table::Entry;
 
 /// What happens to a side effect below the bar.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -102,32 +103,24 @@ impl AutonomyPolicy {
     /// The `[autonomy]` table of `text` (a whole `retrace.toml`); `None` when there is none
     /// (nothing is governed).
     pub fn parse_toml(text: &str) -> Result<Option<AutonomyPolicy>, PolicyError> {
-        let present = text.lines().any(|l| {
-            let l = strip_comment(l).trim();
-            l.starts_with('[') && l.trim_start_matches('[').trim_end_matches(']').trim() == "autonomy"
-        });
-        let mut policy = present.then(AutonomyPolicy::default);
-        for (line, key, value) in table(text, "autonomy") {
-            let p = policy.get_or_insert_with(AutonomyPolicy::default);
+        let entries = crate::toml_table::table(text, "autonomy")
+            .map_err(|e| PolicyError { line: e.line, why: e.why })?;
+        let Some(entries) = entries else { return Ok(None) };
+        let mut p = AutonomyPolicy::default();
+        for Entry { line, key, value } in entries {
             let err = |why: String| PolicyError { line, why };
-            let number = || {
-                value
-                    .replace('_', "")
-                    .parse::<u64>()
-                    .map_err(|_| err(format!("{key} must be a whole number, not {value}")))
-            };
+            let number = || crate::toml_table::whole(&key, &value).map_err(err);
+            let string = || value.as_str().map(str::to_owned);
             match key.as_str() {
-                "" => {}
-                "ledger" => p.ledger = Some(string(&value).ok_or_else(|| err("ledger must be a quoted path".into()))?),
+                "ledger" => p.ledger = Some(string().ok_or_else(|| err("ledger must be a quoted path".into()))?),
                 "ledger_pubkey" => {
-                    p.ledger_pubkey =
-                        Some(string(&value).ok_or_else(|| err("ledger_pubkey must be quoted base64".into()))?)
+                    p.ledger_pubkey = Some(string().ok_or_else(|| err("ledger_pubkey must be quoted base64".into()))?)
                 }
                 "side_effect_min_clean" => p.side_effect_min_clean = number()?,
                 "side_effect_min_traces" => p.side_effect_min_traces = number()?,
                 "approval_timeout_s" => p.approval_timeout_s = number()?,
                 "below" => {
-                    p.below = match string(&value).as_deref() {
+                    p.below = match string().as_deref() {
                         Some("refuse") => Below::Refuse,
                         Some("hold") => Below::Hold,
                         _ => return Err(err(format!("below must be \"refuse\" or \"hold\", not {value}"))),
@@ -141,7 +134,7 @@ impl AutonomyPolicy {
                 }
             }
         }
-        Ok(policy)
+        Ok(Some(p))
     }
 
     /// The bar in words.
@@ -188,49 +181,10 @@ impl AutonomyPolicy {
     }
 }
 
-/// `[project] name` of `text`, if set.
+/// `[project] name` of `text`, if set (and `text` is TOML).
 pub fn project_name(text: &str) -> Option<String> {
-    table(text, "project").into_iter().find(|(_, k, _)| k == "name").and_then(|(_, _, v)| string(&v))
-}
-
-/// The `(line, key, raw value)` pairs of table `[name]` in a TOML text (comments dropped).
-fn table(text: &str, name: &str) -> Vec<(usize, String, String)> {
-    let mut inside = false;
-    let mut out = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = strip_comment(raw).trim();
-        if line.starts_with('[') {
-            inside = line.trim_start_matches('[').trim_end_matches(']').trim() == name;
-            continue;
-        }
-        if !inside || line.is_empty() {
-            continue;
-        }
-        match line.split_once('=') {
-            Some((k, v)) => out.push((i + 1, k.trim().trim_matches('"').to_owned(), v.trim().to_owned())),
-            None => out.push((i + 1, line.to_owned(), String::new())),
-        }
-    }
-    out
-}
-
-/// The line before a `#` that is not inside a string.
-fn strip_comment(line: &str) -> &str {
-    let mut quoted = false;
-    for (i, c) in line.char_indices() {
-        match c {
-            '"' => quoted = !quoted,
-            '#' if !quoted => return &line[..i],
-            _ => {}
-        }
-    }
-    line
-}
-
-fn string(value: &str) -> Option<String> {
-    let v = value.trim();
-    (v.len() >= 2 && (v.starts_with('"') && v.ends_with('"') || v.starts_with('\'') && v.ends_with('\'')))
-        .then(|| v[1..v.len() - 1].to_owned())
+    let entries = crate::toml_table::table(text, "project").ok()??;
+    entries.into_iter().find(|e| e.key == "name").and_then(|e| e.value.as_str().map(str::to_owned))
 }
 
 #[cfg(test)]
@@ -271,6 +225,10 @@ approval_timeout_s = 30
         let bad = AutonomyPolicy::parse_toml("[autonomy]\nbelow = \"later\"\n").unwrap_err();
         assert_eq!(bad.line, 2);
         assert!(AutonomyPolicy::parse_toml("[autonomy]\nmax = 1\n").unwrap_err().why.contains("unknown key"));
+
+        // Dotted keys are the same setting (QA21 D6): a policy written so governs.
+        let dotted = AutonomyPolicy::parse_toml("autonomy.side_effect_min_clean = 2\n").unwrap().unwrap();
+        assert_eq!(dotted.side_effect_min_clean, 2);
     }
 
     #[test]

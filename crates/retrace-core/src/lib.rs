@@ -46,6 +46,7 @@ pub mod percent;
 pub mod prices;
 pub mod run;
 pub mod terminal;
+pub mod toml_table;
 pub mod unmask;
 pub mod vault;
 

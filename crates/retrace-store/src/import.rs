@@ -29,6 +29,7 @@
 mod commit;
 pub use commit::UNFINISHED_LABEL;
 mod early;
+mod header;
 mod held;
 mod identity;
 mod prepare;

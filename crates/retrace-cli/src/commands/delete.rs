@@ -81,6 +81,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 GcConfig { blob_grace_ms: 0, routine_max_age_ms: u64::MAX, dry_run: true, ..config };
             collect(&*store, &ungraced)?.blobs_deleted
         }
+        // Nothing is deleted yet: the same delete with no grace says how many more blobs it
+        // would take, and those are the ones the grace keeps (QA21 D5).
+        (true, 1..) => {
+            let ungraced = GcConfig { blob_grace_ms: 0, ..config };
+            delete(&*store, &named, &ungraced)?.blobs_deleted.saturating_sub(report.blobs_deleted)
+        }
         _ => 0,
     };
     print_report(&report, args.json, &[("blobs_in_grace", held.into())])?;

@@ -3,6 +3,7 @@ use std::io::Write;
 
 use crate::commands::readable_store_from_env;
 use crate::output::{fit, print_json, table, utc_time};
+use retrace_core::run::RunMeta;
 use retrace_store::import::UNFINISHED_LABEL;
 
 /// The examples every help shows.
@@ -46,7 +47,8 @@ pub struct Args {
     /// `events` (and `unrecovered`, the reason, for a run that may lack acknowledged events).
     #[arg(long)]
     pub json: bool,
-    /// Only the runs given this `--name` when recorded (replays and forks carry their source's).
+    /// Only the runs given this `--name` when recorded, with their replays and forks (which go by
+    /// their source's name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
     /// Only runs of this mode: record, replay or fork.
@@ -79,8 +81,9 @@ impl Args {
             || self.last.is_some()
     }
 
-    fn keeps(&self, meta: &retrace_core::run::RunMeta) -> bool {
-        self.name.as_ref().is_none_or(|name| meta.name.as_ref() == Some(name))
+    /// Whether the filters keep `meta`; `named` says whether it goes by `--name`.
+    fn keeps(&self, meta: &RunMeta, named: &dyn Fn(&RunMeta) -> bool) -> bool {
+        named(meta)
             && self.mode.is_none_or(|mode| meta.mode == mode)
             && self.status.is_none_or(|status| meta.status == status)
             && self.labels.iter().all(|(k, v)| meta.labels.get(k) == Some(v))
@@ -100,7 +103,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => readable_store_from_env()?,
     };
     let (mut runs, unreadable) = store.runs_and_unreadable()?;
-    runs.retain(|meta| args.keeps(meta));
+    // A fork is named `fork of NAME`: it goes by its source's name too, as replays do (theirs is
+    // the source's), so `--name nightly` lists the nightly runs with their replays and forks.
+    let by_id: std::collections::HashMap<&str, &RunMeta> = runs.iter().map(|r| (r.id.as_str(), r)).collect();
+    let named = |meta: &RunMeta| {
+        let Some(name) = &args.name else { return true };
+        let mut at = Some(meta);
+        for _ in 0..64 {
+            let Some(run) = at else { break };
+            if run.name.as_ref() == Some(name) {
+                return true;
+            }
+            at = run.source_run.as_deref().and_then(|id| by_id.get(id).copied());
+        }
+        false
+    };
+    let kept: Vec<bool> = runs.iter().map(|meta| args.keeps(meta, &named)).collect();
+    let mut kept = kept.into_iter();
+    runs.retain(|_| kept.next().unwrap_or(false));
     if let Some(last) = args.last {
         // The store lists oldest first.
         runs.drain(..runs.len().saturating_sub(last));

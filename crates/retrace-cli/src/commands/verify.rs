@@ -2,7 +2,7 @@
 use std::io::Write;
 
 use retrace_store::export::RunEvents;
-use retrace_store::verify::{verify_run_reporting, Problem};
+use retrace_store::verify::{verify_run_reporting, Problem, ProblemKind};
 
 use crate::commands::readable_store_from_env;
 use crate::exit;
@@ -68,6 +68,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     progress.finish();
     let printed = print(&args, &runs, unreadable.len(), events, &problems);
+    // Files this user may not read (another user's store): an access problem, not damage.
+    let denied = |p: &Problem| p.kind == ProblemKind::Unreadable && p.message.contains("Permission denied");
+    if !problems.is_empty() && problems.iter().all(denied) {
+        return Err(exit::usage_hint(
+            format!(
+                "verification could not read {}: permission denied, which says nothing of the data",
+                count(problems.len(), "item")
+            ),
+            "run it as the user the store's files belong to, or give this user read access to them",
+        ));
+    }
     match problems.len() {
         // A report cut short (`verify --all | head -1`) still fails a check that failed.
         0 => printed,

@@ -99,6 +99,11 @@ fn a_fork_whose_program_fails_exits_1_and_says_so() {
         &[],
         &["--runs name~fork of nightly: no recorded run matches (1 fork and 0 replays do", "name them by id"],
     );
+    // `runs --name` lists a recording's forks with it: they go by its name (QA21 D1).
+    let listed = home.run(&["runs", "--name", "nightly", "--json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&listed.stdout()).unwrap();
+    let modes: Vec<&str> = listed.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["record", "fork"], "{listed:#?}");
 }
 
 /// A `prompt:` edit naming a version missing from the template's folder in the program's

@@ -1,5 +1,6 @@
 //! `[retention]` in `retrace.toml`: how long routine runs live and how long fresh blobs are
-//! spared. Only that table is read; every other table is skipped, whatever it holds.
+//! spared. The file is read as TOML (`retention.routine_days = 7` is the same setting); only
+//! that table is looked at.
 //!
 //! ```toml
 //! [retention]
@@ -42,25 +43,14 @@ impl RetentionConfig {
     /// table is an error naming the line.
     pub fn parse_toml(text: &str) -> Result<RetentionConfig, RetentionConfigError> {
         let mut config = RetentionConfig::default();
-        let mut inside = false;
-        for (i, raw) in text.lines().enumerate() {
-            let err = |why: String| RetentionConfigError { line: i + 1, why };
-            let line = raw.split('#').next().unwrap_or("").trim();
-            if line.starts_with('[') {
-                inside = line == "[retention]" || line.replace(' ', "") == "[retention]";
-                continue;
-            }
-            if !inside || line.is_empty() {
-                continue;
-            }
-            let (key, value) = line.split_once('=').ok_or_else(|| err("want `key = value`".into()))?;
-            let value = value.trim().replace('_', "");
-            let number = |what: &str| {
-                value.parse::<u64>().map_err(|_| err(format!("{what} must be a whole number, not {value:?}")))
-            };
-            match key.trim().trim_matches('"') {
-                "routine_days" => config.routine_days = number("routine_days")?,
-                "blob_grace_minutes" => config.blob_grace_minutes = number("blob_grace_minutes")?,
+        let entries = retrace_core::toml_table::table(text, "retention")
+            .map_err(|e| RetentionConfigError { line: e.line, why: e.why })?;
+        for entry in entries.unwrap_or_default() {
+            let err = |why: String| RetentionConfigError { line: entry.line, why };
+            let number = || retrace_core::toml_table::whole(&entry.key, &entry.value).map_err(err);
+            match entry.key.as_str() {
+                "routine_days" => config.routine_days = number()?,
+                "blob_grace_minutes" => config.blob_grace_minutes = number()?,
                 other => {
                     return Err(err(format!(
                         "unknown key {other:?} in [retention] (want routine_days or blob_grace_minutes)"
@@ -83,8 +73,15 @@ mod tests {
                     blob_grace_minutes = 1_0\n[keys]\nstrip = [\"x\"]\n";
         let config = RetentionConfig::parse_toml(text).unwrap();
         assert_eq!((config.routine_days, config.blob_grace_minutes), (7, 10));
-        let bad = RetentionConfig::parse_toml("[retention]\nroutine_days = soon\n").unwrap_err();
+        let bad = RetentionConfig::parse_toml("[retention]\nroutine_days = \"soon\"\n").unwrap_err();
         assert_eq!(bad.to_string(), "retrace.toml line 2: routine_days must be a whole number, not \"soon\"");
+        // As TOML writes it otherwise (QA21 D6): the same settings, not the defaults.
+        for text in ["retention.routine_days = 365\n", "retention = { routine_days = 365 }\n"] {
+            assert_eq!(RetentionConfig::parse_toml(text).unwrap().routine_days, 365, "{text}");
+        }
+        let twice =
+            RetentionConfig::parse_toml("[retention]\nroutine_days = 1\n[retention]\nroutine_days = 2\n");
+        assert_eq!(twice.unwrap_err().line, 3);
         let typo = RetentionConfig::parse_toml("[retention]\nroutine_dayz = 3\n").unwrap_err();
         assert!(typo.why.contains("routine_dayz"), "{typo}");
     }

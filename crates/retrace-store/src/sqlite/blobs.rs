@@ -253,9 +253,28 @@ impl<'c> RowInserter<'c> {
 /// Stores `bytes` flat (in the row, packed or as a file) unless present; returns the row id.
 fn put_flat(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
     match stored_id(tx, staged, digest)? {
-        Some(id) => Ok(id),
+        Some(id) => heal(tx, staged, digest, bytes).map(|()| id),
         None => store_flat(tx, staged, digest, bytes),
     }
+}
+
+/// A blob stored as a file whose file is gone or holds other bytes (damage `verify` reports)
+/// is written again from the bytes in hand, which the writer has checked against the digest:
+/// one damaged file would otherwise break every later run holding the same bytes, stored `ok`
+/// and unreplayable (QA21 D3). Costs a read of the file when a large blob is stored again.
+fn heal(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<()> {
+    if bytes.len() <= INLINE_BLOB_MAX {
+        return Ok(());
+    }
+    let Some((KIND_FILE, _, Value::Text(relative), _)) = row(tx, digest)? else { return Ok(()) };
+    if relative != Files::relative_path(digest) {
+        return Ok(());
+    }
+    let path = staged.files.dir.join(&relative);
+    if staged.stages(&path) || std::fs::read(&path).is_ok_and(|stored| stored == bytes) {
+        return Ok(());
+    }
+    staged.write(digest, bytes).map(drop)
 }
 
 /// Stores `bytes`, not stored yet, flat.
@@ -304,6 +323,7 @@ pub(crate) fn put(
 ) -> StoreResult<i64> {
     let request = hint == BlobHint::ModelRequest;
     if let Some(id) = stored_id(tx, staged, digest)? {
+        heal(tx, staged, digest, bytes)?;
         if let (true, Some(run)) = (request, run_pk) {
             if let Some(prefix) = manifest::prefix_of(bytes) {
                 remember_prefix(tx, run, &prefix, id)?;

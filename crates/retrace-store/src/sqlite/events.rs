@@ -31,11 +31,11 @@ fn last_seq(conn: &Connection, run: &str, pk: i64) -> StoreResult<u64> {
 
 /// The run's `fork_at`, read only when a batch could start there.
 fn fork_at(conn: &Connection, run: &str, pk: i64) -> StoreResult<Option<u64>> {
-    let json: String = conn
+    let json: Vec<u8> = conn
         .prepare_cached("SELECT meta FROM runs WHERE pk = ?1")
-        .and_then(|mut s| s.query_row([pk], |r| r.get(0)))
+        .and_then(|mut s| s.query_row([pk], |r| super::runs::record_bytes(r, 0)))
         .ctx(|| format!("reading run {run}"))?;
-    Ok(decode_json::<RunMeta>(json.as_bytes(), &format!("run {run}"))?.fork_at)
+    Ok(decode_json::<RunMeta>(&json, &format!("run {run}"))?.fork_at)
 }
 
 impl SqliteStore {

@@ -92,11 +92,11 @@ impl GcStore for SqliteStore {
 
 /// The metadata of the runs stored as `running`.
 fn running_metas(conn: &Connection) -> StoreResult<Vec<RunMeta>> {
-    let rows: Vec<(String, String)> = conn
+    let rows: Vec<(String, Vec<u8>)> = conn
         .prepare("SELECT id, meta FROM runs WHERE status = 'running' ORDER BY pk")
-        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, super::runs::record_bytes(r, 1)?)))?.collect())
         .ctx(|| "compacting the store")?;
-    rows.into_iter().map(|(id, json)| decode_json(json.as_bytes(), &format!("run {id}"))).collect()
+    rows.into_iter().map(|(id, json)| decode_json(&json, &format!("run {id}"))).collect()
 }
 
 impl SqliteStore {
@@ -155,12 +155,14 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
     let runs: Vec<(i64, RunMeta)> = tx
         .prepare("SELECT pk, id, meta FROM runs ORDER BY started_at, pk")
         .and_then(|mut s| {
-            s.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()
+            s.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, super::runs::record_bytes(r, 2)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
         })
         .ctx(|| WHAT)?
         .into_iter()
-        .map(|(pk, id, json)| Ok((pk, decode_json(json.as_bytes(), &format!("run {id}"))?)))
+        .map(|(pk, id, json)| Ok((pk, decode_json(&json, &format!("run {id}"))?)))
         .collect::<StoreResult<_>>()?;
     let metas: Vec<RunMeta> = runs.iter().map(|(_, m)| m.clone()).collect();
     let doomed =

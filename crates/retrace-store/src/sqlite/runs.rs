@@ -34,8 +34,22 @@ fn meta_json(meta: &RunMeta) -> StoreResult<String> {
         .map_err(|e| StoreError::invalid(format!("run {} can't be encoded: {e}", meta.id)).with_source(e))
 }
 
-fn decode_meta(id: &str, json: &str) -> StoreResult<RunMeta> {
-    decode_json(json.as_bytes(), &format!("run {id}"))
+fn decode_meta(id: &str, json: &[u8]) -> StoreResult<RunMeta> {
+    decode_json(json, &format!("run {id}"))
+}
+
+/// A run's stored record as bytes: a record with a byte that is not UTF-8 (damage) is then a
+/// run that can't be decoded, named and listed as unreadable, not an error of the listing.
+pub(crate) fn record_bytes(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Vec<u8>> {
+    use rusqlite::types::{FromSqlError, ValueRef};
+    match r.get_ref(i)? {
+        ValueRef::Text(b) | ValueRef::Blob(b) => Ok(b.to_vec()),
+        other => Err(rusqlite::Error::FromSqlConversionFailure(
+            i,
+            other.data_type(),
+            Box::new(FromSqlError::InvalidType),
+        )),
+    }
 }
 
 fn lease_of(conn: &Connection, pk: i64) -> StoreResult<Option<Lease>> {
@@ -90,9 +104,9 @@ impl SqliteStore {
     }
 
     pub(crate) fn run_impl(&self, id: &str) -> StoreResult<RunMeta> {
-        let json: Option<String> = self.read(|conn| {
+        let json: Option<Vec<u8>> = self.read(|conn| {
             conn.prepare_cached("SELECT meta FROM runs WHERE id = ?1")
-                .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+                .and_then(|mut s| s.query_row([id], |r| record_bytes(r, 0)).optional())
                 .ctx(|| format!("reading run {id}"))
         })?;
         decode_meta(id, &json.ok_or_else(|| StoreError::not_found(format!("no run {id}")))?)
@@ -104,9 +118,9 @@ impl SqliteStore {
             other => return other,
         }
         check_prefix(prefix)?;
-        let found: Vec<(String, String)> = self.read(|conn| {
+        let found: Vec<(String, Vec<u8>)> = self.read(|conn| {
             conn.prepare_cached("SELECT id, meta FROM runs WHERE id >= ?1 ORDER BY id LIMIT 2")
-                .and_then(|mut s| s.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .and_then(|mut s| s.query_map([prefix], |r| Ok((r.get(0)?, record_bytes(r, 1)?)))?.collect())
                 .ctx(|| format!("finding run {prefix}"))
         })?;
         let found: Vec<_> = found.into_iter().filter(|(id, _)| id.starts_with(prefix)).collect();
@@ -133,10 +147,10 @@ impl SqliteStore {
     }
 
     /// Every run's id and stored record, oldest first.
-    fn run_rows(&self) -> StoreResult<Vec<(String, String)>> {
+    fn run_rows(&self) -> StoreResult<Vec<(String, Vec<u8>)>> {
         self.read(|conn| {
             conn.prepare_cached("SELECT id, meta FROM runs ORDER BY started_at, pk")
-                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, record_bytes(r, 1)?)))?.collect())
                 .ctx(|| "listing runs")
         })
     }
@@ -450,7 +464,9 @@ impl SqliteStore {
             let what = || "recovering interrupted runs";
             let mut recovered = Vec::new();
             for (pk, id, json) in dead_runs(tx, &unrecovered)? {
-                let mut meta = decode_meta(&id, &json)?;
+                // A record that can't be decoded is left as it is: listed as unreadable, not a
+                // store that can't be opened.
+                let Ok(mut meta) = decode_meta(&id, &json) else { continue };
                 meta.status = RunStatus::Interrupted;
                 let json = meta_json(&meta)?;
                 tx.prepare_cached("UPDATE runs SET status = ?2, meta = ?3 WHERE pk = ?1")
@@ -471,9 +487,9 @@ impl SqliteStore {
 fn dead_runs(
     conn: &Connection,
     unrecovered: &std::collections::HashSet<String>,
-) -> StoreResult<Vec<(i64, String, String)>> {
+) -> StoreResult<Vec<(i64, String, Vec<u8>)>> {
     let what = || "recovering interrupted runs";
-    type Candidate = (i64, String, i64, String, Option<String>, Option<i64>, Option<String>);
+    type Candidate = (i64, String, i64, Vec<u8>, Option<String>, Option<i64>, Option<String>);
     let candidates: Vec<Candidate> = conn
         .prepare_cached(
             "SELECT r.pk, r.id, r.started_at, r.meta, l.holder, l.expires_at, r.keeper FROM runs r \
@@ -481,7 +497,7 @@ fn dead_runs(
         )
         .and_then(|mut s| {
             s.query_map([], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, record_bytes(r, 3)?, r.get(4)?, r.get(5)?, r.get(6)?))
             })?
             .collect()
         })

@@ -80,11 +80,22 @@ impl<'a> Staged<'a> {
             std::fs::create_dir_all(&folder).ctx(|| what.clone())?;
             self.created_folder = true;
         }
-        let mut temp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(&folder).ctx(|| what.clone())?;
+        // Readable as the database is (0644 less the umask), not tempfile's 0600: another user
+        // of a shared store who can read its database can read its large blobs too (QA21 D2).
+        let mut temp = tempfile::Builder::new()
+            .prefix(".tmp-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .tempfile_in(&folder)
+            .ctx(|| what.clone())?;
         temp.write_all(bytes).ctx(|| what.clone())?;
         self.folders.insert(folder);
         self.staged.push(StagedFile { temp, path, what });
         Ok(relative)
+    }
+
+    /// Whether this transaction has staged a file for `path` already.
+    pub(crate) fn stages(&self, path: &std::path::Path) -> bool {
+        self.staged.iter().any(|f| f.path == path)
     }
 
     /// Writes the packed segments into `tx`, then makes every staged file durable (when the

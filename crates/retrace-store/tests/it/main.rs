@@ -4,6 +4,7 @@ mod gc_props;
 mod gc_scrub;
 mod knew;
 mod memory;
+mod packed_blobs;
 mod read_only;
 mod sqlite;
 mod sqlite_v11;
