@@ -108,10 +108,30 @@ pub fn naming_problem<'a>(
     if name.is_some_and(|n| n.trim().is_empty()) {
         return Some("the run's name is empty: give it a name, or none".into());
     }
-    match label_keys.into_iter().any(|k| k.trim().is_empty()) {
-        true => Some("a label's key is empty: a label is KEY=VALUE".into()),
-        false => None,
+    // Every listing shows the name, and `GET /api/runs` carries every run's (QA20 D3).
+    if let Some(problem) = name.and_then(|n| too_long_or_control(n, "the run's name", MAX_NAME_CHARS)) {
+        return Some(problem);
     }
+    for key in label_keys {
+        if key.trim().is_empty() {
+            return Some("a label's key is empty: a label is KEY=VALUE".into());
+        }
+        if let Some(problem) = too_long_or_control(key, "a label's key", MAX_NAME_CHARS) {
+            return Some(problem);
+        }
+    }
+    None
+}
+
+/// The longest run name or label key, in characters.
+pub const MAX_NAME_CHARS: usize = 256;
+
+fn too_long_or_control(text: &str, what: &str, max: usize) -> Option<String> {
+    let chars = text.chars().count();
+    if chars > max {
+        return Some(format!("{what} is {chars} characters long: keep it to {max}"));
+    }
+    text.chars().any(char::is_control).then(|| format!("{what} {text:?} holds a control character"))
 }
 
 /// Everything stored about a run apart from its events.

@@ -59,6 +59,7 @@ impl Agent {
                 message: format!("the daemon's answer has no seq: {sent}"),
             });
         }
+        self.earlier_event(parent, to)?;
         let mut template = Event::new(self.session.run_id(), self.id.clone(), EventType::Send);
         template.name = Some(to.to_owned());
         template.role = self.state.lock().role.clone();
@@ -110,6 +111,23 @@ impl Agent {
                 Ok(seq)
             }
         }
+    }
+
+    /// Refuses a `parent` that names no earlier event of the run (seq 0, or one not yet taken):
+    /// the send would be stored with a causal parent that `verify` and `import` then reject,
+    /// making the whole recording unusable (QA20 D2).
+    fn earlier_event(&self, parent: Option<u64>, to: &str) -> RuntimeResult<()> {
+        let Some(parent) = parent else { return Ok(()) };
+        let last = self.session.inner.writer.as_ref().map(|w| w.head().0);
+        if parent == 0 || last.is_some_and(|last| parent > last) {
+            let last = last.map_or_else(String::new, |l| format!(" (its last is seq {l})"));
+            return Err(RuntimeError::Usage(format!(
+                "send {to} of agent {:?}: parent {parent} is not an earlier event of the run{last}: a \
+                 message's parent is the seq of the event that caused it",
+                self.id
+            )));
+        }
+        Ok(())
     }
 
     /// What a replay hands the receiver of `body`: what the log holds, tokens where a masking rule

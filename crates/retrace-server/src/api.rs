@@ -69,6 +69,18 @@ fn refused_write(e: retrace_store::StoreError) -> ApiError {
     }
 }
 
+/// Why the host could not do it, with the codes the step routes answer ([`crate::steps`]'s
+/// `host_failure`): 404 `unknown_run`, 409 `run_finished` or `run_unavailable`.
+fn host_error(e: crate::host::HostError) -> ApiError {
+    use crate::host::HostError;
+    let (status, code) = match &e {
+        HostError::UnknownRun(_) => (StatusCode::NOT_FOUND, "unknown_run"),
+        HostError::Finished(_) => (StatusCode::CONFLICT, "run_finished"),
+        HostError::Open { .. } => (StatusCode::CONFLICT, "run_unavailable"),
+    };
+    ApiError { status, code, message: e.to_string() }
+}
+
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
@@ -208,7 +220,7 @@ pub async fn finish(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
     })
     .await
     .map_err(internal)?
-    .map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
+    .map_err(host_error)?;
     let mut meta = app.host.store().run(&id).map_err(internal)?;
     if body.interrupted {
         meta.status = RunStatus::Interrupted;

@@ -126,7 +126,9 @@ impl AppState {
 
 /// The daemon's routes.
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = axum::extract::DefaultBodyLimit::disable();
+    // The API reads bodies whole: at most --max-body, as the proxy (which reads its own, its
+    // limit applying after decoding) does (QA20 D3).
+    let api_limit = axum::extract::DefaultBodyLimit::max(state.config.max_body);
     let routes = Router::new()
         .route("/api/health", get(api::health))
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
@@ -150,16 +152,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/runs/{run}/delete", post(admin::retention::delete))
         .route("/api/vault/reveal", post(admin::vault::reveal))
         .route("/api/vault/audit", get(admin::vault::audit))
+        .layer(api_limit)
+        .merge(proxy_routes())
+        .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::middleware))
+        .with_state(state);
+    // Around the whole router, so a 405 reaches it with the `Allow` header axum adds last.
+    Router::new().fallback_service(routes).layer(axum::middleware::from_fn(json_errors::middleware))
+}
+
+/// The proxy's routes: each reads its body itself, up to --max-body after decoding.
+fn proxy_routes() -> Router<Arc<AppState>> {
+    Router::new()
         .route("/proxy/openai/v1/{*rest}", any(proxy::openai))
         .route("/proxy/anthropic/{*rest}", any(proxy::anthropic))
         .route("/proxy/run/{run}/agent/{agent}/openai/v1/{*rest}", any(proxy::openai_for))
         .route("/proxy/run/{run}/agent/{agent}/anthropic/{*rest}", any(proxy::anthropic_for))
-        .fallback(fallback)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::middleware))
-        .layer(limit)
-        .with_state(state);
-    // Around the whole router, so a 405 reaches it with the `Allow` header axum adds last.
-    Router::new().fallback_service(routes).layer(axum::middleware::from_fn(json_errors::middleware))
+        .layer(axum::extract::DefaultBodyLimit::disable())
 }
 
 async fn fallback(uri: axum::http::Uri) -> axum::response::Response {

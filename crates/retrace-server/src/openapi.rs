@@ -38,7 +38,7 @@ fn op(summary: &str, params: &[&str], request: Option<Value>, success: Value) ->
         "parameters": parameters,
         "responses": {
             "200": success, "400": error(), "401": error(), "403": error(), "404": error(),
-            "409": error(), "500": error(), "503": error(),
+            "409": error(), "413": error(), "500": error(), "503": error(),
         },
     });
     if let Some(r) = request {
@@ -108,7 +108,7 @@ pub fn document() -> Value {
                 Some(body(json!({"$ref": "#/components/schemas/Step"}), true)),
                 ok("the step's answer", step_answer),
             )},
-            "/api/runs/{run}/agents/{agent}/send": {"post": op("send a message", &agent, Some(body(json!({"type": "object", "required": ["to", "body"], "properties": {"to": {"type": "string"}, "kind": {"type": "string"}, "body": {}, "parent": {"type": "integer", "minimum": 0}}}), true)), ok("the send's seq", obj(json!({"seq": {"type": "integer"}}))))},
+            "/api/runs/{run}/agents/{agent}/send": {"post": op("send a message", &agent, Some(body(json!({"type": "object", "required": ["to", "body"], "properties": {"to": {"type": "string"}, "kind": {"type": "string"}, "body": {}, "parent": {"type": "integer", "minimum": 1, "description": "the seq of an earlier event of the run that caused this message"}}}), true)), ok("the send's seq", obj(json!({"seq": {"type": "integer"}}))))},
             "/api/runs/{run}/agents/{agent}/recv": {"post": op("take the agent's next message (replay: the recorded one, in recorded order)", &agent, Some(body(obj(json!({"timeout_s": {"type": "number", "minimum": 0}})), false)), ok("the message, or null on a timeout", obj(json!({"message": {"nullable": true, "type": "object", "properties": {"seq": {"type": "integer"}, "sender": {"type": "string"}, "kind": {"type": "string", "nullable": true}, "body": {}, "parent": {"type": "integer", "nullable": true}}}}))))},
             "/api/runs/{run}/agents/{agent}/template": {"post": op("the text of the agent's prompt template (SPEC §6 template())", &agent, Some(body(json!({"type": "object", "required": ["template"], "additionalProperties": false, "properties": {"template": {"type": "string", "description": "name@version"}, "vars": {"type": "object"}, "prompts_dir": {"type": "string", "description": "the program's prompts folder; honoured only by a daemon without tokens"}}}), true)), ok("the filled template", obj(json!({"status": {"type": "string"}, "text": {"type": "string"}}))))},
             "/api/runs/{run}/agents/{agent}/decide": {"post": op("record a decision", &agent, Some(body(json!({"type": "object", "required": ["action"], "properties": {"action": {"type": "string"}, "target": {"type": "string", "nullable": true}}}), true)), ok("done", obj(json!({"status": {"type": "string"}}))))},
@@ -170,7 +170,7 @@ pub fn document() -> Value {
                 "dry_run": {"type": "boolean"}, "runs_deleted": {"type": "array", "items": {"type": "string"}},
                 "events_deleted": {"type": "integer"}, "blobs_deleted": {"type": "integer"}, "bytes_freed": {"type": "integer"},
                 "cache_entries_dropped": {"type": "integer"}, "routine_days": {"type": "integer"},
-                "compacted": {"type": ["object", "null"], "properties": {"bytes_before": {"type": "integer"}, "bytes_after": {"type": "integer"}}}}},
+                "compacted": {"type": "object", "nullable": true, "properties": {"bytes_before": {"type": "integer"}, "bytes_after": {"type": "integer"}}}}},
             "AuditRecord": {"type": "object", "required": ["id", "at_ms", "who", "role", "action", "subject", "reason", "outcome"], "properties": {
                 "id": {"type": "integer"}, "at_ms": {"type": "integer"}, "who": {"type": "string"}, "role": {"type": "string"},
                 "action": {"type": "string", "enum": ["reveal", "reveal_refused", "replay_original", "replay_original_refused"]},

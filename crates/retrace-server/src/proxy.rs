@@ -201,6 +201,9 @@ async fn handle(
         return error(provider, StatusCode::BAD_REQUEST, msg);
     };
     let agent = target.agent.clone().or(named.agent).unwrap_or_else(|| "default".into());
+    if let Err(why) = crate::steps::valid_agent(&agent) {
+        return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {why}"));
+    }
     if let Some(Err(why)) = role.as_deref().map(crate::steps::valid_role) {
         return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: X-Retrace-Role: {why}"));
     }

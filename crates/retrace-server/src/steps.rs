@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use parking_lot::Mutex;
 use retrace_core::envelope::ToolClass;
+use retrace_core::run::RunStatus;
 use retrace_runtime::{Agent, ModelCall, ModelReply, RemoteKind, RemoteStep, RuntimeError, ToolSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -215,6 +216,15 @@ pub fn runtime_failure(e: &RuntimeError, app: &AppState, run: &str) -> Response 
             ),
         )
             .into_response(),
+        // A step (a side effect's outcome, say) that comes after its run ended: the run is as
+        // it was stored, not failed (QA20 D6).
+        RuntimeError::Store(_) if app.host.store().run(run).is_ok_and(|m| m.status != RunStatus::Running) => {
+            fail(
+                StatusCode::CONFLICT,
+                "run_finished",
+                format!("run {run} has finished: it takes no more steps; start a new run"),
+            )
+        }
         RuntimeError::Store(s) => {
             app.host.mark_failed(run, &s.to_string());
             fail(
@@ -247,6 +257,9 @@ pub(crate) fn agent(
     agent: &str,
     headers: &HeaderMap,
 ) -> Result<Agent, Box<Response>> {
+    if let Err(why) = valid_agent(agent) {
+        return Err(Box::new(fail(StatusCode::BAD_REQUEST, "bad_request", format!("retrace: {why}"))));
+    }
     let found = app.host.agent(run, agent).map_err(|e| Box::new(host_failure(&e)))?;
     let pid = headers.get("x-retrace-process").and_then(|v| v.to_str().ok()).map(str::parse::<u32>);
     match pid {
@@ -551,7 +564,7 @@ pub async fn role(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    if let Err(why) = valid_role(&body.role) {
+    if let Err(why) = valid_role(&body.role).and_then(|()| valid_agent(&agent_id)) {
         return fail(StatusCode::BAD_REQUEST, "bad_request", why);
     }
     match app.host.session(&run) {
@@ -560,6 +573,20 @@ pub async fn role(
             Json(json!({"status": "done"})).into_response()
         }
         Err(e) => host_failure(&e),
+    }
+}
+
+/// An agent id as every route takes it (the SDK routes' path, the proxy's header and path
+/// forms): not empty, no control character, at most 256 characters (QA20 D4). An agent named
+/// `""` could never be sent a message, and a newline in one breaks every listing.
+pub(crate) fn valid_agent(agent: &str) -> Result<(), String> {
+    match agent.chars().count() {
+        0 => Err("the agent id is empty".into()),
+        n if n > 256 => Err(format!("the agent id is {n} characters long; at most 256")),
+        _ if agent.chars().any(char::is_control) => {
+            Err(format!("agent id {agent:?} holds a control character"))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -8,7 +8,7 @@
 //! as in flight until it is stored ([`crate::host::RunHost::call_started`]): the run's end
 //! waits for it, so a program that stops reading a stream and exits still has it recorded.
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::StatusCode;
@@ -27,6 +27,10 @@ use super::sse::{body_facts, snapshot_of, SseScanner};
 use super::upstream::{chain, UpstreamError};
 use super::{runtime_error, Call};
 use crate::AppState;
+
+/// How long a stream's upstream may stay open, silent, after the terminal event before the
+/// stream is taken as ended (whole).
+const AFTER_TERMINAL: Duration = Duration::from_secs(2);
 
 type Chunk = Result<Bytes, std::io::Error>;
 
@@ -268,18 +272,26 @@ async fn live(
     // it gone): a client that timed out between chunks and retried is no second caller.
     let mut counted = true;
     loop {
+        // Once the terminal event has come, the stream has said all it has to say: an upstream
+        // that then keeps the connection open (a gateway holding it for keep-alive) is waited
+        // for only briefly, not for its timeout, before the stream is stored and its end sent.
+        let wait = match held.is_empty() {
+            true => upstreams.timeout,
+            false => upstreams.timeout.min(AFTER_TERMINAL),
+        };
         let next = match counted {
             true => tokio::select! {
-                next = tokio::time::timeout(upstreams.timeout, stream.next()) => next,
+                next = tokio::time::timeout(wait, stream.next()) => next,
                 () = tx.closed() => {
                     counted = false;
                     drop(reply.identical.lock().take());
                     continue;
                 }
             },
-            false => tokio::time::timeout(upstreams.timeout, stream.next()).await,
+            false => tokio::time::timeout(wait, stream.next()).await,
         };
         let chunk = match next {
+            Err(_) if !held.is_empty() => break,
             Err(_) => {
                 broke_off = Some(format!("the upstream sent nothing for {:?}", upstreams.timeout));
                 break;

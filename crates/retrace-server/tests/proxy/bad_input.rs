@@ -439,3 +439,91 @@ async fn a_step_after_finish_is_a_conflict_that_says_so() {
         .unwrap();
     assert_eq!(again.status(), 409);
 }
+
+/// The SDK routes refuse what would make a run unusable or the daemon unbounded: a send's
+/// parent that is no earlier event (the run would fail `verify` and its export `import`), an
+/// agent id that is empty or holds a control character, a body over --max-body, a run name
+/// past 256 characters; a finish of an unknown run is 404 `unknown_run` like every route's
+/// (QA20 D2-D5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_refuses_what_would_break_a_run_or_the_daemon() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let d = daemon(&providers, |c| c.max_body = 4096).await;
+    let run = d.new_run().await;
+    let post = |path: String, body: Vec<u8>| {
+        let url = format!("{}{path}", d.base);
+        async move {
+            let r = client()
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            Reply::read(r).await
+        }
+    };
+    let send = |parent: u64| json!({"to": "b", "body": 1, "parent": parent}).to_string().into_bytes();
+    for parent in [0, 99_999] {
+        let refused = post(format!("/api/runs/{run}/agents/a/send"), send(parent)).await;
+        assert_eq!(refused.status, 400, "{}", refused.text());
+        assert!(
+            refused.text().contains(&format!("parent {parent} is not an earlier event")),
+            "{}",
+            refused.text()
+        );
+    }
+    let first = post(format!("/api/runs/{run}/agents/a/send"), send_no_parent()).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let seq = first.json()["seq"].as_u64().unwrap();
+    let child = post(format!("/api/runs/{run}/agents/a/send"), send(seq)).await;
+    assert_eq!(child.status, 200, "an earlier event is a parent: {}", child.text());
+
+    for agent in ["%20%0A", "a%0Ab", "a%00b"] {
+        let refused = post(format!("/api/runs/{run}/agents/{agent}/steps"), b"{}".to_vec()).await;
+        assert_eq!(refused.status, 400, "{agent}: {}", refused.text());
+        assert!(refused.text().contains("control character"), "{}", refused.text());
+    }
+    let empty = post(
+        format!("/proxy/run/{run}/agent//openai/v1/chat/completions"),
+        chat("hi", false).to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(empty.status, 400, "{}", empty.text());
+    assert!(empty.text().contains("the agent id is empty"), "{}", empty.text());
+
+    let big = post(format!("/api/runs/{run}/agents/a/steps"), vec![b' '; 10_000]).await;
+    assert_eq!(big.status, 413, "{}", big.text());
+    assert_eq!(big.json()["error"]["code"], "too_large", "{}", big.text());
+    let long = json!({"name": "n".repeat(300)}).to_string().into_bytes();
+    let refused = post("/api/runs".into(), long).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("keep it to 256"), "{}", refused.text());
+
+    let unknown = post("/api/runs/01nosuchrun/finish".into(), b"{}".to_vec()).await;
+    assert_eq!((unknown.status, unknown.json()["error"]["code"].as_str()), (404, Some("unknown_run")));
+    let intent =
+        json!({"type": "tool_call", "name": "pay", "request": {"amt": 5}, "tool": {"class": "side_effect"}});
+    let started = post(format!("/api/runs/{run}/agents/a/steps"), intent.to_string().into_bytes()).await;
+    assert_eq!(started.status, 200, "{}", started.text());
+    let step = started.json()["step"].as_str().unwrap().to_owned();
+    d.finish(&run).await;
+    // Its outcome, after the run ended: the run has finished, it isn't failed (QA20 D6).
+    let late = json!({"step": step, "output": {"paid": true}}).to_string().into_bytes();
+    let late = post(format!("/api/runs/{run}/agents/a/steps"), late).await;
+    assert_eq!(
+        (late.status, late.json()["error"]["code"].as_str()),
+        (409, Some("run_finished")),
+        "{}",
+        late.text()
+    );
+    assert_ne!(d.store.run(&run).unwrap().status, retrace_core::run::RunStatus::Failed);
+    let again = post(format!("/api/runs/{run}/finish"), b"{}".to_vec()).await;
+    assert_eq!((again.status, again.json()["error"]["code"].as_str()), (409, Some("run_finished")));
+    let verified = retrace_store::verify::verify_run(&*d.store, &run);
+    assert!(verified.is_empty(), "{verified:?}");
+}
+
+fn send_no_parent() -> Vec<u8> {
+    json!({"to": "b", "body": 0}).to_string().into_bytes()
+}
