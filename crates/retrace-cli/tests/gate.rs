@@ -13,13 +13,15 @@ use ran::Ran;
 const BIN: &str = env!("CARGO_BIN_EXE_retrace");
 
 /// A program that asks the model twice over plain HTTP: no SDK, no `openai` package.
-/// `--variant X` asks differently; `--clock` puts the wall clock in the first prompt.
+/// `--variant X` asks differently; `--clock` puts the wall clock in the first prompt; `--swap`
+/// asks the same two questions in the other order.
 const ASKER: &str = r#"
 import argparse, datetime, json, os, urllib.request
 p = argparse.ArgumentParser()
 p.add_argument("--variant", default="")
 p.add_argument("--clock", action="store_true")
 p.add_argument("--tolerant", action="store_true")
+p.add_argument("--swap", action="store_true")
 a = p.parse_args()
 
 def ask(text):
@@ -41,8 +43,10 @@ def ask_once(text):
 first = "Plan the migration of users.name" + (f" ({a.variant})" if a.variant else "")
 if a.clock:
     first += " as of " + datetime.datetime.now().isoformat(timespec="microseconds")
+if a.swap:
+    review = ask("Review the plan")
 print("plan:", ask(first))
-print("review:", ask("Review the plan"))
+print("review:", review if a.swap else ask("Review the plan"))
 "#;
 
 /// A folder with the program, a recording store, a gating store and the exported traces.
@@ -165,7 +169,8 @@ fn good_traces_pass_with_no_api_key_and_no_upstream() {
     std::fs::write(bench.path("traces/README.md"), "The traces of the gate.\n").unwrap();
     drop(sim);
 
-    let junit = bench.path("gate.xml");
+    // In a folder that isn't there yet, as `target/` in a fresh clone (QA19 D1).
+    let junit = bench.path("target/reports/gate.xml");
     bench.retrace(&["gate", "traces", "--jobs", "2", "--junit", junit.to_str().unwrap()], &[]).expect(
         0,
         &[
@@ -284,6 +289,42 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
     }
 }
 
+/// The same steps in another order match by key (SPEC §7): a note under the trace's line, and
+/// a divergence with --strict-order (QA19 D2).
+#[test]
+fn steps_taken_in_another_order_are_noted_and_fail_with_strict_order() {
+    let bench = Bench::new();
+    let sim = Simulator::start();
+    bench.record(&sim, "asker", &[]);
+    drop(sim);
+    let swapped = ["--", "python3", "asker.py", "--swap"];
+    let mut argv = vec!["gate", "traces"];
+    argv.extend(swapped);
+    bench.retrace(&argv, &[]).expect(
+        0,
+        &[
+            "ok        traces/asker.jsonl",
+            r#"note: steps taken in another order than recorded (each matched by key; --strict-order fails this): agent "default": seq 2 (model_call openai/v1/chat/completions) before seq 1 (model_call openai/v1/chat/completions)"#,
+        ],
+        &[],
+    );
+    let mut json = vec!["gate", "traces", "--json"];
+    json.extend(swapped);
+    let doc: serde_json::Value = serde_json::from_str(&bench.retrace(&json, &[]).stdout()).unwrap();
+    assert!(doc["traces"][0]["reordered"].as_str().unwrap().contains("seq 2"), "{doc:#}");
+    let mut strict = vec!["gate", "traces", "--strict-order"];
+    strict.extend(swapped);
+    bench.retrace(&strict, &[]).expect(
+        1,
+        &["DIVERGED  traces/asker.jsonl", "--strict-order: steps taken in another order than recorded"],
+        &[],
+    );
+    // In the recorded order: no note.
+    let ran = bench.retrace(&["gate", "traces", "--strict-order"], &[]);
+    ran.expect(0, &["ok        traces/asker.jsonl"], &[]);
+    assert!(!ran.stdout().contains("note:"), "{}", ran.stdout());
+}
+
 #[test]
 fn a_wall_clock_read_without_the_sdk_is_named_in_a_hint() {
     let bench = Bench::new();
@@ -338,6 +379,24 @@ fn a_program_that_cannot_start_is_an_input_error() {
         &[],
         &["nothing-here: no such file, folder or run"],
     );
+    // No time at all would declare a stall wherever an agent waits (QA19 D6).
+    bench.retrace(&["gate", "traces", "--stall-timeout", "0"], &[]).expect(
+        2,
+        &[],
+        &["0 would declare a stall wherever an agent waits: give more than 0 seconds"],
+    );
+    // A program that starts but dies before its first step, as one whose packages CI didn't
+    // install does, is an error to fix, not a divergence of every trace (QA19 D4).
+    std::fs::write(bench.path("broken.py"), "import a_module_ci_did_not_install\n").unwrap();
+    bench.retrace(&["gate", "traces", "--", "python3", "broken.py"], &[]).expect(
+        2,
+        &[
+            "ERROR     traces/asker.jsonl: the program exited with status 1 before taking any of the trace's",
+            "hint: a missing package or module",
+            "| ModuleNotFoundError: No module named 'a_module_ci_did_not_install'",
+        ],
+        &["1 of 1 traces could not be replayed"],
+    );
 }
 
 #[test]
@@ -352,6 +411,12 @@ fn accept_rerecords_a_diverging_trace_beside_it_and_shows_the_diff() {
         2,
         &[],
         &["refusing to run --accept under CI=true", "--force"],
+    );
+    // CI services set CI to their own name too (QA19 D7).
+    bench.retrace(&argv, &[("CI", "woodpecker")]).expect(
+        2,
+        &[],
+        &["refusing to run --accept under CI=woodpecker", "--force"],
     );
     assert!(!bench.path("traces/asker.accepted.jsonl").exists());
 
@@ -574,8 +639,9 @@ fn an_unwritable_junit_path_is_refused_before_anything_replays() {
     let sim = Simulator::start();
     bench.record(&sim, "asker", &[]);
     drop(sim);
-    let ran = bench.retrace(&["gate", "traces", "--junit", "no/such/folder/gate.xml"], &[]);
-    ran.expect(2, &[], &["cannot write no/such/folder/gate.xml", "check the --junit path"]);
+    // Under a file, where no folder can be made (a missing folder is made: QA19 D1).
+    let ran = bench.retrace(&["gate", "traces", "--junit", "asker.py/gate.xml"], &[]);
+    ran.expect(2, &[], &["cannot write asker.py/gate.xml", "check the --junit path"]);
     assert!(!ran.stdout().contains("traces/asker.jsonl"), "nothing was replayed:\n{}", ran.stdout());
     // Checked by creating it, which leaves nothing behind when the gate then fails to run.
     bench.retrace(&["gate", "nothing-here", "--junit", "gate.xml"], &[]).expect(2, &[], &["nothing-here"]);

@@ -502,6 +502,21 @@ impl RecordedLog {
         })
     }
 
+    /// Per agent that took a step out of its recorded order (matched by key, SPEC §7: no
+    /// divergence), the first such step and the earlier recorded step it went before, in the
+    /// order of those steps' seqs.
+    pub fn reordered(&self) -> Vec<(String, Leftover, Leftover)> {
+        self.with(|l| {
+            let mut out: Vec<_> = l
+                .agents
+                .iter()
+                .filter_map(|(a, log)| log.reordered.clone().map(|(took, before)| (a.clone(), took, before)))
+                .collect();
+            out.sort_by_key(|(_, took, _)| took.seq);
+            out
+        })
+    }
+
     /// The recorded run's last seq.
     pub fn last_seq(&self) -> u64 {
         self.last_seq

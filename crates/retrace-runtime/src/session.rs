@@ -14,7 +14,7 @@ use retrace_core::{Divergence, DivergenceCode};
 use retrace_store::{LeaseHolder, RunWriter, Store, StoreConfig};
 
 mod finish;
-pub use finish::PENDING_INTENTS;
+pub use finish::{PENDING_INTENTS, REORDERED};
 mod open;
 
 use crate::agent::Agent;

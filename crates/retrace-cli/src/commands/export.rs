@@ -136,6 +136,23 @@ pub(crate) fn write_atomically<T, E>(
     path: &Path,
     write: impl FnOnce(&mut File) -> Result<T, E>,
 ) -> anyhow::Result<Result<T, E>> {
+    write_file(path, write, true)
+}
+
+/// [`write_atomically`], but never over a file: one that appeared at `path` while this was
+/// written (another `gate --accept` of the same trace) is kept, and this is an error.
+pub(crate) fn write_new_atomically<T, E>(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<T, E>,
+) -> anyhow::Result<Result<T, E>> {
+    write_file(path, write, false)
+}
+
+fn write_file<T, E>(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<T, E>,
+    replace: bool,
+) -> anyhow::Result<Result<T, E>> {
     let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
     let resolved = match is_link {
         true => std::fs::canonicalize(path).ok(),
@@ -178,8 +195,23 @@ pub(crate) fn write_atomically<T, E>(
     let finished = result.is_ok().then(|| file.flush().and_then(|()| file.sync_all()));
     drop(file);
     match finished {
-        Some(Ok(())) => std::fs::rename(&temp, path)
+        Some(Ok(())) if replace => std::fs::rename(&temp, path)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
+        // A link fails where a file is, as a rename would not: nothing is ever replaced.
+        Some(Ok(())) => {
+            let linked = std::fs::hard_link(&temp, path);
+            let _ = std::fs::remove_file(&temp);
+            linked.map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => crate::exit::usage_hint(
+                    format!(
+                        "{} already exists (written while this was): it was left as it is",
+                        path.display()
+                    ),
+                    "review it and move it over the old trace, or delete it, then run the gate again",
+                ),
+                _ => anyhow::anyhow!("cannot write {}: {e}", path.display()),
+            })?
+        }
         Some(Err(e)) => {
             let _ = std::fs::remove_file(&temp);
             return Err(anyhow::anyhow!("cannot write {}: {e}", path.display()));
@@ -233,5 +265,33 @@ impl Drop for RemoveOnSignal {
         for id in self.0.drain(..) {
             signal_hook::low_level::unregister(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::write_new_atomically;
+
+    /// A file that appears while an accepted trace is written (a second `gate --accept` of the
+    /// same trace finished first) is kept, and the writer is told (QA19 D3).
+    #[test]
+    fn writing_a_new_file_never_replaces_one_that_appeared_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.accepted.jsonl");
+        let written = write_new_atomically(&path, |f| {
+            std::fs::write(&path, "the other gate's\n").unwrap();
+            f.write_all(b"this gate's\n")
+        });
+        let said = format!("{:#}", written.unwrap_err());
+        assert!(said.contains("already exists (written while this was)"), "{said}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "the other gate's\n");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file is left: {left:?}");
+
+        let fresh = dir.path().join("fresh.jsonl");
+        write_new_atomically(&fresh, |f| f.write_all(b"new\n")).unwrap().unwrap();
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), "new\n");
     }
 }

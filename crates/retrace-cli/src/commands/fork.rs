@@ -99,7 +99,7 @@ pub struct Args {
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::seconds)]
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     stall_timeout: f64,
     /// OpenAI-compatible upstream for steps that run live.
     #[arg(long, value_name = "URL")]

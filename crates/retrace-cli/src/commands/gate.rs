@@ -85,7 +85,7 @@ does (with --json, in the document's `accepted` list: each trace's new file, run
 why it was not accepted). Review it, then move it over the old trace. The gate still exits 1: \
 the old traces still diverge. A re-recording that exits with another status than the trace's is \
 not written (a missing API key, a program that failed), unless it exits 0: a program fixed to \
-succeed. --accept refuses to run when CI=true unless --force.\n\n\
+succeed. --accept refuses to run in CI (CI set to anything but empty, false, 0 or no) unless --force.\n\n\
 Exit codes: 0 every trace replayed exactly; 1 a trace diverged (a step, the final decisions or \
 the exit status); 2 a trace could not be replayed (not a trace, a program that can't be started, \
 tokens under another mask key or none) or bad usage; 130 or 143 the gate was stopped (SIGINT, SIGTERM): \
@@ -108,11 +108,11 @@ pub struct Args {
     /// Re-record each diverging trace against live services, as NAME.accepted.jsonl.
     #[arg(long)]
     pub accept: bool,
-    /// Let --accept run under CI=true.
+    /// Let --accept run in CI (CI=true, or any value but empty, false, 0 or no).
     #[arg(long, requires = "accept")]
     pub force: bool,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::seconds)]
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     pub stall_timeout: f64,
     /// With --accept: the OpenAI-compatible upstream to record against.
     #[arg(long, value_name = "URL", requires = "accept")]
@@ -120,6 +120,11 @@ pub struct Args {
     /// With --accept: the Anthropic-compatible upstream to record against.
     #[arg(long, value_name = "URL", requires = "accept")]
     pub upstream_anthropic: Option<String>,
+    /// Fail a trace (exit 1) whose agent took its steps in another order than recorded: a
+    /// replay matches an agent's steps by key (SPEC §7), so two side effects swapped are, without
+    /// this, only a `note:` under the trace's line.
+    #[arg(long)]
+    pub strict_order: bool,
     /// Print the outcome (and --accept's) as one JSON document on standard output (the per-trace
     /// lines go to standard error).
     #[arg(long)]
@@ -133,12 +138,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Folders a gate killed before it could remove them left behind (a mask key among them).
     temp::sweep_stale(&std::env::temp_dir());
-    if args.accept
-        && !args.force
-        && std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-    {
+    if let Some(ci) = std::env::var("CI").ok().filter(|v| in_ci(v)).filter(|_| args.accept && !args.force) {
         return Err(usage_hint(
-            "refusing to run --accept under CI=true: it re-records traces against live services",
+            format!("refusing to run --accept under CI={ci}: it re-records traces against live services"),
             "accept on a workstation and commit the reviewed NAME.accepted.jsonl files; --force overrides",
         ));
     }
@@ -168,6 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let settings = Settings {
         command: args.command.clone(),
         stall_timeout: args.stall_timeout,
+        strict_order: args.strict_order,
         mask,
         key_file,
         missing_key: throwaway.as_ref().map(|_| missing_key(&real_config)),
@@ -351,13 +354,23 @@ fn accept_all(
     Ok(reports)
 }
 
-/// Checks that the `--junit` report can be written: opens it for writing, creating it if
-/// need be and then removing it again, so that a gate that fails before its report leaves no
-/// empty file behind. An existing file is left as it is until the report replaces it.
+/// Whether a `CI` variable's value says the gate runs in CI: CI services set it to `true`, `1`
+/// or their own name (`woodpecker`); only an empty value, `false`, `0` or `no` says otherwise.
+fn in_ci(value: &str) -> bool {
+    !matches!(value.trim().to_ascii_lowercase().as_str(), "" | "false" | "0" | "no")
+}
+
+/// Checks that the `--junit` report can be written: opens it for writing, creating it (and
+/// the folders it goes in: `target/` doesn't exist yet in a fresh clone) if need be and then
+/// removing it again, so that a gate that fails before its report leaves no empty file behind.
+/// An existing file is left as it is until the report replaces it.
 fn check_writable(path: &Path) -> anyhow::Result<()> {
     let cannot = |e: std::io::Error| {
         usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
     };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        std::fs::create_dir_all(parent).map_err(cannot)?;
+    }
     match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(_) => std::fs::remove_file(path).map_err(cannot),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

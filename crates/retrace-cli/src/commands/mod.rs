@@ -49,6 +49,15 @@ pub(crate) fn positive_seconds(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A `--stall-timeout S` value: as [`seconds`], but more than 0 (no time at all declares a
+/// stall wherever a step waits for another agent, even in a replay that would go through).
+pub(crate) fn stall_seconds(text: &str) -> Result<f64, String> {
+    match seconds(text)? {
+        s if s > 0.0 => Ok(s),
+        _ => Err(format!("{text} would declare a stall wherever an agent waits: give more than 0 seconds")),
+    }
+}
+
 /// Opens the store named by the environment (RETRACE_STORE / RETRACE_HOME), creating it if
 /// there is none: for the commands that record or import.
 pub fn store_from_env() -> anyhow::Result<Arc<dyn Store>> {

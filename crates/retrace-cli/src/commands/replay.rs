@@ -44,7 +44,7 @@ pub struct Args {
     /// The run to replay (id or unique prefix).
     run: String,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::seconds)]
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     stall_timeout: f64,
     /// Every step waits for all earlier seqs (programs whose agents interact only through Retrace).
     #[arg(long)]
@@ -134,6 +134,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, None) => {
             eprintln!("retrace: replay {id} ok: every step matched, exit status {status}");
+            if let Some(said) = replayed.outcome.labels.get(retrace_runtime::session::REORDERED) {
+                eprintln!(
+                    "retrace: note: steps taken in another order than recorded (each matched by key): {said}"
+                );
+            }
             Ok(())
         }
         (None, Some(rendered)) => {

@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     tokens: Option<PathBuf>,
     /// Declare a replay stalled when its waiting calls make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::seconds)]
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     stall_timeout: f64,
     /// OpenAI-compatible upstream, with /v1 (default: $OPENAI_BASE_URL, else api.openai.com).
     #[arg(long, value_name = "URL")]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use retrace_core::envelope::Decision;
 use retrace_core::{Digest, Event, EventType};
 
-use super::{RecordedDelivery, RecordedStep, Resolution};
+use super::{Leftover, RecordedDelivery, RecordedStep, Resolution};
 
 /// "No slot" in [`Slot::next`] links.
 const NONE: u32 = u32::MAX;
@@ -145,6 +145,8 @@ pub(super) struct AgentLog {
     /// The seq of the last step pushed (consumed or not): where an agent that asks for more
     /// steps than it recorded went past its recording.
     last_seq: Option<u64>,
+    /// The first step taken out of recorded order: it, and the earlier step it went before.
+    pub(super) reordered: Option<(Leftover, Leftover)>,
 }
 
 impl AgentLog {
@@ -235,6 +237,13 @@ impl AgentLog {
     /// Consumes slot `idx` (found by [`AgentLog::find`] or a scan) and returns its step, with
     /// its prefetched output.
     pub(super) fn take(&mut self, idx: usize) -> RecordedStep {
+        if idx > self.first_unconsumed && self.reordered.is_none() {
+            // Matched by key, as SPEC §7 says, and not a divergence; but noted, for whoever
+            // cares in which order an agent took its steps (`gate --strict-order`).
+            let at = |i: usize| self.at(i as u32);
+            let note = |s: &Slot| Leftover { seq: s.seq, label: s.step().label(), key: Some(s.key) };
+            self.reordered = Some((note(at(idx)), note(at(self.first_unconsumed))));
+        }
         let key = self.at(idx as u32).key;
         self.unlink(&key, idx as u32);
         let slot = self.at_mut(idx as u32);

@@ -4,6 +4,11 @@ use super::*;
 /// The run label listing the side effects a recording left between intent and completion.
 pub const PENDING_INTENTS: &str = "pending_intents";
 
+/// The replay run label saying which agents took steps in another order than recorded (each
+/// matched by key, SPEC §7, so no divergence): `agent "a": seq 5 (tool_call email.send) before
+/// seq 4 (tool_call card.charge)`, one per agent (its name as a JSON string), `; `-separated.
+pub const REORDERED: &str = "reordered";
+
 impl Session {
     /// Ends the run. A session of a daemon's run ([`Session::connect`]) says its agents exited,
     /// ends the run if it created it (a launcher ends the run it started, with the program's
@@ -101,6 +106,20 @@ impl Session {
             run.decisions = self.inner.decisions.lock().clone();
             run.divergence = divergence.as_ref().map(Divergence::to_json);
             run.finished_at_ms = Some(self.inner.clock.now_ms());
+            let reordered = scheduler.log().reordered();
+            if !reordered.is_empty() {
+                let said: Vec<String> = reordered
+                    .iter()
+                    .map(|(agent, took, before)| {
+                        let agent = serde_json::Value::from(agent.as_str());
+                        format!(
+                            "agent {agent}: seq {} ({}) before seq {} ({})",
+                            took.seq, took.label, before.seq, before.label
+                        )
+                    })
+                    .collect();
+                run.labels.insert(REORDERED.into(), said.join("; "));
+            }
             run.clone()
         };
         self.inner.store.update_run(&meta)?;

@@ -166,7 +166,24 @@ fn reordering_independent_steps_is_not_a_divergence() {
     let x2: u32 =
         a.tool("t", &json!({"x": 1}), ToolSpec::deterministic("1"), || Err::<u32, _>("not live")).unwrap();
     assert_eq!((x, y), (x2, y2));
-    r.finish(Outcome::default()).unwrap();
+    let report = r.finish(Outcome::default()).unwrap();
+    // Not a divergence, but said on the replay run, for `gate --strict-order` (QA19 D2).
+    let labels = store.run(&report.run_id).unwrap().labels;
+    assert_eq!(
+        labels.get(retrace_runtime::session::REORDERED).map(String::as_str),
+        Some(r#"agent "a": seq 2 (tool_call t) before seq 1 (tool_call t)"#),
+        "{labels:?}"
+    );
+    // In recorded order, nothing is said.
+    let r = Session::replay(store.clone(), &s.run_id(), SessionOptions::default()).unwrap();
+    let a = r.agent("a");
+    for x in [1, 2] {
+        let _: u32 = a
+            .tool("t", &json!({"x": x}), ToolSpec::deterministic("1"), || Err::<u32, _>("not live"))
+            .unwrap();
+    }
+    let report = r.finish(Outcome::default()).unwrap();
+    assert!(!store.run(&report.run_id).unwrap().labels.contains_key(retrace_runtime::session::REORDERED));
 }
 
 #[test]

@@ -214,7 +214,8 @@ fn rerecord(
              gate again",
         ));
     }
-    let written = export::write_atomically(file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
+    let written =
+        export::write_new_atomically(file, |out| export_run(&*store, &recorded.id, out, &mut |_| {}))?;
     written.map_err(|e| crate::output::failure(e.exit_code(), &e))?;
     let options = DiffOptions { limit: 20, max_diff_lines: 12 };
     let diff = diff_runs(&*store, &old, &recorded.id, &options)?;

@@ -20,6 +20,7 @@ use super::hygiene::{self, Evidence, Hint};
 use crate::commands::{replay, MaskSetup};
 use crate::exit::{usage, usage_hint, Failure};
 use crate::launcher;
+use crate::output::count;
 
 /// What every trace of one gate shares.
 pub struct Settings {
@@ -45,6 +46,8 @@ pub struct Settings {
     pub path: String,
     /// This process's environment, for the hygiene report.
     pub env: Vec<(String, String)>,
+    /// `--strict-order`: an agent's steps taken in another order than recorded diverge.
+    pub strict_order: bool,
 }
 
 /// How a trace fared.
@@ -96,6 +99,9 @@ pub struct Outcome {
     pub agents: Vec<String>,
     /// The last lines the program wrote (standard output and error), for a failed trace.
     pub output_tail: Vec<String>,
+    /// Which agents took steps in another order than recorded, if any did (the replay run's
+    /// `reordered` label: matched by key, no divergence unless `--strict-order`).
+    pub reordered: Option<String>,
     /// How it fared.
     pub verdict: Verdict,
 }
@@ -113,6 +119,7 @@ pub fn run(trace: &Trace, settings: &Settings) -> Outcome {
         digest: None,
         agents: Vec::new(),
         output_tail: Vec::new(),
+        reordered: None,
         verdict: Verdict::Ok,
     };
     // Once the user has stopped the gate, no trace starts.
@@ -243,18 +250,72 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         serde_json::from_value::<Divergence>(d.clone())
             .unwrap_or_else(|_| Divergence::new(DivergenceCode::StepMismatch, "*").detail(d.to_string()))
     });
+    if let Some(d) = &divergence {
+        let recorded_status = source.exit_status.unwrap_or(0);
+        let never_started = matches!(d.code, DivergenceCode::StepsLeft | DivergenceCode::ExitStatus)
+            && replayed.exit_status != 0
+            && replayed.exit_status != recorded_status
+            && out.steps > 0
+            && store.last_seq(&replayed.id)? == 0;
+        if never_started {
+            // Not a change of trajectory but a program that could not run here (QA19 D4): as
+            // every trace of a CI job missing the program's packages would fail this way, it is
+            // an error to fix, not a regression of each trace (and not counted in the ledger).
+            return Ok(Verdict::Error {
+                message: format!(
+                    "the program exited with status {} before taking any of the trace's {} (it recorded \
+                     status {recorded_status}): it could not run as recorded",
+                    replayed.exit_status,
+                    count(out.steps, "step"),
+                ),
+                hint: Some(
+                    "a missing package or module, a syntax error, another interpreter? its last output is \
+                     below; install what the program needs where the gate runs, or fix it"
+                        .into(),
+                ),
+            });
+        }
+    }
+    out.reordered = replayed.outcome.labels.get(retrace_runtime::session::REORDERED).cloned();
+    let strict_reorder = settings.strict_order && divergence.is_none() && out.reordered.is_some();
+    let divergence = match (divergence, &out.reordered) {
+        (None, Some(said)) if settings.strict_order => Some(out_of_order(said)),
+        (d, _) => d,
+    };
     let facts = read_run(&*store, &source.id, divergence.as_ref().and_then(|d| d.seq))?;
     out.agents = facts.agents.into_iter().collect();
     Ok(match divergence {
         None => Verdict::Ok,
         Some(d) => {
-            let hints = facts
-                .at
-                .map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env, &program_dir))
-                .unwrap_or_default();
+            // Nothing was left uncaptured: the program took the same steps in another order.
+            let hints = match strict_reorder {
+                true => Vec::new(),
+                false => facts
+                    .at
+                    .map(|at| hints(&*store, &d, &at, &facts.outputs, &settings.env, &program_dir))
+                    .unwrap_or_default(),
+            };
             Verdict::Diverged { divergence: Box::new(d), hints }
         }
     })
+}
+
+/// The divergence `--strict-order` makes of a replay run's `reordered` label: at the first
+/// agent's step taken early, naming the step it went before.
+fn out_of_order(said: &str) -> Divergence {
+    let first = said.split("; ").next().unwrap_or(said);
+    let agent = first
+        .strip_prefix("agent ")
+        .and_then(|rest| serde_json::Deserializer::from_str(rest).into_iter::<String>().next())
+        .and_then(Result::ok)
+        .unwrap_or_else(|| "*".to_owned());
+    let seq = first.split_once(": seq ").and_then(|(_, rest)| rest.split(' ').next()?.parse().ok());
+    let mut d = Divergence::new(DivergenceCode::StepMismatch, agent)
+        .detail(format!("--strict-order: steps taken in another order than recorded: {said}"));
+    if let Some(seq) = seq {
+        d = d.at(seq);
+    }
+    d
 }
 
 /// The trace's bytes: the file, or the run exported from the real store.

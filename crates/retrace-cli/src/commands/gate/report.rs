@@ -11,7 +11,16 @@ use crate::output::count;
 pub fn trace_lines(o: &Outcome) -> String {
     let name = &o.trace.name;
     let mut out = match &o.verdict {
-        Verdict::Ok => format!("ok        {name} ({}, {:.1} s)\n", count(o.steps, "step"), o.seconds),
+        Verdict::Ok => {
+            let mut text = format!("ok        {name} ({}, {:.1} s)\n", count(o.steps, "step"), o.seconds);
+            if let Some(said) = &o.reordered {
+                text.push_str(&format!(
+                    "          note: steps taken in another order than recorded (each matched by key; \
+                     --strict-order fails this): {said}\n"
+                ));
+            }
+            text
+        }
         Verdict::Diverged { divergence, hints } => {
             let summary = divergence_summary(divergence);
             let sep = if summary.starts_with("at seq") { " " } else { ": " };
@@ -155,6 +164,7 @@ pub fn json(
                 "seconds": o.seconds, "program_seconds": o.program_seconds, "command": o.command,
                 "digest": o.digest.map(|d| d.to_string()), "agents": o.agents,
                 "divergence": divergence, "hints": hints, "error": error, "output_tail": o.output_tail,
+                "reordered": o.reordered,
             })
         })
         .collect();
