@@ -44,8 +44,9 @@ const OUTCOME_TIMEOUT: Duration = Duration::from_secs(600);
 /// snapshot and usage the provider reported.
 type Outcome = (Result<Value, String>, Option<ModelBody>);
 
-/// A step waiting for its program's outcome: where to send it, and the step's task.
-type Waiting = (oneshot::Sender<Outcome>, tokio::task::JoinHandle<StepResult>);
+/// A step waiting for its program's outcome: where to send it, the step's task, and the run and
+/// agent it belongs to (its outcome is taken only on their route).
+type Waiting = (oneshot::Sender<Outcome>, tokio::task::JoinHandle<StepResult>, (String, String));
 
 /// Steps waiting for their program to report what happened.
 #[derive(Default)]
@@ -288,11 +289,21 @@ pub async fn step(
         Err(r) => return *r,
     };
     if let Some(id) = body.step {
-        let Some((tx, task)) = app.pending.0.lock().remove(&id) else {
+        let taken = {
+            let mut pending = app.pending.0.lock();
+            // A step's outcome on another run's or agent's route would be stored in the step's
+            // own run and answered as this one's (a finished run's step then "failed" the
+            // run named in the route): it is no step of this route's.
+            match pending.get(&id) {
+                Some((_, _, owner)) if *owner == (run.clone(), agent_id.clone()) => pending.remove(&id),
+                _ => None,
+            }
+        };
+        let Some((tx, task, _)) = taken else {
             return fail(
                 StatusCode::NOT_FOUND,
                 "unknown_step",
-                format!("no step {id} is waiting for its outcome"),
+                format!("no step {id} of agent {agent_id:?} in run {run} is waiting for its outcome"),
             );
         };
         let outcome = match (body.output, body.error) {
@@ -384,7 +395,7 @@ pub async fn step(
         needed = need_rx => match needed {
             Ok(to_send) => {
                 let id = format!("{:032x}", rand_id());
-                app.pending.0.lock().insert(id.clone(), (outcome_tx, task));
+                app.pending.0.lock().insert(id.clone(), (outcome_tx, task, (run.clone(), agent_id.clone())));
                 let mut answer = json!({"status": "run", "step": id});
                 if let Some(request) = to_send {
                     answer["request"] = request;

@@ -507,6 +507,14 @@ async fn the_api_refuses_what_would_break_a_run_or_the_daemon() {
     let started = post(format!("/api/runs/{run}/agents/a/steps"), intent.to_string().into_bytes()).await;
     assert_eq!(started.status, 200, "{}", started.text());
     let step = started.json()["step"].as_str().unwrap().to_owned();
+    // Its outcome on another run's route is no step of that run: refused, and the step still
+    // waits on its own (schemathesis's stateful phase found a 503 "run marked failed" this way).
+    let other = d.new_run().await;
+    let outcome = json!({"step": step, "output": {"paid": true}}).to_string().into_bytes();
+    let elsewhere = post(format!("/api/runs/{other}/agents/a/steps"), outcome.clone()).await;
+    assert_eq!((elsewhere.status, elsewhere.json()["error"]["code"].as_str()), (404, Some("unknown_step")));
+    assert_eq!(d.store.run(&other).unwrap().status, retrace_core::run::RunStatus::Running);
+    d.finish(&other).await;
     d.finish(&run).await;
     // Its outcome, after the run ended: the run has finished, it isn't failed (QA20 D6).
     let late = json!({"step": step, "output": {"paid": true}}).to_string().into_bytes();
