@@ -70,6 +70,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "previous": retained.previous.as_str(),
         }));
     }
-    println!("run {} is now {} (was {})", retained.run, retained.retention, retained.previous);
+    match retained.retention == retained.previous {
+        true => println!("run {} is {} already: nothing changed", retained.run, retained.retention),
+        false => println!("run {} is now {} (was {})", retained.run, retained.retention, retained.previous),
+    }
     Ok(())
 }

@@ -67,6 +67,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         problems.extend(verify_run_reporting(&*store, run, &mut |n| progress.add(n)));
     }
     progress.finish();
+    // A run that `gc` or `delete` removed while this read it (its events or blobs gone midway)
+    // is not damage: its problems are dropped, and it is said (QA21 D7).
+    let gone: Vec<String> = match args.all {
+        true => {
+            let still: std::collections::HashSet<String> = match store.runs_and_unreadable() {
+                Ok((now, unreadable)) => {
+                    now.into_iter().map(|m| m.id).chain(unreadable.into_iter().map(|u| u.id)).collect()
+                }
+                Err(_) => runs.iter().cloned().collect(),
+            };
+            runs.iter().filter(|r| !still.contains(*r)).cloned().collect()
+        }
+        false => Vec::new(),
+    };
+    if !gone.is_empty() {
+        drop_deleted(&mut problems, &gone);
+        let were = if gone.len() == 1 { "was" } else { "were" };
+        eprintln!(
+            "retrace: {} {were} deleted while being verified (a gc or delete at the same time): not judged",
+            count(gone.len(), "run")
+        );
+    }
     let printed = print(&args, &runs, unreadable.len(), events, &problems);
     // Files this user may not read (another user's store): an access problem, not damage.
     let denied = |p: &Problem| p.kind == ProblemKind::Unreadable && p.message.contains("Permission denied");
@@ -121,4 +143,29 @@ fn print(
         }
     }
     Ok(())
+}
+
+/// Drops the problems of the runs in `gone`: deleted while they were verified.
+fn drop_deleted(problems: &mut Vec<Problem>, gone: &[String]) {
+    problems.retain(|p| !gone.contains(&p.run));
+}
+
+#[cfg(test)]
+mod tests {
+    use retrace_store::verify::{Problem, ProblemKind};
+
+    /// What a run deleted mid-check "lacks" is not damage; the other runs' problems stay.
+    #[test]
+    fn the_problems_of_runs_deleted_while_verified_are_dropped() {
+        let problem = |run: &str| Problem {
+            run: run.into(),
+            seq: Some(1),
+            digest: None,
+            kind: ProblemKind::BlobMissing,
+            message: "no blob".into(),
+        };
+        let mut problems = vec![problem("gone"), problem("kept"), problem("gone")];
+        super::drop_deleted(&mut problems, &["gone".to_owned()]);
+        assert_eq!(problems, vec![problem("kept")]);
+    }
 }

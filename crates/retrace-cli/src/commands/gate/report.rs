@@ -9,7 +9,8 @@ use crate::output::count;
 
 /// The one line for a trace, and the lines under it.
 pub fn trace_lines(o: &Outcome) -> String {
-    let name = &o.trace.name;
+    // On one line whatever the file is called (a newline in a name would break the report).
+    let name = crate::output::one_line(&o.trace.name);
     let mut out = match &o.verdict {
         Verdict::Ok => {
             let mut text = format!("ok        {name} ({}, {:.1} s)\n", count(o.steps, "step"), o.seconds);
@@ -67,7 +68,11 @@ pub fn divergence_summary(d: &Divergence) -> String {
         ),
         _ => {
             let at = d.seq.map(|s| format!("at seq {s}: ")).unwrap_or_default();
-            format!("{at}{}: {} (agent {})", d.code, d.code.meaning(), d.agent)
+            // `*` is no agent but the whole run (an exit status, the final decisions).
+            match d.agent.as_str() {
+                "*" => format!("{at}{}: {}", d.code, d.code.meaning()),
+                agent => format!("{at}{}: {} (agent {agent})", d.code, d.code.meaning()),
+            }
         }
     }
 }
