@@ -220,7 +220,7 @@ pub fn discard_unstarted(store: &dyn retrace_store::Store, id: &str) -> anyhow::
     store.update_run(&failed)?;
     if store.last_seq(id)? == 0 {
         let config = retrace_store::gc::GcConfig::new(now, 0);
-        let deleted = retrace_store::gc::delete(store, std::slice::from_ref(&failed), &config);
+        let deleted = retrace_store::gc::delete(store, std::slice::from_ref(&failed), &[], &config);
         if deleted.is_ok_and(|report| report.runs_deleted.iter().any(|r| r == id)) {
             eprintln!("retrace: run {id} discarded: its program never started");
             return Ok(());

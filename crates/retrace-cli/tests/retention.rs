@@ -402,3 +402,52 @@ fn gc_compact_is_refused_while_a_run_is_running_and_then_shrinks_the_database() 
     home.run(&["gc", "--compact"], &[]).expect(0, &["deleted 0 runs", "compacted the database: "], &[]);
     home.run(&["verify", "--all"], &[]).expect(0, &["ok: 2 runs"], &[]);
 }
+
+/// A run whose stored record is damaged neither stops `gc` nor loses what it holds: `gc` keeps
+/// it, its replay and every blob its events use, and says how to remove it; `delete` removes it
+/// by a prefix of its id, with its replay, and the next `gc` frees its blobs.
+#[test]
+fn a_damaged_run_is_kept_by_gc_and_deleted_by_its_id() {
+    const DAMAGED: &str = "01retaindamaged00000000000";
+    const ITS_REPLAY: &str = "01retaindamagedreplay00000";
+    let home = Home::new();
+    {
+        let store = home.store();
+        conversation(EXPIRED, 3).commit(&*store);
+        conversation(DAMAGED, 2).commit(&*store);
+        let mut replay = RunMeta::new(ITS_REPLAY, RunMode::Replay, 1_700_000_100_000);
+        replay.source_run = Some(DAMAGED.into());
+        replay.status = RunStatus::Ok;
+        store.create_run(&replay).unwrap();
+    }
+    std::fs::write(home.dir.path().join("retrace.toml"), "[retention]\nblob_grace_minutes = 0\n").unwrap();
+    let db = rusqlite::Connection::open(home.dir.path().join("retrace.db")).unwrap();
+    assert_eq!(db.execute("UPDATE runs SET meta = '{' || meta WHERE id = ?1", [DAMAGED]).unwrap(), 1);
+    let missing_blobs = || -> i64 {
+        db.query_row(
+            "SELECT count(*) FROM events e JOIN runs r ON e.id >= r.pk << 32 AND e.id < (r.pk + 1) << 32 \
+             WHERE r.id = ?1 AND ((e.output_ref IS NOT NULL AND e.output_ref NOT IN (SELECT digest FROM blobs)) \
+             OR (e.request_ref IS NOT NULL AND e.request_ref NOT IN (SELECT digest FROM blobs)))",
+            [DAMAGED],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+
+    let ran = home.run(&["gc", "--json"], &[]);
+    let report = ran.expect(0, &[], &[&format!("`retrace delete {DAMAGED}` removes it")]).json();
+    assert_eq!(report["runs_deleted"], serde_json::json!([EXPIRED]), "{report}: its replay stays with it");
+    assert_eq!(report["unreadable_kept"], serde_json::json!([DAMAGED]));
+    assert!(report["blobs_deleted"].as_u64().unwrap() > 0, "{report}: the expired run's blobs went");
+    assert_eq!(missing_blobs(), 0, "every blob the damaged run's events use is kept");
+
+    home.run(&["delete", "01retaindamaged", "--dry-run"], &[]).expect(2, &[], &["ambiguous"]);
+    let ran = home.run(&["delete", &DAMAGED[..20], "--json"], &[]);
+    let report = ran.expect(0, &[], &["record can't be read; deleting it by its id"]).json();
+    assert_eq!(report["runs_deleted"], serde_json::json!([ITS_REPLAY, DAMAGED]), "oldest first");
+    assert!(report["blobs_deleted"].as_u64().unwrap() > 0, "{report}: the damaged run's blobs went");
+    let report = home.run(&["gc", "--json"], &[]).expect(0, &[], &[]).json();
+    assert_eq!(report["unreadable_kept"], serde_json::json!([]));
+    home.run(&["runs", "--json"], &[]).expect(0, &["[]"], &[]);
+    home.run(&["verify", "--all"], &[]).expect(0, &[], &[]);
+}

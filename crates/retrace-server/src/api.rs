@@ -187,6 +187,7 @@ fn discard(store: &dyn retrace_store::Store, mut meta: RunMeta) {
         let _ = retrace_store::gc::delete(
             store,
             std::slice::from_ref(&meta),
+            &[],
             &retrace_store::gc::GcConfig::new(now, 0),
         );
     }

@@ -141,6 +141,11 @@ pub trait GcStore: Send + Sync {
     /// no remaining run references and stored before `request.blob_cutoff_ms` (see the module
     /// doc for what references a blob), the cache entries whose output blob went, and the space
     /// those blobs held. With `dry_run`, reports the same and changes nothing.
+    ///
+    /// A run whose stored record can't be decoded ([`crate::UnreadableRun`]) goes when
+    /// `request.runs` names it; otherwise its events' blobs stay as any run's, and so does
+    /// every blob its damaged record still names, and, while its status says running, every
+    /// blob stored since it began.
     fn collect_garbage(&self, request: &GcRequest) -> StoreResult<GcReport>;
 
     /// Gives the space deleted rows left back to the file system (SQLite: `VACUUM`, then a
@@ -174,8 +179,11 @@ pub fn refuse_while_running(runs: &[RunMeta]) -> StoreResult<()> {
 
 /// Plans and runs one collection over `store` (the whole of `retrace gc` and of the daemon's
 /// `POST /api/gc`).
+///
+/// A run whose stored record can't be read is kept, with every blob it may use (see
+/// [`GcStore::collect_garbage`]): `retrace delete` removes it by id.
 pub fn collect(store: &dyn crate::Store, config: &GcConfig) -> StoreResult<GcReport> {
-    let runs = store.runs()?;
+    let (runs, _unreadable) = store.runs_and_unreadable()?;
     let request = GcRequest {
         runs: plan(&runs, config),
         named: vec![],

@@ -1,5 +1,6 @@
 //! `retrace delete`: delete named runs now, whatever their tier, and the blobs only they used.
 use retrace_store::gc::{collect, delete, DeleteError, GcConfig};
+use retrace_store::StoreErrorKind;
 
 use crate::commands::gc::{now_ms, print_report, retention};
 use crate::exit;
@@ -52,14 +53,26 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let retention = retention()?;
     let store = super::store_for_collecting(args.dry_run)?;
-    let named = args
-        .runs
-        .iter()
-        .map(|run| crate::commands::runs::find(&*store, run))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (mut named, mut damaged) = (vec![], vec![]);
+    for run in &args.runs {
+        match store.find_run(run) {
+            Ok(meta) => named.push(meta),
+            // A run whose record can't be read can still be deleted by its id (or a unique
+            // prefix): it is in the way of nothing else then.
+            Err(e) if e.kind == StoreErrorKind::Corrupt => match unreadable(&*store, run)? {
+                Some(id) => {
+                    eprintln!("retrace: run {id}'s record can't be read; deleting it by its id");
+                    damaged.push(id);
+                }
+                None => return Err(e.into()),
+            },
+            // Not found, ambiguous: said as every command says it.
+            Err(_) => named.push(crate::commands::runs::find(&*store, run)?),
+        }
+    }
     let mut config = GcConfig::from_retention(now_ms(), &retention);
     config.dry_run = args.dry_run;
-    let report = delete(&*store, &named, &config).map_err(|e| match &e {
+    let report = delete(&*store, &named, &damaged, &config).map_err(|e| match &e {
         DeleteError::Running { run } => exit::usage_hint(
             e.to_string(),
             format!("wait for it to end (`retrace runs` shows its status), then `retrace delete {run}`"),
@@ -85,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // would take, and those are the ones the grace keeps (QA21 D5).
         (true, 1..) => {
             let ungraced = GcConfig { blob_grace_ms: 0, ..config };
-            delete(&*store, &named, &ungraced)?.blobs_deleted.saturating_sub(report.blobs_deleted)
+            delete(&*store, &named, &damaged, &ungraced)?.blobs_deleted.saturating_sub(report.blobs_deleted)
         }
         _ => 0,
     };
@@ -100,4 +113,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The id of the run whose stored record can't be read that `id_or_prefix` names (its id, or a
+/// prefix of at least 4 characters the store found no other run for).
+fn unreadable(store: &dyn retrace_store::Store, id_or_prefix: &str) -> anyhow::Result<Option<String>> {
+    let (_, unreadable) = store.runs_and_unreadable()?;
+    let matching: Vec<&str> = unreadable
+        .iter()
+        .map(|r| r.id.as_str())
+        .filter(|id| *id == id_or_prefix || (id_or_prefix.len() >= 4 && id.starts_with(id_or_prefix)))
+        .collect();
+    Ok(match matching[..] {
+        [id] => Some(id.to_owned()),
+        _ => matching.iter().find(|id| **id == id_or_prefix).map(|id| (*id).to_owned()),
+    })
 }

@@ -90,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.dry_run = args.dry_run;
     if args.compact {
         // Refused before anything is deleted: the user asked for both.
-        let runs = store.runs()?;
+        let (runs, _) = store.runs_and_unreadable()?;
         refuse_while_running(&runs).map_err(|e| {
             exit::usage_hint(
                 e.to_string(),
@@ -99,7 +99,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })?;
     }
     let report = collect(&*store, &config)?;
-    let mut extra = vec![("routine_days", retention.routine_days.into())];
+    // A run whose record can't be read is kept, with every blob it may use: said, with the way
+    // out, so one damaged row neither stops the collection nor hides.
+    let (_, unreadable) = store.runs_and_unreadable()?;
+    for run in &unreadable {
+        eprintln!(
+            "retrace: kept run {}: its record can't be read ({}); `retrace delete {}` removes it",
+            run.id, run.error, run.id
+        );
+    }
+    let kept: Vec<&str> = unreadable.iter().map(|r| r.id.as_str()).collect();
+    let mut extra = vec![("routine_days", retention.routine_days.into()), ("unreadable_kept", kept.into())];
     let compacted = match args.compact && !args.dry_run {
         true => Some(store.compact().map_err(|e| {
             exit::usage_hint(

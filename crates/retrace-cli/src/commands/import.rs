@@ -272,7 +272,7 @@ fn replace_copy(store: &dyn retrace_store::Store, run_id: &str, from: &str) -> a
     use retrace_store::gc::{delete, DeleteError, GcConfig};
     let held = store.run(run_id)?;
     let config = GcConfig::from_retention(super::gc::now_ms(), &super::gc::retention()?);
-    delete(store, &[held], &config).map_err(|e| match &e {
+    delete(store, &[held], &[], &config).map_err(|e| match &e {
         DeleteError::Store(_) => anyhow::Error::from(e),
         _ => exit::usage_hint(
             format!("run {run_id} is stored from {from}, and can't be replaced: {e}"),

@@ -147,7 +147,7 @@ pub async fn delete(State(app): State<Arc<AppState>>, Path(id): Path<String>, bo
         blocking(move || {
             let meta = find(&*store, &id)?;
             let config = GcConfig { dry_run: body.dry_run, ..GcConfig::from_retention(now_ms(), &retention) };
-            let report = delete_runs(&*store, &[meta], &config).map_err(|e| match e {
+            let report = delete_runs(&*store, &[meta], &[], &config).map_err(|e| match e {
                 DeleteError::Store(e) => AdminError::from_store(&e),
                 _ => AdminError::RunInUse(e.to_string()),
             })?;

@@ -43,19 +43,24 @@ pub enum DeleteError {
 /// Deletes `named` (runs as found by the caller, by id or prefix) and their replays, then
 /// sweeps the blobs nothing references any more, in one transaction; a dry run reports what
 /// would go. `config` gives the time and the blob grace period (its routine age is not used).
+/// `damaged` are ids of runs whose stored record can't be read ([`crate::UnreadableRun`]):
+/// they go too, with their replays, unless a fork of them remains.
 pub fn delete(
     store: &dyn crate::Store,
     named: &[RunMeta],
+    damaged: &[String],
     config: &GcConfig,
 ) -> Result<GcReport, DeleteError> {
-    let runs = store.runs()?;
-    let names: HashSet<&str> = named.iter().map(|r| r.id.as_str()).collect();
+    let (runs, _unreadable) = store.runs_and_unreadable()?;
+    let names: HashSet<&str> =
+        named.iter().map(|r| r.id.as_str()).chain(damaged.iter().map(String::as_str)).collect();
     // The store's view now, not the caller's (the run may have changed since it was found).
     let now: Vec<&RunMeta> = runs.iter().filter(|r| names.contains(r.id.as_str())).collect();
     if let Some(run) = now.iter().find(|r| r.status == RunStatus::Running) {
         return Err(DeleteError::Running { run: run.id.clone() });
     }
-    let mut doomed: HashSet<String> = now.iter().map(|r| r.id.clone()).collect();
+    let mut doomed: HashSet<String> =
+        now.iter().map(|r| r.id.clone()).chain(damaged.iter().cloned()).collect();
     for run in &runs {
         let Some(source) = run.source_run.as_deref().filter(|s| names.contains(s)) else { continue };
         if names.contains(run.id.as_str()) {
@@ -84,7 +89,12 @@ pub fn delete(
         }
     }
     let request = GcRequest {
-        runs: runs.iter().filter(|r| doomed.contains(&r.id)).map(|r| r.id.clone()).collect(),
+        runs: runs
+            .iter()
+            .filter(|r| doomed.contains(&r.id))
+            .map(|r| r.id.clone())
+            .chain(damaged.iter().cloned())
+            .collect(),
         named: now.iter().filter(|r| r.mode == RunMode::Replay).map(|r| r.id.clone()).collect(),
         blob_cutoff_ms: blob_cutoff(&runs, config),
         dry_run: config.dry_run,
@@ -123,7 +133,7 @@ mod tests {
         let fork = stored(&store, "fork", RunMode::Fork, Some("src"));
         let other = stored(&store, "other", RunMode::Record, None);
 
-        let refused = delete(&store, std::slice::from_ref(&src), &config).unwrap_err();
+        let refused = delete(&store, std::slice::from_ref(&src), &[], &config).unwrap_err();
         assert!(
             matches!(&refused, DeleteError::Needed { by, by_mode: "fork", .. } if by == "fork"),
             "{refused}"
@@ -131,18 +141,18 @@ mod tests {
         assert_eq!(ids(&store).len(), 4, "nothing went");
 
         let dry =
-            delete(&store, &[src.clone(), fork.clone()], &GcConfig { dry_run: true, ..config }).unwrap();
+            delete(&store, &[src.clone(), fork.clone()], &[], &GcConfig { dry_run: true, ..config }).unwrap();
         assert_eq!(dry.runs_deleted, ["src", "replay", "fork"]);
         assert_eq!(ids(&store).len(), 4, "a dry run changes nothing");
 
-        let done = delete(&store, &[fork, src], &config).unwrap();
+        let done = delete(&store, &[fork, src], &[], &config).unwrap();
         assert_eq!(done.runs_deleted, ["src", "replay", "fork"], "the replay goes with its source");
         assert_eq!(ids(&store), ["other"]);
 
         let mut running = other.clone();
         running.status = RunStatus::Running;
         store.update_run(&running).unwrap();
-        let refused = delete(&store, &[other], &config).unwrap_err();
+        let refused = delete(&store, &[other], &[], &config).unwrap_err();
         assert!(matches!(refused, DeleteError::Running { .. }), "the store's status counts: {refused}");
     }
 
@@ -153,7 +163,7 @@ mod tests {
         let mut replay = stored(&store, "replay", RunMode::Replay, Some("src"));
         replay.status = RunStatus::Running;
         store.update_run(&replay).unwrap();
-        let refused = delete(&store, &[src], &GcConfig::new(10, 30)).unwrap_err();
+        let refused = delete(&store, &[src], &[], &GcConfig::new(10, 30)).unwrap_err();
         assert!(matches!(&refused, DeleteError::Needed { by_mode: "replay", .. }), "{refused}");
         assert_eq!(ids(&store).len(), 2);
     }
@@ -166,7 +176,7 @@ mod tests {
         stored(&store, "src", RunMode::Record, None);
         let first = stored(&store, "replay", RunMode::Replay, Some("src"));
         stored(&store, "again", RunMode::Replay, Some("src"));
-        let done = delete(&store, &[first], &GcConfig::new(10, 30)).unwrap();
+        let done = delete(&store, &[first], &[], &GcConfig::new(10, 30)).unwrap();
         assert_eq!(done.runs_deleted, ["replay"]);
         assert_eq!(ids(&store), ["src", "again"]);
     }

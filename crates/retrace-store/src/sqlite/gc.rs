@@ -152,36 +152,50 @@ impl SqliteStore {
 
 /// Deletes, marks and sweeps inside `tx`; returns the report and the files of deleted blobs.
 fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<String>)> {
-    let runs: Vec<(i64, RunMeta)> = tx
-        .prepare("SELECT pk, id, meta FROM runs ORDER BY started_at, pk")
-        .and_then(|mut s| {
-            s.query_map([], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, super::runs::record_bytes(r, 2)?))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()
-        })
-        .ctx(|| WHAT)?
-        .into_iter()
-        .map(|(pk, id, json)| Ok((pk, decode_json(&json, &format!("run {id}"))?)))
-        .collect::<StoreResult<_>>()?;
+    let (runs, damaged) = stored_runs(tx)?;
     let metas: Vec<RunMeta> = runs.iter().map(|(_, m)| m.clone()).collect();
-    let doomed =
+    let mut doomed =
         settle(&metas, request.runs.iter().cloned().collect(), &request.named.iter().cloned().collect());
+    // A run whose record can't be read goes only when asked for by id (`retrace delete`, which
+    // checked that no fork needs it) and not marked running; a collection keeps it.
+    let (damaged_gone, damaged_kept): (Vec<&Damaged>, Vec<&Damaged>) =
+        damaged.iter().partition(|d| !d.running && request.runs.contains(&d.id));
+    // Their replays stay with them as with any kept source ([`settle`] takes a source it can't
+    // read for one not stored).
+    let kept_sources: HashSet<&str> = damaged_kept.iter().map(|d| d.id.as_str()).collect();
+    doomed.retain(|id| {
+        let source = metas.iter().find(|m| m.id == *id).and_then(|m| m.source_run.as_deref());
+        !source.is_some_and(|s| kept_sources.contains(s)) || request.named.contains(id)
+    });
+    doomed.extend(damaged_gone.iter().map(|d| d.id.clone()));
     let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
     let mut events_deleted = 0;
-    for (pk, meta) in runs.iter().filter(|(_, m)| gone.contains(m.id.as_str())) {
+    let pks = runs
+        .iter()
+        .map(|(pk, m)| (*pk, m.id.as_str()))
+        .chain(damaged_gone.iter().map(|d| (d.pk, d.id.as_str())));
+    for (pk, id) in pks.filter(|(_, id)| gone.contains(id)) {
         events_deleted += tx
             .execute("DELETE FROM events WHERE id >= ?1 << 32 AND id < (?1 + 1) << 32", [pk])
             .ctx(|| WHAT)? as u64;
-        super::head_blocks::delete_run(tx, *pk).ctx(|| WHAT)?;
-        super::deliveries::delete_run(tx, *pk).ctx(|| WHAT)?;
+        super::head_blocks::delete_run(tx, pk).ctx(|| WHAT)?;
+        super::deliveries::delete_run(tx, pk).ctx(|| WHAT)?;
         for table in ["leases", "prefixes"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_pk = ?1"), [pk]).ctx(|| WHAT)?;
         }
-        tx.execute("DELETE FROM runs WHERE pk = ?1", [pk]).ctx(|| format!("deleting run {}", meta.id))?;
+        tx.execute("DELETE FROM runs WHERE pk = ?1", [pk]).ctx(|| format!("deleting run {id}"))?;
     }
     let remaining = runs.iter().map(|(_, m)| m).filter(|m| !gone.contains(m.id.as_str()));
-    mark(tx, remaining.flat_map(edit_blobs).collect(), request.blob_cutoff_ms)?;
+    // A kept damaged run's fork edits can't be read: every digest its record still spells is
+    // kept, and, if it may still be recording, every blob stored since it began.
+    let mut extra: Vec<Digest> = remaining.flat_map(edit_blobs).collect();
+    extra.extend(damaged_kept.iter().flat_map(|d| spelled_digests(&d.record)));
+    let cutoff = damaged_kept
+        .iter()
+        .filter(|d| d.running)
+        .map(|d| d.started_at_ms)
+        .fold(request.blob_cutoff_ms, u64::min);
+    mark(tx, extra, cutoff)?;
 
     let doomed_blobs: Vec<(i64, i64, Option<String>)> = tx
         .prepare(&format!(
@@ -226,6 +240,65 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
         cache_entries_dropped,
     };
     Ok((report, files))
+}
+
+/// A run whose stored record can't be decoded (see `super::runs::record_bytes`), as its
+/// columns still tell it.
+struct Damaged {
+    pk: i64,
+    id: String,
+    started_at_ms: u64,
+    running: bool,
+    record: Vec<u8>,
+}
+
+/// Stored runs whose record decodes, with their row keys.
+type Readable = Vec<(i64, RunMeta)>;
+
+/// Every stored run, oldest first: those whose record decodes, and those whose record doesn't.
+fn stored_runs(tx: &Connection) -> StoreResult<(Readable, Vec<Damaged>)> {
+    let rows: Vec<Damaged> = tx
+        .prepare("SELECT pk, id, started_at, status = 'running', meta FROM runs ORDER BY started_at, pk")
+        .and_then(|mut s| {
+            s.query_map([], |r| {
+                Ok(Damaged {
+                    pk: r.get(0)?,
+                    id: r.get(1)?,
+                    started_at_ms: r.get::<_, i64>(2)?.max(0) as u64,
+                    running: r.get(3)?,
+                    record: super::runs::record_bytes(r, 4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .ctx(|| WHAT)?;
+    let (mut runs, mut damaged) = (Vec::new(), Vec::new());
+    for row in rows {
+        match decode_json::<RunMeta>(&row.record, &format!("run {}", row.id)) {
+            Ok(meta) => runs.push((row.pk, meta)),
+            Err(_) => damaged.push(row),
+        }
+    }
+    Ok((runs, damaged))
+}
+
+/// The digests `record` spells (`sha256:` and 64 hex digits), wherever they stand.
+fn spelled_digests(record: &[u8]) -> Vec<Digest> {
+    const PREFIX: &[u8] = b"sha256:";
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(i) = record[at..].windows(PREFIX.len()).position(|w| w == PREFIX) {
+        let start = at + i;
+        if let Some(text) =
+            record.get(start..start + PREFIX.len() + 64).and_then(|b| std::str::from_utf8(b).ok())
+        {
+            if let Ok(digest) = text.parse::<Digest>() {
+                found.push(digest);
+            }
+        }
+        at = start + PREFIX.len();
+    }
+    found
 }
 
 /// Fills `temp.gc_keep` with every blob to keep: those the remaining events reference, `extra`
