@@ -371,11 +371,13 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     // The command as stored and logged: masked like any input, as `record` stores its own.
     let logged = launcher::masked_argv(&argv, &stored_masker);
     meta.command = Some(Command { argv: logged.clone(), cwd: launcher::recorded_cwd()? });
-    if let Some(url) = &args.upstream_openai {
-        meta.upstreams.insert("openai".into(), stored(url));
-    }
-    if let Some(url) = &args.upstream_anthropic {
-        meta.upstreams.insert("anthropic".into(), stored(url));
+    // The upstreams the fork calls: the flags, else the source's (stored as the source stored
+    // them), so that a fork of this fork calls the same ones, not the public defaults (QA22 D1).
+    for (provider, flag) in [("openai", &args.upstream_openai), ("anthropic", &args.upstream_anthropic)] {
+        let url = flag.as_deref().map(stored).or_else(|| source.upstreams.get(provider).cloned());
+        if let Some(url) = url {
+            meta.upstreams.insert(provider.into(), url);
+        }
     }
     store.create_run(&meta)?;
     // This process finishes the run: while it lives, no one takes the run (which holds no

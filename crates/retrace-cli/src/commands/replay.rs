@@ -354,7 +354,11 @@ fn unfinished(
     source: &RunMeta,
     status: i32,
 ) -> anyhow::Result<Option<Divergence>> {
-    let recorded = store.last_seq(&source.id)?;
+    // A fork with no event of its own still holds the source's events before its fork point.
+    let recorded = match (store.last_seq(&source.id)?, source.fork_at) {
+        (0, Some(at)) => at.saturating_sub(1),
+        (last, _) => last,
+    };
     let ended_early = retrace_runtime::log_end::ends_early(source);
     if recorded == 0 && !ended_early {
         return Ok(None);

@@ -70,6 +70,12 @@ fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
     assert!(warned.into_iter().any(|w| w.contains("stored as tokens")), "scripts see it too: {outcome}");
     let fork = outcome["fork"].as_str().unwrap().to_owned();
     home.run(&["show", &fork, "--json"]).expect(0, &["param:default.user=rtk_email_"], &[]);
+    // A fork stores the upstreams it called (its source's here), so a fork of it calls them too,
+    // not the public API (QA22 D1).
+    let shown = home.run(&["show", &fork, "--json"]).expect(0, &[], &[]).json();
+    assert_eq!(shown["run"]["upstreams"]["openai"], upstream.as_str(), "{shown}");
+    let again = home.run(&["fork", &fork, "--edit", "param:default.user=someone-else"]);
+    again.expect(0, &["chat.completion"], &["1 changed"]);
     for file in ["retrace.db", "retrace.db-wal"] {
         let bytes = std::fs::read(home.file(file)).unwrap_or_default();
         assert!(!bytes.windows(15).any(|w| w == b"ada@example.com"), "{file} holds the email");

@@ -184,6 +184,22 @@ fn a_program_that_records_its_own_model_calls_is_not_recorded_again_by_the_proxy
     let report: serde_json::Value = serde_json::from_str(late.stdout().lines().last().unwrap()).unwrap();
     assert!(report["warnings"][0].as_str().unwrap().contains("changed nothing"), "{report}");
     assert_eq!(fork["warnings"], serde_json::json!([]), "the first fork's edit reached its steps: {fork}");
+    // That late fork holds only inherited steps: a replay whose program takes none of them has
+    // steps left, as for any run (it said "ok").
+    let late_fork = report["fork"].as_str().unwrap().to_owned();
+    home.run(&["replay", &late_fork, "--", "true"]).expect(1, &[], &["steps_left"]);
+    // A fork whose program ends before the fork point took none of the source's steps: its
+    // edit never applied, and it says so (QA22 D3: stored `ok`, its steps "same").
+    let short =
+        home.run(&["fork", &run, "--at", &last.to_string(), "--edit", "model:reviewer=sim-2", "--", "true"]);
+    short.expect(1, &[], &["steps_left", "before the fork point"]);
+    // A fork that failed decided nothing: no decision of it "moved" (QA22 D5).
+    let failed =
+        home.run(&["fork", "--runs", &run, "--edit", "model:reviewer=sim-2", "--json", "--", "false"]);
+    failed.expect(1, &[], &["did not finish"]);
+    let doc: serde_json::Value = serde_json::from_str(failed.stdout().lines().last().unwrap()).unwrap();
+    assert_eq!(doc["runs_with_moved_decisions"], 0, "{doc}");
+    assert_eq!(doc["forks"][0]["decisions"], serde_json::json!([]), "{doc}");
     // Two edits of one thing are refused.
     home.run(&["fork", &run, "--edit", "model:reviewer=sim-2", "--edit", "model:reviewer=sim-3"]).expect(
         2,

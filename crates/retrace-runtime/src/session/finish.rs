@@ -46,7 +46,7 @@ impl Session {
     fn finish_record(&self, outcome: Outcome) -> RuntimeResult<RunReport> {
         let writer = self.inner.writer.as_ref().expect("record sessions have a writer");
         let flushed = writer.flush();
-        let divergence = self.divergence();
+        let divergence = self.divergence().or_else(|| self.fork_steps_left(&outcome));
         let status = match (&flushed, outcome.exit_status) {
             _ if divergence.is_some() => RunStatus::Diverged,
             (Err(_), _) => RunStatus::Failed,
@@ -130,6 +130,36 @@ impl Session {
             Some(d) => Err(d.into()),
             None => Ok(self.report(status)),
         }
+    }
+
+    /// In a fork, the source's steps before the fork point that the program never took (it
+    /// ended early): a `steps_left` divergence, as a replay reports steps left, for before the
+    /// fork point the program takes the source's steps (QA22 D3: the fork was stored `ok`, its
+    /// edit never applied, and its own replay then diverged). None for a program that failed:
+    /// that is the report.
+    fn fork_steps_left(&self, outcome: &Outcome) -> Option<Divergence> {
+        if self.inner.mode != Mode::Fork || outcome.exit_status.is_some_and(|code| code != 0) {
+            return None;
+        }
+        let scheduler = self.inner.scheduler.as_ref()?;
+        let at = scheduler.fork_at()?;
+        let left: Vec<_> =
+            scheduler.log().leftovers().into_iter().filter(|(_, step)| step.seq < at).collect();
+        let (agent, first) = left.first()?;
+        let mut d = Divergence::new(DivergenceCode::StepsLeft, agent.clone())
+            .at(first.seq)
+            .step(first.label.clone())
+            .keys(first.key, None)
+            .detail(format!(
+                "the program ended before taking the source's steps before the fork point (--at {at}), so no edit applied"
+            ));
+        for (agent, step) in &left {
+            d = d.detail(format!(
+                "agent {agent:?}: first step not taken is seq {} ({})",
+                step.seq, step.label
+            ));
+        }
+        Some(d)
     }
 
     fn ending_divergence(&self, log: &RecordedLog, outcome: &Outcome) -> Option<Divergence> {

@@ -155,6 +155,17 @@ fn one_edit_runs_exactly_the_steps_it_reaches() {
     assert_eq!(pipeline(&r, &calls).unwrap(), published);
     r.finish(Outcome::default()).expect("the fork of a fork replays exactly");
     assert_eq!(calls.side.load(Ordering::SeqCst), 0, "a side effect never runs");
+
+    // One whose fork point lies after that dry run inherits it (QA22 D2: it looked for the
+    // intent a dry run doesn't log, and diverged there).
+    let decided =
+        fork_events(&store, &f.run_id()).iter().find(|e| e.kind == EventType::Decision).unwrap().seq;
+    let late =
+        Session::fork_new(store.clone(), &f.run_id(), Some(decided), vec![], SessionOptions::default())
+            .unwrap();
+    assert_eq!(pipeline(&late, &calls).expect("inherits the dry run"), published);
+    late.finish(Outcome::default()).unwrap();
+    assert_eq!(calls.tool.load(Ordering::SeqCst) + calls.side.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -647,4 +658,36 @@ fn an_output_edit_answers_its_step_even_when_another_edit_changed_its_request() 
     let r = Session::replay(store.clone(), &f.run_id(), SessionOptions::default()).unwrap();
     assert_eq!(pipeline(&r, &calls).unwrap(), published);
     r.finish(Outcome::default()).unwrap();
+}
+
+/// A fork whose program ends before taking the source's steps before the fork point (it
+/// exited early, with status 0) diverges with `steps_left` naming the first step not taken: it
+/// was stored `ok` with those steps counted as "same" and no edit applied (QA22 D3).
+#[test]
+fn a_fork_whose_program_ends_before_the_fork_point_diverges_with_steps_left() {
+    let store = store();
+    let source = record(&store);
+    let events = store.events(&source, 1, 100).unwrap();
+    let step = |kind: EventType, name: &str| {
+        events.iter().find(|e| e.kind == kind && e.name.as_deref() == Some(name)).unwrap().seq
+    };
+    let (analyse, publish) =
+        (step(EventType::ModelCall, "openai/chat.completions"), step(EventType::ToolCall, "publish"));
+    let f =
+        Session::fork_new(store.clone(), &source, Some(publish), vec![], SessionOptions::default()).unwrap();
+    let a = f.agent("pipeline");
+    let _: Value = a
+        .tool("fetch", &json!({"q": "rates"}), ToolSpec::time_bound("1", 3600), || Ok::<_, String>(json!({})))
+        .unwrap();
+    let err = f.finish(Outcome { exit_status: Some(0) }).unwrap_err();
+    let d = err.divergence().unwrap_or_else(|| panic!("{err}"));
+    assert_eq!((d.code, d.seq), (retrace_core::DivergenceCode::StepsLeft, Some(analyse)), "{d}");
+    assert!(d.to_string().contains("before the fork point"), "{d}");
+    assert_eq!(store.run(&f.run_id()).unwrap().status, retrace_core::run::RunStatus::Diverged);
+
+    // A program that failed before the fork point is reported as failed, not as steps left.
+    let f =
+        Session::fork_new(store.clone(), &source, Some(publish), vec![], SessionOptions::default()).unwrap();
+    let report = f.finish(Outcome { exit_status: Some(1) }).unwrap();
+    assert_eq!(report.status, retrace_core::run::RunStatus::Failed);
 }

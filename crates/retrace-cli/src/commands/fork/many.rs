@@ -49,7 +49,9 @@ pub(super) fn fork_many(
             }
             Err(e) => return Err(e),
         };
-        if !outcome.diff.decisions.is_empty() {
+        // A fork that failed or diverged decided nothing: not a run whose decisions moved (QA22 D5).
+        let finished = !matches!(outcome.fork.status, RunStatus::Failed | RunStatus::Diverged);
+        if finished && !outcome.diff.decisions.is_empty() {
             moved_runs += 1;
         }
         results.push(outcome);
@@ -86,7 +88,14 @@ pub(super) fn fork_many(
     if args.json {
         let list: Vec<_> = results
             .iter()
-            .map(|f| serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": f.diff.decisions, "warnings": f.warnings}))
+            .map(|f| {
+                // Only a fork that finished moved decisions; one that failed or diverged decided nothing.
+                let moved = match f.fork.status {
+                    RunStatus::Failed | RunStatus::Diverged => serde_json::json!([]),
+                    _ => serde_json::json!(f.diff.decisions),
+                };
+                serde_json::json!({"source": f.diff.a.id, "fork": f.fork.id, "status": f.fork.status, "decisions": moved, "warnings": f.warnings})
+            })
             .collect();
         print_json_line(&serde_json::json!({
             "forks": list, "runs": results.len(), "runs_with_moved_decisions": moved_runs,
