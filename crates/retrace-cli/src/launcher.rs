@@ -291,15 +291,20 @@ pub fn source_run(store: &dyn retrace_store::Store, run: &str) -> anyhow::Result
 }
 
 /// Refuses (exit 2) to re-execute `run` when the store lacks a run it re-executes in turn: a
-/// fork's source, that source's own source, and so on. A fork's trace imports alone (it holds
-/// the events it inherits), but replaying it reads its source's, so every step would fail;
-/// `gate` imports the sources beside a trace and refuses the same way when one is missing.
+/// fork's source, that source's own source, and so on, up to a fork that holds the events it
+/// inherits itself (imported from its trace, which carries them: it replays whole without its
+/// source). A fork recorded here inherits by reference, and replaying it reads its source's, so
+/// every step would fail; `gate` replays through the same check.
 pub fn check_sources(
     store: &dyn retrace_store::Store,
     run: &retrace_core::run::RunMeta,
 ) -> anyhow::Result<()> {
     let mut of = run.clone();
     while let Some(id) = of.source_run.clone() {
+        // A fork imported with the events it inherits replays without its source (QA22 D4).
+        if retrace_store::export::holds_inherited(store, &of)? {
+            return Ok(());
+        }
         of = match store.run(&id) {
             Ok(meta) => meta,
             Err(e) if e.kind == retrace_store::StoreErrorKind::NotFound => {

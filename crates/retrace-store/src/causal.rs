@@ -97,7 +97,10 @@ pub fn knew(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
 fn knew_inner(store: &dyn Store, run: &str, seq: u64) -> StoreResult<Knew> {
     let meta = store.run(run)?;
     if let (Some(source), Some(at)) = (&meta.source_run, meta.fork_at) {
-        if meta.mode == retrace_core::run::RunMode::Fork {
+        // A fork imported with the events it inherits holds them, and their indexes, itself: it
+        // is read as a whole run, its source need not be stored (QA22 D4). Seq 0 is nobody's.
+        let whole = seq == 0 || crate::export::holds_inherited(store, &meta)?;
+        if meta.mode == retrace_core::run::RunMode::Fork && !whole {
             return knew_in_fork(store, run, source, at, seq);
         }
     }

@@ -31,7 +31,7 @@ use crate::{BlobRef, Store, StoreError, StoreErrorKind, INLINE_BLOB_MAX};
 
 mod events;
 
-pub use events::{EventCursor, RunEvents, Segment, PAGE};
+pub use events::{holds_inherited, EventCursor, RunEvents, Segment, PAGE};
 
 /// Spooled event lines stay in memory up to this many bytes (then a temporary file holds them).
 /// 64 MB holds about 100k events' lines: exporting a 260k-event run peaked at 494 MB resident

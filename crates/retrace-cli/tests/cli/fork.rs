@@ -137,10 +137,12 @@ fn a_prompt_edit_naming_a_missing_version_is_refused_before_the_program_runs() {
 }
 
 /// A fork's trace imports alone (it holds the events it inherits), but replaying it reads its
-/// source: without the source in the store, `replay` refuses before anything runs, naming the
-/// source and how to bring it, as `gate` does, instead of running the program into `unknown_run`.
+/// source: it was imported with them (a fork's trace carries the events it inherits, SPEC §2),
+/// so without its source in the store it is still a whole run: `show --seq` and `knew` of an
+/// inherited step and `replay` read the fork's own copy (QA22 D4: they said "no seq 3", "no run
+/// SOURCE" and refused).
 #[test]
-fn replaying_a_fork_whose_source_is_not_in_the_store_is_refused_up_front() {
+fn a_fork_imported_without_its_source_reads_and_replays_whole() {
     const FORK: &str = "01clifork0000000000000000a";
     let source = conversation(RUN, 2);
     let mut b = Builder::new(FORK);
@@ -161,16 +163,13 @@ fn replaying_a_fork_whose_source_is_not_in_the_store_is_refused_up_front() {
 
     let alone = Home::new();
     alone.run(&["import", file.to_str().unwrap()]).expect(0, &[], &[]);
-    alone.run(&["replay", FORK]).expect(
-        2,
-        &[],
-        &[
-            &format!("error: run {FORK} is a fork of run {RUN}, which is not in this store"),
-            &format!("hint: import its trace too: `retrace export {RUN} -o FILE`"),
-        ],
-    );
-    assert_eq!(runs_of(&alone).len(), 1, "nothing ran: no replay run was made");
-    // With the source imported too, the same replay runs (and `true` takes none of its steps).
+    let inherited = alone.run(&["show", FORK, "--seq", "2", "--json"]).expect(0, &[], &[]).json();
+    assert_eq!(inherited["event"]["seq"], 2, "{inherited}");
+    alone.run(&["knew", FORK, "3"]).expect(0, &[], &[]);
+    alone.run(&["knew", FORK, "0"]).expect(2, &[], &[&format!("run {FORK} has no event 0")]);
+    // `true` takes none of its steps: steps left, not "no run".
+    alone.run(&["replay", FORK]).expect(1, &[], &["steps_left"]);
+    // With the source imported too, the same replay runs the same.
     let source_file = both.file("source.jsonl");
     both.run(&["export", RUN, "-o", source_file.to_str().unwrap()]).expect(0, &[], &[]);
     alone.run(&["import", source_file.to_str().unwrap()]).expect(0, &[], &[]);

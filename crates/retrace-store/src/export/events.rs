@@ -153,6 +153,16 @@ impl<'a> RunEvents<'a> {
     }
 }
 
+/// Whether `meta` is a fork that holds the events it inherits itself (imported from its trace,
+/// which carries them) rather than by reference to its source: it then reads as a whole run
+/// without its source.
+pub fn holds_inherited(store: &dyn Store, meta: &retrace_core::run::RunMeta) -> StoreResult<bool> {
+    if !matches!((meta.fork_at, &meta.source_run), (Some(at), Some(_)) if at > 1) {
+        return Ok(false);
+    }
+    Ok(store.events(&meta.id, 1, 1)?.first().is_some_and(|e| e.seq == 1))
+}
+
 /// Which stored runs hold which seqs of `run`, first to last.
 fn segments(store: &dyn Store, run: &str) -> StoreResult<Vec<Segment>> {
     let mut segments = Vec::new();

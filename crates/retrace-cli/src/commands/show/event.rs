@@ -160,7 +160,12 @@ fn cut_at(text: &str, limit: usize) -> (&str, usize) {
 /// Event `seq` of `meta`'s run: a fork's events before its fork point are its source's.
 fn event_of(store: &dyn Store, meta: &RunMeta, seq: u64) -> retrace_store::StoreResult<retrace_core::Event> {
     match (&meta.source_run, meta.fork_at) {
-        (Some(source), Some(at)) if meta.mode == retrace_core::run::RunMode::Fork && seq < at => {
+        // Inherited by reference (a fork imported with its inherited events holds them itself).
+        (Some(source), Some(at))
+            if meta.mode == retrace_core::run::RunMode::Fork
+                && seq < at
+                && !retrace_store::export::holds_inherited(store, meta)? =>
+        {
             event_of(store, &store.run(source)?, seq)
         }
         _ => store.event(&meta.id, seq),
