@@ -131,7 +131,11 @@ fn too_long_or_control(text: &str, what: &str, max: usize) -> Option<String> {
     if chars > max {
         return Some(format!("{what} is {chars} characters long: keep it to {max}"));
     }
-    text.chars().any(char::is_control).then(|| format!("{what} {text:?} holds a control character"))
+    text.chars().any(char::is_control).then(|| {
+        // Escaped as JSON escapes it (`\u001b`), not as Rust's Debug (`\u{1b}`).
+        let shown = serde_json::to_string(text).unwrap_or_else(|_| format!("{text:?}"));
+        format!("{what} {shown} holds a control character")
+    })
 }
 
 /// Everything stored about a run apart from its events.
@@ -242,5 +246,13 @@ mod tests {
         assert!(a < b);
         assert_eq!("fork".parse::<RunMode>().unwrap(), RunMode::Fork);
         assert!("nope".parse::<RunStatus>().unwrap_err().contains("interrupted"));
+    }
+
+    /// A control character is shown as JSON escapes it, which users and scripts read, not as
+    /// Rust's Debug does (QA23 D5).
+    #[test]
+    fn a_control_character_in_a_name_is_shown_escaped_as_json() {
+        let problem = naming_problem(Some("two\nlines\u{1b}[31mred"), []).unwrap();
+        assert_eq!(problem, r#"the run's name "two\nlines\u001b[31mred" holds a control character"#);
     }
 }

@@ -261,6 +261,21 @@ async fn handle(
     if let Some(role) = &role {
         session.set_role(&call.agent, role);
     }
+    // The SDK's clients name their process as its step routes do: an agent whose steps so far
+    // are model calls is then tied to it too, and a replay waiting on it when that process exits
+    // stalls at once (QA23 D1: after --stall-timeout).
+    if let Some(pid) = call.headers.get("x-retrace-process").map(|v| String::from_utf8_lossy(v.as_bytes())) {
+        let Ok(pid) = pid.parse::<u32>() else {
+            return error(
+                provider,
+                StatusCode::BAD_REQUEST,
+                "retrace proxy: X-Retrace-Process must be a process id",
+            );
+        };
+        if let Err(e) = app.processes.claim(&app.host, &call.run, &call.agent, pid) {
+            return error(provider, StatusCode::CONFLICT, &format!("retrace proxy: {e}"));
+        }
+    }
     match session.mode() {
         Mode::Record | Mode::Off | Mode::Fork => record::record(app, session, call).await,
         Mode::Replay => replay::replay(app, session, call).await,

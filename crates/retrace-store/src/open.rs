@@ -178,6 +178,16 @@ fn create_folder(dir: &Path) -> StoreResult<()> {
     std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))
 }
 
+/// Writes a `.gitignore` that ignores everything into `folder`, a store folder this process
+/// just made: the default store (`./.retrace`) sits inside the user's project, and its database
+/// and its `mask.key` (a secret) must not be committed by a `git add -A` (QA23 D2). Best effort:
+/// a store works without it.
+fn keep_out_of_git(folder: &Path) {
+    let text = "# Retrace's store: its database, blobs and mask.key (a secret) stay out of git.\n\
+                # Commit exported traces instead: retrace export RUN -o tests/traces/NAME.jsonl\n*\n";
+    let _ = std::fs::write(folder.join(".gitignore"), text);
+}
+
 /// Opens the store `config` names, creating its folders, and marks runs whose recorder died as
 /// `interrupted` (SPEC §7).
 pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
@@ -185,7 +195,11 @@ pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
         StoreLocation::Memory => Arc::new(MemoryStore::new()),
         StoreLocation::Sqlite { path } => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                let new = !parent.exists();
                 create_folder(parent)?;
+                if new {
+                    keep_out_of_git(parent);
+                }
             }
             create_folder(&config.blobs_dir)?;
             Arc::new(SqliteStore::open(path, &config.blobs_dir, config.durability, config.busy_timeout_ms)?)
@@ -279,6 +293,22 @@ mod tests {
 
     fn config(vars: &[(&str, &str)]) -> StoreResult<StoreConfig> {
         StoreConfig::from_vars(|name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+    }
+
+    /// A store folder this process makes ignores itself for git; a folder that was there
+    /// (the user's own) gets no file of ours.
+    #[test]
+    fn a_new_store_folder_keeps_itself_out_of_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("project").join(".retrace");
+        let config = StoreConfig::in_home(&home);
+        drop(open_store(&config).unwrap());
+        let ignore = std::fs::read_to_string(home.join(".gitignore")).unwrap();
+        assert!(ignore.lines().any(|l| l == "*"), "{ignore}");
+        let mine = dir.path().join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        drop(open_store(&StoreConfig::in_home(&mine)).unwrap());
+        assert!(!mine.join(".gitignore").exists());
     }
 
     #[test]

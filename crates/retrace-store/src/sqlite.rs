@@ -152,6 +152,9 @@ pub struct SqliteStore {
     ack_logs: ack_log::AckLogs,
     /// The schema upgrade opening the store made ([`Store::schema_upgrade`]).
     schema_upgrade: Option<SchemaUpgrade>,
+    /// The database file this store opened for writing (device, inode): a write checks that
+    /// the path still names it ([`SqliteStore::still_at_path`]). `None`: read-only.
+    file_id: Option<(u64, u64)>,
     /// Keeps a [`SqliteStore::temporary`] store's folder alive.
     _temp: Option<tempfile::TempDir>,
 }
@@ -280,8 +283,29 @@ impl SqliteStore {
             read_only: None,
             ack_logs: ack_log::AckLogs::new(path),
             schema_upgrade,
+            file_id: file_id(path),
             _temp: temp,
         })
+    }
+
+    /// Fails when the store's path no longer names the database file this store opened (it was
+    /// deleted or replaced under a running recorder): SQLite would go on committing into the
+    /// unlinked file, every step acknowledged and all of it gone at exit, with the run reported
+    /// `ok` (QA24 D3). Checked inside every write transaction, before it commits: one `stat`.
+    fn still_at_path(&self, what: &str) -> StoreResult<()> {
+        let Some(opened) = self.file_id else { return Ok(()) };
+        if file_id(&self.path) == Some(opened) {
+            return Ok(());
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Io,
+            format!(
+                "{what}: the database file {} was deleted or replaced while this process had it open: \
+                 nothing written now could be found there, so recording stops (its runs up to now are in \
+                 the file that was deleted or replaced)",
+                self.path.display()
+            ),
+        ))
     }
 
     /// Refuses `what`, a write, in a read-only store.
@@ -379,6 +403,7 @@ impl SqliteStore {
         let value = (|| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(|| what)?;
             let value = f(&tx)?;
+            self.still_at_path(what)?;
             tx.commit().ctx(|| what)?;
             Ok(value)
         })()
@@ -644,4 +669,10 @@ fn open_connection(
     conn.set_prepared_statement_cache_capacity(32);
     schema::configure(&conn, durability, busy_timeout_ms, &label)?;
     Ok(conn)
+}
+
+/// The device and inode of the file at `path`, if it is there.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }

@@ -75,7 +75,8 @@ def child(opts) -> int:
     try:
         result = {"planner": planner, "schema": schema, "reviewer": reviewer}[opts.agent](run, opts)
     except retrace.Divergence as e:
-        print(f"app_procs[{opts.agent}]: divergence: {e} (seq {e.seq}, path {e.path})", file=sys.stderr)
+        where = ", ".join(f"{k} {v}" for k, v in (("seq", e.seq), ("path", e.path)) if v is not None)
+        print(f"app_procs[{opts.agent}]: divergence: {e}" + (f" ({where})" if where else ""), file=sys.stderr)
         return 3
     except Exception as e:  # noqa: BLE001 - reported, and the exit status says it failed
         print(f"app_procs[{opts.agent}]: {type(e).__name__}: {e}", file=sys.stderr)

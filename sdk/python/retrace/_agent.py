@@ -52,6 +52,15 @@ def _named(name: Any, what: str) -> None:
         raise RetraceError(0, "usage", f"{what} is empty")
 
 
+def _str(value: Any, what: str) -> None:
+    """Refuses a name or kind that is not a str before anything is sent (QA23 D3: the daemon's
+    parser error named a byte column, not the argument)."""
+    if not isinstance(value, str):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise RetraceError(0, "usage", f"{what} must be a str, got {type(value).__name__} {shown}")
+
+
 def _timeout(timeout: Any, what: str) -> Optional[float]:
     """A ``recv`` timeout in seconds: None (or an infinity) waits as long as it takes; anything
     but a number of 0 or more is refused before it is sent (``usage``)."""
@@ -183,6 +192,7 @@ class Agent:
 
     def _step_flow(self, kind: str, name: str, request: Any, fn: Callable[[], Any], tool: Optional[dict] = None,
                    dry_run: Optional[Callable[[Any], Any]] = None, inline: bool = False) -> _Flow:
+        _str(name, f"{'tool' if kind == 'tool_call' else kind} of agent {self.id!r}: its name")
         if self.run.mode == "off":  # no Retrace: the function's own result, or its own exception
             value, error = yield _Run(fn, inline)
             return value if error is None else _Raise(error)
@@ -315,6 +325,8 @@ class Agent:
         return (yield _Post("template", body))["text"]
 
     def _send_flow(self, to: str, body: Any, kind: str, parent: Optional[int]) -> _Flow:
+        _str(to, f"send() of agent {self.id!r}: the recipient (to)")
+        _str(kind, f"send() of agent {self.id!r}: the message's kind")
         _named(to, f"send() of agent {self.id!r}: the recipient's name (no agent can be named so)")
         if self.run.mode == "off":
             return self.run._bus.post(self.id, to, body, kind, parent)
@@ -462,6 +474,9 @@ class Agent:
         headers = dict(kwargs.pop("default_headers", None) or {})
         if token:
             headers["X-Retrace-Token"] = token
+        # Its calls tie the agent to this process, as its steps do: a replay waiting on the agent
+        # then stalls at once when this process exits.
+        headers["X-Retrace-Process"] = str(os.getpid())
         return dict(**kwargs, base_url=self._proxy(provider) + ("/v1" if provider == "openai" else ""),
                     default_headers=headers)
 

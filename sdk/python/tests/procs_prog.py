@@ -1,5 +1,7 @@
 """Two agents in two OS processes of one run: the planner sends, the reviewer receives and
-decides. `--planner-dies` makes the planner's process exit before it sends."""
+decides. `--planner-dies` makes the planner's process exit before it sends; with
+`--model-first` the planner's step before that is a model call through `agent.openai()` (the
+daemon's upstream), not a tool."""
 import subprocess
 import sys
 import time
@@ -17,7 +19,10 @@ if role is None:
 run = retrace.connect()
 if role == "planner":
     a = run.agent("planner")
-    a.tool("sql.query", {"q": "select 1"}, lambda: {"rows": 1})
+    if "--model-first" in sys.argv:
+        a.openai().chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "plan"}])
+    else:
+        a.tool("sql.query", {"q": "select 1"}, lambda: {"rows": 1})
     if dies:
         print(f"planner exits at {time.time():.3f}", file=sys.stderr, flush=True)
         sys.exit(0)

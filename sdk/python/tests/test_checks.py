@@ -200,6 +200,11 @@ def test_empty_names_are_refused_before_anything_is_sent(daemon):
         (lambda: asyncio.run(planner.asend("", {})), "send() of agent 'planner'"),
         (lambda: planner.env(""), "env() of agent 'planner': the variable's name is empty"),
         (lambda: planner.decide(""), "decide() of agent 'planner': the action is empty"),
+        # Not a str at all: the argument is named, not the daemon's parser column (QA23 D3).
+        (lambda: planner.send("reviewer", "hello", {"kind": "oops"}),
+         "send() of agent 'planner': the message's kind must be a str, got dict"),
+        (lambda: planner.send(7, {}), "send() of agent 'planner': the recipient (to) must be a str, got int 7"),
+        (lambda: planner.tool(42, {}, lambda: 1), "tool of agent 'planner': its name must be a str, got int 42"),
     ]:
         with pytest.raises(retrace.RetraceError) as refusal:
             call()

@@ -68,15 +68,30 @@ def test_the_sdk_needs_a_daemon(monkeypatch):
 PROCS = [sys.executable, str(HERE / "procs_prog.py")]
 
 
-def test_agents_in_several_processes_replay_and_an_exited_process_is_a_stall_at_once(tmp_path):
+@pytest.mark.parametrize("first", ["tool", "model"])
+def test_agents_in_several_processes_replay_and_an_exited_process_is_a_stall_at_once(tmp_path, first):
+    """Whatever the planner's steps so far were: an SDK step, or only a model call through its
+    `openai()` client (QA23 D1: that agent was never tied to its process, and the reviewer
+    waited out the 30 s stall timeout)."""
     import time
-    r = retrace(tmp_path, "record", "--json", "--", *PROCS)
+    from daemons import free_port, started
+    upstream, extra = [], []
+    if first == "model":
+        port = free_port()
+        sim = started(["simulate", "--addr", f"127.0.0.1:{port}"], port, dict(os.environ))
+        upstream, extra = ["--upstream-openai", f"http://127.0.0.1:{port}/v1"], ["--model-first"]
+    try:
+        r = retrace(tmp_path, "record", "--json", *upstream, "--", *PROCS, *extra)
+    finally:
+        if first == "model":
+            sim.kill()
+            sim.wait()
     run = json.loads(r.stdout.strip().splitlines()[-1])["run"]
     assert "reviewer heard backfill_ready" in r.stdout
     for _ in range(3):
         assert retrace(tmp_path, "replay", run).returncode == 0
     started = time.monotonic()
-    r = retrace(tmp_path, "replay", run, "--", *PROCS, "--planner-dies", check=False)
+    r = retrace(tmp_path, "replay", run, "--", *PROCS, *extra, "--planner-dies", check=False)
     elapsed = time.monotonic() - started
     assert r.returncode == 1, r.stdout + r.stderr
     assert "stall" in r.stderr, r.stderr

@@ -174,6 +174,17 @@ fn write_file<T, E>(
         }
         _ => {}
     }
+    // The folder is made, as `gate --junit` makes its report's (`-o tests/traces/x.jsonl` in a
+    // fresh project: QA23 S9).
+    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        std::fs::create_dir_all(folder).map_err(|e| {
+            usage(format!(
+                "cannot write {}: cannot make its folder {}: {e}",
+                path.display(),
+                folder.display()
+            ))
+        })?;
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     // Installed before the file exists: a signal between the two would leave it.
@@ -182,12 +193,13 @@ fn write_file<T, E>(
     let mut file = File::create(&temp).map_err(|e| {
         let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         match folder.is_dir() {
-            false => usage(format!(
-                "cannot write {}: no folder {} (create it first: mkdir -p {})",
+            false if folder.exists() => usage(format!(
+                "cannot write {}: {} is a file, not a folder",
                 path.display(),
-                folder.display(),
                 folder.display()
             )),
+            // Removed since it was made above.
+            false => usage(format!("cannot write {}: no folder {}", path.display(), folder.display())),
             true => anyhow::anyhow!("cannot write {}: {e}", path.display()),
         }
     })?;

@@ -142,9 +142,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              {first} --outcome @FILE | --not-executed"
         );
     }
-    if events == 0 && failure.is_none() {
+    if events == 0 && failure.is_none() && status == 0 && meta.status != RunStatus::Failed {
         // A program whose client sets its own base_url goes around the proxy: recorded as
-        // nothing, its replay would make the live calls again and call that a match.
+        // nothing, its replay would make the live calls again and call that a match. One that
+        // failed, or whose steps the store refused, has its own error above, and base_url is
+        // the wrong lead there (QA23 D4, QA24 D5).
         eprintln!(
             "retrace: note: the program took no step through Retrace. If it calls a model, check that its \
              client doesn't set base_url itself (OPENAI_BASE_URL and ANTHROPIC_BASE_URL point at the \

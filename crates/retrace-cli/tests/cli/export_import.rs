@@ -91,6 +91,18 @@ fn export_writes_into_a_fifo_and_through_a_symlink() {
     let dir = home.file("a-folder");
     std::fs::create_dir(&dir).unwrap();
     home.run(&["export", RUN, "-o", dir.to_str().unwrap()]).expect(2, &[], &["is a directory"]);
+    // A folder that isn't there yet is made, as `gate --junit` makes its report's (QA23 S9).
+    let nested = home.file("tests/traces/checkout.jsonl");
+    home.run(&["export", RUN, "-o", nested.to_str().unwrap()]).expect(0, &[], &["exported run"]);
+    assert_eq!(std::fs::read(&nested).unwrap(), exported);
+    // Where a file stands in the folder's way, it says so.
+    let blocked = home.file("a-file/x.jsonl");
+    std::fs::write(home.file("a-file"), b"").unwrap();
+    home.run(&["export", RUN, "-o", blocked.to_str().unwrap()]).expect(
+        2,
+        &[],
+        &["a-file is a file, not a folder"],
+    );
 }
 
 #[test]

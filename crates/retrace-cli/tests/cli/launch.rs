@@ -278,6 +278,10 @@ fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_leaves_n
     // It says what an empty recording may mean: a client that goes around the proxy (QA10 S3).
     recorded.expect(0, &[], &["(0 events)", "took no step through Retrace", "doesn't set base_url itself"]);
     let run = run_of(&recorded);
+    // A program that failed has its own error: base_url is the wrong lead there (QA23 D4).
+    let failed = home.run(&["record", "--", "sh", "-c", "exit 7"]);
+    failed.expect(7, &[], &["(0 events)"]);
+    assert!(!failed.stderr().contains("took no step"), "{}", failed.stderr());
     // Nothing was recorded and nothing was asked: no divergence (it was `steps_left`).
     home.run(&["replay", &run]).expect(0, &[], &["ok"]);
     // A different exit status still diverges.
@@ -304,7 +308,7 @@ fn a_recording_with_no_step_replays_clean_and_a_program_that_cant_start_leaves_n
         &[],
         &["program not found", "discarded: its program never started"],
     );
-    assert_eq!(runs_of(&home).len(), 3, "the recording and its two replays");
+    assert_eq!(runs_of(&home).len(), 4, "the two recordings and the two replays");
 
     // An empty provider key (a CI's missing secret) gets the placeholder, as an unset one does,
     // so an official client starts; a key that is set is left alone.

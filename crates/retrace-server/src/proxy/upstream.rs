@@ -24,6 +24,7 @@ const NOT_FORWARDED: &[&str] = &[
     "x-retrace-agent",
     "x-retrace-role",
     "x-retrace-token",
+    "x-retrace-process",
 ];
 
 /// The upstreams and the client that reaches them.

@@ -76,6 +76,14 @@ pub fn dead_holder_is_recovered(make: MakeStore<'_>) {
         }
         None => store.acquire_lease("dead", &other_host, 1).unwrap(),
     }
+    // Another live process of this host whose lease lapsed (a recorder stopped by Ctrl-Z): its
+    // run is still its own (QA24 D2).
+    let mut stopped = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let suspended = crate::writer::lease::holder_of_process(stopped.id());
+    if let Some(holder) = &suspended {
+        store.create_run(&sample_run("suspended", now)).unwrap();
+        store.acquire_lease("suspended", holder, 1).unwrap();
+    }
     std::thread::sleep(Duration::from_millis(5));
     let recovered = store.recover_interrupted().unwrap();
     let mut sorted = recovered.clone();
@@ -86,6 +94,19 @@ pub fn dead_holder_is_recovered(make: MakeStore<'_>) {
     }
     for id in ["fresh", "live", "remote"] {
         assert_eq!(store.run(id).unwrap().status, RunStatus::Running, "{id}");
+    }
+    if let Some(holder) = &suspended {
+        assert_eq!(store.run("suspended").unwrap().status, RunStatus::Running);
+        assert_eq!(store.lease_holder("suspended").unwrap().as_ref(), Some(holder));
+        let taken = store.acquire_lease("suspended", &LeaseHolder("elsewhere:1:1".into()), 10_000);
+        assert_eq!(err_kind(taken), StoreErrorKind::Busy);
+        // Once it is gone, the run is recovered.
+        stopped.kill().unwrap();
+        stopped.wait().unwrap();
+        assert_eq!(store.recover_interrupted().unwrap(), ["suspended"]);
+    } else {
+        let _ = stopped.kill();
+        let _ = stopped.wait();
     }
     assert_eq!(store.run("done").unwrap().status, RunStatus::Ok);
     assert!(store.recover_interrupted().unwrap().is_empty());

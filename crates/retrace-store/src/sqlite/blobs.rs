@@ -211,6 +211,7 @@ fn insert(
     let id = RowInserter::new(conn)?.insert(conn, digest, kind, size, (&data).into())?;
     staged.tail.note(*digest, id);
     staged.known.insert(*digest, Some(id));
+    staged.inserted.insert(*digest);
     Ok(id)
 }
 
@@ -277,6 +278,35 @@ fn heal(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8])
     staged.write(digest, bytes).map(drop)
 }
 
+/// A model request or response stored as a manifest that no longer rebuilds (an element's file
+/// gone or damaged) is stored again, whole and flat under its row, from the bytes in hand: the
+/// same repair as [`heal`] for the proxy's blobs (QA24 D1: a new run referencing it was stored
+/// `ok` and failed `verify`). Only a large one can hold an element kept as a file; a manifest
+/// this transaction stored is not checked (its files are not in place yet). Costs a rebuild of
+/// the manifest when a large request or response is stored again.
+fn heal_manifest(
+    tx: &Connection,
+    staged: &mut Staged<'_>,
+    digest: &Digest,
+    bytes: &[u8],
+    id: i64,
+) -> StoreResult<()> {
+    if bytes.len() <= INLINE_BLOB_MAX || staged.inserted.contains(digest) {
+        return Ok(());
+    }
+    let found = row(tx, digest)?;
+    if !matches!(found, Some((KIND_MANIFEST, ..)))
+        || checked(tx, staged.files, digest, found, Check::Digest).is_ok()
+    {
+        return Ok(());
+    }
+    let relative = staged.write(digest, bytes)?;
+    tx.prepare_cached("UPDATE blobs SET kind = ?1, size = ?2, data = ?3 WHERE id = ?4")
+        .and_then(|mut s| s.execute(params![KIND_FILE, bytes.len() as i64, relative, id]))
+        .ctx(|| format!("storing blob {digest} again"))?;
+    Ok(())
+}
+
 /// Stores `bytes`, not stored yet, flat.
 fn store_flat(tx: &Connection, staged: &mut Staged<'_>, digest: &Digest, bytes: &[u8]) -> StoreResult<i64> {
     if bytes.len() > INLINE_BLOB_MAX {
@@ -324,6 +354,7 @@ pub(crate) fn put(
     let request = hint == BlobHint::ModelRequest;
     if let Some(id) = stored_id(tx, staged, digest)? {
         heal(tx, staged, digest, bytes)?;
+        heal_manifest(tx, staged, digest, bytes, id)?;
         if let (true, Some(run)) = (request, run_pk) {
             if let Some(prefix) = manifest::prefix_of(bytes) {
                 remember_prefix(tx, run, &prefix, id)?;

@@ -74,6 +74,7 @@ impl SqliteStore {
             read_only: Some(why.to_owned()),
             ack_logs: ack_log::AckLogs::new(path),
             schema_upgrade: None,
+            file_id: None,
             _temp: temp,
         })
     }

@@ -40,6 +40,8 @@ pub(crate) struct Staged<'a> {
     packer: Packer,
     /// Blob row ids this transaction knows (`None`: not stored), looked up or inserted.
     pub(crate) known: DigestMap<Option<i64>>,
+    /// The blobs this transaction inserted (their files and packed bytes are not in place yet).
+    pub(crate) inserted: std::collections::HashSet<Digest>,
     /// The write connection's copy of the blobs not yet indexed, caught up in this
     /// transaction: with the digest tables, it says whether a digest is stored.
     pub(crate) tail: &'a mut Tail,
@@ -55,6 +57,7 @@ impl<'a> Staged<'a> {
             created_folder: false,
             packer,
             known: DigestMap::default(),
+            inserted: std::collections::HashSet::new(),
             tail,
         }
     }

@@ -76,10 +76,26 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    /// Whether the lease still binds: not expired, and its holder not known to be dead.
+    /// Whether the lease still binds: its holder not known to be dead, and either not expired or
+    /// held by another process of this host known to be alive. Such a recorder only stopped
+    /// renewing for a while (Ctrl-Z, a debugger, a paused VM, heavy swapping): taking its run
+    /// as interrupted meanwhile failed its next step as "run finished" (QA24 D2). Expiry frees
+    /// a holder whose liveness can't be read here (another host), and one of this process
+    /// (whose liveness says nothing of the writer that took it).
     pub(crate) fn is_live(&self, now_ms: u64) -> bool {
-        self.expires_at_ms > now_ms && holder_is_alive(&self.holder) != Some(false)
+        match holder_is_alive(&self.holder) {
+            Some(false) => false,
+            Some(true) if self.holder.parts().is_some_and(|(_, pid, _)| pid != std::process::id()) => true,
+            _ => self.expires_at_ms > now_ms,
+        }
     }
+}
+
+/// The holder naming process `pid` of this host as it runs now, if it runs (see
+/// [`LeaseHolder::current`]).
+pub fn holder_of_process(pid: u32) -> Option<LeaseHolder> {
+    let stat = process_start(pid)?;
+    Some(LeaseHolder(format!("{}:{pid}:{}", this_host(), stat.start)))
 }
 
 /// Unix milliseconds now (the lease clock, shared by processes on one host).

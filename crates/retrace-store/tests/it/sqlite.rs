@@ -157,6 +157,44 @@ fn an_altered_blob_file_is_corrupt_naming_the_path() {
     assert!(err.message.contains(&file.display().to_string()), "{err}");
     store.put_blob(&bytes, BlobHint::Raw).unwrap();
     assert_eq!(store.get_blob(&digest).unwrap(), bytes, "written again");
+
+    // A model request or response is kept as a manifest whose large message is a file: that
+    // file gone, the same request stored again is stored whole again (QA24 D1).
+    let big = "y".repeat(INLINE_BLOB_MAX + 10);
+    for (hint, body) in [
+        (
+            BlobHint::ModelRequest,
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": big}]}),
+        ),
+        (
+            BlobHint::ModelResponse,
+            serde_json::json!({"id": "r", "choices": [{"index": 0, "message": {"role": "assistant", "content": big}}]}),
+        ),
+    ] {
+        let bytes = retrace_core::canonical::canonical_value(&body).unwrap();
+        let digest = store.put_blob(&bytes, hint).unwrap();
+        let blobs = dir.path().join("blobs");
+        let files: Vec<_> = walk(&blobs);
+        assert!(!files.is_empty(), "{hint:?}: its message is a file");
+        files.iter().for_each(|f| std::fs::remove_file(f).unwrap());
+        assert_eq!(store.get_blob(&digest).unwrap_err().kind, StoreErrorKind::Corrupt, "{hint:?}");
+        assert_eq!(store.put_blob(&bytes, hint).unwrap(), digest);
+        assert_eq!(store.get_blob(&digest).unwrap(), bytes, "{hint:?}: stored again");
+    }
+}
+
+/// Every file under `dir`, at any depth (hidden temp files aside).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        } else if !entry.file_name().to_string_lossy().starts_with('.') {
+            found.push(path);
+        }
+    }
+    found
 }
 
 #[test]
@@ -521,4 +559,20 @@ fn compacting_shrinks_the_file_after_a_collection() {
     let reopened = open(dir.path(), Durability::Batch, 5_000);
     assert_eq!(reopened.get_blob(&kept.digest()).unwrap(), &kept.bytes()[..]);
     assert!(retrace_store::verify::verify_run(&reopened, "kept").is_empty());
+}
+
+/// The database file deleted (or replaced) under an open store: a write fails, naming it,
+/// instead of committing into the unlinked file, acknowledged and lost at exit (QA24 D3).
+#[test]
+fn a_database_deleted_under_the_store_fails_its_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Durability::Batch, 1000);
+    store.create_run(&sample_run("before", 1)).unwrap();
+    std::fs::remove_file(store.path()).unwrap();
+    let err = store.create_run(&sample_run("after", 1)).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Io, "{err}");
+    assert!(err.message.contains("was deleted or replaced") && err.message.contains("retrace.db"), "{err}");
+    let events = sample_events("before", 1, 1, None);
+    let batch = Batch { run_id: "before".into(), events, blobs: Vec::new(), cache: Vec::new() };
+    assert_eq!(store.commit(&batch).unwrap_err().kind, StoreErrorKind::Io);
 }
