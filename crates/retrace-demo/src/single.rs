@@ -78,7 +78,8 @@ pub fn triage(session: &Session, live: &LiveCounter, model: &Simulator) -> Runti
     let update: Value = agent.tool(
         "ticket.update",
         &json!({"ticket": ticket, "status": action, "note": answer}),
-        ToolSpec::side_effect("1"),
+        // A fork whose change reaches the update shows what it would have written (QA22 S1).
+        ToolSpec::side_effect("1").with_dry_run(|args| json!({"would_update": args})),
         || {
             live.hit();
             Ok::<_, String>(json!({"updated": true, "ticket": ticket}))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use retrace_core::run::{RunMeta, RunMode, RunStatus};
@@ -125,7 +125,7 @@ pub struct NewRun {
 }
 
 /// `POST /api/runs`: a new run to record into; its calls are recorded once they name it.
-pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiResult {
+pub async fn create_run(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> ApiResult {
     let body: NewRun = optional_body(&body)?;
     if let Some(problem) =
         retrace_core::run::naming_problem(body.name.as_deref(), body.labels.keys().map(String::as_str))
@@ -143,6 +143,11 @@ pub async fn create_run(State(app): State<Arc<AppState>>, body: Bytes) -> ApiRes
     // waiting for its first call is not taken for one whose recorder died (`interrupted`) by
     // the next process that opens the store.
     app.host.session(&meta.id).map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
+    // The SDK's process finishes the run it created; if it dies first, the run is interrupted.
+    let pid = headers.get("x-retrace-process").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    if let Some(pid) = pid {
+        app.processes.keep(&app.host, &meta.id, pid);
+    }
     Ok(Json(json!({"run_id": meta.id, "mode": "record"})))
 }
 

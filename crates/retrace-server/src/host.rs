@@ -289,6 +289,26 @@ impl RunHost {
         self.call_wait
     }
 
+    /// Whether `run_id` is hosted here and not finished.
+    pub fn is_open(&self, run_id: &str) -> bool {
+        matches!(self.runs.lock().get(run_id), Some(Slot::Open(_)))
+    }
+
+    /// Ends `run_id` as `interrupted`, saying `why`, if it is still running here: the process
+    /// that would have finished it is gone ([`crate::processes::Processes::keep`]). What it
+    /// recorded stays, as for a recorder that died.
+    pub fn interrupt(&self, run_id: &str, why: &str) {
+        if !self.is_open(run_id) || !self.store.run(run_id).is_ok_and(|m| m.status == RunStatus::Running) {
+            return;
+        }
+        let _ = self.finish(run_id, Outcome::default());
+        if let Ok(mut meta) = self.store.run(run_id) {
+            meta.status = RunStatus::Interrupted;
+            meta.labels.insert("failure".into(), why.to_owned());
+            let _ = self.store.update_run(&meta);
+        }
+    }
+
     /// Marks `run_id` failed: recording failed closed (the store could not take an event).
     pub fn mark_failed(&self, run_id: &str, why: &str) {
         if let Ok(mut meta) = self.store.run(run_id) {

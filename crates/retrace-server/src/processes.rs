@@ -82,6 +82,35 @@ impl Processes {
     }
 }
 
+impl Processes {
+    /// `pid` created `run` through the API (`POST /api/runs` with `X-Retrace-Process`) and will
+    /// finish it: once it has exited, and every process that spoke for an agent of the run has
+    /// too, a run still running is stored `interrupted` (QA24 D4: a program killed with SIGKILL,
+    /// whose exit hook never ran, left its run `running` for as long as the daemon lived, which
+    /// blocked `delete`, `gc --compact` and its replay). A program that finishes its run, or whose
+    /// exit hook does, leaves nothing to do.
+    pub fn keep(self: &Arc<Self>, host: &Arc<RunHost>, run: &str, pid: u32) {
+        let (me, host, run) = (self.clone(), host.clone(), run.to_owned());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(POLL).await;
+                if !host.is_open(&run) {
+                    return; // finished: nothing to watch
+                }
+                let speaking = me.owners.lock().iter().any(|((r, _), &owner)| *r == run && alive(owner));
+                if !alive(pid) && !speaking {
+                    break;
+                }
+            }
+            let why = format!(
+                "process {pid}, which created the run, exited without finishing it (killed, or it crashed \
+                 past its exit hook)"
+            );
+            let _ = tokio::task::spawn_blocking(move || host.interrupt(&run, &why)).await;
+        });
+    }
+}
+
 /// Whether `pid` is a live process (a zombie is not).
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

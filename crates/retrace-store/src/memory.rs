@@ -372,5 +372,11 @@ pub(crate) fn case_folding(
 
 /// The `Invalid` error for a prefix that matches two runs or more.
 pub(crate) fn ambiguous(prefix: &str, a: &str, b: &str) -> StoreError {
-    StoreError::invalid(format!("run prefix {prefix} is ambiguous: it matches {a}, {b} and maybe more"))
+    // Run ids begin with their start time, so runs made minutes apart share their first 8 or
+    // 9 characters: say how many tell these two apart (QA23 S2).
+    let shared = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+    StoreError::invalid(format!(
+        "run prefix {prefix} is ambiguous: it matches {a}, {b} and maybe more (give at least {} characters of the id)",
+        shared + 1
+    ))
 }

@@ -97,3 +97,34 @@ def test_aopenai_and_aanthropic_are_the_async_clients_routed_through_the_proxy(d
     with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}/events", timeout=10) as r:
         events = json.loads(r.read())["events"]
     assert sorted(e["type"] for e in events) == ["model_call", "model_call"], events
+
+
+def test_a_run_whose_program_was_killed_is_interrupted_while_the_daemon_lives(daemon, tmp_path):
+    """A program killed with SIGKILL never runs its exit hook: the run it created was left
+    `running` for as long as the daemon lived, refused by `delete` and `replay` (QA24 D4). Once
+    its process is gone (and no other process speaks for its agents) the daemon stores it
+    `interrupted`, keeping what it recorded."""
+    import subprocess
+    import time
+    prog = tmp_path / "killed.py"
+    prog.write_text("import time\nimport retrace\nrun = retrace.connect()\nrun.agent('a').tool('t', {}, lambda: 1)\n"
+                    "print(run.id, flush=True)\ntime.sleep(60)\n")
+    env = dict(os.environ, RETRACE_URL=daemon)
+    proc = subprocess.Popen([sys.executable, str(prog)], env=env, stdout=subprocess.PIPE, text=True)
+    run_id = proc.stdout.readline().strip()
+
+    def status():
+        with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}", timeout=10) as r:
+            return json.load(r)["status"]
+
+    assert status() == "running"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while status() == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status() == "interrupted"
+    # A run whose program finished it is left as it ended.
+    run = retrace.connect(url=daemon, name="finished")
+    run.agent("a").tool("t", {}, lambda: 1)
+    assert run.finish()["status"] == "ok"

@@ -12,6 +12,7 @@ use crate::output::{fit, print_json, table, utc_time};
 macro_rules! examples {
     () => {
         "Examples:\n  \
+         head -c 32 /dev/urandom | base64 > vault.key   # once: a new key, kept as a secret\n  \
          export RETRACE_VAULT_KEY=$(cat vault.key)\n  \
          retrace vault reveal rtk_email_k3v7q2mzp4xw6ya5tb2nrc7hdq --reason 'INC-42: which customer?'\n  \
          retrace vault audit\n  \

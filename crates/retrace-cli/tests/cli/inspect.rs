@@ -223,10 +223,11 @@ fn bad_arguments_are_named_before_anything_runs() {
         &["\"notaurl\"", "--upstream-openai", "not an http:// or https:// URL"],
     );
     home.run(&["retain", RUN, "forever"]).expect(2, &[], &["(want one of: routine, incident, pinned)"]);
-    home.run(&["export", RUN, "-o", "/nonexistent-7d2c/x.jsonl"]).expect(
+    // A folder that can't be made (a file stands in the way; /proc refuses even root).
+    home.run(&["export", RUN, "-o", "/proc/self/x/y.jsonl"]).expect(
         2,
         &[],
-        &["cannot write /nonexistent-7d2c/x.jsonl: no folder /nonexistent-7d2c"],
+        &["cannot write /proc/self/x/y.jsonl: cannot make its folder /proc/self/x"],
     );
     assert_eq!(runs_of(&home).len(), 1, "no run was created for a bad upstream");
 }

@@ -42,6 +42,7 @@ pub fn runs_find_by_prefix(make: MakeStore<'_>) {
         ambiguous.message.contains("01habc0000") && ambiguous.message.contains("01habd0000"),
         "{ambiguous}"
     );
+    assert!(ambiguous.message.contains("give at least 6 characters"), "{ambiguous}");
     assert_eq!(err_kind(store.find_run("01h")), StoreErrorKind::Invalid);
     assert_eq!(err_kind(store.find_run("01hq")), StoreErrorKind::NotFound);
     assert_eq!(err_kind(store.find_run("01h%")), StoreErrorKind::NotFound);
