@@ -20,7 +20,8 @@ step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "tests (unit, integration, property, conformance, crash)"
-cargo test --workspace --locked --release 2>&1 | tee target/test-output.txt
+# Every test binary runs even after one fails, so one run shows every failure.
+cargo test --workspace --locked --release --no-fail-fast 2>&1 | tee target/test-output.txt
 read -r passed failed < <(grep -E "^test result:" target/test-output.txt | awk '{p+=$4; f+=$6} END {print p+0, f+0}')
 echo "rust: $passed passed, $failed failed"
 

@@ -120,8 +120,8 @@ fn a_store_in_a_read_only_folder_reads_as_it_was_left_and_refuses_writes() {
     assert!(store.checkpoint().is_err());
     assert_eq!(
         std::fs::read_dir(&home).unwrap().count(),
-        2,
-        "nothing was created beside the database and blobs"
+        3,
+        "nothing was created beside the database, blobs and the .gitignore made with the folder"
     );
 }
 
