@@ -142,6 +142,60 @@ fn gate_counts_a_recording_once_however_its_file_is_copied() {
     assert!(p.ok(&["ledger", "show"], &[]).contains("billing"));
 }
 
+/// A replay run's trace and an unedited fork's check the recording they replay: each counts as
+/// that recording, not as another distinct trace (QA26 D1: one recording and three of its
+/// replays, exported, made four "distinct traces" and an agent autonomous).
+#[test]
+fn replays_and_unedited_forks_of_a_recording_count_as_that_recording() {
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    let file = record(&p, "a");
+    let home = p.path("record-home");
+    let env = [("RETRACE_HOME", home.to_str().unwrap())];
+    let header: Value = json(std::fs::read_to_string(&file).unwrap().lines().next().unwrap());
+    let run = header["run"]["id"].as_str().unwrap().to_owned();
+    let last = |mode: &str| -> String {
+        let runs = json(&p.ok(&["runs", "--mode", mode, "--last", "1", "--json"], &env));
+        runs[0]["id"].as_str().unwrap().to_owned()
+    };
+    p.ok(&["replay", &run], &env);
+    let replay = last("replay");
+    p.ok(&["export", &replay, "-o", p.path("traces/replay.jsonl").to_str().unwrap()], &env);
+    p.ok(&["fork", &run], &env);
+    let fork = last("fork");
+    p.ok(&["export", &fork, "-o", p.path("traces/fork.jsonl").to_str().unwrap()], &env);
+    p.ok(&["gate", "traces"], &[]);
+    let e = planner(&p);
+    assert_eq!((e["replays"].as_u64(), e["distinct_traces"].as_u64()), (Some(3), Some(1)), "{e}");
+    // Replay, fork and gate don't read [autonomy] (SPEC §7): a typo there fails none of them
+    // (QA26 D4: it failed every replay and every trace).
+    std::fs::write(p.path("retrace.toml"), "[project]\nname = \"billing\"\n[autonomy]\nbogus_key = 1\n")
+        .unwrap();
+    p.ok(&["gate", "traces/a.jsonl"], &[]);
+    p.ok(&["replay", &run], &env);
+    p.ok(&["fork", &run], &env);
+}
+
+/// A gate in which an agent diverged ends with its streak broken, whatever the traces' names:
+/// the ledger takes a gate's clean replays before its divergences (QA26 D3: a diverging trace
+/// that sorted first was followed by clean ones that built the streak again).
+#[test]
+fn a_gate_with_a_divergence_ends_the_streak_whatever_the_names() {
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    let file = record(&p, "z-clean");
+    record(&p, "y-clean");
+    // The same recording, its command now a program whose first step differs.
+    std::fs::write(p.path("other.py"), STEPPER.replace("\"name\": \"wall\"", "\"name\": \"monotonic\""))
+        .unwrap();
+    let trace = std::fs::read_to_string(&file).unwrap();
+    let (header, rest) = trace.split_once('\n').unwrap();
+    let mut header: Value = json(header);
+    header["run"]["command"]["argv"] = serde_json::json!(["python3", "other.py"]);
+    std::fs::write(p.path("traces/0-diverges.jsonl"), format!("{header}\n{rest}")).unwrap();
+    let out = p.retrace(&["gate", "traces"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(planner(&p)["clean_streak"].as_u64(), Some(0), "{}", text(&out.stderr));
+}
+
 #[test]
 fn a_gate_the_user_stops_leaves_the_ledger_as_it_was() {
     use std::os::unix::process::CommandExt;

@@ -13,6 +13,7 @@
 //! side_effect_min_traces = 3       # over at least this many distinct traces
 //! below = "hold"                   # "refuse" (default) or "hold" for `retrace approve`
 //! approval_timeout_s = 30          # hold: block this long (0: raise ApprovalRequired at once)
+//! ledger_max_age_days = 7          # a ledger exported longer ago counts as none (0: no limit)
 //! ```
 //!
 //! Rungs, lowest first: `unproven` (no trusted ledger entry), `probation` (replayed, below the
@@ -49,6 +50,10 @@ pub struct AutonomyPolicy {
     pub below: Below,
     /// How long a held call blocks waiting for approval (0: raise at once).
     pub approval_timeout_s: u64,
+    /// A ledger exported longer ago than this many days counts as none (0: no limit): whoever
+    /// can write the ledger file can put back an older one, signed when an agent had not yet
+    /// diverged (QA26 D5); this bounds how old that can be.
+    pub ledger_max_age_days: u64,
 }
 
 /// An agent's rung.
@@ -119,6 +124,7 @@ impl AutonomyPolicy {
                 "side_effect_min_clean" => p.side_effect_min_clean = number()?,
                 "side_effect_min_traces" => p.side_effect_min_traces = number()?,
                 "approval_timeout_s" => p.approval_timeout_s = number()?,
+                "ledger_max_age_days" => p.ledger_max_age_days = number()?,
                 "below" => {
                     p.below = match string().as_deref() {
                         Some("refuse") => Below::Refuse,
@@ -129,7 +135,7 @@ impl AutonomyPolicy {
                 other => {
                     return Err(err(format!(
                         "unknown key {other:?} in [autonomy] (want ledger, ledger_pubkey, side_effect_min_clean, \
-                         side_effect_min_traces, below, approval_timeout_s)"
+                         side_effect_min_traces, below, approval_timeout_s, ledger_max_age_days)"
                     )))
                 }
             }

@@ -29,9 +29,17 @@ pub struct TomlError {
 /// The keys of table `name` in `text` (a whole `retrace.toml`), in the order they are written;
 /// `None` when the file has no such table.
 pub fn table(text: &str, name: &str) -> Result<Option<Vec<Entry>>, TomlError> {
-    let parsed: Table = text.parse().map_err(|e: toml::de::Error| TomlError {
-        line: e.span().map_or(1, |span| line_at(text, span.start)),
-        why: e.message().trim().to_owned(),
+    let parsed: Table = text.parse().map_err(|e: toml::de::Error| {
+        let message = e.message().trim();
+        TomlError {
+            line: e.span().map_or(1, |span| line_at(text, span.start)),
+            // TOML's integers are 64-bit: the parser's own words for a larger one name its
+            // internals (QA26 D8).
+            why: match message.contains("as i128") {
+                true => "a number too large: TOML's whole numbers end at 9223372036854775807".to_owned(),
+                false => message.to_owned(),
+            },
+        }
     })?;
     let Some(value) = parsed.get(name) else { return Ok(None) };
     let header = header_line(text, name);
@@ -159,5 +167,9 @@ mod tests {
             whole("routine_days", &Value::from(-1)).unwrap_err(),
             "routine_days must be a whole number, not -1"
         );
+        // Beyond 64 bits: said so, not in the parser's internal words (QA26 D8).
+        let e = table("[retention]\nroutine_days = 99999999999999999999\n", "retention").unwrap_err();
+        assert_eq!(e.line, 2, "{e:?}");
+        assert!(e.why.starts_with("a number too large"), "{e:?}");
     }
 }

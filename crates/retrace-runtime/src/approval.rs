@@ -191,6 +191,10 @@ impl Agent {
                 Some(crate::fork_sched::ForkMatch::Matched(step)) => {
                     if step.seq >= at {
                         self.re_record_approval(template, key, &step)?;
+                    } else {
+                        // Inherited: the agent's clock moves past it, as for any inherited step
+                        // (QA26 D2: its next own event repeated the approval's lamport).
+                        self.observe_inherited(&step);
                     }
                     step.output_ref
                 }

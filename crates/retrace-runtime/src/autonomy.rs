@@ -89,6 +89,17 @@ fn trusted_ledger(policy: &AutonomyPolicy, dir: &Path) -> Result<Option<LedgerFi
     let bytes = std::fs::read(&path).map_err(|e| ignored(format!("cannot read it: {e}")))?;
     let file = LedgerFile::parse(&bytes).map_err(|e| ignored(e.to_string()))?;
     file.verify(pubkey).map_err(|e| ignored(e.to_string()))?;
+    let max_ms = policy.ledger_max_age_days.saturating_mul(86_400_000);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if max_ms > 0 && now.saturating_sub(file.exported_at_ms) > max_ms {
+        return Err(ignored(format!(
+            "it was exported at {} UTC, more than ledger_max_age_days = {} ago: export a fresh one",
+            retrace_core::terminal::utc_time(file.exported_at_ms),
+            policy.ledger_max_age_days
+        )));
+    }
     Ok(Some(file))
 }
 

@@ -156,7 +156,7 @@ impl Agent {
 
     /// The agent took `step` before the fork point: its clock passes the step's, and what it
     /// had heard before it was consumed by it.
-    fn observe_inherited(&self, step: &RecordedStep) {
+    pub(crate) fn observe_inherited(&self, step: &RecordedStep) {
         let mut state = self.state.lock();
         state.clock.observe(step.lamport.saturating_sub(1));
         state.pending_inbound.clear();

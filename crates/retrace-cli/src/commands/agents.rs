@@ -25,7 +25,10 @@ rung the policy in ./retrace.toml gives each: unproven (no record in a trusted l
 signed ledger file [autonomy] names, as the runtime will compute it, not from the local store; a \
 file whose signature doesn't verify against ledger_pubkey counts as none. The local store can \
 only lower a rung: an agent it shows diverging after the signed ledger was exported is on \
-probation until a ledger signed since shows the bar met again.\n\n\
+probation until a ledger signed since shows the bar met again. Where no store saw that divergence, \
+whoever can write the ledger file can put back an older signed one: ledger_max_age_days = N in \
+[autonomy] makes a ledger exported longer ago count as none. A trace counts once: a replay run's \
+trace, or an unedited fork's, counts as the recording it replays.\n\n\
 Only side effects routed through tool(cls=\"side_effect\") are governed.\n\n\
 Examples:\n  retrace agents\n  retrace agents --json"
 )]

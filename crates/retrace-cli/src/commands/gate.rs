@@ -206,7 +206,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // full) is said once on standard error and doesn't turn a passing gate into a failing one.
     let mut unrecorded = 0;
     let mut first_error = None;
-    for outcome in outcomes.iter().filter(|_| stopped.is_none()) {
+    // Clean replays first, divergences last: one gate's verdicts are one moment, and an agent
+    // that diverged in it ends it with its streak broken, whatever the traces' names (QA26 D3:
+    // a diverging trace sorted first was followed by clean ones that built the streak again).
+    let (clean, diverged): (Vec<&Outcome>, Vec<&Outcome>) =
+        outcomes.iter().partition(|o| !matches!(o.verdict, Verdict::Diverged { .. }));
+    for outcome in clean.into_iter().chain(diverged).filter(|_| stopped.is_none()) {
         let judged = matches!(outcome.verdict, Verdict::Ok | Verdict::Diverged { .. });
         if let (Some(digest), true) = (&outcome.digest, judged) {
             if let Err(e) = ledger::record_outcome(&real_config, &project, digest, &agent_outcomes(outcome)) {

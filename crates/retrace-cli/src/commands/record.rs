@@ -225,12 +225,12 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let id = new_run_id();
     let mut meta = RunMeta::new(id.clone(), RunMode::Record, SystemClock.now_ms());
     meta.chaos_seed = plan.chaos;
-    let mut config = super::serve::config_masked(
+    let mut config = super::serve::with_autonomy(super::serve::config_masked(
         plan.upstream_openai.clone(),
         plan.upstream_anthropic.clone(),
         30.0,
         plan.mask.clone(),
-    )?;
+    )?)?;
     // The command line is persisted and logged like any input: masked (a key passed as a flag).
     let masker = retrace_runtime::masking::masker(config.mask_rules.clone(), config.mask_key.as_ref())?;
     let argv = launcher::masked_argv(&plan.argv, &masker);

@@ -113,9 +113,19 @@ pub fn config_masked(
         mask_key: Some(mask.key),
         mask_rules: mask.rules,
         vault_key: retrace_runtime::masking::vault_key_from_env()?,
-        autonomy: retrace_runtime::autonomy::from_cwd()?,
+        // The autonomy policy is read where runs are recorded (`record`, `serve`: see
+        // [`with_autonomy`]), never by replay, fork or gate (SPEC §7; QA26 D4: a typo in it
+        // failed every replay).
+        autonomy: None,
         ..ServerConfig::default()
     })
+}
+
+/// `config` with the `[autonomy]` policy of `retrace.toml` (the working folder's, else the
+/// nearest above it up to the git top level): for a daemon that records.
+pub fn with_autonomy(mut config: ServerConfig) -> anyhow::Result<ServerConfig> {
+    config.autonomy = retrace_runtime::autonomy::from_cwd()?;
+    Ok(config)
 }
 
 /// Refuses an upstream that is not an `http://` or `https://` URL with a host, before anything
@@ -177,7 +187,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => super::mask_from_env()?,
         Some(_) => super::mask_for_read_only()?,
     };
-    let mut config = config_masked(args.upstream_openai, args.upstream_anthropic, args.stall_timeout, mask)?;
+    let mut config = with_autonomy(config_masked(
+        args.upstream_openai,
+        args.upstream_anthropic,
+        args.stall_timeout,
+        mask,
+    )?)?;
     config.tokens = tokens;
     config.retention = super::gc::retention()?;
     config.max_body = args.max_body;

@@ -290,6 +290,23 @@ fn a_forged_or_unsigned_ledger_counts_as_none() {
     let none = Governor::load(dir.path()).unwrap().unwrap();
     assert!(none.warning.is_some());
     assert!(!none.standing("ops").side_effects_allowed);
+
+    // Older than the policy's ledger_max_age_days: an old signed file put back counts as none
+    // (QA26 D5); a fresh one counts.
+    let toml = format!(
+        "[project]\nname = \"billing\"\n[autonomy]\nledger = \"ledger.json\"\nledger_pubkey = \"{trusted}\"\n\
+         side_effect_min_clean = 3\nside_effect_min_traces = 2\nledger_max_age_days = 7\n"
+    );
+    std::fs::write(dir.path().join("retrace.toml"), toml).unwrap();
+    write(&ledger(9, 9));
+    let old = Governor::load(dir.path()).unwrap().unwrap();
+    assert!(old.warning.as_deref().unwrap().contains("ledger_max_age_days = 7"), "{:?}", old.warning);
+    assert!(!old.standing("ops").side_effects_allowed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    write(&LedgerFile::sign(ledger(9, 9).entries, now, &signing_key(SEED).unwrap()));
+    let fresh = Governor::load(dir.path()).unwrap().unwrap();
+    assert!(fresh.warning.is_none(), "{:?}", fresh.warning);
+    assert!(fresh.standing("ops").side_effects_allowed);
 }
 
 #[test]
@@ -306,7 +323,9 @@ fn a_fork_reproduces_the_recorded_hold_and_approval_wherever_it_starts() {
     let run = s.run_id();
     s.finish(Outcome::default()).unwrap();
     let last = store.last_seq(&run).unwrap();
-    for at in [1, last] {
+    // 1, after the first approval (QA26 D2: the agent's next event repeated its lamport, and
+    // verify refused the fork), and the end.
+    for at in [1, 2, 3, last] {
         // No policy in the fork: what it hands back comes from the source's log.
         let f = Session::fork_new(store.clone(), &run, Some(at), vec![], SessionOptions::default()).unwrap();
         let first = send(&f, &ran).unwrap_err();
@@ -318,6 +337,7 @@ fn a_fork_reproduces_the_recorded_hold_and_approval_wherever_it_starts() {
         let fork = f.run_id();
         let report = f.finish(Outcome::default()).unwrap();
         assert_eq!(report.status, retrace_core::run::RunStatus::Ok, "at {at}: {report:?}");
+        assert_eq!(retrace_store::verify::verify_run(&*store, &fork), vec![], "at {at}");
         if at == 1 {
             assert_eq!(approvals(&store, &fork), [ApprovalOutcome::TimedOut, ApprovalOutcome::Approved]);
         }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use retrace_core::export::ExportHeader;
-use retrace_core::run::RunStatus;
+use retrace_core::run::{RunMeta, RunMode, RunStatus};
 use retrace_core::terminal::shell_words;
 use retrace_core::{Digest, Divergence, DivergenceCode, EventType};
 use retrace_runtime::masking;
@@ -144,8 +144,38 @@ fn error_verdict(err: &anyhow::Error) -> Verdict {
 /// (which covers every event), not the file's bytes, so a copy re-serialized by a tool or with
 /// CRLF line ends is the same trace to the ledger's "distinct traces".
 fn recording_of(header: &retrace_core::export::ExportHeader) -> Digest {
-    let head = header.run.head.map_or_else(|| "none".to_owned(), |h| h.to_string());
-    Digest::of(format!("retrace-recording\n{}\n{head}\n{}", header.run.id, header.events).as_bytes())
+    recording(&header.run.id, header.run.head, header.events)
+}
+
+/// [`recording_of`] the run `id` whose chain ends at `head` after `events` events.
+fn recording(id: &str, head: Option<Digest>, events: u64) -> Digest {
+    let head = head.map_or_else(|| "none".to_owned(), |h| h.to_string());
+    Digest::of(format!("retrace-recording\n{id}\n{head}\n{events}").as_bytes())
+}
+
+/// The recording a trace checks, for the ledger's "distinct traces" (QA26 D1: each replay of one
+/// recording, exported, counted as another trace, and an agent earned autonomy from one): a
+/// replay run's trace replays its source, and a fork that edits nothing takes its source's
+/// steps, so both count as that source (as stored here, or by its id alone when the gate has
+/// only the fork); any other trace counts as itself.
+fn checked_recording(
+    store: &dyn Store,
+    header: &retrace_core::export::ExportHeader,
+    source: &RunMeta,
+) -> anyhow::Result<Digest> {
+    let of = |meta: &RunMeta| -> anyhow::Result<Digest> {
+        Ok(recording(&meta.id, meta.head, store.last_seq(&meta.id)?))
+    };
+    if source.id != header.run.id {
+        return of(source);
+    }
+    match (&header.run.source_run, header.run.mode) {
+        (Some(from), RunMode::Fork) if header.run.edits.is_empty() => match store.run(from) {
+            Ok(meta) => of(&meta),
+            Err(_) => Ok(recording(from, None, 0)),
+        },
+        _ => Ok(recording_of(header)),
+    }
 }
 
 fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow::Result<Verdict> {
@@ -204,6 +234,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
         // A replay run's trace replays its source: those are the steps it checks.
         out.steps = store.last_seq(&source.id)?;
     }
+    out.digest = Some(checked_recording(&*store, &header, &source)?);
     let (argv, cwd) = launcher::command_for(&source, &settings.command)?;
     out.command = argv.clone();
     preflight(&argv, &cwd, &settings.path)?;
