@@ -40,6 +40,10 @@ pub struct RemoteStep {
     /// A side effect the program can dry-run itself: where a fork would not run it, `outcome`
     /// is asked for the program's dry run instead, and what it reports is recorded.
     pub program_dry_run: bool,
+    /// How long the program's function ran, when it ran before the step was reported: the
+    /// step's latency (else the time `outcome` takes; QA25 D3: a tool the Python SDK ran first
+    /// was recorded as 0 ms).
+    pub reported_latency_ms: Option<u64>,
 }
 
 impl Agent {
@@ -82,10 +86,11 @@ impl Agent {
         };
         input.dry_run = spec.and_then(|s| s.dry_run.clone());
         input.program_dry_run = step.program_dry_run;
+        let reported = step.reported_latency_ms;
         self.run_step_async(input, || async {
             let started = Instant::now();
             let result = outcome().await;
-            let latency = started.elapsed().as_millis() as u64;
+            let latency = reported.unwrap_or(started.elapsed().as_millis() as u64);
             Ok(match result {
                 Ok(value) => LiveOutput::value(value).latency(latency),
                 Err(e) => LiveOutput::error(e).latency(latency),

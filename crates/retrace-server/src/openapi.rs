@@ -165,7 +165,8 @@ pub fn document() -> Value {
                 "model": {"type": "object", "additionalProperties": false, "description": "model_call: provider and endpoint with the request; snapshot and usage with the outcome", "properties": {"provider": {"type": "string"}, "endpoint": {"type": "string"}, "snapshot": {"type": "string", "nullable": true}, "usage": {"type": "object", "nullable": true, "required": ["input_tokens", "output_tokens"], "properties": {"input_tokens": {"type": "integer", "minimum": 0}, "output_tokens": {"type": "integer", "minimum": 0}, "cost_usd": {"type": "number", "nullable": true}}}}},
                 "name": {"type": "string"}, "request": {},
                 "tool": {"type": "object", "required": ["class"], "additionalProperties": false, "properties": {"version": {"type": "string"}, "class": {"type": "string", "enum": ["deterministic", "time_bound", "side_effect"]}, "ttl_s": {"type": "integer", "minimum": 0, "nullable": true}, "dry_run": {"type": "boolean", "description": "side_effect: the program can dry-run it; a fork asks for the dry run and records it"}}},
-                "output": {}, "error": {"type": "string"}, "step": {"type": "string"}}},
+                "output": {}, "error": {"type": "string"}, "step": {"type": "string"},
+                "latency_ms": {"type": "integer", "minimum": 0, "nullable": true, "description": "how long the program's function ran, when it ran before the step was posted"}}},
             "GcReport": {"type": "object", "required": ["dry_run", "runs_deleted", "events_deleted", "blobs_deleted", "bytes_freed"], "properties": {
                 "dry_run": {"type": "boolean"}, "runs_deleted": {"type": "array", "items": {"type": "string"}},
                 "events_deleted": {"type": "integer"}, "blobs_deleted": {"type": "integer"}, "bytes_freed": {"type": "integer"},

@@ -123,6 +123,9 @@ pub struct StepBody {
     /// Completes a step the daemon asked the program to run.
     #[serde(default)]
     step: Option<String>,
+    /// How long the program's function ran, when it ran before the step was posted (record).
+    #[serde(default)]
+    latency_ms: Option<u64>,
 }
 
 /// An SDK error answer: `{"error": {"code", "message", "divergence"?}}`.
@@ -345,7 +348,13 @@ pub async fn step(
             )
         }
         _ => match RemoteKind::parse(kind_name, spec) {
-            Ok(kind) => Work::Step(RemoteStep { kind, name, request, program_dry_run }),
+            Ok(kind) => Work::Step(RemoteStep {
+                kind,
+                name,
+                request,
+                program_dry_run,
+                reported_latency_ms: body.latency_ms,
+            }),
             Err(e) => return fail(StatusCode::BAD_REQUEST, "bad_request", e),
         },
     };

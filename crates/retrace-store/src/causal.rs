@@ -39,7 +39,7 @@ pub struct Link {
     /// Its agent.
     #[serde(serialize_with = "shared_str")]
     pub agent: Arc<str>,
-    /// `send reviewer`, `model_call openai/chat.completions`...
+    /// `send -> reviewer`, `deliver <- planner`, `model_call openai/chat.completions`...
     #[serde(serialize_with = "shared_str")]
     pub label: Arc<str>,
 }
@@ -240,9 +240,21 @@ impl<'a> Links<'a> {
         while let Some(seq) = cur {
             let Some(h) = chains.get(seq) else { break };
             let key = (u64::from(h.kind.code()) << 32) | h.name.map_or(0, |n| u64::from(n) + 1);
-            let label = self.labels.entry(key).or_insert_with(|| match h.name {
-                Some(n) => format!("{} {}", h.kind, chains.string(n)).into(),
-                None => h.kind.to_string().into(),
+            // As `retrace show` names the step (`send -> reviewer`, `deliver <- planner`), so a
+            // delivery reads from its sender, not as a send to it (QA25 D6).
+            let label = self.labels.entry(key).or_insert_with(|| {
+                let name = h.name.map(|n| chains.string(n));
+                match (h.kind, name) {
+                    (retrace_core::EventType::Deliver, None) => "deliver (timed out)".into(),
+                    (kind, name) => retrace_core::label::step(retrace_core::label::StepParts {
+                        kind,
+                        name,
+                        model: None,
+                        message: None,
+                        decision: None,
+                    })
+                    .into(),
+                }
             });
             let label = label.clone();
             let id = h.agent as usize;
@@ -438,7 +450,7 @@ mod tests {
                 let expected: Vec<u64> =
                     std::iter::successors(Some(send), |s| chains.get(*s)?.causal_parent).collect();
                 assert_eq!(seqs, expected, "the chain of delivery {}", d.seq);
-                assert_eq!(&*h.chain[0].label, "send hub");
+                assert_eq!(&*h.chain[0].label, "send -> hub", "named as `show` names it");
                 assert_eq!(h.body, Some(serde_json::json!({ "n": i })));
             }
         }

@@ -450,7 +450,7 @@ fn changed_step(
     y: &Step,
     options: &DiffOptions,
 ) -> ChangedStep {
-    let has_output = |s: &Step| s.output_hash.is_some() || s.output_ref.is_some();
+    let has_output = |s: &Step| s.output_hash.is_some() || s.output_ref.is_some() || s.error.is_some();
     let (what, blob_a, blob_b) = if has_output(x) || has_output(y) {
         ("output", x.output_ref, y.output_ref)
     } else if x.kind == EventType::Deliver && y.kind == EventType::Deliver {
@@ -460,10 +460,15 @@ fn changed_step(
         ("request", x.request_ref, y.request_ref)
     };
     let diff_of = |what: &str, blob_a: Option<Digest>, blob_b: Option<Digest>| {
-        (blob_a != blob_b).then(|| {
+        // An output diff shows a failed step's error where its output would be.
+        let (err_a, err_b) = match what {
+            "output" => (x.error.as_deref(), y.error.as_deref()),
+            _ => (None, None),
+        };
+        (blob_a != blob_b || err_a != err_b).then(|| {
             let (title_a, title_b) = (format!("A seq {} {what}", x.seq), format!("B seq {} {what}", y.seq));
-            let a = text::Side { title: &title_a, blob: blob_a };
-            let b = text::Side { title: &title_b, blob: blob_b };
+            let a = text::Side { title: &title_a, blob: blob_a, error: err_a };
+            let b = text::Side { title: &title_b, blob: blob_b, error: err_b };
             text::diff_blobs(store, a, b, options.max_diff_lines)
         })
     };

@@ -38,6 +38,8 @@ pub struct EventSummary {
     pub model: Option<ModelRef>,
     /// A send's or delivery's message.
     pub message: Option<MessageRef>,
+    /// Why the step failed, if it did.
+    pub error: Option<String>,
 }
 
 impl EventSummary {
@@ -72,6 +74,7 @@ impl From<Event> for EventSummary {
             decision: e.decision,
             model: e.model,
             message: e.message,
+            error: e.error,
         }
     }
 }

@@ -46,6 +46,7 @@ fn parse(run: &str, first: u64, lines: &str) -> (Vec<Event>, Vec<BlobPut>) {
                     let cost_usd = parts.get(2).map(|c| c.parse().unwrap());
                     e.usage = Some(Usage { input_tokens, output_tokens, cost_usd });
                 }
+                ("~", error) => e.error = Some(error.replace('_', " ")),
                 ("!", decision) => {
                     let (action, target) = decision.split_once(':').unwrap();
                     e.decision = Some(Decision { action: action.into(), target: Some(target.into()) });
@@ -383,6 +384,32 @@ fn changed_outputs_come_with_a_line_diff_and_the_lists_respect_the_limit() {
     assert_eq!(json["alignment"]["by"], "pairing");
     assert_eq!(json["changed"][0]["output_a"], out("one").to_string());
     assert_eq!(json["counts"]["changed"], 3);
+}
+
+/// Two steps that failed differently are not the same step, and the diff shows each error
+/// (QA25 D1: "same", and `(no output)`); a long line is cut (QA25 D4: a 2 MB line printed whole).
+#[test]
+fn failures_are_compared_and_shown_and_long_lines_are_cut() {
+    let store = MemoryStore::new();
+    let long = "z".repeat(1_000);
+    commit(
+        &store,
+        recording("a", 10),
+        &format!("x tool_call:t k1 - ~connection_refused\nx tool_call:u k2 {long}"),
+    );
+    commit(&store, recording("b", 20), "x tool_call:t k1 - ~disk_full\nx tool_call:u k2 short");
+    let diff = diff_runs(&store, "a", "b", &DiffOptions::default()).unwrap();
+    assert_eq!((diff.counts.same, diff.counts.changed), (0, 2), "{diff:?}");
+    let failed = diff.changed[0].diff.as_deref().unwrap();
+    assert!(
+        failed.contains("-(failed) connection refused") && failed.contains("+(failed) disk full"),
+        "{failed}"
+    );
+    let cut = diff.changed[1].diff.as_deref().unwrap();
+    assert!(cut.len() < 1_000 && cut.contains("more characters)"), "{cut}");
+    // The same failure on both sides is the same step.
+    commit(&store, recording("c", 30), "x tool_call:t k1 - ~disk_full\nx tool_call:u k2 short");
+    assert_eq!(diff_runs(&store, "b", "c", &DiffOptions::default()).unwrap().counts.same, 2);
 }
 
 fn out(word: &str) -> Digest {

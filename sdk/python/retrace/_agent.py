@@ -205,7 +205,10 @@ class Agent:
         raised = None  # the program's own exception, raised again once its failure is recorded
         if self.run.mode == "record" and not side_effect:
             yield from self._claim_flow()
+            started = time.monotonic()
             report, raised = self._report(what, (yield _Run(fn, inline)))
+            # It ran before the step is posted: its own time, not the post's (QA25 D3).
+            report["latency_ms"] = int((time.monotonic() - started) * 1000)
             body.update(report)
         answer = yield _Post("steps", body)
         if answer["status"] == "run":  # a side effect after its intent, a changed step of a fork

@@ -362,3 +362,17 @@ def test_an_address_that_answers_but_is_no_daemon_is_a_retrace_error():
     with pytest.raises(retrace.RetraceError) as malformed:
         retrace.connect(url="notaurl")
     assert malformed.value.code == "usage" and "http://HOST:PORT" in malformed.value.message
+
+
+def test_a_tool_the_sdk_ran_before_posting_it_is_recorded_with_its_own_latency(daemon):
+    """The SDK runs a tool before it posts the step: the step's latency is the function's time,
+    not the post's (QA25 D3: every such tool was recorded as 0 ms)."""
+    import time
+    run = retrace.connect(url=daemon, name="latency")
+    planner = run.agent("planner")
+    planner.tool("slow", {}, lambda: time.sleep(0.25) or 1)
+    planner.tool("fast", {}, lambda: 2)
+    run.finish()
+    latency = {e["name"]: e["latency_ms"] for e in events(daemon, run.id)}
+    assert latency["slow"] >= 240, latency
+    assert latency["fast"] < 200, latency

@@ -51,6 +51,8 @@ pub(super) struct Step {
     pub(super) source: Source,
     pub(super) origin_seq: Option<u64>,
     pub(super) usage: Option<Usage>,
+    /// Why the step failed, if it did.
+    pub(super) error: Option<String>,
 }
 
 impl Step {
@@ -59,11 +61,13 @@ impl Step {
         names.name(self.label).to_owned()
     }
 
-    /// The same step: the same request (equal keys) and the same output (equal output hashes,
-    /// or none on either side). A step asked differently is changed even where the answer
+    /// The same step: the same request (equal keys), the same output (equal output hashes,
+    /// or none on either side) and the same failure, if any (QA25 D1: two different errors
+    /// read as the same step). A step asked differently is changed even where the answer
     /// came out the same: the request diff shows what it was asked.
     pub(super) fn same_as(&self, other: &Step) -> bool {
         self.key == other.key
+            && self.error == other.error
             && match (self.output_hash, other.output_hash) {
                 (Some(a), Some(b)) => a == b,
                 (None, None) => self.output_ref == other.output_ref,
@@ -170,6 +174,7 @@ impl Loaded {
             source: event.source,
             origin_seq: event.origin_seq,
             usage: event.usage,
+            error: event.error,
         });
     }
 }

@@ -14,23 +14,44 @@ const MAX_CELLS: usize = 1 << 20;
 /// Blobs larger than this are not diffed, only named.
 const MAX_BLOB: usize = 4 << 20;
 
-/// One side of a diff: a title (`A seq 41 output`) and the blob, if the step has one.
+/// One side of a diff: a title (`A seq 41 output`), the blob, if the step has one, and why
+/// the step failed, if it did.
 pub(super) struct Side<'a> {
     pub(super) title: &'a str,
     pub(super) blob: Option<Digest>,
+    pub(super) error: Option<&'a str>,
 }
+
+/// The longest line a diff prints whole: a line of a 2 MB output printed 2 MB (QA25 D4).
+const MAX_LINE_CHARS: usize = 400;
 
 /// The diff of two blobs in unified style, at most `max_lines` lines after the two headers
 /// (a last line says how many more there were).
 pub(super) fn diff_blobs(store: &dyn Store, a: Side<'_>, b: Side<'_>, max_lines: usize) -> String {
-    let (old, new) = (lines_of(store, a.blob), lines_of(store, b.blob));
+    let (old, new) = (lines_of(store, a.blob, a.error), lines_of(store, b.blob, b.error));
     unified(&old, &new, a.title, b.title, max_lines)
 }
 
-/// The blob's lines as the reader should see them.
-fn lines_of(store: &dyn Store, blob: Option<Digest>) -> Vec<String> {
+/// The blob's lines as the reader should see them (a failed step's: its error), each cut
+/// after [`MAX_LINE_CHARS`].
+fn lines_of(store: &dyn Store, blob: Option<Digest>, error: Option<&str>) -> Vec<String> {
+    let mut lines = whole_lines_of(store, blob, error);
+    for line in &mut lines {
+        if let Some((cut, _)) = line.char_indices().nth(MAX_LINE_CHARS) {
+            let more = line[cut..].chars().count();
+            line.truncate(cut);
+            line.push_str(&format!("… ({more} more characters)"));
+        }
+    }
+    lines
+}
+
+fn whole_lines_of(store: &dyn Store, blob: Option<Digest>, error: Option<&str>) -> Vec<String> {
     let Some(digest) = blob else {
-        return vec!["(no output)".to_owned()];
+        return match error {
+            Some(error) => error.lines().map(|l| format!("(failed) {l}")).collect(),
+            None => vec!["(no output)".to_owned()],
+        };
     };
     let bytes = match store.get_blob(&digest) {
         Ok(bytes) => bytes,

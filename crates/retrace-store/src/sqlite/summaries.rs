@@ -1,5 +1,5 @@
 //! [`EventSummary`]s straight from the `events` columns: the digests as stored, and of the
-//! `extra` JSON only the source, origin, usage, decision, model and message, decoded without building the rest.
+//! `extra` JSON only the source, origin, usage, decision, model, message and error, decoded without building the rest.
 use retrace_core::envelope::{Decision, MessageRef, ModelRef, Usage};
 use retrace_core::{Digest, EventType, Source};
 use rusqlite::{params, Row};
@@ -22,6 +22,8 @@ struct ExtraSummary<'a> {
     dec: Option<Decision>,
     model: Option<ModelRef>,
     msg: Option<MessageRef>,
+    #[serde(borrow)]
+    err: Option<std::borrow::Cow<'a, str>>,
     /// Decoded exactly (see [`decode_json`]), as whole events are, so costs are the same doubles.
     #[serde(borrow)]
     usage: Option<&'a RawValue>,
@@ -72,6 +74,7 @@ fn summary_from_row(run: &str, row: &Row<'_>) -> rusqlite::Result<StoreResult<Ev
             decision: extra.dec,
             model: extra.model,
             message: extra.msg,
+            error: extra.err.map(std::borrow::Cow::into_owned),
         })
     })())
 }
