@@ -119,7 +119,10 @@ impl AutonomyPolicy {
             match key.as_str() {
                 "ledger" => p.ledger = Some(string().ok_or_else(|| err("ledger must be a quoted path".into()))?),
                 "ledger_pubkey" => {
-                    p.ledger_pubkey = Some(string().ok_or_else(|| err("ledger_pubkey must be quoted base64".into()))?)
+                    let key = string().ok_or_else(|| err("ledger_pubkey must be quoted base64".into()))?;
+                    // Not a key at all: no ledger could ever verify (QA26 S1), said now.
+                    crate::ledger::verifying_key(&key).map_err(|e| err(format!("ledger_pubkey: {e}")))?;
+                    p.ledger_pubkey = Some(key);
                 }
                 "side_effect_min_clean" => p.side_effect_min_clean = number()?,
                 "side_effect_min_traces" => p.side_effect_min_traces = number()?,
@@ -202,8 +205,7 @@ mod tests {
 name = "billing"   # the ledger's project
 
 [autonomy]
-ledger = "ci/ledger.json"
-ledger_pubkey = "abc#def="
+ledger = "ci/ledger#1.json"
 side_effect_min_clean = 5
 side_effect_min_traces = 3
 below = "hold"
@@ -222,8 +224,19 @@ approval_timeout_s = 30
     #[test]
     fn the_tables_parse() {
         let p = AutonomyPolicy::parse_toml(TOML).unwrap().unwrap();
-        assert_eq!(p.ledger.as_deref(), Some("ci/ledger.json"));
-        assert_eq!(p.ledger_pubkey.as_deref(), Some("abc#def="));
+        assert_eq!(p.ledger.as_deref(), Some("ci/ledger#1.json"), "a # in a string is no comment");
+        // A key parses; what is no key is refused where it is written (QA26 S1).
+        let key = crate::ledger::public_key_base64(
+            &crate::ledger::signing_key("BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=").unwrap(),
+        );
+        let keyed =
+            AutonomyPolicy::parse_toml(&format!("[autonomy]\nledger_pubkey = \"{key}\"\n")).unwrap().unwrap();
+        assert_eq!(keyed.ledger_pubkey, Some(key));
+        let bad =
+            AutonomyPolicy::parse_toml("[autonomy]\nbelow = \"hold\"\nledger_pubkey = \"notbase64!!\"\n")
+                .unwrap_err();
+        assert_eq!(bad.line, 3);
+        assert!(bad.why.starts_with("ledger_pubkey: "), "{bad:?}");
         assert_eq!((p.side_effect_min_clean, p.side_effect_min_traces, p.approval_timeout_s), (5, 3, 30));
         assert_eq!(p.below, Below::Hold);
         assert_eq!(project_name(TOML).as_deref(), Some("billing"));

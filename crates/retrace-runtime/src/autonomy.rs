@@ -39,10 +39,21 @@ impl Governor {
         let text = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap_or_default();
         let Some(policy) = AutonomyPolicy::parse_toml(&text)? else { return Ok(None) };
         let project = project(dir);
-        let (ledger, warning) = match trusted_ledger(&policy, dir) {
+        let (ledger, mut warning) = match trusted_ledger(&policy, dir) {
             Ok(l) => (l, None),
             Err(why) => (None, Some(why)),
         };
+        // A policy that sets no bar governs nothing: every side effect runs, whatever `below`
+        // says (QA26 S1: a user who wrote only `below = "hold"` expected holds). Said, not changed.
+        if policy.side_effect_min_clean == 0 && policy.side_effect_min_traces == 0 {
+            let no_bar =
+                "[autonomy] sets no bar (side_effect_min_clean, side_effect_min_traces): every agent's \
+                          side effects run without approval";
+            warning = Some(match warning {
+                Some(w) => format!("{w}; {no_bar}"),
+                None => no_bar.to_owned(),
+            });
+        }
         Ok(Some(Governor { policy, project, ledger, warning }))
     }
 

@@ -344,3 +344,16 @@ fn a_fork_reproduces_the_recorded_hold_and_approval_wherever_it_starts() {
     }
     assert_eq!(ran.load(Ordering::SeqCst), 1, "only the recording ran the side effect");
 }
+
+/// A policy that sets no bar governs nothing, whatever `below` says: said as a warning (QA26 S1:
+/// a user who wrote only `below = "hold"` expected holds).
+#[test]
+fn a_policy_with_no_bar_says_every_side_effect_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("retrace.toml"), "[autonomy]\nbelow = \"hold\"\n").unwrap();
+    let governor = Governor::load(dir.path()).unwrap().unwrap();
+    assert!(governor.warning.as_deref().unwrap().contains("sets no bar"), "{:?}", governor.warning);
+    assert!(governor.standing("ops").side_effects_allowed, "the rule itself is unchanged");
+    std::fs::write(dir.path().join("retrace.toml"), "[autonomy]\nside_effect_min_clean = 1\n").unwrap();
+    assert_eq!(Governor::load(dir.path()).unwrap().unwrap().warning, None);
+}
