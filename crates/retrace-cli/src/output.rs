@@ -43,6 +43,15 @@ pub fn is_stdout(path: &std::path::Path) -> bool {
     path.as_os_str() == "-"
 }
 
+/// Makes the folder `path` goes in when it is missing (`-o tests/traces/x.jsonl`, `--junit
+/// target/gate.xml` in a fresh clone): every file a command writes gets its folder.
+pub fn make_folder_of(path: &std::path::Path) -> std::io::Result<()> {
+    match path.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        Some(folder) => std::fs::create_dir_all(folder),
+        None => Ok(()),
+    }
+}
+
 /// Writes `text` to standard error, as `eprint!` would, but a closed standard error (`retrace
 /// gate ... 2>&1 | head -1`) drops it instead of panicking (a panic exits 101); the exit code
 /// is still the command's ([`crate::exit::finish`]).

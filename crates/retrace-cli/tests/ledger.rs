@@ -406,3 +406,17 @@ fn approve_needs_a_known_id_and_a_reason() {
     );
     assert_eq!(store.approval("ap_ended").unwrap().unwrap().decision, None, "nothing decided");
 }
+
+/// Before the first gate there is no store: `ledger show` is an empty ledger (QA26 D6: exit 2);
+/// `ledger export -o` makes the file's folder, as `gate --junit` does (QA26 D7).
+#[test]
+fn ledger_show_without_a_store_is_empty_and_export_makes_its_folder() {
+    let p = Project::new("[project]\nname = \"billing\"\n");
+    assert_eq!(json(&p.ok(&["ledger", "show", "--json"], &[])), serde_json::json!([]));
+    assert!(!p.path("home").exists(), "showing made no store");
+    record(&p, "a");
+    p.ok(&["gate", "traces"], &[]);
+    p.ok(&["ledger", "export", "-o", "ci/signed/ledger.json"], &[("RETRACE_LEDGER_KEY", KEY)]);
+    let file = json(&std::fs::read_to_string(p.path("ci/signed/ledger.json")).unwrap());
+    assert_eq!(file["entries"][0]["agent"], "planner", "{file}");
+}

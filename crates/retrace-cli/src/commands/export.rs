@@ -176,15 +176,10 @@ fn write_file<T, E>(
     }
     // The folder is made, as `gate --junit` makes its report's (`-o tests/traces/x.jsonl` in a
     // fresh project: QA23 S9).
-    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
-        std::fs::create_dir_all(folder).map_err(|e| {
-            usage(format!(
-                "cannot write {}: cannot make its folder {}: {e}",
-                path.display(),
-                folder.display()
-            ))
-        })?;
-    }
+    crate::output::make_folder_of(path).map_err(|e| {
+        let folder = path.parent().unwrap_or(Path::new(".")).display();
+        usage(format!("cannot write {}: cannot make its folder {folder}: {e}", path.display()))
+    })?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     // Installed before the file exists: a signal between the two would leave it.

@@ -373,9 +373,7 @@ fn check_writable(path: &Path) -> anyhow::Result<()> {
     let cannot = |e: std::io::Error| {
         usage_hint(format!("cannot write {}: {e}", path.display()), "check the --junit path")
     };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
-        std::fs::create_dir_all(parent).map_err(cannot)?;
-    }
+    crate::output::make_folder_of(path).map_err(cannot)?;
     match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(_) => std::fs::remove_file(path).map_err(cannot),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

@@ -122,10 +122,9 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     // Its folder is made, as `gate --junit` makes its report's (QA26 D7).
-    if let Some(folder) = args.output.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
-        std::fs::create_dir_all(folder)
-            .map_err(|e| usage_hint(format!("cannot make {}: {e}", folder.display()), "check the -o path"))?;
-    }
+    crate::output::make_folder_of(&args.output).map_err(|e| {
+        usage_hint(format!("cannot make the folder of {}: {e}", args.output.display()), "check the -o path")
+    })?;
     std::fs::write(&args.output, text).map_err(|e| {
         usage_hint(format!("cannot write {}: {e}", args.output.display()), "check the -o path")
     })?;
@@ -142,12 +141,9 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
 
 fn show(args: ShowArgs) -> anyhow::Result<()> {
     // No store yet (a CI step before the first gate): an empty ledger, as `runs` lists none.
-    let config = retrace_store::StoreConfig::from_env()?;
-    let no_store =
-        matches!(&config.location, retrace_store::StoreLocation::Sqlite { path } if !path.exists());
-    let entries = match no_store {
-        true => Vec::new(),
-        false => readable_store_from_env()?.ledger_entries(None)?,
+    let entries = match crate::commands::missing_store_from_env()? {
+        Some(_) => Vec::new(),
+        None => readable_store_from_env()?.ledger_entries(None)?,
     };
     if args.json {
         return print_json(&serde_json::to_value(&entries)?);

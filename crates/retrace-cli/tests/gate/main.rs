@@ -362,7 +362,10 @@ fn a_program_that_cannot_start_is_an_input_error() {
     drop(sim);
     bench.retrace(&["gate", "traces", "--", "python3", "gone.py"], &[]).expect(
         2,
-        &["ERROR     traces/asker.jsonl: script not found: gone.py for `python3 gone.py`"],
+        &[
+            "ERROR     traces/asker.jsonl: script not found: gone.py for `python3 gone.py`",
+            "the checkout the traces were recorded in (a recorded directory is kept relative",
+        ],
         &["1 of 1 traces could not be replayed"],
     );
     bench.retrace(&["gate", "traces", "--", "/no/such/agent", "--run"], &[]).expect(

@@ -163,10 +163,13 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
     // Their replays stay with them as with any kept source ([`settle`] takes a source it can't
     // read for one not stored).
     let kept_sources: HashSet<&str> = damaged_kept.iter().map(|d| d.id.as_str()).collect();
-    doomed.retain(|id| {
-        let source = metas.iter().find(|m| m.id == *id).and_then(|m| m.source_run.as_deref());
-        !source.is_some_and(|s| kept_sources.contains(s)) || request.named.contains(id)
-    });
+    if !kept_sources.is_empty() {
+        let sources: HashMap<&str, &str> =
+            metas.iter().filter_map(|m| Some((m.id.as_str(), m.source_run.as_deref()?))).collect();
+        doomed.retain(|id| {
+            !sources.get(id.as_str()).is_some_and(|s| kept_sources.contains(s)) || request.named.contains(id)
+        });
+    }
     doomed.extend(damaged_gone.iter().map(|d| d.id.clone()));
     let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
     let mut events_deleted = 0;

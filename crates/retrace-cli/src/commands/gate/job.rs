@@ -424,7 +424,8 @@ fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
     let shown = || format!("`{}` (in {})", shell_words(argv), cwd.display());
     // A recorded command runs in its directory relative to the git top level: outside the
     // checkout it was recorded in, that's the likely cause (QA23 S7), as replay says.
-    let fix = "run retrace gate from the checkout the traces were recorded in (a recorded directory is kept                relative to the git top level), or pass the command after `--`";
+    let fix = "run retrace gate from the checkout the traces were recorded in (a recorded directory is \
+               kept relative to the git top level), or pass the command after `--`";
     launcher::check_cwd(argv, cwd)?;
     let Some(program) = argv.first() else {
         return Err(usage_hint("no command to run", "put the program after `--`"));
