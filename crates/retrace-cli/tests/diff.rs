@@ -23,14 +23,19 @@ const OTHER: &str = "01clidiffother000000000000";
 fn source() -> Fixture {
     let mut run = conversation(SOURCE, 2);
     for (i, tokens) in [(0, 1000), (4, 2000)] {
-        run.events[i].usage = Some(Usage { input_tokens: tokens, output_tokens: 100, cost_usd: Some(0.25) });
+        run.events[i].usage = Some(Usage {
+            input_tokens: tokens,
+            output_tokens: 100,
+            cost_usd: Some(0.25),
+            ..Default::default()
+        });
     }
     run.reseal_from(0);
     run
 }
 
-/// A fork of [`source`] at seq 5: the second model call answered differently, live, and the
-/// reviewer rejected; the rest was served from the recording.
+/// A fork of [`source`] at seq 5: the second model call answered differently, live (1,500 of its
+/// prompt tokens from the provider's prompt cache), and the reviewer rejected; the rest was served from the recording.
 fn fork(source: &Fixture) -> (Fixture, BlobPut) {
     let mut run = conversation(FORK, 2);
     run.events[..4].clone_from_slice(&source.events[..4]);
@@ -42,7 +47,13 @@ fn fork(source: &Fixture) -> (Fixture, BlobPut) {
     let call = &mut run.events[4];
     (call.output_ref, call.output_hash, call.source) =
         (Some(revised.digest()), Some(revised.digest()), Source::Live);
-    call.usage = Some(Usage { input_tokens: 2100, output_tokens: 90, cost_usd: Some(0.5) });
+    call.usage = Some(Usage {
+        input_tokens: 2100,
+        output_tokens: 90,
+        cost_usd: Some(0.5),
+        cache_read_tokens: 1500,
+        ..Default::default()
+    });
     let decision = &mut run.events[8];
     decision.key = Digest::of(b"reject step:backfill");
     decision.decision = Some(Decision { action: "reject".into(), target: Some("step:backfill".into()) });
@@ -107,7 +118,9 @@ fn a_fork_against_its_source_shows_what_changed_moved_and_cost() {
                 "decisions that moved (1):",
                 "tokens and cost",
                 "$0.5000",
-                "B inherited  1      1000          100            $0.2500",
+                "B inherited  1      1000          0                   100            $0.2500",
+                "B live       1      2100          1500                90             $0.5000",
+                "OF THEM CACHE READ: input tokens the provider's prompt cache served",
                 "B inherited: A's live usage on the events before seq 5",
             ],
             &[],
@@ -141,6 +154,9 @@ fn json_limit_and_unrelated_runs() {
     assert!(json["changed"][0]["diff"].as_str().unwrap().contains("+++ B seq 5 output"));
     assert_eq!(json["decisions"][0]["b"], "reject");
     assert_eq!(json["b"]["live"]["input_tokens"], 2100);
+    assert_eq!(json["b"]["live"]["cache_read_tokens"], 1500);
+    assert_eq!(json["b"]["live"]["cache_write_tokens"], 0);
+    assert_eq!(json["a"]["live"]["cache_read_tokens"], 0);
     assert_eq!(json["b"]["inherited"]["steps"], 1);
 
     home.run(&["diff", SOURCE, FORK, "--limit", "1"]).expect(

@@ -230,14 +230,31 @@ pub struct Approval {
 }
 
 /// Tokens and cost of a model call.
+///
+/// `input_tokens` counts every prompt token, those the provider read from or wrote to its prompt
+/// cache included (OpenAI counts them so; Anthropic reports them apart, and
+/// [`crate::provider_usage`] adds them in). The two cache counts say how many of them were; they
+/// are left out of the JSON when zero, so events recorded before they existed keep their digests.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Prompt tokens.
+    /// Prompt tokens, cached ones included.
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
     /// Estimated cost in US dollars, from the price table.
     pub cost_usd: Option<f64>,
+    /// Of `input_tokens`, those read from the provider's prompt cache (OpenAI `cached_tokens`,
+    /// Anthropic `cache_read_input_tokens`), priced at the cache-read rate.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those written to the provider's prompt cache (Anthropic
+    /// `cache_creation_input_tokens`), priced at the cache-write rate.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One step of one agent: the replay envelope (SPEC §2).
@@ -518,7 +535,13 @@ mod tests {
         full.message = Some(MessageRef { from: Some("a".into()), to: None, kind: None, timed_out: true });
         full.decision = Some(Decision { action: "approve".into(), target: None });
         full.approval = Some(Approval { outcome: ApprovalOutcome::TimedOut });
-        full.usage = Some(Usage { input_tokens: 1, output_tokens: 2, cost_usd: Some(0.25) });
+        full.usage = Some(Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+            cost_usd: Some(0.25),
+            cache_read_tokens: 6,
+            cache_write_tokens: 3,
+        });
         full.latency_ms = Some(12);
         let mut failed = Event::new("r", "b", EventType::ToolCall);
         failed.error = Some("boom \u{1F4A5} \"prev\":null,}]\\\"seq\":1\n".into());
@@ -554,7 +577,10 @@ mod tests {
                 proptest::option::of((text(), any::<i64>(), any::<f64>())),
                 proptest::option::of((text(), proptest::option::of(text()), any::<bool>())),
             ),
-            proptest::option::of((any::<u64>(), any::<u64>(), proptest::option::of(-1e300f64..1e300))),
+            proptest::option::of((
+                (any::<u64>(), any::<u64>(), proptest::option::of(-1e300f64..1e300)),
+                (0..3u64, any::<u64>()),
+            )),
         )
             .prop_map(
                 move |(
@@ -605,10 +631,13 @@ mod tests {
                     });
                     e.decision = on(6).then(|| Decision { action: "a".into(), target: e.name.clone() });
                     e.approval = on(7).then_some(Approval { outcome: ApprovalOutcome::Refused });
-                    e.usage = usage.map(|(input_tokens, output_tokens, cost_usd)| Usage {
+                    e.usage = usage.map(|((input_tokens, output_tokens, cost_usd), (cached, n))| Usage {
                         input_tokens,
                         output_tokens,
                         cost_usd,
+                        // Absent, then one or both of the cache counts.
+                        cache_read_tokens: if cached >= 1 { n } else { 0 },
+                        cache_write_tokens: if cached == 2 { n / 2 } else { 0 },
                     });
                     e.latency_ms = latency;
                     e.origin_seq = origin;

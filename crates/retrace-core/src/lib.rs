@@ -44,6 +44,7 @@ pub mod mask_http;
 pub mod mask_stream;
 pub mod percent;
 pub mod prices;
+pub mod provider_usage;
 pub mod run;
 pub mod terminal;
 pub mod toml_table;

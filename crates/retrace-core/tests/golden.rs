@@ -33,7 +33,8 @@ fn model_call() -> Event {
     params.insert("seed".to_owned(), serde_json::json!(18446744073709551615u64));
     e.params = Some(params);
     e.prompt_template = Some(PromptRef { id: "reviewer@v14".into(), digest: Digest::of(b"template text") });
-    e.usage = Some(Usage { input_tokens: 1200, output_tokens: 80, cost_usd: Some(0.0042) });
+    e.usage =
+        Some(Usage { input_tokens: 1200, output_tokens: 80, cost_usd: Some(0.0042), ..Default::default() });
     e.latency_ms = Some(830);
     e.source = Source::Live;
     e.seal(Some(Digest::of(b"previous"))).unwrap();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use retrace_core::envelope::Usage;
 use retrace_core::prices::PriceTable;
+use retrace_core::provider_usage::usage_of;
 use retrace_runtime::ModelReply;
 use serde_json::Value;
 
@@ -57,12 +58,7 @@ impl ChatClient {
             return Err(format!("{url} answered {status}: {body}"));
         }
         let snapshot = body["model"].as_str().map(str::to_owned);
-        let usage = body.get("usage").map(|u| {
-            let mut usage = Usage {
-                input_tokens: u["prompt_tokens"].as_u64().unwrap_or(0),
-                output_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
-                cost_usd: None,
-            };
+        let usage = body.get("usage").and_then(usage_of).map(|mut usage| {
             usage.cost_usd = self.cost(snapshot.as_deref(), request, &usage);
             usage
         });

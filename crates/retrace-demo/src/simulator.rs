@@ -86,7 +86,7 @@ fn chat(request: &Value, rng: &mut StdRng) -> ModelReply {
     ModelReply {
         body,
         snapshot: Some(SNAPSHOT.into()),
-        usage: Some(Usage { input_tokens, output_tokens, cost_usd: None }),
+        usage: Some(Usage { input_tokens, output_tokens, cost_usd: None, ..Default::default() }),
     }
 }
 

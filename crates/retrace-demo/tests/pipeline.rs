@@ -116,7 +116,8 @@ async fn replaying_the_fork_runs_nothing_live() {
 fn retrace_toml_prices_override_the_builtin_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("retrace.toml");
-    let usage = Usage { input_tokens: 1_000_000, output_tokens: 1_000_000, cost_usd: None };
+    let usage =
+        Usage { input_tokens: 1_000_000, output_tokens: 1_000_000, cost_usd: None, ..Default::default() };
     let builtin = prices_from_config(&path).unwrap();
     assert_eq!(builtin.cost("retrace-sim-1-2026-11-01", &usage), Some(0.75));
     std::fs::write(&path, "[prices]\n\"retrace-sim-1*\" = { input = 1, output = 2 }\n").unwrap();

@@ -39,7 +39,12 @@ fn event(run: &str, seq: u64, output: &str) -> Event {
         EventType::ModelCall => {
             e.name = Some("/v1/chat/completions".into());
             e.model = Some(ModelRef { provider: "openai".into(), name: "gpt-4o".into(), snapshot: None });
-            e.usage = Some(Usage { input_tokens: 1200, output_tokens: 80, cost_usd: Some(0.0042) });
+            e.usage = Some(Usage {
+                input_tokens: 1200,
+                output_tokens: 80,
+                cost_usd: Some(0.0042),
+                ..Default::default()
+            });
             e.latency_ms = Some(900);
         }
         EventType::ToolCall => {

@@ -179,7 +179,12 @@ pub fn full_event(run: &str, seq: u64, prev: Option<Digest>) -> Event {
     });
     e.decision = Some(Decision { action: "approve".into(), target: Some("step:backfill".into()) });
     e.approval = Some(Approval { outcome: ApprovalOutcome::TimedOut });
-    e.usage = Some(Usage { input_tokens: 1200, output_tokens: 34, cost_usd: Some(0.001_234_567_890_123) });
+    e.usage = Some(Usage {
+        input_tokens: 1200,
+        output_tokens: 34,
+        cost_usd: Some(0.001_234_567_890_123),
+        ..Default::default()
+    });
     e.latency_ms = Some(812);
     e.source = Source::CacheHit;
     e.origin_seq = Some(7);

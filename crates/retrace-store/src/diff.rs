@@ -94,22 +94,28 @@ pub struct Alignment {
 pub struct Tokens {
     /// How many steps with a usage were counted.
     pub steps: u64,
-    /// Sum of `usage.input_tokens`.
+    /// Sum of `usage.input_tokens` (prompt tokens, cached ones included).
     pub input_tokens: u64,
     /// Sum of `usage.output_tokens`.
     pub output_tokens: u64,
     /// Sum of `usage.cost_usd`, or `None` when no counted step had a cost.
     pub cost_usd: Option<f64>,
+    /// Sum of `usage.cache_read_tokens`: prompt tokens the provider's prompt cache served.
+    pub cache_read_tokens: u64,
+    /// Sum of `usage.cache_write_tokens`: prompt tokens written to the provider's prompt cache.
+    pub cache_write_tokens: u64,
 }
 
 impl Serialize for Tokens {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Tokens", 4)?;
+        let mut s = serializer.serialize_struct("Tokens", 6)?;
         s.serialize_field("steps", &self.steps)?;
         s.serialize_field("input_tokens", &self.input_tokens)?;
         s.serialize_field("output_tokens", &self.output_tokens)?;
         s.serialize_field("cost_usd", &self.cost_usd.or((self.steps == 0).then_some(0.0)))?;
+        s.serialize_field("cache_read_tokens", &self.cache_read_tokens)?;
+        s.serialize_field("cache_write_tokens", &self.cache_write_tokens)?;
         s.end()
     }
 }
@@ -119,6 +125,8 @@ impl Tokens {
         self.steps += 1;
         self.input_tokens += usage.input_tokens;
         self.output_tokens += usage.output_tokens;
+        self.cache_read_tokens += usage.cache_read_tokens;
+        self.cache_write_tokens += usage.cache_write_tokens;
         if let Some(cost) = usage.cost_usd {
             *self.cost_usd.get_or_insert(0.0) += cost;
         }
@@ -499,9 +507,9 @@ mod tests {
         let json = |t: &Tokens| serde_json::to_value(t).unwrap()["cost_usd"].clone();
         let mut tokens = Tokens::default();
         assert_eq!(json(&tokens), serde_json::json!(0.0));
-        tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: None });
+        tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: None, ..Default::default() });
         assert_eq!(json(&tokens), serde_json::Value::Null);
-        tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: Some(0.5) });
+        tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: Some(0.5), ..Default::default() });
         assert_eq!(json(&tokens), serde_json::json!(0.5));
     }
 }

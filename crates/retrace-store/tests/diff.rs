@@ -44,7 +44,7 @@ fn parse(run: &str, first: u64, lines: &str) -> (Vec<Event>, Vec<BlobPut>) {
                     let (input_tokens, output_tokens) =
                         (parts[0].parse().unwrap(), parts[1].parse().unwrap());
                     let cost_usd = parts.get(2).map(|c| c.parse().unwrap());
-                    e.usage = Some(Usage { input_tokens, output_tokens, cost_usd });
+                    e.usage = Some(Usage { input_tokens, output_tokens, cost_usd, ..Default::default() });
                 }
                 ("~", error) => e.error = Some(error.replace('_', " ")),
                 ("!", decision) => {
@@ -447,7 +447,8 @@ fn two_runs_of_100k_events() {
         e.key = Digest::of(format!("key {seq}").as_bytes());
         e.output_hash = Some(Digest::of(output.as_bytes()));
         e.output_ref = e.output_hash;
-        e.usage = Some(Usage { input_tokens: 10, output_tokens: 2, cost_usd: Some(0.001) });
+        e.usage =
+            Some(Usage { input_tokens: 10, output_tokens: 2, cost_usd: Some(0.001), ..Default::default() });
         e
     };
     let mut blobs = Vec::new();

@@ -225,14 +225,22 @@ fn cost_section(d: &RunDiff, out: &mut String) {
     out.push_str(
         "\ntokens and cost (each run's own steps that ran live; recorded and cached steps cost nothing):\n",
     );
+    // The prompt-cache columns only where a provider reported its cache at all.
+    let sides = [&d.a, &d.b];
+    let counted =
+        sides.iter().flat_map(|s| [Some(&s.live), s.saved.as_ref(), s.inherited.as_ref()]).flatten();
+    let cached = counted.clone().any(|t| t.cache_read_tokens > 0);
+    let written = counted.clone().any(|t| t.cache_write_tokens > 0);
     let row = |name: String, t: &Tokens| {
-        vec![
-            name,
-            t.steps.to_string(),
-            t.input_tokens.to_string(),
-            t.output_tokens.to_string(),
-            dollars(t.cost_usd),
-        ]
+        let mut row = vec![name, t.steps.to_string(), t.input_tokens.to_string()];
+        if cached {
+            row.push(t.cache_read_tokens.to_string());
+        }
+        if written {
+            row.push(t.cache_write_tokens.to_string());
+        }
+        row.extend([t.output_tokens.to_string(), dollars(t.cost_usd)]);
+        row
     };
     let mut rows = vec![row("A live".into(), &d.a.live), row("B live".into(), &d.b.live)];
     let mut notes = Vec::new();
@@ -246,7 +254,17 @@ fn cost_section(d: &RunDiff, out: &mut String) {
              {name} inherited: {source}'s live usage on the events before seq {at}, which {name} inherits"
         ));
     }
-    for line in table(&["", "STEPS", "INPUT TOKENS", "OUTPUT TOKENS", "COST"], &rows).lines() {
+    let mut header = vec!["", "STEPS", "INPUT TOKENS"];
+    if cached {
+        header.push("OF THEM CACHE READ");
+        notes.push("OF THEM CACHE READ: input tokens the provider's prompt cache served, priced at its cache-read rate".into());
+    }
+    if written {
+        header.push("OF THEM CACHE WRITTEN");
+        notes.push("OF THEM CACHE WRITTEN: input tokens written to the provider's prompt cache, priced at its cache-write rate".into());
+    }
+    header.extend(["OUTPUT TOKENS", "COST"]);
+    for line in table(&header, &rows).lines() {
         out.push_str(&format!("  {line}\n"));
     }
     for line in notes.iter().flat_map(|n| n.lines()) {

@@ -44,6 +44,7 @@ fn pipeline(s: &Session, calls: &Calls) -> Result<Value, RuntimeError> {
                 input_tokens: 100,
                 output_tokens: 20,
                 cost_usd: Some(0.01),
+                ..Default::default()
             }),
         })
     })?;
@@ -606,6 +607,7 @@ fn model_calls_get_a_cost_from_the_price_table_and_model_edits_reach_the_live_ca
                 input_tokens: 1_000_000,
                 output_tokens: 0,
                 cost_usd: None,
+                ..Default::default()
             }),
         })
     })

@@ -164,7 +164,12 @@ fn execute(session: &Session, program: &Program) -> Result<Execution, RuntimeErr
                     Ok::<_, String>(ModelReply {
                         body: json!({"step": id, "text": format!("reply {:016x}", rand::random::<u64>())}),
                         snapshot: None,
-                        usage: Some(Usage { input_tokens: 10, output_tokens: 5, cost_usd: Some(0.001) }),
+                        usage: Some(Usage {
+                            input_tokens: 10,
+                            output_tokens: 5,
+                            cost_usd: Some(0.001),
+                            ..Default::default()
+                        }),
                     })
                 })?
             }

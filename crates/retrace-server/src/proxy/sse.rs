@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use retrace_core::envelope::Usage;
+use retrace_core::provider_usage::{usage_of, UsageReport};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -26,8 +27,7 @@ pub struct SseScanner {
     terminal: bool,
     /// The `model` the stream reported first.
     pub model: Option<String>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
+    usage: UsageReport,
 }
 
 impl SseScanner {
@@ -61,7 +61,18 @@ impl SseScanner {
             return;
         }
         // One pass over the event, borrowing: only the few fields read below are looked at.
-        let Some(event) = Fields::parse(data) else { return };
+        let patched;
+        let event = match Fields::parse(data) {
+            Some(event) => event,
+            None => match surrogates_replaced(data.as_bytes()) {
+                Some(bytes) => {
+                    patched = String::from_utf8(bytes).expect("only ASCII escapes were replaced");
+                    let Some(event) = Fields::parse(&patched) else { return };
+                    event
+                }
+                None => return,
+            },
+        };
         if event.kind.and_then(as_str).is_some_and(|kind| TERMINAL.contains(&kind.as_ref())) {
             self.terminal = true;
         }
@@ -73,13 +84,10 @@ impl SseScanner {
         if self.model.is_none() {
             self.model = holder.model.and_then(as_str).map(Cow::into_owned);
         }
+        // A usage object comes once or twice a stream: read whole, prompt-cache counts and all.
         for usage in [holder.usage, event.usage].into_iter().flatten() {
-            let Some(usage) = object::<Counts<'_>>(usage.get()) else { continue };
-            if let Some(n) = usage.count(&[usage.prompt_tokens, usage.input_tokens]) {
-                self.input_tokens = Some(n);
-            }
-            if let Some(n) = usage.count(&[usage.completion_tokens, usage.output_tokens]) {
-                self.output_tokens = Some(n);
+            if let Some(usage) = object::<Value>(usage.get()) {
+                self.usage.read(&usage);
             }
         }
     }
@@ -91,7 +99,7 @@ impl SseScanner {
 
     /// The token counts the stream reported, if any.
     pub fn usage(&self) -> Option<Usage> {
-        usage_of(self.input_tokens, self.output_tokens)
+        self.usage.usage()
     }
 }
 
@@ -129,26 +137,6 @@ fn object<'a, T: Deserialize<'a>>(json: &'a str) -> Option<T> {
     json.starts_with('{').then(|| serde_json::from_str(json).ok()).flatten()
 }
 
-/// Token counts, as the providers name them.
-#[derive(Deserialize)]
-struct Counts<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    prompt_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    input_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    completion_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    output_tokens: Option<&'a RawValue>,
-}
-
-impl Counts<'_> {
-    /// The first of `names` that holds a `u64`, as [`tokens`] reads a `Value`.
-    fn count(&self, names: &[Option<&RawValue>]) -> Option<u64> {
-        names.iter().flatten().find_map(|raw| serde_json::from_str::<u64>(raw.get()).ok())
-    }
-}
-
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
 }
@@ -163,27 +151,41 @@ fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
 
 /// The model and token counts of a whole (non-streamed) JSON response body.
 pub fn body_facts(body: &[u8]) -> (Option<String>, Option<Usage>) {
-    let Ok(json) = serde_json::from_slice::<Value>(body) else { return (None, None) };
+    let parsed = serde_json::from_slice::<Value>(body)
+        .or_else(|e| surrogates_replaced(body).map_or(Err(e), |b| serde_json::from_slice(&b)));
+    let Ok(json) = parsed else { return (None, None) };
     let model = json.get("model").and_then(Value::as_str).map(str::to_owned);
-    let usage = json.get("usage").and_then(|u| {
-        usage_of(
-            tokens(u, &["prompt_tokens", "input_tokens"]),
-            tokens(u, &["completion_tokens", "output_tokens"]),
-        )
-    });
-    (model, usage)
+    (model, json.get("usage").and_then(usage_of))
 }
 
-fn tokens(usage: &Value, names: &[&str]) -> Option<u64> {
-    names.iter().find_map(|n| usage.get(*n).and_then(Value::as_u64))
-}
-
-fn usage_of(input: Option<u64>, output: Option<u64>) -> Option<Usage> {
-    (input.is_some() || output.is_some()).then(|| Usage {
-        input_tokens: input.unwrap_or(0),
-        output_tokens: output.unwrap_or(0),
-        cost_usd: None,
-    })
+/// `json` with every `\uD800`-`\uDFFF` escape spelled `\uFFFD` instead, when it holds one:
+/// a model cut off mid-emoji can answer with a lone surrogate, which JSON parsers such as the
+/// clients' accept and `serde_json` refuses (QA28 D3). Only the model and usage are read from the
+/// result; the bytes stored and served are the upstream's. Always valid JSON where `json` was
+/// but for those escapes (an escaped backslash before `u` stays a backslash).
+fn surrogates_replaced(json: &[u8]) -> Option<Vec<u8>> {
+    let is_surrogate = |at: usize| {
+        json.get(at..at + 6).is_some_and(|e| {
+            e[0] == b'\\'
+                && e[1] == b'u'
+                && e[2].eq_ignore_ascii_case(&b'd')
+                && matches!(e[3].to_ascii_lowercase(), b'8'..=b'9' | b'a'..=b'f')
+                && e[4..].iter().all(u8::is_ascii_hexdigit)
+        })
+    };
+    let first = (0..json.len()).find(|&i| is_surrogate(i))?;
+    let mut out = json[..first].to_vec();
+    let mut i = first;
+    while i < json.len() {
+        if is_surrogate(i) {
+            out.extend_from_slice(b"\\ufffd");
+            i += 6;
+        } else {
+            out.push(json[i]);
+            i += 1;
+        }
+    }
+    Some(out)
 }
 
 /// The snapshot a response pins: its `model` when that names more than the alias asked for
@@ -257,9 +259,39 @@ mod tests {
         assert_eq!((u.input_tokens, u.output_tokens), (12, 30));
     }
 
+    #[test]
+    fn reads_prompt_cache_counts_from_streams_and_bodies() {
+        // Anthropic: the cache counts come with message_start, apart from input_tokens.
+        let mut s = SseScanner::default();
+        s.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-sonnet-4-20250514\",\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":2048,\"output_tokens\":1}}}\n\n");
+        s.feed(
+            b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":30}}\n\n",
+        );
+        let u = s.usage().unwrap();
+        assert_eq!(
+            (u.input_tokens, u.cache_read_tokens, u.cache_write_tokens, u.output_tokens),
+            (2060, 2048, 0, 30)
+        );
+        // Chat Completions: the last chunk's usage, cached tokens among the prompt's.
+        let mut s = SseScanner::default();
+        s.feed(b"data: {\"model\":\"gpt-4o-2024-08-06\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n");
+        s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1500,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":1280}}}\n\ndata: [DONE]\n\n");
+        let u = s.usage().unwrap();
+        assert_eq!((u.input_tokens, u.cache_read_tokens, u.output_tokens), (1500, 1280, 2));
+        // Responses: response.completed nests the response and its usage.
+        let (_, usage) = body_facts(br#"{"model":"gpt-5","usage":{"input_tokens":900,"input_tokens_details":{"cached_tokens":512},"output_tokens":40}}"#);
+        assert_eq!(usage.map(|u| (u.input_tokens, u.cache_read_tokens)), Some((900, 512)));
+        let mut s = SseScanner::default();
+        s.feed(b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-5\",\"usage\":{\"input_tokens\":900,\"input_tokens_details\":{\"cached_tokens\":512},\"output_tokens\":40}}}\n\n");
+        assert_eq!(
+            s.usage().map(|u| (u.input_tokens, u.cache_read_tokens, u.output_tokens)),
+            Some((900, 512, 40))
+        );
+    }
+
     /// What the scanner read from events when it parsed each into a whole `Value`.
-    fn read_as_values(events: &[&str]) -> (bool, Option<String>, Option<u64>, Option<u64>) {
-        let (mut terminal, mut model, mut input, mut output) = (false, None, None, None);
+    fn read_as_values(events: &[&str]) -> (bool, Option<String>, Option<Usage>) {
+        let (mut terminal, mut model, mut usage) = (false, None, UsageReport::default());
         for data in events {
             let Ok(json) = serde_json::from_str::<Value>(data) else { continue };
             if json.get("type").and_then(Value::as_str).is_some_and(|k| TERMINAL.contains(&k)) {
@@ -269,16 +301,11 @@ mod tests {
             if model.is_none() {
                 model = holder.get("model").and_then(Value::as_str).map(str::to_owned);
             }
-            for usage in [holder.get("usage"), json.get("usage")].into_iter().flatten() {
-                if let Some(n) = tokens(usage, &["prompt_tokens", "input_tokens"]) {
-                    input = Some(n);
-                }
-                if let Some(n) = tokens(usage, &["completion_tokens", "output_tokens"]) {
-                    output = Some(n);
-                }
+            for u in [holder.get("usage"), json.get("usage")].into_iter().flatten() {
+                usage.read(u);
             }
         }
-        (terminal, model, input, output)
+        (terminal, model, usage.usage())
     }
 
     #[test]
@@ -294,14 +321,37 @@ mod tests {
             &["{\"type\":null,\"model\":null}", "{\"type\":\"error\",\"usage\":{}}"],
             &["{\"response\":{\"model\":\"r\",\"usage\":{\"input_tokens\":2}},\"usage\":{\"output_tokens\":4}}"],
             &["{not json", "{\"model\":\"after-garbage\"}"],
+            &["{\"message\":{\"usage\":{\"input_tokens\":3,\"cache_read_input_tokens\":7}}}", "{\"usage\":{\"output_tokens\":2,\"cache_creation_input_tokens\":\"x\"}}"],
+            &["{\"usage\":{\"prompt_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":4}}}", "{\"usage\":{\"prompt_tokens_details\":null}}"],
         ] {
             let mut s = SseScanner::default();
             for e in events {
                 s.feed(format!("data: {e}\n\n").as_bytes());
             }
-            let got = (s.terminal(), s.model.clone(), s.input_tokens, s.output_tokens);
+            let got = (s.terminal(), s.model.clone(), s.usage());
             assert_eq!(got, read_as_values(events), "{events:?}");
         }
+    }
+
+    /// A lone surrogate in the text (a reply cut off mid-emoji) doesn't hide the usage and the
+    /// model, in a whole body or a stream's events (QA28 D3).
+    #[test]
+    fn a_lone_surrogate_in_the_text_keeps_the_usage() {
+        let body = br#"{"model":"gpt-4o-2024-08-06","choices":[{"message":{"content":"half an emoji: \ud83d, \\ud800 and \udE00"}}],"usage":{"prompt_tokens":1000,"completion_tokens":500}}"#;
+        let (model, usage) = body_facts(body);
+        assert_eq!(model.as_deref(), Some("gpt-4o-2024-08-06"));
+        assert_eq!(usage.map(|u| (u.input_tokens, u.output_tokens)), Some((1000, 500)));
+        let mut s = SseScanner::default();
+        s.feed(br#"data: {"type":"response.completed","response":{"model":"gpt-5","output_text":"\ud83d","usage":{"input_tokens":9,"output_tokens":2}}}"#);
+        s.feed(b"\n\n");
+        assert!(s.terminal());
+        assert_eq!(s.model.as_deref(), Some("gpt-5"));
+        assert_eq!(s.usage().map(|u| (u.input_tokens, u.output_tokens)), Some((9, 2)));
+        assert_eq!(
+            surrogates_replaced(br#"{"a":"\ud83d\ude00"}"#).as_deref(),
+            Some(&br#"{"a":"\ufffd\ufffd"}"#[..])
+        );
+        assert_eq!(surrogates_replaced(br#"{"a":"\u00e9"}"#), None);
     }
 
     #[test]

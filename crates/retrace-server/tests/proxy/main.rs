@@ -8,6 +8,7 @@ mod autonomy;
 mod bad_input;
 mod original;
 mod passthrough;
+mod prompt_cache;
 mod reads;
 mod record_replay;
 mod rust_sdk;

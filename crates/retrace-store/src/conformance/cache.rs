@@ -9,7 +9,8 @@ use crate::{Batch, BlobHint, CacheEntry, LeaseHolder, RunWriter, StoreErrorKind}
 
 /// A model entry (no class) with usage, for `output`.
 fn model_entry(output: Digest, stored_at_ms: u64) -> CacheEntry {
-    let usage = Usage { input_tokens: 1200, output_tokens: 34, cost_usd: Some(0.1 + 0.2) };
+    let usage =
+        Usage { input_tokens: 1200, output_tokens: 34, cost_usd: Some(0.1 + 0.2), ..Default::default() };
     let snapshot = Some("gpt-sim-2024-08-06".to_owned());
     CacheEntry { output_ref: output, usage: Some(usage), stored_at_ms, class: None, ttl_s: None, snapshot }
 }

@@ -180,6 +180,7 @@ pub fn summaries_match_events(make: MakeStore<'_>) {
         input_tokens: u64::MAX,
         output_tokens: 0,
         cost_usd: Some(0.1 + 0.2),
+        ..Default::default()
     });
     odd_cost.output_hash = odd_cost.output_ref;
     odd_cost.seal(Some(written[2].hash)).unwrap();

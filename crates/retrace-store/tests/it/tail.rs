@@ -339,7 +339,7 @@ fn the_newest_cache_entry_wins_across_merges_and_handles() {
     let key = Digest::of(b"step key");
     let entry = |n: usize| CacheEntry {
         output_ref: outputs[n].digest(),
-        usage: Some(Usage { input_tokens: n as u64, output_tokens: 1, cost_usd: None }),
+        usage: Some(Usage { input_tokens: n as u64, output_tokens: 1, cost_usd: None, ..Default::default() }),
         stored_at_ms: 1_000 + n as u64,
         class: None,
         ttl_s: None,

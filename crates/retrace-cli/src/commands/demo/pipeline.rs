@@ -128,8 +128,12 @@ fn total(usage: &Option<Usage>) -> u64 {
 }
 
 fn tokens_line(t: &Tokens, what: &str) -> String {
+    let cached = match t.cache_read_tokens {
+        0 => String::new(),
+        n => format!(", {n} of them from the prompt cache"),
+    };
     format!(
-        "{} {what}: {} tokens ({} in, {} out), {}",
+        "{} {what}: {} tokens ({} in{cached}, {} out), {}",
         t.steps,
         t.input_tokens + t.output_tokens,
         t.input_tokens,
