@@ -361,6 +361,11 @@ fn the_exported_ledger_is_signed_and_only_the_policys_key_is_trusted() {
 #[test]
 fn approve_needs_a_known_id_and_a_reason() {
     let p = Project::new("");
+    // With no store nothing is held: an empty list, and no store made.
+    assert_eq!(json(&p.ok(&["approve", "--pending", "--json"], &[])), serde_json::json!([]));
+    assert!(!p.path("home").exists(), "listing made no store");
+    let both = p.retrace(&["approve", "ap_nope", "--pending"], &[]);
+    assert_eq!(both.status.code(), Some(2), "an id and --pending: {}", text(&both.stderr));
     let nowhere = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
     assert_eq!(nowhere.status.code(), Some(2), "{}", text(&nowhere.stderr));
     assert!(text(&nowhere.stderr).contains("no store at"), "{}", text(&nowhere.stderr));
@@ -405,6 +410,10 @@ fn approve_needs_a_known_id_and_a_reason() {
         "{said}"
     );
     assert_eq!(store.approval("ap_ended").unwrap().unwrap().decision, None, "nothing decided");
+    // Nor is it listed as waiting: the list says one more is held by an ended run.
+    let listed = p.retrace(&["approve", "--pending"], &[]);
+    assert!(listed.status.success() && text(&listed.stdout).is_empty(), "{}", text(&listed.stdout));
+    assert!(text(&listed.stderr).contains("1 more held by runs that have ended"), "{}", text(&listed.stderr));
 }
 
 /// Before the first gate there is no store: `ledger show` is an empty ledger (QA26 D6: exit 2);

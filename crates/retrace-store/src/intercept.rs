@@ -219,6 +219,9 @@ impl<I: Interceptor> LedgerStore for Intercepted<I> {
     fn approval_for(&self, run: &str, agent: &str, key: &Digest) -> StoreResult<Option<ApprovalRecord>> {
         self.inner.approval_for(run, agent, key)
     }
+    fn approvals_undecided(&self) -> StoreResult<Vec<ApprovalRecord>> {
+        self.inner.approvals_undecided()
+    }
 }
 
 impl<I: Interceptor> Store for Intercepted<I> {

@@ -85,6 +85,9 @@ pub trait LedgerStore: Send + Sync {
     fn approval(&self, id: &str) -> StoreResult<Option<ApprovalRecord>>;
     /// The latest approval of (`run`, `agent`, step `key`), if any.
     fn approval_for(&self, run: &str, agent: &str, key: &Digest) -> StoreResult<Option<ApprovalRecord>>;
+    /// Every approval not decided yet, oldest request first (a run that has ended may still hold
+    /// one: its call timed out or its program gave up on it).
+    fn approvals_undecided(&self) -> StoreResult<Vec<ApprovalRecord>>;
 }
 
 /// How `entry` changes with `outcome`, given whether the trace was replayed before by this

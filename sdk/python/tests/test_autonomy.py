@@ -43,11 +43,29 @@ def test_a_held_call_is_approved_from_another_process_and_replays(tmp_path):
     agents = subprocess.run([BIN, "agents"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert "ops" not in agents.stdout or "unproven" in agents.stdout
     assert 'tool(cls="side_effect")' in agents.stdout, agents.stdout
-    ok = subprocess.run([BIN, "approve", held, "--reason", "checked the list"], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=60)
+    # The held call is listed, with its run and tool, until it is decided.
+    pending = subprocess.run([BIN, "approve", "--pending", "--json"], cwd=cwd, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert pending.returncode == 0, pending.stderr
+    listed = json.loads(pending.stdout)
+    assert [p["id"] for p in listed] == [held], listed
+    assert listed[0]["agent"] and listed[0]["tool"] and listed[0]["waited_s"] >= 0, listed
+    table = subprocess.run([BIN, "approve", "--pending"], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert held in table.stdout and "WAITED" in table.stdout, table.stdout
+    ok = subprocess.run([BIN, "approve", held, "--reason", "checked the list with ada@example.com"], cwd=cwd,
+                        env=env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
+    # The reason is masked before it is stored, in the approvals table too (QA27 D2).
+    import sqlite3
+    with sqlite3.connect(home / "retrace.db") as db:
+        decisions = [row[0] for row in db.execute("SELECT decision FROM approvals")]
+    assert decisions and all("ada@example.com" not in d and "rtk_email_" in d for d in decisions), decisions
     out, err = rec.communicate(timeout=60)
     assert rec.returncode == 0, err
+    after = subprocess.run([BIN, "approve", "--pending", "--json"], cwd=cwd, env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert json.loads(after.stdout) == [], "a decided call is no longer listed"
     lines = out.strip().splitlines()
     assert lines[0] == "sent True", out
     run = json.loads(lines[-1])["run"]

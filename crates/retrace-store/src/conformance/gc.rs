@@ -88,6 +88,21 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
     };
     let cache_key = Digest::of(b"cached step");
     store.cache_put(&cache_key, &entry).unwrap();
+    // Each run held a side effect; the deleted ones' approvals go with them (QA27 D2).
+    for run in ["old", "kept"] {
+        let held = crate::ledger::ApprovalRecord {
+            id: format!("ap_{run}"),
+            run: run.into(),
+            agent: "a".into(),
+            tool: "t".into(),
+            key: Digest::of(run.as_bytes()),
+            rung: "unproven".into(),
+            why: "below the bar".into(),
+            requested_at_ms: 1,
+            decision: None,
+        };
+        store.approval_request(&held).unwrap();
+    }
     std::thread::sleep(std::time::Duration::from_millis(3));
 
     let mut config = GcConfig::new(now_ms(), 30);
@@ -104,6 +119,8 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
     let done = collect(&*store, &config).unwrap();
     assert_eq!(done, crate::GcReport { dry_run: false, ..planned });
     assert_eq!(ids(&*store), ["kept", "src", "fork"]);
+    assert_eq!(store.approval("ap_old").unwrap(), None, "a deleted run's approval is deleted");
+    assert!(store.approval("ap_kept").unwrap().is_some());
     for gone in [&only_old.digest, &big.digest, &orphan] {
         assert!(!store.has_blob(gone).unwrap(), "{gone} is swept");
     }

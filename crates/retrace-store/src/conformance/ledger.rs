@@ -62,8 +62,10 @@ pub fn approvals_are_decided_once(make: MakeStore<'_>) {
         requested_at_ms: 5,
         decision: None,
     };
+    assert_eq!(store.approvals_undecided().unwrap(), vec![]);
     store.approval_request(&held).unwrap();
     assert_eq!(store.approval_request(&held).unwrap_err().kind, StoreErrorKind::Conflict);
+    assert_eq!(store.approvals_undecided().unwrap(), vec![held.clone()]);
     assert_eq!(store.approval("ap1").unwrap().as_ref(), Some(&held));
     assert_eq!(store.approval("nope").unwrap(), None);
     assert_eq!(store.approval_for("r1", "planner", &key).unwrap().map(|a| a.id), Some("ap1".into()));
@@ -75,7 +77,13 @@ pub fn approvals_are_decided_once(make: MakeStore<'_>) {
     assert_eq!(again.unwrap_err().kind, StoreErrorKind::Conflict);
     assert_eq!(store.approval_decide("nope", &yes).unwrap_err().kind, StoreErrorKind::NotFound);
     assert_eq!(store.approval("ap1").unwrap().unwrap().decision, Some(yes));
-    let later = ApprovalRecord { id: "ap2".into(), requested_at_ms: 6, ..held };
+    assert_eq!(store.approvals_undecided().unwrap(), vec![], "decided is no longer listed");
+    let later = ApprovalRecord { id: "ap2".into(), requested_at_ms: 6, ..held.clone() };
     store.approval_request(&later).unwrap();
     assert_eq!(store.approval_for("r1", "planner", &key).unwrap().map(|a| a.id), Some("ap2".into()));
+    // Oldest request first, whatever the order they were stored in.
+    let earlier = ApprovalRecord { id: "ap0".into(), run: "r2".into(), requested_at_ms: 1, ..held };
+    store.approval_request(&earlier).unwrap();
+    let ids: Vec<String> = store.approvals_undecided().unwrap().into_iter().map(|a| a.id).collect();
+    assert_eq!(ids, ["ap0", "ap2"]);
 }

@@ -54,6 +54,8 @@ impl GcStore for MemoryStore {
             inner.runs.remove(id);
             inner.leases.remove(id);
         }
+        // A deleted run's held side effects go with it (QA27 D2: a reason stayed behind).
+        inner.approvals.retain(|a| !doomed.contains(&a.run));
         for digest in &swept_set {
             inner.blobs.remove(digest);
         }

@@ -72,4 +72,12 @@ impl LedgerStore for MemoryStore {
         let inner = self.inner.lock();
         Ok(inner.approvals.iter().rev().find(|a| a.run == run && a.agent == agent && a.key == *key).cloned())
     }
+
+    fn approvals_undecided(&self) -> StoreResult<Vec<ApprovalRecord>> {
+        let mut held: Vec<ApprovalRecord> =
+            self.inner.lock().approvals.iter().filter(|a| a.decision.is_none()).cloned().collect();
+        // Stable: requests of the same millisecond stay in the order they were made.
+        held.sort_by_key(|a| a.requested_at_ms);
+        Ok(held)
+    }
 }

@@ -186,6 +186,8 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
         for table in ["leases", "prefixes"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_pk = ?1"), [pk]).ctx(|| WHAT)?;
         }
+        // A deleted run's held side effects go with it (QA27 D2: a reason stayed behind).
+        tx.execute("DELETE FROM approvals WHERE run = ?1", [id]).ctx(|| WHAT)?;
         tx.execute("DELETE FROM runs WHERE pk = ?1", [pk]).ctx(|| format!("deleting run {id}"))?;
     }
     let remaining = runs.iter().map(|(_, m)| m).filter(|m| !gone.contains(m.id.as_str()));

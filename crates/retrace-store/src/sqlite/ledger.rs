@@ -199,4 +199,16 @@ impl LedgerStore for SqliteStore {
             .transpose()
         })
     }
+
+    fn approvals_undecided(&self) -> StoreResult<Vec<ApprovalRecord>> {
+        self.read(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE decision IS NULL ORDER BY requested_at, rowid"
+            ))
+            .and_then(|mut s| s.query_map([], approval_from_row)?.collect::<Result<Vec<_>, _>>())
+            .ctx(|| "reading the approvals not decided yet")?
+            .into_iter()
+            .collect()
+        })
+    }
 }
