@@ -324,6 +324,31 @@ impl ForkPlan {
                     sent(eb)
                 )));
             }
+            // Nor can a swap carry a message past another of its sender's: the deliveries between
+            // the two to the same receiver keep their places, so one from A's sender would be heard
+            // before A's message, or one from B's sender after B's (QA29 D1: swap:5,8 over b1 b2 a1
+            // a2 played a2 b2 a1 b1).
+            let (lo, hi) = (a.min(b), a.max(b));
+            for k in lo + 1..hi {
+                let Some(between) = get(k) else { continue };
+                if between.kind != EventType::Deliver || between.agent_id != ea.agent_id {
+                    continue;
+                }
+                let Some(from) = sender(between) else { continue };
+                let (moved, how) = if Some(&from) == sender(get(lo).expect("checked")).as_ref() {
+                    (lo, "after")
+                } else if Some(&from) == sender(get(hi).expect("checked")).as_ref() {
+                    (hi, "before")
+                } else {
+                    continue;
+                };
+                return Err(ForkError::BadEdit(format!(
+                    "swap:{a},{b}: seq {k} delivers another message from {from}, and one sender's messages \
+                     arrive in the order it sent them: the swap would hear seq {moved}'s message {how} it; \
+                     swap deliveries with no message of either sender between them (swap:{lo},{k} or \
+                     swap:{k},{hi} may be what you mean)"
+                )));
+            }
             if let Some(send_b) = eb.causal_parent {
                 if let Some(chain) = causal_path(&events, send_b, a) {
                     let shown: Vec<String> = chain

@@ -214,6 +214,8 @@ impl Scheduler {
         timeout: Option<Duration>,
     ) -> Result<ForkDelivery, Divergence> {
         loop {
+            // What the agent waits for, for a stall report (QA29 D3: only "its next message").
+            let mut what = format!("{agent}'s next message");
             let timed_wait = {
                 let mut guard = self.state.lock();
                 let st = &mut *guard;
@@ -245,6 +247,11 @@ impl Scheduler {
                             release(st, d.seq);
                             continue;
                         }
+                        let from = d.from.as_deref().unwrap_or("?");
+                        what = format!(
+                            "the message from {from} sent at source seq {s} (delivered at seq {})",
+                            d.seq
+                        );
                         false
                     }
                     None => {
@@ -255,7 +262,6 @@ impl Scheduler {
                     }
                 }
             };
-            let what = format!("{agent}'s next message");
             let wait = self.wait(agent, Need::Mail { timed: timed_wait }, &what);
             match (timed_wait, timeout) {
                 (true, Some(t)) => {

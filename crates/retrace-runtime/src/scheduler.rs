@@ -202,6 +202,9 @@ impl Scheduler {
             let mut st = self.state.lock();
             st.phases.insert(agent.to_owned(), Phase::Exited);
             st.last_progress = Instant::now();
+            // A fork's receiver already waiting for this agent's message now knows it is absent
+            // (SPEC §7): it goes on instead of waiting out the stall timeout (QA29 D2).
+            self.wake_ready(&mut st);
             self.check_stall(&mut st)
         };
         if let Some(d) = stalled {

@@ -390,6 +390,35 @@ async fn a_swap_of_one_senders_messages_is_refused() {
     assert_eq!(store.runs().unwrap().len(), 1, "nothing created");
 }
 
+/// Nor can a swap of two senders' messages carry one past another of its sender's (QA29 D1:
+/// over b1 b2 a1 a2, swap of b1 and a2 played a2 b2 a1 b1, both senders reversed); a swap of
+/// neighbours from two senders is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_that_would_pass_a_senders_other_message_is_refused() {
+    use retrace_core::edit::Edit;
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let (a, b) = (s.agent("a"), s.agent("b"));
+    for (who, kind) in [(&b, "b1"), (&b, "b2"), (&a, "a1"), (&a, "a2")] {
+        who.send("a", kind, &json!({}), None).await.unwrap();
+    }
+    for _ in 0..4 {
+        a.recv(Some(Duration::from_secs(5))).await.unwrap().unwrap();
+    }
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let d: Vec<u64> = events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
+    let fork = |x: u64, y: u64| {
+        let edit: Edit = format!("swap:{x},{y}").parse().unwrap();
+        Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default())
+    };
+    let Err(err) = fork(d[0], d[3]) else { panic!("b1 can't be heard after b2, nor a2 before a1") };
+    let said = err.to_string();
+    assert!(said.contains(&format!("seq {} delivers another message from", d[1])), "{said}");
+    assert!(said.contains("one sender's messages arrive in the order it sent them"), "{said}");
+    assert!(fork(d[1], d[2]).is_ok(), "b2 and a1 are neighbours from two senders");
+}
+
 /// A message to no agent (an empty name) could never be received; an empty env name or
 /// action says nothing: each is refused before anything is recorded (QA10 D5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
