@@ -174,9 +174,21 @@ impl Agent {
 
     pub(crate) fn event(&self, kind: EventType, name: Option<&str>) -> Event {
         let mut e = Event::new(self.session.run_id(), self.id.clone(), kind);
-        e.name = name.map(str::to_owned);
+        e.name = name.map(|n| self.masked_name(n));
         e.role = self.state.lock().role.clone();
         e
+    }
+
+    /// A name as it is persisted and keyed (a step's, a model's): masked like any input, in
+    /// record and replay alike (QA27 D1: an env var named after a key, a tool named after a
+    /// customer's email were stored in clear while the request blob masked them).
+    pub(crate) fn masked_name(&self, name: &str) -> String {
+        let inner = &self.session.inner;
+        let (masked, tokens) = inner.masker.mask_text(name);
+        if tokens > 0 {
+            inner.holds_tokens.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        masked.into_owned()
     }
 
     /// Calls a tool. Record: runs `live`, records its output (or error) and returns the decoded
@@ -236,7 +248,7 @@ impl Agent {
         }
         let mut template = self.event(EventType::ToolCall, Some(name));
         template.tool = Some(ToolRef {
-            name: name.to_owned(),
+            name: template.name.clone().unwrap_or_default(),
             version: spec.version.clone(),
             class: spec.class,
             ttl_s: spec.ttl_s,
@@ -312,8 +324,11 @@ impl Agent {
         let mut template = self.event(EventType::ModelCall, Some(&name));
         let call = &self.apply_model_edits(call);
         let model_name = call.body.get("model").and_then(Value::as_str).unwrap_or_default();
-        template.model =
-            Some(ModelRef { provider: call.provider.clone(), name: model_name.into(), snapshot: None });
+        template.model = Some(ModelRef {
+            provider: call.provider.clone(),
+            name: self.masked_name(model_name),
+            snapshot: None,
+        });
         let params: BTreeMap<String, Value> = PARAM_FIELDS
             .iter()
             .filter_map(|f| call.body.get(*f).map(|v| ((*f).to_owned(), v.clone())))

@@ -120,8 +120,11 @@ impl Agent {
         let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(&call.body).unwrap_or_default();
         let model_name = fields.get("model").and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
         // A route that names no model (`GET /v1/models`) has none to pin.
-        template.model =
-            model_name.map(|name| ModelRef { provider: call.provider.clone(), name, snapshot: None });
+        template.model = model_name.map(|name| ModelRef {
+            provider: call.provider.clone(),
+            name: self.masked_name(&name),
+            snapshot: None,
+        });
         let mut params: BTreeMap<String, Value> = PARAM_FIELDS
             .iter()
             .filter_map(|f| Some(((*f).to_owned(), serde_json::from_str(fields.get(*f)?.get()).ok()?)))

@@ -70,7 +70,7 @@ impl Agent {
         let mut input = match spec {
             Some(spec) => {
                 template.tool = Some(ToolRef {
-                    name: step.name.clone(),
+                    name: template.name.clone().unwrap_or_default(),
                     version: spec.version.clone(),
                     class: spec.class,
                     ttl_s: spec.ttl_s,

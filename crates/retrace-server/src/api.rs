@@ -133,8 +133,10 @@ pub async fn create_run(State(app): State<Arc<AppState>>, headers: HeaderMap, bo
         return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("retrace: {problem}")));
     }
     let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());
-    meta.name = body.name;
-    meta.labels = body.labels;
+    // Masked as `retrace record --name/--label` masks them (QA27 D1: stored in clear).
+    let mask = |text: &str| app.masker.mask_text(text).0.into_owned();
+    meta.name = body.name.as_deref().map(mask);
+    meta.labels = body.labels.iter().map(|(k, v)| (mask(k), mask(v))).collect();
     // A literal rule's value is the secret itself: the run records its digest.
     meta.masking_rules = app.config.mask_rules.sealed(app.config.mask_key.as_ref());
     meta.mask_key_fingerprint = app.config.mask_key.as_ref().map(|k| k.fingerprint());

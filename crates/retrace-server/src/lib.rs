@@ -99,6 +99,9 @@ pub struct AppState {
     pub default_run: Option<String>,
     /// SDK steps waiting for their program's outcome.
     pub pending: steps::Pending,
+    /// The daemon's own masker, for what it persists or logs outside a run's steps: the names
+    /// and labels of runs created through the API, routes in its warnings.
+    pub masker: retrace_core::mask::Masker,
 }
 
 impl AppState {
@@ -119,6 +122,12 @@ impl AppState {
             ),
             default_run: config.default_run.clone(),
             pending: steps::Pending::default(),
+            masker: retrace_runtime::masking::masker_with(
+                config.mask_rules.clone(),
+                &Default::default(),
+                config.mask_key.as_ref(),
+            )
+            .unwrap_or_else(|_| retrace_core::mask::Masker::empty()),
             config,
         })
     }

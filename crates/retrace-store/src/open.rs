@@ -180,12 +180,18 @@ fn create_folder(dir: &Path) -> StoreResult<()> {
 
 /// Writes a `.gitignore` that ignores everything into `folder`, a store folder this process
 /// just made: the default store (`./.retrace`) sits inside the user's project, and its database
-/// and its `mask.key` (a secret) must not be committed by a `git add -A` (QA23 D2). Best effort:
-/// a store works without it.
+/// and its `mask.key` (a secret) must not be committed by a `git add -A` (QA23 D2). And keeps
+/// the folder to its owner (mode 0700): the database holds the vault's ciphertexts and its audit
+/// log (QA27 S6: world-readable). Best effort: a store works without either.
 fn keep_out_of_git(folder: &Path) {
     let text = "# Retrace's store: its database, blobs and mask.key (a secret) stay out of git.\n\
                 # Commit exported traces instead: retrace export RUN -o tests/traces/NAME.jsonl\n*\n";
     let _ = std::fs::write(folder.join(".gitignore"), text);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700));
+    }
 }
 
 /// Opens the store `config` names, creating its folders, and marks runs whose recorder died as
@@ -299,6 +305,15 @@ mod tests {
     /// (the user's own) gets no file of ours.
     #[test]
     fn a_new_store_folder_keeps_itself_out_of_git() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let tmp = tempfile::tempdir().unwrap();
+            let home = tmp.path().join("private");
+            open_store(&StoreConfig::in_home(&home)).unwrap();
+            let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "a new store folder is its owner's alone");
+        }
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("project").join(".retrace");
         let config = StoreConfig::in_home(&home);

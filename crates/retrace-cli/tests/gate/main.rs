@@ -265,6 +265,19 @@ fn a_changed_program_fails_at_its_first_divergent_step() {
     let report: serde_json::Value = serde_json::from_str(&leaky.stdout()).unwrap();
     let tail = report["traces"][0]["output_tail"].to_string();
     assert!(tail.contains("connecting with rtk_") && !tail.contains(key), "{report:#}");
+    // A secret spanning lines, a PEM private key, is masked whole: its body lines were kept
+    // when each line was masked alone (QA27 D3).
+    let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAqa27PEMbodyxyz0123456789abcdefghijkl\nQA27PEMline2mnopqrstuvwxyz9876543210\n-----END RSA PRIVATE KEY-----";
+    let script =
+        format!("python3 asker.py --variant terse; echo could not sign with key:; printf '%s\\n' '{pem}'");
+    let leaky = bench.retrace(&["gate", "traces", "--json", "--", "sh", "-c", &script], &[]);
+    let report: serde_json::Value = serde_json::from_str(&leaky.stdout()).unwrap();
+    let tail = report["traces"][0]["output_tail"].to_string();
+    assert!(tail.contains("could not sign with key:") && tail.contains("rtk_"), "{report:#}");
+    assert!(
+        !tail.contains("PEMbody") && !tail.contains("PEMline2") && !tail.contains("END RSA"),
+        "{report:#}"
+    );
 
     // A reader that went away (`retrace gate ... 2>&1 | head -1`) doesn't panic the gate (it
     // did: 101) nor pass it: the verdict is still exit 1, whether standard error closed (the

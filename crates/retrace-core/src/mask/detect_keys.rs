@@ -120,15 +120,22 @@ pub(crate) fn find_at(detector: Detector, text: &[u8], at: usize, anchor: usize)
     }
 }
 
-/// The credential after `Bearer ` (12 to 4096 token68 bytes, one a digit).
+/// The longest credential after `Bearer ` masked whole; a longer one has its first 64 KB masked.
+const BEARER_MAX: usize = 1 << 16;
+
+/// The credential after `Bearer ` (12 token68 bytes or more, one a digit). However long: opaque
+/// tokens of several KB exist, and a credential too long to mask was kept in clear (QA27 D5). A
+/// key detector's tail has a ceiling instead (400 bytes for `sk-`): without `Bearer ` before it,
+/// a longer run is far more often base64 data that happens to hold `-sk-` (an embedding), which
+/// masking would change.
 fn bearer(text: &[u8], at: usize, anchor: usize) -> Option<Range<usize>> {
     if !at_boundary(text, at) {
         return None;
     }
     let start = at + anchor + run(text, at + anchor, 16, |b| b == b' ');
-    let len = run(text, start, 4097, token68);
+    let len = run(text, start, BEARER_MAX, token68);
     let credential = &text[start..start + len];
-    if !(12..=4096).contains(&len) || !credential.iter().any(u8::is_ascii_digit) {
+    if len < 12 || !credential.iter().any(u8::is_ascii_digit) {
         return None;
     }
     Some(start..start + len)

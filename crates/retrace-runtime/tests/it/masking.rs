@@ -133,3 +133,39 @@ fn a_replayed_message_reaches_its_receiver_as_the_log_holds_it() {
     r.finish(Outcome::default()).expect("the exchange replays matched");
     assert_eq!(heard, serde_json::json!({"note": format!("use {token}"), "n": 1}));
 }
+
+/// A step's name is masked like its request (QA27 D1: an env var named after a key, a tool
+/// named after a secret were stored in clear, in the event and the tool reference, while the
+/// request blob masked them), and a replay taking the same steps matches them.
+#[test]
+fn step_names_are_stored_masked_and_replay_matched() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let key = MaskKey::from_bytes([7; 32]);
+    let options =
+        || SessionOptions { mask_rules: canary_rules(), mask_key: Some(key.clone()), ..Default::default() };
+    let (var, tool) = (format!("TOKEN_{SECRET}"), format!("lookup {SECRET}"));
+    let program = |s: &Session| {
+        let a = s.agent("ops");
+        a.env(&var).unwrap();
+        a.tool(&tool, &serde_json::json!({}), retrace_runtime::ToolSpec::deterministic("1"), || {
+            Ok::<u8, String>(1)
+        })
+        .unwrap();
+    };
+    let s = Session::record(store.clone(), options()).unwrap();
+    program(&s);
+    s.finish(Outcome::default()).unwrap();
+    let run = s.run_id();
+    let token = key.token("secret", SECRET);
+    let events = store.events(&run, 1, 10).unwrap();
+    assert_eq!(events[0].name.as_deref(), Some(format!("TOKEN_{token}").as_str()));
+    assert_eq!(events[1].name.as_deref(), Some(format!("lookup {token}").as_str()));
+    assert_eq!(events[1].tool.as_ref().map(|t| t.name.clone()), events[1].name.clone());
+    let stored = serde_json::to_string(&events).unwrap();
+    assert!(!stored.contains(SECRET), "{stored}");
+    assert!(store.run(&run).unwrap().holds_tokens);
+
+    let r = Session::replay(store.clone(), &run, options()).unwrap();
+    program(&r);
+    r.finish(Outcome::default()).expect("the same steps replay matched");
+}

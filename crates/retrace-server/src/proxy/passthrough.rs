@@ -35,7 +35,8 @@ pub(crate) async fn other_route(
     body: Body,
 ) -> Response {
     let provider = target.provider;
-    let route = format!("{method} {}", target.path);
+    // Masked as a recorded step's name is: the daemon's standard error is often a kept log (QA27 D6).
+    let route = app.masker.mask_url(&format!("{method} {}", target.path)).0.into_owned();
     let named = Named::read(&headers).ok();
     let run = target.run.or(named.and_then(|n| n.run)).or_else(|| app.default_run.clone());
     let Some(run) = run else {

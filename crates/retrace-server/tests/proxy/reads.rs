@@ -135,3 +135,23 @@ async fn a_blob_path_that_is_not_exactly_a_digest_is_refused() {
     }
     providers.stop().await;
 }
+
+/// A run created through the API has its name and labels masked, as `retrace record --name
+/// --label` has (QA27 D1: stored in clear).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_created_through_the_api_is_named_masked() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let key = retrace_core::mask::MaskKey::from_bytes([3; 32]);
+    let d = daemon(&providers, |c| {
+        c.mask_key = Some(key.clone());
+        c.mask_rules = retrace_core::mask::MaskRules::defaults();
+    })
+    .await;
+    let email = "alice.smith@example-corp.com";
+    let made =
+        d.api("/api/runs", json!({"name": format!("nightly for {email}"), "labels": {"who": email}})).await;
+    let meta = d.store.run(made["run_id"].as_str().unwrap()).unwrap();
+    let token = key.token("email", email);
+    assert_eq!(meta.name, Some(format!("nightly for {token}")));
+    assert_eq!(meta.labels.get("who"), Some(&token));
+}

@@ -170,7 +170,7 @@ fn rerecord(
         upstream_openai: upstreams.openai.clone().or_else(|| recorded_upstream("openai")),
         upstream_anthropic: upstreams.anthropic.clone().or_else(|| recorded_upstream("anthropic")),
         upstream_timeout: 600.0,
-        max_body: 32 << 20,
+        max_body: source.max_body.map_or(32 << 20, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         mask: settings.mask.clone(),
         store_env: vec![
             ("RETRACE_HOME".into(), temp.path().to_string_lossy().into_owned()),
@@ -187,9 +187,8 @@ fn rerecord(
     // Another status is a re-recording that failed (no API key, an upstream down), unless it is
     // 0: a program fixed to succeed, which is what the trace is being re-recorded for (QA12 D10).
     if recorded.exit_status != expected_status && recorded.exit_status != 0 {
-        let output = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = output.lines().rev().take(8).collect();
-        let tail: String = tail.into_iter().rev().map(|l| format!("\n  | {l}")).collect();
+        let tail = super::job::masked_tail(&log, 8, &source, settings);
+        let tail: String = tail.iter().map(|l| format!("\n  | {l}")).collect();
         return Err(usage_hint(
             format!(
                 "the re-recording exited with status {} where the trace recorded {expected_status}; \

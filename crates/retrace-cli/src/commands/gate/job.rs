@@ -261,17 +261,8 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     };
     // The program's last lines go into the JUnit file and --json, which CI keeps as artifacts:
     // masked like anything Retrace writes (QA12 S1).
-    let masker =
-        masking::masker_with(source.masking_rules.clone(), &settings.mask.rules, Some(&settings.mask.key))
-            .or_else(|_| masking::masker(settings.mask.rules.clone(), Some(&settings.mask.key)));
     let result = replay::execute(plan, |_, _| {});
-    out.output_tail = tail(&log, 8)
-        .into_iter()
-        .map(|line| match &masker {
-            Ok(masker) => masker.mask_text(&line).0.into_owned(),
-            Err(_) => line,
-        })
-        .collect();
+    out.output_tail = masked_tail(&log, 8, &source, settings);
     let replayed = result?;
     out.program_seconds = replayed.program_seconds;
     if let Some(signal) = replayed.interrupted {
@@ -453,9 +444,31 @@ fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
 }
 
 /// The last `n` lines of the program's output.
-fn tail(path: &Path, n: usize) -> Vec<String> {
-    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
+/// The last `n` lines of the program's output `path`, masked with the run's rules and this
+/// checkout's. The last 64 KB are masked as one text before they are cut into lines, so a secret
+/// that spans lines (a PEM private key) is found whole (QA27 D3: each line masked alone let a
+/// key's body through).
+pub(super) fn masked_tail(path: &Path, n: usize, source: &RunMeta, settings: &Settings) -> Vec<String> {
+    const WINDOW: u64 = 64 << 10;
+    let mut text = Vec::new();
+    if let Ok(mut file) = std::fs::File::open(path) {
+        use std::io::{Read, Seek, SeekFrom};
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = file.seek(SeekFrom::Start(len.saturating_sub(WINDOW)));
+        let _ = file.take(WINDOW).read_to_end(&mut text);
+    }
+    let text = String::from_utf8_lossy(&text);
+    let masker =
+        masking::masker_with(source.masking_rules.clone(), &settings.mask.rules, Some(&settings.mask.key))
+            .or_else(|_| masking::masker(settings.mask.rules.clone(), Some(&settings.mask.key)));
+    let masked = match &masker {
+        Ok(masker) => masker.mask_text(&text).0,
+        // No masker can be built: nothing of the program's output is shown rather than its raw text.
+        Err(_) => {
+            return vec!["(the program's output is not shown: no masking rules could be built)".to_owned()]
+        }
+    };
+    let lines: Vec<&str> = masked.lines().collect();
     lines[lines.len().saturating_sub(n)..].iter().map(|l| l.to_string()).collect()
 }
 
