@@ -183,6 +183,11 @@ pub struct RunMeta {
     pub finished_at_ms: Option<u64>,
     /// Hash of the run's last event when it finished.
     pub head: Option<Digest>,
+    /// The proxy's request body limit in bytes, when it was not the default (`record
+    /// --max-body`): replays and forks of the run refuse the requests it refused (QA28 D1: a
+    /// replay let them through and diverged). Left out of the JSON when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body: Option<u64>,
 }
 
 /// A decision as it stands at the end of a run, for comparing outcomes.
@@ -221,6 +226,7 @@ impl RunMeta {
             started_at_ms,
             finished_at_ms: None,
             head: None,
+            max_body: None,
         }
     }
 }

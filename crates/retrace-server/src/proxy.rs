@@ -369,6 +369,12 @@ pub(crate) fn runtime_error(app: &AppState, call: &Call, e: &RuntimeError) -> Re
             let msg = format!("retrace proxy: the call could not be recorded, so it was not answered (recording fails closed): {s}");
             error(call.provider, StatusCode::SERVICE_UNAVAILABLE, &msg)
         }
+        // A request no step can be made of (JSON a canonical value can't hold: invalid UTF-8, a
+        // duplicate key, a lone surrogate) is the client's to fix, as a body that doesn't parse:
+        // 400, not the 409 a divergence gets (QA28 D2).
+        RuntimeError::NotCanonical { .. } => {
+            error(call.provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}"))
+        }
         other => error(call.provider, StatusCode::CONFLICT, &format!("retrace proxy: {other}")),
     }
 }

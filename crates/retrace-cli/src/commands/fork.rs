@@ -357,6 +357,7 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     meta.edits = edits.iter().map(ToString::to_string).collect();
     meta.name = source.name.as_ref().map(|n| format!("fork of {n}"));
     meta.chaos_seed = args.chaos;
+    meta.max_body = source.max_body;
     let mask = super::mask_from_env()?;
     super::check_mask_key(&source, &mask.key)?;
     let (rules, added) = retrace_runtime::masking::fork_rules(&source.masking_rules, &mask.rules);
@@ -400,6 +401,8 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
         args.stall_timeout,
     )?;
     config.default_run = Some(id.clone());
+    // The request body limit the source was recorded with: what it refused is refused again.
+    config.max_body = source.max_body.map_or(config.max_body, |n| usize::try_from(n).unwrap_or(usize::MAX));
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = launcher::store_env()?;
     env.extend(daemon.child_env());

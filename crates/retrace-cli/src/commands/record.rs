@@ -63,7 +63,9 @@ pub struct Args {
     /// Seconds an upstream may take to answer, and between two chunks of a stream (more than 0).
     #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::positive_seconds)]
     upstream_timeout: f64,
-    /// Largest model request body the proxy accepts, in bytes (after decoding).
+    /// Largest model request body the proxy accepts, in bytes (after decoding); a larger one
+    /// gets 413 and is not recorded. The run keeps a limit other than the default: its replays
+    /// and forks refuse the same requests.
     #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
     max_body: usize,
     /// At the end, print the run as one line of JSON, the last of standard output:
@@ -241,6 +243,10 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     meta.labels = plan.labels.iter().map(|(k, v)| (mask(k), mask(v))).collect();
     config.default_run = Some(id.clone());
     config.upstream_timeout = std::time::Duration::from_secs_f64(plan.upstream_timeout);
+    // A limit other than the default is the run's: its replays and forks refuse what it refused.
+    if plan.max_body != config.max_body {
+        meta.max_body = Some(plan.max_body as u64);
+    }
     config.max_body = plan.max_body;
     // Without credentials (`user:password@`, a key in the query): the proxy calls the URLs given.
     let stored = |url: &str| retrace_runtime::masking::stored_upstream(url, &masker);

@@ -246,6 +246,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let mut meta = RunMeta::new(id.clone(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());
     meta.name = source.name.clone();
+    meta.max_body = source.max_body;
     meta.command = Some(retrace_core::run::Command {
         argv: launcher::masked_argv(&plan.argv, &masker),
         cwd: launcher::recorded_cwd()?,
@@ -260,6 +261,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     let mut config =
         super::serve::config_masked(nowhere.clone(), nowhere, plan.stall_timeout, plan.mask.clone())?;
     config.default_run = Some(id.clone());
+    // The request body limit the run was recorded with: what it refused is refused again.
+    config.max_body = source.max_body.map_or(config.max_body, |n| usize::try_from(n).unwrap_or(usize::MAX));
     let daemon = Embedded::start(store.clone(), config)?;
     let mut env = plan.store_env.clone();
     env.extend(daemon.child_env());

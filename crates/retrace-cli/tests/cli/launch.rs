@@ -603,3 +603,28 @@ fn a_run_given_by_its_name_is_refused_listing_the_runs_of_that_name() {
     }
     home.run(&["replay", "nosuch"]).expect(2, &[], &["list the runs in this store with `retrace runs`"]);
 }
+
+/// A request over `record --max-body` gets the proxy's 413 and is not recorded; the run keeps
+/// its limit, so its replay refuses the same request the same way instead of diverging on a
+/// step the recording doesn't hold (QA28 D1). Runs no upstream: the 413 comes first.
+#[test]
+fn a_replay_refuses_what_its_recording_refused_as_too_large() {
+    let home = Home::new();
+    let program = "import json, os, urllib.request, urllib.error\n\
+        body = json.dumps({'model': 'gpt-4o', 'messages': [{'role': 'user', 'content': 'x' * 5000}]}).encode()\n\
+        req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', body, {'content-type': 'application/json'})\n\
+        try:\n    urllib.request.urlopen(req); print('answered')\n\
+        except urllib.error.HTTPError as e:\n    print('refused', e.code)\n";
+    let recorded = home.run(&["record", "--json", "--max-body", "1000", "--", "python3", "-c", program]);
+    recorded.expect(0, &["refused 413"], &[]);
+    let run = run_of(&recorded);
+    let meta: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", &run, "--json"]).stdout()).unwrap();
+    assert_eq!(meta["run"]["max_body"], 1000, "{meta}");
+    home.run(&["replay", &run]).expect(0, &["refused 413"], &[]);
+    // A run recorded with the default limit stores none.
+    let plain = home.run(&["record", "--json", "--", "true"]);
+    let meta: serde_json::Value =
+        serde_json::from_str(&home.run(&["show", &run_of(&plain), "--json"]).stdout()).unwrap();
+    assert!(meta["run"].get("max_body").is_none(), "{meta}");
+}

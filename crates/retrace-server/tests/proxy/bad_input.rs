@@ -76,6 +76,16 @@ async fn bad_requests_get_provider_shaped_errors() {
     let malformed =
         d.call_with(&run, "/proxy/openai/v1/chat/completions", b"{\"model\": ".to_vec(), &[]).await;
     own_error(&malformed, 400, "not valid JSON");
+    // So is JSON no step can hold (invalid UTF-8, a duplicate key, a lone surrogate): 400 naming
+    // the step, not the 409 of a divergence (QA28 D2).
+    for body in [
+        &b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9\"}]}"[..],
+        b"{\"model\":\"m\",\"model\":\"m\",\"messages\":[]}",
+        b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\\udcff\"}]}",
+    ] {
+        let refused = d.call_with(&run, "/proxy/openai/v1/chat/completions", body.to_vec(), &[]).await;
+        own_error(&refused, 400, "step model_call openai/v1/chat/completions");
+    }
     let big = chat(&"x".repeat(2000), false);
     own_error(&d.call(&run, "/proxy/openai/v1/chat/completions", &big).await, 413, "limit of 1024 bytes");
     // A compressed body that inflates past the limit is refused too.
