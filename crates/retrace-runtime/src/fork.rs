@@ -315,6 +315,14 @@ impl ForkPlan {
                 )));
             }
             let sender = |e: &Event| e.message.as_ref().and_then(|m| m.from.clone());
+            let timed_out = |e: &Event| e.message.as_ref().is_some_and(|m| m.timed_out);
+            if timed_out(ea) && timed_out(eb) {
+                // Nothing to trade: the fork would be its source (QA29 S1: accepted silently).
+                return Err(ForkError::BadEdit(format!(
+                    "swap:{a},{b}: both are recv timeouts (no message was heard at either), so the swap \
+                     changes nothing; swap a timeout with a delivered message to have it heard sooner or later"
+                )));
+            }
             if let (Some(from), true) = (sender(ea), sender(ea) == sender(eb)) {
                 let sent = |e: &Event| e.causal_parent.map_or_else(|| "?".to_owned(), |s| s.to_string());
                 return Err(ForkError::BadEdit(format!(
@@ -342,11 +350,26 @@ impl ForkPlan {
                 } else {
                     continue;
                 };
+                // Two neighbouring deliveries from two senders always swap: suggest the first
+                // such pair in the range (QA32 D3: the suggestion was itself refused).
+                let queue: Vec<&Event> = (lo..=hi)
+                    .filter_map(&get)
+                    .filter(|e| e.kind == EventType::Deliver && e.agent_id == ea.agent_id)
+                    .collect();
+                let pair = queue.windows(2).find(|w| {
+                    let (x, y) = (sender(w[0]), sender(w[1]));
+                    !(timed_out(w[0]) && timed_out(w[1])) && x != y
+                });
+                let suggestion = match pair {
+                    Some(w) => format!(
+                        "; neighbouring deliveries from two senders can always swap (swap:{},{})",
+                        w[0].seq, w[1].seq
+                    ),
+                    None => String::new(),
+                };
                 return Err(ForkError::BadEdit(format!(
                     "swap:{a},{b}: seq {k} delivers another message from {from}, and one sender's messages \
-                     arrive in the order it sent them: the swap would hear seq {moved}'s message {how} it; \
-                     swap deliveries with no message of either sender between them (swap:{lo},{k} or \
-                     swap:{k},{hi} may be what you mean)"
+                     arrive in the order it sent them: the swap would hear seq {moved}'s message {how} it{suggestion}"
                 )));
             }
             if let Some(send_b) = eb.causal_parent {
@@ -361,6 +384,9 @@ impl ForkPlan {
                     )));
                 }
             }
+        }
+        if self.swaps.len() > 1 {
+            check_composed_swaps(&events, &self.swaps)?;
         }
         for edit in &self.edits {
             match edit {
@@ -483,6 +509,45 @@ fn provider_of(model: &str) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// Swaps that pass one by one can still compose into an order no schedule hears (QA32 D2:
+/// swap:2,4 then swap:4,6 heard x's second message before its first): applied together, as the
+/// fork applies them, each receiver must still hear each sender's messages in the order sent.
+fn check_composed_swaps(events: &[Event], swaps: &[(u64, u64)]) -> Result<(), ForkError> {
+    // Each delivery's position and the message it carries: (sender, send seq).
+    let mut carried: HashMap<u64, Option<(String, u64)>> = events
+        .iter()
+        .filter(|e| e.kind == EventType::Deliver)
+        .map(|e| {
+            let message = e.message.as_ref().filter(|m| !m.timed_out);
+            (e.seq, message.and_then(|m| Some((m.from.clone()?, e.causal_parent?))))
+        })
+        .collect();
+    for &(a, b) in swaps {
+        let (ma, mb) = (carried.remove(&a).flatten(), carried.remove(&b).flatten());
+        carried.insert(a, mb);
+        carried.insert(b, ma);
+    }
+    let mut last: HashMap<(&str, &str), (u64, u64)> = HashMap::new();
+    for e in events.iter().filter(|e| e.kind == EventType::Deliver) {
+        let Some(Some((from, send))) = carried.get(&e.seq) else { continue };
+        if let Some(&(earlier, at)) = last.get(&(e.agent_id.as_str(), from.as_str())) {
+            if earlier > *send {
+                let all: Vec<String> = swaps.iter().map(|(a, b)| format!("swap:{a},{b}")).collect();
+                return Err(ForkError::BadEdit(format!(
+                    "{}: together they have {} hear {from}'s message sent at seq {send} (delivered at {}) \
+                     after the one sent at seq {earlier} (delivered at {at}), and one sender's messages \
+                     arrive in the order it sent them: no schedule hears them so",
+                    all.join(" "),
+                    e.agent_id,
+                    e.seq,
+                )));
+            }
+        }
+        last.insert((e.agent_id.as_str(), from.as_str()), (*send, e.seq));
+    }
+    Ok(())
 }
 
 /// If `from` causally depends on event `target` (following causal parents and each agent's

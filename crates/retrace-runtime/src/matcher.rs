@@ -558,6 +558,15 @@ impl RecordedLog {
         })
     }
 
+    /// The agents of the log loaded so far for which `started` is false, in name order.
+    pub fn agents_not(&self, started: impl Fn(&str) -> bool) -> Vec<String> {
+        self.with(|l| {
+            let mut agents: Vec<String> = l.agents.keys().filter(|a| !started(a)).cloned().collect();
+            agents.sort();
+            agents
+        })
+    }
+
     /// How many recorded seqs no program step consumes (resolutions) have been loaded so far.
     pub fn unconsumable_count(&self) -> usize {
         self.unconsumable.load(Ordering::Acquire)

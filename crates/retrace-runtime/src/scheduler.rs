@@ -496,7 +496,14 @@ fn spawn_watchdog(scheduler: Weak<Scheduler>) {
         }
         if st.holds == 0 && !st.waiters.is_empty() && st.last_progress.elapsed() >= s.config.stall_timeout {
             let why = format!("no step made progress for {:?} (--stall-timeout)", s.config.stall_timeout);
-            let d = stall(&st, &why);
+            let mut d = stall(&st, &why);
+            // A recorded agent this replay never heard from is the likeliest cause: its process
+            // did not start, or ended before its first step (QA29 S3: the report didn't say).
+            for agent in s.log.agents_not(|a| st.phases.contains_key(a)) {
+                d = d.detail(format!(
+                    "agent {agent:?} never started in this replay (recorded, it took steps): did its process start?"
+                ));
+            }
             let d = set_divergence(&mut st, d);
             drop(st);
             s.announce(&d);

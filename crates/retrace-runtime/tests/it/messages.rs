@@ -298,21 +298,29 @@ async fn an_agent_that_panics_has_exited_and_its_waiters_stall_at_once() {
     assert!(d.to_string().contains("its send is seq 1"), "{d}");
 }
 
+/// A stall outside Retrace is declared after the timeout; a recorded agent the replay never
+/// heard from is named in the report, its process may not have started (QA29 S3: the report
+/// named only the waiting agent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_outside_retrace_is_declared_after_the_timeout() {
     let store = store();
     let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
     pipeline(&s, 1).await;
     s.finish(Outcome::default()).unwrap();
-    let options = SessionOptions { stall_timeout: Duration::from_millis(300), ..Default::default() };
-    let r = Session::replay(store, &s.run_id(), options).unwrap();
-    // The planner is alive but blocked elsewhere, forever as far as Retrace can tell.
-    let _planner = r.agent("planner");
-    let reviewer = r.spawn("reviewer", |a| async move { a.recv(None).await });
-    let err = tokio::time::timeout(Duration::from_secs(5), reviewer).await.unwrap().unwrap().unwrap_err();
-    let d = err.divergence().unwrap();
-    assert_eq!(d.code, DivergenceCode::Stall);
-    assert!(d.to_string().contains("stall-timeout"), "{d}");
+    for started in [true, false] {
+        let options = SessionOptions { stall_timeout: Duration::from_millis(300), ..Default::default() };
+        let r = Session::replay(store.clone(), &s.run_id(), options).unwrap();
+        // The planner is alive but blocked elsewhere, forever as far as Retrace can tell; or
+        // it never started.
+        let _planner = started.then(|| r.agent("planner"));
+        let reviewer = r.spawn("reviewer", |a| async move { a.recv(None).await });
+        let err = tokio::time::timeout(Duration::from_secs(5), reviewer).await.unwrap().unwrap().unwrap_err();
+        let d = err.divergence().unwrap();
+        assert_eq!(d.code, DivergenceCode::Stall);
+        assert!(d.to_string().contains("stall-timeout"), "{d}");
+        let named = d.to_string().contains("agent \"planner\" never started in this replay");
+        assert_eq!(named, !started, "{d}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,7 +424,56 @@ async fn a_swap_that_would_pass_a_senders_other_message_is_refused() {
     let said = err.to_string();
     assert!(said.contains(&format!("seq {} delivers another message from", d[1])), "{said}");
     assert!(said.contains("one sender's messages arrive in the order it sent them"), "{said}");
+    // The swap it suggests is one that can be made (QA32 D3: it suggested a refused one).
+    assert!(said.contains(&format!("(swap:{},{})", d[1], d[2])), "{said}");
     assert!(fork(d[1], d[2]).is_ok(), "b2 and a1 are neighbours from two senders");
+}
+
+/// Swaps that each pass can compose into an order no schedule hears: x1 y1 x2, swap x1 with
+/// y1 then y1's place with x2 hears x2 before x1 (QA32 D2: accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swaps_that_compose_into_an_impossible_order_are_refused() {
+    use retrace_core::edit::Edit;
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let (r, x, y) = (s.agent("r"), s.agent("x"), s.agent("y"));
+    x.send("r", "x1", &json!({}), None).await.unwrap();
+    y.send("r", "y1", &json!({}), None).await.unwrap();
+    x.send("r", "x2", &json!({}), None).await.unwrap();
+    for _ in 0..3 {
+        r.recv(Some(Duration::from_secs(5))).await.unwrap().unwrap();
+    }
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let d: Vec<u64> = events.iter().filter(|e| e.kind == EventType::Deliver).map(|e| e.seq).collect();
+    let fork = |swaps: &[(u64, u64)]| {
+        let edits: Vec<Edit> = swaps.iter().map(|(a, b)| format!("swap:{a},{b}").parse().unwrap()).collect();
+        Session::fork_new(store.clone(), &s.run_id(), None, edits, SessionOptions::default())
+    };
+    assert!(fork(&[(d[0], d[1])]).is_ok() && fork(&[(d[1], d[2])]).is_ok(), "each alone");
+    let Err(err) = fork(&[(d[0], d[1]), (d[1], d[2])]) else { panic!("together they reorder x") };
+    let said = err.to_string();
+    assert!(said.contains("together they have r hear x's message"), "{said}");
+}
+
+/// A swap of two recv timeouts trades nothing: refused rather than a fork equal to its source
+/// (QA29 S1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_of_two_timeouts_is_refused() {
+    use retrace_core::edit::Edit;
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let a = s.agent("poller");
+    for _ in 0..2 {
+        assert!(a.recv(Some(Duration::from_millis(10))).await.unwrap().is_none());
+    }
+    s.finish(Outcome::default()).unwrap();
+    let edit: Edit = "swap:1,2".parse().unwrap();
+    let Err(err) = Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], SessionOptions::default())
+    else {
+        panic!("a swap of two timeouts is refused");
+    };
+    assert!(err.to_string().contains("both are recv timeouts"), "{err}");
 }
 
 /// A message to no agent (an empty name) could never be received; an empty env name or
