@@ -55,6 +55,12 @@ impl Embedded {
         ]
     }
 
+    /// The requests its proxy refused for their body (answered, not recorded): how many, and
+    /// the first one's reason.
+    pub fn refused(&self) -> Option<(u64, String)> {
+        self.state.refused.summary()
+    }
+
     /// Whether the daemon hosted a session for `run` (the program called through the proxy).
     pub fn hosts(&self, run: &str) -> bool {
         self.state.host.hosts(run)

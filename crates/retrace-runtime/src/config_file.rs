@@ -23,6 +23,23 @@ pub fn config_dir(dir: &Path) -> PathBuf {
     nearest.map_or_else(|| dir.to_path_buf(), Path::to_path_buf)
 }
 
+/// The price table of the project `dir` is in: the built-in prices, then `[prices]` of its
+/// `retrace.toml` ([`config_dir`]), which add to or override them (QA32 D1: only the demo read
+/// the table; recordings priced every model at its built-in price).
+pub fn prices_in(dir: &Path) -> crate::RuntimeResult<retrace_core::prices::PriceTable> {
+    let mut table = retrace_core::prices::PriceTable::builtin();
+    let path = config_dir(dir).join(CONFIG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => table.merge(
+            retrace_core::prices::PriceTable::parse_toml(&text)
+                .map_err(|e| crate::RuntimeError::Usage(format!("{}: {e}", path.display())))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(crate::RuntimeError::Usage(format!("reading {}: {e}", path.display()))),
+    }
+    Ok(table)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +62,19 @@ mod tests {
         let loose = root.path().join("loose");
         std::fs::create_dir(&loose).unwrap();
         assert_eq!(config_dir(&loose), loose);
+    }
+
+    #[test]
+    fn prices_come_from_the_projects_file_over_the_built_in_ones() {
+        use retrace_core::envelope::Usage;
+        let dir = tempfile::tempdir().unwrap();
+        let million = Usage { input_tokens: 1_000_000, ..Default::default() };
+        assert_eq!(prices_in(dir.path()).unwrap().cost("gpt-4o", &million), Some(2.5), "built-in");
+        std::fs::write(dir.path().join(CONFIG_FILE), "[prices]\n\"gpt-4o\" = { input = 100, output = 1 }\n")
+            .unwrap();
+        assert_eq!(prices_in(dir.path()).unwrap().cost("gpt-4o", &million), Some(100.0), "overridden");
+        std::fs::write(dir.path().join(CONFIG_FILE), "[prices]\n\"x\" = 3\n").unwrap();
+        let err = prices_in(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("retrace.toml") && err.contains("line 2"), "{err}");
     }
 }

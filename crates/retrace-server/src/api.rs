@@ -137,6 +137,11 @@ pub async fn create_run(State(app): State<Arc<AppState>>, headers: HeaderMap, bo
     let mask = |text: &str| app.masker.mask_text(text).0.into_owned();
     meta.name = body.name.as_deref().map(mask);
     meta.labels = body.labels.iter().map(|(k, v)| (mask(k), mask(v))).collect();
+    // A limit other than the default is the run's, as `record --max-body` keeps it: its
+    // replays and forks refuse what it refused (QA32 D4).
+    if app.config.max_body != crate::ServerConfig::default().max_body {
+        meta.max_body = Some(app.config.max_body as u64);
+    }
     // A literal rule's value is the secret itself: the run records its digest.
     meta.masking_rules = app.config.mask_rules.sealed(app.config.mask_key.as_ref());
     meta.mask_key_fingerprint = app.config.mask_key.as_ref().map(|k| k.fingerprint());
@@ -172,6 +177,8 @@ pub async fn replay(
     meta.source_run = Some(source.id.clone());
     meta.name = source.name.clone();
     meta.command = source.command.clone();
+    // What the recording refused as too large, its replay refuses too (QA32 D4).
+    meta.max_body = source.max_body;
     store.create_run(&meta).map_err(refused_write)?;
     // Open the session now, so a bad source is reported here and not at the first call; on
     // behalf of the caller, whom the audit log names if the replay is handed originals.

@@ -47,7 +47,11 @@ pub struct RunHost {
     /// The daemon's own rules: where a run's recorded literal rules (kept as digests) get their
     /// values back.
     mask_rules: retrace_core::mask::MaskRules,
+    /// What its sessions price model tokens at.
+    prices: Arc<retrace_core::prices::PriceTable>,
     runs: Mutex<HashMap<String, Slot>>,
+    /// The request body limit of each hosted run that keeps its own (`RunMeta::max_body`).
+    body_limits: Mutex<HashMap<String, usize>>,
     opening: Mutex<()>,
     /// Proxied calls of each run still being recorded: the run's end waits for them.
     calls: Mutex<HashMap<String, usize>>,
@@ -107,7 +111,9 @@ impl RunHost {
             vault_key,
             autonomy: None,
             mask_rules: retrace_core::mask::MaskRules::default(),
+            prices: Arc::new(retrace_core::prices::PriceTable::builtin()),
             runs: Mutex::new(HashMap::new()),
+            body_limits: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
             calls: Mutex::new(HashMap::new()),
             call_ended: Condvar::new(),
@@ -157,6 +163,12 @@ impl RunHost {
         self
     }
 
+    /// What its sessions price model tokens at (`[prices]` of the daemon's `retrace.toml`).
+    pub fn with_prices(mut self, prices: Arc<retrace_core::prices::PriceTable>) -> RunHost {
+        self.prices = prices;
+        self
+    }
+
     /// The autonomy policy the side effects of recorded runs answer to (SPEC §7: only in
     /// record; the runtime reads no policy in replay or fork).
     pub fn with_autonomy(mut self, governor: Option<Arc<retrace_runtime::autonomy::Governor>>) -> RunHost {
@@ -194,8 +206,17 @@ impl RunHost {
         }
         let meta = self.store.run(run_id).map_err(|_| HostError::UnknownRun(run_id.to_owned()))?;
         let session = self.open(&meta, revealer)?;
+        if let Some(limit) = meta.max_body {
+            self.body_limits.lock().insert(run_id.to_owned(), usize::try_from(limit).unwrap_or(usize::MAX));
+        }
         self.runs.lock().insert(run_id.to_owned(), Slot::Open(session.clone()));
         Ok(session)
+    }
+
+    /// The request body limit `run_id` keeps, once its session is open: the limit it was
+    /// recorded with, when that was not the default; `None`: the daemon's own.
+    pub fn body_limit(&self, run_id: &str) -> Option<usize> {
+        self.body_limits.lock().get(run_id).copied()
     }
 
     fn open(&self, meta: &RunMeta, revealer: Option<Revealer>) -> Result<Session, HostError> {
@@ -208,6 +229,7 @@ impl RunHost {
             vault_key: self.vault_key.clone(),
             autonomy: self.autonomy.clone(),
             revealer,
+            prices: self.prices.clone(),
             ..SessionOptions::default()
         };
         let recording = meta.mode == RunMode::Record && meta.status == RunStatus::Running;

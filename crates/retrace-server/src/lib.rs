@@ -64,6 +64,9 @@ pub struct ServerConfig {
     /// When routine runs expire for `POST /api/gc` (`./retrace.toml`'s `[retention]` for
     /// `retrace serve`).
     pub retention: retrace_store::gc::RetentionConfig,
+    /// What model tokens cost: the built-in prices, and `[prices]` of `retrace.toml` where the
+    /// daemon runs (`record`, `serve`, `fork`).
+    pub prices: Arc<retrace_core::prices::PriceTable>,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +84,7 @@ impl Default for ServerConfig {
             tokens: auth::Tokens::none(),
             autonomy: None,
             retention: retrace_store::gc::RetentionConfig::default(),
+            prices: Arc::new(retrace_core::prices::PriceTable::builtin()),
         }
     }
 }
@@ -102,6 +106,28 @@ pub struct AppState {
     /// The daemon's own masker, for what it persists or logs outside a run's steps: the names
     /// and labels of runs created through the API, routes in its warnings.
     pub masker: retrace_core::mask::Masker,
+    /// Proxied requests refused for their body (too large, not JSON a step can hold).
+    pub refused: Refused,
+}
+
+/// The proxied requests the daemon refused for their body, answered and never recorded: how
+/// many, and the first one's reason.
+#[derive(Debug, Default)]
+pub struct Refused(std::sync::Mutex<(u64, Option<String>)>);
+
+impl Refused {
+    /// Notes one refusal.
+    pub fn note(&self, why: &str) {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        seen.0 += 1;
+        seen.1.get_or_insert_with(|| why.to_owned());
+    }
+
+    /// How many were refused and the first one's reason; `None` when none was.
+    pub fn summary(&self) -> Option<(u64, String)> {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        seen.1.clone().map(|first| (seen.0, first))
+    }
 }
 
 impl AppState {
@@ -112,6 +138,7 @@ impl AppState {
                 RunHost::new(store, config.stall_timeout, config.mask_key.clone(), config.vault_key.clone())
                     .with_autonomy(config.autonomy.clone())
                     .with_mask_rules(config.mask_rules.clone())
+                    .with_prices(config.prices.clone())
                     .with_upstream_timeout(config.upstream_timeout),
             ),
             processes: Arc::default(),
@@ -128,6 +155,7 @@ impl AppState {
                 config.mask_key.as_ref(),
             )
             .unwrap_or_else(|_| retrace_core::mask::Masker::empty()),
+            refused: Refused::default(),
             config,
         })
     }

@@ -207,9 +207,20 @@ async fn handle(
     if let Some(Err(why)) = role.as_deref().map(crate::steps::valid_role) {
         return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: X-Retrace-Role: {why}"));
     }
-    let limit = app.config.max_body;
+    // The run's session first: a run keeps the body limit it was recorded with (QA32 D4).
+    let session = match app.host.session(&run) {
+        Ok(s) => s,
+        Err(e) => return host_error(provider, &e),
+    };
+    // A request refused for its body is answered and not recorded: noted, so `record` can say
+    // why a run holds less than the program asked for (QA28 S4).
+    let refuse = |status: StatusCode, msg: &str| {
+        app.refused.note(msg);
+        error(provider, status, msg)
+    };
+    let limit = app.host.body_limit(&run).unwrap_or(app.config.max_body);
     if header("content-length").and_then(|n| n.parse::<usize>().ok()).is_some_and(|n| n > limit) {
-        return too_large(provider, limit);
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large(limit));
     }
     let raw = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
@@ -218,19 +229,21 @@ async fn handle(
                 .is_some_and(|s| s.to_string().contains("length limit"))
                 || e.to_string().contains("length limit");
             if too_big {
-                return too_large(provider, limit);
+                return refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large(limit));
             }
             let msg = format!("retrace proxy: could not read the request body: {e}");
-            return error(provider, StatusCode::BAD_REQUEST, &msg);
+            return refuse(StatusCode::BAD_REQUEST, &msg);
         }
     };
     let body = match decode::decode_body(raw.to_vec(), header("content-encoding").as_deref(), limit) {
         Ok(b) => b,
-        Err(decode::DecodeError::TooLarge { limit }) => return too_large(provider, limit),
-        Err(e @ decode::DecodeError::Unsupported(_)) => {
-            return error(provider, StatusCode::UNSUPPORTED_MEDIA_TYPE, &format!("retrace proxy: {e}"))
+        Err(decode::DecodeError::TooLarge { limit }) => {
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, &too_large(limit))
         }
-        Err(e) => return error(provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}")),
+        Err(e @ decode::DecodeError::Unsupported(_)) => {
+            return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, &format!("retrace proxy: {e}"))
+        }
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}")),
     };
     let bodiless = body.is_empty() && !model_route;
     let (body, model) = if bodiless {
@@ -245,7 +258,7 @@ async fn handle(
             }
             Err(e) => {
                 let msg = format!("retrace proxy: the request body is not valid JSON: {e}");
-                return error(provider, StatusCode::BAD_REQUEST, &msg);
+                return refuse(StatusCode::BAD_REQUEST, &msg);
             }
         }
     };
@@ -254,10 +267,6 @@ async fn handle(
         None => target.path,
     };
     let call = Call { provider, method, path, bodiless, model_route, run, agent, headers, body, model };
-    let session = match app.host.session(&call.run) {
-        Ok(s) => s,
-        Err(e) => return host_error(provider, &e),
-    };
     if let Some(role) = &role {
         session.set_role(&call.agent, role);
     }
@@ -335,9 +344,8 @@ fn asked_model(body: &[u8]) -> Result<String, serde_json::Error> {
     Ok(value.get("model").and_then(serde_json::Value::as_str).unwrap_or_default().to_owned())
 }
 
-fn too_large(provider: Provider, limit: usize) -> Response {
-    let msg = format!("retrace proxy: the request body is larger than the proxy's limit of {limit} bytes (retrace serve --max-body)");
-    error(provider, StatusCode::PAYLOAD_TOO_LARGE, &msg)
+fn too_large(limit: usize) -> String {
+    format!("retrace proxy: the request body is larger than the proxy's limit of {limit} bytes (--max-body)")
 }
 
 pub(crate) fn host_error(provider: Provider, e: &HostError) -> Response {
@@ -373,7 +381,9 @@ pub(crate) fn runtime_error(app: &AppState, call: &Call, e: &RuntimeError) -> Re
         // duplicate key, a lone surrogate) is the client's to fix, as a body that doesn't parse:
         // 400, not the 409 a divergence gets (QA28 D2).
         RuntimeError::NotCanonical { .. } => {
-            error(call.provider, StatusCode::BAD_REQUEST, &format!("retrace proxy: {e}"))
+            let msg = format!("retrace proxy: {e}");
+            app.refused.note(&msg);
+            error(call.provider, StatusCode::BAD_REQUEST, &msg)
         }
         other => error(call.provider, StatusCode::CONFLICT, &format!("retrace proxy: {other}")),
     }

@@ -144,7 +144,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              {first} --outcome @FILE | --not-executed"
         );
     }
-    if events == 0 && failure.is_none() && status == 0 && meta.status != RunStatus::Failed {
+    if let Some((n, first)) = &recorded.refused {
+        // Answered with the proxy's own error and never recorded (QA28 S4: the run read as a
+        // program that took no step, and the note below blamed base_url).
+        eprintln!(
+            "retrace: note: the recording proxy refused {} of the program, for {}: {} not in the run \
+             (the first: {first})",
+            count(*n, "request"),
+            if *n == 1 { "its body" } else { "their bodies" },
+            if *n == 1 { "it is" } else { "they are" },
+        );
+    }
+    if events == 0
+        && failure.is_none()
+        && status == 0
+        && meta.status != RunStatus::Failed
+        && recorded.refused.is_none()
+    {
         // A program whose client sets its own base_url goes around the proxy: recorded as
         // nothing, its replay would make the live calls again and call that a match. One that
         // failed, or whose steps the store refused, has its own error above, and base_url is
@@ -216,6 +232,9 @@ pub struct Recorded {
     pub meta: Option<RunMeta>,
     /// The program's exit status.
     pub exit_status: i32,
+    /// The requests the proxy refused for their body (not in the recording): how many, and the
+    /// first one's reason.
+    pub refused: Option<(u64, String)>,
 }
 
 /// Records `plan.argv` as a new run: an embedded daemon records its proxied model calls and
@@ -271,9 +290,9 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     }
     let child =
         Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
-    let status = match launcher::run(&child) {
+    let (status, stopped_by) = match launcher::run(&child) {
         // Stopped by the user or not, the program's status is the recording's (SPEC §3).
-        Ok(ended) => ended.status,
+        Ok(ended) => (ended.status, ended.interrupted),
         Err(e) => {
             daemon.stop();
             launcher::discard_unstarted(store.as_ref(), &id)?;
@@ -288,13 +307,14 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
             Err(e) => eprintln!("retrace: finishing run {id}: {e:#}"),
         }
     }
+    let refused = daemon.refused();
     daemon.stop();
     let mut meta = match store.run(&id) {
         Ok(meta) => meta,
         // Finished, then collected by another process at once: the program's status is still
         // the recording's (SPEC §3), and nothing is left to store.
         Err(e) if e.kind == retrace_store::StoreErrorKind::NotFound => {
-            return Ok(Recorded { id, meta: None, exit_status: status });
+            return Ok(Recorded { id, meta: None, exit_status: status, refused });
         }
         Err(e) => return Err(e.into()),
     };
@@ -304,16 +324,28 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     } else if meta.status == RunStatus::Ok && status != 0 {
         meta.status = RunStatus::Failed;
     }
+    // Interrupted while calls the program had left waited for their upstream (below).
+    let wait_interrupted = meta.status == RunStatus::Interrupted;
+    // Stopped by the user (Ctrl-C, SIGTERM) and ended by it: the recording ends where the
+    // program was stopped, which is what `interrupted` says (its replay serves the steps, then
+    // stops at the end of the log); `failed` made its replay run the program on past that point
+    // (QA23 S6). A program that caught the signal and exited 0 finished its run.
+    if let (Some(signal), RunStatus::Failed) = (stopped_by, meta.status) {
+        meta.status = RunStatus::Interrupted;
+        meta.labels
+            .entry("failure".into())
+            .or_insert_with(|| format!("stopped by {signal} before the program ended"));
+    }
     meta.finished_at_ms.get_or_insert(SystemClock.now_ms());
     store.update_run(&meta)?;
-    if let (RunStatus::Interrupted, Some(signal)) = (meta.status, launcher::signals::received()) {
+    if let (true, Some(signal)) = (wait_interrupted, launcher::signals::received()) {
         // Stopped while calls the program had left waited for their upstream: the user stopped
         // Retrace's wait, not the program (which had its own status), so the command ends as
         // one a signal stopped (README: exit 130 or 143).
         let why = meta.labels.get("failure").cloned().unwrap_or_default();
         return Err(crate::exit::interrupted(signal, format!("run {id} stored interrupted: {why}")));
     }
-    Ok(Recorded { id, meta: Some(meta), exit_status: status })
+    Ok(Recorded { id, meta: Some(meta), exit_status: status, refused })
 }
 
 /// SPEC §7: a rule whose replay hands back the original needs the vault to hold originals.

@@ -125,6 +125,13 @@ pub fn config_masked(
 /// nearest above it up to the git top level): for a daemon that records.
 pub fn with_autonomy(mut config: ServerConfig) -> anyhow::Result<ServerConfig> {
     config.autonomy = retrace_runtime::autonomy::from_cwd()?;
+    with_prices(config)
+}
+
+/// `config` with the built-in prices and `[prices]` of `retrace.toml` (found as for
+/// [`with_autonomy`]): for a daemon whose model calls run live (`record`, `serve`, `fork`).
+pub fn with_prices(mut config: ServerConfig) -> anyhow::Result<ServerConfig> {
+    config.prices = std::sync::Arc::new(retrace_runtime::config_file::prices_in(&std::env::current_dir()?)?);
     Ok(config)
 }
 

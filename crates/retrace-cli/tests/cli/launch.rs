@@ -616,7 +616,12 @@ fn a_replay_refuses_what_its_recording_refused_as_too_large() {
         try:\n    urllib.request.urlopen(req); print('answered')\n\
         except urllib.error.HTTPError as e:\n    print('refused', e.code)\n";
     let recorded = home.run(&["record", "--json", "--max-body", "1000", "--", "python3", "-c", program]);
-    recorded.expect(0, &["refused 413"], &[]);
+    recorded.expect(
+        0,
+        &["refused 413"],
+        &["the recording proxy refused 1 request of the program, for its body: it is not in the run"],
+    );
+    assert!(!recorded.stderr().contains("took no step"), "{}", recorded.stderr());
     let run = run_of(&recorded);
     let meta: serde_json::Value =
         serde_json::from_str(&home.run(&["show", &run, "--json"]).stdout()).unwrap();

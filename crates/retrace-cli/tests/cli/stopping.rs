@@ -144,6 +144,24 @@ fn a_replay_stopped_by_sigint_or_sigterm_is_interrupted_not_diverged() {
     assert_eq!(replay_statuses(&home), ["interrupted", "interrupted"]);
 }
 
+/// A recording the user stops (Ctrl-C to its process group) ends where the program stopped:
+/// stored `interrupted`, saying so, not `failed` (QA23 S6), with the child's status.
+#[test]
+fn a_recording_stopped_by_sigint_is_interrupted() {
+    let home = Home::new();
+    let dir = project();
+    let never = dir.path().join("never");
+    let mut recorder = start(&home, dir.path(), &["record", "--", "python3", "waiter.py"], &never);
+    let out = first_step(&mut recorder);
+    killpg(Pid::from_raw(recorder.id() as i32), Signal::SIGINT).unwrap();
+    let ended = Ran(recorder.wait_with_output().unwrap());
+    drop(out);
+    ended.expect(130, &[], &["stopped by SIGINT before the program ended"]);
+    let runs = runs_of(&home);
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].2, "interrupted", "{runs:?}");
+}
+
 #[test]
 fn a_program_that_exits_130_by_itself_is_judged_on_its_status() {
     let home = Home::new();

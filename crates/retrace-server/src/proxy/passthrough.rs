@@ -58,7 +58,7 @@ pub(crate) async fn other_route(
         return error(provider, StatusCode::NOT_FOUND, &msg);
     }
     said_once(&run, &route, provider);
-    let limit = app.config.max_body;
+    let limit = app.host.body_limit(&run).unwrap_or(app.config.max_body);
     let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b.to_vec(),
         Err(e) => {

@@ -545,3 +545,34 @@ async fn the_api_refuses_what_would_break_a_run_or_the_daemon() {
 fn send_no_parent() -> Vec<u8> {
     json!({"to": "b", "body": 0}).to_string().into_bytes()
 }
+
+/// A run created by a daemon with another body limit than the default keeps it, and a replay
+/// of it through a daemon with the default limit refuses what the recording refused, instead
+/// of letting it through to a step the recording doesn't hold (QA32 D4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_keeps_its_body_limit_through_another_daemon() {
+    let providers = Providers::start("127.0.0.1:0").await.unwrap();
+    let (store, _home) = sqlite();
+    let small =
+        daemon_over(store.clone(), providers.openai_url(), providers.anthropic_url(), |c| c.max_body = 1024)
+            .await;
+    let run = small.new_run().await;
+    assert_eq!(store.run(&run).unwrap().max_body, Some(1024));
+    let big = chat(&"x".repeat(2000), false);
+    let path = "/proxy/openai/v1/chat/completions";
+    assert_eq!(small.call(&run, path, &big).await.status, 413);
+    assert_eq!(small.call(&run, path, &chat("small", false)).await.status, 200);
+    small.finish(&run).await;
+    drop(small);
+
+    let default = daemon_over(store.clone(), providers.openai_url(), providers.anthropic_url(), |_| {}).await;
+    let replay = default.replay_of(&run).await;
+    assert_eq!(store.run(&replay).unwrap().max_body, Some(1024));
+    let refused = default.call(&replay, path, &big).await;
+    assert_eq!(refused.status, 413, "{}", refused.text());
+    assert_eq!(default.call(&replay, path, &chat("small", false)).await.status, 200);
+    assert_eq!(default.finish(&replay).await["status"], "ok");
+    // A daemon with the default limit stores none.
+    let plain = default.new_run().await;
+    assert_eq!(store.run(&plain).unwrap().max_body, None);
+}
