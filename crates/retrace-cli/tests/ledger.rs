@@ -366,6 +366,8 @@ fn approve_needs_a_known_id_and_a_reason() {
     assert!(!p.path("home").exists(), "listing made no store");
     let both = p.retrace(&["approve", "ap_nope", "--pending"], &[]);
     assert_eq!(both.status.code(), Some(2), "an id and --pending: {}", text(&both.stderr));
+    let json = p.retrace(&["approve", "ap_nope", "--reason", "x", "--json"], &[]);
+    assert_eq!(json.status.code(), Some(2), "--json without --pending: {}", text(&json.stderr));
     let nowhere = p.retrace(&["approve", "ap_nope", "--reason", "checked"], &[]);
     assert_eq!(nowhere.status.code(), Some(2), "{}", text(&nowhere.stderr));
     assert!(text(&nowhere.stderr).contains("no store at"), "{}", text(&nowhere.stderr));

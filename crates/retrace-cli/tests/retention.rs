@@ -130,6 +130,9 @@ fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
     // The reason is masked like anything persisted (QA12 D3).
     let logged = log[7]["reason"].as_str().unwrap();
     assert!(logged.starts_with("INC-42: which customer? rtk_email_"), "{log}");
+    // Masking the reason made no mask key where the store had none (QA27 S3: a later replay
+    // then named the new key as this machine's).
+    assert!(!home.dir.path().join("mask.key").exists(), "no mask.key was generated");
     // The log says what the user was told: a malformed token is "not a token", not unknown.
     // By its length only: it is often the original, pasted instead of its token (QA12 D3).
     for (entry, malformed) in [(&log[4], "rtk_email_nope"), (&log[5], "hello")] {

@@ -113,7 +113,10 @@ impl Serialize for Tokens {
         s.serialize_field("steps", &self.steps)?;
         s.serialize_field("input_tokens", &self.input_tokens)?;
         s.serialize_field("output_tokens", &self.output_tokens)?;
-        s.serialize_field("cost_usd", &self.cost_usd.or((self.steps == 0).then_some(0.0)))?;
+        // To a millionth of a cent, as each event's cost is: a sum shows no binary noise
+        // (QA32 S3: 0.014156000000000002).
+        let cost = self.cost_usd.map(|c| (c * 1e8).round() / 1e8);
+        s.serialize_field("cost_usd", &cost.or((self.steps == 0).then_some(0.0)))?;
         s.serialize_field("cache_read_tokens", &self.cache_read_tokens)?;
         s.serialize_field("cache_write_tokens", &self.cache_write_tokens)?;
         s.end()
@@ -511,5 +514,9 @@ mod tests {
         assert_eq!(json(&tokens), serde_json::Value::Null);
         tokens.add(&Usage { input_tokens: 1, output_tokens: 1, cost_usd: Some(0.5), ..Default::default() });
         assert_eq!(json(&tokens), serde_json::json!(0.5));
+        for cost in [0.004125, 0.009631] {
+            tokens.add(&Usage { cost_usd: Some(cost), ..Default::default() });
+        }
+        assert_eq!(json(&tokens), serde_json::json!(0.513756), "no binary noise in a sum");
     }
 }

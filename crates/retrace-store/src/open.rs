@@ -208,6 +208,22 @@ pub fn open_store(config: &StoreConfig) -> StoreResult<Arc<dyn Store>> {
                 }
             }
             create_folder(&config.blobs_dir)?;
+            // A database file (or its WAL) this process can't write, in a folder it can: said
+            // now, naming the file, not as SQLite's bare "attempt to write a readonly database"
+            // at the first write (QA31 D2).
+            // (A folder it can't write is said when the store opens, as before.)
+            let folder_writable = path.exists()
+                && path.parent().is_some_and(|f| {
+                    tempfile::tempfile_in(if f.as_os_str().is_empty() { Path::new(".") } else { f }).is_ok()
+                });
+            if folder_writable {
+                if let Some(why) = unwritable_file(path) {
+                    return Err(StoreError::io(format!(
+                        "the store can't be written: {why}; this command writes to it (make it \
+                         writable, or copy the folder and point RETRACE_HOME at the copy)"
+                    )));
+                }
+            }
             Arc::new(SqliteStore::open(path, &config.blobs_dir, config.durability, config.busy_timeout_ms)?)
         }
     };
@@ -233,9 +249,14 @@ pub fn why_read_only(config: &StoreConfig) -> Option<String> {
     if let Err(why) = tempfile::tempfile_in(folder) {
         return Some(format!("its folder {} is not writable: {why}", folder.display()));
     }
+    unwritable_file(path)
+}
+
+/// Why the database file `path` or its WAL can't be written, if it can't (a file not there can).
+fn unwritable_file(path: &Path) -> Option<String> {
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
-    for file in [path.as_path(), Path::new(&wal)] {
+    for file in [path, Path::new(&wal)] {
         match std::fs::OpenOptions::new().write(true).open(file) {
             Err(why) if why.kind() != std::io::ErrorKind::NotFound => {
                 return Some(format!("{} is not writable: {why}", file.display()));

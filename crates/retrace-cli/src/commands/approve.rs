@@ -64,6 +64,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.pending {
         return pending(args.json);
     }
+    if args.json {
+        // Deciding prints one line to standard error; nothing to print as JSON (QA32 S1).
+        return Err(usage("--json lists the held calls: use it with --pending"));
+    }
     let (Some(id), Some(reason)) = (args.id, args.reason) else {
         unreachable!("clap requires an id and a reason without --pending")
     };
@@ -133,7 +137,7 @@ fn decide(id: &str, reason: &str, refuse: bool) -> anyhow::Result<()> {
     let store = existing_store_from_env()?;
     // The reason is persisted (the approvals table, then the run's event): masked first, like
     // anything persisted (QA27 D2: it was stored in clear in the table).
-    let mask = super::mask_from_env()?;
+    let mask = super::mask_without_new_key()?;
     let masker = retrace_runtime::masking::masker(mask.rules, Some(&mask.key))?;
     let decision = ApprovalDecision {
         approved: !refuse,

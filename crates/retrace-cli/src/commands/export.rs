@@ -107,6 +107,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(ExportError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             return Err(crate::exit::CutShort.into())
         }
+        // Named: a full disk said only "No space left on device" (QA31 D1); nothing was written.
+        Err(ExportError::Io(e)) if output.is_some() => {
+            let path = output.expect("matched").display();
+            return Err(crate::exit::usage(format!("writing {path}: {e}; nothing was written there")));
+        }
         Err(e) => return Err(failure(e.exit_code(), &e)),
     };
     if let Some(path) = output {

@@ -242,7 +242,15 @@ fn as_recorded_responses(store: &dyn Store, source: &str, edits: &[Edit]) -> any
                  --json` shows its output), not a plain body"
             )));
         }
-        let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+        // The source response's headers (its request id, rate-limit headers: what a program may
+        // log or read), but for those that describe the old body (QA28 S2: only content-type).
+        let describes_body = |name: &str| {
+            ["content-type", "content-length", "content-encoding", "transfer-encoding", "etag"]
+                .iter()
+                .any(|h| name.eq_ignore_ascii_case(h))
+        };
+        let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+        headers.extend(doc.headers.iter().filter(|(name, _)| !describes_body(name)).cloned());
         let wrapped = Recorded { status: 200, headers, body: RecordedBody::Whole(given.into()) };
         let digest = store.put_blob(&wrapped.encode(), BlobHint::Raw)?;
         out.push(Edit::ModelOutput { seq: *seq, content: Content::Blob(digest) });
@@ -395,11 +403,11 @@ fn fork_one(store: &Arc<dyn Store>, run: &str, edits: &[Edit], args: &Args) -> a
     let upstream = |flag: &Option<String>, provider: &str| {
         flag.clone().or_else(|| source.upstreams.get(provider).cloned())
     };
-    let mut config = super::serve::config(
+    let mut config = super::serve::with_prices(super::serve::config(
         upstream(&args.upstream_openai, "openai"),
         upstream(&args.upstream_anthropic, "anthropic"),
         args.stall_timeout,
-    )?;
+    )?)?;
     config.default_run = Some(id.clone());
     // The request body limit the source was recorded with: what it refused is refused again.
     config.max_body = source.max_body.map_or(config.max_body, |n| usize::try_from(n).unwrap_or(usize::MAX));
@@ -503,6 +511,54 @@ fn stopped(fork: &RunMeta, d: Option<&retrace_core::Divergence>) -> String {
     }
 }
 
+/// The decisions that moved, one line each; one decision that moved to another target reads as
+/// one line (QA29 S4: two, keyed by target, `a on a2: (none) -> first` and `a on b1: first ->
+/// (none)`).
+fn decision_lines(moved: &[retrace_store::diff::MovedDecision]) -> Vec<String> {
+    let target = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".into());
+    let action = |m: &retrace_store::diff::MovedDecision| m.a.clone().or_else(|| m.b.clone());
+    let mut paired = vec![false; moved.len()];
+    let mut lines = Vec::new();
+    for (i, m) in moved.iter().enumerate() {
+        if paired[i] {
+            continue;
+        }
+        // Taken on one target in the source and on another in the fork: the same action.
+        let partner = (m.a.is_some() != m.b.is_some())
+            .then(|| {
+                (i + 1..moved.len()).find(|&j| {
+                    let n = &moved[j];
+                    !paired[j]
+                        && n.agent == m.agent
+                        && n.a.is_some() == m.b.is_some()
+                        && n.b.is_some() == m.a.is_some()
+                        && action(n) == action(m)
+                })
+            })
+            .flatten();
+        if let Some(j) = partner {
+            paired[j] = true;
+            let (from, to) = if m.a.is_some() { (m, &moved[j]) } else { (&moved[j], m) };
+            let act = action(m).unwrap_or_default();
+            lines.push(format!(
+                "{}: {act} on {} -> {act} on {}",
+                m.agent,
+                target(&from.target),
+                target(&to.target)
+            ));
+            continue;
+        }
+        lines.push(format!(
+            "{} on {}: {} -> {}",
+            m.agent,
+            target(&m.target),
+            m.a.as_deref().unwrap_or("(none)"),
+            m.b.as_deref().unwrap_or("(none)")
+        ));
+    }
+    lines
+}
+
 /// A fork's exit status as the reports print it.
 fn exit_text(fork: &RunMeta) -> String {
     fork.exit_status.map_or("unknown".to_owned(), |s| s.to_string())
@@ -519,14 +575,8 @@ fn summary(d: &RunDiff) -> String {
         d.counts.only_in_a,
         d.counts.only_in_b
     );
-    for m in &d.decisions {
-        out.push_str(&format!(
-            "  decision moved: {} on {}: {} -> {}\n",
-            m.agent,
-            m.target.as_deref().unwrap_or("-"),
-            m.a.as_deref().unwrap_or("(none)"),
-            m.b.as_deref().unwrap_or("(none)")
-        ));
+    for line in decision_lines(&d.decisions) {
+        out.push_str(&format!("  decision moved: {line}\n"));
     }
     out.push_str(&format!(
         "  tokens: source {} in / {} out; fork {} in / {} out live",
@@ -538,4 +588,31 @@ fn summary(d: &RunDiff) -> String {
     out.push('\n');
     out.push_str(&format!("  details: retrace diff {} {}\n", d.a.id, d.b.id));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use retrace_store::diff::MovedDecision;
+
+    use super::*;
+
+    #[test]
+    fn a_decision_that_moved_to_another_target_is_one_line() {
+        let moved = |target: &str, a: Option<&str>, b: Option<&str>| MovedDecision {
+            agent: "a".into(),
+            target: Some(target.into()),
+            a: a.map(Into::into),
+            b: b.map(Into::into),
+        };
+        let lines = decision_lines(&[
+            moved("a2", None, Some("first")),
+            moved("b1", Some("first"), None),
+            moved("x", Some("approve"), Some("reject")),
+            moved("y", Some("ship"), None),
+        ]);
+        assert_eq!(
+            lines,
+            ["a: first on b1 -> first on a2", "a on x: approve -> reject", "a on y: ship -> (none)"]
+        );
+    }
 }

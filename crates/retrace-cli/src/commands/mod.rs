@@ -232,6 +232,16 @@ pub fn mask_from_env() -> anyhow::Result<MaskSetup> {
     Ok(MaskSetup { key: resolved.key, rules: masking::rules_from_cwd()? })
 }
 
+/// [`MaskSetup`] for masking what a command only writes down (a reveal's or an approval's
+/// reason): the store's key when it has one, else a key of this process alone, none written
+/// (QA27 S3: `vault reveal` made a new `mask.key` in a store whose key was lost, which `replay`
+/// then named as this machine's key).
+pub fn mask_without_new_key() -> anyhow::Result<MaskSetup> {
+    use retrace_runtime::masking;
+    let key = masking::existing_key(&StoreConfig::from_env()?)?.unwrap_or_else(masking::ephemeral_key);
+    Ok(MaskSetup { key, rules: masking::rules_from_cwd()? })
+}
+
 /// [`MaskSetup`] for re-executing `source` (`replay`, `fork`): as [`mask_from_env`], except that
 /// a store with no mask key yet is not given one when `source` (or a run it forks from) holds
 /// tokens: a key generated now could never match them. Refused as `gate` refuses it, naming the

@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(seq) = args.seq {
         return event::show(&*store, &meta, seq, args.json, args.full);
     }
-    let (mut agents, marks) = agents(&*store, &meta.id)?;
+    let (mut agents, marks) = agents(&*store, &meta)?;
     let mut lanes: Vec<Lane> = match &args.agent {
         None => agents,
         Some(name) => match agents.iter().position(|lane| &lane.agent == name) {
@@ -125,12 +125,16 @@ type Marks = std::collections::HashMap<u64, String>;
 
 /// The agents in order of their first event, each with the width its lane's longest cell needs,
 /// and the proxied calls' marks.
-fn agents(store: &dyn Store, run: &str) -> anyhow::Result<(Vec<Lane>, Marks)> {
+fn agents(store: &dyn Store, meta: &RunMeta) -> anyhow::Result<(Vec<Lane>, Marks)> {
     let mut lanes: Vec<Lane> = Vec::new();
     let mut marks = Marks::new();
-    for_each_event(store, run, |e| {
+    for_each_event(store, &meta.id, |e| {
         let mut text = cell(e);
-        if let Some(mark) = http_outcome(store, e) {
+        let mut mark = http_outcome(store, e).unwrap_or_default();
+        if edit_of(meta, e).is_some() {
+            mark.push_str(" [edited]");
+        }
+        if !mark.is_empty() {
             text.push_str(&mark);
             marks.insert(e.seq, mark);
         }
@@ -271,6 +275,21 @@ fn http_outcome(store: &dyn Store, e: &Event) -> Option<String> {
         marks.push_str(" [client left]");
     }
     (!marks.is_empty()).then_some(marks)
+}
+
+/// The edit of a fork (`tool-output:5=@out.json`) that gave `e` its output or message instead of
+/// the source's: its `source` says `recorded`, as a step served from the log (QA25 D5), so the
+/// timeline and `show --seq` say it was edited.
+pub(crate) fn edit_of<'a>(meta: &'a RunMeta, e: &Event) -> Option<&'a str> {
+    let origin = e.origin_seq.filter(|_| e.run_id == meta.id && e.source == Source::Recorded)?;
+    meta.edits.iter().map(String::as_str).find(|text| {
+        matches!(
+            text.parse::<retrace_core::edit::Edit>(),
+            Ok(edit @ (retrace_core::edit::Edit::ToolOutput { .. }
+                | retrace_core::edit::Edit::ModelOutput { .. }
+                | retrace_core::edit::Edit::Message { .. })) if edit.seqs() == [origin]
+        )
+    })
 }
 
 /// What an event's lane shows: its label, as `retrace diff` names the step too

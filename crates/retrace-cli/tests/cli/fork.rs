@@ -52,8 +52,25 @@ fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
         .stderr()
         .lines()
         .find_map(|l| l.split(" as ").nth(1))
-        .map(|r| r.split(':').next().unwrap().to_owned());
-    home.run(&["replay", &fork.unwrap()]).expect(0, &["edited by hand"], &["ok"]);
+        .map(|r| r.split(':').next().unwrap().to_owned())
+        .unwrap();
+    home.run(&["replay", &fork]).expect(0, &["edited by hand"], &["ok"]);
+    // The edited step is served as `recorded`: show says whose output it is (QA25 D5).
+    home.run(&["show", &fork]).expect(0, &["[edited]"], &[]);
+    home.run(&["show", &fork, "--seq", "1"]).expect(
+        0,
+        &["edited", "its output is the edit's, not the source's: model-output:1=@sha256:"],
+        &[],
+    );
+    // The edited response keeps the source's headers but those of its old body (QA28 S2: only
+    // content-type, so a program reading its request id got none).
+    let headers = |run: &str| {
+        let shown = home.run(&["show", run, "--seq", "1", "--json"]).expect(0, &[], &[]).json();
+        shown["output"]["json"]["headers"].to_string()
+    };
+    let (source, edited) = (headers(&run), headers(&fork));
+    assert!(source.contains("x-request-id") && edited.contains("x-request-id"), "{source}\n{edited}");
+    assert!(!edited.contains("content-length"), "{edited}");
 
     // A streamed answer can't be replaced by a plain body: said before anything runs.
     let streamed = record(&["stream"]);
@@ -80,6 +97,28 @@ fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
         let bytes = std::fs::read(home.file(file)).unwrap_or_default();
         assert!(!bytes.windows(15).any(|w| w == b"ada@example.com"), "{file} holds the email");
     }
+    // `[prices]` of the project's retrace.toml prices the recording's model calls, over the
+    // built-in table (QA32 D1: only the demo read it).
+    std::fs::write(home.file("retrace.toml"), "[prices]\n\"gpt-sim\" = { input = 1000000, output = 0 }\n")
+        .unwrap();
+    let priced = Ran(home
+        .command(&[
+            "record",
+            "--json",
+            "--upstream-openai",
+            &upstream,
+            "--",
+            "python3",
+            program.to_str().unwrap(),
+        ])
+        .current_dir(home.dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap());
+    priced.expect(0, &[], &[]);
+    let shown = home.run(&["show", &run_of(&priced), "--json"]).expect(0, &[], &[]).json();
+    let usage = &shown["events"][0]["usage"];
+    assert_eq!(usage["cost_usd"].as_f64(), usage["input_tokens"].as_f64(), "a dollar a token: {shown}");
     runtime.block_on(providers.stop());
 }
 

@@ -281,6 +281,22 @@ fn opening_an_older_store_says_it_upgraded_it_once() {
 /// is not writable and what to do, not SQLite's "unable to open database file". Made read-only
 /// with `chattr +i`, which holds even for root; skipped where the file system or the user can't
 /// set it.
+/// A database file that can't be written in a folder that can: a command that writes names the
+/// file (QA31 D2: SQLite's bare "attempt to write a readonly database"). Skipped as above.
+#[test]
+fn a_database_file_that_cant_be_written_is_named() {
+    let home = Home::with(&conversation(RUN, 2));
+    let db = home.file("retrace.db");
+    let set = Command::new("chattr").arg("+i").arg(&db).stderr(Stdio::null()).status();
+    if !set.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: chattr +i is not available here");
+        return;
+    }
+    let ran = home.run(&["record", "--", "true"]);
+    let _ = Command::new("chattr").arg("-i").arg(&db).status();
+    ran.expect(2, &[], &["the store can't be written", &format!("{} is not writable", db.display())]);
+}
+
 #[test]
 fn a_store_in_a_folder_that_cant_be_written_is_read_as_it_is() {
     struct Immutable<'a>(&'a Path);

@@ -83,6 +83,9 @@ pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool, full: bool)
             writeln!(out, "  {name:<16}{text}")?;
         }
     }
+    if let Some(edit) = super::edit_of(meta, &event) {
+        writeln!(out, "  {:<16}its output is the edit's, not the source's: {}", "edited", one_line(edit))?;
+    }
     let limit = if full { usize::MAX } else { SHOWN };
     for (title, blob) in [("request", request), ("output", output)] {
         let Some(blob) = blob else { continue };
