@@ -37,7 +37,16 @@ pub async fn middleware(request: Request, next: Next) -> Response {
             let message = format!("retrace: {path} does not take {method}; it takes {allowed}");
             ("method_not_allowed", message)
         }
-        StatusCode::PAYLOAD_TOO_LARGE => ("too_large", format!("retrace: {}", or_status(&text, status))),
+        // axum's "Failed to buffer the request body: length limit exceeded" names neither the
+        // step nor the limit (QA34 D4).
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "too_large",
+            format!(
+                "retrace: {path}: the request body is larger than this daemon accepts (--max-body, 32 MiB \
+                 by default): {}",
+                or_status(&text, status)
+            ),
+        ),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => {
             ("bad_content_type", format!("retrace: {}", or_status(&text, status)))
         }

@@ -10,7 +10,7 @@ daemon's proxy with the official clients (:meth:`Agent.openai`, :meth:`Agent.ant
     import retrace
     run = retrace.connect()
     planner = run.agent("planner", role="planner")
-    rows = planner.tool("sql.query", {"q": "select 1"}, lambda: db.query("select 1"))
+    rows = planner.tool("sql.query", {"q": "select 1"}, lambda: [{"one": 1}])  # your query here
     planner.decide("approve", target="step:backfill")
     run.finish()
 

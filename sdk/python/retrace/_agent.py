@@ -61,6 +61,19 @@ def _str(value: Any, what: str) -> None:
         raise RetraceError(0, "usage", f"{what} must be a str, got {type(value).__name__} {shown}")
 
 
+def _opt_str(value: Any, what: str) -> None:
+    """[`_str`] for an argument that may be None."""
+    if value is not None:
+        _str(value, what)
+
+
+def _parent(parent: Any, what: str) -> None:
+    """A message's ``parent``: None, or the seq of an event (a whole number of 1 or more)."""
+    if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int) or parent < 1):
+        raise RetraceError(0, "usage", f"{what}: parent={parent!r}; want the seq of the event that caused "
+                                       f"the message (a whole number of 1 or more), or None")
+
+
 def _timeout(timeout: Any, what: str) -> Optional[float]:
     """A ``recv`` timeout in seconds: None (or an infinity) waits as long as it takes; anything
     but a number of 0 or more is refused before it is sent (``usage``)."""
@@ -193,11 +206,18 @@ class Agent:
     def _step_flow(self, kind: str, name: str, request: Any, fn: Callable[[], Any], tool: Optional[dict] = None,
                    dry_run: Optional[Callable[[Any], Any]] = None, inline: bool = False) -> _Flow:
         _str(name, f"{'tool' if kind == 'tool_call' else kind} of agent {self.id!r}: its name")
+        # A step named by nothing says nothing in the log (QA34 S5: a tool's empty name passed).
+        _named(name, f"{'tool' if kind == 'tool_call' else kind} of agent {self.id!r}: its name")
         if self.run.mode == "off":  # no Retrace: the function's own result, or its own exception
             value, error = yield _Run(fn, inline)
             return value if error is None else _Raise(error)
         what = f"{'tool' if kind == 'tool_call' else kind} {name!r} of agent {self.id!r}"
         _text(name, f"{what}: its name holds")
+        if self.run._owned and self.run._finished:
+            # The daemon would refuse the step only after its function ran (QA34 D2: a paid call
+            # made, then thrown away): refused first, as a new agent's claim would be.
+            raise RetraceError(0, "run_finished", f"{what}: run {self.run.id} was ended by run.finish(); "
+                                                  "it takes no more steps")
         body: dict = {"type": kind, "name": name, "request": request}
         if tool is not None:
             body["tool"] = tool
@@ -330,6 +350,7 @@ class Agent:
     def _send_flow(self, to: str, body: Any, kind: str, parent: Optional[int]) -> _Flow:
         _str(to, f"send() of agent {self.id!r}: the recipient (to)")
         _str(kind, f"send() of agent {self.id!r}: the message's kind")
+        _parent(parent, f"send() of agent {self.id!r}")
         _named(to, f"send() of agent {self.id!r}: the recipient's name (no agent can be named so)")
         if self.run.mode == "off":
             return self.run._bus.post(self.id, to, body, kind, parent)
@@ -345,6 +366,8 @@ class Agent:
         return _message((yield _Post("recv", {"timeout_s": timeout}))["message"])
 
     def _decide_flow(self, action: str, target: Optional[str]) -> _Flow:
+        _str(action, f"decide() of agent {self.id!r}: the action")
+        _opt_str(target, f"decide() of agent {self.id!r}: the target")
         _named(action, f"decide() of agent {self.id!r}: the action")
         if self.run.mode != "off":  # without Retrace a decision is the program's own business
             what = f"decision {action!r} of agent {self.id!r}"

@@ -96,8 +96,18 @@ def failure_text(error: BaseException) -> str:
     message: ``ValueError: bad input``, ``billing.QuotaError: over quota``."""
     cls = type(error)
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        message = str(error)
+        if not isinstance(message, str):
+            raise TypeError("__str__ returned a non-str")
+    except Exception:  # noqa: BLE001 - a broken __str__ is the program's; the failure is still recorded
+        # (QA34 D1: it escaped the SDK, nothing was recorded and the program got an AttributeError).
+        try:
+            message = f"(its message can't be read) {object.__repr__(error)} args={error.args!r}"
+        except Exception:  # noqa: BLE001
+            message = "(its message can't be read)"
     # As text JSON can hold: a lone surrogate (from undecodable bytes) escaped.
-    return f"{name}: {error}".encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{name}: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _AS: dict = {}  # recorded exception class -> its StepError twin

@@ -104,6 +104,9 @@ class Http:
         data = None if body is None else json.dumps(body, allow_nan=False).encode()
         headers = _headers(self.token)
         for attempt in (0, 1):
+            # Sent again only on a kept-alive connection the daemon had closed meanwhile: on a new
+            # one, a failure may come after the daemon applied the request (QA34 S7).
+            reused = getattr(self.local, "conn", None) is not None
             conn = self._conn()
             try:
                 conn.request(method, path, body=data, headers=headers)
@@ -113,7 +116,9 @@ class Http:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 self.local.conn = None
-                if attempt:
+                if data is not None and len(data) >= _LARGE and isinstance(e, (BrokenPipeError, ConnectionResetError)):
+                    raise too_large(len(data)) from e
+                if attempt or not reused:
                     raise unreachable(self.url, e) from e
         return answer(response.status, raw)
 
@@ -130,6 +135,17 @@ def unreachable(url: str, cause: BaseException) -> RetraceError:
     catches, not the socket's own."""
     return RetraceError(0, "no_daemon", f"the Retrace daemon at {url} can't be reached ({type(cause).__name__}: "
                         f"{cause}): it has stopped, or RETRACE_URL names the wrong address")
+
+
+_LARGE = 1 << 20  # a request this large that the daemon cut off while it was sent was too large
+
+
+def too_large(size: int) -> RetraceError:
+    """The error for a request the daemon stopped reading while it was sent: larger than its body
+    limit (QA34 D4: said as "the daemon has stopped")."""
+    return RetraceError(413, "too_large", f"the daemon closed the connection while this {size}-byte step was "
+                        "sent: it is larger than the daemon accepts (its --max-body, 32 MiB by default); "
+                        "keep large payloads out of steps (store them, and pass a reference)")
 
 
 class _Stale(Exception):
@@ -170,6 +186,8 @@ class AsyncHttp:
                 continue
             except (OSError, asyncio.IncompleteReadError) as e:  # the daemon went away mid-answer
                 writer.close()
+                if len(data) >= _LARGE and isinstance(e, (BrokenPipeError, ConnectionResetError)):
+                    raise too_large(len(data)) from e
                 raise unreachable(url, e) from e
             except BaseException:  # an error or a cancellation mid-answer: the stream is unusable
                 writer.close()

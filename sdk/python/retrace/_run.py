@@ -7,6 +7,7 @@ import functools
 import os
 import secrets
 import sys
+import unicodedata
 from typing import Any, Optional
 
 from . import _off
@@ -61,6 +62,8 @@ def connect(url: Optional[str] = None, run: Optional[str] = None, name: Optional
     mode = _mode(run or os.environ.get("RETRACE_RUN"))
     if mode == "off":
         return Run(None, f"off-{secrets.token_hex(8)}", "off", owned=False)
+    if name is not None:
+        _agent_str(name, "connect(name=...): the run's name")
     _text(name, f"connect(name={name!r}): the run's name holds")
     launched = os.environ.get("RETRACE_RUN") and os.environ.get("RETRACE_URL")
     if launched and not run and url and url.rstrip("/") != os.environ["RETRACE_URL"].rstrip("/"):
@@ -137,9 +140,17 @@ class Run:
     def agent(self, agent_id: str, role: Optional[str] = None, prompt_template: Optional[str] = None) -> "Agent":
         """The agent ``agent_id`` of this run. ``role`` is recorded on each of its events from
         now on, its model calls through ``openai()`` / ``anthropic()`` included."""
+        _agent_str(agent_id, "run.agent(): the agent id")
+        if role is not None:
+            _agent_str(role, f"agent {agent_id!r}: its role")
         if self.mode != "off":  # both go to the daemon: its name in the route of each of its steps
             _text(agent_id, f"agent {agent_id!r}: its name holds")
             _text(role, f"agent {agent_id!r}: its role holds")
+            # Refused here as the daemon refuses them, so an agent it would refuse is never
+            # registered, and finish() doesn't owe it an exit (QA34 D3).
+            _checked_name(agent_id, "the agent id", 256)
+            if role is not None:
+                _checked_name(role, f"agent {agent_id!r}: its role", 128)
         new = agent_id not in self._agents
         if new:
             self._agents[agent_id] = Agent(self, agent_id, None, prompt_template)
@@ -187,13 +198,16 @@ class Run:
         ``finish`` says every agent is done and ends the run even when one of them can't be told
         so (a divergence found at its exit, say); the first such error is raised afterwards, else
         the divergence the run ended with."""
+        _exit_status(exit_status)
         failed = None
         self._ending()
         for a in self._agents.values():
             try:
                 a.exit()
             except RetraceError as e:
-                failed = failed or e
+                # Another process's agent (its steps here were refused): not this one's to end.
+                if e.code != "agent_owned":
+                    failed = failed or e
         done = {"run_id": self.id}
         if self._owned:
             done = self._http.call("POST", f"/api/runs/{_segment(self.id)}/finish", {"exit_status": exit_status})
@@ -206,6 +220,7 @@ class Run:
         if self._http is None:
             return self.finish(exit_status)
         aio = self._http.aio
+        _exit_status(exit_status)
         self._ending()
         try:
             failed = None
@@ -213,7 +228,8 @@ class Run:
                 try:
                     await a.aexit()
                 except RetraceError as e:
-                    failed = failed or e
+                    if e.code != "agent_owned":
+                        failed = failed or e
             done = {"run_id": self.id}
             if self._owned:
                 done = await aio.call("POST", f"/api/runs/{_segment(self.id)}/finish", {"exit_status": exit_status})
@@ -222,6 +238,30 @@ class Run:
             return _ended(done)
         finally:
             await aio.aclose()
+
+
+def _agent_str(value: Any, what: str) -> None:
+    if not isinstance(value, str):
+        raise RetraceError(0, "usage", f"{what} must be a str, got {type(value).__name__} {value!r:.60}")
+
+
+def _checked_name(name: str, what: str, most: int) -> None:
+    """An agent id (1 to 256 characters) or a role (1 to 128), none a control character, as the
+    daemon checks them."""
+    if not name:
+        raise RetraceError(0, "usage", f"{what} is empty")
+    if len(name) > most:
+        raise RetraceError(0, "usage", f"{what} is {len(name)} characters long; at most {most}")
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise RetraceError(0, "usage", f"{what} {name!r} holds a control character")
+
+
+def _exit_status(status: Any) -> None:
+    """``finish(exit_status)``: a whole number a process can exit with (32 bits), checked before
+    anything is sent (QA34 D5: refused by the daemon's parser after every agent was told it exited)."""
+    if isinstance(status, bool) or not isinstance(status, int) or not -(2 ** 31) <= status < 2 ** 31:
+        raise RetraceError(0, "usage", f"finish(exit_status={status!r}): want a whole number (the "
+                                       f"program's exit status, 0 for success)")
 
 
 _UNCAUGHT: list = []  # set once an exception ends the program (sys.excepthook)
@@ -248,13 +288,21 @@ def _finish_at_exit(run: "Run", pid: int) -> None:
     if run._finished or os.getpid() != pid:
         return
     status = 1 if _UNCAUGHT else 0
-    print(f"retrace: run {run.id} was not finished (run.finish()): finishing it as the program exits, with "
-          f"exit status {status}{' (an uncaught exception)' if _UNCAUGHT else ''}; call run.finish(status) "
-          "before exiting to record the program's own", file=sys.stderr)
+    # Finished first, then said: a standard error that is a closed pipe (`2>&1 | head -1`) must
+    # not leave the run unfinished (QA34 D6: stored interrupted).
+    failed = None
     try:
         run.finish(status)
     except RetraceError as e:
-        print(f"retrace: run {run.id}: {e}", file=sys.stderr)
+        failed = e
+    try:
+        print(f"retrace: run {run.id} was not finished (run.finish()): finished it as the program exited, with "
+              f"exit status {status}{' (an uncaught exception)' if _UNCAUGHT else ''}; call run.finish(status) "
+              "before exiting to record the program's own", file=sys.stderr)
+        if failed is not None:
+            print(f"retrace: run {run.id}: {failed}", file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 def _ended(done: dict) -> dict:

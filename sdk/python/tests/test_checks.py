@@ -376,3 +376,84 @@ def test_a_tool_the_sdk_ran_before_posting_it_is_recorded_with_its_own_latency(d
     latency = {e["name"]: e["latency_ms"] for e in events(daemon, run.id)}
     assert latency["slow"] >= 240, latency
     assert latency["fast"] < 200, latency
+
+
+class _BrokenStr(Exception):
+    """An exception whose message can't be read: its __str__ raises."""
+
+    def __str__(self):
+        return f"HTTP {self.status}"  # never set
+
+
+def test_a_tool_exception_whose_str_fails_is_recorded_and_raised_again(daemon):
+    """QA34 D1: the SDK's own AttributeError escaped, nothing was recorded, and a replay
+    diverged; the failure is recorded (its message said unreadable) and the tool's own
+    exception raised again, as for any other."""
+    run = retrace.connect(url=daemon, name="broken-str")
+    a = run.agent("a")
+
+    def call():
+        raise _BrokenStr({"body": "x"})
+
+    with pytest.raises(_BrokenStr):
+        a.tool("api.call", {"q": 1}, call)
+    run.finish()
+    [step] = [e for e in events(daemon, run.id) if e["type"] == "tool_call"]
+    assert "_BrokenStr: (its message can't be read)" in json.dumps(step), step
+
+
+def test_arguments_of_the_wrong_type_are_refused_naming_them(daemon):
+    """QA34 D5: these failed with urllib's TypeError or the daemon's parser naming a byte column."""
+    run = retrace.connect(url=daemon, name="types")
+    a = run.agent("a")
+    for call, said in [
+        (lambda: run.agent(123), "run.agent(): the agent id must be a str"),
+        (lambda: run.agent("r", role=5), "its role must be a str"),
+        (lambda: a.decide(None), "the action must be a str"),
+        (lambda: a.decide("x", target=5), "the target must be a str"),
+        (lambda: a.send("b", {}, parent="7"), "parent='7'"),
+        (lambda: retrace.connect(url=daemon, name=5), "the run's name must be a str"),
+        (lambda: run.finish(3.0), "finish(exit_status=3.0)"),
+        (lambda: a.tool("", {}, lambda: 1), "its name is empty"),
+    ]:
+        with pytest.raises(retrace.RetraceError) as refused:
+            call()
+        assert refused.value.code == "usage" and said in str(refused.value), refused.value
+    run.finish()
+
+
+def test_an_agent_the_daemon_would_refuse_is_refused_first_and_owes_no_exit(daemon):
+    """QA34 D3: a refused agent stayed registered and finish() raised its refusal again."""
+    run = retrace.connect(url=daemon, name="names")
+    run.agent("planner").tool("plan", {}, lambda: 1)
+    for bad, said in [("", "is empty"), ("x" * 300, "at most 256"), ("tab\there", "control character")]:
+        with pytest.raises(retrace.RetraceError) as refused:
+            run.agent(bad)
+        assert refused.value.code == "usage" and said in str(refused.value), refused.value
+    assert run.finish()["status"] == "ok"
+
+
+def test_a_step_after_finish_is_refused_before_its_function_runs(daemon):
+    """QA34 D2: the tool function ran (a paid call), then the daemon refused the step."""
+    run = retrace.connect(url=daemon, name="late")
+    a = run.agent("a")
+    a.tool("first", {}, lambda: 1)
+    run.finish()
+    calls = []
+    with pytest.raises(retrace.RetraceError) as refused:
+        a.tool("quote", {"sym": "X"}, lambda: calls.append("charged"), cls="time_bound", ttl_s=60)
+    assert refused.value.code == "run_finished" and calls == [], (refused.value, calls)
+
+
+def test_a_run_finished_at_exit_is_stored_ok_though_standard_error_is_closed(daemon, tmp_path):
+    """QA34 D6: the exit hook printed before finishing; a closed stderr left the run interrupted."""
+    import subprocess
+    import sys
+    prog = ("import retrace, sys\nrun = retrace.connect(name='forget')\nprint(run.id, flush=True)\n"
+            "run.agent('a').tool('t', {'x': 1}, lambda: 1)\nsys.stderr.close()\n")
+    env = dict(os.environ, RETRACE_URL=daemon)
+    out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
+    run_id = out.stdout.strip()
+    with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}", timeout=10) as r:
+        stored = json.loads(r.read())
+    assert (stored["status"], stored["exit_status"]) == ("ok", 0), stored

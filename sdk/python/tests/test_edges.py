@@ -125,7 +125,7 @@ run.agent("a").tool("t", {}, lambda: 1)
     env = dict(os.environ, RETRACE_URL=daemon)
     out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
     run_id = out.stdout.strip()
-    assert "was not finished (run.finish()): finishing it as the program exits, with exit status 0" in out.stderr
+    assert "was not finished (run.finish()): finished it as the program exited, with exit status 0" in out.stderr
     with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}", timeout=10) as r:
         assert json.loads(r.read())["status"] == "ok"
     assert [e["name"] for e in events(daemon, run_id) if e["type"] == "tool_call"] == ["t"]
