@@ -61,6 +61,11 @@ impl Embedded {
         self.state.refused.summary()
     }
 
+    /// How many recorded steps the replay `run` has served (0 when the program took none).
+    pub fn steps_served(&self, run: &str) -> usize {
+        self.state.host.steps_served(run).unwrap_or(0)
+    }
+
     /// Whether the daemon hosted a session for `run` (the program called through the proxy).
     pub fn hosts(&self, run: &str) -> bool {
         self.state.host.hosts(run)

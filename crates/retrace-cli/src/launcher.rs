@@ -30,6 +30,9 @@ pub struct Child {
     /// Where its standard output and error go, with standard input closed (`gate` runs many at
     /// once); `None` passes all three through.
     pub output: Option<PathBuf>,
+    /// How long it may run: past it, it is stopped (SIGTERM, then SIGKILL 5 s later) and
+    /// [`Ended::timed_out`] says so. `None`: as long as it takes.
+    pub time_limit: Option<std::time::Duration>,
 }
 
 /// How a program ended.
@@ -41,6 +44,8 @@ pub struct Ended {
     /// stopped it. `None` when it ended on its own, whatever its status (a program may exit 130
     /// by itself).
     pub interrupted: Option<Signal>,
+    /// It ran past [`Child::time_limit`] and was stopped.
+    pub timed_out: bool,
 }
 
 /// Runs `child` to completion; returns how it ended. A program is not started once Retrace
@@ -82,15 +87,49 @@ pub fn run(child: &Child) -> anyhow::Result<Ended> {
         }
         Err(e) => return Err(e).with_context(|| format!("starting `{}`", shell_words(&child.argv))),
     };
-    let forwarding = signals::Forwarding::to(Pid::from_raw(process.id() as i32));
+    let pid = Pid::from_raw(process.id() as i32);
+    let forwarding = signals::Forwarding::to(pid);
     let copied = process.stdout.take().map(line_end::copy);
+    let limit = child.time_limit.map(|limit| TimeLimit::start(pid, limit));
     let status = process.wait().context("waiting for the program")?;
+    let timed_out = limit.is_some_and(TimeLimit::ended);
     drop(forwarding);
     if let Some(copied) = copied {
         copied.drained();
     }
     let status = exit_code(status);
-    Ok(Ended { status, interrupted: signals::received_by_end(status) })
+    Ok(Ended { status, interrupted: signals::received_by_end(status), timed_out })
+}
+
+/// A watch that stops a program running past its time limit (QA33 D2: a program hung outside
+/// Retrace's steps hung `gate` until CI killed the job).
+struct TimeLimit {
+    done: std::sync::mpsc::Sender<()>,
+    watch: std::thread::JoinHandle<bool>,
+}
+
+impl TimeLimit {
+    fn start(pid: Pid, limit: std::time::Duration) -> TimeLimit {
+        use std::sync::mpsc::RecvTimeoutError;
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        let watch = std::thread::spawn(move || {
+            if ended.recv_timeout(limit) != Err(RecvTimeoutError::Timeout) {
+                return false;
+            }
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+            if ended.recv_timeout(std::time::Duration::from_secs(5)) == Err(RecvTimeoutError::Timeout) {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            }
+            true
+        });
+        TimeLimit { done, watch }
+    }
+
+    /// Once the program has ended: whether the limit stopped it.
+    fn ended(self) -> bool {
+        let _ = self.done.send(());
+        self.watch.join().unwrap_or(false)
+    }
 }
 
 /// Refuses (exit 2) to run `argv` in `cwd` when that directory doesn't exist: a replay or fork

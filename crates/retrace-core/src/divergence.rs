@@ -29,6 +29,9 @@ pub enum DivergenceCode {
     Stall,
     /// A side effect's intent was logged but its completion was not.
     PendingIntent,
+    /// An agent took its recorded steps in another order than recorded (`gate --strict-order`;
+    /// SPEC §7 matches by key, so without it this is no divergence).
+    OutOfOrder,
 }
 
 impl DivergenceCode {
@@ -43,6 +46,7 @@ impl DivergenceCode {
             DivergenceCode::Decisions => "decisions",
             DivergenceCode::Stall => "stall",
             DivergenceCode::PendingIntent => "pending_intent",
+            DivergenceCode::OutOfOrder => "out_of_order",
         }
     }
 
@@ -57,6 +61,7 @@ impl DivergenceCode {
             DivergenceCode::Decisions => "the final decisions differ",
             DivergenceCode::Stall => "no waiting step can proceed",
             DivergenceCode::PendingIntent => "a side effect may or may not have happened",
+            DivergenceCode::OutOfOrder => "an agent took its steps in another order than recorded",
         }
     }
 }

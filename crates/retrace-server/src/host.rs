@@ -253,6 +253,15 @@ impl RunHost {
         self.runs.lock().contains_key(run_id)
     }
 
+    /// How many recorded steps the replay `run_id` has served so far; `None` when no session of
+    /// it is open here.
+    pub fn steps_served(&self, run_id: &str) -> Option<usize> {
+        match self.runs.lock().get(run_id) {
+            Some(Slot::Open(session)) => Some(session.replay_trace().len()),
+            _ => None,
+        }
+    }
+
     /// Ends `run_id`'s session (opening it first if no call ever came, so a replay whose
     /// program made no call still checks what was left unconsumed), once the proxied calls it
     /// has in flight are stored: a program that stops reading a stream and exits leaves the

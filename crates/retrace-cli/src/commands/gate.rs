@@ -114,6 +114,11 @@ pub struct Args {
     /// Declare a stall when waiting steps make no progress for this many seconds.
     #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     pub stall_timeout: f64,
+    /// Stop a trace's program that runs longer than this many seconds, and report the trace as an
+    /// error (default: ten times its recorded time, at least 120; 0: no limit). A wait outside
+    /// Retrace's steps (a thread never joined) is no stall, and would hang the gate.
+    #[arg(long, value_name = "S", value_parser = super::seconds)]
+    pub timeout: Option<f64>,
     /// With --accept: the OpenAI-compatible upstream to record against.
     #[arg(long, value_name = "URL", requires = "accept")]
     pub upstream_openai: Option<String>,
@@ -171,6 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         command: args.command.clone(),
         stall_timeout: args.stall_timeout,
         strict_order: args.strict_order,
+        timeout: args.timeout,
         mask,
         key_file,
         missing_key: throwaway.as_ref().map(|_| missing_key(&real_config)),

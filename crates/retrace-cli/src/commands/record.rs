@@ -288,8 +288,14 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
     if let Some(seed) = plan.chaos {
         env.push(("RETRACE_CHAOS_SEED".into(), seed.to_string()));
     }
-    let child =
-        Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
+    let child = Child {
+        argv: plan.argv,
+        cwd: plan.cwd,
+        env,
+        remove_env: plan.remove_env,
+        output: plan.output,
+        time_limit: None,
+    };
     let (status, stopped_by) = match launcher::run(&child) {
         // Stopped by the user or not, the program's status is the recording's (SPEC §3).
         Ok(ended) => (ended.status, ended.interrupted),

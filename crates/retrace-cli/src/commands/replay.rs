@@ -82,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         store_env: launcher::store_env()?,
         remove_env: Vec::new(),
         output: None,
+        time_limit: None,
     };
     let replayed = execute(plan, |id, plan| {
         eprintln!(
@@ -173,6 +174,8 @@ pub struct Plan {
     pub remove_env: Vec<String>,
     /// Where the program's output goes ([`Child::output`]); `None` passes it through.
     pub output: Option<PathBuf>,
+    /// How long the program may run ([`Child::time_limit`]); `None`: as long as it takes.
+    pub time_limit: Option<std::time::Duration>,
 }
 
 impl Plan {
@@ -217,6 +220,10 @@ pub struct Replayed {
     /// The signal the user stopped the replay with, if they did ([`launcher::Ended`]): the
     /// replay is stored `interrupted` and judged neither a match nor a divergence.
     pub interrupted: Option<nix::sys::signal::Signal>,
+    /// How many recorded steps the program took (a replay run stores no events of its own).
+    pub steps_taken: usize,
+    /// The program ran past [`Plan::time_limit`] and was stopped.
+    pub timed_out: bool,
 }
 
 /// Replays `plan.source` by running `plan.argv` with zero live calls: creates the replay run,
@@ -278,8 +285,14 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
             env.push((key.into(), "retrace-replay-placeholder".into()));
         }
     }
-    let child =
-        Child { argv: plan.argv, cwd: plan.cwd, env, remove_env: plan.remove_env, output: plan.output };
+    let child = Child {
+        argv: plan.argv,
+        cwd: plan.cwd,
+        env,
+        remove_env: plan.remove_env,
+        output: plan.output,
+        time_limit: plan.time_limit,
+    };
     let program = std::time::Instant::now();
     let ended = match launcher::run(&child) {
         Ok(ended) => ended,
@@ -290,6 +303,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         }
     };
     let (status, program_seconds) = (ended.status, program.elapsed().as_secs_f64());
+    let steps_taken = daemon.steps_served(&id);
     if let Some(signal) = ended.interrupted {
         // Not finished: what the program left unconsumed, and its status, are the stop's doing.
         daemon.stop();
@@ -301,6 +315,8 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
             exit_status: status,
             program_seconds,
             interrupted: Some(signal),
+            steps_taken,
+            timed_out: ended.timed_out,
         });
     }
     let recorded_by_daemon = source.labels.get(RECORDER_LABEL).map(String::as_str) == Some(RECORDER_DAEMON);
@@ -334,7 +350,16 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
         }
         .into());
     }
-    Ok(Replayed { id, source, outcome, exit_status: status, program_seconds, interrupted: None })
+    Ok(Replayed {
+        id,
+        source,
+        outcome,
+        exit_status: status,
+        program_seconds,
+        interrupted: None,
+        steps_taken,
+        timed_out: ended.timed_out,
+    })
 }
 
 /// Stores the replay run the user stopped as `interrupted`, with the program's exit status. A

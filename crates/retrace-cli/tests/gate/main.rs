@@ -331,7 +331,11 @@ fn steps_taken_in_another_order_are_noted_and_fail_with_strict_order() {
     strict.extend(swapped);
     bench.retrace(&strict, &[]).expect(
         1,
-        &["DIVERGED  traces/asker.jsonl", "--strict-order: steps taken in another order than recorded"],
+        &[
+            "DIVERGED  traces/asker.jsonl",
+            "out_of_order: an agent took its steps in another order than recorded",
+            "--strict-order: steps taken in another order than recorded",
+        ],
         &[],
     );
     // In the recorded order: no note.
@@ -386,6 +390,10 @@ fn a_program_that_cannot_start_is_an_input_error() {
         &["program not found: `/no/such/agent --run`"],
         &[],
     );
+    // A program looked up on PATH: PATH is the lead, not the checkout (QA33 D4).
+    let missing = bench.retrace(&["gate", "traces", "--", "no-such-interpreter-xyz", "app.py"], &[]);
+    missing.expect(2, &["`no-such-interpreter-xyz` is on no folder of PATH", "put it on PATH"], &[]);
+    assert!(!missing.stdout().contains("the checkout the traces were recorded in"), "{}", missing.stdout());
     std::fs::write(bench.path("notes.jsonl"), "hello\n").unwrap();
     bench.retrace(&["gate", "notes.jsonl"], &[]).expect(
         2,
@@ -415,6 +423,40 @@ fn a_program_that_cannot_start_is_an_input_error() {
         ],
         &["1 of 1 traces could not be replayed"],
     );
+    // One that took its first step, then crashed, is a divergence, counted as one (QA33 D1: an
+    // error "before taking any of the trace's steps", the ledger's streak kept).
+    let half = "import json, os, sys, urllib.request\n\
+        body = json.dumps({'model': 'gpt-4o-mini', 'messages': [{'role': 'user', 'content': 'Plan the migration of users.name'}]}).encode()\n\
+        req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', data=body,\n\
+            headers={'content-type': 'application/json', 'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n\
+        urllib.request.urlopen(req, timeout=30).read()\n\
+        sys.exit('crashed after the first step')\n";
+    std::fs::write(bench.path("half.py"), half).unwrap();
+    let diverged = bench.retrace(&["gate", "traces", "--", "python3", "half.py"], &[]);
+    diverged.expect(1, &["DIVERGED  traces/asker.jsonl at seq 2"], &["1 of 1 traces diverged"]);
+    assert!(!diverged.stdout().contains("before taking any"), "{}", diverged.stdout());
+    // One that hangs after its steps, outside Retrace, is stopped at the time limit and said
+    // so, with its output, rather than hanging the gate (QA33 D2).
+    let started = std::time::Instant::now();
+    let hung = bench.retrace(
+        &[
+            "gate",
+            "traces",
+            "--timeout",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "python3 asker.py; echo waiting; exec sleep 600",
+        ],
+        &[],
+    );
+    hung.expect(
+        2,
+        &["ERROR     traces/asker.jsonl: the program ran past the time limit of 3 s", "| waiting"],
+        &[],
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
 }
 
 #[test]

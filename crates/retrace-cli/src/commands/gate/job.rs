@@ -48,6 +48,23 @@ pub struct Settings {
     pub env: Vec<(String, String)>,
     /// `--strict-order`: an agent's steps taken in another order than recorded diverge.
     pub strict_order: bool,
+    /// `--timeout`: seconds a trace's program may run; `None`: ten times as long as it took
+    /// when recorded, at least two minutes; `Some(0)`: no limit.
+    pub timeout: Option<f64>,
+}
+
+/// How long a trace's program may run: `--timeout`, else ten times its recorded time, at least
+/// two minutes (a replay answers from the log, so it is rarely slower than its recording).
+fn time_limit(settings: &Settings, source: &RunMeta) -> Option<std::time::Duration> {
+    let seconds = match settings.timeout {
+        Some(s) if s <= 0.0 => return None,
+        Some(s) => s,
+        None => {
+            let recorded = source.finished_at_ms.map_or(0, |end| end.saturating_sub(source.started_at_ms));
+            (recorded as f64 / 1000.0 * 10.0).max(120.0)
+        }
+    };
+    Some(std::time::Duration::from_secs_f64(seconds))
 }
 
 /// How a trace fared.
@@ -258,7 +275,9 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
             .map(String::from)
             .to_vec(),
         output: Some(log.clone()),
+        time_limit: time_limit(settings, &source),
     };
+    let limit = time_limit(settings, &source);
     // The program's last lines go into the JUnit file and --json, which CI keeps as artifacts:
     // masked like anything Retrace writes (QA12 S1).
     let result = replay::execute(plan, |_, _| {});
@@ -267,6 +286,23 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     out.program_seconds = replayed.program_seconds;
     if let Some(signal) = replayed.interrupted {
         return Ok(Verdict::Interrupted { signal });
+    }
+    if replayed.timed_out {
+        let recorded =
+            source.finished_at_ms.map(|end| end.saturating_sub(source.started_at_ms) as f64 / 1000.0);
+        return Ok(Verdict::Error {
+            message: format!(
+                "the program ran past the time limit of {:.0} s{} and was stopped: it hangs, or is far slower \
+                 than recorded",
+                limit.map_or(0.0, |l| l.as_secs_f64()),
+                recorded.map_or(String::new(), |r| format!(" (recorded, it took {r:.1} s)")),
+            ),
+            hint: Some(
+                "a wait outside Retrace's steps (a thread never joined, a blocking read, a sleep)? its last \
+                 output is below; --timeout S sets the limit (0: none)"
+                    .into(),
+            ),
+        });
     }
     let divergence = replayed.outcome.divergence.map(|d| {
         serde_json::from_value::<Divergence>(d.clone())
@@ -278,7 +314,9 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
             && replayed.exit_status != 0
             && replayed.exit_status != recorded_status
             && out.steps > 0
-            && store.last_seq(&replayed.id)? == 0;
+            // What the program took, not the replay run's own events: it stores none (QA33 D1:
+            // a program that crashed after its first steps was an error "before taking any").
+            && replayed.steps_taken == 0;
         if never_started {
             // Not a change of trajectory but a program that could not run here (QA19 D4): as
             // every trace of a CI job missing the program's packages would fail this way, it is
@@ -332,7 +370,9 @@ fn out_of_order(said: &str) -> Divergence {
         .and_then(Result::ok)
         .unwrap_or_else(|| "*".to_owned());
     let seq = first.split_once(": seq ").and_then(|(_, rest)| rest.split(' ').next()?.parse().ok());
-    let mut d = Divergence::new(DivergenceCode::StepMismatch, agent)
+    // Its own code: the recording holds the steps, taken in another order (QA33 D3: said as a
+    // step_mismatch, "something the recording does not hold").
+    let mut d = Divergence::new(DivergenceCode::OutOfOrder, agent)
         .detail(format!("--strict-order: steps taken in another order than recorded: {said}"));
     if let Some(seq) = seq {
         d = d.at(seq);
@@ -425,6 +465,16 @@ fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
         true => cwd.join(program).is_file(),
         false => std::env::split_paths(path).any(|dir| dir.join(program).is_file()),
     };
+    if !found && !program.contains('/') {
+        // Looked up on PATH: the checkout is not the cause (QA33 D4: `python` on a CI image that
+        // has only `python3`).
+        return Err(usage_hint(
+            format!("program not found: {} (`{program}` is on no folder of PATH)", shown()),
+            format!(
+                "install {program} where the gate runs, put it on PATH, or pass another command after `--`"
+            ),
+        ));
+    }
     if !found {
         return Err(usage_hint(format!("program not found: {}", shown()), fix));
     }
@@ -443,7 +493,6 @@ fn preflight(argv: &[String], cwd: &Path, path: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The last `n` lines of the program's output.
 /// The last `n` lines of the program's output `path`, masked with the run's rules and this
 /// checkout's. The last 64 KB are masked as one text before they are cut into lines, so a secret
 /// that spans lines (a PEM private key) is found whole (QA27 D3: each line masked alone let a
