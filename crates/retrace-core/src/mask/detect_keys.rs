@@ -253,11 +253,14 @@ mod tests {
     #[test]
     fn bearer_jwt_and_private_key() {
         let jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U";
+        let long_bearer = format!("Bearer {}", "QA27b".repeat(820));
         let cases: &[(Detector, &str, Option<&str>)] = &[
             (Detector::Bearer, "Authorization: Bearer abc123def456ghi", Some("abc123def456ghi")),
             (Detector::Bearer, "the bearer instrument is fine", None),
             (Detector::Bearer, "bearer abc123def456ghi", None),
             (Detector::Bearer, "Bearer short1", None),
+            // However long (QA27 D5: one over 4 KB was kept in clear); the first 64 KB are masked.
+            (Detector::Bearer, &long_bearer, Some(&long_bearer["Bearer ".len()..])),
             (Detector::Jwt, &format!("token={jwt};"), Some(jwt)),
             (Detector::Jwt, "eyJhbGciOiJIUzI1NiJ9 only one part", None),
             (

@@ -258,6 +258,7 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
     let log = temp.path().join("program-output.log");
     let home = temp.path().to_string_lossy().into_owned();
     let program_dir = cwd.clone();
+    let limit = time_limit(settings, &source);
     let plan = replay::Plan {
         store: store.clone(),
         source: source.clone(),
@@ -275,9 +276,8 @@ fn replay_trace(trace: &Trace, settings: &Settings, out: &mut Outcome) -> anyhow
             .map(String::from)
             .to_vec(),
         output: Some(log.clone()),
-        time_limit: time_limit(settings, &source),
+        time_limit: limit,
     };
-    let limit = time_limit(settings, &source);
     // The program's last lines go into the JUnit file and --json, which CI keeps as artifacts:
     // masked like anything Retrace writes (QA12 S1).
     let result = replay::execute(plan, |_, _| {});
