@@ -427,3 +427,27 @@ def test_f_verify_passes_on_every_recorded_run(recordings, retrace):
     if done.returncode != 0:
         failed.append(f"--all:\n{done.explain()}")
     assert not failed, "\n".join(failed)
+
+
+def test_b_the_unrecorded_upload_warning_masks_a_secret_in_its_path(retrace, tmp_path):
+    """QA27 D6. A body no step can key (a multipart upload) goes to the upstream unrecorded, and
+    `record` says so on standard error, naming the route. A key in that route's path is masked
+    there like anywhere else: the warning used to print the raw path."""
+    secret = "sk-proj-" + "Q7x" * 12
+    program = (
+        "import os, httpx2 as httpx\n"
+        f"url = os.environ['OPENAI_BASE_URL'].rstrip('/') + '/uploads/{secret}/parts'\n"
+        "files = {'data': ('part.bin', b'RIFF....', 'application/octet-stream')}\n"
+        "r = httpx.post(url, files=files, headers={'authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+        "print('status', r.status_code, r.headers.get('x-retrace-proxy'))\n"
+    )
+    sim = Simulator(tmp_path / "simulate.log")
+    try:
+        done = retrace.record(sim, PY, "-c", program)
+    finally:
+        sim.stop()
+    assert done.returncode == 0, done.explain()
+    assert "unrecorded" in done.stdout, done.explain()
+    assert "went to the upstream unrecorded" in done.stderr, done.explain()
+    assert secret not in done.stderr and secret not in done.stdout, done.explain()
+    assert "POST /v1/uploads/" in done.stderr, done.explain()

@@ -103,6 +103,12 @@ fn export_writes_into_a_fifo_and_through_a_symlink() {
         &[],
         &["a-file is a file, not a folder"],
     );
+    // A full disk names the file it was writing (QA31 D1: only "No space left on device").
+    home.run(&["export", RUN, "-o", "/dev/full"]).expect(
+        2,
+        &[],
+        &["writing /dev/full: No space left on device", "nothing was written there"],
+    );
 }
 
 #[test]

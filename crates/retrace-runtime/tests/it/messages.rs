@@ -323,6 +323,32 @@ async fn a_stall_outside_retrace_is_declared_after_the_timeout() {
     }
 }
 
+/// A fork's stall names the message the agent waits for, its sender and where the source run
+/// sent and delivered it (QA29 D3: it said only "its next message").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_stall_names_the_message_it_waits_for() {
+    use retrace_core::edit::{Content, Edit};
+    let store = store();
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    pipeline(&s, 1).await;
+    s.finish(Outcome::default()).unwrap();
+    let events = store.events(&s.run_id(), 1, 100).unwrap();
+    let send = events.iter().find(|e| e.kind == EventType::Send).unwrap().seq;
+    let deliver = events.iter().find(|e| e.kind == EventType::Deliver).unwrap().seq;
+    let blob = store.put_blob(br#"{"i":7}"#, retrace_store::BlobHint::Raw).unwrap();
+    let edit = Edit::Message { seq: send, content: Content::Blob(blob) };
+    let options = SessionOptions { stall_timeout: Duration::from_millis(300), ..Default::default() };
+    let f = Session::fork_new(store.clone(), &s.run_id(), None, vec![edit], options).unwrap();
+    // The planner is alive but never sends: blocked outside Retrace, as far as it can tell.
+    let _planner = f.agent("planner");
+    let reviewer = f.spawn("reviewer", |a| async move { a.recv(None).await });
+    let err = tokio::time::timeout(Duration::from_secs(5), reviewer).await.unwrap().unwrap().unwrap_err();
+    let d = err.divergence().unwrap_or_else(|| panic!("a stall, not {err}"));
+    assert_eq!((d.code, d.agent.as_str()), (DivergenceCode::Stall, "reviewer"));
+    let waits = format!("the message from planner sent at source seq {send} (delivered at seq {deliver})");
+    assert!(d.to_string().contains(&waits), "{d}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_divergence_releases_every_waiting_agent() {
     let store = store();
