@@ -5,8 +5,9 @@
 //! ([`Masker::mask_header`]) and then the value rules; a JSON `body` is masked as
 //! [`Masker::mask_json`] masks a document, a `body_text` as text (its quoted strings decoded
 //! first, so an escaped secret in a JSON body with trailing whitespace is found too; one that
-//! is a whole event stream as a one-chunk stream), a
-//! `body_b64` is left alone, and a `stream` is masked by [`Masker::mask_stream`], each chunk
+//! is a whole event stream as a one-chunk stream), a `body_b64` of a textual type (not all
+//! UTF-8: a Latin-1 answer) as text around the bytes that aren't UTF-8 ([`Masker::mask_bytes`];
+//! one of another type, an image or audio, is left whole, as masking would break it), and a `stream` is masked by [`Masker::mask_stream`], each chunk
 //! written back the way it was (a string, or `{"b64": ...}` when it is not UTF-8). Each
 //! rewritten value is spliced in at its span: every other byte of the document stays.
 use std::borrow::Cow;
@@ -65,6 +66,19 @@ impl Masker {
                 }
             }
             Some(BodySpan::Stream(chunks)) => tokens += self.splice_stream(chunks, &mut splices),
+            // A textual answer with bytes that aren't UTF-8 (QA40 D1: its secrets were kept);
+            // an image or audio is left whole, as masking would break it.
+            Some(BodySpan::Base64(span)) if textual(&layout.headers) => {
+                let engine = base64::engine::general_purpose::STANDARD;
+                let decoded = serde_json::from_slice::<String>(&raw[span.clone()]).ok();
+                if let Some(bytes) = decoded.and_then(|b64| engine.decode(b64).ok()) {
+                    let (masked, n) = self.mask_bytes(&bytes);
+                    if n > 0 {
+                        tokens += n;
+                        splices.push((span.clone(), json_string(&engine.encode(masked))));
+                    }
+                }
+            }
             Some(BodySpan::Base64(_)) | None => {}
         }
         if let Some(span) = &layout.error {
@@ -102,6 +116,24 @@ impl Masker {
         }
         masked.tokens
     }
+}
+
+/// Whether a response's `content-type` names text (JSON, XML, `text/*`, a form, an event
+/// stream), or is absent: a body of another type (an image, audio, a PDF) is not masked.
+fn textual(headers: &[http_doc::HeaderSpan]) -> bool {
+    let Some(header) = headers.iter().find(|h| h.name.eq_ignore_ascii_case("content-type")) else {
+        return true;
+    };
+    let essence = header.value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let (kind, sub) = essence.split_once('/').unwrap_or((essence.as_str(), ""));
+    kind == "text"
+        || sub == "json"
+        || sub.ends_with("+json")
+        || sub == "xml"
+        || sub.ends_with("+xml")
+        || sub.contains("ndjson")
+        || sub == "x-www-form-urlencoded"
+        || sub == "javascript"
 }
 
 /// Whether a text body is a server-sent event stream (a stream answered whole).

@@ -67,7 +67,8 @@ impl Agent {
         template.message = Some(MessageRef {
             from: Some(self.id.clone()),
             to: Some(to.to_owned()),
-            kind: Some(kind.to_owned()),
+            // Masked like a step's name (QA39 D1: a kind holding an email was stored in clear).
+            kind: Some(self.masked_name(kind)),
             timed_out: false,
         });
         let input = StepInput::new(template, json!({ "to": to, "kind": kind, "body": body }))
@@ -271,7 +272,7 @@ impl Agent {
                 event.message = Some(MessageRef {
                     from: Some(m.sender.clone()),
                     to: Some(self.id.clone()),
-                    kind: m.kind.clone(),
+                    kind: m.kind.as_deref().map(|k| self.masked_name(k)),
                     timed_out: false,
                 });
                 (Json::from_value(&json!({ "from": m.sender, "kind": m.kind })), Some((m, sender_lamport)))

@@ -25,6 +25,22 @@ impl<'a> Splicer<'a> {
         self.tokens += tokens;
     }
 
+    /// As [`Splicer::replace`], for a string that is not all UTF-8: its UTF-8 runs escaped as
+    /// JSON escapes them, every other byte written as it was.
+    fn replace_bytes(&mut self, span: Range<usize>, masked: &[u8], tokens: usize) {
+        let out = self.out.get_or_insert_with(|| Vec::with_capacity(self.raw.len() + 64));
+        out.extend_from_slice(&self.raw[self.copied..span.start]);
+        out.push(b'"');
+        for chunk in masked.utf8_chunks() {
+            let quoted = serde_json::to_vec(chunk.valid()).expect("a string serializes");
+            out.extend_from_slice(&quoted[1..quoted.len() - 1]);
+            out.extend_from_slice(chunk.invalid());
+        }
+        out.push(b'"');
+        self.copied = span.end;
+        self.tokens += tokens;
+    }
+
     fn finish(self) -> Masked<'a> {
         match self.out {
             None => Masked { bytes: Cow::Borrowed(self.raw), tokens: 0 },
@@ -147,8 +163,15 @@ impl Masker {
         if candidates.is_empty() && !encoded {
             return;
         }
-        // Only now, with something to mask, must the string be UTF-8.
+        // Only now, with something to mask, must the string be UTF-8. One that is not (a
+        // Latin-1 answer: QA40 D1) is masked around the bytes that aren't, which stay.
         let Ok(decoded) = std::str::from_utf8(decoded) else {
+            if path_rule.is_none() && !s.is_number {
+                let (masked, tokens) = self.mask_bytes(decoded);
+                if tokens > 0 {
+                    splicer.replace_bytes(s.span.clone(), &masked, tokens);
+                }
+            }
             return;
         };
         let (mut masked, mut tokens) = (Cow::Borrowed(decoded), 0);

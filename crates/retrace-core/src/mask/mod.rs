@@ -194,6 +194,25 @@ impl Masker {
         }
     }
 
+    /// Masks text that is not all UTF-8 (a Latin-1 answer): each UTF-8 run as
+    /// [`Masker::mask_text`] masks text, every other byte kept as it was.
+    pub fn mask_bytes<'a>(&self, bytes: &'a [u8]) -> (Cow<'a, [u8]>, usize) {
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut tokens = 0;
+        let mut changed = false;
+        for chunk in bytes.utf8_chunks() {
+            let (masked, n) = self.mask_text(chunk.valid());
+            tokens += n;
+            changed |= matches!(masked, Cow::Owned(_)) && masked != chunk.valid();
+            out.extend_from_slice(masked.as_bytes());
+            out.extend_from_slice(chunk.invalid());
+        }
+        match changed {
+            true => (Cow::Owned(out), tokens.max(1)),
+            false => (Cow::Borrowed(bytes), 0),
+        }
+    }
+
     /// What the text rules find in `text` as it is, escapes and all.
     pub(crate) fn mask_plain<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
         if !self.engine.looks_in_bodies {

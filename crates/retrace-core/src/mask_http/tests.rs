@@ -141,12 +141,12 @@ fn a_json_body_is_masked_in_place() {
 }
 
 #[test]
-fn text_bodies_are_masked_and_base64_bodies_left() {
+fn text_bodies_are_masked_and_binary_base64_bodies_left() {
     let doc = br#"{"format":"retrace-http/1","status":500,"headers":[],"body_text":"{\"e\": \"sk\\u002dZq7/Wx@Vq9Jk.io\"}\n plain sk-Zq7/Wx@Vq9Jk.io"}"#;
     let out = masked(doc, 2);
     assert_eq!(String::from_utf8(out).unwrap().matches(&token()).count(), 2);
     let b64 =
-        br#"{"format":"retrace-http/1","status":200,"headers":[],"body_b64":"c2stWnE3L1d4QFZxOUprLmlv"}"#;
+        br#"{"format":"retrace-http/1","status":200,"headers":[["content-type","application/octet-stream"]],"body_b64":"c2stWnE3L1d4QFZxOUprLmlv"}"#;
     let out = masker().mask_output(b64);
     assert_eq!((out.tokens, out.bytes.as_ref()), (0, &b64[..]));
 }
@@ -199,4 +199,46 @@ fn a_header_or_text_body_echoing_an_encoded_query_is_masked() {
     );
     assert_eq!(out.tokens, 3);
     assert_eq!(m.mask_output(text.as_bytes()).tokens, 0, "masking twice equals once");
+}
+
+/// QA40 D1: a JSON answer with one byte that isn't UTF-8 (a Latin-1 `é`) is stored as
+/// `body_b64`, and its secrets were kept in clear. A textual body is masked around the bytes
+/// that aren't UTF-8, which stay as they were; a binary one (an image, audio) is left whole.
+#[test]
+fn a_text_body_that_is_not_utf8_is_masked_around_its_odd_bytes() {
+    let body = [&b"{\"content\":\"caf\xe9 "[..], SECRET.as_bytes(), b"\"}"].concat();
+    let encode = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let doc = |content_type: &str, b: &[u8]| {
+        format!(
+            r#"{{"format":"retrace-http/1","status":200,"headers":[["content-type","{content_type}"]],"body_b64":"{}"}}"#,
+            encode(b)
+        )
+        .into_bytes()
+    };
+    for content_type in ["application/json", "text/plain; charset=latin1", "application/problem+json"] {
+        let raw = doc(content_type, &body);
+        let out = masker().mask_output(&raw);
+        assert_eq!(out.tokens, 1, "{content_type}");
+        let want = [&b"{\"content\":\"caf\xe9 "[..], token().as_bytes(), b"\"}"].concat();
+        assert_eq!(out.bytes.as_ref(), &doc(content_type, &want)[..], "{content_type}");
+        let again = masker().mask_output(&out.bytes);
+        assert_eq!(again.tokens, 0, "masking twice equals once");
+    }
+    for content_type in ["image/png", "audio/mpeg", "application/octet-stream"] {
+        let raw = doc(content_type, &body);
+        let out = masker().mask_output(&raw);
+        assert_eq!((out.tokens, out.bytes.as_ref()), (0, &raw[..]), "{content_type}");
+    }
+}
+
+/// The same in a stream whose chunks aren't UTF-8.
+#[test]
+fn a_stream_that_is_not_utf8_is_masked_around_its_odd_bytes() {
+    let stream = [&b"data: {\"content\":\"caf\xe9 "[..], SECRET.as_bytes(), b"\"}\n\ndata: [DONE]\n\n"].concat();
+    let doc = stream_doc(&[("content-type", "text/event-stream")], &[(0, &stream[..20]), (5, &stream[20..])]);
+    let out = masker().mask_output(&doc);
+    assert_eq!(out.tokens, 1);
+    let text: Vec<u8> = chunks_of(&out.bytes).into_iter().flat_map(|(_, c)| c).collect();
+    let want = [&b"data: {\"content\":\"caf\xe9 "[..], token().as_bytes(), b"\"}\n\ndata: [DONE]\n\n"].concat();
+    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&want));
 }

@@ -151,6 +151,11 @@ fn step_names_are_stored_masked_and_replay_matched() {
             Ok::<u8, String>(1)
         })
         .unwrap();
+        // A message's kind is masked like a name (QA39 D1), in its send and its delivery.
+        let kind = format!("note {SECRET}");
+        s.agent("audit").send_blocking("ops", &kind, &serde_json::json!({}), None).unwrap();
+        let heard = a.recv_blocking(Some(std::time::Duration::from_secs(5))).unwrap().expect("a message");
+        assert!(heard.kind.is_some());
     };
     let s = Session::record(store.clone(), options()).unwrap();
     program(&s);
@@ -161,6 +166,8 @@ fn step_names_are_stored_masked_and_replay_matched() {
     assert_eq!(events[0].name.as_deref(), Some(format!("TOKEN_{token}").as_str()));
     assert_eq!(events[1].name.as_deref(), Some(format!("lookup {token}").as_str()));
     assert_eq!(events[1].tool.as_ref().map(|t| t.name.clone()), events[1].name.clone());
+    let kinds: Vec<_> = events[2..].iter().map(|e| e.message.as_ref().and_then(|m| m.kind.clone())).collect();
+    assert_eq!(kinds, [Some(format!("note {token}")), Some(format!("note {token}"))], "the send, then the delivery");
     let stored = serde_json::to_string(&events).unwrap();
     assert!(!stored.contains(SECRET), "{stored}");
     assert!(store.run(&run).unwrap().holds_tokens);
