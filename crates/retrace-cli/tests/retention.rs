@@ -80,7 +80,7 @@ fn vault_reveal_prints_the_original_and_every_attempt_is_audited() {
     let home = Home::new();
     let key = VaultKey::from_bytes([42; 32]);
     let text = key.to_base64();
-    store_originals(&*home.store(), &key, &[(TOKEN, b"ada@example.com".to_vec())]).unwrap();
+    store_originals(&*home.store(), &key, None, &[(TOKEN, b"ada@example.com".to_vec())]).unwrap();
     let wrong = VaultKey::from_bytes([7; 32]).to_base64();
     let with_key = [("RETRACE_VAULT_KEY", text.as_str())];
 

@@ -387,7 +387,7 @@ impl Agent {
         }
         let (causal_parent, output_ref) = (event.causal_parent, event.output_ref);
         if let Some(originals) = &inner.originals {
-            originals.flush(inner.store.as_ref())?;
+            originals.flush(inner.store.as_ref(), &self.session.run_id())?;
         }
         let cache = if uncached { None } else { self.cache_entry(&event, cache_key) };
         let intent = if input.intent { causal_parent } else { None };

@@ -138,7 +138,7 @@ impl Originals {
 
     /// Puts the originals reported since the last call, and the recorded forms queued, into
     /// the vault: before the event holding their tokens is appended.
-    pub(crate) fn flush(&self, store: &dyn Store) -> RuntimeResult<()> {
+    pub(crate) fn flush(&self, store: &dyn Store, run: &str) -> RuntimeResult<()> {
         let mut pending = self.pending.lock();
         self.absorb(&mut pending);
         if pending.is_empty() {
@@ -146,7 +146,7 @@ impl Originals {
         }
         let pairs: Vec<(&str, &[u8])> = pending.iter().map(|(t, o)| (t.as_str(), o.as_slice())).collect();
         // Not stored: they stay pending, for the next step to try again.
-        store_originals(store, &self.key, &pairs).map_err(RuntimeError::Store)?;
+        store_originals(store, &self.key, Some(run), &pairs).map_err(RuntimeError::Store)?;
         pending.clear();
         Ok(())
     }

@@ -171,6 +171,7 @@ pub fn document() -> Value {
                 "dry_run": {"type": "boolean"}, "runs_deleted": {"type": "array", "items": {"type": "string"}},
                 "events_deleted": {"type": "integer"}, "blobs_deleted": {"type": "integer"}, "bytes_freed": {"type": "integer"},
                 "cache_entries_dropped": {"type": "integer"}, "routine_days": {"type": "integer"},
+                "vault_originals_deleted": {"type": "integer", "description": "secrets' originals deleted from the vault with the last run holding their token"},
                 "compacted": {"type": "object", "nullable": true, "properties": {"bytes_before": {"type": "integer"}, "bytes_after": {"type": "integer"}}}}},
             "AuditRecord": {"type": "object", "required": ["id", "at_ms", "who", "role", "action", "subject", "reason", "outcome"], "properties": {
                 "id": {"type": "integer"}, "at_ms": {"type": "integer"}, "who": {"type": "string"}, "role": {"type": "string"},

@@ -123,6 +123,8 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Cache entries dropped because their output blob was deleted.
     pub cache_entries_dropped: u64,
+    /// Originals deleted from the vault: those no remaining run holds a token of (QA38 D1).
+    pub vault_originals_deleted: u64,
 }
 
 /// What a compaction ([`GcStore::compact`]) did to the store's files.

@@ -177,8 +177,8 @@ impl<I: Interceptor> Cache for Intercepted<I> {
 }
 
 impl<I: Interceptor> VaultStore for Intercepted<I> {
-    fn vault_put(&self, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
-        self.inner.vault_put(sealed)
+    fn vault_put(&self, run: Option<&str>, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
+        self.inner.vault_put(run, sealed)
     }
     fn vault_get(&self, token: &str) -> StoreResult<Option<VaultEntry>> {
         self.inner.vault_get(token)

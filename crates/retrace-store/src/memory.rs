@@ -38,6 +38,8 @@ struct Inner {
     leases: HashMap<String, Lease>,
     cache: HashMap<Digest, CacheEntry>,
     vault: HashMap<String, crate::vault::VaultEntry>,
+    /// The runs holding each token the vault keeps (see [`crate::vault::VaultStore::vault_put`]).
+    vault_refs: HashMap<String, std::collections::HashSet<String>>,
     audit: Vec<crate::vault::AuditRecord>,
     ledger: HashMap<(String, String), retrace_core::ledger::LedgerEntry>,
     /// Per ((project, agent), trace): whether the trace counts in the current clean streak.

@@ -116,7 +116,12 @@ pub trait VaultStore: Send + Sync {
     /// Stores sealed originals by token, in one transaction. A token already in the vault keeps
     /// its first entry (the same token always stands for the same secret under one mask key),
     /// so putting it again is a no-op. Returns how many tokens were new.
-    fn vault_put(&self, sealed: &[(String, Sealed)]) -> StoreResult<usize>;
+    ///
+    /// `run` is the run whose events hold these tokens: each token is kept as that run's, and
+    /// a garbage collection that deletes the last run holding a token deletes its original
+    /// (QA38 D1: deleting a run left its secrets revealable). An entry put with no run is
+    /// nobody's, and stays.
+    fn vault_put(&self, run: Option<&str>, sealed: &[(String, Sealed)]) -> StoreResult<usize>;
     /// The sealed original of `token`, if the vault holds it.
     fn vault_get(&self, token: &str) -> StoreResult<Option<VaultEntry>>;
     /// Appends `entry` to the audit log; returns its id. Entries are never changed or removed.
@@ -126,12 +131,18 @@ pub trait VaultStore: Send + Sync {
     fn audit_list(&self, subject: Option<&str>) -> StoreResult<Vec<AuditRecord>>;
 }
 
-/// Seals each `(token, original)` under `key` and puts them into the vault in one transaction:
-/// what the runtime calls with the originals it replaced while masking. Tokens already in the
-/// vault are left as they are. Returns how many tokens were new.
+/// Seals each `(token, original)` under `key` and puts them into the vault in one transaction,
+/// as `run`'s ([`VaultStore::vault_put`]): what the runtime calls with the originals it
+/// replaced while masking. Tokens already in the vault are left as they are. Returns how many
+/// tokens were new.
 ///
 /// Generic over the store so that any `&dyn Store` (or a concrete store) can be passed.
-pub fn store_originals<S, T, B>(store: &S, key: &VaultKey, originals: &[(T, B)]) -> StoreResult<usize>
+pub fn store_originals<S, T, B>(
+    store: &S,
+    key: &VaultKey,
+    run: Option<&str>,
+    originals: &[(T, B)],
+) -> StoreResult<usize>
 where
     S: VaultStore + ?Sized,
     T: AsRef<str>,
@@ -150,5 +161,5 @@ where
             Ok((token.to_owned(), seal(key, token, original.as_ref())))
         })
         .collect::<StoreResult<_>>()?;
-    store.vault_put(&sealed)
+    store.vault_put(run, &sealed)
 }

@@ -197,3 +197,14 @@ def test_no_canary_reaches_anything_retrace_writes(project: Project, tmp_path: P
     db = project.home / "retrace.db"
     assert db.exists() and db.stat().st_size > 0
     assert b"rtk_email_" in (exports / f"{run}.jsonl").read_bytes()
+
+    # Deleting the runs deletes the originals only they held (QA38 D1: the vault key still
+    # revealed a deleted run's secrets); the audit log keeps every attempt.
+    token = re.search(rb"rtk_email_[a-z2-7]{26}", (exports / f"{run}.jsonl").read_bytes()).group().decode()
+    before = project("vault", "reveal", token, "--reason", "erasure check")
+    assert before.returncode == 0, before.explain()
+    deleted = project("delete", fork_id, run, "--json")
+    assert deleted.returncode == 0, deleted.explain()
+    assert json.loads(deleted.stdout)["vault_originals_deleted"] > 0, deleted.explain()
+    after = project("vault", "reveal", token, "--reason", "erasure check")
+    assert after.returncode == 1 and "no original" in after.stderr, after.explain()

@@ -43,8 +43,10 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
     /// Print JSON: `{"dry_run", "runs_deleted": [...], "events_deleted", "blobs_deleted",
-    /// "bytes_freed", "cache_entries_dropped", "blobs_in_grace"}` (`blobs_in_grace`: blobs no
-    /// run uses that stay until a later `retrace gc`, stored within `blob_grace_minutes`).
+    /// "bytes_freed", "cache_entries_dropped", "vault_originals_deleted", "blobs_in_grace"}`
+    /// (`vault_originals_deleted`: secrets' originals that only these runs held;
+    /// `blobs_in_grace`: blobs no run uses that stay until a later `retrace gc`, stored within
+    /// `blob_grace_minutes`).
     #[arg(long)]
     pub json: bool,
 }

@@ -59,7 +59,9 @@ pub struct Args {
     #[arg(long)]
     pub compact: bool,
     /// Print JSON: `{"dry_run", "runs_deleted": [...], "events_deleted", "blobs_deleted",
-    /// "bytes_freed", "cache_entries_dropped", "routine_days"}`, and with --compact
+    /// "bytes_freed", "cache_entries_dropped", "vault_originals_deleted", "routine_days"}`
+    /// (`vault_originals_deleted`: secrets' originals sealed in the vault that no remaining run
+    /// holds a token of, deleted with the last run that did), and with --compact
     /// `"compacted": {"bytes_before", "bytes_after"}` (null in a dry run).
     #[arg(long)]
     pub json: bool,
@@ -161,7 +163,7 @@ pub(crate) fn print_report(
     }
     writeln!(
         out,
-        "{verb} {} ({}) and {}; {} {}{}",
+        "{verb} {} ({}) and {}; {} {}{}{}",
         count(report.runs_deleted.len(), "run"),
         count(report.events_deleted, "event"),
         count(report.blobs_deleted, "blob"),
@@ -170,6 +172,15 @@ pub(crate) fn print_report(
         match report.cache_entries_dropped {
             0 => String::new(),
             n => format!("; {n} cache entries dropped with their outputs"),
+        },
+        match report.vault_originals_deleted {
+            0 => String::new(),
+            n => format!(
+                "; {} {} from the vault, no run left holding {}",
+                count(n, "secret's original"),
+                if report.dry_run { "would be deleted" } else { "deleted" },
+                if n == 1 { "its token" } else { "their tokens" }
+            ),
         }
     )?;
     let compacting = extra.iter().any(|(k, _)| *k == "compacted");

@@ -85,7 +85,7 @@ fn blobs_of(store: &dyn Store, run: &str) -> Vec<retrace_core::Digest> {
 async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_nothing() {
     let providers = Providers::start("127.0.0.1:0").await.unwrap();
     let d = daemon(&providers, admin_config).await;
-    store_originals(&*d.store, &vault_key(1), &[(EMAIL, "ada@example.com")]).unwrap();
+    store_originals(&*d.store, &vault_key(1), None, &[(EMAIL, "ada@example.com")]).unwrap();
     let run = recorded(&d, "kept").await;
     let routes = [
         ("POST", format!("/api/runs/{run}/retain"), Some(json!({"tier": "pinned"}))),
@@ -167,6 +167,7 @@ async fn every_reveal_is_audited_before_it_is_answered_and_the_log_is_served() {
     store_originals(
         &*store,
         &vault_key(1),
+        None,
         &[(EMAIL, &b"ada@example.com"[..]), (BINARY, &[0xff, 0x00, 0xfe][..])],
     )
     .unwrap();
@@ -289,7 +290,7 @@ async fn every_reveal_is_audited_before_it_is_answered_and_the_log_is_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_without_tokens_audits_its_reveals_as_api_in_role_admin() {
     let (store, _home) = sqlite();
-    store_originals(&*store, &vault_key(1), &[(EMAIL, "ada@example.com")]).unwrap();
+    store_originals(&*store, &vault_key(1), None, &[(EMAIL, "ada@example.com")]).unwrap();
     let nowhere = "http://127.0.0.1:9".to_owned();
     let d = daemon_over(store.clone(), nowhere.clone(), nowhere, |c| c.vault_key = Some(vault_key(1))).await;
     let r =

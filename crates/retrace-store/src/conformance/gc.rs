@@ -103,6 +103,13 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
         };
         store.approval_request(&held).unwrap();
     }
+    // A secret's original goes with the last run holding its token (QA38 D1); one that no run
+    // holds (stored before runs held tokens) stays.
+    let key = retrace_core::vault::VaultKey::from_bytes([3; 32]);
+    let original = |token: &str| (token.to_owned(), format!("{token}@example.com").into_bytes());
+    crate::vault::store_originals(&*store, &key, Some("old"), &[original("rtk_old"), original("rtk_both")]).unwrap();
+    crate::vault::store_originals(&*store, &key, Some("kept"), &[original("rtk_both")]).unwrap();
+    crate::vault::store_originals(&*store, &key, None, &[original("rtk_nobody")]).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(3));
 
     let mut config = GcConfig::new(now_ms(), 30);
@@ -111,6 +118,8 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
     let planned = collect(&*store, &config).unwrap();
     assert_eq!(planned.runs_deleted, ["old", "replay"]);
     assert_eq!((planned.events_deleted, planned.blobs_deleted, planned.cache_entries_dropped), (3, 3, 1));
+    assert_eq!(planned.vault_originals_deleted, 1, "{planned:?}");
+    assert!(store.vault_get("rtk_old").unwrap().is_some(), "a dry run changes nothing");
     assert!(planned.bytes_freed >= big.bytes.len() as u64, "{planned:?}");
     assert_eq!(ids(&*store), ["old", "kept", "src", "replay", "fork"], "a dry run changes nothing");
     assert!(store.has_blob(&orphan).unwrap() && store.cache_get(&cache_key).unwrap().is_some());
@@ -121,6 +130,10 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
     assert_eq!(ids(&*store), ["kept", "src", "fork"]);
     assert_eq!(store.approval("ap_old").unwrap(), None, "a deleted run's approval is deleted");
     assert!(store.approval("ap_kept").unwrap().is_some());
+    assert_eq!(store.vault_get("rtk_old").unwrap(), None, "only the deleted run held it");
+    for kept in ["rtk_both", "rtk_nobody"] {
+        assert!(store.vault_get(kept).unwrap().is_some(), "{kept} stays");
+    }
     for gone in [&only_old.digest, &big.digest, &orphan] {
         assert!(!store.has_blob(gone).unwrap(), "{gone} is swept");
     }

@@ -27,15 +27,15 @@ pub fn vault_put_is_idempotent(make: MakeStore<'_>) {
     let key = VaultKey::from_bytes([4; 32]);
     let first = seal_with_nonce(&key, TOKEN, [1; 24], b"ada@example.com");
     let other = seal_with_nonce(&key, "rtk_x", [2; 24], b"x");
-    assert_eq!(store.vault_put(&[(TOKEN.into(), first.clone()), ("rtk_x".into(), other)]).unwrap(), 2);
+    assert_eq!(store.vault_put(None, &[(TOKEN.into(), first.clone()), ("rtk_x".into(), other)]).unwrap(), 2);
     let again = seal_with_nonce(&key, TOKEN, [3; 24], b"something else");
-    assert_eq!(store.vault_put(&[(TOKEN.into(), again)]).unwrap(), 0, "a second put is a no-op");
+    assert_eq!(store.vault_put(None, &[(TOKEN.into(), again)]).unwrap(), 0, "a second put is a no-op");
     let stored = store.vault_get(TOKEN).unwrap().expect("stored");
     assert_eq!(stored.sealed, first);
     assert!(stored.created_at_ms > 0);
     assert_eq!(store.vault_get("rtk_unknown").unwrap(), None);
-    assert_eq!(store.vault_put(&[]).unwrap(), 0);
-    assert_eq!(store_originals(&*store, &key, &[("rtk_new", b"v".to_vec())]).unwrap(), 1);
+    assert_eq!(store.vault_put(None, &[]).unwrap(), 0);
+    assert_eq!(store_originals(&*store, &key, None, &[("rtk_new", b"v".to_vec())]).unwrap(), 1);
     assert!(store.vault_get("rtk_new").unwrap().is_some());
 }
 
@@ -61,7 +61,7 @@ pub fn audit_appends_in_order(make: MakeStore<'_>) {
 pub fn reveal_audits_every_attempt(make: MakeStore<'_>) {
     let store = make();
     let key = VaultKey::from_bytes([9; 32]);
-    store_originals(&*store, &key, &[(TOKEN, b"ada@example.com".to_vec())]).unwrap();
+    store_originals(&*store, &key, None, &[(TOKEN, b"ada@example.com".to_vec())]).unwrap();
     let admin = Revealer { who: "ada".into(), role: "admin".into() };
     let text = key.to_base64();
     let wrong = VaultKey::from_bytes([8; 32]).to_base64();

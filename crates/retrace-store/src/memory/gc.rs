@@ -39,6 +39,14 @@ impl GcStore for MemoryStore {
         let swept_set: HashSet<Digest> = swept.iter().map(|(d, _)| *d).collect();
         let dropped: Vec<Digest> =
             inner.cache.iter().filter(|(_, e)| swept_set.contains(&e.output_ref)).map(|(k, _)| *k).collect();
+        // A token's original goes with the last run that held it; one nobody held stays.
+        let unheld: Vec<String> = inner
+            .vault_refs
+            .iter()
+            .filter(|(_, runs)| !runs.is_empty() && runs.iter().all(|r| gone.contains(r.as_str())))
+            .map(|(token, _)| token.clone())
+            .filter(|token| inner.vault.contains_key(token))
+            .collect();
         let report = GcReport {
             dry_run: request.dry_run,
             runs_deleted: doomed.clone(),
@@ -46,6 +54,7 @@ impl GcStore for MemoryStore {
             blobs_deleted: swept.len() as u64,
             bytes_freed: swept.iter().map(|(_, n)| n).sum(),
             cache_entries_dropped: dropped.len() as u64,
+            vault_originals_deleted: unheld.len() as u64,
         };
         if request.dry_run {
             return Ok(report);
@@ -61,6 +70,13 @@ impl GcStore for MemoryStore {
         }
         for key in &dropped {
             inner.cache.remove(key);
+        }
+        for runs in inner.vault_refs.values_mut() {
+            runs.retain(|r| !doomed.contains(r));
+        }
+        inner.vault_refs.retain(|_, runs| !runs.is_empty());
+        for token in &unheld {
+            inner.vault.remove(token);
         }
         Ok(report)
     }

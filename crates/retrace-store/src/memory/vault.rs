@@ -5,11 +5,14 @@ use crate::writer::lease::now_ms;
 use crate::StoreResult;
 
 impl VaultStore for MemoryStore {
-    fn vault_put(&self, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
+    fn vault_put(&self, run: Option<&str>, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
         let mut inner = self.inner.lock();
         let now = now_ms();
         let mut new = 0;
         for (token, sealed) in sealed {
+            if let Some(run) = run {
+                inner.vault_refs.entry(token.clone()).or_default().insert(run.to_owned());
+            }
             inner.vault.entry(token.clone()).or_insert_with(|| {
                 new += 1;
                 VaultEntry { sealed: sealed.clone(), created_at_ms: now }

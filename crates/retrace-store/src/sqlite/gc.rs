@@ -173,6 +173,7 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
     doomed.extend(damaged_gone.iter().map(|d| d.id.clone()));
     let gone: HashSet<&str> = doomed.iter().map(String::as_str).collect();
     let mut events_deleted = 0;
+    let mut vault_originals_deleted = 0;
     let pks = runs
         .iter()
         .map(|(pk, m)| (*pk, m.id.as_str()))
@@ -188,6 +189,7 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
         }
         // A deleted run's held side effects go with it (QA27 D2: a reason stayed behind).
         tx.execute("DELETE FROM approvals WHERE run = ?1", [id]).ctx(|| WHAT)?;
+        vault_originals_deleted += forget_originals(tx, id)?;
         tx.execute("DELETE FROM runs WHERE pk = ?1", [pk]).ctx(|| format!("deleting run {id}"))?;
     }
     let remaining = runs.iter().map(|(_, m)| m).filter(|m| !gone.contains(m.id.as_str()));
@@ -243,8 +245,29 @@ fn collect(tx: &Connection, request: &GcRequest) -> StoreResult<(GcReport, Vec<S
         blobs_deleted,
         bytes_freed,
         cache_entries_dropped,
+        vault_originals_deleted,
     };
     Ok((report, files))
+}
+
+/// Drops run `id`'s hold on its tokens, and the originals of those no other run holds (QA38
+/// D1: deleting a run left its secrets revealable with the vault key); returns how many.
+fn forget_originals(tx: &Connection, id: &str) -> StoreResult<u64> {
+    let tokens: Vec<String> = tx
+        .prepare_cached("SELECT token FROM vault_refs WHERE run = ?1")
+        .and_then(|mut s| s.query_map([id], |r| r.get(0))?.collect())
+        .ctx(|| WHAT)?;
+    tx.execute("DELETE FROM vault_refs WHERE run = ?1", [id]).ctx(|| WHAT)?;
+    let mut unheld = tx
+        .prepare_cached(
+            "DELETE FROM vault WHERE token = ?1 AND NOT EXISTS (SELECT 1 FROM vault_refs WHERE token = ?1)",
+        )
+        .ctx(|| WHAT)?;
+    let mut deleted = 0;
+    for token in &tokens {
+        deleted += unheld.execute([token]).ctx(|| WHAT)? as u64;
+    }
+    Ok(deleted)
 }
 
 /// A run whose stored record can't be decoded (see `super::runs::record_bytes`), as its

@@ -30,6 +30,8 @@
 //!   and the TTL;
 //! - `vault` (since version 3): token → nonce, ciphertext (sealed under the vault key, see
 //!   [`crate::vault`]) and the time it was stored, without a rowid;
+//! - `vault_refs` (since version 16): which runs hold each token, so garbage collection deletes
+//!   an original with the last run holding it (an original stored before has none, and stays);
 //! - `audit` (since version 3): the append-only audit log, `id` AUTOINCREMENT so ids are never
 //!   reused; triggers refuse every `UPDATE` and `DELETE`; indexed by subject (token or run);
 //! - `blobs.stored_at` (since version 3): Unix milliseconds when the row was inserted, so
@@ -82,7 +84,7 @@
 //! `deliveries` with each commit; 10 had no blob row ids in `events`; 11 indexed every blob's
 //! digest as it was stored and kept `cache` alone (see `sqlite/tail.rs`); 12 kept the indexed
 //! digests in a partial index on `blobs`, one level; 13 had no `runs.keeper`; 14 had no
-//! `snapshot` in `cache` and `cache_log`.
+//! `snapshot` in `cache` and `cache_log`; 15 had no `vault_refs`.
 //! Opening an older store brings it to [`SCHEMA_VERSION`] in one transaction, step by step
 //! (1 → 2 adds `cache`; 2 → 3 adds `vault`, `audit` and the column; 3 → 4 adds the ledger and
 //! the approvals; 4 → 5 adds `names` and `heads` and fills `heads` for every stored event;
@@ -92,7 +94,7 @@
 //! two columns, NULL; 11 → 12 rebuilds `blobs` with the column `indexed`, 1 in every row
 //! stored, and its digest index partial, and adds `blob_mark` and `cache_log`; 12 → 13 moves
 //! the indexed digests into `blob_digests` and drops that index; 13 → 14 adds `runs.keeper`,
-//! NULL; 14 → 15 adds the two `snapshot` columns, NULL). A store of a newer version
+//! NULL; 14 → 15 adds the two `snapshot` columns, NULL; 15 → 16 adds `vault_refs`, empty). A store of a newer version
 //! than this build's is refused, never altered.
 use rusqlite::Connection;
 
@@ -100,7 +102,7 @@ use crate::error::ResultExt;
 use crate::{Durability, StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 15;
+pub const SCHEMA_VERSION: i64 = 16;
 
 /// Page size for new databases. Small pages keep the fixed cost of each table and index low;
 /// blob bytes are packed into page-sized segments, so pages stay full whatever the blob sizes.
@@ -360,6 +362,17 @@ CREATE TABLE IF NOT EXISTS cache (
     class TEXT,
     ttl INTEGER
 ) WITHOUT ROWID;
+";
+
+/// What version 16 added: the runs holding each token the vault keeps, so that deleting the
+/// last of them deletes the original (QA38 D1).
+const DDL_V16: &str = "
+CREATE TABLE IF NOT EXISTS vault_refs (
+    run TEXT NOT NULL,
+    token TEXT NOT NULL,
+    PRIMARY KEY (run, token)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS vault_refs_token ON vault_refs (token);
 ";
 
 /// What version 3 added to version 2 (also part of a new store's schema), besides the column
@@ -623,6 +636,10 @@ fn upgrade(conn: &Connection, path: &str) -> StoreResult<Option<i64>> {
         }
         if version < 15 {
             add_cache_snapshots(conn).ctx(what)?;
+        }
+        if version < 16 {
+            // Empty: the originals stored before are nobody's, and stay.
+            conn.execute_batch(DDL_V16).ctx(what)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}")).ctx(what)?;
         Ok(Some(version))

@@ -29,7 +29,7 @@ fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<StoreResult<AuditRecord>> {
 }
 
 impl VaultStore for SqliteStore {
-    fn vault_put(&self, sealed: &[(String, Sealed)]) -> StoreResult<usize> {
+    fn vault_put(&self, run: Option<&str>, sealed: &[(String, Sealed)]) -> StoreResult<usize> {
         if sealed.is_empty() {
             return Ok(0);
         }
@@ -40,10 +40,16 @@ impl VaultStore for SqliteStore {
                     "INSERT OR IGNORE INTO vault (token, nonce, ciphertext, created_at) VALUES (?1, ?2, ?3, ?4)",
                 )
                 .ctx(|| what.clone())?;
+            let mut held = tx
+                .prepare_cached("INSERT OR IGNORE INTO vault_refs (run, token) VALUES (?1, ?2)")
+                .ctx(|| what.clone())?;
             let now = now_ms() as i64;
             let mut new = 0;
             for (token, s) in sealed {
                 new += insert.execute(params![token, &s.nonce[..], s.ciphertext, now]).ctx(|| what.clone())?;
+                if let Some(run) = run {
+                    held.execute(params![run, token]).ctx(|| what.clone())?;
+                }
             }
             Ok(new)
         })

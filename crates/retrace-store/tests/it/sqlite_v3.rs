@@ -61,7 +61,7 @@ fn a_version_2_store_gains_the_vault_audit_and_blob_times_and_keeps_its_data() {
     assert_eq!(stored_at, None, "rows from before version 3 carry no time: they count as old");
     let key = VaultKey::from_bytes([1; 32]);
     assert_eq!(
-        store.vault_put(&[("rtk_t".into(), seal_with_nonce(&key, "rtk_t", [0; 24], b"x"))]).unwrap(),
+        store.vault_put(None, &[("rtk_t".into(), seal_with_nonce(&key, "rtk_t", [0; 24], b"x"))]).unwrap(),
         1
     );
     // Deleting the run sweeps its blob from before version 3 (no time: old) even with the
