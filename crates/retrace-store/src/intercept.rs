@@ -177,7 +177,11 @@ impl<I: Interceptor> Cache for Intercepted<I> {
 }
 
 impl<I: Interceptor> VaultStore for Intercepted<I> {
-    fn vault_put(&self, run: Option<&str>, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
+    fn vault_put(
+        &self,
+        run: Option<&str>,
+        sealed: &[(String, retrace_core::vault::Sealed)],
+    ) -> StoreResult<usize> {
         self.inner.vault_put(run, sealed)
     }
     fn vault_get(&self, token: &str) -> StoreResult<Option<VaultEntry>> {

@@ -234,11 +234,13 @@ fn a_text_body_that_is_not_utf8_is_masked_around_its_odd_bytes() {
 /// The same in a stream whose chunks aren't UTF-8.
 #[test]
 fn a_stream_that_is_not_utf8_is_masked_around_its_odd_bytes() {
-    let stream = [&b"data: {\"content\":\"caf\xe9 "[..], SECRET.as_bytes(), b"\"}\n\ndata: [DONE]\n\n"].concat();
+    let stream =
+        [&b"data: {\"content\":\"caf\xe9 "[..], SECRET.as_bytes(), b"\"}\n\ndata: [DONE]\n\n"].concat();
     let doc = stream_doc(&[("content-type", "text/event-stream")], &[(0, &stream[..20]), (5, &stream[20..])]);
     let out = masker().mask_output(&doc);
     assert_eq!(out.tokens, 1);
     let text: Vec<u8> = chunks_of(&out.bytes).into_iter().flat_map(|(_, c)| c).collect();
-    let want = [&b"data: {\"content\":\"caf\xe9 "[..], token().as_bytes(), b"\"}\n\ndata: [DONE]\n\n"].concat();
+    let want =
+        [&b"data: {\"content\":\"caf\xe9 "[..], token().as_bytes(), b"\"}\n\ndata: [DONE]\n\n"].concat();
     assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&want));
 }

@@ -167,7 +167,11 @@ fn step_names_are_stored_masked_and_replay_matched() {
     assert_eq!(events[1].name.as_deref(), Some(format!("lookup {token}").as_str()));
     assert_eq!(events[1].tool.as_ref().map(|t| t.name.clone()), events[1].name.clone());
     let kinds: Vec<_> = events[2..].iter().map(|e| e.message.as_ref().and_then(|m| m.kind.clone())).collect();
-    assert_eq!(kinds, [Some(format!("note {token}")), Some(format!("note {token}"))], "the send, then the delivery");
+    assert_eq!(
+        kinds,
+        [Some(format!("note {token}")), Some(format!("note {token}"))],
+        "the send, then the delivery"
+    );
     let stored = serde_json::to_string(&events).unwrap();
     assert!(!stored.contains(SECRET), "{stored}");
     assert!(store.run(&run).unwrap().holds_tokens);

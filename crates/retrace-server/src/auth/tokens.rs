@@ -126,7 +126,10 @@ impl Tokens {
     }
 
     fn add(&mut self, at: &str, role: &str, token: &str, holder: Option<&str>) -> Result<(), TokensError> {
-        let role: Role = role.parse().map_err(|message| TokensError::Role { at: at.to_owned(), message })?;
+        let role: Role = role.parse().map_err(|message| TokensError::Role {
+            at: at.to_owned(),
+            message: unknown_role(role, token, message),
+        })?;
         let visible = token.bytes().all(|b| b.is_ascii_graphic() && b != b',');
         if token.len() < MIN_TOKEN_LEN || !visible {
             return Err(TokensError::Weak { at: at.to_owned() });
@@ -160,6 +163,22 @@ impl Tokens {
         }
         found.map(|(role, name)| Holder { role, name: name.clone(), fingerprint: digest.short() })
     }
+}
+
+/// Why `role` is no role, never echoing what may be a token (QA38 D2: `TOKEN:admin`, the two
+/// swapped, printed the token as the "unknown role").
+fn unknown_role(role: &str, token: &str, message: String) -> String {
+    const ROLES: &str = "roles: viewer, debugger, admin";
+    if token.parse::<Role>().is_ok() {
+        return format!(
+            "the role comes first, then the token: found a token, then the role {token:?} ({ROLES})"
+        );
+    }
+    if role.chars().count() > 12 {
+        let start: String = role.chars().take(4).collect();
+        return format!("unknown role \"{start}…\" ({ROLES})");
+    }
+    message
 }
 
 fn shape(at: String, shape: &'static str, found: &str) -> TokensError {
@@ -209,6 +228,18 @@ mod tests {
         assert!(err(&format!("viewer:{A},viewer:short"))
             .starts_with("RETRACE_SERVE_TOKENS entry 2: a token must be"));
         assert!(!err("secretsecretsecretsecret").contains("secretsecretsecretsecret"));
+        // Swapped, or a long unknown role: the token is never echoed (QA38 D2).
+        let swapped = err("S3cretTokenValueQA38xyz:admin");
+        assert!(swapped.contains("the role comes first, then the token"), "{swapped}");
+        assert!(!swapped.contains("S3cret"), "{swapped}");
+        let long = err("Zq9mSECRETxTOKEN77abcd:stranger");
+        assert_eq!(
+            long,
+            "RETRACE_SERVE_TOKENS entry 1: unknown role \"Zq9m…\" (roles: viewer, debugger, admin)"
+        );
+        let file =
+            Tokens::none().add_file("t.txt", "S3cretTokenValueQA38file admin").unwrap_err().to_string();
+        assert!(file.starts_with("t.txt:1: the role comes first") && !file.contains("S3cret"), "{file}");
         assert!(err(&format!("viewer:{A},admin:{A}")).contains("listed twice"));
         let file = Tokens::none().add_file("t.txt", &format!("viewer {A} alice extra")).unwrap_err();
         assert_eq!(file.to_string(), "t.txt:1: expected role TOKEN [NAME], found \"viewer…\"");

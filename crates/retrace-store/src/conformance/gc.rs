@@ -107,7 +107,8 @@ pub fn gc_deletes_expired_runs_and_their_blobs(make: MakeStore<'_>) {
     // holds (stored before runs held tokens) stays.
     let key = retrace_core::vault::VaultKey::from_bytes([3; 32]);
     let original = |token: &str| (token.to_owned(), format!("{token}@example.com").into_bytes());
-    crate::vault::store_originals(&*store, &key, Some("old"), &[original("rtk_old"), original("rtk_both")]).unwrap();
+    crate::vault::store_originals(&*store, &key, Some("old"), &[original("rtk_old"), original("rtk_both")])
+        .unwrap();
     crate::vault::store_originals(&*store, &key, Some("kept"), &[original("rtk_both")]).unwrap();
     crate::vault::store_originals(&*store, &key, None, &[original("rtk_nobody")]).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(3));

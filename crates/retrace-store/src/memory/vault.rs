@@ -5,7 +5,11 @@ use crate::writer::lease::now_ms;
 use crate::StoreResult;
 
 impl VaultStore for MemoryStore {
-    fn vault_put(&self, run: Option<&str>, sealed: &[(String, retrace_core::vault::Sealed)]) -> StoreResult<usize> {
+    fn vault_put(
+        &self,
+        run: Option<&str>,
+        sealed: &[(String, retrace_core::vault::Sealed)],
+    ) -> StoreResult<usize> {
         let mut inner = self.inner.lock();
         let now = now_ms();
         let mut new = 0;
