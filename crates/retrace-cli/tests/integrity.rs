@@ -358,6 +358,37 @@ fn an_event_edited_in_the_store_is_refused_by_replay_and_export_naming_its_seq()
     assert!(!file.exists(), "no file its import would refuse");
 }
 
+/// A run whose last events are gone from the store (deleted by hand) is refused by export as
+/// verify refuses it (QA40 D2: it exported with exit 0, a file its own import then refused).
+#[test]
+fn a_run_missing_its_last_events_is_refused_by_export() {
+    let (home, recorded) = demo_recording();
+    let last: i64 = home
+        .db()
+        .query_row(
+            "SELECT max(seq) FROM events WHERE run_pk = (SELECT pk FROM runs WHERE id = ?1)",
+            [&recorded],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let deleted = home
+        .db()
+        .execute(
+            "DELETE FROM events WHERE seq >= ?2 AND run_pk = (SELECT pk FROM runs WHERE id = ?1)",
+            rusqlite::params![&recorded, last - 1],
+        )
+        .unwrap();
+    assert_eq!(deleted, 2);
+    home.run(&["verify", &recorded]).expect(1, &["run head is"], &[]);
+    let file = home.file("short.jsonl");
+    home.run(&["export", &recorded, "-o", file.to_str().unwrap()]).expect(
+        1,
+        &[],
+        &["events are missing from its end", "retrace verify"],
+    );
+    assert!(!file.exists(), "no file its import would refuse");
+}
+
 /// A run whose stored record is damaged (bad JSON in its row) doesn't blind the commands that
 /// list or check the whole store: `runs` lists it as `unreadable` beside the others, and
 /// `verify --all` names it as a problem and still checks the others.

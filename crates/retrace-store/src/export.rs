@@ -129,7 +129,7 @@ fn export_inner(
     let count = pages.count();
 
     // This thread reads (it holds the snapshot); a second one writes the canonical lines.
-    let (refs, requests, spool) = std::thread::scope(|scope| {
+    let (refs, requests, read, spool) = std::thread::scope(|scope| {
         let (pages_tx, pages_rx) = mpsc::sync_channel::<Vec<Event>>(2);
         let encoder = scope.spawn(move || spool_events(run_id, pages_rx));
         let read = read_events(run_id, &mut pages, count, &pages_tx, progress);
@@ -137,8 +137,23 @@ fn export_inner(
         let spool = encoder.join().expect("the event encoder never panics");
         // The encoder's error concerns an earlier event than any error the reader found.
         let spool = spool?;
-        read.map(|(refs, requests)| (refs, requests, spool))
+        read.map(|(refs, requests, ends)| (refs, requests, ends, spool))
     })?;
+    // What import checks beyond the chain, checked here too: an export never writes a file
+    // its own import refuses (QA40 D2: a run whose last events were gone exported with exit 0).
+    let inconsistent = |message| ExportError::Inconsistent { run_id: run_id.to_owned(), message };
+    if let Some(head) = run.head.filter(|_| run.status != retrace_core::run::RunStatus::Running) {
+        if read.last_hash != Some(head) {
+            let found = read.last_hash.map_or("no events".to_owned(), |d| d.to_string());
+            return Err(inconsistent(format!(
+                "the run's head is {head} but its last event's hash is {found}: events are missing \
+                 from its end"
+            )));
+        }
+    }
+    if let Some(message) = crate::verify::decisions_disagree(&run, &read.decisions) {
+        return Err(inconsistent(message));
+    }
 
     // A fork's edits name blobs no event may reference (a `message:` edit's body): the file
     // carries them too, so a replay of the imported fork can apply its edits again.
@@ -206,13 +221,20 @@ fn export_inner(
 /// Reads the run's events page by page, checks their seqs and hands each page to the encoder;
 /// returns the blobs they reference in order of first reference, and the model calls' requests
 /// and outputs (the blobs that may be manifests).
+/// What [`read_events`] saw of the run as a whole: its last event's hash and its decisions.
+#[derive(Default)]
+struct Read {
+    last_hash: Option<Digest>,
+    decisions: Vec<retrace_core::run::FinalDecision>,
+}
+
 fn read_events(
     run_id: &str,
     pages: &mut RunEvents<'_>,
     count: u64,
     encoder: &SyncSender<Vec<Event>>,
     progress: &mut dyn FnMut(u64),
-) -> Result<(Vec<BlobRef>, DigestSet), ExportError> {
+) -> Result<(Vec<BlobRef>, DigestSet, Read), ExportError> {
     let stored = |source| ExportError::Store { run_id: run_id.to_owned(), source };
     // About two blobs an event (a request and an output), room taken at once: each growth of
     // these rehashes or copies what they hold while the encoder waits.
@@ -220,6 +242,7 @@ fn read_events(
     let mut refs = Vec::with_capacity(room);
     let mut referenced = DigestSet::with_capacity_and_hasher(room, Default::default());
     let mut requests = DigestSet::default();
+    let mut read = Read::default();
     let mut next = 1u64;
     while let Some(located) = pages.next_located_page().map_err(stored)? {
         let gap = located.iter().zip(next..).position(|(l, expected)| l.event.seq != expected);
@@ -234,6 +257,8 @@ fn read_events(
                 requests.extend(l.event.request_ref);
                 requests.extend(l.event.output_ref);
             }
+            read.last_hash = Some(l.event.hash);
+            read.decisions.extend(crate::verify::decision_of(&l.event));
         }
         let mut page: Vec<Event> = located.into_iter().map(|l| l.event).collect();
         next += valid as u64;
@@ -247,7 +272,7 @@ fn read_events(
         }
         if encoder.send(page).is_err() {
             // The encoder stopped on an error, which the caller reports.
-            return Ok((refs, requests));
+            return Ok((refs, requests, read));
         }
         progress(next - 1);
     }
@@ -255,7 +280,7 @@ fn read_events(
         let message = format!("expected {count} events, the store gave {}", next - 1);
         return Err(ExportError::Inconsistent { run_id: run_id.to_owned(), message });
     }
-    Ok((refs, requests))
+    Ok((refs, requests, read))
 }
 
 /// Checks the hash chain of the events received ([`ChainCheck`]) and writes the canonical line
