@@ -190,6 +190,7 @@ fn a_gate_with_a_divergence_ends_the_streak_whatever_the_names() {
     let (header, rest) = trace.split_once('\n').unwrap();
     let mut header: Value = json(header);
     header["run"]["command"]["argv"] = serde_json::json!(["python3", "other.py"]);
+    header["run_digest"] = retrace_core::export::run_digest(&header["run"]).unwrap().to_string().into();
     std::fs::write(p.path("traces/0-diverges.jsonl"), format!("{header}\n{rest}")).unwrap();
     let out = p.retrace(&["gate", "traces"], &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));

@@ -1,8 +1,11 @@
 //! The export format, `retrace-trace/1` (SPEC §2): JSON Lines, one header, events in seq order,
 //! then the blobs they reference.
 //!
-//! - Header: `{"format":"retrace-trace/1","run":{…},"holds_tokens":…,"mask_key_fingerprint":…,
-//!   "masking_rules":{…},"events":N,"blobs":M}`.
+//! - Header: `{"format":"retrace-trace/1","run":{…},"run_digest":"sha256:…","holds_tokens":…,
+//!   "mask_key_fingerprint":…,"masking_rules":{…},"events":N,"blobs":M}`. `run_digest` is the
+//!   sha256 of the run record's canonical JSON ([`run_digest`]): the hash chain covers the
+//!   events, this the record (status, command, decisions...), so a byte changed in either is
+//!   refused. A file written before it existed has none, and is read as before.
 //! - Event lines: the event object itself (it carries `seq`).
 //! - Blob lines: `{"blob":"sha256:…","text":"…"}` when the bytes are UTF-8, else
 //!   `{"blob":"sha256:…","base64":"…"}`; a blob stored as a manifest (a model request chained on
@@ -38,6 +41,15 @@ pub struct ExportHeader {
     pub events: u64,
     /// Number of blob lines after the events.
     pub blobs: u64,
+    /// The digest of `run` as written ([`run_digest`]); absent in files written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_digest: Option<crate::Digest>,
+}
+
+/// The digest of a header's run record: sha256 of its canonical JSON. `None` for a value
+/// canonical JSON can't write (a run record always can).
+pub fn run_digest(run: &serde_json::Value) -> Option<crate::Digest> {
+    crate::canonical::canonical_value(run).ok().map(|bytes| crate::Digest::of(&bytes))
 }
 
 /// A format tag this build can't read.

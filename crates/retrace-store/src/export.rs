@@ -168,7 +168,9 @@ fn export_inner(
         }
     }
     let plan = plan_blobs(store, run_id, &refs, requests)?;
+    let run_digest = serde_json::to_value(&run).ok().as_ref().and_then(retrace_core::export::run_digest);
     let header = ExportHeader {
+        run_digest,
         format: FORMAT.to_owned(),
         holds_tokens: run.holds_tokens,
         mask_key_fingerprint: run.mask_key_fingerprint.clone(),

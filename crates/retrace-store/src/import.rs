@@ -30,6 +30,7 @@ mod commit;
 pub use commit::UNFINISHED_LABEL;
 mod early;
 mod header;
+pub(crate) use header::impossible as impossible_record;
 mod held;
 mod identity;
 mod prepare;

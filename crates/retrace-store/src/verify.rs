@@ -119,6 +119,9 @@ pub enum ProblemKind {
     /// An import that stopped part way: the store holds only the first events of the file's
     /// run (those it holds are checked as far as they go).
     Unfinished,
+    /// The run's record is one no run could have: a replay or fork of no run, a fork with no
+    /// fork point, `diverged` with no divergence (QA40 D3).
+    Record,
 }
 
 /// One thing wrong with a stored run.
@@ -271,6 +274,9 @@ impl<'a> RunCheck<'a> {
             }
         }
         self.final_decisions(&meta);
+        if let Some(message) = crate::import::impossible_record(&meta) {
+            self.problem(ProblemKind::Record, None, format!("the run's record is impossible: {message}"));
+        }
         self.edit_blobs(&meta);
     }
 

@@ -22,6 +22,8 @@ fn export_then_import_elsewhere_round_trips_byte_for_byte() {
     let (header, rest) = text.split_once('\n').unwrap();
     let mut header: serde_json::Value = serde_json::from_str(header).unwrap();
     header["run"]["exit_status"] = 3.into();
+    // Made as another export would be, digest and all: not an edit of this file.
+    header["run_digest"] = retrace_core::export::run_digest(&header["run"]).unwrap().to_string().into();
     let edited = other.file("edited-header.jsonl");
     std::fs::write(&edited, format!("{header}\n{rest}")).unwrap();
     other.run(&["import", edited.to_str().unwrap()]).expect(

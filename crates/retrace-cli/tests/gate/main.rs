@@ -560,6 +560,7 @@ fn a_trace_holding_tokens_under_another_mask_key_is_an_input_error() {
         place["holds_tokens"] = true.into();
         place["mask_key_fingerprint"] = "mk_00000000deadbeef".into();
     }
+    header["run_digest"] = retrace_core::export::run_digest(&header["run"]).unwrap().to_string().into();
     std::fs::write(&file, format!("{header}\n{rest}")).unwrap();
     // A key that is set but another: both fingerprints named.
     let key = ("RETRACE_MASK_KEY", "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=");

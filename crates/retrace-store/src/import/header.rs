@@ -31,6 +31,12 @@ pub(super) fn read_header(
     }
     let value: serde_json::Value = serde_json::from_slice(line)
         .map_err(|e| unparsable(at.clone(), complete, "the header is not JSON", &e))?;
+    // A key written twice would be read as its last (QA40 D4); event lines refuse it too.
+    if let Err(e) = retrace_core::json::parse(line) {
+        if e.message.contains("duplicate") {
+            return Err(malformed(format!("the header holds a {}", e.message)));
+        }
+    }
     let Some(format) = value.get("format").and_then(|f| f.as_str()) else {
         return Err(malformed("not a retrace trace: the first line has no \"format\"".into()));
     };
@@ -49,6 +55,22 @@ pub(super) fn read_header(
     if run.id.is_empty() || run.id.len() > 200 || run.id.chars().any(char::is_control) {
         return Err(malformed(format!("bad run id {:?}", run.id)));
     }
+    // The run record as written, against its digest (QA40 D3: a changed status, exit status or
+    // command imported and verified as ok).
+    if let Some(said) = header.run_digest {
+        let found = value.get("run").and_then(retrace_core::export::run_digest);
+        if found != Some(said) {
+            let found = found.map_or_else(|| "none".to_owned(), |d| d.to_string());
+            let message = format!(
+                "the header's run record was changed after it was exported: it hashes to {found}, its \
+                 run_digest says {said}"
+            );
+            return Err(ImportError::Verification { at, seq: None, digest: Some(said), message });
+        }
+    }
+    if let Some(message) = impossible(run) {
+        return Err(malformed(format!("the header's run record is impossible: {message}")));
+    }
     let agrees = header.holds_tokens == run.holds_tokens
         && header.mask_key_fingerprint == run.mask_key_fingerprint
         && header.masking_rules == run.masking_rules;
@@ -58,6 +80,23 @@ pub(super) fn read_header(
         return Err(malformed(message.into()));
     }
     Ok((header, unknown))
+}
+
+/// Why `run` is a record no run could have, if it is one: a replay or fork of no run, a fork
+/// with no fork point, a divergence where none is said or none where one is.
+pub(crate) fn impossible(run: &retrace_core::run::RunMeta) -> Option<String> {
+    use retrace_core::run::{RunMode, RunStatus};
+    let mode = run.mode;
+    if matches!(mode, RunMode::Replay | RunMode::Fork) && run.source_run.is_none() {
+        return Some(format!("a {mode} run with no source_run"));
+    }
+    if mode == RunMode::Fork && run.fork_at.is_none() {
+        return Some("a fork with no fork_at".into());
+    }
+    if run.status == RunStatus::Diverged && run.divergence.is_none() {
+        return Some("status diverged with no divergence".into());
+    }
+    None
 }
 
 /// Appends to `out` the path of each member of `written` that `known` (what parsing kept of

@@ -33,6 +33,65 @@ fn header(lines: &[String]) -> serde_json::Value {
     serde_json::from_str(&lines[0]).unwrap()
 }
 
+/// `h` with its `run_digest` made again for its run record as it now stands: an edit that
+/// gets past the digest, for the checks behind it.
+fn resealed(mut h: serde_json::Value) -> serde_json::Value {
+    let digest = retrace_core::export::run_digest(&h["run"]).unwrap();
+    h["run_digest"] = digest.to_string().into();
+    h
+}
+
+/// The header's run record is covered by `run_digest` (QA40 D3: a changed status, exit status,
+/// mode or command imported with exit 0 and verified ok); a file written before it existed,
+/// with none, is read as before. A record no run could have is refused even so.
+#[test]
+fn a_changed_run_record_is_refused_by_its_digest() {
+    let lines = good();
+    let h = header(&lines);
+    assert!(h["run_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{h}");
+    for (path, value) in [
+        ("exit_status", serde_json::json!(7)),
+        ("status", serde_json::json!("failed")),
+        ("mode", serde_json::json!("replay")),
+        ("name", serde_json::json!("renamed")),
+    ] {
+        let mut changed = h.clone();
+        changed["run"][path] = value;
+        let mut edited = lines.clone();
+        edited[0] = changed.to_string();
+        let err = refused(&join(&edited));
+        check(&err, ImportErrorKind::Verification, 1, &["t.jsonl:1", "run record was changed", "run_digest"]);
+    }
+    let mut unsealed = h.clone();
+    unsealed.as_object_mut().unwrap().remove("run_digest");
+    let mut older = lines.clone();
+    older[0] = unsealed.to_string();
+    let store = MemoryStore::new();
+    let opts = ImportOptions { file_name: Some("t.jsonl".into()), ..ImportOptions::default() };
+    import_reader(&store, join(&older).as_slice(), opts).expect("a file with no run_digest imports");
+
+    for (path, value, says) in [
+        ("mode", serde_json::json!("replay"), "a replay run with no source_run"),
+        ("status", serde_json::json!("diverged"), "status diverged with no divergence"),
+    ] {
+        let mut changed = h.clone();
+        changed["run"][path] = value;
+        let mut edited = lines.clone();
+        edited[0] = resealed(changed).to_string();
+        check(&refused(&join(&edited)), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "impossible", says]);
+    }
+}
+
+/// A key written twice in the header is refused, as in an event line (QA40 D4: the last one
+/// won).
+#[test]
+fn a_header_key_written_twice_is_refused() {
+    let lines = good();
+    let mut twice = lines.clone();
+    twice[0] = lines[0].replacen("{", "{\"format\":\"retrace-trace/2\",", 1);
+    check(&refused(&join(&twice)), ImportErrorKind::Malformed, 2, &["t.jsonl:1", "duplicate key", "format"]);
+}
+
 #[test]
 fn truncated_files() {
     let lines = good();
@@ -264,7 +323,7 @@ fn a_wrong_head_is_refused() {
     let mut lines = good();
     let mut h = header(&lines);
     h["run"]["head"] = Digest::of(b"other").to_string().into();
-    lines[0] = h.to_string();
+    lines[0] = resealed(h).to_string();
     check(&refused(&join(&lines)), ImportErrorKind::Verification, 1, &["t.jsonl:1", "head"]);
 }
 
@@ -372,7 +431,7 @@ fn final_decisions_that_are_not_the_decision_events_are_refused_and_verify_names
     let mut first = header(&lines);
     assert_eq!(first["run"]["decisions"][0]["action"], "approve", "the fixture decides");
     first["run"]["decisions"][0]["action"] = "reject".into();
-    lines[0] = serde_json::to_string(&first).unwrap();
+    lines[0] = serde_json::to_string(&resealed(first)).unwrap();
     let err = refused(&join(&lines));
     check(
         &err,
@@ -473,6 +532,7 @@ fn a_header_member_no_header_has_is_refused_naming_it() {
     run.insert("nane".into(), name);
     run.insert("gone".into(), serde_json::Value::Null);
     h["masking_rules"].as_object_mut().unwrap().insert("extra".into(), serde_json::json!(1));
+    let h = resealed(h);
     lines[0] = String::from_utf8(retrace_core::canonical::canonical_value(&h).unwrap()).unwrap();
     let err = refused(&join(&lines));
     check(&err, ImportErrorKind::Verification, 1, &["t.jsonl:1", "run.nane", "masking_rules.extra"]);
