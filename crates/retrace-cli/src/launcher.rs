@@ -156,12 +156,52 @@ pub fn check_cwd(argv: &[String], cwd: &Path) -> anyhow::Result<()> {
 /// run without a lease is one whose program has not taken a step yet, or an import under way).
 /// Its log is still growing: a replay would find it ending early, and a fork would branch from
 /// what is stored so far.
+/// The first run that `run`'s fork chain inherits from and the store doesn't hold, if any: a
+/// fork stores only its own events, and reads those before its fork point from its source.
+pub fn missing_source(
+    store: &dyn retrace_store::Store,
+    run: &retrace_core::run::RunMeta,
+) -> anyhow::Result<Option<String>> {
+    let mut at = run.clone();
+    while at.mode == retrace_core::run::RunMode::Fork {
+        let Some(source) = at.source_run.clone() else { return Ok(None) };
+        match store.run(&source) {
+            Ok(meta) => at = meta,
+            Err(e) if e.kind == retrace_store::StoreErrorKind::NotFound => return Ok(Some(source)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// Why `run`, a fork whose source this store lacks, can't be replayed or forked (QA35 D1: the
+/// program ran, every step failed, and it read as a divergence of the program's).
+pub fn refuse_missing_source(
+    store: &dyn retrace_store::Store,
+    run: &retrace_core::run::RunMeta,
+    verb: &str,
+) -> anyhow::Result<()> {
+    let Some(missing) = missing_source(store, run)? else { return Ok(()) };
+    let id = &run.id;
+    Err(crate::exit::usage_hint(
+        format!(
+            "run {id} is a fork of run {missing}, which this store doesn't hold: a fork keeps only its own \
+             events and reads those before its fork point from its source"
+        ),
+        format!(
+            "import {missing}'s trace too (`retrace export {missing} -o FILE` in the store that recorded it, \
+             then `retrace import FILE` here), then {verb} {id}"
+        ),
+    ))
+}
+
 pub fn check_finished(
     store: &dyn retrace_store::Store,
     source: &retrace_core::run::RunMeta,
     verb: &str,
 ) -> anyhow::Result<()> {
     let id = &source.id;
+    refuse_missing_source(store, source, verb)?;
     let running = source.status == retrace_core::run::RunStatus::Running;
     if source.labels.contains_key(retrace_store::import::UNFINISHED_LABEL) {
         if running {

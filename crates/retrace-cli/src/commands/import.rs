@@ -133,6 +133,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if let Some(warning) = key_warning(&meta)? {
                 eprintln!("{warning}");
             }
+            if let Some(missing) = crate::launcher::missing_source(&*store, &meta)? {
+                said["missing_source"] = missing.clone().into();
+                eprintln!(
+                    "warning: run {run_id} is a fork of run {missing}, which this store doesn't hold: import \
+                     {missing}'s trace too to replay or fork it"
+                );
+            }
             if meta.status == retrace_core::run::RunStatus::Running {
                 // Only the file says so: no one records it here.
                 meta.labels

@@ -55,6 +55,25 @@ fn a_model_output_edit_may_be_the_plain_body_the_provider_returns() {
         .map(|r| r.split(':').next().unwrap().to_owned())
         .unwrap();
     home.run(&["replay", &fork]).expect(0, &["edited by hand"], &["ok"]);
+    // Imported without its source, the fork can't be replayed or forked: said before the
+    // program runs, an input error (QA35 D1: every step failed and it read as a divergence).
+    let file = home.file("fork-only.jsonl");
+    home.run(&["export", &fork, "-o", file.to_str().unwrap()]).expect(0, &[], &[]);
+    let elsewhere = Home::new();
+    elsewhere.run(&["import", file.to_str().unwrap()]).expect(
+        0,
+        &[],
+        &[&format!("is a fork of run {run}, which this store doesn't hold")],
+    );
+    let missing = format!("run {fork} is a fork of run {run}, which this store doesn't hold");
+    elsewhere.run(&["replay", &fork]).expect(2, &[], &[&missing, &format!("import {run}'s trace too")]);
+    elsewhere.run(&["fork", &fork, "--at", "1"]).expect(2, &[], &[&missing]);
+    let runs = elsewhere.run(&["runs", "--json"]).stdout();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&runs).unwrap().as_array().unwrap().len(),
+        1,
+        "{runs}"
+    );
     // The edited step is served as `recorded`: show says whose output it is (QA25 D5).
     home.run(&["show", &fork]).expect(0, &["[edited]"], &[]);
     home.run(&["show", &fork, "--seq", "1"]).expect(
