@@ -214,6 +214,12 @@ impl Inner {
             Err(e) => {
                 if let Some(scheduler) = &self.scheduler {
                     scheduler.log().fail(e.clone());
+                    // Nothing can be judged past this: agents waiting on one another are released
+                    // now, not after --stall-timeout (QA36 D1), and the run ends failed.
+                    let d = retrace_core::Divergence::new(retrace_core::DivergenceCode::Stall, "*").detail(
+                        format!("the replay failed: the store could not serve a recorded output: {e}"),
+                    );
+                    scheduler.diverge(d);
                 }
                 Err(e.into())
             }

@@ -104,7 +104,8 @@ impl Session {
             run.status = status;
             run.exit_status = outcome.exit_status;
             run.decisions = self.inner.decisions.lock().clone();
-            run.divergence = divergence.as_ref().map(Divergence::to_json);
+            // A failed replay judged nothing: the waiters it released are no divergence.
+            run.divergence = divergence.as_ref().filter(|_| failure.is_none()).map(Divergence::to_json);
             run.finished_at_ms = Some(self.inner.clock.now_ms());
             let reordered = scheduler.log().reordered();
             if !reordered.is_empty() {

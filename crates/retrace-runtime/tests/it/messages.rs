@@ -543,3 +543,72 @@ fn recv_blocking_on_a_current_thread_runtime_times_out_and_hears_other_threads()
     let heard = done_rx.recv_timeout(Duration::from_secs(30)).expect("recv_blocking returned");
     assert_eq!(heard, (true, true));
 }
+
+/// A recorded output the store can't serve (its blob file damaged) fails the replay at once:
+/// the agent waiting on the damaged step's agent is released, not after --stall-timeout, and
+/// the run ends `failed` with no divergence, as a replay that can't read its recording does
+/// (QA36 D1: a 30 s stall, reported as the replay's divergence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_output_fails_the_replay_and_releases_the_waiters_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = retrace_store::sqlite::SqliteStore::open(
+        &dir.path().join("retrace.db"),
+        &dir.path().join("blobs"),
+        retrace_store::Durability::Batch,
+        5_000,
+    )
+    .unwrap();
+    let store: Arc<dyn Store> = Arc::new(sqlite);
+    let big = "y".repeat(70_000);
+    let program = |s: &Session| {
+        let big = big.clone();
+        let sender = s.spawn("alpha", move |a| async move {
+            let out: String = a
+                .tool_async("big", &json!({}), ToolSpec::deterministic("1"), || async move {
+                    Ok::<_, String>(big)
+                })
+                .await?;
+            a.send("beta", "note", &json!({ "len": out.len() }), None).await
+        });
+        let waiter = s.spawn("beta", |b| async move { b.recv(None).await });
+        (sender, waiter)
+    };
+    let s = Session::record(store.clone(), SessionOptions::default()).unwrap();
+    let (sender, waiter) = program(&s);
+    sender.await.unwrap().unwrap();
+    waiter.await.unwrap().unwrap();
+    s.finish(Outcome::default()).unwrap();
+
+    let files: Vec<_> = walk(&dir.path().join("blobs"));
+    assert!(!files.is_empty(), "the 70 KB output is a blob file");
+    for f in files {
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes[100] ^= 1;
+        std::fs::write(&f, bytes).unwrap();
+    }
+    let r = Session::replay(store.clone(), &s.run_id(), SessionOptions::default()).unwrap();
+    let started = Instant::now();
+    let (sender, waiter) = program(&r);
+    assert!(sender.await.unwrap().is_err(), "the damaged output is not served");
+    let released = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("released at once");
+    assert!(released.unwrap().is_err());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = r.finish(Outcome::default()).unwrap_err();
+    assert!(err.divergence().is_none(), "a failure, not a divergence: {err}");
+    let meta = store.run(&r.run_id()).unwrap();
+    assert_eq!(meta.status, retrace_core::run::RunStatus::Failed);
+    assert_eq!(meta.divergence, None, "nothing was judged");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
