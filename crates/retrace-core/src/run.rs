@@ -98,12 +98,14 @@ pub struct Command {
     pub cwd: String,
 }
 
-/// Why a run can't be given this name and these label keys (`None`: it can). An empty or blank
+/// Why a run can't be given this name and these labels (`None`: it can). An empty or blank
 /// name, or an empty label key, names nothing anyone could look a run up by (`runs`, a label
-/// query `label:KEY=VALUE`); a label's value may be empty.
+/// query `label:KEY=VALUE`); a label's value may be empty, but, as every listing carries it,
+/// not longer than [`MAX_LABEL_VALUE_CHARS`] or holding a control character, and a run has at
+/// most [`MAX_LABELS`] (QA39 D2: a 30 MiB value made every `GET /api/runs` 31 MB).
 pub fn naming_problem<'a>(
     name: Option<&str>,
-    label_keys: impl IntoIterator<Item = &'a str>,
+    labels: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Option<String> {
     if name.is_some_and(|n| n.trim().is_empty()) {
         return Some("the run's name is empty: give it a name, or none".into());
@@ -112,19 +114,45 @@ pub fn naming_problem<'a>(
     if let Some(problem) = name.and_then(|n| too_long_or_control(n, "the run's name", MAX_NAME_CHARS)) {
         return Some(problem);
     }
-    for key in label_keys {
+    let mut count = 0;
+    for (key, value) in labels {
+        count += 1;
         if key.trim().is_empty() {
             return Some("a label's key is empty: a label is KEY=VALUE".into());
         }
         if let Some(problem) = too_long_or_control(key, "a label's key", MAX_NAME_CHARS) {
             return Some(problem);
         }
+        let what = format!("the value of label {key:?}");
+        if let Some(problem) = too_long_or_control(value, &what, MAX_LABEL_VALUE_CHARS) {
+            return Some(problem);
+        }
+    }
+    if count > MAX_LABELS {
+        return Some(format!("{count} labels: a run has at most {MAX_LABELS}"));
     }
     None
 }
 
+/// Why `id` can't be an agent's id (`None`: it can): empty or blank, longer than 256
+/// characters, or holding a control character. Every route that names an agent refuses such
+/// an id, so a message sent to one could never be received (QA39 D3).
+pub fn agent_id_problem(id: &str) -> Option<String> {
+    match id.chars().count() {
+        0 => Some("the agent id is empty".into()),
+        n if n > 256 => Some(format!("the agent id is {n} characters long; at most 256")),
+        _ if id.trim().is_empty() => Some(format!("the agent id {id:?} is blank")),
+        _ if id.chars().any(char::is_control) => Some(format!("agent id {id:?} holds a control character")),
+        _ => None,
+    }
+}
+
 /// The longest run name or label key, in characters.
 pub const MAX_NAME_CHARS: usize = 256;
+/// The longest label value, in characters.
+pub const MAX_LABEL_VALUE_CHARS: usize = 1024;
+/// The most labels a run is given.
+pub const MAX_LABELS: usize = 64;
 
 fn too_long_or_control(text: &str, what: &str, max: usize) -> Option<String> {
     let chars = text.chars().count();
@@ -260,5 +288,15 @@ mod tests {
     fn a_control_character_in_a_name_is_shown_escaped_as_json() {
         let problem = naming_problem(Some("two\nlines\u{1b}[31mred"), []).unwrap();
         assert_eq!(problem, r#"the run's name "two\nlines\u001b[31mred" holds a control character"#);
+        // A label's value too, and its length, and how many (QA39 D2).
+        let problem = naming_problem(None, [("k", "bad\nvalue")]).unwrap();
+        assert_eq!(problem, r#"the value of label "k" "bad\nvalue" holds a control character"#);
+        let long = "v".repeat(MAX_LABEL_VALUE_CHARS + 1);
+        let problem = naming_problem(None, [("k", long.as_str())]).unwrap();
+        assert_eq!(problem, "the value of label \"k\" is 1025 characters long: keep it to 1024");
+        let keys: Vec<String> = (0..=MAX_LABELS).map(|i| format!("k{i}")).collect();
+        let problem = naming_problem(None, keys.iter().map(|k| (k.as_str(), ""))).unwrap();
+        assert_eq!(problem, "65 labels: a run has at most 64");
+        assert_eq!(naming_problem(Some("ok"), [("k", ""), ("team", "payments")]), None);
     }
 }

@@ -47,6 +47,13 @@ impl Agent {
         parent: Option<u64>,
     ) -> RuntimeResult<u64> {
         self.named(to, "send", "the recipient's name")?;
+        if let Some(problem) = retrace_core::run::agent_id_problem(to) {
+            // No agent could ever receive it (QA39 D3).
+            return Err(RuntimeError::Usage(format!(
+                "agent {:?}: send: the recipient can't be an agent: {problem}",
+                self.id
+            )));
+        }
         let body = to_json(body, &self.id, &format!("send {to}"))?;
         if let Some(remote) = self.remote() {
             self.session.inner.steps.fetch_add(1, Ordering::Relaxed);

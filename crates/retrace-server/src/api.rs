@@ -127,9 +127,10 @@ pub struct NewRun {
 /// `POST /api/runs`: a new run to record into; its calls are recorded once they name it.
 pub async fn create_run(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> ApiResult {
     let body: NewRun = optional_body(&body)?;
-    if let Some(problem) =
-        retrace_core::run::naming_problem(body.name.as_deref(), body.labels.keys().map(String::as_str))
-    {
+    if let Some(problem) = retrace_core::run::naming_problem(
+        body.name.as_deref(),
+        body.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    ) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("retrace: {problem}")));
     }
     let mut meta = RunMeta::new(new_run_id(), RunMode::Record, SystemClock.now_ms());

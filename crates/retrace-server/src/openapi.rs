@@ -89,7 +89,7 @@ pub fn document() -> Value {
             "/api/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": ok("OpenAPI 3", any.clone())}}},
             "/api/runs": {
                 "get": {"summary": "list runs", "responses": {"200": ok("runs, oldest first (by start time)", json!({"type": "array", "items": run})), "401": error(), "403": error(), "500": error()}},
-                "post": op("a new run to record into", &[], Some(body(obj(json!({"name": {"type": "string"}, "labels": {"type": "object", "additionalProperties": {"type": "string"}}})), false)), ok("the new run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}})))),
+                "post": op("a new run to record into", &[], Some(body(obj(json!({"name": {"type": "string", "nullable": true, "maxLength": 256, "pattern": "\\S"}, "labels": {"type": "object", "maxProperties": 64, "additionalProperties": {"type": "string", "maxLength": 1024}}})), false)), ok("the new run", obj(json!({"run_id": {"type": "string"}, "mode": {"type": "string"}})))),
             },
             "/api/runs/{run}": {"get": op("one run", &["run"], None, ok("the run", run.clone()))},
             "/api/runs/{run}/events": {"get": get_with_query(

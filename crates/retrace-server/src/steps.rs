@@ -600,14 +600,7 @@ pub async fn role(
 /// forms): not empty, no control character, at most 256 characters (QA20 D4). An agent named
 /// `""` could never be sent a message, and a newline in one breaks every listing.
 pub(crate) fn valid_agent(agent: &str) -> Result<(), String> {
-    match agent.chars().count() {
-        0 => Err("the agent id is empty".into()),
-        n if n > 256 => Err(format!("the agent id is {n} characters long; at most 256")),
-        _ if agent.chars().any(char::is_control) => {
-            Err(format!("agent id {agent:?} holds a control character"))
-        }
-        _ => Ok(()),
-    }
+    retrace_core::run::agent_id_problem(agent).map_or(Ok(()), Err)
 }
 
 /// A role is 1 to 128 characters, none of them a control character.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Optional
 from . import _off
 from ._errors import ApprovalRequired, DryRun, NotPermitted, RetraceError
 from ._errors import failure_text, replayed_failure
-from ._values import plain as _plain, text as _text
+from ._values import checked_name as _checked_name, plain as _plain, text as _text
 
 if TYPE_CHECKING:
     from ._run import Run
@@ -352,6 +352,8 @@ class Agent:
         _str(kind, f"send() of agent {self.id!r}: the message's kind")
         _parent(parent, f"send() of agent {self.id!r}")
         _named(to, f"send() of agent {self.id!r}: the recipient's name (no agent can be named so)")
+        # No agent could ever receive it: the id every route refuses (QA39 D3).
+        _checked_name(to, f"send() of agent {self.id!r}: the recipient", 256)
         if self.run.mode == "off":
             return self.run._bus.post(self.id, to, body, kind, parent)
         what = f"message from agent {self.id!r} to {to!r}"

@@ -7,11 +7,11 @@ import functools
 import os
 import secrets
 import sys
-import unicodedata
 from typing import Any, Optional
 
 from . import _off
 from ._agent import Agent, _no_route, _segment
+from ._values import checked_name as _checked_name
 from ._errors import Divergence, RetraceError
 from . import _http as _http_mod
 from ._http import Http as _Http
@@ -243,17 +243,6 @@ class Run:
 def _agent_str(value: Any, what: str) -> None:
     if not isinstance(value, str):
         raise RetraceError(0, "usage", f"{what} must be a str, got {type(value).__name__} {value!r:.60}")
-
-
-def _checked_name(name: str, what: str, most: int) -> None:
-    """An agent id (1 to 256 characters) or a role (1 to 128), none a control character, as the
-    daemon checks them."""
-    if not name:
-        raise RetraceError(0, "usage", f"{what} is empty")
-    if len(name) > most:
-        raise RetraceError(0, "usage", f"{what} is {len(name)} characters long; at most {most}")
-    if any(unicodedata.category(c) == "Cc" for c in name):
-        raise RetraceError(0, "usage", f"{what} {name!r} holds a control character")
 
 
 def _exit_status(status: Any) -> None:

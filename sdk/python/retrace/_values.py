@@ -15,6 +15,7 @@ import json
 import math
 import re
 import reprlib
+import unicodedata
 import uuid
 from typing import Any, Optional
 
@@ -175,3 +176,16 @@ def _unencodable(value: Any, path: str, parents: tuple) -> Optional[tuple]:
     name, shown = type(value).__name__, reprlib.repr(value)
     # A default repr (`<Foo object at 0x...>`) says no more than the type.
     return path, f"an instance of {name}" if shown.startswith("<") else f"{name} {shown}"
+
+
+def checked_name(name: str, what: str, most: int) -> None:
+    """An agent id (1 to 256 characters) or a role (1 to 128), none a control character, as the
+    daemon checks them."""
+    if not name:
+        raise RetraceError(0, "usage", f"{what} is empty")
+    if not name.strip():
+        raise RetraceError(0, "usage", f"{what} {name!r} is blank")
+    if len(name) > most:
+        raise RetraceError(0, "usage", f"{what} is {len(name)} characters long; at most {most}")
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise RetraceError(0, "usage", f"{what} {name!r} holds a control character")

@@ -457,3 +457,25 @@ def test_a_run_finished_at_exit_is_stored_ok_though_standard_error_is_closed(dae
     with urllib.request.urlopen(f"{daemon}/api/runs/{run_id}", timeout=10) as r:
         stored = json.loads(r.read())
     assert (stored["status"], stored["exit_status"]) == ("ok", 0), stored
+
+
+def test_a_recipient_no_agent_could_be_is_refused_by_the_sdk_and_the_daemon(daemon):
+    """A message to an id every route refuses (a newline, 300 characters, only spaces) could
+    never be received: refused before it is sent, and by the daemon (QA39 D3: recorded, seq 1)."""
+    run = retrace.connect(url=daemon, name="no-such-recipient")
+    planner = run.agent("planner")
+    for to, why in [("x\ny", "holds a control character"), ("t" * 300, "300 characters long"), ("  ", "is blank")]:
+        with pytest.raises(retrace.RetraceError) as refused:
+            planner.send(to, {"n": 1})
+        assert refused.value.code == "usage", refused.value
+        assert why in refused.value.message, refused.value.message
+        request = urllib.request.Request(f"{daemon}/api/runs/{run.id}/agents/planner/send",
+                                         data=json.dumps({"to": to, "body": 1}).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as answered:
+            urllib.request.urlopen(request, timeout=10)
+        assert answered.value.code == 400
+        assert "the recipient can't be an agent" in answered.value.read().decode()
+    with pytest.raises(retrace.RetraceError, match="is blank"):
+        run.agent("   ")
+    run.finish()
+    assert events(daemon, run.id) == [], "nothing was recorded"

@@ -85,9 +85,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             label.split_once('=').ok_or_else(|| usage(format!("--label {label:?}: want KEY=VALUE")))?;
         labels.insert(k.to_owned(), v.to_owned());
     }
-    if let Some(problem) =
-        retrace_core::run::naming_problem(args.name.as_deref(), labels.keys().map(String::as_str))
-    {
+    if let Some(problem) = retrace_core::run::naming_problem(
+        args.name.as_deref(),
+        labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    ) {
         return Err(usage(problem));
     }
     let store = store_from_env()?;
