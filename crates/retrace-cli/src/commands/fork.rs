@@ -78,7 +78,7 @@ pub struct Args {
     /// The first seq the fork re-decides (default: the smallest seq an edit names, a message
     /// edit's send for a delivery, or 1). One past the source's last seq inherits every event:
     /// the program re-runs with nothing changed, and whatever it does beyond them is new.
-    #[arg(long, value_name = "SEQ")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SEQ")]
     at: Option<u64>,
     // The help is a string, not a doc comment: rustdoc would read `[@SNAP]` as a link.
     #[arg(
@@ -96,10 +96,10 @@ pub struct Args {
     #[arg(long, value_name = "PATH|QUERY", conflicts_with = "run")]
     runs: Option<String>,
     /// Shuffle deliveries of new messages (seeded).
-    #[arg(long, value_name = "SEED")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SEED")]
     chaos: Option<u64>,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     stall_timeout: f64,
     /// OpenAI-compatible upstream for steps that run live.
     #[arg(long, value_name = "URL")]

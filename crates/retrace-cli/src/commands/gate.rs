@@ -103,7 +103,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
     /// Replay N traces at once (default: the number of CPUs).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub jobs: Option<u32>,
     /// Re-record each diverging trace against live services, as NAME.accepted.jsonl.
     #[arg(long)]
@@ -112,12 +112,12 @@ pub struct Args {
     #[arg(long, requires = "accept")]
     pub force: bool,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     pub stall_timeout: f64,
     /// Stop a trace's program that runs longer than this many seconds, and report the trace as an
     /// error (default: ten times its recorded time, at least 120; 0: no limit). A wait outside
     /// Retrace's steps (a thread never joined) is no stall, and would hang the gate.
-    #[arg(long, value_name = "S", value_parser = super::seconds)]
+    #[arg(long, allow_negative_numbers = true, value_name = "S", value_parser = super::seconds)]
     pub timeout: Option<f64>,
     /// With --accept: the OpenAI-compatible upstream to record against.
     #[arg(long, value_name = "URL", requires = "accept")]
@@ -168,7 +168,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(store) = real.get() {
             return Ok(store.clone());
         }
-        let store = super::open(&real_config)?;
+        // Only a store that exists: a mistyped RETRACE_HOME is said, not made (QA37 D1).
+        let store = super::existing_store_from_env()?;
         Ok(real.get_or_init(|| store).clone())
     })?;
     let (mask, key_file, throwaway) = mask_setup(&real_config)?;

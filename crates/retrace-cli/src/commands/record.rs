@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
     /// Shuffle message deliveries (seeded) to flush out order-dependent bugs.
-    #[arg(long, value_name = "SEED")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SEED")]
     chaos: Option<u64>,
     /// OpenAI-compatible upstream, with /v1 (default: $OPENAI_BASE_URL, else api.openai.com).
     #[arg(long, value_name = "URL")]
@@ -61,12 +61,12 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     upstream_anthropic: Option<String>,
     /// Seconds an upstream may take to answer, and between two chunks of a stream (more than 0).
-    #[arg(long, value_name = "S", default_value_t = 600.0, value_parser = super::positive_seconds)]
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 600.0, value_parser = super::positive_seconds)]
     upstream_timeout: f64,
     /// Largest model request body the proxy accepts, in bytes (after decoding); a larger one
     /// gets 413 and is not recorded. The run keeps a limit other than the default: its replays
     /// and forks refuse the same requests.
-    #[arg(long, value_name = "BYTES", default_value_t = 32 << 20)]
+    #[arg(long, allow_negative_numbers = true, value_name = "BYTES", default_value_t = 32 << 20)]
     max_body: usize,
     /// At the end, print the run as one line of JSON, the last of standard output:
     /// `run`, `status`, `events`, `exit_status`.

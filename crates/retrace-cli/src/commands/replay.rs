@@ -44,7 +44,7 @@ pub struct Args {
     /// The run to replay (id or unique prefix).
     run: String,
     /// Declare a stall when waiting steps make no progress for this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
+    #[arg(long, allow_negative_numbers = true, value_name = "S", default_value_t = 30.0, value_parser = super::stall_seconds)]
     stall_timeout: f64,
     /// Every step waits for all earlier seqs (programs whose agents interact only through Retrace).
     #[arg(long)]

@@ -647,3 +647,22 @@ fn show_of_a_run_with_no_events_says_why() {
         &[&format!("is a replay of run {RUN}, which is not in this store"), "import its trace too"],
     );
 }
+
+/// Usage errors say what is wrong with the argument given (QA37): a negative number is a bad
+/// value, not clap's "use -- -1", which would run `-1` as the program; `approve --json` asks
+/// for what approve needs, not for arguments that conflict; `gate` with no store to find a run
+/// in says so, and makes none.
+#[test]
+fn usage_errors_name_the_argument_and_make_nothing() {
+    let home = Home::new();
+    home.run(&["record", "--chaos", "-1", "--", "true"]).expect(2, &[], &["invalid value '-1' for '--chaos"]);
+    home.run(&["replay", "01abc", "--stall-timeout", "-5"]).expect(2, &[], &["-5 is not between 0"]);
+    home.run(&["gate", "x.jsonl", "--timeout", "-1"]).expect(2, &[], &["-1 is not between 0"]);
+    let said = home.run(&["record", "--chaos", "-1", "--", "true"]);
+    assert!(!said.stderr().contains("use '-- -1'"), "{}", said.stderr());
+    let approve = home.run(&["approve", "--json"]);
+    approve.expect(2, &[], &["--reason <TEXT>"]);
+    assert!(!approve.stderr().contains("--pending"), "{}", approve.stderr());
+    home.run(&["gate", "01notarun"]).expect(2, &[], &["01notarun: no such file or folder", "no store at"]);
+    assert!(!home.file("retrace.db").exists(), "gate made no store");
+}

@@ -148,6 +148,19 @@ pub fn check_header(first: &[u8]) -> Result<serde_json::Value, NotATrace> {
             "fetch it: `git lfs pull` (in CI, check out with LFS enabled)",
         );
     }
+    // As import says it (QA40 D5: "not JSON", and a hint to keep other files out).
+    if first.starts_with("\u{feff}".as_bytes()) {
+        return not(
+            "it starts with a UTF-8 byte-order mark, which no trace has (an editor added it)".into(),
+            "remove its first 3 bytes (`tail -c +4 FILE > FIXED`), or export the run again",
+        );
+    }
+    if first.starts_with(&[0x1f, 0x8b]) {
+        return not(
+            "it is gzip-compressed".into(),
+            "gate what `gunzip -c FILE` gives: write it to a .jsonl file",
+        );
+    }
     let ended = first.ends_with(b"\n");
     let line = first.strip_suffix(b"\n").unwrap_or(first);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -210,6 +223,10 @@ mod tests {
             ("[1]\n", "its first line has no \"format\" (a trace's says \"retrace-trace/1\")"),
             ("{\"format\":\"foo/1\"}\n", "its header says format \"foo/1\", not retrace-trace/1"),
             ("{\"format\":1}\n", "its header's format is 1, not \"retrace-trace/1\""),
+            (
+                "\u{feff}{\"format\":\"retrace-trace/1\"}\n",
+                "it starts with a UTF-8 byte-order mark, which no trace has (an editor added it)",
+            ),
             ("version https://git-lfs.github.com/spec/v1\n", "a Git LFS pointer, not the trace"),
         ];
         for (first, reason) in cases {
