@@ -36,6 +36,11 @@ impl ApiError {
         };
         ApiError { status, code, message: message.into() }
     }
+
+    /// An error with its own code, which a client can branch on.
+    pub fn coded(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into() }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -173,6 +178,20 @@ pub async fn replay(
     if source.mode == RunMode::Replay {
         let of = source.source_run.clone().unwrap_or_default();
         source = store.run(&of).map_err(not_found)?;
+    }
+    // Said before a replay run is made: the refusal used to name that run, deleted at once
+    // (QA39 D5), with the generic code.
+    if source.status == retrace_core::run::RunStatus::Running {
+        if let Some(holder) = store.lease_holder(&source.id).map_err(internal)? {
+            return Err(ApiError::coded(
+                StatusCode::CONFLICT,
+                "run_running",
+                format!(
+                    "run {} is still being recorded by {}; replay it once it has finished",
+                    source.id, holder.0
+                ),
+            ));
+        }
     }
     let mut meta = RunMeta::new(new_run_id(), RunMode::Replay, SystemClock.now_ms());
     meta.source_run = Some(source.id.clone());

@@ -398,6 +398,11 @@ async fn a_replay_refused_at_its_start_leaves_no_run_behind() {
     let refused = Reply::read(refused).await;
     assert_eq!(refused.status, 409, "{}", refused.text());
     assert!(refused.text().contains("still being recorded"), "{}", refused.text());
+    // It names the run asked for, not a replay run made and deleted meanwhile, with a code of
+    // its own (QA39 D5).
+    assert_eq!(refused.json()["error"]["code"], "run_running", "{}", refused.text());
+    let said = refused.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(said.starts_with(&format!("run {run} is still being recorded by ")), "{said}");
     let ids: Vec<String> = d.store.runs().unwrap().into_iter().map(|m| m.id).collect();
     assert_eq!(ids, vec![run.clone()], "only the recording");
     // Once it has finished, it replays.
