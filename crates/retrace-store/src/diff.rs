@@ -92,8 +92,12 @@ pub struct Alignment {
 /// says steps were counted whose cost is unknown).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tokens {
-    /// How many steps with a usage were counted.
+    /// How many model calls were counted: those with a usage, and those without one.
     pub steps: u64,
+    /// Of them, the model calls whose answer reported no usage (a stream asked without
+    /// `stream_options.include_usage`): their tokens are unknown, not 0 (QA35 D2: a live call
+    /// without usage was counted nowhere, and a fork read as having made no live call).
+    pub steps_without_usage: u64,
     /// Sum of `usage.input_tokens` (prompt tokens, cached ones included).
     pub input_tokens: u64,
     /// Sum of `usage.output_tokens`.
@@ -109,8 +113,9 @@ pub struct Tokens {
 impl Serialize for Tokens {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Tokens", 6)?;
+        let mut s = serializer.serialize_struct("Tokens", 7)?;
         s.serialize_field("steps", &self.steps)?;
+        s.serialize_field("steps_without_usage", &self.steps_without_usage)?;
         s.serialize_field("input_tokens", &self.input_tokens)?;
         s.serialize_field("output_tokens", &self.output_tokens)?;
         // To a millionth of a cent, as each event's cost is: a sum shows no binary noise
@@ -133,6 +138,12 @@ impl Tokens {
         if let Some(cost) = usage.cost_usd {
             *self.cost_usd.get_or_insert(0.0) += cost;
         }
+    }
+
+    /// Counts a model call whose answer reported no usage.
+    fn add_unmetered(&mut self) {
+        self.steps += 1;
+        self.steps_without_usage += 1;
     }
 }
 
@@ -504,6 +515,17 @@ fn changed_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A live model call whose answer reported no usage counts as a step, its tokens and cost
+    /// unknown (QA35 D2: it was counted nowhere).
+    #[test]
+    fn a_call_without_usage_counts_and_its_cost_is_unknown() {
+        let mut tokens = Tokens::default();
+        tokens.add_unmetered();
+        let json = serde_json::to_value(&tokens).unwrap();
+        assert_eq!((json["steps"].clone(), json["steps_without_usage"].clone()), (1.into(), 1.into()));
+        assert_eq!(json["cost_usd"], serde_json::Value::Null, "unknown, not free");
+    }
 
     #[test]
     fn no_steps_cost_nothing_and_unpriced_steps_cost_unknown() {

@@ -232,7 +232,11 @@ fn cost_section(d: &RunDiff, out: &mut String) {
     let cached = counted.clone().any(|t| t.cache_read_tokens > 0);
     let written = counted.clone().any(|t| t.cache_write_tokens > 0);
     let row = |name: String, t: &Tokens| {
-        let mut row = vec![name, t.steps.to_string(), t.input_tokens.to_string()];
+        let steps = match t.steps_without_usage {
+            0 => t.steps.to_string(),
+            n => format!("{} ({n} without usage)", t.steps),
+        };
+        let mut row = vec![name, steps, t.input_tokens.to_string()];
         if cached {
             row.push(t.cache_read_tokens.to_string());
         }

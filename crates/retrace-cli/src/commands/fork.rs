@@ -582,6 +582,11 @@ fn summary(d: &RunDiff) -> String {
         "  tokens: source {} in / {} out; fork {} in / {} out live",
         d.a.live.input_tokens, d.a.live.output_tokens, d.b.live.input_tokens, d.b.live.output_tokens
     ));
+    if d.b.live.steps_without_usage > 0 {
+        // Not "0 live": the calls ran, their answers said no usage (QA35 D2).
+        let n = d.b.live.steps_without_usage;
+        out.push_str(&format!(" (and {} live whose answers reported no usage)", count(n, "model call")));
+    }
     if let Some(saved) = &d.b.saved {
         out.push_str(&format!("; saved {} in / {} out", saved.input_tokens, saved.output_tokens));
     }

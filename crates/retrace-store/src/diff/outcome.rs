@@ -12,8 +12,10 @@ pub(super) fn side(run: &Loaded, other: &Loaded, fork_at: Option<u64>) -> RunSid
     let own_from = run.own_from();
     let mut live = Tokens::default();
     for step in run.steps.iter().filter(|s| s.seq >= own_from && s.source == Source::Live) {
-        if let Some(usage) = &step.usage {
-            live.add(usage);
+        match &step.usage {
+            Some(usage) => live.add(usage),
+            None if step.kind == retrace_core::EventType::ModelCall => live.add_unmetered(),
+            None => {}
         }
     }
     let source_live =
