@@ -156,14 +156,16 @@ pub fn check_cwd(argv: &[String], cwd: &Path) -> anyhow::Result<()> {
 /// run without a lease is one whose program has not taken a step yet, or an import under way).
 /// Its log is still growing: a replay would find it ending early, and a fork would branch from
 /// what is stored so far.
-/// The first run that `run`'s fork chain inherits from and the store doesn't hold, if any: a
-/// fork stores only its own events, and reads those before its fork point from its source.
+/// The first run that `run`'s fork chain needs and the store doesn't hold, if any. A fork's
+/// trace carries the events it inherits, so it replays alone; but its edits are checked and
+/// applied again against its source's events (a swap names the source's seqs), so a fork with
+/// edits needs its source, and that source, if a fork with edits, its own.
 pub fn missing_source(
     store: &dyn retrace_store::Store,
     run: &retrace_core::run::RunMeta,
 ) -> anyhow::Result<Option<String>> {
     let mut at = run.clone();
-    while at.mode == retrace_core::run::RunMode::Fork {
+    while at.mode == retrace_core::run::RunMode::Fork && !at.edits.is_empty() {
         let Some(source) = at.source_run.clone() else { return Ok(None) };
         match store.run(&source) {
             Ok(meta) => at = meta,
@@ -185,8 +187,8 @@ pub fn refuse_missing_source(
     let id = &run.id;
     Err(crate::exit::usage_hint(
         format!(
-            "run {id} is a fork of run {missing}, which this store doesn't hold: a fork keeps only its own \
-             events and reads those before its fork point from its source"
+            "run {id} is a fork of run {missing}, which this store doesn't hold: its edits apply against \
+             that run's events"
         ),
         format!(
             "import {missing}'s trace too (`retrace export {missing} -o FILE` in the store that recorded it, \

@@ -394,8 +394,9 @@ fn replaying_an_interrupted_recording_to_its_end_is_log_ended_in_replay_and_gate
     store.update_run(&meta).unwrap();
     drop(store);
     let running = home.file("running.jsonl");
-    let warning =
-        format!("run {run} is still being recorded: the file holds the {last} events stored so far");
+    let warning = format!(
+        "run {run} is still being recorded: the file holds the {last} events stored when it was read"
+    );
     home.run(&["export", &run, "-o", running.to_str().unwrap()]).expect(0, &[], &[&warning]);
     let header = std::fs::read_to_string(&running).unwrap();
     assert!(header.lines().next().unwrap().contains(r#""status":"running""#), "the file says so");
