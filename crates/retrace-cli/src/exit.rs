@@ -18,6 +18,10 @@ pub struct Failure {
     pub message: String,
     /// A hint printed under the message.
     pub hint: Option<String>,
+    /// The `--json` error's `code`, when the exit code alone doesn't name the failure
+    /// (`not_found`, `conflict`, `corrupt`): one name per kind of failure, whatever the command
+    /// (QA37 D2: an unknown run was `usage` in `show` and `not_found` in `fork --runs`).
+    pub kind: Option<&'static str>,
 }
 
 impl std::fmt::Display for Failure {
@@ -30,22 +34,27 @@ impl std::error::Error for Failure {}
 
 /// A failed check or a divergence: exit 1.
 pub fn check_failed(message: impl Into<String>) -> anyhow::Error {
-    Failure { code: 1, message: message.into(), hint: None }.into()
+    Failure { code: 1, message: message.into(), hint: None, kind: None }.into()
 }
 
 /// Bad usage or bad input: exit 2.
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
-    Failure { code: 2, message: message.into(), hint: None }.into()
+    Failure { code: 2, message: message.into(), hint: None, kind: None }.into()
 }
 
 /// Bad usage or bad input with a hint: exit 2.
 pub fn usage_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
-    Failure { code: 2, message: message.into(), hint: Some(hint.into()) }.into()
+    Failure { code: 2, message: message.into(), hint: Some(hint.into()), kind: None }.into()
+}
+
+/// Something named that isn't there (a run, a seq), with a hint: exit 2, code `not_found`.
+pub fn not_found_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
+    Failure { code: 2, message: message.into(), hint: Some(hint.into()), kind: Some("not_found") }.into()
 }
 
 /// The user stopped the command with `signal` (SIGINT, SIGTERM): exit 128 + signal.
 pub fn interrupted(signal: nix::sys::signal::Signal, message: impl Into<String>) -> anyhow::Error {
-    Failure { code: 128 + signal as u8, message: message.into(), hint: None }.into()
+    Failure { code: 128 + signal as u8, message: message.into(), hint: None, kind: None }.into()
 }
 
 /// Output its reader closed before it was written whole: exit 141, the status of a program
@@ -153,13 +162,25 @@ fn error_code(err: &anyhow::Error, code: u8) -> String {
     if err.chain().any(|e| e.downcast_ref::<retrace_core::Divergence>().is_some()) {
         return "divergence".into();
     }
+    if let Some(kind) = err.chain().find_map(|e| e.downcast_ref::<Failure>()).and_then(|f| f.kind) {
+        return kind.into();
+    }
     if let Some(e) = err.chain().find_map(|e| e.downcast_ref::<StoreError>()) {
-        return e.kind.as_str().replace([' ', '-', '/'], "_");
+        return store_code(e.kind);
     }
     match code {
         1 => "failed".into(),
         2 => "usage".into(),
         _ => "interrupted".into(),
+    }
+}
+
+/// A store error kind as a `--json` code: `not_found`, `conflict`, `corrupt`...; an invalid
+/// argument (an ambiguous run prefix) is a usage error, as every command says it.
+pub(crate) fn store_code(kind: StoreErrorKind) -> String {
+    match kind {
+        StoreErrorKind::Invalid => "usage".into(),
+        kind => kind.as_str().replace([' ', '-', '/'], "_"),
     }
 }
 

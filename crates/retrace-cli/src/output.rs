@@ -128,11 +128,31 @@ impl Progress {
     }
 }
 
-/// A [`crate::exit::Failure`] with exit `code` whose message is `err` and its causes, joined by `: `.
-pub fn failure(code: u8, err: &dyn std::error::Error) -> anyhow::Error {
+/// A [`crate::exit::Failure`] with exit `code` whose message is `err` and its causes, joined by
+/// `: `, and the code of its kind: a conflicting import is `conflict`, a file or stored run
+/// that fails its checks `corrupt`, else the store's error kind (QA37 D2: both were `failed`).
+pub fn failure(code: u8, err: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+    use retrace_store::export::ExportError;
+    use retrace_store::import::{ImportError, ImportErrorKind};
     let chain = std::iter::successors(Some(err), |e| e.source()).map(ToString::to_string);
     let message = unquoted_causes(chain).join(": ");
-    crate::exit::Failure { code, message, hint: None }.into()
+    let kind = match (err.downcast_ref::<ImportError>(), err.downcast_ref::<ExportError>()) {
+        (Some(e), _) if e.kind() == ImportErrorKind::Conflict => Some("conflict"),
+        (Some(e), _) if e.kind() == ImportErrorKind::Verification => Some("corrupt"),
+        (_, Some(ExportError::Inconsistent { .. } | ExportError::Canon { .. })) => Some("corrupt"),
+        _ => None,
+    };
+    let kind = kind.or_else(|| {
+        let store = std::iter::successors(Some(err), |e| e.source())
+            .find_map(|e| e.downcast_ref::<retrace_store::StoreError>())?;
+        Some(match store.kind {
+            retrace_store::StoreErrorKind::NotFound => "not_found",
+            retrace_store::StoreErrorKind::Conflict => "conflict",
+            retrace_store::StoreErrorKind::Corrupt => "corrupt",
+            _ => return None,
+        })
+    });
+    crate::exit::Failure { code, message, hint: None, kind }.into()
 }
 
 /// An error chain's messages, without a cause the message before it ends with already: an

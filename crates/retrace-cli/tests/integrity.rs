@@ -229,6 +229,23 @@ fn the_good_file_imported_over_a_forced_damaged_copy_takes_its_place() {
     let runs = fresh.run(&["runs"]);
     assert!(!runs.stdout().contains("--force"), "{}", runs.stdout());
     fresh.run(&["import", &good]).expect(0, &[RUN], &["already present"]);
+
+    // The same where an event was damaged, which makes the stored copy differ from the good
+    // file's (QA40 D6: refused as a conflict).
+    let (_, mut lines) = exported();
+    let at = lines.iter().position(|l| l.contains("sql.query")).expect("a tool call");
+    lines[at] = lines[at].replace("sql.query", "sql.querx");
+    let edited = write(&home, "edited-event.jsonl", &join(&lines));
+    let fresh = Home::new();
+    fresh.run(&["import", "--force", &edited]).expect(0, &[RUN], &["imported anyway"]);
+    fresh.run(&["import", &good]).expect(
+        0,
+        &[RUN],
+        &["was stored from a damaged file (imported with --force): replacing it", "imported run"],
+    );
+    fresh.run(&["verify", "--all"]).expect(0, &[], &[]);
+    // A damaged file never takes the place of a forced copy: it is checked whole first.
+    fresh.run(&["import", "--force", &edited]).expect(1, &[], &[]);
 }
 
 #[test]

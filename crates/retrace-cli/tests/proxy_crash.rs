@@ -18,16 +18,14 @@ fn killing_the_daemon_loses_no_answered_call() {
         let mut daemon = Command::new(env!("CARGO_BIN_EXE_retrace"))
             .args(["serve", "--addr", "127.0.0.1:0", "--upstream-openai", &providers.openai_url()])
             .env("RETRACE_HOME", home.path())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(daemon.stderr.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("the daemon says where it serves").unwrap();
-            if let Some(rest) = line.strip_prefix("retrace: serving on ") {
-                break rest.split_whitespace().next().unwrap().to_owned();
-            }
-        };
+        // Its URL, alone on standard output once it listens (QA37 S1).
+        let mut lines = BufReader::new(daemon.stdout.take().unwrap()).lines();
+        let base = lines.next().expect("the daemon says where it serves").unwrap();
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
         std::thread::spawn(move || lines.for_each(drop));
         let answered: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         runtime.block_on(async {

@@ -141,8 +141,8 @@ pub fn agent_id_problem(id: &str) -> Option<String> {
     match id.chars().count() {
         0 => Some("the agent id is empty".into()),
         n if n > 256 => Some(format!("the agent id is {n} characters long; at most 256")),
-        _ if id.trim().is_empty() => Some(format!("the agent id {id:?} is blank")),
         _ if id.chars().any(char::is_control) => Some(format!("agent id {id:?} holds a control character")),
+        _ if id.trim().is_empty() => Some(format!("the agent id {id:?} is blank")),
         _ => None,
     }
 }

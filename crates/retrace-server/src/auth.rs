@@ -175,10 +175,48 @@ pub async fn middleware(State(app): State<Arc<AppState>>, mut request: Request, 
             return next.run(request).await;
         }
     };
+    if route.as_deref() == Some("/api/vault/reveal")
+        && matches!(denied, Denied::Missing { .. } | Denied::Unknown)
+    {
+        audit_unauthenticated_reveal(&app, &denied, request).await;
+        return denied.api_reply();
+    }
     match proxy {
         true => denied.proxy_reply(provider_of(path)),
         false => denied.api_reply(),
     }
+}
+
+/// A reveal attempt with no token, or one no role holds, is in the audit log too (QA38 S1:
+/// only token holders' attempts were, so a probe with a guessed or revoked token left no
+/// trace): who says which, and the subject is the token asked for, if the body names one. The
+/// reason is not kept: nobody vouched for it. A log that can't be written leaves the 401 as it
+/// is.
+async fn audit_unauthenticated_reveal(app: &AppState, denied: &Denied, request: Request) {
+    use retrace_store::vault::{AuditAction, AuditEntry};
+    let body = axum::body::to_bytes(request.into_body(), 64 << 10).await.unwrap_or_default();
+    let asked = serde_json::from_slice::<serde_json::Value>(&body).ok();
+    let subject = match asked.as_ref().and_then(|v| v.get("token")?.as_str()) {
+        Some(token) => retrace_store::vault::audit_subject(token),
+        None => "(no token named)".to_owned(),
+    };
+    let who = match denied {
+        Denied::Missing { .. } => "(no api token)",
+        _ => "(an unknown api token)",
+    };
+    let entry = AuditEntry {
+        at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        who: who.into(),
+        role: "none".into(),
+        action: AuditAction::RevealRefused,
+        subject,
+        reason: String::new(),
+        outcome: "no valid api token (401)".into(),
+    };
+    let store = app.host.store().clone();
+    let _ = tokio::task::spawn_blocking(move || store.audit_append(&entry)).await;
 }
 
 /// The token of an API request: `Authorization: Bearer TOKEN`.

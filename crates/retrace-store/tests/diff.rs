@@ -562,8 +562,8 @@ fn a_delivery_is_changed_when_the_message_it_carries_changed() {
             same 3 changed 2 only_in_a 0 only_in_b 0
             changed a3 b3 planner send -> reviewer
             changed a4 b4 reviewer deliver <- planner
-            a live 0 steps 0/0 -
-            b live 0 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
+            a live 1 steps 0/0 -
+            b live 1 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
         "#]],
     );
     let diff = diff_runs(&store, "src", "edited", &DiffOptions::default()).unwrap();
@@ -592,8 +592,8 @@ fn a_delivery_is_changed_when_the_message_it_carries_changed() {
         expect![[r#"
             by OriginSeq, source A, fork at Some(2)
             same 5 changed 0 only_in_a 0 only_in_b 0
-            a live 0 steps 0/0 -
-            b live 0 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
+            a live 1 steps 0/0 -
+            b live 1 steps 0/0 -; saved 0 steps 0/0 -; inherited 0 steps 0/0 -
         "#]],
     );
 
@@ -614,8 +614,8 @@ fn a_delivery_is_changed_when_the_message_it_carries_changed() {
             same 3 changed 2 only_in_a 0 only_in_b 0
             changed a3 b3 planner send -> reviewer
             changed a4 b4 reviewer deliver <- planner
-            a live 0 steps 0/0 -
-            b live 0 steps 0/0 -
+            a live 1 steps 0/0 -
+            b live 1 steps 0/0 -
         "#]],
     );
 }

@@ -162,6 +162,7 @@ fn decide(id: &str, reason: &str, refuse: bool) -> anyhow::Result<()> {
                         "run the program again: the call is held again, under a new id, for you to approve"
                             .to_owned(),
                     ),
+                    kind: None,
                 }
                 .into());
             }
@@ -184,7 +185,7 @@ fn decide(id: &str, reason: &str, refuse: bool) -> anyhow::Result<()> {
             "the id is in the held call's ApprovalRequired error, and on the recording's standard error while it waits",
         )),
         Err(e) if e.kind == StoreErrorKind::Conflict => {
-            Err(Failure { code: 1, message: e.to_string(), hint: None }.into())
+            Err(Failure { code: 1, message: e.to_string(), hint: None, kind: None }.into())
         }
         Err(e) => Err(e.into()),
     }

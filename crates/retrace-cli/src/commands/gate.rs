@@ -264,7 +264,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     let tally = report::Tally::of(&outcomes);
-    let failure = |code: u8, message: String| Failure { code, message, hint: None }.into();
+    let failure = |code: u8, message: String| Failure { code, message, hint: None, kind: None }.into();
     match (tally.errors, tally.diverged) {
         (0, 0) => Ok(()),
         (0, n) => Err(failure(1, format!("{n} of {} traces diverged", outcomes.len()))),

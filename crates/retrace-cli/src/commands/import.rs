@@ -115,6 +115,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(ImportError::HeaderConflict { ref run_id, .. }) if partial_copy(&*store, run_id, None) => {
             return replace_snapshot(store, run_id, stdin, &name, args);
         }
+        // The stored copy came from a file whose events were damaged (`--force`), so this one
+        // differs from it: once it is checked whole on its own, it takes the copy's place, as
+        // it does where only a blob was damaged (QA40 D6).
+        Err(ImportError::Conflict { ref run_id, .. } | ImportError::HeaderConflict { ref run_id, .. })
+            if !args.force && !stdin && forced_copy(&*store, run_id) && passes_alone(&args.file) =>
+        {
+            replace_copy(&*store, run_id, "a damaged file (imported with --force)")?;
+            eprintln!("run {run_id} was stored from a damaged file (imported with --force): replacing it with {name}'s, which passes every check");
+            drop(store);
+            return run(args);
+        }
         Err(e) => return Err(explained(&*store, e, args.force, &again)),
     };
     let mut said =
@@ -259,6 +270,14 @@ fn replace_snapshot(
     eprintln!("run {run_id} was stored from a file exported while it was being recorded: replacing it with {name}'s");
     drop(store);
     run(args)
+}
+
+/// Whether the trace file at `path` passes every check of an import on its own (into a store
+/// in memory, which is then dropped).
+fn passes_alone(path: &std::path::Path) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let scratch = retrace_store::memory::MemoryStore::new();
+    import_reader(&scratch, BufReader::with_capacity(1 << 20, file), ImportOptions::default()).is_ok()
 }
 
 /// True when run `run_id` was imported with `--force` from a file that failed checks.

@@ -347,6 +347,7 @@ pub fn execute(plan: Plan, started: impl FnOnce(&str, &Plan)) -> anyhow::Result<
                 source.id
             ),
             hint: Some(format!("`retrace verify {}` says what is wrong with the stored run", source.id)),
+            kind: (code == 1).then_some("corrupt"),
         }
         .into());
     }

@@ -45,6 +45,10 @@ pub struct Args {
     /// The side effect did not happen.
     #[arg(long)]
     not_executed: bool,
+    /// Print what was stored as JSON: `{"run", "intent", "resolution", "executed", "agent",
+    /// "tool", "idempotency_key"}` (`resolution`: the seq of the new `resolution` event).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Runs the command.
@@ -123,6 +127,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if args.not_executed { "not executed" } else { "executed" },
         acked.seq
     );
+    if args.json {
+        // Every command that changes the store says what it stored (QA37 S2).
+        crate::output::print_json(&serde_json::json!({
+            "run": run.id, "intent": args.seq, "resolution": acked.seq, "executed": !args.not_executed,
+            "agent": intent.agent_id, "tool": tool, "idempotency_key": idempotency,
+        }))?;
+    }
     Ok(())
 }
 

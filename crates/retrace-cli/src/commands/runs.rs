@@ -223,7 +223,10 @@ pub fn find(
     use retrace_store::StoreErrorKind;
     match store.find_run(id_or_prefix) {
         Ok(meta) => Ok(meta),
-        Err(e) if matches!(e.kind, StoreErrorKind::NotFound | StoreErrorKind::Invalid) => {
+        Err(e) if e.kind == StoreErrorKind::NotFound => {
+            Err(crate::exit::not_found_hint(e.to_string(), named_hint(store, id_or_prefix)))
+        }
+        Err(e) if e.kind == StoreErrorKind::Invalid => {
             Err(crate::exit::usage_hint(e.to_string(), named_hint(store, id_or_prefix)))
         }
         Err(e) => Err(e.into()),

@@ -41,6 +41,9 @@ alice`): the audit log then says who revealed what, else `api`. No token or an u
 401, too low a role 403. A non-loopback --addr (0.0.0.0:7420) is refused without tokens \
 (exit 2).
 
+Output: the daemon's URL alone on standard output, once it listens (`--addr 127.0.0.1:0` takes a \
+free port: read it there); everything else on standard error.
+
 Stopping: SIGINT or SIGTERM stops taking connections and gives open requests (a proxied stream, \
 a long recv) up to 10 s to end; a second signal stops at once. Runs left running are stored \
 interrupted the next time the store is opened.
@@ -209,6 +212,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let bound =
             retrace_server::bind(&args.addr).await.with_context(|| format!("listening on {}", args.addr))?;
         let base = format!("http://{}", bound.addr);
+        // Alone on standard output, as `simulate` prints its own: a script that asked for
+        // `--addr 127.0.0.1:0` reads the port there (QA37 S1).
+        println!("{base}");
         eprintln!("retrace: serving on {base} (store: {})", store.backend());
         eprintln!("retrace:   OPENAI_BASE_URL={base}/proxy/openai/v1  → {}", config.upstream_openai);
         eprintln!("retrace:   ANTHROPIC_BASE_URL={base}/proxy/anthropic  → {}", config.upstream_anthropic);

@@ -175,7 +175,7 @@ fn run_reveal(args: RevealArgs) -> anyhow::Result<()> {
             if audited {
                 message.push_str(" (this attempt was written to the audit log)");
             }
-            Err(Failure { code: e.exit_code(), message, hint: hint.map(str::to_owned) }.into())
+            Err(Failure { code: e.exit_code(), message, hint: hint.map(str::to_owned), kind: None }.into())
         }
     }
 }

@@ -600,10 +600,15 @@ fn errors_are_json_on_standard_output_with_json() {
         assert!(!ran.stderr().is_empty(), "the text is on standard error still");
         line
     };
-    let unknown = check(&["diff", RUN, "nosuch", "--json"], "usage");
+    // One code per kind of failure, whatever the command (QA37 D2): an unknown run or seq is
+    // `not_found` everywhere.
+    let unknown = check(&["diff", RUN, "nosuch", "--json"], "not_found");
     assert!(unknown["error"]["message"].as_str().unwrap().contains("no run matches nosuch"), "{unknown}");
     assert!(unknown["error"]["hint"].is_string(), "{unknown}");
-    check(&["show", RUN, "--seq", "999", "--json"], "usage");
+    check(&["show", "nosuch", "--json"], "not_found");
+    check(&["fork", "--runs", "nosuch", "--json"], "not_found");
+    check(&["show", RUN, "--seq", "999", "--json"], "not_found");
+    check(&["knew", RUN, "999", "--json"], "not_found");
     let clap = check(&["diff", "--json"], "usage");
     assert!(clap["error"]["message"].as_str().unwrap().contains("<RUN_A>"), "{clap}");
     // Without --json, standard output stays empty.

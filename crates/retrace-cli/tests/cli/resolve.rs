@@ -33,9 +33,12 @@ fn resolve_names_the_idempotency_key_the_side_effect_received() {
         &[],
         &["cannot be used with"],
     );
-    home.run(&["resolve", RUN, &open.to_string(), "--not-executed"]).expect(
-        0,
-        &[],
-        &[&format!("(pay by payer; idempotency key {RUN}/payer/pay#2) as not executed")],
-    );
+    let resolved = home.run(&["resolve", RUN, &open.to_string(), "--not-executed", "--json"]);
+    resolved.expect(0, &[], &[&format!("(pay by payer; idempotency key {RUN}/payer/pay#2) as not executed")]);
+    // What it stored, for a script (QA37 S2).
+    let said: serde_json::Value = serde_json::from_str(resolved.stdout().trim()).unwrap();
+    assert_eq!(said["intent"], open, "{said}");
+    assert_eq!((said["executed"].clone(), said["tool"].clone()), (false.into(), "pay".into()), "{said}");
+    assert_eq!(said["idempotency_key"], format!("{RUN}/payer/pay#2"), "{said}");
+    assert!(said["resolution"].as_u64().is_some_and(|s| s > open), "{said}");
 }

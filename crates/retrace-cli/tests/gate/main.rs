@@ -400,10 +400,11 @@ fn a_program_that_cannot_start_is_an_input_error() {
         &["ERROR     notes.jsonl: not a trace file: line 1 is not JSON"],
         &["1 of 1 traces could not be replayed"],
     );
+    // With no store to find a run in, it says so, and makes none (QA37 D1).
     bench.retrace(&["gate", "nothing-here"], &[]).expect(
         2,
         &[],
-        &["nothing-here: no such file, folder or run"],
+        &["nothing-here: no such file or folder", "no store at"],
     );
     // No time at all would declare a stall wherever an agent waits (QA19 D6).
     bench.retrace(&["gate", "traces", "--stall-timeout", "0"], &[]).expect(

@@ -102,9 +102,9 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
         }
     }
     // Nothing the refused callers asked for happened: no reveal, the tier is the same, and gc
-    // deleted nothing. But each attempt of a token to see an original is in the audit log, with
-    // its role and its token's fingerprint; a caller with no token was refused before it named
-    // one, and is not.
+    // deleted nothing. But each attempt to see an original is in the audit log, with its role
+    // and its token's fingerprint, or, for a caller with no token, saying so (QA38 S1: it was
+    // not audited).
     let audited: Vec<(String, String, String, String)> = d
         .store
         .audit_list(None)
@@ -116,6 +116,12 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
     assert_eq!(
         audited,
         [
+            (
+                "(no api token)".into(),
+                "none".into(),
+                "reveal_refused".into(),
+                "no valid api token (401)".into()
+            ),
             (
                 fingerprint(VIEWER),
                 "viewer".into(),
@@ -139,7 +145,7 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
         assert_eq!(reply.status, 403, "{body}: {}", reply.text());
     }
     let subjects: Vec<String> =
-        d.store.audit_list(None).unwrap().into_iter().skip(2).map(|r| r.entry.subject).collect();
+        d.store.audit_list(None).unwrap().into_iter().skip(3).map(|r| r.entry.subject).collect();
     assert_eq!(subjects, ["(a request that is not a reveal body)".to_owned(), EMAIL.to_owned()]);
 
     // An admin reaches every one of them.
@@ -154,8 +160,8 @@ async fn only_an_admin_reaches_the_admin_routes_and_a_refused_caller_changes_not
     assert_eq!(answers[2], json!({"token": EMAIL, "original": "ada@example.com"}));
     assert_eq!(
         answers[3].as_array().map(Vec::len),
-        Some(5),
-        "the four refused and the one revealed: {}",
+        Some(6),
+        "the five refused and the one revealed: {}",
         answers[3]
     );
     assert_eq!(d.store.run(&run).unwrap().retention.as_str(), "pinned");
@@ -496,4 +502,25 @@ async fn gc_over_http_compacts_only_when_no_run_is_running() {
     );
     assert!(after > 0 && after <= before, "{done}");
     assert_eq!(d.store.runs().unwrap().iter().filter(|r| r.id == expired).count(), 0);
+}
+
+/// A reveal with no token, or one no role holds, is 401 and in the audit log too (QA38 S1: a
+/// probe with a guessed or revoked token left no trace); the reason it gave is not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reveal_without_a_valid_token_is_audited_too() {
+    let (store, _home) = sqlite();
+    let nowhere = || "http://127.0.0.1:9".to_owned();
+    let d = daemon_over(store.clone(), nowhere(), nowhere(), admin_config).await;
+    let attempts =
+        [(None, "(no api token)"), (Some("not-a-token-anyone-holds-0000"), "(an unknown api token)")];
+    for (token, who) in attempts {
+        let body = json!({"token": EMAIL, "reason": "probe ada@example.com"});
+        let r = call(&d, "POST", "/api/vault/reveal", Some(body), token).await;
+        assert_eq!(r.status, 401, "{}", r.text());
+        let last = store.audit_list(None).unwrap().pop().expect("audited");
+        let e = &last.entry;
+        assert_eq!((e.who.as_str(), e.action, e.subject.as_str()), (who, AuditAction::RevealRefused, EMAIL));
+        assert_eq!(e.reason, "", "a reason nobody vouched for is not kept");
+    }
+    assert_eq!(store.audit_list(None).unwrap().len(), 2);
 }

@@ -52,11 +52,14 @@ pub fn show(store: &dyn Store, meta: &RunMeta, seq: u64, json: bool, full: bool)
         Ok(event) => event,
         Err(e) if e.kind == StoreErrorKind::NotFound => {
             let count = retrace_store::export::RunEvents::new(store, &meta.id)?.count();
-            return Err(exit::usage(format!(
-                "run {} has {}; there is no seq {seq}",
-                meta.id,
-                crate::output::count(count, "event")
-            )));
+            return Err(exit::not_found_hint(
+                format!(
+                    "run {} has {}; there is no seq {seq}",
+                    meta.id,
+                    crate::output::count(count, "event")
+                ),
+                format!("`retrace show {}` lists its events", meta.id),
+            ));
         }
         Err(e) => return Err(e.into()),
     };
