@@ -550,15 +550,7 @@ fn recv_blocking_on_a_current_thread_runtime_times_out_and_hears_other_threads()
 /// (QA36 D1: a 30 s stall, reported as the replay's divergence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_output_fails_the_replay_and_releases_the_waiters_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = retrace_store::sqlite::SqliteStore::open(
-        &dir.path().join("retrace.db"),
-        &dir.path().join("blobs"),
-        retrace_store::Durability::Batch,
-        5_000,
-    )
-    .unwrap();
-    let store: Arc<dyn Store> = Arc::new(sqlite);
+    let (store, dir) = super::replay::sqlite_store();
     let big = "y".repeat(70_000);
     let program = |s: &Session| {
         let big = big.clone();

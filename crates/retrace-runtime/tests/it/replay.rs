@@ -449,7 +449,7 @@ fn a_second_session_of_one_process_cannot_join_a_run_being_recorded() {
 }
 
 /// A SQLite store in a temporary directory (kept alive by the returned guard).
-fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
+pub(crate) fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = retrace_store::sqlite::SqliteStore::open(
         &dir.path().join("retrace.db"),
